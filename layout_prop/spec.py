@@ -1,0 +1,157 @@
+"""TensorSpec: shape, dtype and layout; local shapes and slices with uneven shards.
+
+Uneven shards follow ``torch.chunk`` as DTensor does: a dim of size n on k devices gives
+chunks of ``ceil(n / k)``; piece i is ``[i*c, min((i+1)*c, n))``, so the last pieces may be
+smaller or empty.  A dim sharded on several mesh axes is cut by the outer axis first,
+then each piece by the next axis.
+
+Examples
+--------
+>>> from layout_prop.mesh import DeviceMesh
+>>> mesh = DeviceMesh((4,), ("tp",))
+>>> spec = TensorSpec((10, 3), "float32", Layout(mesh, ["S(0)"], 2))
+>>> [spec.local_shape(r) for r in range(4)]
+[(3, 3), (3, 3), (3, 3), (1, 3)]
+>>> spec.local_slices(3)
+((9, 10), (0, 3))
+>>> chunk_bounds(10, 4)
+((0, 3), (3, 6), (6, 9), (9, 10))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .errors import LayoutError
+from .layout import Layout
+from .mesh import DeviceMesh
+
+__all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "check_dtype"]
+
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+
+
+def check_dtype(dtype) -> str:
+    """Return the canonical dtype name or raise ``bad-dtype``."""
+    name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
+    if name not in DTYPES:
+        raise LayoutError("bad-dtype", f"unsupported dtype {dtype!r}", hint=f"use one of {', '.join(DTYPES)}")
+    return name
+
+
+def chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
+    """``torch.chunk`` bounds of ``range(n)`` cut into ``k`` pieces (trailing ones may be empty)."""
+    c = -(-n // k) if n else 0
+    return tuple((min(i * c, n), min((i + 1) * c, n)) for i in range(k))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A global tensor: shape, dtype and layout.
+
+    Raises ``invalid-layout`` when the layout's rank differs from the shape's, or when a
+    size-1 dim is sharded over more than one device.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: Layout
+
+    def __init__(self, shape, dtype, layout: Layout) -> None:
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise LayoutError("invalid-shape", f"shape {list(shape)} has a negative size",
+                              hint="sizes are non-negative integers")
+        if layout.ndim != len(shape):
+            raise LayoutError("invalid-layout", f"layout of rank {layout.ndim} for shape {list(shape)}",
+                              hint="the layout must describe every dim of the tensor")
+        for dim, axes in layout.sharded_dims().items():
+            count = layout.shard_count(dim)
+            if shape[dim] == 1 and count > 1:
+                names = [layout.mesh.names[a] for a in axes]
+                raise LayoutError(
+                    "invalid-layout",
+                    f"dim {dim} has size 1 but is sharded over {count} devices (mesh axes {names})",
+                    hint=f"keep dim {dim} Replicate; a size-1 dim broadcasts instead of sharding",
+                )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", check_dtype(dtype))
+        object.__setattr__(self, "layout", layout)
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.layout.mesh
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+
+    def with_layout(self, layout: Layout) -> "TensorSpec":
+        return TensorSpec(self.shape, self.dtype, layout)
+
+    def with_placements(self, placements) -> "TensorSpec":
+        return TensorSpec(self.shape, self.dtype, self.layout.with_placements(placements))
+
+    # ------------------------------------------------------------ local views
+    def dim_bounds(self, dim: int, coords: tuple[int, ...]) -> tuple[int, int]:
+        """The global index range of ``dim`` held at mesh coordinates ``coords``."""
+        lo, hi = 0, self.shape[dim]
+        for axis in self.layout.dim_axes(dim):
+            b = chunk_bounds(hi - lo, self.mesh.shape[axis])[coords[axis]]
+            lo, hi = lo + b[0], lo + b[1]
+        return lo, hi
+
+    @cached_property
+    def _slices_by_rank(self) -> tuple[tuple[tuple[int, int], ...], ...]:
+        return tuple(
+            tuple(self.dim_bounds(d, coords) for d in range(self.ndim)) for coords in self.mesh.all_coords()
+        )
+
+    def local_slices(self, rank: int) -> tuple[tuple[int, int], ...]:
+        """Per dim, the ``[start, stop)`` range of the global tensor that ``rank`` holds."""
+        self.mesh.coords(rank)  # validates the rank
+        return self._slices_by_rank[rank]
+
+    def local_index(self, rank: int) -> tuple[slice, ...]:
+        """``local_slices`` as a numpy index."""
+        return tuple(slice(a, b) for a, b in self.local_slices(rank))
+
+    def local_shape(self, rank: int = 0) -> tuple[int, ...]:
+        """The shape of ``rank``'s piece (rank 0 holds a largest piece)."""
+        return tuple(b - a for a, b in self.local_slices(rank))
+
+    def local_nbytes(self, rank: int = 0) -> int:
+        return int(np.prod(self.local_shape(rank), dtype=np.int64)) * self.itemsize
+
+    def replica_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Groups of ranks that hold identical data (they differ only on Replicate axes)."""
+        rep_axes = [a for a, p in enumerate(self.layout.placements) if p.is_replicate()]
+        groups: dict[tuple, list[int]] = {}
+        for rank, coords in enumerate(self.mesh.all_coords()):
+            key = tuple(c for a, c in enumerate(coords) if a not in rep_axes)
+            groups.setdefault(key, []).append(rank)
+        return tuple(tuple(g) for g in groups.values())
+
+    def to_dict(self) -> dict:
+        tm = self.layout.tensor_map()
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "placements": self.layout.placement_strs(),
+            "tensor_map": [list(e) if isinstance(e, tuple) else e for e in tm],
+            "local_shape": list(self.local_shape(0)),
+        }
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{list(self.shape)} {self.layout}"

@@ -1,1 +1,6 @@
-"""layout_prop.ops."""
+"""Built-in ops; importing this package registers their rules.
+
+One module per op family: :mod:`.elementwise`, :mod:`.rpe`, :mod:`.redistribute`.
+"""
+
+from . import elementwise, redistribute, rpe  # noqa: F401

@@ -1,0 +1,125 @@
+"""The Python API behind the command line: analyse a spec, report it as JSON or a table.
+
+Examples
+--------
+>>> from layout_prop.api import analyze
+>>> from layout_prop.loader import load_spec
+>>> g = load_spec('''
+... mesh: {shape: [2, 2], names: [dp, sp]}
+... inputs:
+...   x:   {shape: [4, 4, 16, 64], placements: ["S(0)", "S(2)"]}
+...   cos: {shape: [1, 1, 16, 64], requires_grad: false}
+...   sin: {shape: [1, 1, 16, 64], requires_grad: false}
+... nodes:
+...   - {name: y, op: rotary_position_embedding, inputs: [x, cos, sin], attrs: {mode: 0}}
+... outputs: [y]
+... ''')
+>>> a = analyze(g)
+>>> a.ok, a.report()["tensors"]["y"]["tensor_map"]
+(True, [1, -1, 0, -1])
+>>> [(r["input"], [s["kind"] for s in r["steps"]]) for r in a.report()["redistributions"]]
+[('cos', ['local-slice']), ('sin', ['local-slice'])]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import meta
+from .graph import Graph
+
+__all__ = ["Analysis", "analyze", "format_table"]
+
+
+@dataclass
+class Analysis:
+    """A graph after propagate (and optionally complete, backward, reshard) plus its check result."""
+
+    graph: Graph
+    check: Any
+    notes: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.check.ok
+
+    def tensors(self) -> dict[str, Any]:
+        out = {}
+        for node in self.graph.topo_order():
+            if node.meta.get(meta.INSERTED_BY) == "reshard":
+                continue
+            for value, spec in zip(node.outputs, node.meta.get(meta.SPECS, ())):
+                if spec is None:
+                    continue
+                name = f"grad:{node.meta[meta.GRAD_OF]}" if node.meta.get(meta.GRAD_OF) else value
+                out[name] = spec.to_dict()
+        return out
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "mesh": self.graph.mesh.to_dict(),
+            "tensors": self.tensors(),
+            "violations": [v.to_dict() for v in self.check.violations],
+            "redistributions": [r.to_dict() for r in self.check.redistributions],
+            "total_bytes_per_rank": self.check.total_bytes_per_rank,
+            "notes": list(self.notes),
+        }
+
+
+def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, seed: int = 0) -> Analysis:
+    """Complete ``auto`` inputs, propagate, optionally build the backward graph and reshard, check."""
+    from layout_prop.passes.check import Check
+    from layout_prop.passes.complete import Complete
+    from layout_prop.passes.propagate import Propagate
+    from layout_prop.passes.reshard import Reshard
+
+    notes: list[str] = []
+    propagate = Propagate()
+    completed = Complete(propagate).run(graph)
+    notes.extend(completed.notes)
+    propagate.run(graph)
+    if backward:
+        from layout_prop.passes.backward import Backward
+
+        graph = Backward(propagate).run(graph).graph
+    if reshard:
+        graph = Reshard(propagate).run(graph).graph
+    return Analysis(graph, Check().run(graph), notes)
+
+
+def format_table(analysis: Analysis) -> str:
+    """A table a person reads at a glance: values, violations, redistributions with bytes."""
+    rep = analysis.report()
+    rows = [("value", "shape", "dtype", "placements", "tensor_map", "local shape")]
+    for name, t in rep["tensors"].items():
+        rows.append((name, str(t["shape"]), t["dtype"], "(" + ", ".join(t["placements"]) + ")",
+                     str(t["tensor_map"]), str(t["local_shape"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    mesh = rep["mesh"]
+    lines = ["mesh " + " x ".join(f"{n}={s}" for n, s in zip(mesh["names"], mesh["shape"]))]
+    for k, r in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append("")
+    if rep["violations"]:
+        lines.append(f"{len(rep['violations'])} violation(s):")
+        for v in rep["violations"]:
+            lines.append(f"  [{v['code']}] {v['node']} ({v['op']}), input {v['input']} ({v['operand']}): "
+                         f"{v['message']}")
+            lines.append(f"      fix: {v['hint']}")
+    else:
+        lines.append("no violations")
+    if rep["redistributions"]:
+        lines.append("")
+        lines.append("redistributions:")
+        for r in rep["redistributions"]:
+            steps = ", ".join(f"{s['kind']}({s['mesh_axis']})" for s in r["steps"]) or "none"
+            lines.append(f"  {r['input']} -> {r['node']}: ({', '.join(r['from'])}) -> ({', '.join(r['to'])}) "
+                         f"by {steps}: {r['bytes_per_rank']} bytes/rank")
+        lines.append(f"  total: {rep['total_bytes_per_rank']} bytes per rank")
+    for note in rep["notes"]:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

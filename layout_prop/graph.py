@@ -1,0 +1,313 @@
+"""A tiny dataflow graph IR on a networkx ``MultiDiGraph``.
+
+Nodes are graph inputs (``op == "input"``) or op applications.  A node produces one
+value named like the node, or, for a multi-output op, values ``name:0``, ``name:1``...
+Edges go from producer to consumer, one per use (the same value may feed an op twice),
+keyed by the consumer's input index.  Passes talk through named keys of ``node.meta``
+(see :mod:`layout_prop.meta`), as torch.fx passes do.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh
+>>> g = Graph(DeviceMesh((2,), ("dp",)))
+>>> x = g.input("x", shape=(4, 8))
+>>> y = g.op("y", "add", [x, x])
+>>> g.output(y)
+>>> g.lint()
+>>> print(g.format())
+graph(mesh=DeviceMesh(dp=2)):
+  x = input() {shape=[4, 8], dtype=float32, placements=["R"], requires_grad=true}
+  y = add(x, x)
+  return y
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import networkx as nx
+
+from .errors import GraphError
+from .mesh import DeviceMesh
+
+__all__ = ["Node", "Graph", "freeze_attrs", "value_name", "split_value"]
+
+
+def freeze_attrs(value: Any) -> Any:
+    """A hashable, order-independent copy of an attrs value (dicts become sorted item tuples)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze_attrs(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze_attrs(v) for v in value)
+    return value
+
+
+def value_name(node: str, index: int, num_outputs: int) -> str:
+    """The name of output ``index`` of ``node``."""
+    return node if num_outputs == 1 else f"{node}:{index}"
+
+
+def split_value(value: str) -> tuple[str, int]:
+    """``"qkv:1"`` -> ``("qkv", 1)``; ``"x"`` -> ``("x", 0)``."""
+    if ":" in value:
+        head, _, tail = value.rpartition(":")
+        if tail.isdigit():
+            return head, int(tail)
+    return value, 0
+
+
+@dataclass(eq=False)
+class Node:
+    """One node: a graph input or an op application.
+
+    ``attrs`` are the op's attributes (treated as immutable); ``meta`` is the scratch
+    space through which passes talk (``meta["specs"]``, ``meta["violations"]``...).
+    """
+
+    name: str
+    op: str
+    inputs: tuple[str, ...] = ()
+    attrs: dict = field(default_factory=dict)
+    num_outputs: int = 1
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def is_input(self) -> bool:
+        return self.op == "input"
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(value_name(self.name, i, self.num_outputs) for i in range(self.num_outputs))
+
+    def __repr__(self) -> str:
+        return f"Node({self.name!r}, {self.op!r}, inputs={list(self.inputs)})"
+
+
+class Graph:
+    """A dataflow graph over a device mesh.
+
+    Parameters
+    ----------
+    mesh : DeviceMesh
+        The mesh every value of the graph lives on.
+    """
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.mesh = mesh
+        self.nx = nx.MultiDiGraph()
+        self._nodes: dict[str, Node] = {}
+        self._order: dict[str, int] = {}
+        self.outputs: list[str] = []
+        self.meta: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ building
+    def input(
+        self,
+        name: str,
+        *,
+        shape: Iterable[int] | None = None,
+        dtype: str = "float32",
+        placements: Iterable | str | None = None,
+        requires_grad: bool = True,
+    ) -> str:
+        """Add a graph input; ``placements`` is a list of placements or ``"auto"``."""
+        attrs = {
+            "shape": tuple(shape) if shape is not None else None,
+            "dtype": dtype,
+            "placements": placements if isinstance(placements, str) or placements is None else tuple(
+                str(p) for p in placements),
+            "requires_grad": bool(requires_grad),
+        }
+        if attrs["placements"] is None:
+            attrs["placements"] = ("R",) * self.mesh.ndim
+        return self.add_node(Node(name, "input", (), attrs))[0]
+
+    def op(self, name: str, op: str, inputs: Iterable[str], attrs: dict | None = None,
+           num_outputs: int = 1) -> str | tuple[str, ...]:
+        """Add an op node; returns its value name (a tuple of names for several outputs)."""
+        outs = self.add_node(Node(name, op, tuple(inputs), dict(attrs or {}), num_outputs))
+        return outs[0] if num_outputs == 1 else outs
+
+    def add_node(self, node: Node) -> tuple[str, ...]:
+        """Insert a prepared node; its inputs must already be defined."""
+        if node.name in self._nodes:
+            raise GraphError("duplicate-name", f"a node named {node.name!r} already exists", node=node.name,
+                             hint="give every node and input a distinct name")
+        for i, value in enumerate(node.inputs):
+            if not self.has_value(value):
+                raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",
+                                 node=node.name, input=value, hint="define a value before using it")
+        self._nodes[node.name] = node
+        self._order[node.name] = len(self._order)
+        self.nx.add_node(node.name, node=node)
+        for i, value in enumerate(node.inputs):
+            producer, index = self.producer(value)
+            self.nx.add_edge(producer.name, node.name, key=i, value=value, index=index)
+        return node.outputs
+
+    def output(self, *values: str) -> None:
+        """Mark values as graph outputs."""
+        for value in values:
+            if not self.has_value(value):
+                raise GraphError("undefined-value", f"output {value!r} is not a value of the graph", input=value,
+                                 hint="name a node (or node:i) as an output")
+            self.outputs.append(value)
+
+    # ------------------------------------------------------------------ queries
+    def __contains__(self, name: str) -> bool:
+        return name in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def node(self, name: str) -> Node:
+        try:
+            return self._nodes[name]
+        except KeyError:
+            raise GraphError("undefined-value", f"no node named {name!r}", node=name,
+                             hint="check the spelling of the node name") from None
+
+    @property
+    def nodes(self) -> list[Node]:
+        """Nodes in insertion order."""
+        return list(self._nodes.values())
+
+    def inputs(self) -> list[Node]:
+        return [n for n in self._nodes.values() if n.is_input]
+
+    def has_value(self, value: str) -> bool:
+        try:
+            self.producer(value)
+        except GraphError:
+            return False
+        return True
+
+    def producer(self, value: str) -> tuple[Node, int]:
+        """The node that produces ``value`` and the output index."""
+        node = self._nodes.get(value)
+        if node is not None and node.num_outputs == 1:
+            return node, 0
+        name, index = split_value(value)
+        node = self._nodes.get(name)
+        if node is None or node.num_outputs == 1 or not 0 <= index < node.num_outputs or value == name:
+            hint = "a multi-output node's values are named node:i" if node is not None else "define it first"
+            raise GraphError("undefined-value", f"no value named {value!r}", input=value, hint=hint)
+        return node, index
+
+    def consumers(self, value: str) -> list[tuple[Node, int]]:
+        """Nodes that read ``value``, with the input index, in node order."""
+        producer, _ = self.producer(value)
+        out = []
+        for _, dst, key, data in self.nx.out_edges(producer.name, keys=True, data=True):
+            if data["value"] == value:
+                out.append((self._nodes[dst], key))
+        return sorted(out, key=lambda t: (self._order[t[0].name], t[1]))
+
+    def topo_order(self) -> list[Node]:
+        """A topological order, stable: ties broken by insertion order."""
+        try:
+            names = nx.lexicographical_topological_sort(self.nx, key=self._order.__getitem__)
+            return [self._nodes[n] for n in names]
+        except nx.NetworkXUnfeasible:
+            raise GraphError("cycle", f"the graph has a cycle through {self._cycle()}",
+                             hint="a value cannot depend on itself") from None
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.topo_order())
+
+    def _cycle(self) -> list[str]:
+        try:
+            return [u for u, *_ in nx.find_cycle(self.nx)]
+        except nx.NetworkXNoCycle:
+            return []
+
+    # ------------------------------------------------------------------ checking
+    def lint(self) -> None:
+        """Check the graph is well formed: arity, defined-before-use, unique names, acyclic.
+
+        Raises
+        ------
+        GraphError
+        """
+        from .registry import get_rule
+
+        self.topo_order()
+        for node in self._nodes.values():
+            for i, value in enumerate(node.inputs):
+                if not self.has_value(value):
+                    raise GraphError("undefined-value", f"input {i} of {node.name!r} is undefined value {value!r}",
+                                     node=node.name, input=value, hint="define a value before using it")
+            if node.is_input:
+                if node.inputs:
+                    raise GraphError("bad-arity", f"graph input {node.name!r} has inputs", node=node.name,
+                                     hint="graph inputs take no inputs")
+                continue
+            rule = get_rule(node.op, node=node.name)
+            rule.check_arity(node)
+            edges = sorted(k for _, _, k in self.nx.in_edges(node.name, keys=True))
+            if edges != list(range(len(node.inputs))):
+                raise GraphError("bad-edges", f"node {node.name!r} has edges {edges} for {len(node.inputs)} inputs",
+                                 node=node.name, hint="build graphs through Graph.op")
+        for value in self.outputs:
+            if not self.has_value(value):
+                raise GraphError("undefined-value", f"output {value!r} is undefined", input=value,
+                                 hint="name a node as an output")
+
+    # ------------------------------------------------------------------ printing
+    def format(self, meta_keys: Iterable[str] = ()) -> str:
+        """A stable text form for golden tests; ``meta_keys`` adds chosen metadata."""
+        lines = [f"graph(mesh={self.mesh}):"]
+        for node in self.topo_order():
+            outs = ", ".join(node.outputs)
+            args = ", ".join(node.inputs)
+            attrs = node.attrs
+            if node.is_input:
+                attrs = {
+                    "shape": list(attrs["shape"]) if attrs["shape"] is not None else None,
+                    "dtype": attrs["dtype"],
+                    "placements": attrs["placements"] if isinstance(attrs["placements"], str) else list(
+                        attrs["placements"]),
+                    "requires_grad": attrs["requires_grad"],
+                }
+                text = f"  {outs} = input()"
+            else:
+                text = f"  {outs} = {node.op}({args})"
+            if attrs:
+                text += " {" + ", ".join(f"{k}={_fmt(v)}" for k, v in attrs.items()) + "}"
+            for key in meta_keys:
+                if key in node.meta:
+                    text += f"  # {key}: {_fmt_meta(node.meta[key])}"
+            lines.append(text)
+        lines.append("  return " + ", ".join(self.outputs))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    # ------------------------------------------------------------------ copying
+    def copy_structure(self) -> "Graph":
+        """A new graph with the same nodes (attrs copied, meta empty) and outputs."""
+        g = Graph(self.mesh)
+        for node in self.topo_order():
+            g.add_node(Node(node.name, node.op, node.inputs, dict(node.attrs), node.num_outputs))
+        g.outputs = list(self.outputs)
+        return g
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        return json.dumps(value, sort_keys=True)
+    except TypeError:
+        return str(value)
+
+
+def _fmt_meta(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)

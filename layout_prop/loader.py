@@ -1,0 +1,323 @@
+"""Load a spec (YAML or JSON, see DESIGN.md) into a :class:`~layout_prop.graph.Graph`.
+
+Every mistake is a :class:`~layout_prop.errors.SpecError` (or the LayoutError /
+OpError of the value at fault) carrying a code, the path in the spec
+(``nodes[2].inputs[1]``) and a hint.
+
+Examples
+--------
+>>> g = load_spec('''
+... mesh: {shape: [2, 2], names: [dp, tp]}
+... inputs:
+...   x: {shape: [4, 8], placements: ["S(0)", R]}
+... nodes:
+...   - {name: y, op: add, inputs: [x, x]}
+... outputs: [y]
+... ''')
+>>> g.mesh, g.outputs
+(DeviceMesh(shape=(2, 2), names=('dp', 'tp')), ['y'])
+>>> load_spec("mesh: {shape: [2]}\\ninputs: {x: {shape: [4], placements: [Q]}}\\nnodes: []")
+Traceback (most recent call last):
+...
+layout_prop.errors.SpecError: bad-placement at inputs.x.placements[0]: cannot parse placement 'Q' (hint: write R, S(d) (d an integer, may be negative), P or P(sum|avg|max|min))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import GraphError, LayoutPropError, SpecError
+from .graph import Graph, Node, split_value
+from .layout import Layout
+from .mesh import DeviceMesh
+from .placement import parse_placement
+from .registry import get_rule
+from .spec import TensorSpec, check_dtype
+
+__all__ = ["load_spec", "parse_spec", "spec_from_graph"]
+
+TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
+MESH_KEYS = {"shape", "names"}
+INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
+NODE_KEYS = {"name", "op", "inputs", "attrs"}
+
+
+def _err(code: str, message: str, path: str, hint: str) -> SpecError:
+    return SpecError(code, message, path=path, hint=hint)
+
+
+def _rethrow(err: LayoutPropError, path: str) -> SpecError:
+    return SpecError(err.code, err.message, path=path, hint=err.hint)
+
+
+def parse_spec(text: str, source: str = "<spec>") -> dict:
+    """Parse YAML or JSON text into a dict (``spec-syntax`` on malformed text)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError("spec-syntax", f"{source} is not valid YAML/JSON at {where}: {problem}", path=source,
+                        hint="check the indentation, brackets and quotes there") from None
+    if not isinstance(data, dict):
+        raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
+                        hint="a spec is a mapping with mesh, inputs, nodes and outputs")
+    return data
+
+
+def load_spec(source: str | Path | dict) -> Graph:
+    """Load a spec from a path, a YAML/JSON string or an already parsed dict."""
+    if isinstance(source, dict):
+        return _build(source)
+    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and (
+            source.endswith((".yaml", ".yml", ".json")) or Path(source).exists())):
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SpecError("spec-not-found", f"cannot read {str(path)!r}: {exc.strerror}", path=str(path),
+                            hint="give the path of a YAML or JSON spec file") from None
+        return _build(parse_spec(text, str(path)))
+    return _build(parse_spec(source))
+
+
+def _check_keys(obj: Any, allowed: set, required: set, path: str) -> None:
+    if not isinstance(obj, dict):
+        raise _err("bad-type", f"expected a mapping, got {type(obj).__name__} {obj!r}", path,
+                   "write a mapping such as {key: value}")
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise _err("unknown-key", f"unknown key(s) {unknown}", f"{path}.{unknown[0]}" if path else unknown[0],
+                   f"allowed keys: {sorted(allowed)}")
+    missing = sorted(required - set(obj))
+    if missing:
+        raise _err("missing-key", f"missing key(s) {missing}", path or "<top>", f"add {missing[0]}")
+
+
+def _int_list(value: Any, path: str, what: str, minimum: int) -> list[int]:
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
+        raise _err("bad-type", f"{what} must be a list of integers, got {value!r}", path,
+                   f"write {what} like [2, 2]")
+    for i, v in enumerate(value):
+        if v < minimum:
+            raise _err("bad-value", f"{what}[{i}] is {v}; it must be at least {minimum}", f"{path}[{i}]",
+                       f"use sizes of at least {minimum}")
+    return value
+
+
+def _mesh(data: Any) -> DeviceMesh:
+    _check_keys(data, MESH_KEYS, {"shape"}, "mesh")
+    shape = _int_list(data["shape"], "mesh.shape", "mesh shape", 1)
+    if not shape:
+        raise _err("bad-value", "mesh shape is empty", "mesh.shape", "give at least one mesh axis")
+    names = data.get("names")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise _err("bad-type", f"mesh names must be a list of strings, got {names!r}", "mesh.names",
+                   "write names like [dp, tp]")
+    try:
+        return DeviceMesh(shape, names)
+    except LayoutPropError as err:
+        raise _rethrow(err, "mesh") from None
+
+
+def _input(g: Graph, name: str, data: Any, path: str) -> None:
+    _check_keys(data, INPUT_KEYS, {"shape"}, path)
+    shape = _int_list(data["shape"], f"{path}.shape", "shape", 0)
+    dtype = data.get("dtype", "float32")
+    try:
+        dtype = check_dtype(dtype) if isinstance(dtype, str) else check_dtype(repr(dtype))
+    except LayoutPropError as err:
+        raise _rethrow(err, f"{path}.dtype") from None
+    if "placements" in data and "tensor_map" in data:
+        raise _err("conflicting-keys", "both placements and tensor_map are given", path,
+                   "give exactly one of placements (per mesh axis) and tensor_map (per tensor dim)")
+    requires_grad = data.get("requires_grad", True)
+    if not isinstance(requires_grad, bool):
+        raise _err("bad-type", f"requires_grad must be true or false, got {requires_grad!r}",
+                   f"{path}.requires_grad", "write requires_grad: false")
+    placements: Any
+    if "tensor_map" in data:
+        tm = data["tensor_map"]
+        if not isinstance(tm, list):
+            raise _err("bad-type", f"tensor_map must be a list, got {tm!r}", f"{path}.tensor_map",
+                       "write one entry per tensor dim, like [1, -1, 0, -1]")
+        if len(tm) != len(shape):
+            raise _err("invalid-layout", f"tensor_map has {len(tm)} entries for a tensor of rank {len(shape)}",
+                       f"{path}.tensor_map", "give one entry per tensor dim")
+        try:
+            layout = Layout.from_tensor_map(g.mesh, [tuple(e) if isinstance(e, list) else e for e in tm])
+        except LayoutPropError as err:
+            raise _rethrow(err, f"{path}.tensor_map") from None
+        placements = layout.placement_strs()
+    elif data.get("placements") == "auto":
+        placements = "auto"
+    else:
+        raw = data.get("placements", ["R"] * g.mesh.ndim)
+        if not isinstance(raw, list):
+            raise _err("bad-type", f"placements must be a list or 'auto', got {raw!r}", f"{path}.placements",
+                       "write one placement per mesh axis, like [\"S(0)\", R]")
+        if len(raw) != g.mesh.ndim:
+            raise _err("invalid-layout", f"{len(raw)} placements for a mesh of {g.mesh.ndim} axes "
+                       f"{list(g.mesh.names)}", f"{path}.placements", "give one placement per mesh axis")
+        for i, p in enumerate(raw):
+            try:
+                parse_placement(p)
+            except LayoutPropError as err:
+                raise _rethrow(err, f"{path}.placements[{i}]") from None
+        placements = raw
+    if placements != "auto":
+        try:
+            TensorSpec(shape, dtype, Layout(g.mesh, placements, len(shape)))
+        except LayoutPropError as err:
+            raise _rethrow(err, f"{path}.placements") from None
+    g.input(name, shape=shape, dtype=dtype, placements=placements, requires_grad=requires_grad)
+
+
+def _check_name(name: Any, path: str) -> str:
+    if not isinstance(name, str) or not name or ":" in name or name.startswith("grad:"):
+        raise _err("bad-name", f"name {name!r} is not a usable name", path,
+                   "use a non-empty string without ':' for names")
+    return name
+
+
+def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
+    if not isinstance(data, list):
+        raise _err("bad-type", f"nodes must be a list, got {type(data).__name__}", "nodes",
+                   "write nodes as a list of {name, op, inputs, attrs}")
+    seen: dict[str, int] = {}
+    out = []
+    for i, nd in enumerate(data):
+        path = f"nodes[{i}]"
+        _check_keys(nd, NODE_KEYS, {"name", "op"}, path)
+        name = _check_name(nd["name"], f"{path}.name")
+        if name in defined or name in seen:
+            raise _err("duplicate-name", f"name {name!r} is defined twice", f"{path}.name",
+                       "give every input and node a distinct name")
+        seen[name] = i
+        if not isinstance(nd["op"], str):
+            raise _err("bad-type", f"op must be a string, got {nd['op']!r}", f"{path}.op", "write op: add")
+        try:
+            rule = get_rule(nd["op"], node=name)
+        except LayoutPropError as err:
+            raise SpecError(err.code, err.message, path=f"{path}.op", node=name, hint=err.hint) from None
+        inputs = nd.get("inputs", [])
+        if not isinstance(inputs, list) or not all(isinstance(v, str) for v in inputs):
+            raise _err("bad-type", f"inputs must be a list of value names, got {inputs!r}", f"{path}.inputs",
+                       "write inputs: [x, cos, sin]")
+        attrs = nd.get("attrs", {}) or {}
+        if not isinstance(attrs, dict):
+            raise _err("bad-type", f"attrs must be a mapping, got {attrs!r}", f"{path}.attrs",
+                       "write attrs: {mode: 0}")
+        try:
+            attrs = rule.normalize_attrs(attrs, name)
+        except LayoutPropError as err:
+            raise SpecError(err.code, err.message, path=f"{path}.attrs", node=name, hint=err.hint) from None
+        n_ops = len(rule.operands)
+        if (len(inputs) < n_ops) if rule.variadic else (len(inputs) != n_ops):
+            raise SpecError("bad-arity", f"op {rule.name!r} takes {n_ops} inputs {list(rule.operands)}, "
+                            f"got {len(inputs)}", path=f"{path}.inputs", node=name,
+                            hint=f"give {list(rule.operands)}")
+        out.append((i, {"name": name, "op": rule.name, "inputs": inputs, "attrs": nd.get("attrs", {}) or {}},
+                    rule))
+    return out
+
+
+def _order(nodes, g: Graph) -> list:
+    """Order nodes so every value is defined before use; report undefined values and cycles."""
+    producers = {}
+    for i, nd, rule in nodes:
+        for k in range(rule.num_outputs):
+            producers[nd["name"] if rule.num_outputs == 1 else f"{nd['name']}:{k}"] = i
+    deps: dict[int, set[int]] = {}
+    for i, nd, rule in nodes:
+        deps[i] = set()
+        for j, value in enumerate(nd["inputs"]):
+            if g.has_value(value):
+                continue
+            if value in producers:
+                deps[i].add(producers[value])
+                continue
+            base, _ = split_value(value)
+            hint = "define the value as an input or a node before using it"
+            if base in producers or base in g:
+                hint = f"{base!r} has several outputs: name one as {base}:0, {base}:1, ..."
+            raise SpecError("undefined-value", f"input {j} of node {nd['name']!r} is {value!r}, which is not defined",
+                            path=f"nodes[{i}].inputs[{j}]", node=nd["name"], input=value, hint=hint)
+    done: list[int] = []
+    placed: set[int] = set()
+    state: dict[int, int] = {}
+
+    def visit(i: int, stack: list[int]) -> None:
+        if state.get(i) == 2:
+            return
+        if state.get(i) == 1:
+            names = [nodes_by[k]["name"] for k in stack[stack.index(i):]] + [nodes_by[i]["name"]]
+            raise SpecError("cycle", f"nodes form a cycle: {' -> '.join(names)}", path=f"nodes[{i}]",
+                            node=nodes_by[i]["name"], hint="a value cannot depend on itself; break the loop")
+        state[i] = 1
+        for d in sorted(deps[i]):
+            visit(d, stack + [i])
+        state[i] = 2
+        if i not in placed:
+            placed.add(i)
+            done.append(i)
+
+    nodes_by = {i: nd for i, nd, _ in nodes}
+    for i, _, _ in nodes:
+        visit(i, [])
+    by_index = {i: (i, nd, rule) for i, nd, rule in nodes}
+    return [by_index[i] for i in done]
+
+
+def _build(data: dict) -> Graph:
+    _check_keys(data, TOP_KEYS, {"mesh", "inputs", "nodes"}, "")
+    g = Graph(_mesh(data["mesh"]))
+    inputs = data["inputs"]
+    if not isinstance(inputs, dict) or not inputs:
+        raise _err("bad-type", f"inputs must be a non-empty mapping of name -> spec, got {inputs!r}", "inputs",
+                   "write inputs: {x: {shape: [4, 8]}}")
+    for name, spec in inputs.items():
+        _check_name(name, f"inputs.{name}")
+        _input(g, name, spec, f"inputs.{name}")
+    nodes = _nodes(data["nodes"], set(inputs))
+    for i, nd, rule in _order(nodes, g):
+        try:
+            g.add_node(Node(nd["name"], nd["op"], tuple(nd["inputs"]), dict(nd["attrs"]), rule.num_outputs))
+        except GraphError as err:
+            raise SpecError(err.code, err.message, path=f"nodes[{i}]", node=nd["name"], hint=err.hint) from None
+    outputs = data.get("outputs")
+    if outputs is None:
+        used = {v for n in g.nodes for v in n.inputs}
+        outputs = [v for n in g.nodes if not n.is_input for v in n.outputs if v not in used]
+    if not isinstance(outputs, list) or not all(isinstance(v, str) for v in outputs):
+        raise _err("bad-type", f"outputs must be a list of value names, got {outputs!r}", "outputs",
+                   "write outputs: [y]")
+    for k, value in enumerate(outputs):
+        if not g.has_value(value):
+            raise _err("undefined-value", f"output {value!r} is not defined", f"outputs[{k}]",
+                       "name a node (or node:i) as an output")
+    g.output(*outputs)
+    return g
+
+
+def spec_from_graph(g: Graph) -> dict:
+    """The spec dict of a graph (inverse of :func:`load_spec` for graphs built from specs)."""
+    inputs = {}
+    for node in g.inputs():
+        a = node.attrs
+        inputs[node.name] = {"shape": list(a["shape"]), "dtype": a["dtype"],
+                             "placements": a["placements"] if isinstance(a["placements"], str) else list(
+                                 a["placements"]),
+                             "requires_grad": a["requires_grad"]}
+    nodes = [{"name": n.name, "op": n.op, "inputs": list(n.inputs), "attrs": dict(n.attrs)}
+             for n in g.topo_order() if not n.is_input]
+    return {"mesh": g.mesh.to_dict(), "inputs": inputs, "nodes": nodes, "outputs": list(g.outputs)}
+
+
+def dump_spec(g: Graph) -> str:
+    return json.dumps(spec_from_graph(g), indent=1)

@@ -1,0 +1,170 @@
+"""The op registry: a rule object per op, registered with a decorator beside its definition.
+
+A rule's :meth:`OpRule.infer_layout` is a pure function of the input specs and the attrs.
+It returns a :class:`RuleResult`: the output specs, the violations, and ``wants``: for
+each input, the layout the local kernel needs (``None`` when the input is fine as is).
+A want whose redistribution is free (``local-slice``) is applied by lowering without
+complaint; any other want comes with a violation, and ``--reshard`` fulfils it by
+inserting a redistribution node.
+
+Examples
+--------
+>>> get_rule("npu_rotary_mul").name
+'rotary_position_embedding'
+>>> get_rule("rotary_embeding")
+Traceback (most recent call last):
+...
+layout_prop.errors.OpError: unknown-op: unknown op 'rotary_embeding' (hint: did you mean 'rotary_position_embedding'?)
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Protocol, Sequence
+
+from .errors import GraphError, OpError, Violation
+from .layout import Layout
+from .spec import TensorSpec
+
+__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "registered_ops", "GradBuilder"]
+
+_RULES: dict[str, "OpRule"] = {}
+_ALIASES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """What a transfer function returns.
+
+    ``outputs`` may hold ``None`` for an output the rule cannot describe (its inputs are
+    unusable); downstream nodes of such a value are skipped, the violation already says why.
+    """
+
+    outputs: tuple[TensorSpec | None, ...]
+    violations: tuple[Violation, ...] = ()
+    wants: tuple[Layout | None, ...] = ()
+
+
+class GradBuilder(Protocol):
+    """What a vjp rule uses to add backward nodes to the graph (the backward pass supplies it)."""
+
+    def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None,
+           num_outputs: int = 1) -> str | tuple[str, ...]:
+        ...
+
+    def spec(self, value: str) -> TensorSpec:
+        ...
+
+
+class OpRule(ABC):
+    """Base class of op rules.
+
+    Subclasses set ``name``, ``operands`` (parameter names), optional ``aliases``,
+    ``num_outputs``, ``attr_defaults``, and implement :meth:`infer_layout`; ops with a
+    gradient implement :meth:`vjp`.
+    """
+
+    name: str = ""
+    operands: tuple[str, ...] = ()
+    variadic: bool = False
+    aliases: tuple[str, ...] = ()
+    num_outputs: int = 1
+    attr_defaults: dict[str, Any] = {}
+    differentiable: bool = True
+
+    # ---------------------------------------------------------------- attrs and arity
+    def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
+        """Fill defaults and reject unknown attributes (``bad-attr``)."""
+        unknown = sorted(set(attrs) - set(self.attr_defaults))
+        if unknown:
+            raise OpError("bad-attr", f"op {self.name!r} has no attribute(s) {unknown}", node=node,
+                          hint=f"known attributes: {sorted(self.attr_defaults) or 'none'}")
+        out = dict(self.attr_defaults)
+        out.update(attrs)
+        return out
+
+    def check_arity(self, node) -> None:
+        n = len(node.inputs)
+        ok = n >= len(self.operands) if self.variadic else n == len(self.operands)
+        if not ok:
+            raise GraphError("bad-arity",
+                             f"op {self.name!r} takes {len(self.operands)} inputs {list(self.operands)}, got {n}",
+                             node=node.name, hint=f"give {self.name} exactly its operands {list(self.operands)}")
+        if node.num_outputs != self.num_outputs:
+            raise GraphError("bad-arity", f"op {self.name!r} has {self.num_outputs} outputs, node says "
+                             f"{node.num_outputs}", node=node.name, hint="build nodes through Graph.op")
+
+    def operand_name(self, index: int) -> str:
+        if index < len(self.operands):
+            return self.operands[index]
+        return f"{self.operands[-1] if self.operands else 'input'}{index}"
+
+    # ---------------------------------------------------------------- the rules
+    @abstractmethod
+    def infer_layout(self, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
+        """Output specs, violations and wanted input layouts. Pure."""
+
+    def localize(self, attrs: dict, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                 rank: int) -> dict:
+        """The attrs rank ``rank``'s local kernel gets (a reshape target, a mask offset...).
+
+        ``inputs`` are the specs the kernel sees (after free local slices).
+        """
+        return dict(attrs)
+
+    def vjp(self, g: GradBuilder, inputs: tuple[str, ...], outputs: tuple[str, ...],
+            cotangents: tuple[str | None, ...], attrs: dict, needs: tuple[bool, ...]) -> tuple[str | None, ...]:
+        """Add the nodes computing input cotangents; one value (or None) per input."""
+        raise OpError("no-vjp", f"op {self.name!r} has no gradient rule",
+                      hint="mark its inputs requires_grad: false, or register a vjp for the op")
+
+
+def register_op(rule_cls: type[OpRule] | None = None):
+    """Class decorator: instantiate the rule and register it under its name and aliases."""
+
+    def wrap(cls: type[OpRule]) -> type[OpRule]:
+        rule = cls()
+        if not rule.name:
+            raise ValueError(f"{cls.__name__} has no name")
+        if rule.name in _RULES or rule.name in _ALIASES:
+            raise ValueError(f"op {rule.name!r} registered twice")
+        _RULES[rule.name] = rule
+        for alias in rule.aliases:
+            _ALIASES[alias] = rule.name
+        return cls
+
+    return wrap(rule_cls) if rule_cls is not None else wrap
+
+
+def _load_builtin_ops() -> None:
+    import layout_prop.ops  # noqa: F401  (importing registers the built-in ops)
+
+
+def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRule:
+    """The rule of ``op`` (canonical name or alias); ``unknown-op`` otherwise."""
+    if not _RULES:
+        _load_builtin_ops()
+    name = _ALIASES.get(op, op)
+    rule = _RULES.get(name)
+    if rule is None:
+        choices = list(_RULES) + list(_ALIASES)
+        close = difflib.get_close_matches(str(op), choices, n=1)
+        hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}?" if close else \
+            f"known ops: {', '.join(sorted(_RULES))}"
+        raise OpError("unknown-op", f"unknown op {op!r}", node=node, path=path, hint=hint)
+    return rule
+
+
+def canonical_op(op: str) -> str:
+    return get_rule(op).name
+
+
+def registered_ops() -> dict[str, OpRule]:
+    if not _RULES:
+        _load_builtin_ops()
+    return dict(_RULES)
+
+
+TransferFunction = Callable[[tuple[TensorSpec, ...], dict], RuleResult]

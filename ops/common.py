@@ -1,0 +1,85 @@
+"""Helpers shared by op rules: naming mesh axes, building violations, classifying wants."""
+
+from __future__ import annotations
+
+from layout_prop.errors import LayoutPropError, Violation
+from layout_prop.layout import Layout
+from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.spec import TensorSpec
+
+__all__ = [
+    "axis_label",
+    "axes_label",
+    "without_partial",
+    "without_dim",
+    "align_offset",
+    "free_or_violation",
+    "plan_summary",
+]
+
+
+def axis_label(layout: Layout, axis: int) -> str:
+    """``'sp'`` (mesh axis 2) style label."""
+    return f"{layout.mesh.names[axis]!r}"
+
+
+def axes_label(layout: Layout, axes) -> str:
+    return ", ".join(layout.mesh.names[a] for a in axes) or "no mesh axis"
+
+
+def without_partial(layout: Layout) -> Layout:
+    """The layout with every Partial axis reduced to Replicate."""
+    return layout.with_placements([Replicate() if p.is_partial() else p for p in layout.placements])
+
+
+def without_dim(layout: Layout, dim: int) -> Layout:
+    """The layout with tensor dim ``dim`` unsharded."""
+    return layout.with_placements([Replicate() if p.is_shard(dim) else p for p in layout.placements])
+
+
+def align_offset(big_rank: int, small_rank: int) -> int:
+    """Dims align from the right: small dim i matches big dim ``i + offset``."""
+    return big_rank - small_rank
+
+
+def plan_summary(spec: TensorSpec, want: Layout) -> tuple[bool, str]:
+    """Whether moving ``spec`` to ``want`` is free, and a short text of the plan.
+
+    Returns ``(False, "no redistribution exists")`` for impossible moves.
+    """
+    from layout_prop.redistribute import plan_redistribution
+
+    try:
+        plan = plan_redistribution(spec, want)
+    except LayoutPropError as err:
+        return False, f"no redistribution exists ({err.message})"
+    if not plan.steps:
+        return True, "nothing to do"
+    steps = ", ".join(f"{s.kind} on {spec.mesh.names[s.mesh_axis]}" for s in plan.steps)
+    return plan.is_free, f"{steps}: {plan.bytes_per_rank} bytes per rank"
+
+
+def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code: str, message: str,
+                      hint: str) -> Violation | None:
+    """A violation when reaching ``want`` costs communication; None when it is free or not needed.
+
+    The hint is extended with what ``--reshard`` would insert.
+    """
+    if want is None or want == spec.layout:
+        return None
+    free, text = plan_summary(spec, want)
+    if free:
+        return None
+    fixable = not text.startswith("no redistribution")
+    extra = f"; --reshard inserts {text}" if fixable else ""
+    return Violation(code, message, hint + extra, operand=operand, fixable=fixable,
+                     details={"want": [str(p) for p in want.placements]})
+
+
+def placement_on_output(p, offset: int):
+    """Map an input placement to output dim coordinates (inputs aligned from the right)."""
+    return Shard(p.dim + offset) if isinstance(p, Shard) else p
+
+
+def is_partial_op(p, ops=("sum", "avg")) -> bool:
+    return isinstance(p, Partial) and p.reduce_op in ops

@@ -1,0 +1,249 @@
+"""Elementwise ops with numpy broadcasting, and their Partial linearity.
+
+The rule picks an output placement per mesh axis, then asks each input for the layout
+that placement implies (a broadcast dim stays Replicate).  Reaching a wanted layout by a
+free local slice is fine; anything that needs communication is a violation that
+``--reshard`` can fix.  Partial values pass through only where the op is linear:
+
+- ``add``/``sub``: every operand ``P(sum)`` (or every ``P(avg)``) gives the same Partial.
+- ``mul``: one operand ``P(sum|avg)``, the others Replicate on that axis; ``div``: the
+  numerator only.
+- ``neg``, ``scale``, ``identity`` keep ``P(sum|avg)`` (``identity`` keeps any Partial).
+- anything else (``exp``...) needs the reduction first: ``partial-input``.
+
+Violation codes: ``broadcast-shape``, ``partial-input``, ``sharding-mismatch``.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh, Layout, TensorSpec
+>>> mesh = DeviceMesh((2,), ("tp",))
+>>> a = TensorSpec((4, 6), "float32", Layout(mesh, ["P(sum)"], 2))
+>>> r = get_rule("add").infer_layout((a, a), {})
+>>> str(r.outputs[0].layout), r.violations
+('(P(sum))', ())
+>>> b = TensorSpec((6,), "float32", Layout(mesh, ["R"], 1))
+>>> [v.code for v in get_rule("add").infer_layout((a, b), {}).violations]
+['partial-input']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layout_prop.errors import Violation
+from layout_prop.layout import Layout
+from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.spec import TensorSpec
+
+from .common import free_or_violation
+
+__all__ = ["ElementwiseRule", "broadcast_shapes"]
+
+
+def broadcast_shapes(shapes) -> tuple[int, ...] | None:
+    """numpy's broadcast shape, or None when the shapes do not broadcast."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+class ElementwiseRule(OpRule):
+    """Shared rule of the elementwise family; subclasses set ``partial_mode``.
+
+    ``partial_mode``: ``"all"`` (add/sub), ``"one"`` (mul), ``"first"`` (div, unary
+    linear ops), ``"any"`` (identity: every Partial op passes), ``"none"``.
+    """
+
+    partial_mode = "none"
+
+    def _partial_out(self, ps, ranks_full) -> Partial | None:
+        partials = [(i, p) for i, p in enumerate(ps) if isinstance(p, Partial)]
+        if not partials:
+            return None
+        ops = {p.reduce_op for _, p in partials}
+        if len(ops) != 1:
+            return None
+        op = ops.pop()
+        mode = self.partial_mode
+        if mode == "any":
+            return partials[0][1]
+        if op not in ("sum", "avg"):
+            return None
+        others_replicated = all(isinstance(p, Replicate) for i, p in enumerate(ps) if not isinstance(p, Partial))
+        if mode == "all" and len(partials) == len(ps):
+            return Partial(op)
+        if mode == "one" and len(partials) == 1 and others_replicated:
+            return Partial(op)
+        if mode == "first" and len(partials) == 1 and partials[0][0] == 0 and others_replicated:
+            return Partial(op)
+        return None
+
+    def infer_layout(self, inputs, attrs):
+        shape = broadcast_shapes([t.shape for t in inputs])
+        if shape is None:
+            v = Violation("broadcast-shape", f"shapes {[list(t.shape) for t in inputs]} do not broadcast",
+                          "make the shapes equal or 1 in every dim, aligned from the right",
+                          operand=self.operand_name(len(inputs) - 1))
+            return RuleResult((None,) * self.num_outputs, (v,), ())
+        ndim = len(shape)
+        mesh = inputs[0].mesh
+        offsets = [ndim - t.ndim for t in inputs]
+        out_ps = []
+        for axis in range(mesh.ndim):
+            ps = [t.layout.placements[axis] for t in inputs]
+            partial = self._partial_out(ps, None)
+            if partial is not None:
+                out_ps.append(partial)
+                continue
+            shard = next((Shard(p.dim + off) for p, off in zip(ps, offsets) if isinstance(p, Shard)), None)
+            out_ps.append(shard if shard is not None else Replicate())
+        out_layout = Layout(mesh, out_ps, ndim)
+        wants, violations = [], []
+        for i, (t, off) in enumerate(zip(inputs, offsets)):
+            want = self._want_for(t, off, out_layout, shape)
+            wants.append(want if want != t.layout else None)
+            if want != t.layout:
+                operand = self.operand_name(i)
+                code = "partial-input" if t.layout.has_partial() and want.partial_axes() != t.layout.partial_axes() \
+                    else "sharding-mismatch"
+                v = free_or_violation(
+                    t, want, operand, code,
+                    f"{operand} is {t.layout} but {self.name} computes {out_layout} here, so {operand} must be {want}",
+                    f"give {operand} the layout {want}" + (
+                        " (reduce the partial sum first)" if code == "partial-input" else ""))
+                if v is not None:
+                    violations.append(v)
+        dtype = self.out_dtype(inputs, attrs)
+        return RuleResult((TensorSpec(shape, dtype, out_layout),), tuple(violations), tuple(wants))
+
+    def out_dtype(self, inputs, attrs) -> str:
+        return str(np.result_type(*[np.dtype(t.dtype) for t in inputs]))
+
+    @staticmethod
+    def _want_for(t: TensorSpec, off: int, out: Layout, shape) -> Layout:
+        ps = []
+        for p in out.placements:
+            if isinstance(p, Shard):
+                d = p.dim - off
+                ps.append(Shard(d) if d >= 0 and t.shape[d] == shape[p.dim] and shape[p.dim] != 1 else Replicate())
+            elif isinstance(p, Partial):
+                ps.append(p)
+            else:
+                ps.append(Replicate())
+        # an operand that is Replicate on a Partial axis stays Replicate (mul/div's other operands)
+        own = t.layout.placements
+        ps = [own[a] if isinstance(p, Partial) and isinstance(own[a], Replicate) else p for a, p in enumerate(ps)]
+        return Layout(t.mesh, ps, t.ndim)
+
+
+def _sum_to(g, value: str, shape: tuple[int, ...]) -> str:
+    """Reduce a broadcast cotangent back to ``shape``."""
+    if tuple(g.spec(value).shape) == tuple(shape):
+        return value
+    return g.op("sum_to", [value], {"shape": list(shape)})
+
+
+@register_op
+class Identity(ElementwiseRule):
+    name = "identity"
+    operands = ("x",)
+    aliases = ("Identity",)
+    partial_mode = "any"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        return (cotangents[0],)
+
+
+@register_op
+class Add(ElementwiseRule):
+    name = "add"
+    operands = ("x", "y")
+    aliases = ("Add", "aten.add")
+    partial_mode = "all"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        return tuple(_sum_to(g, dy, g.spec(v).shape) if need else None for v, need in zip(inputs, needs))
+
+
+@register_op
+class Sub(ElementwiseRule):
+    name = "sub"
+    operands = ("x", "y")
+    aliases = ("Sub", "aten.sub")
+    partial_mode = "all"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        dx = _sum_to(g, dy, g.spec(inputs[0]).shape) if needs[0] else None
+        dyy = _sum_to(g, g.op("neg", [dy]), g.spec(inputs[1]).shape) if needs[1] else None
+        return dx, dyy
+
+
+@register_op
+class Mul(ElementwiseRule):
+    name = "mul"
+    operands = ("x", "y")
+    aliases = ("Mul", "aten.mul")
+    partial_mode = "one"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        x, y = inputs
+        dx = _sum_to(g, g.op("mul", [dy, y]), g.spec(x).shape) if needs[0] else None
+        dyy = _sum_to(g, g.op("mul", [dy, x]), g.spec(y).shape) if needs[1] else None
+        return dx, dyy
+
+
+@register_op
+class Neg(ElementwiseRule):
+    name = "neg"
+    operands = ("x",)
+    aliases = ("Neg", "aten.neg")
+    partial_mode = "first"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        return (g.op("neg", [cotangents[0]]),)
+
+
+@register_op
+class SumTo(OpRule):
+    """``sum_to(x, shape)``: sum a broadcast value back to ``shape`` (the vjp of broadcasting).
+
+    A reduced dim that is sharded leaves ``P(sum)`` on its mesh axes.
+    """
+
+    name = "sum_to"
+    operands = ("x",)
+    attr_defaults = {"shape": None}
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        shape = tuple(attrs["shape"])
+        off = x.ndim - len(shape)
+        if off < 0 or any(s not in (1, x.shape[i + off]) for i, s in enumerate(shape)):
+            v = Violation("broadcast-shape", f"cannot sum shape {list(x.shape)} to {list(shape)}",
+                          "the target must broadcast to the input's shape", operand="x")
+            return RuleResult((None,), (v,), ())
+        ps = []
+        for p in x.layout.placements:
+            if isinstance(p, Shard):
+                kept = p.dim >= off and shape[p.dim - off] == x.shape[p.dim] and x.shape[p.dim] != 1
+                ps.append(Shard(p.dim - off) if kept else Partial("sum"))
+            else:
+                ps.append(p)
+        bad = [p for p in ps if isinstance(p, Partial) and p.reduce_op not in ("sum",)]
+        if bad:
+            v = Violation("partial-input", f"x is {x.layout}; summing a {bad[0]} value is not defined",
+                          "reduce x first", operand="x", fixable=False)
+            return RuleResult((None,), (v,), ())
+        return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, len(shape))),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {"shape": list(outputs[0].local_shape(rank))}
+
+
+__all__ += ["Identity", "Add", "Sub", "Mul", "Neg", "SumTo", "get_rule"]

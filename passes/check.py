@@ -1,0 +1,108 @@
+"""check: collect every violation and every redistribution of a propagated graph.
+
+An analysis pass.  Violations come in a stable order: node order (topological, ties by
+insertion), then input order.  It never raises for a violation and never stops at the
+first one.  Redistributions are both the explicit ``redistribute`` nodes (inserted by
+reshard or backward, or written by the user) and the implicit free local slices a
+kernel's ``wants`` ask for.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh
+>>> from layout_prop.graph import Graph
+>>> from passes.propagate import Propagate
+>>> g = Graph(DeviceMesh((2,), ("dp",)))
+>>> a = g.input("a", shape=(4,), placements=["P(sum)"])
+>>> b = g.input("b", shape=(4,))
+>>> g.output(g.op("c", "add", [a, b]))
+>>> _ = Propagate().run(g)
+>>> res = Check().run(g)
+>>> res.ok, [v.code for v in res.violations]
+(False, ['partial-input'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from layout_prop import meta
+from layout_prop.errors import LayoutPropError, Violation
+from layout_prop.graph import Graph
+from layout_prop.layout import Layout
+from layout_prop.redistribute import Plan, plan_redistribution
+
+from .propagate import value_spec
+
+__all__ = ["Check", "CheckResult", "Redistribution"]
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    """One move of a value: for the consumer ``node``'s input ``input``."""
+
+    node: str
+    input: str
+    plan: Plan
+    explicit: bool  # a redistribute node (True) or a kernel's implicit free slice (False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"node": self.node, "input": self.input}
+        d.update(self.plan.to_dict())
+        return d
+
+
+@dataclass
+class CheckResult:
+    violations: list[Violation] = field(default_factory=list)
+    redistributions: list[Redistribution] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def total_bytes_per_rank(self) -> int:
+        return sum(r.plan.bytes_per_rank for r in self.redistributions)
+
+
+class Check:
+    name = "check"
+
+    def run(self, graph: Graph) -> CheckResult:
+        result = CheckResult()
+        for node in graph.topo_order():
+            if node.is_input:
+                continue
+            result.violations.extend(sorted(node.meta.get(meta.VIOLATIONS, ()), key=lambda v: _input_index(node, v)))
+            if node.op == "redistribute":
+                src = value_spec(graph, node.inputs[0])
+                dst = node.meta[meta.SPECS][0]
+                if src is not None and dst is not None:
+                    consumer, value = node.meta.get("for", (node.name, node.inputs[0]))
+                    result.redistributions.append(
+                        Redistribution(consumer, value, plan_redistribution(src, dst.layout), True))
+                continue
+            if node.meta.get(meta.VIOLATIONS):
+                continue  # its wants are the fixes the violations describe, not moves that happen
+            for value, want in zip(node.inputs, node.meta.get(meta.WANTS, ())):
+                if want is None:
+                    continue
+                src = value_spec(graph, value)
+                plan = _plan_or_none(src, want)
+                if plan is not None:
+                    result.redistributions.append(Redistribution(node.name, value, plan, False))
+        return result
+
+
+def _plan_or_none(src, want: Layout) -> Plan | None:
+    try:
+        return plan_redistribution(src, want)
+    except LayoutPropError:
+        return None
+
+
+def _input_index(node, v: Violation) -> int:
+    if v.input in node.inputs:
+        return node.inputs.index(v.input)
+    return len(node.inputs)

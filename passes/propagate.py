@@ -1,0 +1,125 @@
+"""propagate: run every node's transfer function in topological order.
+
+An analysis pass: it only writes metadata (``specs``, ``violations``, ``wants``,
+``attrs``; see :mod:`layout_prop.meta`).  Rule results are cached on (op, attrs, input
+specs), so the repeated layers of a deep model cost a dictionary lookup each.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh
+>>> from layout_prop.graph import Graph
+>>> g = Graph(DeviceMesh((2,), ("dp",)))
+>>> x = g.input("x", shape=(4, 8), placements=["S(0)"])
+>>> g.output(g.op("y", "add", [x, x]))
+>>> result = Propagate().run(g)
+>>> str(g.node("y").meta["specs"][0])
+'float32[4, 8] (S(0))'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from layout_prop import meta
+from layout_prop.errors import LayoutPropError, OpError, Violation
+from layout_prop.graph import Graph, Node, freeze_attrs
+from layout_prop.layout import Layout
+from layout_prop.registry import get_rule
+from layout_prop.spec import TensorSpec
+
+__all__ = ["Propagate", "PropagateResult", "input_spec", "value_spec"]
+
+
+def input_spec(node: Node, graph: Graph) -> TensorSpec:
+    """The declared spec of a graph input node."""
+    attrs = node.attrs
+    placements = attrs["placements"]
+    if isinstance(placements, str):
+        if placements != "auto":
+            raise LayoutPropError("bad-placement", f"placements {placements!r} is not a list", node=node.name,
+                                  hint="give a list of placements, or 'auto'")
+        raise OpError("auto-layout", f"input {node.name!r} has placements 'auto'", node=node.name,
+                      hint="run the complete pass first (layout-prop check completes auto inputs)")
+    if attrs.get("shape") is None:
+        raise LayoutPropError("missing-shape", f"input {node.name!r} has no shape", node=node.name,
+                              hint="give every graph input a shape")
+    return TensorSpec(attrs["shape"], attrs["dtype"], Layout(graph.mesh, placements, len(attrs["shape"])))
+
+
+def value_spec(graph: Graph, value: str) -> TensorSpec | None:
+    """The propagated spec of ``value`` (None when its producer could not be described)."""
+    node, index = graph.producer(value)
+    return node.meta[meta.SPECS][index]
+
+
+@dataclass
+class PropagateResult:
+    nodes: int = 0
+    cache_hits: int = 0
+    violations: list[Violation] = field(default_factory=list)
+
+
+class Propagate:
+    """The propagate pass; ``cache`` may be shared between runs (it is keyed on pure inputs)."""
+
+    name = "propagate"
+
+    def __init__(self, cache: dict | None = None) -> None:
+        self.cache = {} if cache is None else cache
+
+    def run(self, graph: Graph) -> PropagateResult:
+        result = PropagateResult()
+        for node in graph.topo_order():
+            result.nodes += 1
+            hit = self.visit(graph, node)
+            result.cache_hits += hit
+            result.violations.extend(node.meta[meta.VIOLATIONS])
+        return result
+
+    def visit(self, graph: Graph, node: Node) -> bool:
+        """Propagate one node whose inputs are already propagated; returns whether the cache hit."""
+        if node.is_input:
+            node.meta[meta.SPECS] = (input_spec(node, graph),)
+            node.meta[meta.VIOLATIONS] = ()
+            node.meta[meta.WANTS] = ()
+            return False
+        rule = get_rule(node.op, node=node.name)
+        attrs = node.meta.get(meta.ATTRS)
+        if attrs is None:
+            attrs = rule.normalize_attrs(node.attrs, node.name)
+            node.meta[meta.ATTRS] = attrs
+        specs = tuple(value_spec(graph, v) for v in node.inputs)
+        if any(s is None for s in specs):
+            node.meta[meta.SPECS] = (None,) * node.num_outputs
+            node.meta[meta.VIOLATIONS] = ()
+            node.meta[meta.WANTS] = ()
+            return False
+        key = (rule.name, freeze_attrs(attrs), specs)
+        cached = self.cache.get(key)
+        hit = cached is not None
+        if not hit:
+            cached = self._apply(rule, node, specs, attrs)
+            self.cache[key] = cached
+        outputs, violations, wants = cached
+        node.meta[meta.SPECS] = outputs
+        node.meta[meta.VIOLATIONS] = tuple(self._locate(v, node, rule) for v in violations)
+        node.meta[meta.WANTS] = wants
+        return hit
+
+    @staticmethod
+    def _apply(rule, node: Node, specs, attrs):
+        res = rule.infer_layout(specs, attrs)
+        if len(res.outputs) != node.num_outputs:
+            raise OpError("bad-rule", f"rule {rule.name!r} returned {len(res.outputs)} outputs for {node.num_outputs}",
+                          node=node.name, hint="a rule returns one spec per output")
+        wants = tuple(res.wants) + (None,) * (len(specs) - len(res.wants))
+        return tuple(res.outputs), tuple(res.violations), wants
+
+    @staticmethod
+    def _locate(v: Violation, node: Node, rule) -> Violation:
+        value = None
+        if v.operand is not None:
+            names = [rule.operand_name(i) for i in range(len(node.inputs))]
+            if v.operand in names:
+                value = node.inputs[names.index(v.operand)]
+        return v.located(node.name, rule.name, value)

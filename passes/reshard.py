@@ -1,0 +1,109 @@
+"""reshard: insert the cheapest redistribution for every input a rule wants moved.
+
+A transforming pass: it builds a new graph through an old -> new map (inputs are
+rewired to the inserted ``redistribute`` nodes) and propagates it.  Only wants that cost
+communication get a node; free local slices stay implicit (lowering slices locally).  A
+value moved to the same layout for several consumers is moved once.  Violations that no
+redistribution can fix (a bad mode, shapes that do not broadcast) remain.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh
+>>> from layout_prop.graph import Graph
+>>> g = Graph(DeviceMesh((2,), ("dp",)))
+>>> a = g.input("a", shape=(4,), placements=["P(sum)"])
+>>> b = g.input("b", shape=(4,))
+>>> g.output(g.op("c", "add", [a, b]))
+>>> new = Reshard().run(g).graph
+>>> print(new.format())
+graph(mesh=DeviceMesh(dp=2)):
+  a = input() {shape=[4], dtype=float32, placements=["P(sum)"], requires_grad=true}
+  b = input() {shape=[4], dtype=float32, placements=["R"], requires_grad=true}
+  c/x = redistribute(a) {placements=["R"]}
+  c = add(c/x, b)
+  return c
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layout_prop import meta
+from layout_prop.errors import LayoutPropError
+from layout_prop.graph import Graph, Node
+from layout_prop.redistribute import plan_redistribution
+from layout_prop.registry import get_rule
+
+from .propagate import Propagate, value_spec
+
+__all__ = ["Reshard", "ReshardResult"]
+
+
+@dataclass
+class ReshardResult:
+    graph: Graph
+    inserted: int
+
+
+class Reshard:
+    name = "reshard"
+    max_rounds = 8
+
+    def __init__(self, propagate: Propagate | None = None) -> None:
+        self.propagate = propagate or Propagate()
+
+    def run(self, graph: Graph) -> ReshardResult:
+        self.propagate.run(graph)
+        total = 0
+        for _ in range(self.max_rounds):
+            new, inserted = self._round(graph)
+            total += inserted
+            self.propagate.run(new)
+            graph = new
+            if not inserted:
+                break
+        return ReshardResult(graph, total)
+
+    def _round(self, graph: Graph) -> tuple[Graph, int]:
+        new = Graph(graph.mesh)
+        new.meta.update(graph.meta)
+        moved: dict[tuple[str, tuple], str] = {}
+        inserted = 0
+        for node in graph.topo_order():
+            inputs = list(node.inputs)
+            if not node.is_input and node.meta.get(meta.VIOLATIONS):
+                rule = get_rule(node.op)
+                for i, (value, want) in enumerate(zip(node.inputs, node.meta.get(meta.WANTS, ()))):
+                    if want is None or not self._needs_node(graph, value, want):
+                        continue
+                    key = (value, tuple(want.placements))
+                    if key not in moved:
+                        name = self._fresh(new, f"{node.name}/{rule.operand_name(i)}")
+                        new.add_node(Node(name, "redistribute", (value,),
+                                          {"placements": want.placement_strs()},
+                                          meta={meta.INSERTED_BY: self.name, "for": (node.name, value)}))
+                        moved[key] = name
+                        inserted += 1
+                    inputs[i] = moved[key]
+            copy = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs,
+                        meta={k: v for k, v in node.meta.items() if k in (meta.INSERTED_BY, meta.GRAD_OF, "for")})
+            new.add_node(copy)
+        new.outputs = list(graph.outputs)
+        return new, inserted
+
+    @staticmethod
+    def _needs_node(graph: Graph, value: str, want) -> bool:
+        spec = value_spec(graph, value)
+        try:
+            plan = plan_redistribution(spec, want)
+        except LayoutPropError:
+            return False
+        return not plan.is_free
+
+    @staticmethod
+    def _fresh(graph: Graph, base: str) -> str:
+        name, i = base, 1
+        while name in graph:
+            i += 1
+            name = f"{base}{i}"
+        return name

@@ -47,7 +47,10 @@ class Analysis:
     def tensors(self) -> dict[str, Any]:
         out = {}
         for node in self.graph.topo_order():
-            if node.meta.get(meta.INSERTED_BY) == "reshard":
+            inserted = node.meta.get(meta.INSERTED_BY)
+            if inserted == "reshard" or (inserted == "backward" and not node.meta.get(meta.GRAD_OF)):
+                continue  # moves are listed under redistributions; backward intermediates are internal
+            if node.is_input and node.name.startswith("cotangent/"):
                 continue
             for value, spec in zip(node.outputs, node.meta.get(meta.SPECS, ())):
                 if spec is None:

@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=300.0, help="mindspore engine: seconds before giving up")
     r.add_argument("--json", action="store_true", help="print one JSON object")
 
+    sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed)")
+
     lo = sub.add_parser("lower", help="print one rank's local subgraph")
     lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
     lo.add_argument("--rank", type=int, required=True, help="the rank to print")
@@ -117,7 +119,13 @@ def _cmd_lower(args) -> int:
     return 0
 
 
-COMMANDS = {"check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return 0 if run_demo() else 1
+
+
+COMMANDS = {"demo": _cmd_demo, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

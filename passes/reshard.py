@@ -2,7 +2,8 @@
 
 A transforming pass: it builds a new graph through an old -> new map (inputs are
 rewired to the inserted ``redistribute`` nodes) and propagates it.  Only wants that cost
-communication get a node; free local slices stay implicit (lowering slices locally).  A
+communication, or that a violation names, get a node; free local slices stay implicit
+(lowering slices locally).  A
 value moved to the same layout for several consumers is moved once.  Violations that no
 redistribution can fix (a bad mode, shapes that do not broadcast) remain.
 
@@ -73,8 +74,9 @@ class Reshard:
             inputs = list(node.inputs)
             if not node.is_input and node.meta.get(meta.VIOLATIONS):
                 rule = get_rule(node.op)
+                flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
                 for i, (value, want) in enumerate(zip(node.inputs, node.meta.get(meta.WANTS, ()))):
-                    if want is None or not self._needs_node(graph, value, want):
+                    if want is None or not self._needs_node(graph, value, want, value in flagged):
                         continue
                     key = (value, tuple(want.placements))
                     if key not in moved:
@@ -92,13 +94,14 @@ class Reshard:
         return new, inserted
 
     @staticmethod
-    def _needs_node(graph: Graph, value: str, want) -> bool:
+    def _needs_node(graph: Graph, value: str, want, flagged: bool) -> bool:
+        """A move that costs communication, or one a violation asks for (a relabel on a size-1 axis)."""
         spec = value_spec(graph, value)
         try:
             plan = plan_redistribution(spec, want)
         except LayoutPropError:
             return False
-        return not plan.is_free
+        return flagged or not plan.is_free
 
     @staticmethod
     def _fresh(graph: Graph, base: str) -> str:

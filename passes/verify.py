@@ -1,0 +1,72 @@
+"""verify: the graph verifier the tests run after every pass (as fx ``Graph.lint``).
+
+Checks that the graph is well formed (:meth:`Graph.lint`), that every value has a spec
+whose mesh is the graph's, and, with ``resolved=True`` (after reshard), that every
+consumer sees a layout its rule accepts: no violations, and every remaining want is a
+free local slice.
+
+Examples
+--------
+>>> from layout_prop.loader import load_spec
+>>> from layout_prop.passes.propagate import Propagate
+>>> g = load_spec('''
+... mesh: {shape: [2], names: [dp]}
+... inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4]}}
+... nodes: [{name: c, op: add, inputs: [a, b]}]
+... ''')
+>>> _ = Propagate().run(g)
+>>> Verify().run(g)
+>>> Verify(resolved=True).run(g)
+Traceback (most recent call last):
+...
+layout_prop.errors.GraphError: unresolved-violation at node 'c': partial-input ... (hint: run the reshard pass)
+"""
+
+from __future__ import annotations
+
+from layout_prop import meta
+from layout_prop.errors import GraphError, LayoutPropError
+from layout_prop.graph import Graph
+from layout_prop.redistribute import plan_redistribution
+
+from .propagate import value_spec
+
+__all__ = ["Verify"]
+
+
+class Verify:
+    name = "verify"
+
+    def __init__(self, resolved: bool = False) -> None:
+        self.resolved = resolved
+
+    def run(self, graph: Graph) -> None:
+        graph.lint()
+        for node in graph.topo_order():
+            specs = node.meta.get(meta.SPECS)
+            if specs is None or len(specs) != node.num_outputs:
+                raise GraphError("missing-spec", f"node {node.name!r} has no propagated spec", node=node.name,
+                                 hint="run the propagate pass")
+            for spec in specs:
+                if spec is not None and spec.mesh != graph.mesh:
+                    raise GraphError("foreign-mesh", f"node {node.name!r} has a spec on {spec.mesh}, not "
+                                     f"{graph.mesh}", node=node.name, hint="a graph has one mesh")
+            if not self.resolved or node.is_input:
+                continue
+            violations = node.meta.get(meta.VIOLATIONS, ())
+            if violations:
+                raise GraphError("unresolved-violation", f"{violations[0]}", node=node.name,
+                                 hint="run the reshard pass")
+            if any(s is None for s in specs):
+                raise GraphError("missing-spec", f"node {node.name!r} has an unusable output", node=node.name,
+                                 hint="fix its inputs")
+            for value, want in zip(node.inputs, node.meta.get(meta.WANTS, ())):
+                if want is None:
+                    continue
+                try:
+                    free = plan_redistribution(value_spec(graph, value), want).is_free
+                except LayoutPropError:
+                    free = False
+                if not free:
+                    raise GraphError("unresolved-want", f"input {value!r} of {node.name!r} needs communication to "
+                                     f"reach {want}", node=node.name, input=value, hint="run the reshard pass")

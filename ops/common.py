@@ -63,7 +63,7 @@ def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code:
                       hint: str) -> Violation | None:
     """A violation when reaching ``want`` costs communication; None when it is free or not needed.
 
-    The hint is extended with what ``--reshard`` would insert.
+    The check pass extends the hint of a fixable violation with what ``--reshard`` inserts.
     """
     if want is None or want == spec.layout:
         return None
@@ -71,8 +71,7 @@ def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code:
     if free:
         return None
     fixable = not text.startswith("no redistribution")
-    extra = f"; --reshard inserts {text}" if fixable else ""
-    return Violation(code, message, hint + extra, operand=operand, fixable=fixable,
+    return Violation(code, message, hint, operand=operand, fixable=fixable,
                      details={"want": [str(p) for p in want.placements]})
 
 

@@ -74,7 +74,8 @@ class Check:
         for node in graph.topo_order():
             if node.is_input:
                 continue
-            result.violations.extend(sorted(node.meta.get(meta.VIOLATIONS, ()), key=lambda v: _input_index(node, v)))
+            found = sorted(node.meta.get(meta.VIOLATIONS, ()), key=lambda v: _input_index(node, v))
+            result.violations.extend(_with_fix(graph, node, v) for v in found)
             if node.op == "redistribute":
                 src = value_spec(graph, node.inputs[0])
                 dst = node.meta[meta.SPECS][0]
@@ -93,6 +94,19 @@ class Check:
                 if plan is not None:
                     result.redistributions.append(Redistribution(node.name, value, plan, False))
         return result
+
+
+def _with_fix(graph: Graph, node, v: Violation) -> Violation:
+    """The violation with its hint extended by what ``--reshard`` would insert for its input."""
+    if not v.fixable or v.input not in node.inputs:
+        return v
+    want = node.meta.get(meta.WANTS, ())[node.inputs.index(v.input)]
+    plan = _plan_or_none(value_spec(graph, v.input), want) if want is not None else None
+    if plan is None:
+        return v
+    steps = ", ".join(f"{s.kind} on {graph.mesh.names[s.mesh_axis]}" for s in plan.steps) or "a relabel"
+    hint = f"{v.hint}; --reshard inserts {steps} ({plan.bytes_per_rank} bytes per rank)"
+    return Violation(v.code, v.message, hint, v.operand, v.node, v.op, v.input, v.fixable, v.details)
 
 
 def _plan_or_none(src, want: Layout) -> Plan | None:

@@ -4,7 +4,7 @@ Like Shardy's backward propagation from consumers: for an auto input, each consu
 rule says, through its ``wants``, which layout it would like that input in (given the
 other inputs).  Every candidate (those wants, plus all-Replicate) is tried; the one with
 the fewest violations, then the fewest bytes of redistribution over the whole graph,
-then the fewest moves, then the smallest local piece wins.  The choice and each
+then the smallest local pieces of the inputs (memory), then the fewest moves wins.  The choice and each
 alternative with its cost are reported as notes.  Inputs are completed in input order.
 
 Examples
@@ -100,4 +100,4 @@ class Complete:
                 except LayoutPropError:
                     violations += 1
         local = sum(n.meta[meta.SPECS][0].local_nbytes(0) for n in graph.inputs())
-        return violations, total, moves, local
+        return violations, total, local, moves

@@ -1,0 +1,514 @@
+"""Simulated collectives: exact semantics over per-rank numpy arrays.
+
+Per-rank values are a list ``locals_`` indexed by rank.  The group-level functions
+(:func:`all_gather`, :func:`all_reduce`, :func:`reduce_scatter`, :func:`all_to_all`,
+:func:`local_slice`) take the arrays of ONE group, in group order (the order of
+``mesh.groups(axis)``), and return that group's results, one fresh array per rank.
+:func:`apply_step` runs a planned :class:`~layout_prop.redistribute.Step` on every
+group of its mesh axis; :func:`apply_plan` runs a whole plan.  Pieces follow
+``torch.chunk`` (uneven and empty pieces included).
+
+:func:`scatter_global` cuts a global array into the pieces each rank holds under a
+spec, and :func:`assemble` does the reverse, checking that replicas agree.
+
+Reductions
+----------
+``sum`` adds the terms left to right in group order; ``avg`` is their mean, computed as
+``t0 + sum(t_k - t0) / n`` so that equal terms average exactly (integers: the floor of
+the mean); ``max`` / ``min`` are elementwise; on bools ``sum`` and ``avg`` are a logical
+or.  With several Partial mesh axes the value reduces the innermost axis
+first: ``value = op_0 over axis 0 of (op_1 over axis 1 of (... terms))`` (the planner
+in :mod:`layout_prop.redistribute` keeps to that order).
+
+Examples
+--------
+>>> import numpy as np
+>>> from layout_prop import DeviceMesh, Layout, TensorSpec
+>>> from layout_prop.redistribute import plan_redistribution
+>>> mesh = DeviceMesh((4,), ("tp",))
+>>> x = TensorSpec((10,), "float64", Layout(mesh, ["S(0)"], 1))
+>>> pieces = scatter_global(np.arange(10.0), x)
+>>> [p.tolist() for p in pieces]
+[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0]]
+>>> out = apply_plan(plan_redistribution(x, Layout(mesh, ["R"], 1)), pieces)
+>>> out[3].tolist()
+[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+>>> all_reduce([np.array([1.0, 5.0]), np.array([3.0, 2.0])], "max")[1].tolist()
+[3.0, 5.0]
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from layout_prop.errors import ExecutionError
+from layout_prop.placement import REDUCE_OPS
+from layout_prop.redistribute import Plan, Step
+from layout_prop.spec import TensorSpec, chunk_bounds
+
+__all__ = [
+    "reduce_terms",
+    "split_terms",
+    "scatter_global",
+    "assemble",
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "all_to_all",
+    "local_slice",
+    "apply_step",
+    "apply_plan",
+]
+
+
+# --------------------------------------------------------------------------- reductions
+def _check_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ExecutionError("bad-reduce-op", f"unknown reduce op {op!r}", hint=f"use one of {', '.join(REDUCE_OPS)}")
+
+
+def _check_group(arrays: Sequence, what: str) -> list[np.ndarray]:
+    arrays = [np.asarray(a) for a in arrays]
+    if not arrays:
+        raise ExecutionError("empty-group", f"{what} on an empty group", hint="a group holds at least one rank")
+    return arrays
+
+
+def _check_same_shapes(arrays: list[np.ndarray], what: str) -> None:
+    shapes = [a.shape for a in arrays]
+    if len(set(shapes)) > 1:
+        raise ExecutionError("shape-mismatch", f"{what} needs equal shapes in the group, got {shapes}",
+                             hint="every rank of the group must hold a piece of the same shape")
+
+
+def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
+    """Reduce the terms of one group elementwise by ``op``.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        The terms, in group order, all of one shape.
+    op : {'sum', 'avg', 'max', 'min'}
+        ``sum`` adds left to right; ``avg`` is ``t0 + sum(t_k - t0) / n`` (integers: floor);
+        on bools ``sum`` and ``avg`` are a logical or.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array of the terms' dtype.
+
+    Examples
+    --------
+    >>> reduce_terms([np.array([1.0, 4.0]), np.array([3.0, 0.0])], "avg").tolist()
+    [2.0, 2.0]
+    """
+    _check_op(op)
+    arrays = _check_group(arrays, f"reduce({op})")
+    _check_same_shapes(arrays, f"reduce({op})")
+    dtype = arrays[0].dtype
+    if dtype == np.bool_ and op in ("sum", "avg"):
+        op = "max"  # on bools a sum, and a mean read as a bool, are a logical or
+    if op == "sum":
+        acc = arrays[0].copy()
+        for term in arrays[1:]:
+            acc = np.add(acc, term, dtype=dtype)
+        return acc
+    if op == "avg":
+        # t0 + sum(t_k - t0) / n: the mean, exact when the terms are equal
+        first = arrays[0]
+        offset = np.zeros_like(first)
+        with np.errstate(invalid="ignore", over="ignore"):
+            for term in arrays[1:]:
+                offset = np.add(offset, np.subtract(term, first, dtype=dtype), dtype=dtype)
+        if np.issubdtype(dtype, np.floating):
+            with np.errstate(invalid="ignore", over="ignore"):
+                shifted = np.add(first, offset / len(arrays), dtype=dtype)
+                plain = reduce_terms(arrays, "sum") / len(arrays)
+            return np.where(np.isfinite(shifted), shifted, plain).astype(dtype)  # inf - inf: plain mean
+        return np.add(first, offset // len(arrays), dtype=dtype)  # integers: the floor of the mean
+    fold = np.maximum if op == "max" else np.minimum
+    acc = arrays[0].copy()
+    for term in arrays[1:]:
+        acc = fold(acc, term)
+    return acc
+
+
+def split_terms(value: np.ndarray, n: int, op: str, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """``n`` terms whose reduction by ``op`` (as in :func:`reduce_terms`) is ``value``.
+
+    Without ``rng``: ``sum`` puts the value on term 0 and zeros elsewhere; ``avg`` puts
+    the value on every term; ``max`` / ``min`` put the value on term 0 and the dtype's
+    lowest / highest value (``-inf`` / ``inf`` for floats) elsewhere.  With ``rng``:
+    ``sum`` uses random coarse terms (multiples of 1/4) and a residual on the last term,
+    exact under left-to-right addition (elements where the residual would round keep
+    the value on the last term and zeros elsewhere); ``avg`` uses ``value + d_k`` with
+    coarse ``d_k`` adding to zero (exact up to rounding of the mean; integers get the
+    value on every term); ``max`` / ``min`` hold the value on one random term per
+    element and values ``<=`` / ``>=`` it on the others.
+
+    Examples
+    --------
+    >>> [t.tolist() for t in split_terms(np.array([1.5, -2.0]), 3, "max")]
+    [[1.5, -2.0], [-inf, -inf], [-inf, -inf]]
+    >>> rng = np.random.default_rng(0)
+    >>> terms = split_terms(np.array([0.1, 7.25]), 3, "sum", rng)
+    >>> bool((reduce_terms(terms, "sum") == np.array([0.1, 7.25])).all())
+    True
+    """
+    _check_op(op)
+    value = np.asarray(value)
+    if n < 1:
+        raise ExecutionError("empty-group", f"cannot split a value into {n} terms", hint="n >= 1")
+    if n == 1:
+        return [value.copy()]
+    dtype = value.dtype
+    is_bool = dtype == np.bool_
+    is_float = np.issubdtype(dtype, np.floating)
+    if op == "avg" and (rng is None or not is_float):
+        return [value.copy() for _ in range(n)]
+    if op in ("max", "min"):
+        return _split_extreme(value, n, op, rng)
+    if op == "sum" and (rng is None or is_bool):
+        if is_bool and rng is not None:
+            return _split_extreme(value, n, "max", rng)  # bool sum is logical or
+        return [value.copy()] + [np.zeros_like(value) for _ in range(n - 1)]
+    if op == "sum":
+        coarse = [_coarse(rng, value.shape, dtype, is_float) for _ in range(n - 1)]
+        partial = reduce_terms(coarse, "sum")
+        residual = np.subtract(value, partial, dtype=dtype)
+        terms = coarse + [residual]
+        if is_float:
+            with np.errstate(invalid="ignore", over="ignore"):
+                exact = reduce_terms(terms, "sum") == value
+            keep = ~exact
+            for t in coarse:
+                t[keep] = 0
+            residual[keep] = value[keep]
+        return terms
+    # avg on floats with rng: value + d_k, the d_k adding up to zero exactly
+    offsets = [_coarse(rng, value.shape, dtype, True) for _ in range(n - 1)]
+    offsets.append(-reduce_terms(offsets, "sum"))
+    return [np.add(value, d, dtype=dtype) for d in offsets]
+
+
+def _coarse(rng: np.random.Generator, shape: tuple, dtype: np.dtype, is_float: bool) -> np.ndarray:
+    ints = rng.integers(-8, 9, size=shape)
+    return (ints / 4).astype(dtype) if is_float else ints.astype(dtype)
+
+
+def _split_extreme(value: np.ndarray, n: int, op: str, rng: np.random.Generator | None) -> list[np.ndarray]:
+    dtype = value.dtype
+    if dtype == np.bool_:
+        far = np.zeros_like(value) if op == "max" else np.ones_like(value)
+    elif np.issubdtype(dtype, np.floating):
+        far = np.full_like(value, -np.inf if op == "max" else np.inf)
+    else:
+        info = np.iinfo(dtype)
+        far = np.full_like(value, info.min if op == "max" else info.max)
+    if rng is None:
+        return [value.copy()] + [far.copy() for _ in range(n - 1)]
+    holder = rng.integers(0, n, size=value.shape)
+    terms = []
+    for k in range(n):
+        terms.append(np.where(holder == k, value, _beyond(value, op, far, rng)).astype(dtype))
+    return terms
+
+
+def _beyond(value: np.ndarray, op: str, far: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random values ``<= value`` (op max) or ``>= value`` (op min), elementwise."""
+    if value.dtype == np.bool_:
+        noise = rng.integers(0, 2, size=value.shape).astype(bool)
+        return value & noise if op == "max" else value | noise
+    step = rng.integers(0, 4, size=value.shape).astype(value.dtype)
+    if np.issubdtype(value.dtype, np.floating):
+        with np.errstate(invalid="ignore", over="ignore"):
+            return value - step if op == "max" else value + step  # rounding is monotone
+    if op == "max":
+        return np.where(value >= far + step, value - step, value)  # no wrap-around below the minimum
+    return np.where(value <= far - step, value + step, value)
+
+
+# --------------------------------------------------------------------------- global <-> local
+def _partial_split_plan(spec: TensorSpec) -> list[tuple[int, str]]:
+    """Partial mesh axes (index, op), outer first."""
+    return sorted(spec.layout.partial_axes().items())
+
+
+def scatter_global(array, spec: TensorSpec, rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """Each rank's local piece of ``array`` under ``spec``.
+
+    Parameters
+    ----------
+    array : array_like
+        The global value, of shape ``spec.shape`` (cast to ``spec.dtype``).
+    spec : TensorSpec
+        The layout to cut by.
+    rng : numpy.random.Generator, optional
+        Randomises the terms on Partial axes (:func:`split_terms`); without it the value
+        sits on coordinate 0 of every Partial axis.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Indexed by rank; ranks of one replica group get equal arrays (separate copies).
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+    >>> spec = TensorSpec((4,), "int64", Layout(mesh, ["P(sum)", "S(0)"], 1))
+    >>> [p.tolist() for p in scatter_global(np.arange(4), spec)]
+    [[0, 1], [2, 3], [0, 0], [0, 0]]
+    """
+    array = np.asarray(array)
+    if array.shape != spec.shape:
+        raise ExecutionError("shape-mismatch", f"global array of shape {list(array.shape)} for {spec}",
+                             hint="pass an array of the spec's shape")
+    array = array.astype(spec.dtype, copy=False)
+    mesh = spec.mesh
+    partial = _partial_split_plan(spec)
+    splits = [(mesh.shape[a], op) for a, op in partial]
+    terms_by_piece: dict[tuple, np.ndarray] = {}
+    out: list[np.ndarray] = []
+    for rank in range(mesh.size):
+        coords = mesh.coords(rank)
+        key = spec.local_slices(rank)
+        if key not in terms_by_piece:
+            terms_by_piece[key] = _split_nested(array[spec.local_index(rank)], splits, rng)
+        terms = terms_by_piece[key]
+        out.append(np.array(terms[tuple(coords[a] for a, _ in partial)], dtype=spec.dtype, copy=True))
+    return out
+
+
+def _split_nested(block: np.ndarray, splits: list[tuple[int, str]], rng) -> np.ndarray:
+    """Terms indexed by the Partial coordinates (outer first), then the block's dims."""
+    if not splits:
+        return block
+    (n, op), rest = splits[0], splits[1:]
+    return np.stack([_split_nested(t, rest, rng) for t in split_terms(block, n, op, rng)])
+
+
+def _first_mismatch(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> tuple | None:
+    if a.dtype == np.bool_ or b.dtype == np.bool_ or (rtol == 0 and atol == 0):
+        same = (a == b) | (_isnan(a) & _isnan(b))
+    else:
+        same = np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    bad = np.argwhere(~same)
+    return None if len(bad) == 0 else tuple(int(i) for i in bad[0])
+
+
+def _isnan(a: np.ndarray) -> np.ndarray:
+    return np.isnan(a) if np.issubdtype(a.dtype, np.floating) else np.zeros(a.shape, dtype=bool)
+
+
+def _check_locals(locals_: Sequence, spec: TensorSpec, what: str) -> list[np.ndarray]:
+    mesh = spec.mesh
+    if len(locals_) != mesh.size:
+        raise ExecutionError("rank-count-mismatch",
+                             f"{what}: {len(locals_)} local arrays for a mesh of {mesh.size} ranks ({mesh})",
+                             hint="pass one array per rank, indexed by rank")
+    arrays = [np.asarray(x) for x in locals_]
+    for rank, arr in enumerate(arrays):
+        want = spec.local_shape(rank)
+        if arr.shape != want:
+            raise ExecutionError("shape-mismatch",
+                                 f"{what}: rank {rank} holds shape {list(arr.shape)} but {spec} gives it "
+                                 f"{list(want)}", hint="the local arrays do not match the layout")
+    return arrays
+
+
+def assemble(locals_: Sequence, spec: TensorSpec, *, rtol: float = 0, atol: float = 0) -> np.ndarray:
+    """The global array held by ``locals_`` under ``spec``.
+
+    Replicas (ranks of one of ``spec.replica_groups()``) must agree within
+    ``rtol``/``atol``; the first rank of each group is used, nothing is averaged.
+    Partial axes are reduced innermost first, then the shards are placed by
+    ``spec.local_slices``.
+
+    Raises
+    ------
+    ExecutionError
+        ``replica-mismatch`` naming the two ranks and the first differing local index;
+        ``shape-mismatch`` / ``rank-count-mismatch`` when the arrays do not fit the spec.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> spec = TensorSpec((3,), "float64", Layout(mesh, ["S(0)"], 1))
+    >>> assemble([np.array([1.0, 2.0]), np.array([3.0])], spec).tolist()
+    [1.0, 2.0, 3.0]
+    """
+    mesh = spec.mesh
+    arrays = _check_locals(locals_, spec, "assemble")
+    for group in spec.replica_groups():
+        ref = arrays[group[0]]
+        for rank in group[1:]:
+            where = _first_mismatch(ref, arrays[rank], rtol, atol)
+            if where is not None:
+                raise ExecutionError(
+                    "replica-mismatch",
+                    f"ranks {group[0]} and {rank} are replicas under {spec.layout} but differ at local index "
+                    f"{list(where)}: {ref[where]!r} vs {arrays[rank][where]!r}",
+                    hint="a Replicate axis needs identical data on every rank of its group",
+                )
+    grid = np.empty(mesh.shape, dtype=object)
+    for rank, coords in enumerate(mesh.all_coords()):
+        grid[coords] = arrays[rank]
+    partial = _partial_split_plan(spec)
+    for axis, op in reversed(partial):  # innermost Partial axis first
+        moved = np.moveaxis(grid, axis, 0)
+        reduced = np.empty(moved.shape[1:], dtype=object)
+        for idx in np.ndindex(*moved.shape[1:]):
+            reduced[idx] = reduce_terms([moved[(k,) + idx] for k in range(moved.shape[0])], op)
+        grid = np.moveaxis(np.broadcast_to(reduced[None], moved.shape), 0, axis)
+    out = np.empty(spec.shape, dtype=spec.dtype)
+    for group in spec.replica_groups():  # the first replica of each group, nothing averaged
+        out[spec.local_index(group[0])] = grid[mesh.coords(group[0])]
+    return out
+
+
+# --------------------------------------------------------------------------- group collectives
+def _chunks(array: np.ndarray, dim: int, n: int) -> list[np.ndarray]:
+    """``torch.chunk`` of ``array`` along ``dim`` into exactly ``n`` pieces (some may be empty)."""
+    pieces = []
+    for lo, hi in chunk_bounds(array.shape[dim], n):
+        index = [slice(None)] * array.ndim
+        index[dim] = slice(lo, hi)
+        pieces.append(array[tuple(index)])
+    return pieces
+
+
+def all_gather(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
+    """Every rank gets the group's pieces concatenated along ``dim`` in group order.
+
+    >>> [r.tolist() for r in all_gather([np.array([1, 2]), np.array([3])], 0)]
+    [[1, 2, 3], [1, 2, 3]]
+    """
+    arrays = _check_group(arrays, "all-gather")
+    try:
+        full = np.concatenate(arrays, axis=dim)
+    except ValueError as exc:
+        raise ExecutionError("shape-mismatch", f"all-gather along dim {dim} of shapes "
+                             f"{[list(a.shape) for a in arrays]}: {exc}",
+                             hint="pieces must agree on every dim but the gathered one") from None
+    return [full.copy() for _ in arrays]
+
+
+def all_reduce(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
+    """Every rank gets the reduction of the group's terms (:func:`reduce_terms`).
+
+    >>> [r.tolist() for r in all_reduce([np.array([1, 2]), np.array([3, 4])], "sum")]
+    [[4, 6], [4, 6]]
+    """
+    arrays = _check_group(arrays, f"all-reduce({op})")
+    total = reduce_terms(arrays, op)
+    return [total.copy() for _ in arrays]
+
+
+def reduce_scatter(arrays: Sequence[np.ndarray], op: str, dim: int, n: int | None = None) -> list[np.ndarray]:
+    """Rank ``k`` of the group gets chunk ``k`` (``torch.chunk``, ``n`` pieces) of the reduction.
+
+    ``n`` defaults to, and must equal, the group size.
+
+    >>> [r.tolist() for r in reduce_scatter([np.arange(5), np.ones(5, int)], "sum", 0)]
+    [[1, 2, 3], [4, 5]]
+    """
+    arrays = _check_group(arrays, f"reduce-scatter({op})")
+    if n is None:
+        n = len(arrays)
+    if n != len(arrays):
+        raise ExecutionError("group-size-mismatch", f"reduce-scatter into {n} pieces on a group of {len(arrays)}",
+                             hint="scatter into one piece per rank")
+    total = reduce_terms(arrays, op)
+    return [piece.copy() for piece in _chunks(total, dim, n)]
+
+
+def all_to_all(arrays: Sequence[np.ndarray], split_dim: int, concat_dim: int) -> list[np.ndarray]:
+    """Rank ``k`` cuts its array along ``split_dim`` into one chunk per rank; rank ``c``
+    gets chunk ``c`` of every rank, concatenated along ``concat_dim`` in group order.
+
+    >>> a = [np.array([[0, 1, 2]]), np.array([[3, 4, 5]])]   # S(0) of a 2x3
+    >>> [r.tolist() for r in all_to_all(a, split_dim=1, concat_dim=0)]   # -> S(1)
+    [[[0, 1], [3, 4]], [[2], [5]]]
+    """
+    arrays = _check_group(arrays, "all-to-all")
+    n = len(arrays)
+    pieces = [_chunks(a, split_dim, n) for a in arrays]
+    out = []
+    for c in range(n):
+        try:
+            out.append(np.concatenate([pieces[k][c] for k in range(n)], axis=concat_dim))
+        except ValueError as exc:
+            raise ExecutionError("shape-mismatch", f"all-to-all of shapes {[list(a.shape) for a in arrays]}: {exc}",
+                                 hint="pieces must agree on every dim but the concatenated one") from None
+    return out
+
+
+def local_slice(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
+    """Rank ``k`` of the group keeps chunk ``k`` of its own array along ``dim`` (no communication).
+
+    >>> [r.tolist() for r in local_slice([np.arange(3), np.arange(3)], 0)]
+    [[0, 1], [2]]
+    """
+    arrays = _check_group(arrays, "local-slice")
+    n = len(arrays)
+    return [_chunks(a, dim, n)[k].copy() for k, a in enumerate(arrays)]
+
+
+# --------------------------------------------------------------------------- plans
+def _run_group(step: Step, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    if step.kind == "local-slice":
+        return local_slice(arrays, step.dim)
+    if step.kind == "all-gather":
+        return all_gather(arrays, step.dim)
+    if step.kind == "all-reduce":
+        return all_reduce(arrays, step.reduce_op)
+    if step.kind == "reduce-scatter":
+        return reduce_scatter(arrays, step.reduce_op, step.dim)
+    if step.kind == "all-to-all":
+        return all_to_all(arrays, split_dim=step.dst_dim, concat_dim=step.dim)
+    raise ExecutionError("unknown-step", f"unknown step kind {step.kind!r}",
+                         hint="steps are local-slice, all-gather, all-reduce, reduce-scatter, all-to-all")
+
+
+def apply_step(step: Step, locals_: Sequence) -> list[np.ndarray]:
+    """Run ``step`` on every group along ``step.mesh_axis``.
+
+    Parameters
+    ----------
+    step : Step
+        A planned step; ``locals_`` must match ``step.src``.
+    locals_ : sequence of numpy.ndarray
+        One array per rank.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        One new array per rank, matching ``step.dst``.
+    """
+    arrays = _check_locals(locals_, step.src, f"{step.kind} on {step.mesh_axis_name!r}")
+    out: list[np.ndarray | None] = [None] * len(arrays)
+    for group in step.src.mesh.groups(step.mesh_axis):
+        for rank, result in zip(group, _run_group(step, [arrays[r] for r in group])):
+            out[rank] = result
+    for rank, arr in enumerate(out):
+        if arr.shape != step.dst.local_shape(rank):
+            raise ExecutionError("internal-error", f"{step} left rank {rank} with shape {list(arr.shape)}, "
+                                 f"expected {list(step.dst.local_shape(rank))}",
+                                 hint="please report this: the step does not match its specs")
+    return out  # type: ignore[return-value]
+
+
+def apply_plan(plan: Plan, locals_: Sequence) -> list[np.ndarray]:
+    """Run every step of ``plan``; the result matches ``plan.dst``.
+
+    A plan without steps (same layout, or changes on size-1 mesh axes only) returns
+    copies of the inputs.
+    """
+    arrays = [a.copy() for a in _check_locals(locals_, plan.src, "apply_plan")]
+    for step in plan.steps:
+        arrays = apply_step(step, arrays)
+    return arrays

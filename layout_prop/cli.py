@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from . import __version__
@@ -67,7 +68,7 @@ def _cmd_check(args) -> int:
     from .api import analyze, format_table
     from .loader import load_spec
 
-    graph = load_spec(args.spec)
+    graph = load_spec(Path(args.spec))
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
     if args.json:
         print(json.dumps(analysis.report(), indent=1))
@@ -80,7 +81,7 @@ def _cmd_run(args) -> int:
     from .loader import load_spec
     from .runner import run_graph
 
-    graph = load_spec(args.spec)
+    graph = load_spec(Path(args.spec))
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
     options = {"timeout": args.timeout} if args.engine == "mindspore" else {}
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
@@ -107,7 +108,7 @@ def _cmd_lower(args) -> int:
     from .loader import load_spec
     from .passes.lower import Lower
 
-    graph = load_spec(args.spec)
+    graph = load_spec(Path(args.spec))
     analysis = analyze(graph, reshard=not args.no_reshard, backward=args.backward)
     if not analysis.ok:
         for v in analysis.check.violations:

@@ -99,6 +99,7 @@ class Graph:
         self.nx = nx.MultiDiGraph()
         self._nodes: dict[str, Node] = {}
         self._order: dict[str, int] = {}
+        self._producers: dict[str, tuple[Node, int]] = {}
         self.outputs: list[str] = []
         self.meta: dict[str, Any] = {}
 
@@ -141,6 +142,8 @@ class Graph:
                                  node=node.name, input=value, hint="define a value before using it")
         self._nodes[node.name] = node
         self._order[node.name] = len(self._order)
+        for index, value in enumerate(node.outputs):
+            self._producers[value] = (node, index)
         self.nx.add_node(node.name, node=node)
         for i, value in enumerate(node.inputs):
             producer, index = self.producer(value)
@@ -186,6 +189,9 @@ class Graph:
 
     def producer(self, value: str) -> tuple[Node, int]:
         """The node that produces ``value`` and the output index."""
+        found = self._producers.get(value)
+        if found is not None:
+            return found
         node = self._nodes.get(value)
         if node is not None and node.num_outputs == 1:
             return node, 0
@@ -206,13 +212,8 @@ class Graph:
         return sorted(out, key=lambda t: (self._order[t[0].name], t[1]))
 
     def topo_order(self) -> list[Node]:
-        """A topological order, stable: ties broken by insertion order."""
-        try:
-            names = nx.lexicographical_topological_sort(self.nx, key=self._order.__getitem__)
-            return [self._nodes[n] for n in names]
-        except nx.NetworkXUnfeasible:
-            raise GraphError("cycle", f"the graph has a cycle through {self._cycle()}",
-                             hint="a value cannot depend on itself") from None
+        """A topological order: insertion order, since a node's inputs must exist before it."""
+        return list(self._nodes.values())
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.topo_order())
@@ -233,7 +234,14 @@ class Graph:
         """
         from .registry import get_rule
 
-        self.topo_order()
+        if not nx.is_directed_acyclic_graph(self.nx):
+            raise GraphError("cycle", f"the graph has a cycle through {self._cycle()}",
+                             hint="a value cannot depend on itself")
+        position = {name: i for i, name in enumerate(self._nodes)}
+        for src, dst in self.nx.edges():
+            if position[src] >= position[dst]:
+                raise GraphError("bad-order", f"{dst!r} comes before its input's producer {src!r}",
+                                 node=dst, hint="build graphs through Graph.op")
         for node in self._nodes.values():
             for i, value in enumerate(node.inputs):
                 if not self.has_value(value):

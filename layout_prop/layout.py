@@ -72,8 +72,12 @@ class Layout:
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "placements", tuple(norm))
         object.__setattr__(self, "ndim", int(ndim))
+        object.__setattr__(self, "_hash", hash((mesh, self.placements, self.ndim)))
 
     # ----------------------------------------------------------------- constructors
+
+    def __hash__(self) -> int:  # computed once: specs key the rule cache
+        return self._hash
     @classmethod
     def replicated(cls, mesh: DeviceMesh, ndim: int) -> "Layout":
         return cls(mesh, [Replicate()] * mesh.ndim, ndim)

@@ -75,15 +75,26 @@ def load_spec(source: str | Path | dict) -> Graph:
     if isinstance(source, dict):
         return _build(source)
     if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and (
-            source.endswith((".yaml", ".yml", ".json")) or Path(source).exists())):
+            source.endswith((".yaml", ".yml", ".json")) or _is_path(source))):
         path = Path(source)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise SpecError("spec-not-found", f"cannot read {str(path)!r}: {exc.strerror}", path=str(path),
                             hint="give the path of a YAML or JSON spec file") from None
+        except UnicodeDecodeError as exc:
+            raise SpecError("spec-syntax", f"{str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                            path=str(path), hint="save the spec as UTF-8 YAML or JSON") from None
         return _build(parse_spec(text, str(path)))
     return _build(parse_spec(source))
+
+
+def _is_path(text: str) -> bool:
+    """Whether ``text`` names an existing path (a long one-line JSON spec is not a path)."""
+    try:
+        return bool(text) and Path(text).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _check_keys(obj: Any, allowed: set, required: set, path: str) -> None:
@@ -122,7 +133,7 @@ def _mesh(data: Any) -> DeviceMesh:
     try:
         return DeviceMesh(shape, names)
     except LayoutPropError as err:
-        raise _rethrow(err, "mesh") from None
+        raise _rethrow(err, "mesh.names") from None  # sizes are checked above: a names problem
 
 
 def _input(g: Graph, name: str, data: Any, path: str) -> None:
@@ -149,11 +160,14 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
         if len(tm) != len(shape):
             raise _err("invalid-layout", f"tensor_map has {len(tm)} entries for a tensor of rank {len(shape)}",
                        f"{path}.tensor_map", "give one entry per tensor dim")
-        try:
-            layout = Layout.from_tensor_map(g.mesh, [tuple(e) if isinstance(e, list) else e for e in tm])
-        except LayoutPropError as err:
-            raise _rethrow(err, f"{path}.tensor_map") from None
-        placements = layout.placement_strs()
+        entries = [tuple(e) if isinstance(e, list) else e for e in tm]
+        for d in range(len(entries)):  # prefixes: the first entry that breaks the layout is the one at fault
+            try:
+                layout = Layout.from_tensor_map(g.mesh, entries[:d + 1] + [-1] * (len(entries) - d - 1))
+                TensorSpec(shape, dtype, layout)
+            except LayoutPropError as err:
+                raise _rethrow(err, f"{path}.tensor_map[{d}]") from None
+        placements = Layout.from_tensor_map(g.mesh, entries).placement_strs()
     elif data.get("placements") == "auto":
         placements = "auto"
     else:
@@ -164,9 +178,10 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
         if len(raw) != g.mesh.ndim:
             raise _err("invalid-layout", f"{len(raw)} placements for a mesh of {g.mesh.ndim} axes "
                        f"{list(g.mesh.names)}", f"{path}.placements", "give one placement per mesh axis")
-        for i, p in enumerate(raw):
+        for i in range(len(raw)):  # prefixes: the first placement that breaks the layout is the one at fault
             try:
-                parse_placement(p)
+                prefix = [parse_placement(p) for p in raw[:i + 1]] + ["R"] * (len(raw) - i - 1)
+                TensorSpec(shape, dtype, Layout(g.mesh, prefix, len(shape)))
             except LayoutPropError as err:
                 raise _rethrow(err, f"{path}.placements[{i}]") from None
         placements = raw

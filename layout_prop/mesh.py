@@ -75,7 +75,11 @@ class DeviceMesh:
                               hint="give every mesh axis a distinct name")
         object.__setattr__(self, "shape", tuple(int(s) for s in shape))
         object.__setattr__(self, "names", names)
+        object.__setattr__(self, "_hash", hash((self.shape, self.names)))
 
+
+    def __hash__(self) -> int:  # computed once: specs key the rule cache
+        return self._hash
     @property
     def ndim(self) -> int:
         return len(self.shape)

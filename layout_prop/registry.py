@@ -125,11 +125,14 @@ def register_op(rule_cls: type[OpRule] | None = None):
     """Class decorator: instantiate the rule and register it under its name and aliases."""
 
     def wrap(cls: type[OpRule]) -> type[OpRule]:
+        _load_builtin_ops()  # so a user op that reuses a built-in name is refused, whatever the import order
         rule = cls()
         if not rule.name:
-            raise ValueError(f"{cls.__name__} has no name")
-        if rule.name in _RULES or rule.name in _ALIASES:
-            raise ValueError(f"op {rule.name!r} registered twice")
+            raise OpError("bad-rule", f"{cls.__name__} has no op name", hint="set the class attribute name")
+        for name in (rule.name, *rule.aliases):
+            if name in _RULES or name in _ALIASES:
+                raise OpError("duplicate-op", f"op name {name!r} of {cls.__name__} is already registered",
+                              hint="choose another op name or alias")
         _RULES[rule.name] = rule
         for alias in rule.aliases:
             _ALIASES[alias] = rule.name
@@ -138,14 +141,20 @@ def register_op(rule_cls: type[OpRule] | None = None):
     return wrap(rule_cls) if rule_cls is not None else wrap
 
 
+_BUILTINS = {"loaded": False}
+
+
 def _load_builtin_ops() -> None:
-    import layout_prop.ops  # noqa: F401  (importing registers the built-in ops)
+    """Import the built-in ops once (importing registers them), before any lookup."""
+    if _BUILTINS["loaded"]:
+        return
+    _BUILTINS["loaded"] = True
+    import layout_prop.ops  # noqa: F401
 
 
 def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRule:
     """The rule of ``op`` (canonical name or alias); ``unknown-op`` otherwise."""
-    if not _RULES:
-        _load_builtin_ops()
+    _load_builtin_ops()
     name = _ALIASES.get(op, op)
     rule = _RULES.get(name)
     if rule is None:
@@ -162,8 +171,7 @@ def canonical_op(op: str) -> str:
 
 
 def registered_ops() -> dict[str, OpRule]:
-    if not _RULES:
-        _load_builtin_ops()
+    _load_builtin_ops()
     return dict(_RULES)
 
 

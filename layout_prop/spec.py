@@ -80,7 +80,11 @@ class TensorSpec:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", check_dtype(dtype))
         object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype, layout)))
 
+
+    def __hash__(self) -> int:  # computed once: specs key the rule cache
+        return self._hash
     @property
     def mesh(self) -> DeviceMesh:
         return self.layout.mesh

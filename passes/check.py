@@ -74,8 +74,11 @@ class Check:
         for node in graph.topo_order():
             if node.is_input:
                 continue
-            found = sorted(node.meta.get(meta.VIOLATIONS, ()), key=lambda v: _input_index(node, v))
-            result.violations.extend(_with_fix(graph, node, v) for v in found)
+            violations = node.meta.get(meta.VIOLATIONS, ())
+            if violations:
+                found = sorted(violations, key=lambda v: _input_index(node, v))
+                result.violations.extend(_with_fix(graph, node, v) for v in found)
+                continue  # its wants are the fixes the violations describe, not moves that happen
             if node.op == "redistribute":
                 src = value_spec(graph, node.inputs[0])
                 dst = node.meta[meta.SPECS][0]
@@ -84,13 +87,13 @@ class Check:
                     result.redistributions.append(
                         Redistribution(consumer, value, plan_redistribution(src, dst.layout), True))
                 continue
-            if node.meta.get(meta.VIOLATIONS):
-                continue  # its wants are the fixes the violations describe, not moves that happen
-            for value, want in zip(node.inputs, node.meta.get(meta.WANTS, ())):
+            wants = node.meta.get(meta.WANTS, ())
+            if not any(wants):
+                continue
+            for value, want in zip(node.inputs, wants):
                 if want is None:
                     continue
-                src = value_spec(graph, value)
-                plan = _plan_or_none(src, want)
+                plan = _plan_or_none(value_spec(graph, value), want)
                 if plan is not None:
                     result.redistributions.append(Redistribution(node.name, value, plan, False))
         return result

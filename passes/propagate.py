@@ -29,6 +29,8 @@ from layout_prop.spec import TensorSpec
 
 __all__ = ["Propagate", "PropagateResult", "input_spec", "value_spec"]
 
+_PREPARED = "propagate.prepared"  # private: (rule, attrs, cache-key head), computed once per node
+
 
 def input_spec(node: Node, graph: Graph) -> TensorSpec:
     """The declared spec of a graph input node."""
@@ -49,7 +51,7 @@ def input_spec(node: Node, graph: Graph) -> TensorSpec:
 def value_spec(graph: Graph, value: str) -> TensorSpec | None:
     """The propagated spec of ``value`` (None when its producer could not be described)."""
     node, index = graph.producer(value)
-    return node.meta[meta.SPECS][index]
+    return node.meta[meta.SPECS][index]  # KeyError here means the producer was not propagated
 
 
 @dataclass
@@ -71,39 +73,42 @@ class Propagate:
         result = PropagateResult()
         for node in graph.topo_order():
             result.nodes += 1
-            hit = self.visit(graph, node)
-            result.cache_hits += hit
+            result.cache_hits += self.visit(graph, node)
             result.violations.extend(node.meta[meta.VIOLATIONS])
         return result
 
     def visit(self, graph: Graph, node: Node) -> bool:
         """Propagate one node whose inputs are already propagated; returns whether the cache hit."""
+        m = node.meta
         if node.is_input:
-            node.meta[meta.SPECS] = (input_spec(node, graph),)
-            node.meta[meta.VIOLATIONS] = ()
-            node.meta[meta.WANTS] = ()
+            m[meta.SPECS] = (input_spec(node, graph),)
+            m[meta.VIOLATIONS] = ()
+            m[meta.WANTS] = ()
             return False
-        rule = get_rule(node.op, node=node.name)
-        attrs = node.meta.get(meta.ATTRS)
-        if attrs is None:
+        prepared = m.get(_PREPARED)
+        if prepared is None:  # the rule, normalised attrs and their hashable form, once per node
+            rule = get_rule(node.op, node=node.name)
             attrs = rule.normalize_attrs(node.attrs, node.name)
-            node.meta[meta.ATTRS] = attrs
+            prepared = (rule, attrs, (rule.name, freeze_attrs(attrs)))
+            m[_PREPARED] = prepared
+            m[meta.ATTRS] = attrs
+        rule, attrs, key_head = prepared
         specs = tuple(value_spec(graph, v) for v in node.inputs)
-        if any(s is None for s in specs):
-            node.meta[meta.SPECS] = (None,) * node.num_outputs
-            node.meta[meta.VIOLATIONS] = ()
-            node.meta[meta.WANTS] = ()
+        if None in specs:
+            m[meta.SPECS] = (None,) * node.num_outputs
+            m[meta.VIOLATIONS] = ()
+            m[meta.WANTS] = ()
             return False
-        key = (rule.name, freeze_attrs(attrs), specs)
+        key = (key_head, specs)
         cached = self.cache.get(key)
         hit = cached is not None
         if not hit:
             cached = self._apply(rule, node, specs, attrs)
             self.cache[key] = cached
         outputs, violations, wants = cached
-        node.meta[meta.SPECS] = outputs
-        node.meta[meta.VIOLATIONS] = tuple(self._locate(v, node, rule) for v in violations)
-        node.meta[meta.WANTS] = wants
+        m[meta.SPECS] = outputs
+        m[meta.VIOLATIONS] = tuple(self._locate(v, node, rule) for v in violations) if violations else ()
+        m[meta.WANTS] = wants
         return hit
 
     @staticmethod

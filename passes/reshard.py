@@ -55,6 +55,8 @@ class Reshard:
 
     def run(self, graph: Graph) -> ReshardResult:
         self.propagate.run(graph)
+        if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
+            return ReshardResult(graph, 0)  # nothing to fix: keep the graph as it is
         total = 0
         for _ in range(self.max_rounds):
             new, inserted = self._round(graph)

@@ -1,0 +1,70 @@
+"""Propagation benchmark: propagate + check + reshard over graphs of N nodes.
+
+Builds graphs of repeated blocks (RotaryPositionEmbedding, a scale, a residual add: three
+nodes a block) on a dp x tp x sp mesh, and prints, for each N: the time of
+propagate + check + reshard, microseconds per node cold (an empty rule cache) and warm
+(the cache of a previous run), and the ratio time(10N) / time(N) measured in the same
+run.  Run: ``python benchmarks/propagate.py [--sizes 1000 10000] [--repeat 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from layout_prop.graph import Graph
+from layout_prop.mesh import DeviceMesh
+from layout_prop.passes.check import Check
+from layout_prop.passes.propagate import Propagate
+from layout_prop.passes.reshard import Reshard
+
+
+def build(nodes: int) -> Graph:
+    """A chain of RPE blocks with about ``nodes`` nodes."""
+    g = Graph(DeviceMesh((2, 2, 2), ("dp", "tp", "sp")))
+    x = g.input("x", shape=(8, 16, 128, 64), placements=["S(0)", "S(1)", "S(2)"])
+    cos = g.input("cos", shape=(1, 1, 128, 64), placements=["R", "R", "S(2)"], requires_grad=False)
+    sin = g.input("sin", shape=(1, 1, 128, 64), placements=["R", "R", "R"], requires_grad=False)
+    w = g.input("w", shape=(64,), placements=["R", "R", "R"])
+    for i in range(max(1, nodes // 3)):
+        h = g.op(f"rope{i}", "rotary_position_embedding", [x, cos, sin], {"mode": i % 4})
+        s = g.op(f"scale{i}", "mul", [h, w])
+        x = g.op(f"res{i}", "add", [s, x])
+    g.output(x)
+    return g
+
+
+def analyse(g: Graph, cache: dict) -> float:
+    start = time.perf_counter()
+    propagate = Propagate(cache)
+    new = Reshard(propagate).run(g).graph
+    result = Check().run(new)
+    elapsed = time.perf_counter() - start
+    assert result.ok
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    rows = []
+    for n in args.sizes:
+        cold, warm = [], []
+        for _ in range(args.repeat):
+            g = build(n)
+            cache: dict = {}
+            cold.append(analyse(g, cache))
+            warm.append(analyse(build(n), cache))
+        nodes = len(build(n))
+        rows.append((n, nodes, min(cold), min(warm)))
+    print(f"{'N':>7} {'nodes':>7} {'cold s':>9} {'cold us/node':>13} {'warm s':>9} {'warm us/node':>13}")
+    for n, nodes, cold, warm in rows:
+        print(f"{n:>7} {nodes:>7} {cold:>9.4f} {cold / nodes * 1e6:>13.2f} {warm:>9.4f} {warm / nodes * 1e6:>13.2f}")
+    for (n1, nodes1, c1, w1), (n2, nodes2, c2, w2) in zip(rows, rows[1:]):
+        print(f"time({n2})/time({n1}): cold {c2 / c1:.2f}, warm {w2 / w1:.2f} (nodes ratio {nodes2 / nodes1:.2f})")
+
+
+if __name__ == "__main__":
+    main()

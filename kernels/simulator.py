@@ -48,12 +48,20 @@ class Simulator:
         self.emulated: list[str] = []
 
     def execute(self, program, global_inputs: dict[str, np.ndarray],
-                rng: np.random.Generator | None = None) -> dict[str, list[np.ndarray]]:
-        """Every local value of every rank: ``{value: [array of rank 0, array of rank 1, ...]}``."""
+                rng: np.random.Generator | None = None,
+                scattered: dict[str, list[np.ndarray]] | None = None) -> dict[str, list[np.ndarray]]:
+        """Every local value of every rank: ``{value: [array of rank 0, array of rank 1, ...]}``.
+
+        ``scattered`` may give inputs already cut into per-rank pieces (then ``rng`` is not used
+        for them); the others are cut from ``global_inputs`` with ``scatter_global``.
+        """
         ranks = program.mesh.size
         env: dict[str, list[np.ndarray]] = {}
         for op in program.ops:
             if op.kind == "input":
+                if scattered is not None and op.name in scattered:
+                    env[op.name] = scattered[op.name]
+                    continue
                 if op.name not in global_inputs:
                     raise ExecutionError("missing-input", f"no value given for graph input {op.name!r}",
                                          input=op.name, hint="give every graph input an array")

@@ -54,16 +54,41 @@ def _rethrow(err: LayoutPropError, path: str) -> SpecError:
     return SpecError(err.code, err.message, path=path, hint=err.hint)
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if duplicate:
+                raise _DuplicateKey(None, None, f"key {key!r} is written twice in one mapping", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_spec(text: str, source: str = "<spec>") -> dict:
-    """Parse YAML or JSON text into a dict (``spec-syntax`` on malformed text)."""
+    """Parse YAML or JSON text into a dict (``spec-syntax`` on malformed text or a key written twice)."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        hint = "write each key once" if isinstance(exc, _DuplicateKey) else \
+            "check the indentation, brackets and quotes there"
         raise SpecError("spec-syntax", f"{source} is not valid YAML/JSON at {where}: {problem}", path=source,
-                        hint="check the indentation, brackets and quotes there") from None
+                        hint=hint) from None
     if not isinstance(data, dict):
         raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
                         hint="a spec is a mapping with mesh, inputs, nodes and outputs")

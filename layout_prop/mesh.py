@@ -109,7 +109,11 @@ class DeviceMesh:
 
     def rank(self, coords) -> int:
         """The rank at ``coords``."""
-        return int(np.ravel_multi_index(tuple(coords), self.shape))
+        coords = tuple(coords)
+        if len(coords) != self.ndim or any(not 0 <= c < s for c, s in zip(coords, self.shape)):
+            raise LayoutError("invalid-rank", f"coordinates {list(coords)} are outside the mesh {list(self.shape)}",
+                              hint=f"give {self.ndim} coordinates, each below its axis size")
+        return int(np.ravel_multi_index(coords, self.shape))
 
     @cached_property
     def _groups(self) -> tuple[tuple[tuple[int, ...], ...], ...]:

@@ -73,6 +73,7 @@ class OpRule(ABC):
     num_outputs: int = 1
     attr_defaults: dict[str, Any] = {}
     differentiable: bool = True
+    violation_codes: tuple[str, ...] = ()  # every code infer_layout may report (the testing kit checks)
 
     # ---------------------------------------------------------------- attrs and arity
     def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:

@@ -57,8 +57,9 @@ class ElementwiseRule(OpRule):
     """
 
     partial_mode = "none"
+    violation_codes = ("broadcast-shape", "partial-input", "sharding-mismatch")
 
-    def _partial_out(self, ps, ranks_full) -> Partial | None:
+    def _partial_out(self, ps) -> Partial | None:
         partials = [(i, p) for i, p in enumerate(ps) if isinstance(p, Partial)]
         if not partials:
             return None
@@ -93,7 +94,7 @@ class ElementwiseRule(OpRule):
         out_ps = []
         for axis in range(mesh.ndim):
             ps = [t.layout.placements[axis] for t in inputs]
-            partial = self._partial_out(ps, None)
+            partial = self._partial_out(ps)
             if partial is not None:
                 out_ps.append(partial)
                 continue

@@ -38,6 +38,8 @@ __all__ = ["RotaryPositionEmbedding", "RotaryPositionEmbeddingGrad", "MODES", "r
 MODES = {0: "half", 1: "interleave", 2: "quarter", 3: "interleave-half"}
 INPUT_LAYOUTS = {4: ("BNSD", "BSND", "SBND"), 3: ("TND",)}
 OPERANDS = ("x", "cos", "sin")
+VIOLATION_CODES = ("partial-input", "sharded-rotation-dim", "broadcast-shape", "sharding-mismatch", "invalid-mode",
+                   "invalid-head-dim", "invalid-rank", "invalid-input-layout")
 
 
 def _check_attrs(x: TensorSpec, attrs: dict) -> list[Violation]:
@@ -190,6 +192,7 @@ class RotaryPositionEmbedding(OpRule):
     operands = OPERANDS
     aliases = ("RotaryPositionEmbedding", "npu_rotary_mul", "rotary_mul", "rope")
     attr_defaults = {"mode": 0, "input_layout": None}
+    violation_codes = VIOLATION_CODES
 
     def infer_layout(self, inputs, attrs):
         x, cos, sin = inputs
@@ -235,6 +238,7 @@ class RotaryPositionEmbeddingGrad(OpRule):
     aliases = ("RotaryPositionEmbeddingGrad",)
     num_outputs = 3
     attr_defaults = {"mode": 0, "input_layout": None}
+    violation_codes = VIOLATION_CODES
     differentiable = False
 
     def infer_layout(self, inputs, attrs):

@@ -1,0 +1,210 @@
+"""A testing kit for transfer functions: :func:`verify_op` and :func:`assert_op_correct`.
+
+For every placement combination of an op's operands on the given meshes (all of them
+where that is feasible, a seeded sample where it is not), the kit builds a one-node
+graph and requires either a documented violation code, or forward (and backward)
+agreement of the lowered per-rank execution with one device.  A combination whose
+violations a redistribution can fix is also run through ``--reshard`` and checked.
+
+Examples
+--------
+>>> report = verify_op("add", sample_inputs=[OpSample(shapes=[(4, 3), (3,)])], meshes=[(2,)])
+>>> report.combinations, report.mismatches
+(12, [])
+>>> sorted(report.rejected)
+['partial-input', 'sharding-mismatch']
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from .errors import LayoutPropError
+from .loader import load_spec
+from .registry import get_rule
+
+__all__ = ["OpSample", "Report", "Mismatch", "verify_op", "assert_op_correct", "GENERIC_CODES",
+           "placement_choices"]
+
+#: codes any op may report: they come from shared machinery, not from one rule
+GENERIC_CODES = frozenset({"partial-input", "sharding-mismatch", "broadcast-shape"})
+MESH_NAMES = ("dp", "tp", "sp", "cp")
+
+
+@dataclass(frozen=True)
+class OpSample:
+    """One set of operand shapes (and dtypes, attrs, requires_grad) to try an op with."""
+
+    shapes: Sequence[Sequence[int]]
+    attrs: dict = field(default_factory=dict)
+    dtypes: Sequence[str] | None = None
+    requires_grad: Sequence[bool] | None = None
+    partial_ok: bool = True  # also try Partial placements on the operands
+
+
+@dataclass
+class Mismatch:
+    spec: dict
+    output: str
+    max_abs_err: float
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec, "output": self.output, "max_abs_err": self.max_abs_err, "message": self.message}
+
+
+@dataclass
+class Report:
+    op: str
+    combinations: int = 0
+    accepted: int = 0
+    resharded: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    unusable: int = 0
+    undocumented: list[tuple[str, dict]] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.undocumented
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "combinations": self.combinations, "accepted": self.accepted,
+                "resharded": self.resharded, "rejected": dict(sorted(self.rejected.items())),
+                "unusable": self.unusable, "undocumented": sorted({c for c, _ in self.undocumented}),
+                "mismatches": [m.to_dict() for m in self.mismatches]}
+
+    def merge(self, other: "Report") -> None:
+        self.combinations += other.combinations
+        self.accepted += other.accepted
+        self.resharded += other.resharded
+        self.unusable += other.unusable
+        for code, n in other.rejected.items():
+            self.rejected[code] = self.rejected.get(code, 0) + n
+        self.undocumented += other.undocumented
+        self.mismatches += other.mismatches
+
+
+def placement_choices(shape: Sequence[int], partial: bool = True) -> list[str]:
+    """Every placement an operand of ``shape`` may have on one mesh axis (size-1 dims never shard)."""
+    out = ["R"] + [f"S({d})" for d, size in enumerate(shape) if size != 1]
+    if partial:
+        out.append("P(sum)")
+    return out
+
+
+def _combinations(sample: OpSample, mesh_ndim: int, budget: int | str, rng: random.Random):
+    per_operand = [placement_choices(s, sample.partial_ok) for s in sample.shapes]
+    axes = [per_operand[i] for i in range(len(sample.shapes)) for _ in range(mesh_ndim)]
+    total = 1
+    for a in axes:
+        total *= len(a)
+    if budget == "all" or total <= budget:
+        yield from itertools.product(*axes)
+        return
+    seen = set()
+    while len(seen) < budget:
+        combo = tuple(rng.choice(a) for a in axes)
+        if combo not in seen:
+            seen.add(combo)
+            yield combo
+
+
+def _spec(op: str, sample: OpSample, mesh_shape: Sequence[int], combo: Sequence[str]) -> dict:
+    rule = get_rule(op)
+    m = len(mesh_shape)
+    inputs = {}
+    names = [rule.operand_name(i) for i in range(len(sample.shapes))]
+    for i, (name, shape) in enumerate(zip(names, sample.shapes)):
+        entry: dict[str, Any] = {"shape": list(shape), "placements": list(combo[i * m:(i + 1) * m])}
+        if sample.dtypes:
+            entry["dtype"] = sample.dtypes[i]
+        if sample.requires_grad is not None:
+            entry["requires_grad"] = bool(sample.requires_grad[i])
+        inputs[name] = entry
+    outs = [rule.name] if rule.num_outputs == 1 else [f"{rule.name}:{k}" for k in range(rule.num_outputs)]
+    return {"mesh": {"shape": list(mesh_shape), "names": list(MESH_NAMES[:m])}, "inputs": inputs,
+            "nodes": [{"name": rule.name, "op": rule.name, "inputs": names, "attrs": dict(sample.attrs)}],
+            "outputs": outs}
+
+
+def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, report: Report) -> None:
+    """Try one spec: count it as unusable, rejected, accepted or resharded; record mismatches."""
+    from .api import analyze
+    from .runner import run_graph
+
+    report.combinations += 1
+    try:
+        graph = load_spec(spec)
+    except LayoutPropError as err:
+        if err.code != "invalid-layout":
+            raise
+        report.unusable += 1
+        return
+    analysis = analyze(graph)
+    codes = [v.code for v in analysis.check.violations]
+    for code in set(codes):
+        report.rejected[code] = report.rejected.get(code, 0) + 1
+        if code not in documented:
+            report.undocumented.append((code, spec))
+    if codes and not all(v.fixable for v in analysis.check.violations):
+        return
+    rep = run_graph(load_spec(spec), backward=backward, seed=seed)
+    if rep.violations:
+        return  # a fix that needs more than one redistribution round is reported, not verified
+    if codes:
+        report.resharded += 1
+    else:
+        report.accepted += 1
+    if not rep.ok:
+        errors = {**rep.outputs, **{f"grad:{k}": v for k, v in rep.grads.items()}}
+        worst = max(errors.items(), key=lambda kv: kv[1]["max_abs_err"], default=("?", {"max_abs_err": float("nan")}))
+        report.mismatches.append(Mismatch(spec, rep.mismatches[0].split(":")[0] if rep.mismatches else worst[0],
+                                          worst[1]["max_abs_err"], "; ".join(rep.mismatches)))
+
+
+def verify_op(op: str, sample_inputs: Iterable[OpSample], meshes: Iterable[Sequence[int]] = ((2,), (2, 2)),
+              placements: int | str = "all", backward: bool = True, seed: int = 0,
+              codes: Iterable[str] | None = None) -> Report:
+    """Try ``op`` on every (or a seeded sample of ``placements``) placement combination.
+
+    Parameters
+    ----------
+    op : str
+        A registered op name or alias.
+    sample_inputs : iterable of OpSample
+        Operand shapes to try (include uneven and size-1 dims).
+    meshes : iterable of mesh shapes
+    placements : "all" or int
+        Every combination, or at most this many per sample and mesh (seeded).
+    backward : bool
+        Also compare gradients.
+    codes : iterable of str, optional
+        The op's documented violation codes (default: the rule's ``violation_codes``
+        plus :data:`GENERIC_CODES`).
+    """
+    rule = get_rule(op)
+    documented = frozenset(codes) if codes is not None else frozenset(
+        getattr(rule, "violation_codes", ())) | GENERIC_CODES
+    rng = random.Random(seed)
+    report = Report(rule.name)
+    for sample in sample_inputs:
+        for mesh in meshes:
+            for combo in _combinations(sample, len(mesh), placements, rng):
+                check_spec(_spec(rule.name, sample, mesh, combo), documented, backward, seed, report)
+    return report
+
+
+def assert_op_correct(op: str, sample_inputs: Iterable[OpSample], **kwargs) -> Report:
+    """:func:`verify_op` for pytest: raises AssertionError naming the first mismatch."""
+    report = verify_op(op, sample_inputs, **kwargs)
+    if report.undocumented:
+        code, spec = report.undocumented[0]
+        raise AssertionError(f"{op}: undocumented violation code {code!r} for spec {spec}")
+    if report.mismatches:
+        m = report.mismatches[0]
+        raise AssertionError(f"{op}: {len(report.mismatches)} mismatch(es); first: {m.message}; spec {m.spec}")
+    return report

@@ -21,6 +21,7 @@ import numpy as np
 
 from layout_prop.errors import ExecutionError
 
+from . import linalg_numpy, nn_numpy, shape_numpy
 from .rpe_numpy import reduce_to_shape, rpe_backward, rpe_forward
 
 __all__ = ["KERNELS", "get_kernel"]
@@ -58,6 +59,8 @@ KERNELS: dict[str, Callable] = {
     "rotary_position_embedding_grad": _rpe_grad,
     "redistribute": _redistribute_global,
 }
+for _family in (linalg_numpy, shape_numpy, nn_numpy):
+    KERNELS.update(_family.KERNELS)
 
 
 def get_kernel(op: str, table: dict[str, Callable] = KERNELS, backend: str = "numpy") -> Callable:

@@ -3,4 +3,4 @@
 One module per op family: :mod:`.elementwise`, :mod:`.rpe`, :mod:`.redistribute`.
 """
 
-from . import elementwise, redistribute, rpe  # noqa: F401
+from . import elementwise, linalg, nn, redistribute, rpe, shape  # noqa: F401

@@ -1,0 +1,3 @@
+"""numpy kernels of the linalg op family (forward and backward), merged into the numpy table."""
+
+KERNELS: dict = {}

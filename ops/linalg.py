@@ -1,0 +1,1 @@
+"""The linalg op family (rules registered beside their definitions)."""

@@ -1,0 +1,1 @@
+"""The nn op family (rules registered beside their definitions)."""

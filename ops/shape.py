@@ -1,0 +1,1 @@
+"""The shape op family (rules registered beside their definitions)."""

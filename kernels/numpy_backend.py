@@ -24,7 +24,7 @@ from layout_prop.errors import ExecutionError
 from . import linalg_numpy, nn_numpy, shape_numpy
 from .rpe_numpy import reduce_to_shape, rpe_backward, rpe_forward
 
-__all__ = ["KERNELS", "get_kernel"]
+__all__ = ["KERNELS", "get_kernel", "register_kernel"]
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
@@ -61,6 +61,18 @@ KERNELS: dict[str, Callable] = {
 }
 for _family in (linalg_numpy, shape_numpy, nn_numpy):
     KERNELS.update(_family.KERNELS)
+
+
+def register_kernel(op: str, fn: Callable, table: dict[str, Callable] = KERNELS) -> Callable:
+    """Register the numpy kernel of ``op`` (its canonical name); returns ``fn`` so it works as a decorator."""
+    from layout_prop.registry import get_rule
+
+    name = get_rule(op).name
+    if name in table and table[name] is not fn:
+        raise ExecutionError("duplicate-kernel", f"op {name!r} already has a numpy kernel",
+                             hint="register each op's kernel once")
+    table[name] = fn
+    return fn
 
 
 def get_kernel(op: str, table: dict[str, Callable] = KERNELS, backend: str = "numpy") -> Callable:

@@ -24,3 +24,16 @@ from .layout import Layout  # noqa: F401
 from .mesh import DeviceMesh  # noqa: F401
 from .placement import Partial, Placement, Replicate, Shard, parse_placement  # noqa: F401
 from .spec import TensorSpec, chunk_bounds  # noqa: F401
+from .registry import OpRule, RuleResult, register_op  # noqa: F401
+
+
+def register_kernel(op: str, fn, backend: str = "numpy"):
+    """Register a kernel of ``op`` for ``backend`` (numpy: the reference and the simulator)."""
+    if backend != "numpy":
+        from .errors import OpError
+
+        raise OpError("bad-backend", f"kernels for backend {backend!r} are registered in its own table",
+                      hint="register the numpy kernel here; see kernels/mindspore_backend.py for MindSpore")
+    from .kernels.numpy_backend import register_kernel as _register
+
+    return _register(op, fn)

@@ -55,6 +55,24 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed)")
 
+    ex = sub.add_parser("explain", help="why a value has its layout: the chain of rules back to the inputs")
+    ex.add_argument("spec", metavar="SPEC", type=Path, help="a YAML or JSON spec file")
+    ex.add_argument("value", metavar="NAME", help="a value name (node, node:i, an input, or grad:INPUT)")
+    ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
+    ex.add_argument("--backward", action="store_true", help="include the gradient graph")
+    ex.add_argument("--json", action="store_true", help="print the derivation as JSON")
+
+    ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination")
+    ve.add_argument("op", metavar="OP", help="a built-in op or one registered by --module")
+    ve.add_argument("--module", type=Path, help="a Python file that registers the op (rule and numpy kernel)")
+    ve.add_argument("--mesh", action="append", type=_mesh_arg, metavar="AxB",
+                    help="a mesh shape such as 2x2 (repeatable; default 2 and 2x2)")
+    ve.add_argument("--backward", action="store_true", help="also compare gradients")
+    ve.add_argument("--samples", type=_samples_arg, default="all",
+                    help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
+    ve.add_argument("--seed", type=int, default=0, help="seed of the sampling and the data")
+    ve.add_argument("--json", action="store_true", help="print one JSON object")
+
     lo = sub.add_parser("lower", help="print one rank's local subgraph")
     lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
     lo.add_argument("--rank", type=int, required=True, help="the rank to print")
@@ -62,6 +80,87 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     lo.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
     return p
+
+
+def _mesh_arg(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"mesh {text!r} is not like 2x2") from None
+    if not shape or any(s < 1 for s in shape):
+        raise argparse.ArgumentTypeError(f"mesh {text!r} needs positive sizes")
+    return shape
+
+
+def _samples_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"samples must be 'all' or a number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("samples must be at least 1")
+    return n
+
+
+def _import_module_file(path: Path) -> None:
+    """Import a user's Python file (it registers ops and kernels as it is imported)."""
+    import importlib.util
+
+    from .errors import OpError
+
+    if not path.is_file():
+        raise OpError("module-not-found", f"no Python file at {str(path)!r}", hint="give the path of a .py file")
+    spec = importlib.util.spec_from_file_location(f"layout_prop_user_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except LayoutPropError:
+        raise
+    except Exception as exc:
+        raise OpError("module-failed", f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}",
+                      hint="run the file with python to see the full error") from None
+
+
+def _cmd_verify(args) -> int:
+    from .testing import verify_op
+
+    if args.module:
+        _import_module_file(args.module)
+    meshes = args.mesh or [(2,), (2, 2)]
+    report = verify_op(args.op, meshes=meshes, placements=args.samples, backward=args.backward, seed=args.seed)
+    data = report.to_dict()
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(f"op {report.op}: {report.combinations} combinations on meshes "
+              + ", ".join("x".join(map(str, m)) for m in meshes))
+        print(f"  accepted and numerically right: {report.accepted}")
+        print(f"  fixed by --reshard and numerically right: {report.resharded}")
+        for code, n in sorted(report.rejected.items()):
+            print(f"  rejected with {code}: {n}")
+        if report.unusable:
+            print(f"  layouts that cannot exist (skipped): {report.unusable}")
+        for code in data["undocumented"]:
+            print(f"  UNDOCUMENTED violation code: {code}")
+        for m in report.mismatches:
+            print(f"  MISMATCH {m.message}")
+            print(f"    minimal failing spec: {json.dumps(m.spec)}")
+        print("all combinations are right or rejected with a documented code" if report.ok else "FAILED")
+    return 0 if report.ok else 1
+
+
+def _cmd_explain(args) -> int:
+    from .api import analyze
+    from .explain import explain, format_explanation
+    from .loader import load_spec
+
+    analysis = analyze(load_spec(args.spec), reshard=args.reshard, backward=args.backward)
+    tree = explain(analysis.graph, args.value)
+    print(json.dumps(tree, indent=1) if args.json else format_explanation(tree))
+    return 0
 
 
 def _cmd_check(args) -> int:
@@ -126,7 +225,7 @@ def _cmd_demo(args) -> int:
     return 0 if run_demo() else 1
 
 
-COMMANDS = {"demo": _cmd_demo, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+COMMANDS = {"demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -107,6 +107,10 @@ class OpRule(ABC):
     def infer_layout(self, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
         """Output specs, violations and wanted input layouts. Pure."""
 
+    def sample_inputs(self) -> list:
+        """Sample operand shapes (``layout_prop.testing.OpSample``) the testing kit tries by default."""
+        return []
+
     def localize(self, attrs: dict, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
                  rank: int) -> dict:
         """The attrs rank ``rank``'s local kernel gets (a reshape target, a mask offset...).
@@ -143,14 +147,27 @@ def register_op(rule_cls: type[OpRule] | None = None):
 
 
 _BUILTINS = {"loaded": False}
+ENTRY_POINT_GROUP = "layout_prop.ops"
 
 
 def _load_builtin_ops() -> None:
-    """Import the built-in ops once (importing registers them), before any lookup."""
+    """Import the built-in ops once (importing registers them), then plugins, before any lookup.
+
+    Plugins are packages that declare an entry point in the ``layout_prop.ops`` group; loading
+    the entry point imports the module that registers their ops (and kernels).
+    """
     if _BUILTINS["loaded"]:
         return
     _BUILTINS["loaded"] = True
     import layout_prop.ops  # noqa: F401
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # a broken plugin must not break the built-in ops; say which one
+            raise OpError("plugin-failed", f"loading op plugin {ep.name!r} ({ep.value}) failed: "
+                          f"{type(exc).__name__}: {exc}", hint="fix or uninstall that package") from exc
 
 
 def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRule:

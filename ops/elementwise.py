@@ -59,6 +59,13 @@ class ElementwiseRule(OpRule):
     partial_mode = "none"
     violation_codes = ("broadcast-shape", "partial-input", "sharding-mismatch")
 
+    def sample_inputs(self):
+        from layout_prop.testing import OpSample
+
+        if len(self.operands) == 1:
+            return [OpSample([(5, 3)]), OpSample([(2, 3, 4)])]
+        return [OpSample([(4, 3), (3,)]), OpSample([(5, 1, 3), (5, 2, 3)]), OpSample([(3, 4), (3, 4)])]
+
     def _partial_out(self, ps) -> Partial | None:
         partials = [(i, p) for i, p in enumerate(ps) if isinstance(p, Partial)]
         if not partials:

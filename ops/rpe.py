@@ -194,6 +194,16 @@ class RotaryPositionEmbedding(OpRule):
     attr_defaults = {"mode": 0, "input_layout": None}
     violation_codes = VIOLATION_CODES
 
+    def sample_inputs(self):
+        from layout_prop.testing import OpSample
+
+        return [
+            OpSample([(3, 2, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)], {"mode": 0}),
+            OpSample([(2, 3, 4, 4), (2, 3, 4, 4), (2, 3, 4, 4)], {"mode": 2}),
+            OpSample([(5, 1, 3, 6), (1, 3, 6), (1, 3, 6)], {"mode": 1}),
+            OpSample([(4, 2, 8), (4, 1, 8), (4, 1, 8)], {"mode": 3, "input_layout": "TND"}),
+        ]
+
     def infer_layout(self, inputs, attrs):
         x, cos, sin = inputs
         x_fixed, wants, violations, _ = rpe_layout_analysis(x, cos, sin, attrs)

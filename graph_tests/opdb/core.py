@@ -1,18 +1,14 @@
-"""Records of the RotaryPositionEmbedding and elementwise ops."""
+"""Records of the RotaryPositionEmbedding and elementwise ops (their samples live on the rules)."""
 
-from . import OpRecord, OpSample
+from layout_prop.registry import get_rule
+
+from . import OpRecord
 
 RECORDS = [
-    OpRecord("rotary_position_embedding", [
-        OpSample([(3, 2, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)], {"mode": 0}),
-        OpSample([(2, 3, 4, 4), (2, 3, 4, 4), (2, 3, 4, 4)], {"mode": 2}),
-        OpSample([(5, 1, 3, 6), (1, 3, 6), (1, 3, 6)], {"mode": 1}),
-        OpSample([(4, 2, 8), (4, 1, 8), (4, 1, 8)], {"mode": 3, "input_layout": "TND"}),
-    ], placements=120, id="rpe"),
-    OpRecord("add", [OpSample([(4, 3), (3,)]), OpSample([(5, 1, 3), (5, 2, 3)]), OpSample([(3, 4), (3, 4)])],
-             placements=150),
-    OpRecord("sub", [OpSample([(4, 3), (4, 3)]), OpSample([(1, 3), (5, 3)])], placements=150),
-    OpRecord("mul", [OpSample([(4, 3), (3,)]), OpSample([(3, 5, 2), (3, 5, 2)])], placements=150),
-    OpRecord("neg", [OpSample([(5, 3)]), OpSample([(2, 3, 4)])], placements="all"),
-    OpRecord("identity", [OpSample([(5, 3)])], placements="all"),
+    OpRecord("rotary_position_embedding", get_rule("rope").sample_inputs(), placements=120, id="rpe"),
+    OpRecord("add", get_rule("add").sample_inputs(), placements=150),
+    OpRecord("sub", get_rule("sub").sample_inputs(), placements=150),
+    OpRecord("mul", get_rule("mul").sample_inputs(), placements=150),
+    OpRecord("neg", get_rule("neg").sample_inputs(), placements="all"),
+    OpRecord("identity", get_rule("identity").sample_inputs(), placements="all"),
 ]

@@ -17,17 +17,18 @@ Examples
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .errors import LayoutPropError
-from .loader import load_spec
-from .registry import get_rule
+from ..errors import ExecutionError, LayoutPropError, OpError
+from ..loader import load_spec
+from ..registry import get_rule
 
 __all__ = ["OpSample", "Report", "Mismatch", "verify_op", "assert_op_correct", "GENERIC_CODES",
-           "placement_choices"]
+           "placement_choices", "shrink", "check_spec"]
 
 #: codes any op may report: they come from shared machinery, not from one rule
 GENERIC_CODES = frozenset({"partial-input", "sharding-mismatch", "broadcast-shape"})
@@ -47,13 +48,21 @@ class OpSample:
 
 @dataclass
 class Mismatch:
+    """A combination whose per-rank execution disagrees with one device.
+
+    ``spec`` is the smallest failing spec shrinking found (ready to run with
+    ``layout-prop run``); ``original`` the combination as first tried.
+    """
+
     spec: dict
     output: str
     max_abs_err: float
     message: str
+    original: dict | None = None
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec, "output": self.output, "max_abs_err": self.max_abs_err, "message": self.message}
+        return {"spec": self.spec, "output": self.output, "max_abs_err": self.max_abs_err, "message": self.message,
+                "original": self.original}
 
 
 @dataclass
@@ -133,8 +142,8 @@ def _spec(op: str, sample: OpSample, mesh_shape: Sequence[int], combo: Sequence[
 
 def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, report: Report) -> None:
     """Try one spec: count it as unusable, rejected, accepted or resharded; record mismatches."""
-    from .api import analyze
-    from .runner import run_graph
+    from ..api import analyze
+    from ..runner import run_graph
 
     report.combinations += 1
     try:
@@ -152,7 +161,11 @@ def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, rep
             report.undocumented.append((code, spec))
     if codes and not all(v.fixable for v in analysis.check.violations):
         return
-    rep = run_graph(load_spec(spec), backward=backward, seed=seed)
+    try:
+        rep = run_graph(load_spec(spec), backward=backward, seed=seed)
+    except ExecutionError as err:  # a kernel that cannot even run on the claimed local shapes
+        report.mismatches.append(Mismatch(spec, err.node or "?", float("inf"), str(err)))
+        return
     if rep.violations:
         return  # a fix that needs more than one redistribution round is reported, not verified
     if codes:
@@ -166,17 +179,85 @@ def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, rep
                                           worst[1]["max_abs_err"], "; ".join(rep.mismatches)))
 
 
-def verify_op(op: str, sample_inputs: Iterable[OpSample], meshes: Iterable[Sequence[int]] = ((2,), (2, 2)),
-              placements: int | str = "all", backward: bool = True, seed: int = 0,
-              codes: Iterable[str] | None = None) -> Report:
+def _fails(spec: dict, documented: frozenset, backward: bool, seed: int) -> Mismatch | None:
+    report = Report("shrink")
+    try:
+        check_spec(spec, documented, backward, seed, report)
+    except LayoutPropError:
+        return None
+    return report.mismatches[0] if report.mismatches else None
+
+
+def _shrink_candidates(spec: dict):
+    """Smaller variants of ``spec``: fewer mesh axes, smaller axes, fewer sharded dims, smaller dims."""
+    mesh = spec["mesh"]
+    m = len(mesh["shape"])
+    if m > 1:
+        for axis in range(m):
+            cand = copy.deepcopy(spec)
+            for key in ("shape", "names"):
+                del cand["mesh"][key][axis]
+            for entry in cand["inputs"].values():
+                del entry["placements"][axis]
+            yield cand
+    for axis, size in enumerate(mesh["shape"]):
+        if size > 2:
+            cand = copy.deepcopy(spec)
+            cand["mesh"]["shape"][axis] = 2
+            yield cand
+    for name, entry in spec["inputs"].items():
+        for axis, p in enumerate(entry["placements"]):
+            if p != "R":
+                cand = copy.deepcopy(spec)
+                cand["inputs"][name]["placements"][axis] = "R"
+                yield cand
+    # a dim size, aligned from the right, shrunk in every operand that has it (keeps shapes consistent)
+    seen = set()
+    for entry in spec["inputs"].values():
+        shape = entry["shape"]
+        for d, size in enumerate(shape):
+            key = (len(shape) - d, size)
+            if size <= 1 or key in seen:
+                continue
+            seen.add(key)
+            for new in sorted({1, size // 2, size - 1} - {0, size}):
+                cand = copy.deepcopy(spec)
+                for other in cand["inputs"].values():
+                    k = len(other["shape"]) - key[0]
+                    if 0 <= k < len(other["shape"]) and other["shape"][k] == size:
+                        other["shape"][k] = new
+                yield cand
+
+
+def shrink(mismatch: Mismatch, documented: frozenset, backward: bool = True, seed: int = 0,
+           max_steps: int = 200) -> Mismatch:
+    """Greedily shrink a failing spec while it still fails; returns the smallest mismatch found."""
+    best = mismatch
+    for _ in range(max_steps):
+        for cand in _shrink_candidates(best.spec):
+            found = _fails(cand, documented, backward, seed)
+            if found is not None:
+                best = Mismatch(found.spec, found.output, found.max_abs_err, found.message,
+                                mismatch.original or mismatch.spec)
+                break
+        else:
+            return best
+    return best
+
+
+def verify_op(op: str, sample_inputs: Iterable[OpSample] | None = None,
+              meshes: Iterable[Sequence[int]] = ((2,), (2, 2)), placements: int | str = "all",
+              backward: bool = True, seed: int = 0, codes: Iterable[str] | None = None,
+              shrink_limit: int = 3) -> Report:
     """Try ``op`` on every (or a seeded sample of ``placements``) placement combination.
 
     Parameters
     ----------
     op : str
         A registered op name or alias.
-    sample_inputs : iterable of OpSample
-        Operand shapes to try (include uneven and size-1 dims).
+    sample_inputs : iterable of OpSample, optional
+        Operand shapes to try (include uneven and size-1 dims); default the rule's own
+        ``sample_inputs()``.
     meshes : iterable of mesh shapes
     placements : "all" or int
         Every combination, or at most this many per sample and mesh (seeded).
@@ -185,20 +266,28 @@ def verify_op(op: str, sample_inputs: Iterable[OpSample], meshes: Iterable[Seque
     codes : iterable of str, optional
         The op's documented violation codes (default: the rule's ``violation_codes``
         plus :data:`GENERIC_CODES`).
+    shrink_limit : int
+        How many mismatches to shrink to a minimal failing spec.
     """
     rule = get_rule(op)
     documented = frozenset(codes) if codes is not None else frozenset(
         getattr(rule, "violation_codes", ())) | GENERIC_CODES
     rng = random.Random(seed)
     report = Report(rule.name)
-    for sample in sample_inputs:
+    samples = list(sample_inputs) if sample_inputs is not None else list(rule.sample_inputs())
+    if not samples:
+        raise OpError("no-samples", f"op {rule.name!r} has no sample inputs to verify with",
+                      hint="pass sample_inputs=[OpSample(shapes=...)], or define sample_inputs() on its rule")
+    for sample in samples:
         for mesh in meshes:
             for combo in _combinations(sample, len(mesh), placements, rng):
                 check_spec(_spec(rule.name, sample, mesh, combo), documented, backward, seed, report)
+    for i, m in enumerate(report.mismatches[:shrink_limit]):
+        report.mismatches[i] = shrink(m, documented, backward, seed)
     return report
 
 
-def assert_op_correct(op: str, sample_inputs: Iterable[OpSample], **kwargs) -> Report:
+def assert_op_correct(op: str, sample_inputs: Iterable[OpSample] | None = None, **kwargs) -> Report:
     """:func:`verify_op` for pytest: raises AssertionError naming the first mismatch."""
     report = verify_op(op, sample_inputs, **kwargs)
     if report.undocumented:

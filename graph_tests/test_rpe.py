@@ -311,3 +311,23 @@ def test_property_every_layout_is_either_a_documented_violation_or_numerically_r
         return
     assert rep.ok, (data, rep.mismatches)
     event("checked numerically" + (" after reshard" if plain.check.violations else ""))
+
+
+def test_check_backend_cann_reports_kernel_limits_on_local_shapes(tmp_path, capsys):
+    # D = 896 breaks the CANN limit D < 896 on every rank; the numpy backend has no such limit
+    data = scenario("dp_b", x={"shape": [4, 4, 16, 896]}, cos={"shape": [1, 1, 16, 896]},
+                    sin={"shape": [1, 1, 16, 896]})
+    spec = tmp_path / "big_d.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    assert main(["check", str(spec), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(spec), "--backend", "cann", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert [(v["node"], v["code"]) for v in out["violations"]] == [("y", "kernel-constraint")]
+    assert "896" in out["violations"][0]["message"] and "rank 0" in out["violations"][0]["message"]
+    # modes 2 and 3 have no CANN backward kernel
+    data = scenario("dp_b", mode=3)
+    spec.write_text(yaml.safe_dump(data))
+    assert main(["check", str(spec), "--backend", "cann", "--backward", "--json"]) == 1
+    codes = {v["code"] for v in json.loads(capsys.readouterr().out)["violations"]}
+    assert "no-backward-kernel" in codes

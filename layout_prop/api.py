@@ -71,8 +71,11 @@ class Analysis:
         }
 
 
-def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, seed: int = 0) -> Analysis:
-    """Complete ``auto`` inputs, propagate, optionally build the backward graph and reshard, check."""
+def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, backend: str = "numpy") -> Analysis:
+    """Complete ``auto`` inputs, propagate, optionally build the backward graph and reshard, check.
+
+    With ``backend="cann"`` the CANN kernel limits are checked on every rank's local shapes.
+    """
     from layout_prop.passes.check import Check
     from layout_prop.passes.complete import Complete
     from layout_prop.passes.propagate import Propagate
@@ -89,7 +92,12 @@ def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, seed
         graph = Backward(propagate).run(graph).graph
     if reshard:
         graph = Reshard(propagate).run(graph).graph
-    return Analysis(graph, Check().run(graph), notes)
+    check = Check().run(graph)
+    if backend != "numpy":
+        from layout_prop.passes.kernel_check import KernelCheck
+
+        check.violations.extend(KernelCheck(backend).run(graph))
+    return Analysis(graph, check, notes)
 
 
 def format_table(analysis: Analysis) -> str:

@@ -168,7 +168,7 @@ def _cmd_check(args) -> int:
     from .loader import load_spec
 
     graph = load_spec(Path(args.spec))
-    analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
+    analysis = analyze(graph, reshard=args.reshard, backward=args.backward, backend=args.backend)
     if args.json:
         print(json.dumps(analysis.report(), indent=1))
     else:

@@ -107,6 +107,11 @@ class OpRule(ABC):
     def infer_layout(self, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
         """Output specs, violations and wanted input layouts. Pure."""
 
+    def check_kernel(self, backend: str, local_shapes: tuple, inputs: tuple[TensorSpec, ...],
+                     attrs: dict) -> list[Violation]:
+        """Violations of ``backend``'s kernel limits for one rank's local input shapes (default none)."""
+        return []
+
     def sample_inputs(self) -> list:
         """Sample operand shapes (``layout_prop.testing.OpSample``) the testing kit tries by default."""
         return []

@@ -210,12 +210,31 @@ class RotaryPositionEmbedding(OpRule):
         out = TensorSpec(x.shape, x.dtype, x_fixed)
         return RuleResult((out,), tuple(violations), tuple(wants))
 
+    def check_kernel(self, backend, local_shapes, inputs, attrs):
+        return _check_cann(local_shapes, inputs, attrs, False, False) if backend == "cann" else []
+
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
         if dy is None:
             return (None, None, None)
         grads = g.op("rotary_position_embedding_grad", [dy, *inputs], dict(attrs), num_outputs=3)
         return tuple(v if need else None for v, need in zip(grads, needs))
+
+
+def _check_cann(local_shapes, inputs, attrs, backward: bool, need_dcos: bool) -> list[Violation]:
+    from layout_prop.errors import LayoutPropError
+    from layout_prop.kernels.rpe_cann import check_cann_constraints
+
+    x_shape, cos_shape = local_shapes[-3], local_shapes[-2]
+    if len(x_shape) != 4:
+        return [Violation("kernel-constraint", f"the CANN kernel takes 4-D x, got local shape {list(x_shape)}",
+                          "use the mindspore backend for 3-D (TND) x", operand="x")]
+    try:
+        check_cann_constraints(x_shape, cos_shape, attrs["mode"], attrs.get("input_layout") or "BNSD",
+                               backward=backward, need_dcos=need_dcos, dtype=inputs[-3].dtype)
+    except LayoutPropError as err:
+        return [Violation(err.code, err.message, err.hint or "use the mindspore backend", operand="x")]
+    return []
 
 
 def grad_table_layout(x_fixed: Layout, x: TensorSpec, t: TensorSpec) -> Layout:
@@ -250,6 +269,10 @@ class RotaryPositionEmbeddingGrad(OpRule):
     attr_defaults = {"mode": 0, "input_layout": None}
     violation_codes = VIOLATION_CODES
     differentiable = False
+
+    def check_kernel(self, backend, local_shapes, inputs, attrs):
+        # the gradient kernel computes dcos/dsin too (the graph's needs are not visible to a rule)
+        return _check_cann(local_shapes, inputs, attrs, True, True) if backend == "cann" else []
 
     def infer_layout(self, inputs, attrs):
         dy, x, cos, sin = inputs

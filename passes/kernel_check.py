@@ -1,0 +1,71 @@
+"""kernel_check: a backend's kernel limits on every rank's LOCAL shapes, before launch.
+
+An analysis pass.  Some kernels accept only some shapes (the CANN RotaryPositionEmbedding
+kernel: D, B and N limits, cos layouts per mode, no backward for modes 2 and 3).  Whether
+a sharded graph fits them depends on the local shapes each rank sees, so this pass asks
+each op's rule (:meth:`~layout_prop.registry.OpRule.check_kernel`) for each distinct set of
+local input shapes, and reports what breaks as violations (``kernel-constraint``,
+``no-backward-kernel``) naming the node, the rank and the shapes.
+
+Examples
+--------
+>>> from layout_prop.loader import load_spec
+>>> from layout_prop.api import analyze
+>>> g = analyze(load_spec('''
+... mesh: {shape: [2], names: [dp]}
+... inputs:
+...   x:   {shape: [2, 2, 4, 8], placements: ["S(0)"]}
+...   cos: {shape: [1, 1, 4, 8]}
+...   sin: {shape: [1, 1, 4, 8]}
+... nodes:
+...   - {name: y, op: rope, inputs: [x, cos, sin], attrs: {mode: 2}}
+... '''), backward=True).graph
+>>> [(v.node, v.code) for v in KernelCheck("cann").run(g)]  # quarter mode: Ascend 910_95 only, no backward
+[('y', 'kernel-constraint'), ('grad/y/rotary_position_embedding_grad1', 'no-backward-kernel')]
+>>> KernelCheck("numpy").run(g)
+[]
+"""
+
+from __future__ import annotations
+
+from layout_prop import meta
+from layout_prop.errors import Violation
+from layout_prop.graph import Graph
+from layout_prop.registry import get_rule
+from layout_prop.spec import TensorSpec
+
+from .propagate import value_spec
+
+__all__ = ["KernelCheck"]
+
+
+class KernelCheck:
+    name = "kernel_check"
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def run(self, graph: Graph) -> list[Violation]:
+        found: list[Violation] = []
+        for node in graph.topo_order():
+            if node.is_input or node.meta.get(meta.VIOLATIONS):
+                continue
+            rule = get_rule(node.op)
+            specs = []
+            for value, want in zip(node.inputs, node.meta.get(meta.WANTS, ())):
+                spec = value_spec(graph, value)
+                specs.append(spec if want is None else TensorSpec(spec.shape, spec.dtype, want))
+            seen = set()
+            for rank in range(graph.mesh.size):
+                shapes = tuple(s.local_shape(rank) for s in specs)
+                if shapes in seen:
+                    continue
+                seen.add(shapes)
+                for v in rule.check_kernel(self.backend, shapes, tuple(specs), node.meta[meta.ATTRS]):
+                    found.append(Violation(v.code, f"rank {rank}: {v.message}", v.hint, v.operand, node.name,
+                                           rule.name, node.inputs[0] if node.inputs else None))
+                    break
+                else:
+                    continue
+                break  # one report per node: the first rank that breaks a limit
+        return found

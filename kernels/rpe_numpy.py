@@ -546,16 +546,16 @@ def rpe_backward(
     >>> dcos, dsin
     (array([ 6.,  8., 10., 12.]), array([-10., -12.,   6.,   8.]))
     """
+    cos_shape, sin_shape = np.shape(cos), np.shape(sin)
+    x, cos, sin, mode = _prepare(x, cos, sin, mode)
     dy = np.asarray(dy)
-    x_in, cos_shape, sin_shape = np.asarray(x), np.shape(cos), np.shape(sin)
-    if dy.shape != x_in.shape:
+    if dy.shape != x.shape:
         raise OpError(
             "broadcast-shape",
-            f"dy shape {dy.shape} differs from x shape {x_in.shape}",
+            f"dy shape {dy.shape} differs from x shape {x.shape}",
             hint="dy is the gradient of y, which has x's shape",
         )
     _check_dtype("dy", dy)
-    x, cos, sin, mode = _prepare(x_in, cos, sin, mode)
     compute = _compute_dtype(x.dtype)
     dyc, xc = dy.astype(compute, copy=False), x.astype(compute, copy=False)
     dx = arrange_t(dyc * cos, mode) + rotate_t(dyc * sin, mode)

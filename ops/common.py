@@ -45,7 +45,7 @@ def align_offset(big_rank: int, small_rank: int) -> int:
 def plan_summary(spec: TensorSpec, want: Layout) -> tuple[bool, str]:
     """Whether moving ``spec`` to ``want`` is free, and a short text of the plan.
 
-    Returns ``(False, "no redistribution exists")`` for impossible moves.
+    Returns ``(False, "no redistribution exists (...)")`` for impossible moves.
     """
     from layout_prop.redistribute import plan_redistribution
 
@@ -63,15 +63,20 @@ def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code:
                       hint: str) -> Violation | None:
     """A violation when reaching ``want`` costs communication; None when it is free or not needed.
 
-    The check pass extends the hint of a fixable violation with what ``--reshard`` inserts.
+    The violation is ``fixable`` when a redistribution reaches ``want``; the check pass
+    extends its hint with what ``--reshard`` inserts.
     """
+    from layout_prop.redistribute import plan_redistribution
+
     if want is None or want == spec.layout:
         return None
-    free, text = plan_summary(spec, want)
-    if free:
+    try:
+        plan = plan_redistribution(spec, want)
+    except LayoutPropError:
+        plan = None
+    if plan is not None and plan.is_free:
         return None
-    fixable = not text.startswith("no redistribution")
-    return Violation(code, message, hint, operand=operand, fixable=fixable,
+    return Violation(code, message, hint, operand=operand, fixable=plan is not None,
                      details={"want": [str(p) for p in want.placements]})
 
 

@@ -194,6 +194,10 @@ def _cmd_run(args) -> int:
                 print(f"  {title} {name}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")
         for c in rep.collectives:
             print(f"  collective {c['kind']} on {c['mesh_axis']} for {c['node']}: {c['bytes_per_rank']} bytes/rank")
+        for c in rep.extra.get("emulated_collectives", []):
+            print(f"  emulated on this device: {c}")
+        if "run_dir" in rep.extra:
+            print(f"  worker logs: {rep.extra['run_dir']}")
         for v in rep.violations:
             print(f"  violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")
         for m in rep.mismatches:

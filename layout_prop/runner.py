@@ -120,9 +120,14 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec) -> tuple[dict[str
                     f"(held by rank {rank}): got {g64[index]!r}, expected {r64[index]!r}")
 
 
-def run_graph(graph: Graph, *, engine: str = "sim", backend: str = "numpy", backward: bool = False,
+def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
               seed: int = 0, reshard: bool = True, **engine_options) -> RunReport:
-    """Analyse, lower and execute ``graph`` on every rank; compare with one device."""
+    """Analyse, lower and execute ``graph`` on every rank; compare with one device.
+
+    ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine.
+    """
+    if backend is None:
+        backend = "numpy" if engine == "sim" else "mindspore"
     from layout_prop.api import analyze
     from layout_prop.kernels.collectives import assemble
     from layout_prop.passes.lower import Lower

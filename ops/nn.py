@@ -1,1 +1,1037 @@
-"""The nn op family (rules registered beside their definitions)."""
+"""Neural-network ops of a Transformer block: norms, softmax, attention, SwiGLU, activations.
+
+Each op has a pure layout rule, a gradient rule and numpy kernels (forward and backward,
+:mod:`layout_prop.kernels.nn_numpy`).  A gradient that is more than a few elementwise
+ops is a separate grad op with its own layout rule, as ``rotary_position_embedding_grad``.
+Every grad op is linear in its cotangent ``dy``: a ``dy`` that is ``P(sum)`` (or
+``P(avg)``) on a mesh axis where the primal inputs are Replicate passes through, and the
+gradients are partial on that axis too (the backward pass reduces them).
+
+The ops
+-------
+``rms_norm(x, weight, eps=1e-6, normalized_ndim=1)``
+    ``y = x / sqrt(mean(x**2) + eps) * weight``, the mean over the last
+    ``normalized_ndim`` dims of x (``weight.shape == x.shape[-normalized_ndim:]``).
+    Aliases ``RmsNorm``, ``npu_rms_norm``, ``RMSNorm``, ``aten.rms_norm``.  Unlike the
+    upstream kernels it has one output (y); the gradient recomputes ``rstd``.
+``layer_norm(x, weight, bias, eps=1e-5, normalized_ndim=1)``
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the same dims.  Aliases
+    ``LayerNorm``, ``aten.layer_norm``.  One output (y).
+    Layout rule of both norms: the normalised dims of x are Replicate (else
+    ``sharded-normalized-dim``, fixed by an all-gather), x is not Partial
+    (``partial-input``), weight and bias are Replicate on every mesh axis (they span the
+    normalised dims only); the other dims of x shard freely and y keeps x's layout.  The
+    weight and bias gradients sum over the other dims: ``P(sum)`` on each mesh axis that
+    shards one of them, reduced by the backward pass.
+``softmax(x, axis=-1)``, ``log_softmax(x, axis=-1)``
+    The axis is Replicate (``sharded-softmax-dim``), x is not Partial; other dims free.
+    Aliases ``Softmax``, ``aten.softmax``, ``aten._softmax``; ``LogSoftmax``,
+    ``aten.log_softmax``, ``aten._log_softmax``.
+``scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0)``
+    ``softmax(q @ k^T * scale + mask) @ v`` per batch and head, with ``layout`` ``"BNSD"``
+    or ``"BSND"`` for all three; ``scale`` defaults to ``1/sqrt(D)``.  The causal mask is
+    aligned top-left, as torch's ``is_causal``: query row ``i`` sees key ``j`` when
+    ``j <= i + q_offset``.  q drives the layout: its B, N and query-sequence dims shard
+    freely, k and v must shard B and N exactly like q (a Replicate k or v is sliced for
+    free; another sharding is ``sharding-mismatch``), their key/value sequence is whole
+    on every rank (``sharded-kv-sequence``, fixed by an all-gather), the head dim D of
+    q, k, v is Replicate (``sharded-head-dim``) and none is Partial (``partial-input``).
+    ``q_offset`` is LOCALIZED: each rank's kernel gets the global index of its first
+    query row (plus the global ``q_offset``, 0 by default).  B and N of q, k, v must be
+    equal (no grouped-query heads), as must the sequence of k and v and the D of q and k;
+    v's head dim may differ (the output has it).  Aliases ``ScaledDotProductAttention``,
+    ``FlashAttentionScore``, ``flash_attention_score``, ``npu_fusion_attention``,
+    ``sdpa``, ``aten.scaled_dot_product_attention``; one output (no softmax statistics).
+    Gradients: dq like q; dk and dv like k and v, plus ``P(sum)`` on the mesh axes that
+    shard q's sequence (each rank adds the contributions of its own query rows).
+``swiglu(x, dim=-1)``
+    Cuts x into halves ``a, b`` along ``dim``: ``silu(a) * b``.  The split dim is
+    Replicate (``sharded-split-dim``: a ``torch.chunk`` shard of it does not hold
+    matching halves of a and b) and of even size (``invalid-shape``); x not Partial.
+    Megatron keeps gate and up separate: use ``silu_mul(a, b)`` then, an elementwise
+    op (broadcasting) linear in b.  Aliases ``Swiglu``, ``SwiGLU``, ``npu_swiglu``.
+``exp``, ``silu``, ``gelu`` (unary, not linear: a Partial input is ``partial-input``)
+    ``gelu`` is the tanh approximation ``0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))``
+    (MindSpore ``GeLU``), not torch's default erf form.  Aliases ``Exp``, ``aten.exp``;
+    ``SiLU``, ``Silu``, ``aten.silu``; ``GeLU``, ``Gelu``, ``gelu_tanh``.
+``cast(x, dtype)``, ``scale(x, factor)``, ``div(x, y)`` (linear in their first operand)
+    A ``P(sum|avg)`` x passes through when the op is linear for the dtypes: ``scale``
+    and ``div`` always (for a non-bool x, the result is floating), ``cast`` between
+    floating dtypes, from an integer to a floating dtype, and between integer dtypes;
+    a cast to an integer from a float (truncation) or from/to bool is not linear.  div's
+    denominator is never Partial.  Aliases ``Cast``, ``aten._to_copy``; ``Muls``;
+    ``Div``, ``RealDiv``, ``aten.div``.
+Grad ops (``differentiable = False``)
+    ``rms_norm_grad(dy, x, weight) -> (dx, dweight)``,
+    ``layer_norm_grad(dy, x, weight, bias) -> (dx, dweight, dbias)``,
+    ``softmax_grad(dy, y)``, ``log_softmax_grad(dy, y)`` (y the forward output),
+    ``scaled_dot_product_attention_grad(dy, q, k, v) -> (dq, dk, dv)``,
+    ``swiglu_grad(dy, x)``, ``silu_grad(dy, x)``, ``gelu_grad(dy, x)``.
+
+Violation codes
+---------------
+- ``partial-input``: an operand is Partial where the op is not linear in it (fix: all-reduce).
+- ``sharding-mismatch``: operands sharded inconsistently (k/v vs q, dy vs the output).
+- ``broadcast-shape``: elementwise shapes that do not broadcast; a cotangent of the wrong shape.
+- ``sharded-normalized-dim``: a norm's normalised dim (of x, weight or bias) is sharded.
+- ``sharded-softmax-dim``: the softmax axis is sharded.
+- ``sharded-kv-sequence``: k's or v's sequence dim is sharded.
+- ``sharded-head-dim``: the head dim D of q, k or v is sharded.
+- ``sharded-split-dim``: swiglu's split dim is sharded.
+- ``invalid-shape``: shapes the op cannot take (a weight not of the normalised shape,
+  an odd swiglu split dim, q/k/v that do not agree, a rank that is not 4).
+- ``invalid-attr``: an attribute value the op cannot take (an axis out of range,
+  ``normalized_ndim`` out of range, a negative eps, an unknown dtype, a non-numeric
+  scale or factor, a non-bool causal).
+- ``invalid-input-layout``: an attention ``layout`` other than ``"BNSD"`` and ``"BSND"``.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh, Layout, TensorSpec
+>>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+>>> x = TensorSpec((4, 6, 8), "float32", Layout(mesh, ["S(0)", "S(2)"], 3))
+>>> w = TensorSpec((8,), "float32", Layout(mesh, ["R", "R"], 1))
+>>> res = get_rule("RmsNorm").infer_layout((x, w), {"eps": 1e-6, "normalized_ndim": 1})
+>>> str(res.outputs[0].layout), [v.code for v in res.violations], str(res.wants[0])
+('(S(0), R)', ['sharded-normalized-dim'], '(S(0), R)')
+>>> q = TensorSpec((2, 4, 8, 16), "float32", Layout(mesh, ["S(0)", "S(2)"], 4))
+>>> kv = TensorSpec((2, 4, 8, 16), "float32", Layout(mesh, ["R", "R"], 4))
+>>> att = get_rule("sdpa")
+>>> attrs = att.normalize_attrs({"causal": True})
+>>> res = att.infer_layout((q, kv, kv), attrs)
+>>> str(res.outputs[0].layout), res.violations, [str(w) for w in res.wants]
+('(S(0), S(2))', (), ['None', '(S(0), R)', '(S(0), R)'])
+>>> [att.localize(attrs, (q, kv, kv), res.outputs, r)["q_offset"] for r in range(4)]
+[0, 4, 0, 4]
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import numbers
+from typing import Sequence
+
+import numpy as np
+
+from layout_prop.errors import Violation
+from layout_prop.layout import Layout
+from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.spec import DTYPES, TensorSpec
+
+from .common import plan_summary
+from .elementwise import ElementwiseRule
+
+__all__ = [
+    "RmsNorm", "RmsNormGrad", "LayerNorm", "LayerNormGrad", "Softmax", "SoftmaxGrad", "LogSoftmax",
+    "LogSoftmaxGrad", "ScaledDotProductAttention", "ScaledDotProductAttentionGrad", "Swiglu", "SwigluGrad",
+    "SiluMul", "Exp", "Silu", "SiluGrad", "Gelu", "GeluGrad", "Cast", "Scale", "Div", "PointwiseRule",
+    "ATTENTION_LAYOUTS", "float_dtype", "cast_is_linear", "get_rule",
+]
+
+#: Partial reduce ops a linear function passes through
+LINEAR_REDUCE_OPS = ("sum", "avg")
+#: attention layouts: the tensor dim of B, N, S and D
+ATTENTION_LAYOUTS = {"BNSD": {"B": 0, "N": 1, "S": 2, "D": 3}, "BSND": {"B": 0, "S": 1, "N": 2, "D": 3}}
+
+NORM_CODES = ("partial-input", "sharded-normalized-dim", "sharding-mismatch", "broadcast-shape", "invalid-shape",
+              "invalid-attr")
+SOFTMAX_CODES = ("partial-input", "sharded-softmax-dim", "sharding-mismatch", "broadcast-shape", "invalid-attr")
+ATTENTION_CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-mismatch",
+                   "broadcast-shape", "invalid-shape", "invalid-attr", "invalid-input-layout")
+SWIGLU_CODES = ("partial-input", "sharded-split-dim", "sharding-mismatch", "broadcast-shape", "invalid-shape",
+                "invalid-attr")
+POINTWISE_CODES = ("broadcast-shape", "partial-input", "sharding-mismatch", "invalid-attr")
+
+
+# ------------------------------------------------------------------------------------ helpers
+def float_dtype(*dtypes: str) -> str:
+    """The floating dtype an op computes in: numpy's promotion, integers and bools as float32.
+
+    >>> float_dtype("float16"), float_dtype("int64"), float_dtype("float16", "float32")
+    ('float16', 'float32', 'float32')
+    """
+    floats = [np.dtype(d) if np.issubdtype(np.dtype(d), np.floating) else np.dtype("float32") for d in dtypes]
+    return str(np.result_type(*floats))
+
+
+def _is_float(dtype: str) -> bool:
+    return np.issubdtype(np.dtype(dtype), np.floating)
+
+
+def cast_is_linear(src: str, dst: str) -> bool:
+    """Whether casting a partial sum term by term equals casting the sum (up to rounding).
+
+    >>> cast_is_linear("float32", "float16"), cast_is_linear("int32", "float32"), cast_is_linear("float32", "int32")
+    (True, True, False)
+    """
+    if "bool" in (src, dst):
+        return False  # a bool P(sum) is a logical or
+    if _is_float(dst):
+        return True
+    return not _is_float(src)  # integer -> integer wraps linearly; float -> integer truncates
+
+
+def _name(mesh, axis: int) -> str:
+    return repr(mesh.names[axis])
+
+
+def _names(mesh, axes) -> str:
+    return ", ".join(repr(mesh.names[a]) for a in axes)
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    return str(list(dims))
+
+
+def _move_violations(spec: TensorSpec, want: Layout, operand: str,
+                     issues: list[tuple[str, str, str]]) -> list[Violation]:
+    """The issues found on ``operand`` as violations, when moving it to ``want`` costs communication.
+
+    ``issues`` holds ``(code, message, hint)`` per offending mesh axis.  A move that is a
+    free local slice is no violation (lowering slices locally).
+    """
+    if want == spec.layout:
+        return []
+    free, plan = plan_summary(spec, want)
+    if free:
+        return []
+    fixable = not plan.startswith("no redistribution")
+    if not issues:
+        issues = [("sharding-mismatch", f"{operand} is {spec.layout} but the kernel needs {want}",
+                   f"give {operand} the layout {want}")]
+    details = {"want": want.placement_strs()}
+    return [Violation(code, message, hint, operand=operand, fixable=fixable, details=details)
+            for code, message, hint in issues]
+
+
+def _partial_issue(spec: TensorSpec, operand: str, axis: int, op: str, why: str) -> tuple[str, str, str]:
+    p = spec.layout.placements[axis]
+    name = _name(spec.mesh, axis)
+    return ("partial-input",
+            f"{operand} is {p} on mesh axis {name} ({operand} is {spec.layout}): {op} {why}",
+            f"reduce {operand} on {name} first (all-reduce), or produce {operand} "
+            f"Replicate or Shard on {name}")
+
+
+def _whole_dims(spec: TensorSpec, operand: str, dims: Sequence[int], code: str, op: str,
+                why: str, elsewhere: str) -> tuple[Layout, list[tuple[str, str, str]]]:
+    """``spec``'s layout with its Partial axes reduced and ``dims`` unsharded, and the issues found.
+
+    ``why`` completes "dim d is sharded on mesh axis a, but ..."; ``elsewhere`` the hint.
+    """
+    ps, issues = [], []
+    for axis, p in enumerate(spec.layout.placements):
+        name = _name(spec.mesh, axis)
+        if isinstance(p, Partial):
+            issues.append(_partial_issue(spec, operand, axis, op, "is not linear in it, so every rank needs the "
+                                         "whole value"))
+            ps.append(Replicate())
+        elif isinstance(p, Shard) and p.dim in dims:
+            issues.append((code, f"{operand} dim {p.dim} (size {spec.shape[p.dim]}) is sharded on mesh axis {name} "
+                           f"({operand} is {spec.layout}), but {why}",
+                           f"all-gather {operand} on {name}{elsewhere}"))
+            ps.append(Replicate())
+        else:
+            ps.append(p)
+    return Layout(spec.mesh, ps, spec.ndim), issues
+
+
+def _cotangent(dy: TensorSpec, base: Layout, shape: Sequence[int], op: str):
+    """The layout ``dy`` must have for a grad op linear in it, and what passes through.
+
+    Returns ``(want, partials, violations, ok)``: ``partials`` maps mesh axis -> the
+    ``P(sum|avg)`` of dy kept on an axis where ``base`` (the primal layout) is Replicate.
+    """
+    if tuple(dy.shape) != tuple(shape):
+        v = Violation("broadcast-shape", f"dy has shape {list(dy.shape)} but the output of {op} has shape "
+                      f"{list(shape)}", "the cotangent has the forward output's shape", operand="dy")
+        return None, {}, [v], False
+    ps, partials, issues = [], {}, []
+    for axis, (want, have) in enumerate(zip(base.placements, dy.layout.placements)):
+        name = _name(dy.mesh, axis)
+        if isinstance(have, Partial) and have.reduce_op in LINEAR_REDUCE_OPS and isinstance(want, Replicate):
+            ps.append(have)
+            partials[axis] = have
+            continue
+        ps.append(want)
+        if have == want:
+            continue
+        if isinstance(have, Partial):
+            issues.append(("partial-input", f"dy is {have} on mesh axis {name} but the gradient of {op} is computed "
+                           f"{want} there (dy is {dy.layout}, the forward output {base})",
+                           f"reduce dy on {name} first"))
+        else:
+            issues.append(("sharding-mismatch", f"dy is {have} on mesh axis {name} but the gradient of {op} is "
+                           f"computed {want} there, like the forward output (dy is {dy.layout}, the forward "
+                           f"output {base})", f"give dy the forward output's layout {base}"))
+    want_layout = Layout(dy.mesh, ps, dy.ndim)
+    return want_layout, partials, _move_violations(dy, want_layout, "dy", issues), True
+
+
+def _with_partials(layout: Layout, partials: dict) -> Layout:
+    return layout.with_placements([partials.get(a, p) for a, p in enumerate(layout.placements)])
+
+
+def _want(layout: Layout, spec: TensorSpec) -> Layout | None:
+    return None if layout == spec.layout else layout
+
+
+def _bad_attr(message: str, hint: str, operand: str = "x") -> Violation:
+    return Violation("invalid-attr", message, hint, operand=operand)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _axis_problem(value, ndim: int, attr: str, op: str) -> Violation | None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not -ndim <= value < ndim:
+        return _bad_attr(f"{op}'s {attr}={value!r} is not a dim of x (x has rank {ndim})",
+                         f"give {attr} an integer in {-ndim}..{ndim - 1}")
+    return None
+
+
+def _sum_to(g, value: str, shape: Sequence[int]) -> str:
+    """Reduce a broadcast cotangent back to ``shape``."""
+    if tuple(g.spec(value).shape) == tuple(shape):
+        return value
+    return g.op("sum_to", [value], {"shape": list(shape)})
+
+
+# ---------------------------------------------------------------------- pointwise family
+class PointwiseRule(ElementwiseRule):
+    """:class:`ElementwiseRule` with dtype-aware linearity and messages that name mesh axes.
+
+    Subclasses may set ``linear_note`` (why a Partial is refused), override
+    :meth:`partial_passes` (dtypes for which the declared ``partial_mode`` holds) and
+    :meth:`attr_problem`.
+    """
+
+    violation_codes = POINTWISE_CODES
+    linear_note = "is not linear"
+
+    def attr_problem(self, inputs, attrs) -> Violation | None:
+        return None
+
+    def partial_passes(self, inputs, attrs) -> bool:
+        return all(t.dtype != "bool" for t in inputs)
+
+    def linearity(self, inputs, attrs) -> str:
+        return self.linear_note
+
+    def out_dtype(self, inputs, attrs) -> str:
+        return float_dtype(*[t.dtype for t in inputs])
+
+    def infer_layout(self, inputs, attrs):
+        problem = self.attr_problem(inputs, attrs)
+        if problem is not None:
+            return RuleResult((None,) * self.num_outputs, (problem,), ())
+        rule = self
+        if self.partial_mode != "none" and not self.partial_passes(inputs, attrs):
+            rule = copy.copy(self)  # the same rule, but no Partial passes for these dtypes
+            rule.partial_mode = "none"
+        res = ElementwiseRule.infer_layout(rule, inputs, attrs)
+        return RuleResult(res.outputs, tuple(self._explain(v, inputs, attrs) for v in res.violations), res.wants)
+
+    def _explain(self, v: Violation, inputs, attrs) -> Violation:
+        """Rewrite the shared messages to name the mesh axes and why."""
+        if v.operand not in self.operands or "want" not in v.details:
+            return v
+        spec = inputs[self.operands.index(v.operand)]
+        want = Layout(spec.mesh, v.details["want"], spec.ndim)
+        differ = [a for a, (h, w) in enumerate(zip(spec.layout.placements, want.placements)) if h != w]
+        moves = ", ".join(f"{spec.layout.placements[a]} -> {want.placements[a]} on {_name(spec.mesh, a)}"
+                          for a in differ)
+        if v.code == "partial-input":
+            axes = [a for a in differ if spec.layout.placements[a].is_partial()]
+            message = (f"{v.operand} is {spec.layout}, partial on mesh axis {_names(spec.mesh, axes)}: {self.name} "
+                       f"{self.linearity(inputs, attrs)}, so it needs {v.operand} as {want} ({moves})")
+            hint = (f"reduce {v.operand} on {_names(spec.mesh, axes)} first (all-reduce), "
+                    f"or produce it as {want}")
+        else:
+            message = f"{v.message} ({moves})"
+            hint = v.hint
+        return dataclasses.replace(v, message=message, hint=hint)
+
+
+class _UnaryActivation(PointwiseRule):
+    """exp, silu, gelu: not linear, so no Partial passes."""
+
+    operands = ("x",)
+    partial_mode = "none"
+    linear_note = "is not linear"
+    grad_op = ""
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None or not needs[0] or not _is_float(g.spec(inputs[0]).dtype):
+            return (None,)
+        return (g.op(self.grad_op, [dy, inputs[0]]),)
+
+
+@register_op
+class Exp(_UnaryActivation):
+    """``exp(x)``; its gradient is ``dy * exp(x)``, reusing the output."""
+
+    name = "exp"
+    aliases = ("Exp", "aten.exp")
+    linear_note = "is not linear (exp(a + b) != exp(a) + exp(b))"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None or not needs[0] or not _is_float(g.spec(inputs[0]).dtype):
+            return (None,)
+        return (g.op("mul", [dy, outputs[0]]),)
+
+
+@register_op
+class Silu(_UnaryActivation):
+    """``silu(x) = x * sigmoid(x)``."""
+
+    name = "silu"
+    aliases = ("SiLU", "Silu", "aten.silu")
+    grad_op = "silu_grad"
+
+
+@register_op
+class Gelu(_UnaryActivation):
+    """``gelu(x)``, tanh approximation: ``0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))``."""
+
+    name = "gelu"
+    aliases = ("GeLU", "Gelu", "gelu_tanh")
+    grad_op = "gelu_grad"
+
+
+class _ActivationGrad(PointwiseRule):
+    """``dy * f'(x)``: linear in dy (the first operand), x must be whole."""
+
+    operands = ("dy", "x")
+    partial_mode = "first"
+    differentiable = False
+    linear_note = "is linear in dy only"
+
+
+@register_op
+class SiluGrad(_ActivationGrad):
+    name = "silu_grad"
+    aliases = ("SiLUGrad",)
+
+
+@register_op
+class GeluGrad(_ActivationGrad):
+    name = "gelu_grad"
+    aliases = ("GeLUGrad",)
+
+
+@register_op
+class Cast(PointwiseRule):
+    """``cast(x, dtype)``: linear where :func:`cast_is_linear` says so.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> x = TensorSpec((4,), "float32", Layout(DeviceMesh((2,), ("tp",)), ["P(sum)"], 1))
+    >>> str(Cast().infer_layout((x,), {"dtype": "float16"}).outputs[0])
+    'float16[4] (P(sum))'
+    >>> [v.code for v in Cast().infer_layout((x,), {"dtype": "int32"}).violations]
+    ['partial-input']
+    """
+
+    name = "cast"
+    operands = ("x",)
+    aliases = ("Cast", "aten._to_copy")
+    attr_defaults = {"dtype": None}
+    partial_mode = "first"
+
+    def attr_problem(self, inputs, attrs):
+        if attrs["dtype"] not in DTYPES:
+            return _bad_attr(f"cast to dtype {attrs['dtype']!r}, which is not a supported dtype",
+                             f"set dtype to one of {', '.join(DTYPES)}")
+        return None
+
+    def partial_passes(self, inputs, attrs):
+        return cast_is_linear(inputs[0].dtype, attrs["dtype"])
+
+    def linearity(self, inputs, attrs):
+        return f"from {inputs[0].dtype} to {attrs['dtype']} is not linear in a partial sum (rounding or a bool)"
+
+    def out_dtype(self, inputs, attrs):
+        return attrs["dtype"]
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        src = g.spec(inputs[0]).dtype
+        if cotangents[0] is None or not needs[0] or not (_is_float(src) and _is_float(attrs["dtype"])):
+            return (None,)
+        return (g.op("cast", [cotangents[0]], {"dtype": src}),)
+
+
+@register_op
+class Scale(PointwiseRule):
+    """``scale(x, factor) = x * factor`` (a floating result): linear, a Partial passes."""
+
+    name = "scale"
+    operands = ("x",)
+    aliases = ("Muls",)
+    attr_defaults = {"factor": 1.0}
+    partial_mode = "first"
+    linear_note = "is linear in sum and avg partials of a non-bool x only"
+
+    def attr_problem(self, inputs, attrs):
+        if not _is_number(attrs["factor"]):
+            return _bad_attr(f"scale factor {attrs['factor']!r} is not a number", "give factor a real number")
+        return None
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None or not needs[0] or not _is_float(g.spec(inputs[0]).dtype):
+            return (None,)
+        return (g.op("scale", [cotangents[0]], {"factor": attrs["factor"]}),)
+
+
+@register_op
+class Div(PointwiseRule):
+    """``div(x, y) = x / y`` (true division, broadcasting): linear in the numerator only."""
+
+    name = "div"
+    operands = ("x", "y")
+    aliases = ("Div", "RealDiv", "aten.div")
+    partial_mode = "first"
+    linear_note = "is linear in its numerator x only (sum and avg partials), with y Replicate"
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        x, y = inputs
+        if dy is None:
+            return (None, None)
+        t = g.op("div", [dy, y])
+        dx = _sum_to(g, t, g.spec(x).shape) if needs[0] and _is_float(g.spec(x).dtype) else None
+        dyy = None
+        if needs[1] and _is_float(g.spec(y).dtype):
+            dyy = _sum_to(g, g.op("neg", [g.op("mul", [t, outputs[0]])]), g.spec(y).shape)
+        return dx, dyy
+
+
+@register_op
+class SiluMul(PointwiseRule):
+    """``silu_mul(a, b) = silu(a) * b`` (broadcasting): SwiGLU with gate and up kept apart.
+
+    Linear in b: a ``P(sum|avg)`` b with a Replicate passes.
+    """
+
+    name = "silu_mul"
+    operands = ("a", "b")
+    partial_mode = "one"
+    linear_note = "is linear in b only (sum and avg partials), with a Replicate"
+
+    def _partial_out(self, ps):
+        a, b = ps
+        if self.partial_mode == "none":
+            return None
+        if isinstance(b, Partial) and b.reduce_op in LINEAR_REDUCE_OPS and isinstance(a, Replicate):
+            return b
+        return None
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        a, b = inputs
+        if dy is None:
+            return (None, None)
+        da = db = None
+        if needs[0] and _is_float(g.spec(a).dtype):
+            da = _sum_to(g, g.op("silu_grad", [g.op("mul", [dy, b]), a]), g.spec(a).shape)
+        if needs[1] and _is_float(g.spec(b).dtype):
+            db = _sum_to(g, g.op("mul", [dy, g.op("silu", [a])]), g.spec(b).shape)
+        return da, db
+
+
+# -------------------------------------------------------------------------------- norms
+def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpec]], attrs: dict):
+    """Shared by the norms and their grads: ``(x_fixed, wants, violations, ok)``.
+
+    ``wants`` has one entry per x and param; ``ok`` is False when the shapes or attrs are
+    unusable (no output can be described).
+    """
+    violations: list[Violation] = []
+    k = attrs["normalized_ndim"]
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= x.ndim:
+        violations.append(_bad_attr(f"{op}'s normalized_ndim={k!r} is not in 1..{x.ndim} (x has shape "
+                                    f"{list(x.shape)})", f"normalise over 1..{x.ndim} trailing dims of x"))
+    eps = attrs["eps"]
+    if not _is_number(eps) or eps < 0:
+        violations.append(_bad_attr(f"{op}'s eps={eps!r} is not a non-negative number", "use eps like 1e-6"))
+    if violations:
+        return None, [None] * (1 + len(params)), violations, False
+    dims = tuple(range(x.ndim - k, x.ndim))
+    norm_shape = x.shape[x.ndim - k:]
+    for name, p in params:
+        if tuple(p.shape) != tuple(norm_shape):
+            violations.append(Violation(
+                "invalid-shape", f"{name} has shape {list(p.shape)} but {op} normalises x (shape {list(x.shape)}) "
+                f"over its last {k} dim(s), of shape {list(norm_shape)}",
+                f"give {name} the shape {list(norm_shape)}, or set normalized_ndim to {name}'s rank",
+                operand=name))
+    if violations:
+        return None, [None] * (1 + len(params)), violations, False
+    x_fixed, issues = _whole_dims(
+        x, "x", dims, "sharded-normalized-dim", op,
+        f"{op} normalises over x's last {k} dim(s) {_dims_text(dims)} and needs them whole on every rank",
+        f", or shard a dim outside {_dims_text(dims)} of x instead")
+    violations += _move_violations(x, x_fixed, "x", issues)
+    wants: list[Layout | None] = [_want(x_fixed, x)]
+    for name, p in params:
+        rep = Layout.replicated(p.mesh, p.ndim)
+        issues = []
+        for axis, pl in enumerate(p.layout.placements):
+            axis_name = _name(p.mesh, axis)
+            if isinstance(pl, Partial):
+                issues.append(_partial_issue(p, name, axis, op, f"needs the whole {name} on every rank"))
+            elif isinstance(pl, Shard):
+                issues.append(("sharded-normalized-dim", f"{name} dim {pl.dim} (size {p.shape[pl.dim]}) is sharded "
+                               f"on mesh axis {axis_name} ({name} is {p.layout}); {name} spans x's normalised "
+                               f"dims {_dims_text(dims)}, which {op} needs whole on every rank",
+                               f"keep {name} Replicate on {axis_name} (all-gather it)"))
+        violations += _move_violations(p, rep, name, issues)
+        wants.append(_want(rep, p))
+    return x_fixed, wants, violations, True
+
+
+def _param_grad_layout(x_fixed: Layout, ndim: int, partials: dict) -> Layout:
+    """A weight/bias gradient: a sum over x's other dims, so ``P(sum)`` where x is sharded."""
+    ps = []
+    for axis, p in enumerate(x_fixed.placements):
+        if axis in partials:
+            ps.append(partials[axis])
+        elif isinstance(p, Shard):
+            ps.append(Partial("sum"))
+        else:
+            ps.append(Replicate())
+    return Layout(x_fixed.mesh, ps, ndim)
+
+
+class _NormRule(OpRule):
+    params: tuple[str, ...] = ()
+    violation_codes = NORM_CODES
+
+    def out_dtype(self, inputs) -> str:
+        return float_dtype(*[t.dtype for t in inputs])
+
+    def infer_layout(self, inputs, attrs):
+        x, params = inputs[0], inputs[1:]
+        x_fixed, wants, violations, ok = _norm_analysis(self.name, x, list(zip(self.params, params)), attrs)
+        out = TensorSpec(x.shape, self.out_dtype(inputs), x_fixed) if ok else None
+        return RuleResult((out,), tuple(violations), tuple(wants))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None,) * len(inputs)
+        grads = g.op(f"{self.name}_grad", [dy, *inputs], dict(attrs), num_outputs=len(inputs))
+        return tuple(v if need and _is_float(g.spec(i).dtype) else None for v, need, i in zip(grads, needs, inputs))
+
+
+class _NormGradRule(OpRule):
+    params: tuple[str, ...] = ()
+    forward = ""
+    violation_codes = NORM_CODES
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        dy, x, params = inputs[0], inputs[1], inputs[2:]
+        x_fixed, wants, violations, ok = _norm_analysis(self.forward, x, list(zip(self.params, params)), attrs)
+        if not ok:
+            return RuleResult((None,) * self.num_outputs, tuple(violations), ())
+        dy_want, partials, dy_violations, dy_ok = _cotangent(dy, x_fixed, x.shape, self.forward)
+        violations = dy_violations + violations
+        if not dy_ok:
+            return RuleResult((None,) * self.num_outputs, tuple(violations), ())
+        dx = TensorSpec(x.shape, x.dtype, _with_partials(x_fixed, partials))
+        dparams = tuple(TensorSpec(p.shape, p.dtype, _param_grad_layout(x_fixed, p.ndim, partials)) for p in params)
+        return RuleResult((dx, *dparams), tuple(violations), (_want(dy_want, dy), *wants))
+
+
+@register_op
+class RmsNorm(_NormRule):
+    """``rms_norm(x, weight, eps=1e-6, normalized_ndim=1)``: see the module docstring."""
+
+    name = "rms_norm"
+    operands = ("x", "weight")
+    params = ("weight",)
+    aliases = ("RmsNorm", "npu_rms_norm", "RMSNorm", "aten.rms_norm")
+    attr_defaults = {"eps": 1e-6, "normalized_ndim": 1}
+
+
+@register_op
+class RmsNormGrad(_NormGradRule):
+    """``rms_norm_grad(dy, x, weight) -> (dx, dweight)``; dweight is ``P(sum)`` where x's other dims shard."""
+
+    name = "rms_norm_grad"
+    operands = ("dy", "x", "weight")
+    params = ("weight",)
+    forward = "rms_norm"
+    aliases = ("RmsNormGrad",)
+    num_outputs = 2
+    attr_defaults = {"eps": 1e-6, "normalized_ndim": 1}
+
+
+@register_op
+class LayerNorm(_NormRule):
+    """``layer_norm(x, weight, bias, eps=1e-5, normalized_ndim=1)``: see the module docstring."""
+
+    name = "layer_norm"
+    operands = ("x", "weight", "bias")
+    params = ("weight", "bias")
+    aliases = ("LayerNorm", "aten.layer_norm")
+    attr_defaults = {"eps": 1e-5, "normalized_ndim": 1}
+
+
+@register_op
+class LayerNormGrad(_NormGradRule):
+    """``layer_norm_grad(dy, x, weight, bias) -> (dx, dweight, dbias)``."""
+
+    name = "layer_norm_grad"
+    operands = ("dy", "x", "weight", "bias")
+    params = ("weight", "bias")
+    forward = "layer_norm"
+    aliases = ("LayerNormGrad",)
+    num_outputs = 3
+    attr_defaults = {"eps": 1e-5, "normalized_ndim": 1}
+
+
+# ------------------------------------------------------------------------------ softmax
+def _softmax_analysis(op: str, x: TensorSpec, operand: str, attrs: dict):
+    """``(fixed, violations, ok)`` for a softmax-like op over ``attrs["axis"]``."""
+    problem = _axis_problem(attrs["axis"], x.ndim, "axis", op)
+    if problem is not None:
+        return None, [dataclasses.replace(problem, operand=operand)], False
+    axis = attrs["axis"] % x.ndim
+    fixed, issues = _whole_dims(x, operand, [axis], "sharded-softmax-dim", op,
+                                f"{op} normalises along axis {axis} and needs it whole on every rank",
+                                f", or shard another dim of {operand} instead")
+    return fixed, _move_violations(x, fixed, operand, issues), True
+
+
+class _SoftmaxRule(OpRule):
+    operands = ("x",)
+    attr_defaults = {"axis": -1}
+    violation_codes = SOFTMAX_CODES
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        fixed, violations, ok = _softmax_analysis(self.name, x, "x", attrs)
+        out = TensorSpec(x.shape, float_dtype(x.dtype), fixed) if ok else None
+        return RuleResult((out,), tuple(violations), (_want(fixed, x) if ok else None,))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None or not needs[0] or not _is_float(g.spec(inputs[0]).dtype):
+            return (None,)
+        return (g.op(f"{self.name}_grad", [cotangents[0], outputs[0]], {"axis": attrs["axis"]}),)
+
+
+class _SoftmaxGradRule(OpRule):
+    """``dx`` from ``dy`` and the forward output ``y``; linear in dy."""
+
+    operands = ("dy", "y")
+    attr_defaults = {"axis": -1}
+    violation_codes = SOFTMAX_CODES
+    differentiable = False
+    forward = ""
+
+    def infer_layout(self, inputs, attrs):
+        dy, y = inputs
+        fixed, violations, ok = _softmax_analysis(self.forward, y, "y", attrs)
+        if not ok:
+            return RuleResult((None,), tuple(violations), ())
+        dy_want, partials, dy_violations, dy_ok = _cotangent(dy, fixed, y.shape, self.forward)
+        if not dy_ok:
+            return RuleResult((None,), tuple(dy_violations + violations), ())
+        dx = TensorSpec(y.shape, float_dtype(dy.dtype, y.dtype), _with_partials(fixed, partials))
+        return RuleResult((dx,), tuple(dy_violations + violations), (_want(dy_want, dy), _want(fixed, y)))
+
+
+@register_op
+class Softmax(_SoftmaxRule):
+    """``softmax(x, axis=-1)``."""
+
+    name = "softmax"
+    aliases = ("Softmax", "aten.softmax", "aten._softmax")
+
+
+@register_op
+class SoftmaxGrad(_SoftmaxGradRule):
+    """``softmax_grad(dy, y, axis) = y * (dy - sum(dy * y, axis))``."""
+
+    name = "softmax_grad"
+    aliases = ("SoftmaxGrad",)
+    forward = "softmax"
+
+
+@register_op
+class LogSoftmax(_SoftmaxRule):
+    """``log_softmax(x, axis=-1)``."""
+
+    name = "log_softmax"
+    aliases = ("LogSoftmax", "aten.log_softmax", "aten._log_softmax")
+
+
+@register_op
+class LogSoftmaxGrad(_SoftmaxGradRule):
+    """``log_softmax_grad(dy, y, axis) = dy - exp(y) * sum(dy, axis)``."""
+
+    name = "log_softmax_grad"
+    aliases = ("LogSoftmaxGrad",)
+    forward = "log_softmax"
+
+
+# ---------------------------------------------------------------------------- attention
+ATTENTION_OP = "scaled_dot_product_attention"
+
+
+def _attention_attr_violations(attrs: dict) -> list[Violation]:
+    out = []
+    if attrs["layout"] not in ATTENTION_LAYOUTS:
+        out.append(Violation("invalid-input-layout", f"attention layout {attrs['layout']!r} is not one of "
+                             f"{sorted(ATTENTION_LAYOUTS)}", "set layout to 'BNSD' or 'BSND' (q, k and v alike)",
+                             operand="q"))
+    if not isinstance(attrs["causal"], bool):
+        out.append(_bad_attr(f"causal={attrs['causal']!r} is not a bool", "set causal to true or false", "q"))
+    scale = attrs["scale"]
+    if scale is not None and not _is_number(scale):
+        out.append(_bad_attr(f"scale={scale!r} is not a number", "leave scale out (1/sqrt(D)) or give a number",
+                             "q"))
+    offset = attrs["q_offset"]
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+        out.append(_bad_attr(f"q_offset={offset!r} is not a non-negative integer",
+                             "leave q_offset out (each rank's offset is filled in by lowering)", "q"))
+    return out
+
+
+def _attention_shape_violations(q: TensorSpec, k: TensorSpec, v: TensorSpec, dims: dict) -> list[Violation]:
+    out = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.ndim != 4:
+            out.append(Violation("invalid-shape", f"{name} has rank {t.ndim} (shape {list(t.shape)}); attention "
+                                 "takes 4-D q, k, v in the BNSD or BSND layout",
+                                 f"reshape {name} to 4-D", operand=name))
+    if out:
+        return out
+
+    def size(t: TensorSpec, dim: str) -> int:
+        return t.shape[dims[dim]]
+
+    checks = [("k", k, "B", q), ("v", v, "B", q), ("k", k, "N", q), ("v", v, "N", q), ("k", k, "D", q),
+              ("v", v, "S", k)]
+    for name, t, dim, ref in checks:
+        ref_name = "k" if ref is k else "q"
+        if size(t, dim) != size(ref, dim):
+            out.append(Violation("invalid-shape", f"{name}'s {dim} (dim {dims[dim]}) is {size(t, dim)} but "
+                                 f"{ref_name}'s is {size(ref, dim)} (q {list(q.shape)}, k {list(k.shape)}, "
+                                 f"v {list(v.shape)})", f"give {name} the same {dim} as {ref_name}"
+                                 + (" (grouped-query heads are not supported: repeat k and v)" if dim == "N" else ""),
+                                 operand=name))
+    return out
+
+
+def _kv_want(q_fixed: Layout, t: TensorSpec, dims: dict) -> Layout:
+    """k's and v's layout: q's B and N shards, everything else Replicate."""
+    keep = (dims["B"], dims["N"])
+    ps = [p if isinstance(p, Shard) and p.dim in keep else Replicate() for p in q_fixed.placements]
+    return Layout(t.mesh, ps, t.ndim)
+
+
+def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict) -> list[tuple[str, str, str]]:
+    issues = []
+    s, d = dims["S"], dims["D"]
+    for axis, p in enumerate(t.layout.placements):
+        axis_name = _name(t.mesh, axis)
+        if isinstance(p, Partial):
+            issues.append(_partial_issue(t, name, axis, ATTENTION_OP, "is not linear in it (only sum or avg "
+                                         "partials of v alone would be), so every rank needs whole values"))
+        elif isinstance(p, Shard) and p.dim == s:
+            issues.append(("sharded-kv-sequence", f"{name}'s sequence dim {s} (S, size {t.shape[s]}) is sharded on "
+                           f"mesh axis {axis_name} ({name} is {t.layout}); every query row attends to the whole "
+                           "key/value sequence",
+                           f"all-gather {name} on {axis_name}; to split the sequence, shard "
+                           f"q's sequence dim {s} instead"))
+        elif isinstance(p, Shard) and p.dim == d:
+            issues.append(("sharded-head-dim", f"{name}'s head dim {d} (D, size {t.shape[d]}) is sharded on mesh "
+                           f"axis {axis_name} ({name} is {t.layout}); attention contracts over whole heads",
+                           f"all-gather {name} on {axis_name}, or shard B or N on "
+                           f"{axis_name} instead"))
+        elif isinstance(p, Shard) and p != want.placements[axis]:
+            label = "B" if p.dim == dims["B"] else "N"
+            q_p = want.placements[axis]
+            q_desc = f"q shards its dim {q_p.dim} there" if isinstance(q_p, Shard) else "q does not shard B or N there"
+            issues.append(("sharding-mismatch", f"{name}'s dim {p.dim} ({label}, size {t.shape[p.dim]}) is sharded "
+                           f"on mesh axis {axis_name} but {q_desc} (q is {q.layout}, {name} is {t.layout}); k and v "
+                           "follow q's B and N sharding", f"shard {name} like q on {axis_name} ({want}), or shard "
+                           f"q's dim {p.dim} on {axis_name} too"))
+    return issues
+
+
+def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
+    """Shared by the forward and gradient rules: ``(q_fixed, kv_wants, wants, violations, dims)``.
+
+    ``q_fixed`` is None when the shapes or attrs are unusable.
+    """
+    violations = _attention_attr_violations(attrs)
+    dims = ATTENTION_LAYOUTS.get(attrs["layout"])
+    if dims is not None:
+        violations += _attention_shape_violations(q, k, v, dims)
+    if violations:
+        return None, (None, None), [None, None, None], violations, dims
+    q_fixed, issues = _whole_dims(q, "q", [dims["D"]], "sharded-head-dim", ATTENTION_OP,
+                                  "attention contracts over whole heads", ", or shard B, N or S of q instead")
+    violations += _move_violations(q, q_fixed, "q", issues)
+    wants: list[Layout | None] = [_want(q_fixed, q)]
+    kv_wants = []
+    for name, t in (("k", k), ("v", v)):
+        want = _kv_want(q_fixed, t, dims)
+        violations += _move_violations(t, want, name, _kv_issues(name, t, want, q, dims))
+        wants.append(_want(want, t))
+        kv_wants.append(want)
+    return q_fixed, tuple(kv_wants), wants, violations, dims
+
+
+def _q_offset(attrs: dict, q: TensorSpec, rank: int) -> int:
+    s = ATTENTION_LAYOUTS[attrs["layout"]]["S"]
+    return int(attrs["q_offset"]) + q.local_slices(rank)[s][0]
+
+
+_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0}
+
+
+@register_op
+class ScaledDotProductAttention(OpRule):
+    """``scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0)``.
+
+    See the module docstring for the layout rule; ``q_offset`` is localised per rank.
+    """
+
+    name = ATTENTION_OP
+    operands = ("q", "k", "v")
+    aliases = ("ScaledDotProductAttention", "FlashAttentionScore", "flash_attention_score", "npu_fusion_attention",
+               "sdpa", "aten.scaled_dot_product_attention")
+    attr_defaults = dict(_ATTENTION_ATTRS)
+    violation_codes = ATTENTION_CODES
+
+    def infer_layout(self, inputs, attrs):
+        q, k, v = inputs
+        q_fixed, _, wants, violations, _ = _attention_analysis(q, k, v, attrs)
+        out = None
+        if q_fixed is not None:
+            out = TensorSpec(q.shape[:-1] + (v.shape[-1],), float_dtype(q.dtype, k.dtype, v.dtype), q_fixed)
+        return RuleResult((out,), tuple(violations), tuple(wants))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, "q_offset": _q_offset(attrs, inputs[0], rank)}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None, None, None)
+        grads = g.op(f"{ATTENTION_OP}_grad", [dy, *inputs], dict(attrs), num_outputs=3)
+        return tuple(gv if need and _is_float(g.spec(i).dtype) else None for gv, need, i in zip(grads, needs, inputs))
+
+
+@register_op
+class ScaledDotProductAttentionGrad(OpRule):
+    """``scaled_dot_product_attention_grad(dy, q, k, v) -> (dq, dk, dv)``.
+
+    dq takes q's layout; dk and dv take k's and v's, plus ``P(sum)`` on every mesh axis
+    that shards q's sequence: each rank sums the contributions of its own query rows.
+    ``q_offset`` is localised as in the forward.
+    """
+
+    name = f"{ATTENTION_OP}_grad"
+    operands = ("dy", "q", "k", "v")
+    aliases = ("FlashAttentionScoreGrad", "npu_fusion_attention_grad")
+    num_outputs = 3
+    attr_defaults = dict(_ATTENTION_ATTRS)
+    violation_codes = ATTENTION_CODES
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        dy, q, k, v = inputs
+        q_fixed, kv_wants, wants, violations, dims = _attention_analysis(q, k, v, attrs)
+        if q_fixed is None:
+            return RuleResult((None,) * 3, tuple(violations), ())
+        out_shape = q.shape[:-1] + (v.shape[-1],)
+        dy_want, partials, dy_violations, dy_ok = _cotangent(dy, q_fixed, out_shape, ATTENTION_OP)
+        violations = dy_violations + violations
+        if not dy_ok:
+            return RuleResult((None,) * 3, tuple(violations), ())
+        seq_axes = set(q_fixed.dim_axes(dims["S"]))
+        grads = [TensorSpec(q.shape, q.dtype, _with_partials(q_fixed, partials))]
+        for t, want in zip((k, v), kv_wants):
+            ps = [partials.get(a, Partial("sum") if a in seq_axes else p) for a, p in enumerate(want.placements)]
+            grads.append(TensorSpec(t.shape, t.dtype, Layout(t.mesh, ps, t.ndim)))
+        return RuleResult(tuple(grads), tuple(violations), (_want(dy_want, dy), *wants))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, "q_offset": _q_offset(attrs, inputs[1], rank)}
+
+
+# ------------------------------------------------------------------------------- swiglu
+def _swiglu_analysis(op: str, x: TensorSpec, attrs: dict):
+    """``(x_fixed, out_shape, violations)``; ``x_fixed`` is None when x or dim is unusable."""
+    problem = _axis_problem(attrs["dim"], x.ndim, "dim", op)
+    if problem is not None:
+        return None, None, [problem]
+    dim = attrs["dim"] % x.ndim
+    if x.shape[dim] % 2:
+        return None, None, [Violation("invalid-shape", f"{op} cuts x (shape {list(x.shape)}) into two halves along "
+                                      f"dim {dim}, but its size {x.shape[dim]} is odd",
+                                      f"give x an even size on dim {dim} (gate and up halves)", operand="x")]
+    x_fixed, issues = _whole_dims(
+        x, "x", [dim], "sharded-split-dim", op,
+        f"{op} cuts dim {dim} into halves a and b, and a torch.chunk shard of it does not hold matching halves",
+        ", or shard another dim of x instead (or keep gate and up apart and use silu_mul)")
+    out_shape = tuple(s // 2 if i == dim else s for i, s in enumerate(x.shape))
+    return x_fixed, out_shape, _move_violations(x, x_fixed, "x", issues)
+
+
+@register_op
+class Swiglu(OpRule):
+    """``swiglu(x, dim=-1) = silu(a) * b`` with ``a, b`` the halves of x along ``dim``."""
+
+    name = "swiglu"
+    operands = ("x",)
+    aliases = ("Swiglu", "SwiGLU", "npu_swiglu")
+    attr_defaults = {"dim": -1}
+    violation_codes = SWIGLU_CODES
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        x_fixed, out_shape, violations = _swiglu_analysis(self.name, x, attrs)
+        if x_fixed is None:
+            return RuleResult((None,), tuple(violations), ())
+        out = TensorSpec(out_shape, float_dtype(x.dtype), x_fixed)
+        return RuleResult((out,), tuple(violations), (_want(x_fixed, x),))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None or not needs[0] or not _is_float(g.spec(inputs[0]).dtype):
+            return (None,)
+        return (g.op("swiglu_grad", [cotangents[0], inputs[0]], {"dim": attrs["dim"]}),)
+
+
+@register_op
+class SwigluGrad(OpRule):
+    """``swiglu_grad(dy, x, dim) -> dx``: linear in dy."""
+
+    name = "swiglu_grad"
+    operands = ("dy", "x")
+    attr_defaults = {"dim": -1}
+    violation_codes = SWIGLU_CODES
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        dy, x = inputs
+        x_fixed, out_shape, violations = _swiglu_analysis("swiglu", x, attrs)
+        if x_fixed is None:
+            return RuleResult((None,), tuple(violations), ())
+        dy_want, partials, dy_violations, dy_ok = _cotangent(dy, x_fixed, out_shape, "swiglu")
+        if not dy_ok:
+            return RuleResult((None,), tuple(dy_violations + violations), ())
+        dx = TensorSpec(x.shape, x.dtype, _with_partials(x_fixed, partials))
+        return RuleResult((dx,), tuple(dy_violations + violations), (_want(dy_want, dy), _want(x_fixed, x)))

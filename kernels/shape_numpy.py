@@ -1,3 +1,124 @@
-"""numpy kernels of the shape op family (forward and backward), merged into the numpy table."""
+"""numpy kernels of the shape op family (forward and backward), merged into the numpy table.
 
-KERNELS: dict = {}
+Every kernel takes numpy arrays and the op's attrs as keyword arguments; on a simulated
+rank the attrs are the localised ones (reshape gets the local target shape, squeeze
+the explicit dims).  ``pad_slice`` is the gradient kernel of ``slice``; the other
+gradients are shape ops too (reshape back, the inverse permutation, concat, slice).
+
+Examples
+--------
+>>> import numpy as np
+>>> x = np.arange(6.0).reshape(2, 3)
+>>> KERNELS["transpose"](x, dims=[1, 0]).shape
+(3, 2)
+>>> [p.tolist() for p in KERNELS["chunk3"](np.arange(5), axis=0)]
+[[0, 1], [2, 3], [4]]
+>>> KERNELS["pad_slice"](np.ones(2), axis=0, start=1, size=4)
+array([0., 1., 1., 0.])
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from layout_prop.spec import chunk_bounds
+
+__all__ = ["KERNELS", "reshape", "transpose", "split", "chunk", "slice_axis", "pad_slice", "concat",
+           "unsqueeze", "squeeze"]
+
+
+def reshape(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``x`` in ``shape`` (one ``-1`` allowed), row-major."""
+    return np.reshape(x, tuple(shape)).copy()
+
+
+def transpose(x: np.ndarray, dims: Sequence[int] | None = None, dim0: int | None = None,
+              dim1: int | None = None) -> np.ndarray:
+    """Permute ``x``'s dims (``dims``), or swap ``dim0`` and ``dim1``."""
+    if dims is not None:
+        return np.transpose(x, tuple(dims)).copy()
+    return np.swapaxes(x, dim0, dim1).copy()
+
+
+def _pieces(x: np.ndarray, axis: int, bounds) -> tuple[np.ndarray, ...]:
+    index = [slice(None)] * x.ndim
+    out = []
+    for lo, hi in bounds:
+        index[axis] = slice(lo, hi)
+        out.append(x[tuple(index)].copy())
+    return tuple(out)
+
+
+def split(x: np.ndarray, count: int, axis: int = 0, sizes: Sequence[int] | None = None) -> tuple[np.ndarray, ...]:
+    """``count`` pieces along ``axis``: of ``sizes``, or equal sections."""
+    n = x.shape[axis]
+    sizes = list(sizes) if sizes is not None else [n // count] * count
+    starts = np.cumsum([0, *sizes])
+    return _pieces(x, axis, [(int(starts[i]), int(starts[i + 1])) for i in range(count)])
+
+
+def chunk(x: np.ndarray, count: int, axis: int = 0) -> tuple[np.ndarray, ...]:
+    """``count`` ``torch.chunk`` pieces along ``axis`` (trailing ones may be smaller or empty)."""
+    return _pieces(x, axis, chunk_bounds(x.shape[axis], count))
+
+
+def slice_axis(x: np.ndarray, axis: int = 0, start: int | None = 0, stop: int | None = None) -> np.ndarray:
+    """``x[..., start:stop, ...]`` along ``axis``."""
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, stop)
+    return x[tuple(index)].copy()
+
+
+def pad_slice(x: np.ndarray, axis: int = 0, start: int = 0, size: int | None = None) -> np.ndarray:
+    """Zeros of length ``size`` along ``axis`` with ``x`` at ``[start, start + len)``: slice's gradient."""
+    shape = list(x.shape)
+    shape[axis] = size
+    out = np.zeros(shape, dtype=x.dtype)
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, start + x.shape[axis])
+    out[tuple(index)] = x
+    return out
+
+
+def concat(*xs: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Join the operands along ``axis``."""
+    return np.concatenate(xs, axis=axis)
+
+
+def unsqueeze(x: np.ndarray, dim: int) -> np.ndarray:
+    """A new size-1 dim at ``dim``."""
+    return np.expand_dims(x, dim).copy()
+
+
+def squeeze(x: np.ndarray, dim: int | Sequence[int] | None = None) -> np.ndarray:
+    """Remove the size-1 dims ``dim`` (every size-1 dim when None)."""
+    if dim is None:
+        return np.squeeze(x).copy()
+    dims = tuple(dim) if isinstance(dim, (list, tuple)) else (dim,)
+    return np.squeeze(x, axis=dims).copy()
+
+
+def _variant(fn: Callable, count: int) -> Callable:
+    def kernel(x, **attrs):
+        return fn(x, count, **attrs)
+
+    kernel.__name__ = f"{fn.__name__}{count}"
+    kernel.__doc__ = f"{fn.__name__} into {count} outputs."
+    return kernel
+
+
+KERNELS: dict[str, Callable] = {
+    "reshape": reshape,
+    "transpose": transpose,
+    "slice": slice_axis,
+    "pad_slice": pad_slice,
+    "concat": concat,
+    "unsqueeze": unsqueeze,
+    "squeeze": squeeze,
+}
+for _count in range(2, 9):
+    KERNELS[f"split{_count}"] = _variant(split, _count)
+    KERNELS[f"chunk{_count}"] = _variant(chunk, _count)
+del _count

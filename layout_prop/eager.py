@@ -94,8 +94,11 @@ class DistributedOp:
 
     def preprocess(self, args: tuple, kwargs: dict) -> tuple[list[tuple], list[dict], tuple]:
         """``(local_args per rank, local_kwargs per rank, cache_values)``."""
-        n = len(self.rule.operands)
-        if len(args) < n:
+        low, high = self.rule.arity()
+        n = low
+        while n < len(args) and (high is None or n < high) and isinstance(args[n], (DTensor, np.ndarray)):
+            n += 1  # optional or variadic operands: the leading arrays
+        if len(args) < low:
             raise OpError("bad-arity", f"{self.rule.name} takes operands {list(self.rule.operands)}, got {len(args)}",
                           hint=f"call {self.rule.name}({', '.join(self.rule.operands)}, ...)")
         operands, extra = args[:n], tuple(args[n:])

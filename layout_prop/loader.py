@@ -257,11 +257,10 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
             attrs = rule.normalize_attrs(attrs, name)
         except LayoutPropError as err:
             raise SpecError(err.code, err.message, path=f"{path}.attrs", node=name, hint=err.hint) from None
-        n_ops = len(rule.operands)
-        if (len(inputs) < n_ops) if rule.variadic else (len(inputs) != n_ops):
-            raise SpecError("bad-arity", f"op {rule.name!r} takes {n_ops} inputs {list(rule.operands)}, "
-                            f"got {len(inputs)}", path=f"{path}.inputs", node=name,
-                            hint=f"give {list(rule.operands)}")
+        low, high = rule.arity()
+        if len(inputs) < low or (high is not None and len(inputs) > high):
+            raise SpecError("bad-arity", f"op {rule.name!r} takes {rule.arity_text()}, got {len(inputs)}",
+                            path=f"{path}.inputs", node=name, hint=f"give {rule.name} {rule.arity_text()}")
         out.append((i, {"name": name, "op": rule.name, "inputs": inputs, "attrs": nd.get("attrs", {}) or {}},
                     rule))
     return out

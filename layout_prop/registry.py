@@ -68,7 +68,8 @@ class OpRule(ABC):
 
     name: str = ""
     operands: tuple[str, ...] = ()
-    variadic: bool = False
+    variadic: bool = False  # any number of inputs past ``operands`` (concat, einsum)
+    optional_operands: tuple[str, ...] = ()  # trailing operands that may be left out (linear's bias)
     aliases: tuple[str, ...] = ()
     num_outputs: int = 1
     attr_defaults: dict[str, Any] = {}
@@ -86,20 +87,36 @@ class OpRule(ABC):
         out.update(attrs)
         return out
 
+    def arity(self) -> tuple[int, int | None]:
+        """The least and the most inputs the op takes (None: no limit)."""
+        if self.variadic:
+            return len(self.operands), None
+        return len(self.operands), len(self.operands) + len(self.optional_operands)
+
+    def arity_text(self) -> str:
+        """``3 inputs [x, cos, sin]``, ``2 or 3 inputs [x, weight, bias?]``, ``at least 1 input [x, ...]``."""
+        low, high = self.arity()
+        names = list(self.operands) + [f"{o}?" for o in self.optional_operands]
+        listed = f"[{', '.join(names)}{', ...' if self.variadic else ''}]"
+        count = f"at least {low}" if high is None else str(low) if low == high else f"{low} to {high}" if \
+            high - low > 1 else f"{low} or {high}"
+        plural = "input" if (high or low) == 1 and low == 1 else "inputs"
+        return f"{count} {plural} {listed}"
+
     def check_arity(self, node) -> None:
         n = len(node.inputs)
-        ok = n >= len(self.operands) if self.variadic else n == len(self.operands)
-        if not ok:
-            raise GraphError("bad-arity",
-                             f"op {self.name!r} takes {len(self.operands)} inputs {list(self.operands)}, got {n}",
-                             node=node.name, hint=f"give {self.name} exactly its operands {list(self.operands)}")
+        low, high = self.arity()
+        if n < low or (high is not None and n > high):
+            raise GraphError("bad-arity", f"op {self.name!r} takes {self.arity_text()}, got {n}",
+                             node=node.name, hint=f"give {self.name} its operands {self.arity_text()}")
         if node.num_outputs != self.num_outputs:
             raise GraphError("bad-arity", f"op {self.name!r} has {self.num_outputs} outputs, node says "
                              f"{node.num_outputs}", node=node.name, hint="build nodes through Graph.op")
 
     def operand_name(self, index: int) -> str:
-        if index < len(self.operands):
-            return self.operands[index]
+        names = self.operands + self.optional_operands
+        if index < len(names):
+            return names[index]
         return f"{self.operands[-1] if self.operands else 'input'}{index}"
 
     # ---------------------------------------------------------------- the rules

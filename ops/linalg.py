@@ -731,19 +731,10 @@ class Linear(EinsumFamilyRule):
     """
 
     name = "linear"
-    operands = ("x", "weight")  # and an optional bias: see check_arity and operand_name
-    variadic = True
+    operands = ("x", "weight")
+    optional_operands = ("bias",)
     aliases = ("Linear", "Dense", "aten.linear", "dense")
     attr_defaults: dict = {}
-
-    def operand_name(self, index: int) -> str:
-        return ("x", "weight", "bias")[index] if index < 3 else f"input{index}"
-
-    def check_arity(self, node) -> None:
-        if len(node.inputs) not in (2, 3):
-            raise GraphError("bad-arity", f"op 'linear' takes 2 or 3 inputs [x, weight, bias?], got "
-                             f"{len(node.inputs)}", node=node.name, hint="give linear x, weight and optionally bias")
-        super().check_arity(node)
 
     def equation(self, inputs, attrs):
         if len(inputs) not in (2, 3):

@@ -1,1 +1,959 @@
-"""The shape op family (rules registered beside their definitions)."""
+"""The shape ops: reshape, transpose, split/chunk/slice (and pad_slice), concat, unsqueeze, squeeze.
+
+Every op here moves or selects elements without arithmetic, so a Partial value of any
+reduce op passes through (the reduction commutes with moving elements); concat passes a
+Partial axis only when every operand is the same Partial there.
+
+The ops and their layout rules
+------------------------------
+``reshape(x, shape)`` (aliases ``Reshape``, ``view``, ``aten.view``, ``aten.reshape``)
+    ``shape`` may hold one ``-1``.  The shape change is factorised into groups: each
+    group is a run of input dims whose product equals a run of output dims (size-1 dims
+    belong to no group: they appear or vanish freely).  A sharded input dim must be the
+    OUTERMOST dim of its group, and then its shards go to the group's outermost output
+    dim, provided the local reshape is exact: every rank's block of the input dim must
+    cover exactly its ``torch.chunk`` block of the output dim.  That always holds when
+    the shard count divides both dims; B = 3 on 2 ranks merged with S = 4 breaks it
+    (rows 2 + 1 become 8 + 4 elements, where ``torch.chunk`` of 12 gives 6 + 6).
+    Otherwise: ``reshape-sharded-dim``, and the rule wants the input with that mesh
+    axis Replicate (an all-gather); with several mesh axes on the dim, the outer ones
+    that still line up are kept.  A group of one input and one output dim of equal
+    size keeps any sharding, uneven included.
+    Localized attr: ``shape`` becomes the rank's local target shape.
+    vjp: ``reshape`` back to the input's shape.
+``transpose(x, dims)`` / ``transpose(x, dim0, dim1)`` (aliases ``Transpose``,
+    ``permute``, ``aten.permute``, ``aten.transpose``)
+    Either ``dims``, a permutation (output dim j is input dim ``dims[j]``; negative
+    entries allowed; MindSpore's ``perm``, torch's ``permute(dims)``), or ``dim0`` and
+    ``dim1``, the two dims to swap (torch's ``transpose(dim0, dim1)``); not both.  Shards
+    move with their dims.  vjp: the inverse permutation.
+``split2`` ... ``split8`` (``x, axis, sizes``) and ``chunk2`` ... ``chunk8`` (``x, axis``)
+    Fixed-arity variants, because a registered op has a fixed ``num_outputs``:
+    ``splitN`` cuts ``axis`` into the N ``sizes`` (torch ``split`` with a list,
+    MindSpore ``SplitV``), or with ``sizes`` left out into N equal sections that must
+    divide the dim (MindSpore ``Split(axis, output_num=N)``); ``chunkN`` cuts it into N
+    ``torch.chunk`` pieces of ``ceil(n / N)``, the trailing ones smaller or empty (always
+    N outputs, as the project's uneven shards).  The split axis must be unsharded
+    (``sharded-split-dim``, fixed by an all-gather on that axis); other dims keep their
+    shards.  vjp: ``concat`` of the cotangents, or the sum of ``pad_slice`` of those
+    present when some outputs are unused.
+``slice(x, axis, start=0, stop=None)`` (alias ``aten.slice``, whose ``end`` is ``stop``)
+    One axis, Python slice semantics with step 1 (negative and out-of-range bounds as
+    in ``x[start:stop]``); torch ``narrow`` and MindSpore ``Slice``/``StridedSlice`` are
+    written as one ``slice`` node per sliced axis.  The sliced axis must be unsharded
+    (``sharded-split-dim``) unless the slice keeps the whole axis.  Localized attrs:
+    ``start``/``stop`` normalised.  vjp: ``pad_slice``.
+``pad_slice(x, axis, start, size)``
+    Zero-pads ``x`` along ``axis`` to length ``size``, ``x`` landing at ``start``: the
+    gradient of ``slice``.  The padded axis must be unsharded (``sharded-split-dim``)
+    unless nothing is padded.  vjp: ``slice``.
+``concat(x, x1, ..., axis=0)`` (aliases ``Concat``, ``cat``, ``aten.cat``, ``concatenate``)
+    Variadic.  The concat axis must be unsharded in every operand
+    (``sharded-concat-dim``); all operands must be sharded alike on the other dims (the
+    output takes, per mesh axis, the first Shard any operand has there, so a Replicate
+    operand is sliced for free; any other difference is ``sharding-mismatch``); a mesh
+    axis is Partial in the output only when every operand is the same Partial there, a
+    Partial operand among non-Partial ones is ``partial-input``.  vjp: ``slice``.
+``unsqueeze(x, dim)`` (aliases ``ExpandDims``, ``expand_dims``, ``aten.unsqueeze``)
+    Inserts a size-1 dim at ``dim`` (``-x.ndim-1 <= dim <= x.ndim``); shards shift.
+    vjp: ``squeeze``.
+``squeeze(x, dim=None)`` (aliases ``Squeeze``, ``aten.squeeze``)
+    Removes the size-1 dims ``dim`` (an int, a list, or None for every size-1 dim);
+    shards shift.  A size-1 dim can only be "sharded" on a size-1 mesh axis, which
+    becomes Replicate.  Localized attr: ``dim`` becomes the explicit list of dims (a
+    rank's local piece may have size-1 dims the global tensor does not).  vjp:
+    ``reshape`` back.
+
+Attribute names: ``axis`` for split/chunk/slice/pad_slice/concat, ``dim`` for
+unsqueeze/squeeze, ``dims`` for transpose.  So that an alias takes its framework's
+spelling, each op also accepts synonyms (normalised away before the rule and the kernel
+see the attrs; giving both spellings is ``bad-attr``): ``dim`` for ``axis`` (torch),
+``axis`` for ``dim`` (MindSpore ``ExpandDims``/``Squeeze``), ``perm``/``axes`` for
+``dims``, ``size`` for ``shape`` (``aten.view``), ``end`` for ``stop`` (``aten.slice``),
+``size_splits`` for ``sizes`` (MindSpore ``SplitV``).
+
+Violation codes
+---------------
+- ``reshape-sharded-dim``: a sharded dim is not the outermost of its reshape group, or
+  its shards do not line up with the output dim's (fixable: all-gather that dim).
+- ``sharded-split-dim``: split/chunk/slice/pad_slice along a sharded dim (fixable).
+- ``sharded-concat-dim``: concat along a sharded dim (fixable).
+- ``sharding-mismatch``: concat operands sharded differently off the concat axis (fixable).
+- ``partial-input``: a Partial concat operand among non-Partial ones (fixable: reduce it).
+- ``invalid-reshape``: the target shape is malformed or has another element count.
+- ``invalid-dim``: an ``axis``/``dim`` attr out of range or not an integer.
+- ``invalid-permutation``: ``dims`` is not a permutation, or the transpose attrs are
+  missing or given in both forms.
+- ``invalid-split``: split sizes, slice or pad bounds that do not fit the dim.
+- ``invalid-squeeze``: squeezing a dim whose size is not 1.
+- ``concat-shape``: concat operands of different ranks or different sizes off the axis.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh, Layout, TensorSpec
+>>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+>>> x = TensorSpec((4, 6, 8), "float32", Layout(mesh, ["S(0)", "S(2)"], 3))
+>>> res = get_rule("view").infer_layout((x,), {"shape": [4, 6, 2, 4]})
+>>> str(res.outputs[0].layout), res.violations
+('(S(0), S(2))', ())
+>>> merged = get_rule("reshape").infer_layout((x,), {"shape": [24, 8]})
+>>> str(merged.outputs[0].layout)
+'(S(0), S(1))'
+>>> y = TensorSpec((4, 6, 8), "float32", Layout(mesh, ["S(1)", "R"], 3))
+>>> bad = get_rule("reshape").infer_layout((y,), {"shape": [24, 8]})
+>>> [v.code for v in bad.violations], str(bad.wants[0])
+(['reshape-sharded-dim'], '(R, R)')
+>>> str(get_rule("permute").infer_layout((x,), {"dims": [2, 0, 1]}).outputs[0].layout)
+'(S(1), S(0))'
+>>> get_rule("ExpandDims").normalize_attrs({"axis": 1})
+{'dim': 1}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from layout_prop.errors import OpError, Violation
+from layout_prop.layout import Layout
+from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.spec import TensorSpec, chunk_bounds
+
+from .common import free_or_violation
+
+__all__ = [
+    "Reshape", "Transpose", "SplitRule", "ChunkRule", "Slice", "PadSlice", "Concat", "Unsqueeze", "Squeeze",
+    "SPLIT_VARIANTS", "reshape_groups", "resolve_shape", "shard_blocks", "get_rule",
+]
+
+VARIANT_COUNTS = range(2, 9)  # splitN / chunkN for N in 2..8
+
+
+# ------------------------------------------------------------------------------ shared helpers
+def normalize_dim(value, ndim: int) -> int | None:
+    """``value`` as a dim in ``0..ndim-1`` (negative counts from the end), or None when invalid.
+
+    >>> normalize_dim(-1, 3), normalize_dim(3, 3), normalize_dim(True, 3)
+    (2, None, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return None
+    if not -ndim <= value < ndim:
+        return None
+    return int(value) % ndim
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _sample(shapes, **attrs):
+    """An ``OpSample`` for the testing kit (imported late: the kit imports the registry)."""
+    from layout_prop.testing import OpSample
+
+    return OpSample(shapes, attrs)
+
+
+def _dim_violation(attr: str, value, ndim: int, operand: str = "x") -> Violation:
+    allowed = f"{-ndim}..{ndim - 1}" if ndim else "none (x is a scalar)"
+    return Violation("invalid-dim", f"{attr}={value!r} is not a dim of {operand}, which has rank {ndim}",
+                     f"give {attr} as an integer in {allowed}", operand=operand)
+
+
+def _axis_name(layout: Layout, axis: int) -> str:
+    return f"{layout.mesh.names[axis]!r}"
+
+
+def _axes_names(layout: Layout, axes: Sequence[int]) -> str:
+    names = [f"{layout.mesh.names[a]!r}" for a in axes]
+    return ("mesh axis " if len(names) == 1 else "mesh axes ") + ", ".join(names)
+
+
+def _replicate_axes(layout: Layout, axes) -> Layout:
+    axes = set(axes)
+    return layout.with_placements([Replicate() if a in axes else p for a, p in enumerate(layout.placements)])
+
+
+def _cutting_axes(layout: Layout, dim: int) -> tuple[int, ...]:
+    """Mesh axes of size > 1 that shard ``dim`` (size-1 axes cut nothing)."""
+    return tuple(a for a in layout.dim_axes(dim) if layout.mesh.shape[a] > 1)
+
+
+def shard_blocks(n: int, counts: Sequence[int]) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` blocks of a dim of size ``n`` cut by nested ``torch.chunk`` counts.
+
+    Outer count first, in mesh coordinate order (as :meth:`TensorSpec.dim_bounds`).
+
+    >>> shard_blocks(3, [2])
+    [(0, 2), (2, 3)]
+    >>> shard_blocks(10, [2, 2])
+    [(0, 3), (3, 5), (5, 8), (8, 10)]
+    """
+    blocks = [(0, n)]
+    for k in counts:
+        blocks = [(lo + a, lo + b) for lo, hi in blocks for a, b in chunk_bounds(hi - lo, k)]
+    return blocks
+
+
+class _ShapeOpRule(OpRule):
+    """Base of the shape rules: accepts each attr's other-framework spelling (``attr_synonyms``)."""
+
+    attr_synonyms: dict[str, str] = {}
+
+    def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
+        renamed = dict(attrs)
+        for synonym, canonical in self.attr_synonyms.items():
+            if synonym in renamed:
+                if canonical in renamed:
+                    raise OpError("bad-attr", f"op {self.name!r} got both {canonical!r} and its synonym {synonym!r}",
+                                  node=node, hint=f"give {canonical!r} only")
+                renamed[canonical] = renamed.pop(synonym)
+        return super().normalize_attrs(renamed, node)
+
+
+# ------------------------------------------------------------------------------ reshape
+def resolve_shape(numel: int, shape) -> tuple[tuple[int, ...] | None, str]:
+    """The target shape with its ``-1`` resolved, or ``(None, reason)``.
+
+    >>> resolve_shape(24, [4, -1, 2])
+    ((4, 3, 2), '')
+    >>> resolve_shape(24, [5, -1])
+    (None, 'no size for the -1 dim makes 24 elements: the other dims give 5, which does not divide 24')
+    """
+    if not isinstance(shape, (list, tuple)) or not all(_is_int(s) for s in shape):
+        return None, f"shape {shape!r} is not a list of integers"
+    shape = [int(s) for s in shape]
+    if shape.count(-1) > 1:
+        return None, f"shape {shape} has more than one -1"
+    if any(s < -1 for s in shape):
+        return None, f"shape {shape} has a negative size other than -1"
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if known == 0 or numel % known:
+            return None, (f"no size for the -1 dim makes {numel} elements: the other dims give {known}, "
+                          f"which does not divide {numel}" if known else
+                          "the -1 dim is ambiguous next to a size-0 dim")
+        shape[shape.index(-1)] = numel // known
+    elif known != numel:
+        return None, f"shape {shape} holds {known} elements but x has {numel}"
+    return tuple(shape), ""
+
+
+Group = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def reshape_groups(in_shape: Sequence[int], out_shape: Sequence[int]) -> list[Group]:
+    """The factorisation of a shape change: ``(input dims, output dims)`` per group.
+
+    Each group is the shortest run of input dims whose product equals a run of output
+    dims.  Size-1 dims belong to no group.  A tensor with no elements is one group.
+
+    >>> reshape_groups((4, 6, 8), (4, 6, 2, 4))
+    [((0,), (0,)), ((1,), (1,)), ((2,), (2, 3))]
+    >>> reshape_groups((2, 1, 6, 4), (12, 1, 2, 2))
+    [((0, 2), (0,)), ((3,), (2, 3))]
+    >>> reshape_groups((6, 4), (4, 6))
+    [((0, 1), (0, 1))]
+    """
+    in_dims = [d for d, s in enumerate(in_shape) if s != 1]
+    out_dims = [d for d, s in enumerate(out_shape) if s != 1]
+    if math.prod(in_shape) == 0:
+        return [(tuple(in_dims), tuple(out_dims))] if in_dims or out_dims else []
+    groups = []
+    i = j = 0
+    while i < len(in_dims) and j < len(out_dims):
+        gi, go = [in_dims[i]], [out_dims[j]]
+        pi, po = in_shape[in_dims[i]], out_shape[out_dims[j]]
+        i, j = i + 1, j + 1
+        while pi != po:
+            if pi < po:
+                gi.append(in_dims[i])
+                pi *= in_shape[in_dims[i]]
+                i += 1
+            else:
+                go.append(out_dims[j])
+                po *= out_shape[out_dims[j]]
+                j += 1
+        groups.append((tuple(gi), tuple(go)))
+    return groups
+
+
+def _flat_blocks(shape: Sequence[int], dims: Sequence[int], counts: Sequence[int]) -> list[tuple[int, int]]:
+    """Blocks of the group's flattened extent held by each shard of its outermost dim."""
+    inner = math.prod(shape[d] for d in dims[1:])
+    return [(lo * inner, hi * inner) for lo, hi in shard_blocks(shape[dims[0]], counts)]
+
+
+def _blocks_agree(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    return all(x == y or (x[0] == x[1] and y[0] == y[1]) for x, y in zip(a, b))
+
+
+def _group_verb(gi: Sequence[int], go: Sequence[int]) -> str:
+    if len(gi) > 1 and len(go) == 1:
+        return "merges"
+    if len(gi) == 1 and len(go) > 1:
+        return "splits"
+    return "regroups"
+
+
+def _describe_group(x: TensorSpec, target: Sequence[int], gi, go) -> str:
+    ins = [x.shape[d] for d in gi]
+    outs = [target[d] for d in go]
+    return f"x dims {list(gi)} (sizes {ins}) into output dims {list(go)} (sizes {outs})"
+
+
+def _reshape_layout(x: TensorSpec, target: tuple[int, ...]) -> tuple[list, list[Violation], set[int]]:
+    """Output placements, violations and the mesh axes that must become Replicate."""
+    lay = x.layout
+    mesh = lay.mesh
+    groups = reshape_groups(x.shape, target)
+    group_of = {d: (gi, go) for gi, go in groups for d in gi}
+    out_ps = [p if not isinstance(p, Shard) else Replicate() for p in lay.placements]
+    violations: list[Violation] = []
+    gather: set[int] = set()
+    for dim, axes in sorted(lay.sharded_dims().items()):
+        found = group_of.get(dim)
+        cutting = [a for a in axes if mesh.shape[a] > 1]
+        if found is None:  # a size-1 dim, "sharded" on size-1 mesh axes only: nothing to keep
+            continue
+        gi, go = found
+        if dim != gi[0]:
+            for a in cutting:
+                gather.add(a)
+                violations.append(Violation(
+                    "reshape-sharded-dim",
+                    f"x dim {dim} (size {x.shape[dim]}) is sharded {mesh.shape[a]} ways on mesh axis "
+                    f"{_axis_name(lay, a)}, but reshape {_group_verb(gi, go)} {_describe_group(x, target, gi, go)} "
+                    f"and only the outermost dim of such a group (dim {gi[0]}) may be sharded; x is {lay}, "
+                    f"target shape {list(target)}",
+                    f"all-gather x dim {dim} on {_axis_name(lay, a)} before the reshape, or shard dim {gi[0]} "
+                    f"on {_axis_name(lay, a)} instead", operand="x"))
+            continue
+        counts = [mesh.shape[a] for a in axes]
+        keep = len(axes)
+        while keep and not _blocks_agree(_flat_blocks(x.shape, gi, counts[:keep]),
+                                          _flat_blocks(target, go, counts[:keep])):
+            keep -= 1
+        for a in axes[:keep]:
+            out_ps[a] = Shard(go[0])
+        dropped = [a for a in axes[keep:] if mesh.shape[a] > 1]
+        if dropped:
+            gather.update(dropped)
+            total = math.prod(counts)
+            in_flat = _flat_blocks(x.shape, gi, counts)
+            out_flat = _flat_blocks(target, go, counts)
+            violations.append(Violation(
+                "reshape-sharded-dim",
+                f"x dim {dim} (size {x.shape[dim]}) is sharded {total} ways on {_axes_names(lay, axes)}, and "
+                f"reshape {_group_verb(gi, go)} {_describe_group(x, target, gi, go)}; its shards hold elements "
+                f"{_fmt_blocks(in_flat)} of the group but output dim {go[0]} (size {target[go[0]]}) cut {total} "
+                f"ways holds {_fmt_blocks(out_flat)}, so a local reshape is not exact (it is when {total} divides "
+                f"both {x.shape[dim]} and {target[go[0]]})",
+                f"all-gather x dim {dim} on {_axes_names(lay, dropped)} before the reshape, or choose sizes so "
+                f"that the shard count divides both x dim {dim} and output dim {go[0]}", operand="x"))
+    return out_ps, violations, gather
+
+
+def _fmt_blocks(blocks: list[tuple[int, int]]) -> str:
+    return ", ".join(f"[{a}:{b})" for a, b in blocks)
+
+
+def _fixable(x: TensorSpec, want: Layout | None, violations: list[Violation],
+             fallback: tuple[str, str, str, str] | None = None) -> list[Violation]:
+    """The violations, marked fixable when a redistribution reaches ``want``; none when that move is free.
+
+    ``fallback`` (code, operand, message, hint) is reported when the move costs
+    communication but no specific violation was found.
+    """
+    if want is None:
+        return []
+    code, operand, message, hint = fallback or (violations[0].code if violations else "sharding-mismatch",
+                                                violations[0].operand if violations else "x",
+                                                f"the kernel needs {want}", f"redistribute to {want}")
+    probe = free_or_violation(x, want, operand, code, message, hint)
+    if probe is None:
+        return []
+    if not violations:
+        return [probe]
+    return [Violation(v.code, v.message, v.hint, v.operand, fixable=probe.fixable, details=probe.details)
+            for v in violations]
+
+
+@register_op
+class Reshape(_ShapeOpRule):
+    """``reshape(x, shape)``: the same elements in another shape (see the module docstring)."""
+
+    name = "reshape"
+    operands = ("x",)
+    aliases = ("Reshape", "view", "aten.view", "aten.reshape")
+    attr_defaults = {"shape": None}
+    attr_synonyms = {"size": "shape"}
+    violation_codes = ("reshape-sharded-dim", "invalid-reshape")
+
+    def sample_inputs(self):
+        return [
+            _sample([(4, 6, 8)], shape=[4, 6, 2, 4]),  # split the hidden dim into heads
+            _sample([(4, 6, 8)], shape=[24, 8]),  # merge B and S (even)
+            _sample([(3, 4, 6)], shape=[12, 6]),  # merge B = 3 (uneven on 2 ranks) with S
+            _sample([(6, 4)], shape=[4, 6]),  # a group of two dims on each side
+            _sample([(2, 1, 6, 4)], shape=[12, 1, -1, 2]),  # size-1 dims and a -1
+            _sample([(5, 1, 3)], shape=[5, 3]),  # odd sizes, a size-1 dim vanishes
+        ]
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        target, problem = resolve_shape(math.prod(x.shape), attrs["shape"])
+        if target is None:
+            v = Violation("invalid-reshape", f"cannot reshape x of shape {list(x.shape)}: {problem}",
+                          f"give a shape with {math.prod(x.shape)} elements and at most one -1", operand="x")
+            return RuleResult((None,), (v,), ())
+        out_ps, violations, gather = _reshape_layout(x, target)
+        want = _replicate_axes(x.layout, gather) if gather else None
+        out = TensorSpec(target, x.dtype, Layout(x.mesh, out_ps, len(target)))
+        return RuleResult((out,), tuple(_fixable(x, want, violations)), (want,))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {"shape": list(outputs[0].local_shape(rank))}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        return (g.op("reshape", [cotangents[0]], {"shape": list(g.spec(inputs[0]).shape)}),)
+
+
+# ------------------------------------------------------------------------------ transpose
+def _permutation(attrs: dict, ndim: int) -> tuple[tuple[int, ...] | None, str]:
+    dims, dim0, dim1 = attrs.get("dims"), attrs.get("dim0"), attrs.get("dim1")
+    swap = dim0 is not None or dim1 is not None
+    if dims is not None and swap:
+        return None, "give either dims (a permutation) or dim0 and dim1 (a swap), not both"
+    if dims is None and not swap:
+        return None, "transpose needs dims (a permutation) or dim0 and dim1 (the two dims to swap)"
+    if swap:
+        a, b = normalize_dim(dim0, ndim), normalize_dim(dim1, ndim)
+        if a is None or b is None:
+            return None, f"dim0={dim0!r} and dim1={dim1!r} must both be dims of x, which has rank {ndim}"
+        perm = list(range(ndim))
+        perm[a], perm[b] = b, a
+        return tuple(perm), ""
+    if not isinstance(dims, (list, tuple)) or len(dims) != ndim:
+        return None, f"dims={dims!r} must list {ndim} dims, one per dim of x"
+    norm = [normalize_dim(d, ndim) for d in dims]
+    if None in norm or sorted(norm) != list(range(ndim)):
+        return None, f"dims={list(dims)} is not a permutation of 0..{ndim - 1}"
+    return tuple(norm), ""
+
+
+@register_op
+class Transpose(_ShapeOpRule):
+    """``transpose(x, dims)`` or ``transpose(x, dim0, dim1)``: output dim j is input dim ``dims[j]``."""
+
+    name = "transpose"
+    operands = ("x",)
+    aliases = ("Transpose", "permute", "aten.permute", "aten.transpose")
+    attr_defaults = {"dims": None, "dim0": None, "dim1": None}
+    attr_synonyms = {"perm": "dims", "axes": "dims"}
+    violation_codes = ("invalid-permutation",)
+
+    def sample_inputs(self):
+        return [
+            _sample([(4, 3, 6)], dims=[2, 0, 1]),
+            _sample([(2, 1, 5, 4)], dims=[0, 2, 1, 3]),  # BSND -> BNSD with a size-1 dim
+            _sample([(3, 5)], dim0=0, dim1=1),
+            _sample([(4, 1, 6)], dim0=-1, dim1=0),
+        ]
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        perm, problem = _permutation(attrs, x.ndim)
+        if perm is None:
+            v = Violation("invalid-permutation", f"cannot transpose x of shape {list(x.shape)}: {problem}",
+                          f"e.g. dims: {list(reversed(range(x.ndim)))}, or dim0: 0, dim1: 1", operand="x")
+            return RuleResult((None,), (v,), ())
+        where = {d: j for j, d in enumerate(perm)}
+        ps = [Shard(where[p.dim]) if isinstance(p, Shard) else p for p in x.layout.placements]
+        shape = tuple(x.shape[d] for d in perm)
+        return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, x.ndim)),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        perm, _ = _permutation(attrs, inputs[0].ndim)
+        return {"dims": list(perm), "dim0": None, "dim1": None}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        perm, _ = _permutation(attrs, g.spec(inputs[0]).ndim)
+        inverse = [perm.index(j) for j in range(len(perm))]
+        return (g.op("transpose", [cotangents[0]], {"dims": inverse}),)
+
+
+# ------------------------------------------------------------------------------ split, chunk, slice
+def _unsharded_axis(x: TensorSpec, axis: int, op: str, pieces: str,
+                    operand: str = "x") -> tuple[Layout | None, list[Violation]]:
+    """The want (``axis`` Replicate) and the violations when ``axis`` of ``x`` is sharded."""
+    lay = x.layout
+    axes = lay.dim_axes(axis)
+    if not axes:
+        return None, []
+    want = _replicate_axes(lay, axes)
+    violations = []
+    for a in _cutting_axes(lay, axis):
+        violations.append(Violation(
+            "sharded-split-dim",
+            f"{operand} dim {axis} (size {x.shape[axis]}) is sharded {lay.mesh.shape[a]} ways on mesh axis "
+            f"{_axis_name(lay, a)}, but {op} {pieces} along dim {axis}; {operand} is {lay}",
+            f"all-gather {operand} dim {axis} on {_axis_name(lay, a)} before the {op}, or shard another dim on "
+            f"{_axis_name(lay, a)}", operand=operand))
+    return want, _fixable(x, want, violations)
+
+
+class _PiecesRule(_ShapeOpRule):
+    """Shared rule of ``splitN`` and ``chunkN``: N outputs, cut along one unsharded axis."""
+
+    operands = ("x",)
+    attr_synonyms = {"dim": "axis"}
+    violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+
+    def bounds(self, n: int, attrs: dict) -> tuple[list[tuple[int, int]] | None, str]:
+        raise NotImplementedError
+
+    def _analyse(self, x: TensorSpec, attrs: dict):
+        axis = normalize_dim(attrs.get("axis"), x.ndim)
+        if axis is None:
+            return None, None, [_dim_violation("axis", attrs.get("axis"), x.ndim)]
+        bounds, problem = self.bounds(x.shape[axis], attrs)
+        if bounds is None:
+            return axis, None, [Violation("invalid-split", f"cannot cut x dim {axis} (size {x.shape[axis]}) "
+                                          f"into {self.num_outputs} pieces: {problem}",
+                                          self.split_hint(x.shape[axis]), operand="x")]
+        return axis, bounds, []
+
+    def split_hint(self, n: int) -> str:
+        return f"give {self.num_outputs} non-negative sizes summing to {n}"
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        axis, bounds, problems = self._analyse(x, attrs)
+        if problems:
+            return RuleResult((None,) * self.num_outputs, tuple(problems), ())
+        sizes = [b - a for a, b in bounds]
+        want, violations = _unsharded_axis(x, axis, self.name, f"cuts it into pieces of sizes {sizes}")
+        layout = want or x.layout
+        outs = tuple(TensorSpec(x.shape[:axis] + (s,) + x.shape[axis + 1:], x.dtype, layout) for s in sizes)
+        return RuleResult(outs, tuple(violations), (want,))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        x = g.spec(inputs[0])
+        axis = normalize_dim(attrs.get("axis"), x.ndim)
+        present = [c for c in cotangents if c is not None]
+        if not present:
+            return (None,)
+        if len(present) == len(cotangents):
+            return (g.op("concat", list(cotangents), {"axis": axis}),)
+        bounds, _ = self.bounds(x.shape[axis], attrs)
+        total = None
+        for dy, (lo, _hi) in zip(cotangents, bounds):
+            if dy is None:
+                continue
+            padded = g.op("pad_slice", [dy], {"axis": axis, "start": lo, "size": x.shape[axis]})
+            total = padded if total is None else g.op("add", [total, padded])
+        return (total,)
+
+
+class SplitRule(_PiecesRule):
+    """``splitN(x, axis=0, sizes=None)``: N pieces of the given sizes, or N equal sections."""
+
+    attr_defaults = {"axis": 0, "sizes": None}
+    attr_synonyms = {"dim": "axis", "size_splits": "sizes"}
+
+    def sample_inputs(self):
+        n = self.num_outputs
+        return [
+            _sample([(2 * n, 3)], axis=0),  # equal sections
+            _sample([(3, n + 2)], axis=1, sizes=[1] * (n - 1) + [3]),  # uneven sizes
+            _sample([(3, 1, 2 * n)], axis=-1, sizes=[0] + [2] * (n - 2) + [4]),  # an empty piece, a size-1 dim
+        ]
+
+    def bounds(self, n, attrs):
+        sizes = attrs.get("sizes")
+        k = self.num_outputs
+        if sizes is None:
+            if n % k:
+                return None, f"{n} is not divisible by {k} for equal sections"
+            sizes = [n // k] * k
+        if not isinstance(sizes, (list, tuple)) or not all(_is_int(s) for s in sizes):
+            return None, f"sizes={sizes!r} is not a list of integers"
+        if len(sizes) != k or any(s < 0 for s in sizes) or sum(sizes) != n:
+            return None, f"sizes={list(sizes)} must be {k} non-negative sizes summing to {n}"
+        starts = np.cumsum([0, *sizes]).tolist()
+        return [(int(starts[i]), int(starts[i + 1])) for i in range(k)], ""
+
+    def split_hint(self, n):
+        return (f"give sizes: {self.num_outputs} non-negative sizes summing to {n}, or use "
+                f"chunk{self.num_outputs} for torch.chunk pieces")
+
+
+class ChunkRule(_PiecesRule):
+    """``chunkN(x, axis=0)``: N ``torch.chunk`` pieces of ``ceil(n / N)``, trailing ones smaller or empty."""
+
+    attr_defaults = {"axis": 0}
+    violation_codes = ("sharded-split-dim", "invalid-dim")
+
+    def sample_inputs(self):
+        n = self.num_outputs
+        return [
+            _sample([(n + 1, 2)], axis=0),  # uneven pieces, maybe empty ones
+            _sample([(2, 1, 2 * n - 1)], axis=2),
+            _sample([(5, 3)], axis=1),
+        ]
+
+    def bounds(self, n, attrs):
+        return list(chunk_bounds(n, self.num_outputs)), ""
+
+
+SPLIT_VARIANTS: dict[str, type[OpRule]] = {}
+for _n in VARIANT_COUNTS:
+    for _base, _stem, _doc in ((SplitRule, "split", "sizes"), (ChunkRule, "chunk", "torch.chunk pieces")):
+        _cls = type(f"{_stem.capitalize()}{_n}", (_base,), {
+            "__doc__": f"``{_stem}{_n}(x, ...)``: {_n} outputs ({_doc}); see :class:`{_base.__name__}`.",
+            "name": f"{_stem}{_n}", "num_outputs": _n, "__module__": __name__,
+        })
+        SPLIT_VARIANTS[_cls.name] = register_op(_cls)
+del _n, _base, _stem, _doc, _cls
+
+
+def _slice_range(n: int, start, stop) -> tuple[int, int] | None:
+    if (start is not None and not _is_int(start)) or (stop is not None and not _is_int(stop)):
+        return None
+    lo, hi, _ = slice(start, stop).indices(n)
+    return lo, max(lo, hi)
+
+
+@register_op
+class Slice(_ShapeOpRule):
+    """``slice(x, axis, start=0, stop=None)``: ``x[..., start:stop, ...]`` along one axis."""
+
+    name = "slice"
+    operands = ("x",)
+    aliases = ("aten.slice",)
+    attr_defaults = {"axis": 0, "start": 0, "stop": None}
+    attr_synonyms = {"dim": "axis", "end": "stop"}
+    violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+
+    def sample_inputs(self):
+        return [
+            _sample([(4, 6)], axis=1, start=1, stop=5),
+            _sample([(5, 3)], axis=0, start=-2),
+            _sample([(4, 1, 6)], axis=2),  # the whole axis: shards pass
+            _sample([(3, 4, 2)], axis=0, start=2, stop=1),  # empty
+        ]
+
+    def _analyse(self, x: TensorSpec, attrs: dict):
+        axis = normalize_dim(attrs.get("axis"), x.ndim)
+        if axis is None:
+            return None, None, _dim_violation("axis", attrs.get("axis"), x.ndim)
+        bounds = _slice_range(x.shape[axis], attrs.get("start"), attrs.get("stop"))
+        if bounds is None:
+            return axis, None, Violation("invalid-split", f"cannot slice x dim {axis} (size {x.shape[axis]}): "
+                                         f"start={attrs.get('start')!r} and stop={attrs.get('stop')!r} must be "
+                                         "integers (or null)", "give integer bounds, as in x[start:stop]",
+                                         operand="x")
+        return axis, bounds, None
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        axis, bounds, problem = self._analyse(x, attrs)
+        if problem is not None:
+            return RuleResult((None,), (problem,), ())
+        lo, hi = bounds
+        want, violations = None, []
+        if hi - lo != x.shape[axis]:
+            want, violations = _unsharded_axis(x, axis, "slice", f"keeps only [{lo}:{hi}) of it")
+        shape = x.shape[:axis] + (hi - lo,) + x.shape[axis + 1:]
+        return RuleResult((TensorSpec(shape, x.dtype, want or x.layout),), tuple(violations), (want,))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        x = inputs[0]
+        axis, (lo, hi), _ = self._analyse(x, attrs)
+        if hi - lo == x.shape[axis]:  # the whole axis: keep the whole local piece, sharded or not
+            return {"axis": axis, "start": 0, "stop": None}
+        return {"axis": axis, "start": lo, "stop": hi}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        x = g.spec(inputs[0])
+        axis, (lo, _hi), _ = self._analyse(x, attrs)
+        return (g.op("pad_slice", [cotangents[0]], {"axis": axis, "start": lo, "size": x.shape[axis]}),)
+
+
+@register_op
+class PadSlice(_ShapeOpRule):
+    """``pad_slice(x, axis, start, size)``: zeros of length ``size`` along ``axis`` with x at ``start``."""
+
+    name = "pad_slice"
+    operands = ("x",)
+    attr_defaults = {"axis": 0, "start": 0, "size": None}
+    attr_synonyms = {"dim": "axis"}
+    violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+
+    def sample_inputs(self):
+        return [
+            _sample([(4, 3)], axis=1, start=1, size=6),
+            _sample([(5, 2)], axis=0, start=0, size=5),  # nothing padded: shards pass
+            _sample([(3, 1, 2)], axis=0, start=2, size=7),
+        ]
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        axis = normalize_dim(attrs.get("axis"), x.ndim)
+        if axis is None:
+            return RuleResult((None,), (_dim_violation("axis", attrs.get("axis"), x.ndim),), ())
+        start, size, n = attrs.get("start"), attrs.get("size"), x.shape[axis]
+        if not (_is_int(start) and _is_int(size)) or start < 0 or start + n > size:
+            v = Violation("invalid-split", f"cannot place x dim {axis} (size {n}) at start={start!r} in a dim of "
+                          f"size={size!r}", f"give integers with 0 <= start and start + {n} <= size", operand="x")
+            return RuleResult((None,), (v,), ())
+        want, violations = None, []
+        if size != n:
+            want, violations = _unsharded_axis(x, axis, "pad_slice", f"pads it to [{start}:{start + n}) of {size}")
+        shape = x.shape[:axis] + (size,) + x.shape[axis + 1:]
+        return RuleResult((TensorSpec(shape, x.dtype, want or x.layout),), tuple(violations), (want,))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        # unsharded axis: the global size; nothing padded: the rank's piece of a sharded axis
+        axis = normalize_dim(attrs["axis"], inputs[0].ndim)
+        return {"axis": axis, "start": attrs["start"], "size": outputs[0].local_shape(rank)[axis]}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        x = g.spec(inputs[0])
+        axis = normalize_dim(attrs["axis"], x.ndim)
+        start = attrs["start"]
+        return (g.op("slice", [cotangents[0]], {"axis": axis, "start": start, "stop": start + x.shape[axis]}),)
+
+
+# ------------------------------------------------------------------------------ concat
+def _concat_target(inputs: Sequence[TensorSpec], axis: int) -> Layout:
+    """Per mesh axis: the common Partial, else the first operand Shard off ``axis``, else Replicate."""
+    mesh = inputs[0].mesh
+    ps = []
+    for a in range(mesh.ndim):
+        here = [t.layout.placements[a] for t in inputs]
+        if all(isinstance(p, Partial) for p in here) and len(set(here)) == 1:
+            ps.append(here[0])
+            continue
+        shard = next((p for p in here if isinstance(p, Shard) and p.dim != axis), None)
+        ps.append(shard if shard is not None else Replicate())
+    return Layout(mesh, ps, inputs[0].ndim)
+
+
+def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout) -> list[list[Violation]]:
+    """Per operand, one violation per mesh axis whose placement must change at a cost."""
+    mesh = target.mesh
+    out = []
+    for i, t in enumerate(inputs):
+        name = rule.operand_name(i)
+        found = []
+        for a, (p, q) in enumerate(zip(t.layout.placements, target.placements)):
+            if p == q or mesh.shape[a] == 1 or (isinstance(p, Replicate) and isinstance(q, Shard)):
+                continue  # the same, a size-1 mesh axis, or a free local slice
+            axis_text = _axis_name(t.layout, a)
+            if isinstance(p, Shard) and p.dim == axis:
+                found.append(Violation(
+                    "sharded-concat-dim",
+                    f"{name} dim {axis} (size {t.shape[axis]}) is sharded {mesh.shape[a]} ways on mesh axis "
+                    f"{axis_text}, but concat joins the operands along dim {axis} (sizes "
+                    f"{[s.shape[axis] for s in inputs]}); {name} is {t.layout}",
+                    f"all-gather {name} dim {axis} on {axis_text} before the concat, or shard another dim on "
+                    f"{axis_text}", operand=name))
+            elif isinstance(p, Partial):
+                found.append(Violation(
+                    "partial-input",
+                    f"{name} is {p} on mesh axis {axis_text} but concat computes {q} there (the other operands are "
+                    f"not all {p}); {name} is {t.layout}",
+                    f"reduce {name} on {axis_text} first (all-reduce), or make every operand {p} there",
+                    operand=name))
+            else:
+                others = [rule.operand_name(k) for k, s in enumerate(inputs) if s.layout.placements[a] == q]
+                source = f" like {', '.join(others)}" if others else ""
+                found.append(Violation(
+                    "sharding-mismatch",
+                    f"{name} is {p} on mesh axis {axis_text} but concat computes {q} there{source}: operands must "
+                    f"be sharded alike off the concat axis {axis}; {name} is {t.layout}, the output {target}",
+                    f"redistribute {name} to {target} (S(d) on {axis_text} like the others), or shard the "
+                    f"operands alike", operand=name))
+        out.append(found)
+    return out
+
+
+@register_op
+class Concat(_ShapeOpRule):
+    """``concat(x, x1, ..., axis=0)``: join the operands along ``axis``."""
+
+    name = "concat"
+    operands = ("x",)
+    variadic = True
+    aliases = ("Concat", "cat", "aten.cat", "concatenate")
+    attr_defaults = {"axis": 0}
+    attr_synonyms = {"dim": "axis"}
+    violation_codes = ("sharded-concat-dim", "sharding-mismatch", "partial-input", "invalid-dim", "concat-shape")
+
+    def sample_inputs(self):
+        return [
+            _sample([(4, 3), (2, 3)], axis=0),
+            _sample([(5, 3), (5, 2)], axis=-1),
+            _sample([(3, 2, 4), (3, 1, 4), (3, 3, 4)], axis=1),
+            _sample([(1, 4), (2, 4)], axis=0),
+        ]
+
+    def _shape_problems(self, inputs, axis: int) -> list[Violation]:
+        first = inputs[0]
+        out = []
+        for i, t in enumerate(inputs[1:], start=1):
+            name = self.operand_name(i)
+            if t.ndim != first.ndim:
+                out.append(Violation("concat-shape", f"{name} has rank {t.ndim} (shape {list(t.shape)}) but x has "
+                                     f"rank {first.ndim} (shape {list(first.shape)})",
+                                     "give every concat operand the same rank", operand=name))
+                continue
+            bad = [d for d in range(t.ndim) if d != axis and t.shape[d] != first.shape[d]]
+            if bad:
+                d = bad[0]
+                out.append(Violation("concat-shape", f"{name} has shape {list(t.shape)} but x has "
+                                     f"{list(first.shape)}: concat along dim {axis} needs every other dim equal "
+                                     f"(dim {d}: {t.shape[d]} vs {first.shape[d]})",
+                                     f"make {name} dim {d} size {first.shape[d]}, or concat along dim {d}",
+                                     operand=name))
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        first = inputs[0]
+        axis = normalize_dim(attrs.get("axis"), first.ndim)
+        if axis is None:
+            return RuleResult((None,), (_dim_violation("axis", attrs.get("axis"), first.ndim),), ())
+        problems = self._shape_problems(inputs, axis)
+        if problems:
+            return RuleResult((None,), tuple(problems), ())
+        target = _concat_target(inputs, axis)
+        wants, violations = [], []
+        for i, (t, found) in enumerate(zip(inputs, _concat_axis_violations(self, inputs, axis, target))):
+            want = target if target != t.layout else None
+            wants.append(want)
+            name = self.operand_name(i)
+            violations += _fixable(t, want, found, (
+                "sharding-mismatch", name, f"{name} is {t.layout} but concat computes {target} along dim {axis}",
+                f"redistribute {name} to {target}"))
+        shape = list(first.shape)
+        shape[axis] = sum(t.shape[axis] for t in inputs)
+        dtype = str(np.result_type(*[np.dtype(t.dtype) for t in inputs]))
+        return RuleResult((TensorSpec(shape, dtype, target),), tuple(violations), tuple(wants))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None,) * len(inputs)
+        ndim = g.spec(inputs[0]).ndim
+        axis = normalize_dim(attrs["axis"], ndim)
+        grads, start = [], 0
+        for value, need in zip(inputs, needs):
+            stop = start + g.spec(value).shape[axis]
+            grads.append(g.op("slice", [dy], {"axis": axis, "start": start, "stop": stop}) if need else None)
+            start = stop
+        return tuple(grads)
+
+
+# ------------------------------------------------------------------------------ unsqueeze, squeeze
+@register_op
+class Unsqueeze(_ShapeOpRule):
+    """``unsqueeze(x, dim)``: a new size-1 dim at ``dim``."""
+
+    name = "unsqueeze"
+    operands = ("x",)
+    aliases = ("ExpandDims", "expand_dims", "aten.unsqueeze")
+    attr_defaults = {"dim": None}
+    attr_synonyms = {"axis": "dim"}
+    violation_codes = ("invalid-dim",)
+
+    def sample_inputs(self):
+        return [_sample([(4, 3)], dim=1), _sample([(5,)], dim=0), _sample([(2, 3, 5)], dim=-1),
+                _sample([(3, 1)], dim=2)]
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        dim = normalize_dim(attrs.get("dim"), x.ndim + 1)
+        if dim is None:
+            return RuleResult((None,), (_dim_violation("dim", attrs.get("dim"), x.ndim + 1),), ())
+        ps = [Shard(p.dim + (p.dim >= dim)) if isinstance(p, Shard) else p for p in x.layout.placements]
+        shape = x.shape[:dim] + (1,) + x.shape[dim:]
+        return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, x.ndim + 1)),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {"dim": normalize_dim(attrs["dim"], inputs[0].ndim + 1)}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        dim = normalize_dim(attrs["dim"], g.spec(inputs[0]).ndim + 1)
+        return (g.op("squeeze", [cotangents[0]], {"dim": dim}),)
+
+
+def _squeeze_dims(x: TensorSpec, dim) -> tuple[list[int] | None, Violation | None]:
+    if dim is None:
+        return [d for d, s in enumerate(x.shape) if s == 1], None
+    given = list(dim) if isinstance(dim, (list, tuple)) else [dim]
+    dims = []
+    for value in given:
+        d = normalize_dim(value, x.ndim)
+        if d is None:
+            return None, _dim_violation("dim", value, x.ndim)
+        if x.shape[d] != 1:
+            return None, Violation("invalid-squeeze", f"x dim {d} has size {x.shape[d]}, not 1 (x has shape "
+                                   f"{list(x.shape)}); squeeze only removes size-1 dims",
+                                   "squeeze only size-1 dims (leave dim out to squeeze all of them), or use "
+                                   "reshape", operand="x")
+        dims.append(d)
+    return sorted(set(dims)), None
+
+
+@register_op
+class Squeeze(_ShapeOpRule):
+    """``squeeze(x, dim=None)``: remove the size-1 dims ``dim`` (all of them when None)."""
+
+    name = "squeeze"
+    operands = ("x",)
+    aliases = ("Squeeze", "aten.squeeze")
+    attr_defaults = {"dim": None}
+    attr_synonyms = {"axis": "dim"}
+    violation_codes = ("invalid-dim", "invalid-squeeze")
+
+    def sample_inputs(self):
+        return [_sample([(4, 1, 3)], dim=1), _sample([(1, 5, 1)]), _sample([(2, 1, 3, 1)], dim=[1, -1]),
+                _sample([(3, 1)], dim=-1)]
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        dims, problem = _squeeze_dims(x, attrs.get("dim"))
+        if problem is not None:
+            return RuleResult((None,), (problem,), ())
+        ps = []
+        for p in x.layout.placements:
+            if isinstance(p, Shard):  # a squeezed dim is sharded only on a size-1 mesh axis: Replicate
+                ps.append(Replicate() if p.dim in dims else Shard(p.dim - sum(d < p.dim for d in dims)))
+            else:
+                ps.append(p)
+        shape = tuple(s for d, s in enumerate(x.shape) if d not in dims)
+        return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, len(shape))),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        dims, _ = _squeeze_dims(inputs[0], attrs.get("dim"))
+        return {"dim": dims}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        return (g.op("reshape", [cotangents[0]], {"shape": list(g.spec(inputs[0]).shape)}),)

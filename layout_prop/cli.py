@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     r.add_argument("--timeout", type=float, default=300.0, help="mindspore engine: seconds before giving up")
+    r.add_argument("--rtol", type=float, default=None,
+                   help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
 
     sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed)")
@@ -72,6 +74,18 @@ def _parser() -> argparse.ArgumentParser:
                     help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
     ve.add_argument("--seed", type=int, default=0, help="seed of the sampling and the data")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
+
+    ge = sub.add_parser("gen", help="write the spec of a generated model")
+    ge.add_argument("model", choices=["llama"], help="the model family")
+    ge.add_argument("--layers", type=int, default=1, help="number of decoder layers (default 1)")
+    ge.add_argument("--mesh", default="dp=2,sp=2,tp=2", help="mesh axes and sizes (default dp=2,sp=2,tp=2)")
+    ge.add_argument("--batch", type=int, default=2)
+    ge.add_argument("--seq", type=int, default=8)
+    ge.add_argument("--hidden", type=int, default=32)
+    ge.add_argument("--heads", type=int, default=4)
+    ge.add_argument("--ffn", type=int, default=64)
+    ge.add_argument("--dtype", default="float32", help="dtype of every tensor (default float32)")
+    ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 
     lo = sub.add_parser("lower", help="print one rank's local subgraph")
     lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
@@ -184,7 +198,7 @@ def _cmd_run(args) -> int:
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
     options = {"timeout": args.timeout} if args.engine == "mindspore" else {}
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
-                    reshard=not args.no_reshard, **options)
+                    reshard=not args.no_reshard, rtol=args.rtol, **options)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=1))
     else:
@@ -223,13 +237,36 @@ def _cmd_lower(args) -> int:
     return 0
 
 
+def _cmd_gen(args) -> int:
+    import yaml
+
+    from .models import llama_spec, parse_mesh_arg
+
+    spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
+                      heads=args.heads, ffn=args.ffn, dtype=args.dtype)
+    if args.output is not None and args.output.suffix == ".json":
+        text = json.dumps(spec, indent=1)
+    else:
+        class _NoAliases(yaml.SafeDumper):
+            def ignore_aliases(self, data):  # shared lists stay written out, no &anchors
+                return True
+
+        text = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, default_flow_style=None, width=120)
+    if args.output is None:
+        print(text, end="")
+    else:
+        args.output.write_text(text)
+        print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .demo import run_demo
 
     return 0 if run_demo() else 1
 
 
-COMMANDS = {"demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+COMMANDS = {"gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -97,8 +97,13 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None) ->
     return env
 
 
-def compare(name: str, got: np.ndarray, ref: np.ndarray, spec) -> tuple[dict[str, float], str | None]:
-    """Errors of ``got`` against ``ref``, and a mismatch message naming the rank and index."""
+def compare(name: str, got: np.ndarray, ref: np.ndarray, spec,
+            rtol: float | None = None) -> tuple[dict[str, float], str | None]:
+    """Errors of ``got`` against ``ref``, and a mismatch message naming the rank and index.
+
+    The tolerance is relative to the largest magnitude of ``ref``; by default it is the
+    dtype's (:data:`TOLERANCES`).
+    """
     if got.shape != ref.shape:
         return {"max_abs_err": float("inf"), "max_rel_err": float("inf")}, (
             f"{name}: assembled shape {list(got.shape)} differs from the reference {list(ref.shape)}")
@@ -107,7 +112,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec) -> tuple[dict[str
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(r64).max()) if r64.size else 0.0
     max_rel = max_abs / scale if scale > 0 else max_abs
-    tol = TOLERANCES.get(spec.dtype, 1e-5)
+    tol = TOLERANCES.get(spec.dtype, 1e-5) if rtol is None else rtol
     errors = {"max_abs_err": max_abs, "max_rel_err": max_rel}
     if max_rel <= tol or not diff.size:
         return errors, None
@@ -121,10 +126,11 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec) -> tuple[dict[str
 
 
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
-              seed: int = 0, reshard: bool = True, **engine_options) -> RunReport:
+              seed: int = 0, reshard: bool = True, rtol: float | None = None, **engine_options) -> RunReport:
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
-    ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine.
+    ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
+    ``rtol`` overrides the dtype's relative tolerance (deep graphs amplify rounding).
     """
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
@@ -169,7 +175,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         except LayoutPropError as err:
             report.mismatches.append(f"{value}: {err.message}")
             continue
-        errors, problem = compare(value, got, reference[value], spec)
+        errors, problem = compare(value, got, reference[value], spec, rtol)
         primal = grad_of.get(value)
         (report.grads if primal else report.outputs)[primal or value] = errors
         if problem:

@@ -1,10 +1,12 @@
 """Propagation benchmark: propagate + check + reshard over graphs of N nodes.
 
-Builds graphs of repeated blocks (RotaryPositionEmbedding, a scale, a residual add: three
-nodes a block) on a dp x tp x sp mesh, and prints, for each N: the time of
+Builds generated Llama graphs (``layout_prop.models.llama_spec``: 23 nodes and 9 weights
+a layer, Megatron TP + SP on a dp x sp x tp mesh of 8 ranks, so reshard inserts 6
+redistributions a layer) and, with ``--graph rpe``, chains of RotaryPositionEmbedding
+blocks (RPE, a scale, a residual add).  It prints, for each size: the time of
 propagate + check + reshard, microseconds per node cold (an empty rule cache) and warm
-(the cache of a previous run), and the ratio time(10N) / time(N) measured in the same
-run.  Run: ``python benchmarks/propagate.py [--sizes 1000 10000] [--repeat 3]``.
+(the cache of a previous run), and the ratio of times for 10x the nodes, measured in the
+same run.  Run: ``python benchmarks/propagate.py [--graph llama|rpe] [--sizes 1000 10000]``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from __future__ import annotations
 import argparse
 import time
 
+from layout_prop.api import paused_gc
 from layout_prop.graph import Graph
+from layout_prop.loader import load_spec
 from layout_prop.mesh import DeviceMesh
+from layout_prop.models import llama_spec
 from layout_prop.passes.check import Check
 from layout_prop.passes.propagate import Propagate
 from layout_prop.passes.reshard import Reshard
@@ -34,11 +39,18 @@ def build(nodes: int) -> Graph:
     return g
 
 
+def build_llama(nodes: int) -> Graph:
+    """A generated Llama graph with about ``nodes`` nodes (inputs included)."""
+    per_layer = 23 + 9
+    return load_spec(llama_spec(max(1, round(nodes / per_layer))))
+
+
 def analyse(g: Graph, cache: dict) -> float:
     start = time.perf_counter()
-    propagate = Propagate(cache)
-    new = Reshard(propagate).run(g).graph
-    result = Check().run(new)
+    with paused_gc():  # as layout_prop.api.analyze runs the passes
+        propagate = Propagate(cache)
+        new = Reshard(propagate).run(g).graph
+        result = Check().run(new)
     elapsed = time.perf_counter() - start
     assert result.ok
     return elapsed
@@ -48,16 +60,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--graph", choices=["llama", "rpe"], default="llama")
     args = parser.parse_args()
+    make = build_llama if args.graph == "llama" else build
+    print(f"graph: {args.graph}")
     rows = []
     for n in args.sizes:
         cold, warm = [], []
         for _ in range(args.repeat):
-            g = build(n)
+            g = make(n)
             cache: dict = {}
             cold.append(analyse(g, cache))
-            warm.append(analyse(build(n), cache))
-        nodes = len(build(n))
+            warm.append(analyse(make(n), cache))
+        nodes = len(make(n))
         rows.append((n, nodes, min(cold), min(warm)))
     print(f"{'N':>7} {'nodes':>7} {'cold s':>9} {'cold us/node':>13} {'warm s':>9} {'warm us/node':>13}")
     for n, nodes, cold, warm in rows:

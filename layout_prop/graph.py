@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Iterable, Iterator
 
 import networkx as nx
@@ -77,7 +78,7 @@ class Node:
     def is_input(self) -> bool:
         return self.op == "input"
 
-    @property
+    @cached_property
     def outputs(self) -> tuple[str, ...]:
         return tuple(value_name(self.name, i, self.num_outputs) for i in range(self.num_outputs))
 

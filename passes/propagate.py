@@ -81,7 +81,12 @@ class Propagate:
         """Propagate one node whose inputs are already propagated; returns whether the cache hit."""
         m = node.meta
         if node.is_input:
-            m[meta.SPECS] = (input_spec(node, graph),)
+            a = node.attrs
+            key = ("input", graph.mesh, a.get("shape"), a.get("dtype"), a.get("placements"))
+            spec = self.cache.get(key)
+            if spec is None:
+                spec = self.cache[key] = input_spec(node, graph)
+            m[meta.SPECS] = (spec,)
             m[meta.VIOLATIONS] = ()
             m[meta.WANTS] = ()
             return False

@@ -55,16 +55,16 @@ class Reshard:
 
     def run(self, graph: Graph) -> ReshardResult:
         self.propagate.run(graph)
-        if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
-            return ReshardResult(graph, 0)  # nothing to fix: keep the graph as it is
         total = 0
         for _ in range(self.max_rounds):
+            if not any(v.fixable for n in graph.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
+                break  # nothing (more) a redistribution can fix: keep the graph as it is
             new, inserted = self._round(graph)
+            if not inserted:
+                break
             total += inserted
             self.propagate.run(new)
             graph = new
-            if not inserted:
-                break
         return ReshardResult(graph, total)
 
     def _round(self, graph: Graph) -> tuple[Graph, int]:

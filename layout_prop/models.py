@@ -21,7 +21,7 @@ Examples
 --------
 >>> spec = llama_spec(layers=2)
 >>> len(spec["nodes"]), sorted(spec["inputs"])[:3]
-(44, ['cos', 'l0_norm1', 'l0_norm2'])
+(46, ['cos', 'l0_norm1', 'l0_norm2'])
 >>> spec["outputs"]
 ['l1_out']
 """

@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--seed", type=int, default=0, help="seed of the sampling and the data")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
+    from .passes.visualise import add_viz_parser
+
+    add_viz_parser(sub)
+
     ge = sub.add_parser("gen", help="write the spec of a generated model")
     ge.add_argument("model", choices=["llama"], help="the model family")
     ge.add_argument("--layers", type=int, default=1, help="number of decoder layers (default 1)")
@@ -266,7 +270,13 @@ def _cmd_demo(args) -> int:
     return 0 if run_demo() else 1
 
 
-COMMANDS = {"gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+def _cmd_viz(args) -> int:
+    from .passes.visualise import cmd_viz
+
+    return cmd_viz(args)
+
+
+COMMANDS = {"viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,7 +9,9 @@ Two pictures:
   within a layer to cut crossings.  Every edge carries its value's placements (each one
   coloured by its mesh axis; every axis name has a fixed colour) and rank 0's local
   shape.  Redistributions are hexagons listing their steps and bytes per rank;
-  violations are red with their code; a legend explains colours and shapes.
+  violations are red with their code; a legend explains colours and shapes.  A graph
+  input read far downstream (a weight shared by every block) is drawn again, dashed,
+  next to its far consumers, so deep graphs stay readable and cheap to lay out.
 - One tensor's sharding grid (:func:`tensor_grid`, :func:`draw_grid`): which ranks hold
   which block.  Two dims are drawn (rows and columns) to scale, so uneven shards show
   their sizes; the other dims are summarised in a caption (whole on every rank), or,
@@ -1092,8 +1094,9 @@ class Grid:
             lines.append(f"P({op}) on {name}: a hatched block's rank groups (joined by +) hold terms; "
                          f"the block is their {op}")
         if self.empty_ranks:
-            plural = "s" if len(self.empty_ranks) > 1 else ""
-            lines.append(f"rank{plural} {', '.join(map(str, self.empty_ranks))} hold an empty piece (uneven shards)")
+            ranks = ", ".join(map(str, self.empty_ranks))
+            lines.append(f"ranks {ranks} hold an empty piece (uneven shards)" if len(self.empty_ranks) > 1
+                         else f"rank {ranks} holds an empty piece (uneven shards)")
         return lines
 
 

@@ -331,3 +331,11 @@ def test_redistribution_moves_the_right_data(case):
         if not dst.has_partial():  # a kept Partial axis holds terms, checked by assemble below
             np.testing.assert_allclose(out[rank], ref_local(a, plan.dst, rank), **tol)
     np.testing.assert_allclose(assemble(out, plan.dst, **tol), a, **tol)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_split_terms_of_a_scalar(op):
+    # a 0-d value with a Partial placement (seen crashing on element assignment before)
+    terms = split_terms(np.array(2.5), 3, op, np.random.default_rng(0))
+    assert [t.shape for t in terms] == [()] * 3
+    assert float(reduce_terms(terms, op)) == 2.5

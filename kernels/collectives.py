@@ -159,6 +159,8 @@ def split_terms(value: np.ndarray, n: int, op: str, rng: np.random.Generator | N
     """
     _check_op(op)
     value = np.asarray(value)
+    if value.ndim == 0:  # a scalar: split it as a 1-element vector (element assignment needs an array)
+        return [t.reshape(()) for t in split_terms(value.reshape(1), n, op, rng)]
     if n < 1:
         raise ExecutionError("empty-group", f"cannot split a value into {n} terms", hint="n >= 1")
     if n == 1:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from itertools import product
 
 import numpy as np
 import pytest

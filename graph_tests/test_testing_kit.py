@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given
 
 from layout_prop import Layout, OpRule, RuleResult, Shard, TensorSpec, register_kernel, register_op

@@ -11,6 +11,12 @@ Examples
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "DeviceMesh", "Replicate", "Shard", "Partial", "Placement", "parse_placement", "Layout", "TensorSpec",
+    "chunk_bounds", "OpRule", "RuleResult", "register_op", "register_kernel", "LayoutPropError", "SpecError",
+    "LayoutError", "GraphError", "OpError", "ExecutionError", "Violation",
+]
+
 from .errors import (  # noqa: F401
     ExecutionError,
     GraphError,
@@ -30,8 +36,6 @@ from .registry import OpRule, RuleResult, register_op  # noqa: F401
 def register_kernel(op: str, fn, backend: str = "numpy"):
     """Register a kernel of ``op`` for ``backend`` (numpy: the reference and the simulator)."""
     if backend != "numpy":
-        from .errors import OpError
-
         raise OpError("bad-backend", f"kernels for backend {backend!r} are registered in its own table",
                       hint="register the numpy kernel here; see kernels/mindspore_backend.py for MindSpore")
     from .kernels.numpy_backend import register_kernel as _register

@@ -24,7 +24,6 @@ layout_prop.errors.SpecError: bad-placement at inputs.x.placements[0]: cannot pa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +356,3 @@ def spec_from_graph(g: Graph) -> dict:
              for n in g.topo_order() if not n.is_input]
     return {"mesh": g.mesh.to_dict(), "inputs": inputs, "nodes": nodes, "outputs": list(g.outputs)}
 
-
-def dump_spec(g: Graph) -> str:
-    return json.dumps(spec_from_graph(g), indent=1)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from .errors import GraphError, OpError, Violation
 from .layout import Layout
@@ -206,13 +206,7 @@ def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRul
     return rule
 
 
-def canonical_op(op: str) -> str:
-    return get_rule(op).name
-
-
 def registered_ops() -> dict[str, OpRule]:
     _load_builtin_ops()
     return dict(_RULES)
 
-
-TransferFunction = Callable[[tuple[TensorSpec, ...], dict], RuleResult]

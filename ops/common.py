@@ -4,23 +4,15 @@ from __future__ import annotations
 
 from layout_prop.errors import LayoutPropError, Violation
 from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.placement import Replicate
 from layout_prop.spec import TensorSpec
 
 __all__ = [
-    "axis_label",
     "axes_label",
     "without_partial",
-    "without_dim",
-    "align_offset",
     "free_or_violation",
     "plan_summary",
 ]
-
-
-def axis_label(layout: Layout, axis: int) -> str:
-    """``'sp'`` (mesh axis 2) style label."""
-    return f"{layout.mesh.names[axis]!r}"
 
 
 def axes_label(layout: Layout, axes) -> str:
@@ -30,16 +22,6 @@ def axes_label(layout: Layout, axes) -> str:
 def without_partial(layout: Layout) -> Layout:
     """The layout with every Partial axis reduced to Replicate."""
     return layout.with_placements([Replicate() if p.is_partial() else p for p in layout.placements])
-
-
-def without_dim(layout: Layout, dim: int) -> Layout:
-    """The layout with tensor dim ``dim`` unsharded."""
-    return layout.with_placements([Replicate() if p.is_shard(dim) else p for p in layout.placements])
-
-
-def align_offset(big_rank: int, small_rank: int) -> int:
-    """Dims align from the right: small dim i matches big dim ``i + offset``."""
-    return big_rank - small_rank
 
 
 def plan_summary(spec: TensorSpec, want: Layout) -> tuple[bool, str]:
@@ -78,12 +60,3 @@ def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code:
         return None
     return Violation(code, message, hint, operand=operand, fixable=plan is not None,
                      details={"want": [str(p) for p in want.placements]})
-
-
-def placement_on_output(p, offset: int):
-    """Map an input placement to output dim coordinates (inputs aligned from the right)."""
-    return Shard(p.dim + offset) if isinstance(p, Shard) else p
-
-
-def is_partial_op(p, ops=("sum", "avg")) -> bool:
-    return isinstance(p, Partial) and p.reduce_op in ops

@@ -102,7 +102,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from layout_prop.errors import GraphError, OpError, Violation
+from layout_prop.errors import OpError, Violation
 from layout_prop.layout import Layout
 from layout_prop.placement import Partial, Placement, Replicate, Shard
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op

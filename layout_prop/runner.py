@@ -38,6 +38,10 @@ from .graph import Graph
 __all__ = ["RunReport", "run_graph", "execute_global", "random_inputs", "TOLERANCES", "compare"]
 
 TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "int32": 0.0, "int64": 0.0, "bool": 0.0}
+#: when the ranks run other kernels than the numpy reference (MindSpore, CANN), results differ by
+#: their own rounding too: measured up to 2.5e-5 (float32) on the Llama block's gradients on CPU
+CROSS_BACKEND_TOLERANCES = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "int32": 0.0, "int64": 0.0,
+                            "bool": 0.0}
 
 
 @dataclass
@@ -97,8 +101,8 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None) ->
     return env
 
 
-def compare(name: str, got: np.ndarray, ref: np.ndarray, spec,
-            rtol: float | None = None) -> tuple[dict[str, float], str | None]:
+def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | None = None,
+            tolerances: dict[str, float] = TOLERANCES) -> tuple[dict[str, float], str | None]:
     """Errors of ``got`` against ``ref``, and a mismatch message naming the rank and index.
 
     The tolerance is relative to the largest magnitude of ``ref``; by default it is the
@@ -112,7 +116,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec,
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = float(np.abs(r64).max()) if r64.size else 0.0
     max_rel = max_abs / scale if scale > 0 else max_abs
-    tol = TOLERANCES.get(spec.dtype, 1e-5) if rtol is None else rtol
+    tol = tolerances.get(spec.dtype, 1e-5) if rtol is None else rtol
     errors = {"max_abs_err": max_abs, "max_rel_err": max_rel}
     if max_rel <= tol or not diff.size:
         return errors, None
@@ -130,7 +134,9 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
     ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
-    ``rtol`` overrides the dtype's relative tolerance (deep graphs amplify rounding).
+    ``rtol`` overrides the dtype's relative tolerance (deep graphs amplify rounding; other
+    backends' kernels round differently from the numpy reference:
+    :data:`CROSS_BACKEND_TOLERANCES`).
     """
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
@@ -175,7 +181,8 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         except LayoutPropError as err:
             report.mismatches.append(f"{value}: {err.message}")
             continue
-        errors, problem = compare(value, got, reference[value], spec, rtol)
+        errors, problem = compare(value, got, reference[value], spec, rtol,
+                                  TOLERANCES if backend == "numpy" else CROSS_BACKEND_TOLERANCES)
         primal = grad_of.get(value)
         (report.grads if primal else report.outputs)[primal or value] = errors
         if problem:

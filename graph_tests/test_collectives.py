@@ -99,7 +99,9 @@ class TestGroupCollectives:
         assert len(out) == 3
         for r in out:
             assert r.tolist() == [[0, 1], [2, 3], [4, 5]]
-        out[0][0, 0] = 99  # results are separate arrays
+        # the ranks share one read-only result: a write fails instead of reaching another rank
+        with pytest.raises(ValueError):
+            out[0][0, 0] = 99
         assert out[1][0, 0] == 0
 
     def test_all_gather_last_dim(self):

@@ -113,7 +113,7 @@ def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
     if op == "sum":
         acc = arrays[0].copy()
         for term in arrays[1:]:
-            acc = np.add(acc, term, dtype=dtype)
+            np.add(acc, term, out=acc, dtype=dtype)  # left to right, in place
         return acc
     if op == "avg":
         # t0 + sum(t_k - t0) / n: the mean, exact when the terms are equal
@@ -396,7 +396,25 @@ def all_gather(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
         raise ExecutionError("shape-mismatch", f"all-gather along dim {dim} of shapes "
                              f"{[list(a.shape) for a in arrays]}: {exc}",
                              hint="pieces must agree on every dim but the gathered one") from None
-    return [full.copy() for _ in arrays]
+    return _shared(full, len(arrays))
+
+
+def _shared(value: np.ndarray, n: int) -> list[np.ndarray]:
+    """The same result for every rank of a group, read-only.
+
+    Values are immutable in the simulator (kernels write only into buffers of their own),
+    so the ranks of a group can share one array instead of ``n`` copies; a kernel that
+    tried to write into its input would fail loudly instead of corrupting another rank.
+    """
+    value = np.asarray(value)  # a reduction of 0-d terms may come back as a numpy scalar
+    value.flags.writeable = False
+    return [value] * n
+
+
+def _read_only(view: np.ndarray) -> np.ndarray:
+    view = view.view()
+    view.flags.writeable = False
+    return view
 
 
 def all_reduce(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
@@ -406,8 +424,7 @@ def all_reduce(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
     [[4, 6], [4, 6]]
     """
     arrays = _check_group(arrays, f"all-reduce({op})")
-    total = reduce_terms(arrays, op)
-    return [total.copy() for _ in arrays]
+    return _shared(reduce_terms(arrays, op), len(arrays))
 
 
 def reduce_scatter(arrays: Sequence[np.ndarray], op: str, dim: int, n: int | None = None) -> list[np.ndarray]:
@@ -424,8 +441,9 @@ def reduce_scatter(arrays: Sequence[np.ndarray], op: str, dim: int, n: int | Non
     if n != len(arrays):
         raise ExecutionError("group-size-mismatch", f"reduce-scatter into {n} pieces on a group of {len(arrays)}",
                              hint="scatter into one piece per rank")
-    total = reduce_terms(arrays, op)
-    return [piece.copy() for piece in _chunks(total, dim, n)]
+    total = np.asarray(reduce_terms(arrays, op))
+    total.flags.writeable = False
+    return _chunks(total, dim, n)  # read-only views of the one reduction
 
 
 def all_to_all(arrays: Sequence[np.ndarray], split_dim: int, concat_dim: int) -> list[np.ndarray]:
@@ -457,7 +475,7 @@ def local_slice(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
     """
     arrays = _check_group(arrays, "local-slice")
     n = len(arrays)
-    return [_chunks(a, dim, n)[k].copy() for k, a in enumerate(arrays)]
+    return [_read_only(_chunks(a, dim, n)[k]) for k, a in enumerate(arrays)]
 
 
 # --------------------------------------------------------------------------- plans

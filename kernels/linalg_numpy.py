@@ -47,7 +47,8 @@ def einsum(*operands: np.ndarray, equation: str) -> np.ndarray:
                 sizes[c] = n
     expanded = [np.broadcast_to(arr, tuple(sizes[c] for c in sub)) for sub, arr in zip(subs, operands)]
     dtype = np.result_type(*operands)
-    return np.asarray(np.einsum(equation, *expanded, optimize=len(operands) > 2), dtype=dtype)
+    # optimize=True lets numpy contract through BLAS (tensordot) instead of its slow generic loop
+    return np.asarray(np.einsum(equation, *expanded, optimize=True), dtype=dtype)
 
 
 def _last_two_swapped(a: np.ndarray, transpose: bool) -> np.ndarray:

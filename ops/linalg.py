@@ -96,6 +96,8 @@ Column-parallel then row-parallel linear (Megatron) on a ``tp`` axis:
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -537,9 +539,10 @@ class EinsumFamilyRule(OpRule):
 
     violation_codes = EINSUM_CODES
 
+    @abstractmethod
     def equation(self, inputs: Sequence[TensorSpec], attrs: dict) -> tuple[Equation | None, tuple[str, ...],
                                                                              list[Violation]]:
-        raise NotImplementedError
+        """The op's einsum equation for these inputs, its additive operand letters, and rank violations."""
 
     def title(self, eq: Equation, additive: tuple[str, ...]) -> str:
         text = f"{self.name} {str(eq)!r}"

@@ -111,6 +111,8 @@ Examples
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import math
 from typing import Sequence
 
@@ -517,8 +519,9 @@ class _PiecesRule(_ShapeOpRule):
     attr_synonyms = {"dim": "axis"}
     violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
 
+    @abstractmethod
     def bounds(self, n: int, attrs: dict) -> tuple[list[tuple[int, int]] | None, str]:
-        raise NotImplementedError
+        """The [start, stop) of each piece along the axis of size ``n`` (None and a reason if invalid)."""
 
     def _analyse(self, x: TensorSpec, attrs: dict):
         axis = normalize_dim(attrs.get("axis"), x.ndim)

@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag on one line and exits 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"layout-prop: error: bad-usage: {message} (hint: see layout-prop {self.prog.split()[-1]} --help)",
+        print(f"layout-prop: error: bad-usage: {message} (hint: see {self.prog} --help)",
               file=sys.stderr)
         raise SystemExit(2)
 

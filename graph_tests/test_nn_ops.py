@@ -433,7 +433,9 @@ def test_scale_is_linear():
 
 
 @pytest.mark.parametrize("src, dst, passes", [
-    ("float32", "float16", True), ("float16", "float64", True), ("int32", "float32", True), ("int32", "int64", True),
+    ("float32", "float16", True), ("float16", "float64", True), ("int64", "int32", True), ("int32", "int32", True),
+    # a sum that overflowed int32 wraps; widening the terms first would give the true sum instead
+    ("int32", "float32", False), ("int32", "int64", False),
     ("float32", "int32", False), ("bool", "float32", False), ("float32", "bool", False),
 ])
 def test_cast_of_a_partial_sum(src, dst, passes):

@@ -331,3 +331,12 @@ def test_check_backend_cann_reports_kernel_limits_on_local_shapes(tmp_path, caps
     assert main(["check", str(spec), "--backend", "cann", "--backward", "--json"]) == 1
     codes = {v["code"] for v in json.loads(capsys.readouterr().out)["violations"]}
     assert "no-backward-kernel" in codes
+
+
+def test_rpe_dtypes_integer_x_and_mixed_tables_are_violations():
+    data = scenario("dp_b", x={"dtype": "int32"}, cos={"dtype": "int32"}, sin={"dtype": "int32"})
+    code, inp, operand, message, hint = _one(data, "invalid-dtype", "x")
+    assert "int32" in message and "float" in hint
+    data = scenario("dp_b", cos={"dtype": "float64"})
+    code, inp, operand, message, hint = _one(data, "invalid-dtype", "cos")
+    assert "float64" in message and "float32" in message

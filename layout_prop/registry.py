@@ -75,6 +75,7 @@ class OpRule(ABC):
     attr_defaults: dict[str, Any] = {}
     differentiable: bool = True
     violation_codes: tuple[str, ...] = ()  # every code infer_layout may report (the testing kit checks)
+    required_attrs: tuple[str, ...] = ()  # attrs without a usable default: missing or null is bad-attr
 
     # ---------------------------------------------------------------- attrs and arity
     def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
@@ -85,6 +86,10 @@ class OpRule(ABC):
                           hint=f"known attributes: {sorted(self.attr_defaults) or 'none'}")
         out = dict(self.attr_defaults)
         out.update(attrs)
+        missing = [name for name in self.required_attrs if out.get(name) is None]
+        if missing:
+            raise OpError("bad-attr", f"op {self.name!r} needs attribute(s) {missing}", node=node,
+                          hint=f"give {', '.join(missing)} in the node's attrs")
         return out
 
     def arity(self) -> tuple[int, int | None]:

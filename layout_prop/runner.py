@@ -92,7 +92,16 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None) ->
             env[node.name] = inputs[node.name]
             continue
         fn = get_kernel(node.op, kernels)
-        res = fn(*[env[v] for v in node.inputs], **node.meta[meta.ATTRS])
+        args = [env[v] for v in node.inputs]
+        try:
+            res = fn(*args, **node.meta[meta.ATTRS])
+        except LayoutPropError:
+            raise
+        except Exception as exc:  # a kernel that cannot run these inputs: say where, never a traceback
+            raise ExecutionError("kernel-failed", f"kernel {node.op!r} failed on one device with shapes "
+                                 f"{[list(a.shape) for a in args]} and dtypes {[str(a.dtype) for a in args]}: "
+                                 f"{type(exc).__name__}: {exc}", node=node.name,
+                                 hint="the op's rule should reject these inputs; check their dtypes") from exc
         if node.num_outputs == 1:
             env[node.name] = np.asarray(res)
         else:

@@ -57,7 +57,8 @@ class ElementwiseRule(OpRule):
     """
 
     partial_mode = "none"
-    violation_codes = ("broadcast-shape", "partial-input", "sharding-mismatch")
+    bool_ok = True  # numpy has no bool subtract or negative
+    violation_codes = ("broadcast-shape", "partial-input", "sharding-mismatch", "invalid-dtype")
 
     def sample_inputs(self):
         from layout_prop.testing import OpSample
@@ -89,6 +90,14 @@ class ElementwiseRule(OpRule):
         return None
 
     def infer_layout(self, inputs, attrs):
+        if not self.bool_ok:
+            bools = [i for i, t in enumerate(inputs) if t.dtype == "bool"]
+            if bools:
+                operand = self.operand_name(bools[0])
+                v = Violation("invalid-dtype", f"{self.name} is not defined on bool values ({operand} is bool)",
+                              f"cast {operand} to an integer or float type first, or use a logical op",
+                              operand=operand)
+                return RuleResult((None,) * self.num_outputs, (v,), ())
         shape = broadcast_shapes([t.shape for t in inputs])
         if shape is None:
             v = Violation("broadcast-shape", f"shapes {[list(t.shape) for t in inputs]} do not broadcast",
@@ -182,6 +191,7 @@ class Sub(ElementwiseRule):
     operands = ("x", "y")
     aliases = ("Sub", "aten.sub")
     partial_mode = "all"
+    bool_ok = False
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
@@ -211,6 +221,7 @@ class Neg(ElementwiseRule):
     operands = ("x",)
     aliases = ("Neg", "aten.neg")
     partial_mode = "first"
+    bool_ok = False
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         return (g.op("neg", [cotangents[0]]),)
@@ -226,6 +237,7 @@ class SumTo(OpRule):
     name = "sum_to"
     operands = ("x",)
     attr_defaults = {"shape": None}
+    required_attrs = ("shape",)
     differentiable = False
 
     def infer_layout(self, inputs, attrs):
@@ -236,19 +248,29 @@ class SumTo(OpRule):
             v = Violation("broadcast-shape", f"cannot sum shape {list(x.shape)} to {list(shape)}",
                           "the target must broadcast to the input's shape", operand="x")
             return RuleResult((None,), (v,), ())
+        # summing is linear in a sum or an average of terms; a max/min must be reduced first
+        nonlinear = [a for a, p in enumerate(x.layout.placements)
+                     if isinstance(p, Partial) and p.reduce_op not in ("sum", "avg")]
+        want = x.layout.with_placements([Replicate() if a in nonlinear else p
+                                         for a, p in enumerate(x.layout.placements)])
+        violations = []
+        if nonlinear:
+            names = ", ".join(repr(x.mesh.names[a]) for a in nonlinear)
+            v = free_or_violation(x, want, "x", "partial-input",
+                                  f"x is {x.layout}: a sum of {x.layout.placements[nonlinear[0]]} terms on mesh "
+                                  f"axis {names} is not the sum of the value",
+                                  f"reduce x on {names} first (all-reduce)")
+            if v is not None:  # None: the axes have size 1, a relabel
+                violations.append(v)
         ps = []
-        for p in x.layout.placements:
+        for p in want.placements:
             if isinstance(p, Shard):
                 kept = p.dim >= off and shape[p.dim - off] == x.shape[p.dim] and x.shape[p.dim] != 1
                 ps.append(Shard(p.dim - off) if kept else Partial("sum"))
             else:
                 ps.append(p)
-        bad = [p for p in ps if isinstance(p, Partial) and p.reduce_op not in ("sum",)]
-        if bad:
-            v = Violation("partial-input", f"x is {x.layout}; summing a {bad[0]} value is not defined",
-                          "reduce x first", operand="x", fixable=False)
-            return RuleResult((None,), (v,), ())
-        return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, len(shape))),))
+        out = TensorSpec(shape, x.dtype, Layout(x.mesh, ps, len(shape)))
+        return RuleResult((out,), tuple(violations), (want if nonlinear else None,))
 
     def localize(self, attrs, inputs, outputs, rank):
         return {"shape": list(outputs[0].local_shape(rank))}

@@ -1220,6 +1220,7 @@ class SumGrad(OpRule):
     name = "sum_grad"
     operands = ("dy",)
     attr_defaults = {"shape": None, "dims": None, "keepdim": False, "scale": 1.0, "placements": None}
+    required_attrs = ("shape",)
     violation_codes = REDUCE_GRAD_CODES
     differentiable = False
 

@@ -163,14 +163,23 @@ def _is_float(dtype: str) -> bool:
 def cast_is_linear(src: str, dst: str) -> bool:
     """Whether casting a partial sum term by term equals casting the sum (up to rounding).
 
-    >>> cast_is_linear("float32", "float16"), cast_is_linear("int32", "float32"), cast_is_linear("float32", "int32")
+    Float to float is linear up to rounding.  Integer to integer is exact when the target
+    is not wider (a wrapped sum casts to the same wrapped value); a wider target, or a
+    float target, would turn a sum that overflowed in the source type into the true sum,
+    unlike casting the (wrapped) sum.  Float to integer truncates: not linear.
+
+    >>> cast_is_linear("float32", "float16"), cast_is_linear("int64", "int32"), cast_is_linear("int32", "float32")
     (True, True, False)
+    >>> cast_is_linear("int32", "int64"), cast_is_linear("float32", "int32")
+    (False, False)
     """
     if "bool" in (src, dst):
         return False  # a bool P(sum) is a logical or
-    if _is_float(dst):
+    if _is_float(src) and _is_float(dst):
         return True
-    return not _is_float(src)  # integer -> integer wraps linearly; float -> integer truncates
+    if _is_float(src) or _is_float(dst):
+        return False
+    return np.dtype(dst).itemsize <= np.dtype(src).itemsize
 
 
 def _name(mesh, axis: int) -> str:

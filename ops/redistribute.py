@@ -28,6 +28,7 @@ class Redistribute(OpRule):
     operands = ("x",)
     aliases = ("Redistribute", "reshard")
     attr_defaults = {"placements": None}
+    required_attrs = ("placements",)
 
     def infer_layout(self, inputs, attrs):
         from layout_prop.redistribute import plan_redistribution

@@ -39,7 +39,8 @@ MODES = {0: "half", 1: "interleave", 2: "quarter", 3: "interleave-half"}
 INPUT_LAYOUTS = {4: ("BNSD", "BSND", "SBND"), 3: ("TND",)}
 OPERANDS = ("x", "cos", "sin")
 VIOLATION_CODES = ("partial-input", "sharded-rotation-dim", "broadcast-shape", "sharding-mismatch", "invalid-mode",
-                   "invalid-head-dim", "invalid-rank", "invalid-input-layout")
+                   "invalid-head-dim", "invalid-rank", "invalid-input-layout", "invalid-dtype")
+FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def _check_attrs(x: TensorSpec, attrs: dict) -> list[Violation]:
@@ -168,9 +169,18 @@ def _table_violations(name: str, x: TensorSpec, x_fixed: Layout, t: TensorSpec, 
     return out
 
 
+def _dtype_violations(x: TensorSpec, cos: TensorSpec, sin: TensorSpec) -> list[Violation]:
+    if x.dtype not in FLOAT_DTYPES:
+        return [Violation("invalid-dtype", f"x has dtype {x.dtype}; RotaryPositionEmbedding takes float16, float32 "
+                          "or float64", "cast x to a float type", operand="x")]
+    return [Violation("invalid-dtype", f"{name} has dtype {t.dtype} but x has {x.dtype}",
+                      f"give {name} x's dtype {x.dtype} (the CANN kernel requires one dtype too)", operand=name)
+            for name, t in (("cos", cos), ("sin", sin)) if t.dtype != x.dtype]
+
+
 def rpe_layout_analysis(x: TensorSpec, cos: TensorSpec, sin: TensorSpec, attrs: dict):
     """Shared by the forward and gradient rules: ``(x_fixed, wants, violations, tables_ok)``."""
-    violations = _check_attrs(x, attrs)
+    violations = _check_attrs(x, attrs) + _dtype_violations(x, cos, sin)
     x_fixed, x_violations = _x_layout(x)
     violations += x_violations
     shape_violations = _table_shape_violations(x, cos, sin) if x.ndim in INPUT_LAYOUTS else []

@@ -368,17 +368,13 @@ def test_rule_violation_exits_1_not_2(tmp_path, capsys):
 
 
 def test_version_exits_0(capsys):
-    with pytest.raises(SystemExit) as excinfo:
-        main(["--version"])
-    assert excinfo.value.code == 0
+    assert main(["--version"]) == 0  # main returns the exit code, also for argparse's own exits
     out, _ = capsys.readouterr()
     assert out.strip() == f"layout-prop {__version__}" == "layout-prop 0.1.0"
 
 
 def test_check_help_exits_0(capsys):
-    with pytest.raises(SystemExit) as excinfo:
-        main(["check", "--help"])
-    assert excinfo.value.code == 0
+    assert main(["check", "--help"]) == 0  # main returns the exit code, also for argparse's own exits
     out, _ = capsys.readouterr()
     assert "SPEC" in out and "--reshard" in out and "--json" in out
 
@@ -388,9 +384,7 @@ def test_check_help_exits_0(capsys):
                                   ["lower", "spec.yaml", "--rank", "one"]],
                          ids=["unknown-flag", "unknown-command", "no-command", "no-spec", "bad-choice", "bad-int"])
 def test_bad_usage_exits_2_with_one_line(argv, capsys):
-    with pytest.raises(SystemExit) as excinfo:
-        main(argv)
-    assert excinfo.value.code == 2
+    assert main(argv) == 2  # main returns the exit code, also for argparse's own exits
     out, err = capsys.readouterr()
     assert out == ""
     assert "bad-usage" in one_error_line(err)
@@ -438,3 +432,24 @@ def test_console_script_version_and_violation(tmp_path):
     proc = run_cli("check", str(spec_file))
     assert proc.returncode == 1, proc.stderr
     assert "sharded-rotation-dim" in proc.stdout and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["cos@y", "x#0", "grad/x", "cotangent/y"])
+def test_names_the_passes_use_are_reserved(name):
+    # lowering names local slices value@node and steps value#k; the backward pass uses grad/ and cotangent/
+    text = f"mesh: {{shape: [2]}}\ninputs: {{x: {{shape: [4]}}}}\nnodes:\n  - {{name: '{name}', op: neg, inputs: [x]}}\n"
+    with pytest.raises(LayoutPropError) as info:
+        load_spec(text)
+    assert info.value.code == "bad-name" and info.value.path == "nodes[0].name" and name in info.value.message
+
+
+def test_cli_rejects_bad_numbers_and_ranks_as_unusable_input(tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("mesh: {shape: [2]}\ninputs: {x: {shape: [4], placements: [\"S(0)\"]}}\n"
+                    "nodes:\n  - {name: y, op: neg, inputs: [x]}\n")
+    for argv in (["run", str(spec), "--seed", "-1"], ["run", str(spec), "--rtol", "-1"],
+                 ["run", str(spec), "--rtol", "nan"], ["lower", str(spec), "--rank", "9"],
+                 ["gen", "llama", "--heads", "0"], ["gen", "llama", "-o", str(tmp_path / "no" / "x.yaml")]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], argv

@@ -169,3 +169,28 @@ def test_strategies_produce_specs_that_exist(spec):
 @given(meshes())
 def test_strategies_meshes_are_small(mesh):
     assert mesh.size <= 8 and 1 <= mesh.ndim <= 3
+
+
+def test_a_rule_that_raises_is_reported_as_rule_failed(tmp_path, capsys):
+    module = tmp_path / "raising_op.py"
+    module.write_text('''
+from layout_prop import OpRule, register_kernel, register_op
+from layout_prop.testing import OpSample
+
+@register_op
+class Raising(OpRule):
+    name = "user_raising_rule"
+    operands = ("x",)
+
+    def infer_layout(self, inputs, attrs):
+        return {}["oops"]
+
+    def sample_inputs(self):
+        return [OpSample([(4,)])]
+
+register_kernel("user_raising_rule", lambda x: x)
+''')
+    out = subprocess.run([sys.executable, "-m", "layout_prop.cli", "verify", "user_raising_rule", "--module",
+                          str(module)], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "rule-failed" in out.stderr and "KeyError" in out.stderr

@@ -45,7 +45,6 @@ class Simulator:
     def __init__(self, kernels: dict[str, Callable] | None = None, backend: str = "numpy") -> None:
         self.kernels = KERNELS if kernels is None else kernels
         self.backend = backend
-        self.emulated: list[str] = []
 
     def execute(self, program, global_inputs: dict[str, np.ndarray],
                 rng: np.random.Generator | None = None,

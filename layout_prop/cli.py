@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import LayoutPropError
+from .errors import LayoutPropError, SpecError
 
 __all__ = ["main"]
 
@@ -48,10 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default=None,
                    help="kernel backend (default: numpy on sim, mindspore on the mindspore engine)")
     r.add_argument("--backward", action="store_true", help="also run the backward and compare gradients")
-    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    r.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     r.add_argument("--timeout", type=float, default=300.0, help="mindspore engine: seconds before giving up")
-    r.add_argument("--rtol", type=float, default=None,
+    r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--backward", action="store_true", help="also compare gradients")
     ve.add_argument("--samples", type=_samples_arg, default="all",
                     help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
-    ve.add_argument("--seed", type=int, default=0, help="seed of the sampling and the data")
+    ve.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
     from .passes.visualise import add_viz_parser
@@ -81,13 +81,13 @@ def _parser() -> argparse.ArgumentParser:
 
     ge = sub.add_parser("gen", help="write the spec of a generated model")
     ge.add_argument("model", choices=["llama"], help="the model family")
-    ge.add_argument("--layers", type=int, default=1, help="number of decoder layers (default 1)")
+    ge.add_argument("--layers", type=_positive_int, default=1, help="number of decoder layers (default 1)")
     ge.add_argument("--mesh", default="dp=2,sp=2,tp=2", help="mesh axes and sizes (default dp=2,sp=2,tp=2)")
-    ge.add_argument("--batch", type=int, default=2)
-    ge.add_argument("--seq", type=int, default=8)
-    ge.add_argument("--hidden", type=int, default=32)
-    ge.add_argument("--heads", type=int, default=4)
-    ge.add_argument("--ffn", type=int, default=64)
+    ge.add_argument("--batch", type=_positive_int, default=2)
+    ge.add_argument("--seq", type=_positive_int, default=8)
+    ge.add_argument("--hidden", type=_positive_int, default=32)
+    ge.add_argument("--heads", type=_positive_int, default=4)
+    ge.add_argument("--ffn", type=_positive_int, default=64)
     ge.add_argument("--dtype", default="float32", help="dtype of every tensor (default float32)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 
@@ -98,6 +98,33 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     lo.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
     return p
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+    return value
 
 
 def _mesh_arg(text: str) -> tuple[int, ...]:
@@ -236,7 +263,6 @@ def _cmd_lower(args) -> int:
             print(f"violation [{v.code}] {v.node}.{v.operand}: {v.message} (fix: {v.hint})", file=sys.stderr)
         return 1
     program = Lower().run(analysis.graph).program
-    graph.mesh.coords(args.rank)
     print(program.to_json(args.rank) if args.json else program.format(args.rank))
     return 0
 
@@ -246,8 +272,11 @@ def _cmd_gen(args) -> int:
 
     from .models import llama_spec, parse_mesh_arg
 
+    from .loader import load_spec
+
     spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
                       heads=args.heads, ffn=args.ffn, dtype=args.dtype)
+    load_spec(spec)  # never write a spec that check would refuse
     if args.output is not None and args.output.suffix == ".json":
         text = json.dumps(spec, indent=1)
     else:
@@ -259,7 +288,11 @@ def _cmd_gen(args) -> int:
     if args.output is None:
         print(text, end="")
     else:
-        args.output.write_text(text)
+        try:
+            args.output.write_text(text)
+        except OSError as exc:
+            raise SpecError("write-failed", f"cannot write {str(args.output)!r}: {exc.strerror}",
+                            hint="choose a folder that exists and is writable") from None
         print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
     return 0
 
@@ -281,7 +314,10 @@ COMMANDS = {"viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a bad flag (already reported on one line)
+        return int(done.code or 0)
     try:
         return COMMANDS[args.command](args)
     except LayoutPropError as err:

@@ -68,8 +68,11 @@ ATTR_PARSERS: dict[str, Callable[[tuple, dict], dict]] = {
 }
 
 
-def _as_dtensor(value, mesh, name: str) -> DTensor:
+def _as_dtensor(value, mesh) -> DTensor:
     if isinstance(value, DTensor):
+        if value.mesh != mesh:
+            raise OpError("mesh-mismatch", f"operands live on different meshes: {value.mesh} and {mesh}",
+                          hint="distribute every operand on the same mesh")
         return value
     array = np.asarray(value)
     spec = TensorSpec(array.shape, str(array.dtype), Layout.replicated(mesh, array.ndim))
@@ -113,7 +116,7 @@ class DistributedOp:
         mesh = next((a.mesh for a in operands if isinstance(a, DTensor)), None)
         if mesh is None:
             raise OpError("no-dtensor", f"{self.rule.name} got no DTensor operand", hint="distribute() an input first")
-        tensors = [_as_dtensor(a, mesh, name) for a, name in zip(operands, self.rule.operands)]
+        tensors = [_as_dtensor(a, mesh) for a in operands]
         cache_values = (tuple(t.spec for t in tensors), freeze_attrs(attrs))
         result = self._result(cache_values)
         if result.violations:
@@ -141,8 +144,7 @@ class DistributedOp:
         from layout_prop.kernels.numpy_backend import KERNELS, get_kernel
 
         local_args, local_kwargs, cache_values = self.preprocess(args, kwargs)
-        self.infer_layout(cache_values)
-        outputs = self._result(cache_values).outputs
+        outputs = self._result(cache_values).outputs  # what infer_layout(cache_values) reports, with shapes
         kernel = get_kernel(self.rule.name, self.kernels or KERNELS)
         results = [kernel(*a, **k) for a, k in zip(local_args, local_kwargs)]
         if self.rule.num_outputs == 1:

@@ -180,9 +180,6 @@ class Layout:
     def with_placements(self, placements) -> "Layout":
         return Layout(self.mesh, placements, self.ndim)
 
-    def with_ndim(self, ndim: int) -> "Layout":
-        return Layout(self.mesh, self.placements, ndim)
-
     def placement_strs(self) -> list[str]:
         return [str(p) for p in self.placements]
 

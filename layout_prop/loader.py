@@ -37,7 +37,7 @@ from .placement import parse_placement
 from .registry import get_rule
 from .spec import TensorSpec, check_dtype
 
-__all__ = ["load_spec", "parse_spec", "spec_from_graph"]
+__all__ = ["load_spec", "parse_spec"]
 
 TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
 MESH_KEYS = {"shape", "names"}
@@ -217,10 +217,18 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
     g.input(name, shape=shape, dtype=dtype, placements=placements, requires_grad=requires_grad)
 
 
+RESERVED_CHARS = (":", "@", "#")  # value indexes, and the names lowering gives local slices and steps
+RESERVED_PREFIXES = ("grad:", "grad/", "cotangent/")  # the names the backward pass gives its values
+
+
 def _check_name(name: Any, path: str) -> str:
-    if not isinstance(name, str) or not name or ":" in name or name.startswith("grad:"):
-        raise _err("bad-name", f"name {name!r} is not a usable name", path,
-                   "use a non-empty string without ':' for names")
+    if not isinstance(name, str) or not name:
+        raise _err("bad-name", f"name {name!r} is not a non-empty string", path, "name values like x, q_rot, l0_h")
+    bad = [c for c in RESERVED_CHARS if c in name]
+    if bad or name.startswith(RESERVED_PREFIXES):
+        raise _err("bad-name", f"name {name!r} uses {bad[0]!r}" if bad else
+                   f"name {name!r} starts with a prefix the backward pass uses", path,
+                   "use names without ':', '@' or '#' and not starting with grad/ or cotangent/")
     return name
 
 
@@ -341,18 +349,3 @@ def _build(data: dict) -> Graph:
                        "name a node (or node:i) as an output")
     g.output(*outputs)
     return g
-
-
-def spec_from_graph(g: Graph) -> dict:
-    """The spec dict of a graph (inverse of :func:`load_spec` for graphs built from specs)."""
-    inputs = {}
-    for node in g.inputs():
-        a = node.attrs
-        inputs[node.name] = {"shape": list(a["shape"]), "dtype": a["dtype"],
-                             "placements": a["placements"] if isinstance(a["placements"], str) else list(
-                                 a["placements"]),
-                             "requires_grad": a["requires_grad"]}
-    nodes = [{"name": n.name, "op": n.op, "inputs": list(n.inputs), "attrs": dict(n.attrs)}
-             for n in g.topo_order() if not n.is_input]
-    return {"mesh": g.mesh.to_dict(), "inputs": inputs, "nodes": nodes, "outputs": list(g.outputs)}
-

@@ -197,7 +197,8 @@ class Lower:
                     raise ExecutionError("unresolved-violation", f"input {value!r} of {node.name!r} needs "
                                          f"communication ({src.layout} -> {want})", node=node.name, input=value,
                                          hint="run the reshard pass first")
-                args.append(self._steps(prog, value, plan.steps, f"{value}@{node.name}", node.name))
+                args.append(self._steps(prog, value, plan.steps, self._fresh(prog, f"{value}@{node.name}"),
+                                        node.name))
                 in_specs.append(plan.dst)
             out_specs = node.meta[meta.SPECS]
             attrs = node.meta[meta.ATTRS]
@@ -219,10 +220,19 @@ class Lower:
         self._steps(prog, node.inputs[0], plan.steps, node.name, node.name)
 
     @staticmethod
+    def _fresh(prog: Program, base: str) -> str:
+        """A local value name no op of the program uses yet."""
+        name, i = base, 1
+        while name in prog.specs:
+            i += 1
+            name = f"{base}.{i}"
+        return name
+
+    @staticmethod
     def _steps(prog: Program, value: str, steps, final: str, source: str) -> str:
         current = value
         for k, step in enumerate(steps):
-            name = final if k == len(steps) - 1 else f"{final}#{k}"
+            name = final if k == len(steps) - 1 else Lower._fresh(prog, f"{final}#{k}")
             kind = "slice" if step.kind == "local-slice" else "collective"
             prog.add(LocalOp(name, kind, step.kind, (current,), (name,), (step.dst,), step=step, source=source))
             current = name

@@ -118,7 +118,16 @@ class Propagate:
 
     @staticmethod
     def _apply(rule, node: Node, specs, attrs):
-        res = rule.infer_layout(specs, attrs)
+        try:
+            res = rule.infer_layout(specs, attrs)
+        except LayoutPropError as err:
+            if err.node is None:
+                err.node = node.name
+            raise
+        except Exception as exc:  # a rule (often a user's) that crashed: name it, never a traceback
+            raise OpError("rule-failed", f"the layout rule of {rule.name!r} raised {type(exc).__name__}: {exc} "
+                          f"for inputs {[str(s) for s in specs]}", node=node.name,
+                          hint="fix the rule: it must return violations, not raise") from exc
         if len(res.outputs) != node.num_outputs:
             raise OpError("bad-rule", f"rule {rule.name!r} returned {len(res.outputs)} outputs for {node.num_outputs}",
                           node=node.name, hint="a rule returns one spec per output")

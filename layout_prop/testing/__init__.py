@@ -28,7 +28,7 @@ from ..loader import load_spec
 from ..registry import get_rule
 
 __all__ = ["OpSample", "Report", "Mismatch", "verify_op", "assert_op_correct", "GENERIC_CODES",
-           "placement_choices", "shrink", "check_spec"]
+           "placement_choices", "shrink", "check_spec", "single_op_spec"]
 
 #: codes any op may report: they come from shared machinery, not from one rule
 GENERIC_CODES = frozenset({"partial-input", "sharding-mismatch", "broadcast-shape"})
@@ -122,7 +122,8 @@ def _combinations(sample: OpSample, mesh_ndim: int, budget: int | str, rng: rand
             yield combo
 
 
-def _spec(op: str, sample: OpSample, mesh_shape: Sequence[int], combo: Sequence[str]) -> dict:
+def single_op_spec(op: str, sample: OpSample, mesh_shape: Sequence[int], combo: Sequence[str]) -> dict:
+    """The spec of one node of ``op`` on ``sample``; ``combo`` holds each operand's placements in turn."""
     rule = get_rule(op)
     m = len(mesh_shape)
     inputs = {}
@@ -274,14 +275,19 @@ def verify_op(op: str, sample_inputs: Iterable[OpSample] | None = None,
         getattr(rule, "violation_codes", ())) | GENERIC_CODES
     rng = random.Random(seed)
     report = Report(rule.name)
-    samples = list(sample_inputs) if sample_inputs is not None else list(rule.sample_inputs())
+    if sample_inputs is not None:
+        samples = list(sample_inputs)
+    else:  # the rule's own samples, else the op database's records of a built-in op
+        from .opdb import samples_for
+
+        samples = list(rule.sample_inputs()) or samples_for(rule.name)
     if not samples:
         raise OpError("no-samples", f"op {rule.name!r} has no sample inputs to verify with",
                       hint="pass sample_inputs=[OpSample(shapes=...)], or define sample_inputs() on its rule")
     for sample in samples:
         for mesh in meshes:
             for combo in _combinations(sample, len(mesh), placements, rng):
-                check_spec(_spec(rule.name, sample, mesh, combo), documented, backward, seed, report)
+                check_spec(single_op_spec(rule.name, sample, mesh, combo), documented, backward, seed, report)
     for i, m in enumerate(report.mismatches[:shrink_limit]):
         report.mismatches[i] = shrink(m, documented, backward, seed)
     return report

@@ -1,6 +1,8 @@
 """The op database: one module per op family, each with a list ``RECORDS`` of :class:`OpRecord`.
 
-``graph_tests/test_opdb.py`` runs every record through :func:`layout_prop.testing.verify_op`.
+``graph_tests/test_opdb.py`` runs every record through :func:`layout_prop.testing.verify_op`,
+and ``layout-prop verify OP`` uses a built-in op's records when its rule defines no
+``sample_inputs()`` of its own (:func:`samples_for`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Sequence
 
 from layout_prop.testing import OpSample
 
-__all__ = ["OpRecord", "OpSample", "all_records"]
+__all__ = ["OpRecord", "OpSample", "all_records", "samples_for"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +44,8 @@ def all_records() -> list[OpRecord]:
         module = importlib.import_module(f"{__name__}.{info.name}")
         out.extend(getattr(module, "RECORDS", []))
     return out
+
+
+def samples_for(op: str) -> list[OpSample]:
+    """The sample inputs of every record of ``op`` (its canonical name), in record order."""
+    return [sample for record in all_records() if record.op == op for sample in record.samples]

@@ -25,6 +25,7 @@ def test_op_record(record):
     DONE.add(id(record))
     print(f"{record.name}: {report.to_dict() | {'mismatches': len(report.mismatches)}}")
     assert not report.undocumented, report.to_dict()["undocumented"]
+    assert not report.unfixed, report.unfixed[0]
     assert not report.mismatches, report.mismatches[0].message + f"\nspec: {report.mismatches[0].spec}"
     assert report.accepted + report.resharded > 0, "no combination was checked numerically"
 

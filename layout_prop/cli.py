@@ -190,6 +190,8 @@ def _cmd_verify(args) -> int:
             print(f"  layouts that cannot exist (skipped): {report.unusable}")
         for code in data["undocumented"]:
             print(f"  UNDOCUMENTED violation code: {code}")
+        for spec in data["unfixed"]:
+            print(f"  FIXABLE BUT NOT FIXED by --reshard: {json.dumps(spec)}")
         for m in report.mismatches:
             print(f"  MISMATCH {m.message}")
             print(f"    minimal failing spec: {json.dumps(m.spec)}")

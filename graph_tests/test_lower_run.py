@@ -180,3 +180,14 @@ def test_input_meta_specs_are_kept_in_lowering():
     g = analyze(load_spec(EXAMPLES / "tp_n.yaml")).graph
     prog = Lower().run(g).program
     assert prog.specs["x"] == g.node("x").meta[meta.SPECS][0]
+
+
+def test_equal_infinities_and_nans_agree_and_a_nan_against_a_number_does_not():
+    from layout_prop.runner import compare
+
+    spec = TensorSpec((3,), "float32", Layout(load_spec(EXAMPLES / "dp_b.yaml").mesh, ["R"], 1))
+    ref = np.array([-np.inf, np.nan, 1.0], dtype=np.float32)
+    errors, problem = compare("y", ref.copy(), ref, spec)
+    assert problem is None and errors["max_abs_err"] == 0.0
+    errors, problem = compare("y", np.array([-np.inf, 0.0, 1.0], np.float32), ref, spec)
+    assert problem is not None and "[1]" in problem and "expected nan" in problem

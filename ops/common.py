@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from layout_prop.errors import LayoutPropError, Violation
 from layout_prop.layout import Layout
 from layout_prop.placement import Replicate
@@ -12,6 +14,7 @@ __all__ = [
     "without_partial",
     "free_or_violation",
     "plan_summary",
+    "Move",
 ]
 
 
@@ -24,21 +27,27 @@ def without_partial(layout: Layout) -> Layout:
     return layout.with_placements([Replicate() if p.is_partial() else p for p in layout.placements])
 
 
-def plan_summary(spec: TensorSpec, want: Layout) -> tuple[bool, str]:
-    """Whether moving ``spec`` to ``want`` is free, and a short text of the plan.
+class Move(NamedTuple):
+    """What moving a spec to a wanted layout takes: ``free`` (local slices or nothing),
+    ``fixable`` (a redistribution exists) and a short text of the plan or of why none exists."""
 
-    Returns ``(False, "no redistribution exists (...)")`` for impossible moves.
-    """
+    free: bool
+    fixable: bool
+    text: str
+
+
+def plan_summary(spec: TensorSpec, want: Layout) -> Move:
+    """The :class:`Move` from ``spec`` to ``want`` (its cheapest plan)."""
     from layout_prop.redistribute import plan_redistribution
 
     try:
         plan = plan_redistribution(spec, want)
     except LayoutPropError as err:
-        return False, f"no redistribution exists ({err.message})"
+        return Move(False, False, f"no redistribution exists ({err.message})")
     if not plan.steps:
-        return True, "nothing to do"
+        return Move(True, True, "nothing to do")
     steps = ", ".join(f"{s.kind} on {spec.mesh.names[s.mesh_axis]}" for s in plan.steps)
-    return plan.is_free, f"{steps}: {plan.bytes_per_rank} bytes per rank"
+    return Move(plan.is_free, True, f"{steps}: {plan.bytes_per_rank} bytes per rank")
 
 
 def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code: str, message: str,
@@ -48,15 +57,10 @@ def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code:
     The violation is ``fixable`` when a redistribution reaches ``want``; the check pass
     extends its hint with what ``--reshard`` inserts.
     """
-    from layout_prop.redistribute import plan_redistribution
-
     if want is None or want == spec.layout:
         return None
-    try:
-        plan = plan_redistribution(spec, want)
-    except LayoutPropError:
-        plan = None
-    if plan is not None and plan.is_free:
+    move = plan_summary(spec, want)
+    if move.free:
         return None
-    return Violation(code, message, hint, operand=operand, fixable=plan is not None,
+    return Violation(code, message, hint, operand=operand, fixable=move.fixable,
                      details={"want": [str(p) for p in want.placements]})

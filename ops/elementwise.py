@@ -155,9 +155,13 @@ class ElementwiseRule(OpRule):
         return Layout(t.mesh, ps, t.ndim)
 
 
-def _sum_to(g, value: str, shape: tuple[int, ...]) -> str:
-    """Reduce a broadcast cotangent back to ``shape``."""
-    if tuple(g.spec(value).shape) == tuple(shape):
+def sum_to_shape(g, value: str, shape) -> str:
+    """Reduce a broadcast cotangent back to ``shape`` (the value itself when it already has it).
+
+    Shared by the vjp rules of every op family that broadcasts.
+    """
+    spec = g.spec(value)
+    if spec is None or tuple(spec.shape) == tuple(shape):
         return value
     return g.op("sum_to", [value], {"shape": list(shape)})
 
@@ -182,7 +186,7 @@ class Add(ElementwiseRule):
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
-        return tuple(_sum_to(g, dy, g.spec(v).shape) if need else None for v, need in zip(inputs, needs))
+        return tuple(sum_to_shape(g, dy, g.spec(v).shape) if need else None for v, need in zip(inputs, needs))
 
 
 @register_op
@@ -195,8 +199,8 @@ class Sub(ElementwiseRule):
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
-        dx = _sum_to(g, dy, g.spec(inputs[0]).shape) if needs[0] else None
-        dyy = _sum_to(g, g.op("neg", [dy]), g.spec(inputs[1]).shape) if needs[1] else None
+        dx = sum_to_shape(g, dy, g.spec(inputs[0]).shape) if needs[0] else None
+        dyy = sum_to_shape(g, g.op("neg", [dy]), g.spec(inputs[1]).shape) if needs[1] else None
         return dx, dyy
 
 
@@ -210,8 +214,8 @@ class Mul(ElementwiseRule):
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
         x, y = inputs
-        dx = _sum_to(g, g.op("mul", [dy, y]), g.spec(x).shape) if needs[0] else None
-        dyy = _sum_to(g, g.op("mul", [dy, x]), g.spec(y).shape) if needs[1] else None
+        dx = sum_to_shape(g, g.op("mul", [dy, y]), g.spec(x).shape) if needs[0] else None
+        dyy = sum_to_shape(g, g.op("mul", [dy, x]), g.spec(y).shape) if needs[1] else None
         return dx, dyy
 
 
@@ -276,4 +280,4 @@ class SumTo(OpRule):
         return {"shape": list(outputs[0].local_shape(rank))}
 
 
-__all__ += ["Identity", "Add", "Sub", "Mul", "Neg", "SumTo", "get_rule"]
+__all__ += ["Identity", "Add", "Sub", "Mul", "Neg", "SumTo", "get_rule", "sum_to_shape"]

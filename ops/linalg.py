@@ -111,6 +111,7 @@ from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.spec import TensorSpec
 
 from .common import plan_summary
+from .elementwise import sum_to_shape
 
 __all__ = [
     "Equation",
@@ -442,10 +443,9 @@ def _move_violations(spec: TensorSpec, want: Layout, operand: str,
     """One violation per mesh axis that needs communication (none when the whole move is free)."""
     if want == spec.layout:
         return []
-    free, text = plan_summary(spec, want)
+    free, fixable, text = plan_summary(spec, want)
     if free:
         return []
-    fixable = not text.startswith("no redistribution")
     details = {"want": [str(p) for p in want.placements]}
     out = [Violation(code, message, hint, operand=operand, fixable=fixable,
                      details={**details, "mesh_axis": spec.mesh.names[axis]})
@@ -509,16 +509,9 @@ def einsum_vjp(g, inputs: Sequence[str], eq: Equation, cotangent: str | None,
         others = [j for j in range(len(inputs)) if j != i]
         equation = ",".join([eq.output] + [eq.inputs[j] for j in others]) + "->" + eq.inputs[i]
         grad = g.op("einsum", [cotangent] + [inputs[j] for j in others], {"equation": equation})
-        grad = _sum_to(g, grad, g.spec(inputs[i]).shape)
+        grad = sum_to_shape(g, grad, g.spec(inputs[i]).shape)
         out.append(grad)
     return tuple(out)
-
-
-def _sum_to(g, value: str, shape: tuple[int, ...]) -> str:
-    spec = g.spec(value)
-    if spec is None or tuple(spec.shape) == tuple(shape):
-        return value
-    return g.op("sum_to", [value], {"shape": list(shape)})
 
 
 def _no_outputs(violations, n: int = 1) -> RuleResult:
@@ -776,7 +769,7 @@ class Linear(EinsumFamilyRule):
         dy_spec = g.spec(cotangent)
         grad = cotangent if dy_spec.ndim == 1 else g.op(
             "sum", [cotangent], {"dims": list(range(dy_spec.ndim - 1)), "keepdim": False})
-        return (_sum_to(g, grad, g.spec(inputs[2]).shape),)
+        return (sum_to_shape(g, grad, g.spec(inputs[2]).shape),)
 
 
 # ===================================================================== embedding

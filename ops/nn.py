@@ -121,7 +121,7 @@ from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.spec import DTYPES, TensorSpec
 
 from .common import plan_summary
-from .elementwise import ElementwiseRule
+from .elementwise import ElementwiseRule, sum_to_shape
 
 __all__ = [
     "RmsNorm", "RmsNormGrad", "LayerNorm", "LayerNormGrad", "Softmax", "SoftmaxGrad", "LogSoftmax",
@@ -203,10 +203,9 @@ def _move_violations(spec: TensorSpec, want: Layout, operand: str,
     """
     if want == spec.layout:
         return []
-    free, plan = plan_summary(spec, want)
+    free, fixable, _ = plan_summary(spec, want)
     if free:
         return []
-    fixable = not plan.startswith("no redistribution")
     if not issues:
         issues = [("sharding-mismatch", f"{operand} is {spec.layout} but the kernel needs {want}",
                    f"give {operand} the layout {want}")]
@@ -300,13 +299,6 @@ def _axis_problem(value, ndim: int, attr: str, op: str) -> Violation | None:
         return _bad_attr(f"{op}'s {attr}={value!r} is not a dim of x (x has rank {ndim})",
                          f"give {attr} an integer in {-ndim}..{ndim - 1}")
     return None
-
-
-def _sum_to(g, value: str, shape: Sequence[int]) -> str:
-    """Reduce a broadcast cotangent back to ``shape``."""
-    if tuple(g.spec(value).shape) == tuple(shape):
-        return value
-    return g.op("sum_to", [value], {"shape": list(shape)})
 
 
 # ---------------------------------------------------------------------- pointwise family
@@ -514,10 +506,10 @@ class Div(PointwiseRule):
         if dy is None:
             return (None, None)
         t = g.op("div", [dy, y])
-        dx = _sum_to(g, t, g.spec(x).shape) if needs[0] and _is_float(g.spec(x).dtype) else None
+        dx = sum_to_shape(g, t, g.spec(x).shape) if needs[0] and _is_float(g.spec(x).dtype) else None
         dyy = None
         if needs[1] and _is_float(g.spec(y).dtype):
-            dyy = _sum_to(g, g.op("neg", [g.op("mul", [t, outputs[0]])]), g.spec(y).shape)
+            dyy = sum_to_shape(g, g.op("neg", [g.op("mul", [t, outputs[0]])]), g.spec(y).shape)
         return dx, dyy
 
 
@@ -548,9 +540,9 @@ class SiluMul(PointwiseRule):
             return (None, None)
         da = db = None
         if needs[0] and _is_float(g.spec(a).dtype):
-            da = _sum_to(g, g.op("silu_grad", [g.op("mul", [dy, b]), a]), g.spec(a).shape)
+            da = sum_to_shape(g, g.op("silu_grad", [g.op("mul", [dy, b]), a]), g.spec(a).shape)
         if needs[1] and _is_float(g.spec(b).dtype):
-            db = _sum_to(g, g.op("mul", [dy, g.op("silu", [a])]), g.spec(b).shape)
+            db = sum_to_shape(g, g.op("mul", [dy, g.op("silu", [a])]), g.spec(b).shape)
         return da, db
 
 

@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from layout_prop import DeviceMesh, Layout, TensorSpec, meta
 from layout_prop.api import analyze
@@ -681,3 +682,38 @@ def test_partial_avg_operand_through_matmul_end_to_end():
     assert a.ok and a.report()["tensors"]["y"]["placements"] == ["P(avg)", "P(sum)"]
     rep = run_graph(load_spec(spec_), backward=True, seed=13)
     assert rep.ok, rep.mismatches
+
+
+# --------------------------------------------------------------------------- einsum kernel
+@st.composite
+def two_operand_equations(draw):
+    """A two-operand einsum with distinct letters per subscript, size-1 dims and empty dims included."""
+    letters = "abcdef"
+    sub_a = "".join(draw(st.permutations(letters)))[: draw(st.integers(0, 4))]
+    sub_b = "".join(draw(st.permutations(letters)))[: draw(st.integers(0, 4))]
+    present = sorted(set(sub_a) | set(sub_b))
+    out = "".join(draw(st.permutations(present)))[: draw(st.integers(0, len(present)))]
+    sizes = {c: draw(st.integers(0, 4)) for c in present}
+    return f"{sub_a},{sub_b}->{out}", sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(two_operand_equations(), st.integers(0, 2**31 - 1))
+def test_two_operand_einsum_kernel_equals_numpy_einsum(case, seed):
+    equation, sizes = case
+    (sub_a, sub_b), out = equation.split("->")[0].split(","), equation.split("->")[1]
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal([sizes[c] for c in sub_a])
+    b = rng.standard_normal([sizes[c] for c in sub_b])
+    got = K.einsum(a, b, equation=equation)
+    want = np.einsum(equation, a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_two_operand_einsum_kernel_broadcasts_size_one_dims_and_keeps_float32():
+    a = np.ones((1, 3, 4), np.float32)
+    b = np.arange(24, dtype=np.float32).reshape(2, 4, 3)
+    got = K.einsum(a, b, equation="bmk,bkn->bmn")
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.einsum("bmk,bkn->bmn", np.broadcast_to(a, (2, 3, 4)), b))

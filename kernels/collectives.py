@@ -111,8 +111,10 @@ def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
     if dtype == np.bool_ and op in ("sum", "avg"):
         op = "max"  # on bools a sum, and a mean read as a bool, are a logical or
     if op == "sum":
-        acc = arrays[0].copy()
-        for term in arrays[1:]:
+        if len(arrays) == 1:
+            return arrays[0].copy()
+        acc = np.asarray(np.add(arrays[0], arrays[1], dtype=dtype))  # a new array: no copy pass
+        for term in arrays[2:]:
             np.add(acc, term, out=acc, dtype=dtype)  # left to right, in place
         return acc
     if op == "avg":
@@ -129,9 +131,11 @@ def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
             return np.where(np.isfinite(shifted), shifted, plain).astype(dtype)  # inf - inf: plain mean
         return np.add(first, offset // len(arrays), dtype=dtype)  # integers: the floor of the mean
     fold = np.maximum if op == "max" else np.minimum
-    acc = arrays[0].copy()
-    for term in arrays[1:]:
-        acc = fold(acc, term)
+    if len(arrays) == 1:
+        return arrays[0].copy()
+    acc = np.asarray(fold(arrays[0], arrays[1]))
+    for term in arrays[2:]:
+        fold(acc, term, out=acc)
     return acc
 
 

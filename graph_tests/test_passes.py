@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from layout_prop import meta
+from layout_prop import Layout, OpRule, RuleResult, meta, register_op
+from layout_prop.errors import Violation
 from layout_prop.api import analyze
 from layout_prop.cli import main
+from layout_prop.graph import Graph, Node
 from layout_prop.loader import load_spec
 from layout_prop.passes.check import Check
 from layout_prop.passes.complete import Complete
@@ -225,3 +227,81 @@ nodes:
     assert res.nodes == 53
     # the first layer misses, the other 49 see the same (op, attrs, input specs)
     assert res.cache_hits == 49
+
+
+# --------------------------------------------------------------------------- incremental propagation
+def _propagated(graph):
+    return {node.name: (node.meta[meta.SPECS], node.meta[meta.VIOLATIONS], node.meta[meta.WANTS])
+            for node in graph.topo_order()}
+
+
+@pytest.mark.parametrize("source", sorted(GRAPHS) + ["llama"])
+def test_reshard_incremental_propagation_equals_a_full_one(source):
+    """Reshard re-propagates only what its new nodes can change; a fresh full pass must agree."""
+    from layout_prop.models import llama_spec
+
+    spec = llama_spec(3) if source == "llama" else GRAPHS[source]
+    g = load_spec(spec)
+    Propagate().run(g)  # a first pass with another cache: its per-node memo must not leak into the next
+    before = _propagated(g)
+    new = Reshard(Propagate()).run(g).graph
+    assert _propagated(g) == before  # the input graph is left as it was
+    incremental = _propagated(new)
+    fresh = load_spec(spec)
+    fresh_new = Graph.from_nodes(new.mesh, [Node(n.name, n.op, n.inputs, dict(n.attrs), n.num_outputs)
+                                            for n in new.topo_order()], new.outputs)
+    Propagate().run(fresh_new)
+    assert incremental == _propagated(fresh_new)
+    if source in ("llama", "chain_all_gather"):
+        assert len(fresh) < len(new)  # redistributions were inserted
+    Verify(resolved=True).run(new)
+
+
+@register_op
+class _EchoWantsReplicate(OpRule):
+    """Wants its input Replicate (a fixable violation otherwise) but echoes the layout it is
+    given: the one kind of rule whose output changes when reshard fixes its input, so that
+    the nodes downstream must be propagated again."""
+
+    name = "test_echo_wants_replicate"
+    operands = ("x",)
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        want = Layout(x.mesh, ["R"] * x.mesh.ndim, x.ndim)
+        if x.layout == want:
+            return RuleResult((x,))
+        bad = Violation("sharding-mismatch", "x must be Replicate", "replicate x", operand="x", fixable=True)
+        return RuleResult((x,), [bad], [want])
+
+
+def test_reshard_propagates_again_what_a_changed_output_reaches():
+    spec = """
+mesh: {shape: [2], names: [tp]}
+inputs: {x: {shape: [4, 6], placements: ["S(1)"]}}
+nodes:
+  - {name: e, op: test_echo_wants_replicate, inputs: [x]}
+  - {name: n, op: neg, inputs: [e]}
+  - {name: m, op: mul, inputs: [n, n]}
+outputs: [m]
+"""
+    g = load_spec(spec)
+    Propagate().run(g)
+    assert str(g.node("m").meta[meta.SPECS][0].layout.placements[0]) == "S(1)"
+    new = Reshard().run(g).graph
+    Verify(resolved=True).run(new)
+    for name in ("e", "n", "m"):
+        assert [str(p) for p in new.node(name).meta[meta.SPECS][0].layout.placements] == ["R"], name
+    fresh = Graph.from_nodes(new.mesh, [Node(n.name, n.op, n.inputs, dict(n.attrs), n.num_outputs)
+                                        for n in new.topo_order()], new.outputs)
+    Propagate().run(fresh)
+    assert _propagated(fresh) == _propagated(new)
+
+
+def test_graph_from_nodes_matches_a_graph_built_node_by_node():
+    g = load_spec(GRAPHS["chain_all_gather"])
+    bulk = Graph.from_nodes(g.mesh, g.topo_order(), g.outputs)
+    assert bulk.format() == g.format()
+    assert [(n.name, i) for n, i in bulk.consumers("h")] == [(n.name, i) for n, i in g.consumers("h")]
+    assert sorted(bulk.nx.edges(keys=True, data=True)) == sorted(g.nx.edges(keys=True, data=True))
+    bulk.lint()

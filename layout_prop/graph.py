@@ -3,7 +3,10 @@
 Nodes are graph inputs (``op == "input"``) or op applications.  A node produces one
 value named like the node, or, for a multi-output op, values ``name:0``, ``name:1``...
 Edges go from producer to consumer, one per use (the same value may feed an op twice),
-keyed by the consumer's input index.  Passes talk through named keys of ``node.meta``
+keyed by the consumer's input index.  The graph keeps its own dicts (nodes in
+insertion order, producers, uses) and builds the networkx view when it is first asked
+for after a change: passes that rebuild large graphs do not pay for networkx's
+bookkeeping, and algorithms (cycles, generations, drawing) still get a real networkx graph.  Passes talk through named keys of ``node.meta``
 (see :mod:`layout_prop.meta`), as torch.fx passes do.
 
 Examples
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Iterable, Iterator
 
 import networkx as nx
@@ -78,9 +80,10 @@ class Node:
     def is_input(self) -> bool:
         return self.op == "input"
 
-    @cached_property
-    def outputs(self) -> tuple[str, ...]:
-        return tuple(value_name(self.name, i, self.num_outputs) for i in range(self.num_outputs))
+    def __post_init__(self) -> None:
+        # the value names, computed once (a plain attribute: read for every node by every pass)
+        self.outputs: tuple[str, ...] = (self.name,) if self.num_outputs == 1 else tuple(
+            value_name(self.name, i, self.num_outputs) for i in range(self.num_outputs))
 
     def __repr__(self) -> str:
         return f"Node({self.name!r}, {self.op!r}, inputs={list(self.inputs)})"
@@ -97,10 +100,11 @@ class Graph:
 
     def __init__(self, mesh: DeviceMesh) -> None:
         self.mesh = mesh
-        self.nx = nx.MultiDiGraph()
+        self._nx: nx.MultiDiGraph | None = None
         self._nodes: dict[str, Node] = {}
         self._order: dict[str, int] = {}
         self._producers: dict[str, tuple[Node, int]] = {}
+        self._uses: dict[str, list[tuple[Node, int]]] = {}  # producer node name -> (consumer, input index)
         self.outputs: list[str] = []
         self.meta: dict[str, Any] = {}
 
@@ -137,19 +141,44 @@ class Graph:
         if node.name in self._nodes:
             raise GraphError("duplicate-name", f"a node named {node.name!r} already exists", node=node.name,
                              hint="give every node and input a distinct name")
+        producers = []
         for i, value in enumerate(node.inputs):
-            if not self.has_value(value):
-                raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",
-                                 node=node.name, input=value, hint="define a value before using it")
+            found = self._producers.get(value)
+            if found is None:
+                try:
+                    found = self.producer(value)
+                except GraphError:
+                    raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value "
+                                     f"{value!r}", node=node.name, input=value,
+                                     hint="define a value before using it") from None
+            producers.append(found[0].name)
         self._nodes[node.name] = node
         self._order[node.name] = len(self._order)
         for index, value in enumerate(node.outputs):
             self._producers[value] = (node, index)
-        self.nx.add_node(node.name, node=node)
-        for i, value in enumerate(node.inputs):
-            producer, index = self.producer(value)
-            self.nx.add_edge(producer.name, node.name, key=i, value=value, index=index)
+        self._uses[node.name] = []
+        for i, producer in enumerate(producers):
+            self._uses[producer].append((node, i))
+        self._nx = None  # the networkx view is rebuilt on demand
         return node.outputs
+
+    @property
+    def nx(self) -> nx.MultiDiGraph:
+        """The networkx view: a node per graph node (data ``node``), an edge per use.
+
+        Edges go from producer to consumer, keyed by the consumer's input index, with data
+        ``value`` (the value name) and ``index`` (the producer's output index).  Built when
+        first asked for after a change; edits to it are not reflected back in the graph.
+        """
+        if self._nx is None:
+            view = nx.MultiDiGraph()
+            for node in self._nodes.values():
+                view.add_node(node.name, node=node)
+                for i, value in enumerate(node.inputs):
+                    producer, index = self.producer(value)
+                    view.add_edge(producer.name, node.name, key=i, value=value, index=index)
+            self._nx = view
+        return self._nx
 
     def output(self, *values: str) -> None:
         """Mark values as graph outputs."""
@@ -206,11 +235,7 @@ class Graph:
     def consumers(self, value: str) -> list[tuple[Node, int]]:
         """Nodes that read ``value``, with the input index, in node order."""
         producer, _ = self.producer(value)
-        out = []
-        for _, dst, key, data in self.nx.out_edges(producer.name, keys=True, data=True):
-            if data["value"] == value:
-                out.append((self._nodes[dst], key))
-        return sorted(out, key=lambda t: (self._order[t[0].name], t[1]))
+        return [(node, i) for node, i in self._uses[producer.name] if node.inputs[i] == value]
 
     def topo_order(self) -> list[Node]:
         """A topological order: insertion order, since a node's inputs must exist before it."""
@@ -296,6 +321,37 @@ class Graph:
         return self.format()
 
     # ------------------------------------------------------------------ copying
+    @classmethod
+    def from_nodes(cls, mesh: DeviceMesh, nodes: Iterable[Node], outputs: Iterable[str] = (),
+                   graph_meta: dict | None = None) -> "Graph":
+        """A graph of ``nodes`` taken in order, built in bulk for transforming passes.
+
+        The nodes must come from a well-formed graph (with inserted nodes placed before
+        their consumers); unlike :meth:`add_node` nothing is checked here, so a pass that
+        rebuilds a large graph pays a few dict writes per node.  :meth:`lint` (which the
+        tests run after every pass) checks the result.
+        """
+        g = cls(mesh)
+        g.outputs = list(outputs)
+        g.meta.update(graph_meta or {})
+        order, producers, uses = g._order, g._producers, g._uses
+        g._nodes = {node.name: node for node in nodes}
+        for node in g._nodes.values():
+            name = node.name
+            order[name] = len(order)
+            uses[name] = []
+            for i, value in enumerate(node.inputs):
+                found = producers.get(value)
+                if found is None:
+                    found = g.producer(value)
+                uses[found[0].name].append((node, i))
+            if node.num_outputs == 1:
+                producers[name] = (node, 0)
+            else:
+                for index, value in enumerate(node.outputs):
+                    producers[value] = (node, index)
+        return g
+
     def copy_structure(self) -> "Graph":
         """A new graph with the same nodes (attrs copied, meta empty) and outputs."""
         g = Graph(self.mesh)

@@ -287,6 +287,14 @@ def plan_redistribution(src: TensorSpec, dst: DstLike) -> Plan:
     >>> [str(s) for s in plan_redistribution(x, Layout(mesh, ["S(1)", "S(0)"], 2)).steps]
     ["all-gather(dim=0) on 'dp': 16 B", "all-to-all(dim=1, dst_dim=0) on 'tp': 16 B", "local-slice(dim=1) on 'dp': 0 B"]
     """
+    if type(src) is TensorSpec and type(dst) is Layout:
+        return _best_plan(src, dst)  # the common call, from passes: remembered
+    spec, layout = _normalise(src, dst)
+    return _enumerate(spec, layout)[0]
+
+
+@lru_cache(maxsize=4096)
+def _best_plan(src: TensorSpec, dst: Layout) -> Plan:
     spec, layout = _normalise(src, dst)
     return _enumerate(spec, layout)[0]
 

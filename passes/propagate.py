@@ -29,7 +29,9 @@ from layout_prop.spec import TensorSpec
 
 __all__ = ["Propagate", "PropagateResult", "input_spec", "value_spec"]
 
-_PREPARED = "propagate.prepared"  # private: (rule, attrs, cache-key head), computed once per node
+_PREPARED = "propagate.prepared"  # private: (heads table, rule, attrs, cache-key head), once per node
+_HEADS = "propagate.heads"  # private key of the cache: (op, frozen normalised attrs) -> a small int
+_BY_ATTRS = "propagate.by_attrs"  # private key of the cache: (op, raw attrs) -> the prepared triple
 
 
 def input_spec(node: Node, graph: Graph) -> TensorSpec:
@@ -68,17 +70,51 @@ class Propagate:
 
     def __init__(self, cache: dict | None = None) -> None:
         self.cache = {} if cache is None else cache
+        self._heads = self.cache.setdefault(_HEADS, {})
+        self._by_attrs = self.cache.setdefault(_BY_ATTRS, {})
 
-    def run(self, graph: Graph) -> PropagateResult:
+    def run(self, graph: Graph, touched: set[str] | None = None) -> PropagateResult:
+        """Propagate every node in topological order.
+
+        Parameters
+        ----------
+        graph : Graph
+        touched : set of str, optional
+            Incremental mode, for a graph whose nodes carry the metadata of an earlier
+            propagation (as a transforming pass copies it): only the nodes named here, the
+            nodes without specs, and the nodes that read a value whose spec changed on
+            the way are visited; the others keep their metadata.
+        """
         result = PropagateResult()
+        env: dict[str, TensorSpec | None] = {}  # every value's spec so far: no producer lookups
+        changed: set[str] = set()
         for node in graph.topo_order():
             result.nodes += 1
-            result.cache_hits += self.visit(graph, node)
-            result.violations.extend(node.meta[meta.VIOLATIONS])
+            m = node.meta
+            if (touched is None or node.name in touched or meta.SPECS not in m
+                    or (changed and not changed.isdisjoint(node.inputs))):
+                before = m.get(meta.SPECS)
+                try:
+                    specs = tuple([env[value] for value in node.inputs])
+                except KeyError:  # a value named another way than its producer's outputs
+                    specs = None
+                result.cache_hits += self.visit(graph, node, specs)
+                if touched is not None and m[meta.SPECS] != before:
+                    changed.update(node.outputs)
+            outputs = m[meta.SPECS]
+            if len(outputs) == 1:
+                env[node.name] = outputs[0]
+            else:
+                env.update(zip(node.outputs, outputs))
+            if m[meta.VIOLATIONS]:
+                result.violations.extend(m[meta.VIOLATIONS])
         return result
 
-    def visit(self, graph: Graph, node: Node) -> bool:
-        """Propagate one node whose inputs are already propagated; returns whether the cache hit."""
+    def visit(self, graph: Graph, node: Node, specs: tuple | None = None) -> bool:
+        """Propagate one node whose inputs are already propagated; returns whether the cache hit.
+
+        ``specs`` may give the input specs (else they are read from the producers' metadata).
+        """
         m = node.meta
         if node.is_input:
             a = node.attrs
@@ -91,20 +127,17 @@ class Propagate:
             m[meta.WANTS] = ()
             return False
         prepared = m.get(_PREPARED)
-        if prepared is None:  # the rule, normalised attrs and their hashable form, once per node
-            rule = get_rule(node.op, node=node.name)
-            attrs = rule.normalize_attrs(node.attrs, node.name)
-            prepared = (rule, attrs, (rule.name, freeze_attrs(attrs)))
-            m[_PREPARED] = prepared
-            m[meta.ATTRS] = attrs
-        rule, attrs, key_head = prepared
-        specs = tuple(value_spec(graph, v) for v in node.inputs)
+        if prepared is None or prepared[0] is not self._heads:  # heads are numbered per cache
+            prepared = self._prepare(node)
+        _, rule, attrs, head = prepared
+        if specs is None:
+            specs = tuple(value_spec(graph, v) for v in node.inputs)
         if None in specs:
             m[meta.SPECS] = (None,) * node.num_outputs
             m[meta.VIOLATIONS] = ()
             m[meta.WANTS] = ()
             return False
-        key = (key_head, specs)
+        key = (head, specs)
         cached = self.cache.get(key)
         hit = cached is not None
         if not hit:
@@ -115,6 +148,30 @@ class Propagate:
         m[meta.VIOLATIONS] = tuple(self._locate(v, node, rule) for v in violations) if violations else ()
         m[meta.WANTS] = wants
         return hit
+
+    def _prepare(self, node: Node) -> tuple:
+        """The heads table, the rule, the normalised attrs and a small key for (op, attrs), once per node.
+
+        The key is an integer interned in the shared cache, so that a cache lookup hashes
+        one int and the input specs (whose hashes are cached) instead of the attrs again.
+        Nodes with equal op and attrs (the repeated layers of a model) share one entry.
+        """
+        by_attrs = self._by_attrs
+        try:
+            raw = (node.op, tuple(node.attrs.items()))
+            prepared = by_attrs.get(raw)
+        except TypeError:  # list or dict values: freeze them
+            raw = (node.op, freeze_attrs(node.attrs))
+            prepared = by_attrs.get(raw)
+        if prepared is None:
+            rule = get_rule(node.op, node=node.name)
+            attrs = rule.normalize_attrs(node.attrs, node.name)  # raises bad-attr for this node
+            heads = self._heads
+            head = heads.setdefault((rule.name, freeze_attrs(attrs)), len(heads))
+            prepared = by_attrs[raw] = (heads, rule, attrs, head)
+        node.meta[_PREPARED] = prepared
+        node.meta[meta.ATTRS] = prepared[2]  # shared between equal nodes: attrs are never written to
+        return prepared
 
     @staticmethod
     def _apply(rule, node: Node, specs, attrs):

@@ -59,41 +59,48 @@ class Reshard:
         for _ in range(self.max_rounds):
             if not any(v.fixable for n in graph.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
                 break  # nothing (more) a redistribution can fix: keep the graph as it is
-            new, inserted = self._round(graph)
+            new, inserted, touched = self._round(graph)
             if not inserted:
                 break
             total += inserted
-            self.propagate.run(new)
+            self.propagate.run(new, touched)  # only what the new nodes can change is visited again
             graph = new
         return ReshardResult(graph, total)
 
-    def _round(self, graph: Graph) -> tuple[Graph, int]:
-        new = Graph(graph.mesh)
-        new.meta.update(graph.meta)
+    def _round(self, graph: Graph) -> tuple[Graph, int, set[str]]:
+        """The graph with this round's redistributions; the count; the nodes to propagate again.
+
+        Every copied node keeps a copy of its metadata (the old graph is left as it was), so
+        that propagation only revisits the inserted nodes, their consumers and what changes
+        downstream of them.
+        """
+        nodes: list[Node] = []
+        names = set(graph._nodes)  # noqa: SLF001 - fresh names must not clash with the old graph's
         moved: dict[tuple[str, tuple], str] = {}
+        touched: set[str] = set()
         inserted = 0
         for node in graph.topo_order():
+            if not node.meta.get(meta.VIOLATIONS):  # nothing to move: the same node, its metadata copied
+                nodes.append(Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta)))
+                continue
             inputs = list(node.inputs)
-            if not node.is_input and node.meta.get(meta.VIOLATIONS):
-                rule = get_rule(node.op)
-                flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
-                for i, (value, want) in enumerate(zip(node.inputs, node.meta.get(meta.WANTS, ()))):
-                    if want is None or not self._needs_node(graph, value, want, value in flagged):
-                        continue
-                    key = (value, tuple(want.placements))
-                    if key not in moved:
-                        name = self._fresh(new, f"{node.name}/{rule.operand_name(i)}")
-                        new.add_node(Node(name, "redistribute", (value,),
-                                          {"placements": want.placement_strs()},
-                                          meta={meta.INSERTED_BY: self.name, "for": (node.name, value)}))
-                        moved[key] = name
-                        inserted += 1
-                    inputs[i] = moved[key]
-            copy = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs,
-                        meta={k: v for k, v in node.meta.items() if k in (meta.INSERTED_BY, meta.GRAD_OF, "for")})
-            new.add_node(copy)
-        new.outputs = list(graph.outputs)
-        return new, inserted
+            rule = get_rule(node.op)
+            flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
+            for i, (value, want) in enumerate(zip(node.inputs, node.meta.get(meta.WANTS, ()))):
+                if want is None or not self._needs_node(graph, value, want, value in flagged):
+                    continue
+                key = (value, tuple(want.placements))
+                if key not in moved:
+                    name = self._fresh(names, f"{node.name}/{rule.operand_name(i)}")
+                    names.add(name)
+                    nodes.append(Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
+                                      meta={meta.INSERTED_BY: self.name, "for": (node.name, value)}))
+                    moved[key] = name
+                    inserted += 1
+                inputs[i] = moved[key]
+                touched.add(node.name)
+            nodes.append(Node(node.name, node.op, tuple(inputs), node.attrs, node.num_outputs, dict(node.meta)))
+        return Graph.from_nodes(graph.mesh, nodes, graph.outputs, graph.meta), inserted, touched
 
     @staticmethod
     def _needs_node(graph: Graph, value: str, want, flagged: bool) -> bool:
@@ -106,9 +113,9 @@ class Reshard:
         return flagged or not plan.is_free
 
     @staticmethod
-    def _fresh(graph: Graph, base: str) -> str:
+    def _fresh(taken: set[str], base: str) -> str:
         name, i = base, 1
-        while name in graph:
+        while name in taken:
             i += 1
             name = f"{base}{i}"
         return name

@@ -102,9 +102,9 @@ class Graph:
         self.mesh = mesh
         self._nx: nx.MultiDiGraph | None = None
         self._nodes: dict[str, Node] = {}
-        self._order: dict[str, int] = {}
         self._producers: dict[str, tuple[Node, int]] = {}
-        self._uses: dict[str, list[tuple[Node, int]]] = {}  # producer node name -> (consumer, input index)
+        # producer node name -> [(consumer, input index)], built on demand (like the networkx view)
+        self._uses: dict[str, list[tuple[Node, int]]] | None = None
         self.outputs: list[str] = []
         self.meta: dict[str, Any] = {}
 
@@ -141,26 +141,31 @@ class Graph:
         if node.name in self._nodes:
             raise GraphError("duplicate-name", f"a node named {node.name!r} already exists", node=node.name,
                              hint="give every node and input a distinct name")
-        producers = []
         for i, value in enumerate(node.inputs):
-            found = self._producers.get(value)
-            if found is None:
-                try:
-                    found = self.producer(value)
-                except GraphError:
-                    raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value "
-                                     f"{value!r}", node=node.name, input=value,
-                                     hint="define a value before using it") from None
-            producers.append(found[0].name)
+            if value not in self._producers and not self.has_value(value):
+                raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",
+                                 node=node.name, input=value, hint="define a value before using it")
         self._nodes[node.name] = node
-        self._order[node.name] = len(self._order)
         for index, value in enumerate(node.outputs):
             self._producers[value] = (node, index)
-        self._uses[node.name] = []
-        for i, producer in enumerate(producers):
-            self._uses[producer].append((node, i))
-        self._nx = None  # the networkx view is rebuilt on demand
+        self._uses = self._nx = None  # indexes rebuilt on demand
         return node.outputs
+
+    def replace(self, node: Node) -> Node:
+        """Put ``node`` in the place of the node of the same name (same op, inputs and outputs).
+
+        Transforming passes share unchanged nodes with the graph they came from; a pass
+        that must write to such a node's metadata replaces it by a copy first.
+        """
+        old = self.node(node.name)
+        if (old.op, old.inputs, old.outputs) != (node.op, node.inputs, node.outputs):
+            raise GraphError("bad-replace", f"node {node.name!r} can only be replaced by a node with the same op, "
+                             f"inputs and outputs", node=node.name, hint="insert a new node instead")
+        self._nodes[node.name] = node
+        for index, value in enumerate(node.outputs):
+            self._producers[value] = (node, index)
+        self._uses = self._nx = None
+        return node
 
     @property
     def nx(self) -> nx.MultiDiGraph:
@@ -235,6 +240,12 @@ class Graph:
     def consumers(self, value: str) -> list[tuple[Node, int]]:
         """Nodes that read ``value``, with the input index, in node order."""
         producer, _ = self.producer(value)
+        if self._uses is None:
+            uses: dict[str, list[tuple[Node, int]]] = {name: [] for name in self._nodes}
+            for node in self._nodes.values():
+                for i, used in enumerate(node.inputs):
+                    uses[self.producer(used)[0].name].append((node, i))
+            self._uses = uses
         return [(node, i) for node, i in self._uses[producer.name] if node.inputs[i] == value]
 
     def topo_order(self) -> list[Node]:
@@ -334,19 +345,11 @@ class Graph:
         g = cls(mesh)
         g.outputs = list(outputs)
         g.meta.update(graph_meta or {})
-        order, producers, uses = g._order, g._producers, g._uses
         g._nodes = {node.name: node for node in nodes}
+        producers = g._producers
         for node in g._nodes.values():
-            name = node.name
-            order[name] = len(order)
-            uses[name] = []
-            for i, value in enumerate(node.inputs):
-                found = producers.get(value)
-                if found is None:
-                    found = g.producer(value)
-                uses[found[0].name].append((node, i))
             if node.num_outputs == 1:
-                producers[name] = (node, 0)
+                producers[node.name] = (node, 0)
             else:
                 for index, value in enumerate(node.outputs):
                     producers[value] = (node, index)

@@ -56,6 +56,13 @@ def value_spec(graph: Graph, value: str) -> TensorSpec | None:
     return node.meta[meta.SPECS][index]  # KeyError here means the producer was not propagated
 
 
+def _has_none(specs: tuple) -> bool:
+    for spec in specs:  # identity only: ``None in specs`` would call TensorSpec.__eq__ on each
+        if spec is None:
+            return True
+    return False
+
+
 @dataclass
 class PropagateResult:
     nodes: int = 0
@@ -80,10 +87,12 @@ class Propagate:
         ----------
         graph : Graph
         touched : set of str, optional
-            Incremental mode, for a graph whose nodes carry the metadata of an earlier
-            propagation (as a transforming pass copies it): only the nodes named here, the
-            nodes without specs, and the nodes that read a value whose spec changed on
-            the way are visited; the others keep their metadata.
+            Incremental mode, for a graph made by a transforming pass from a propagated
+            one: only the nodes named here, the nodes without specs, and the nodes that
+            read a value whose spec changed on the way are visited; the others keep their
+            metadata.  Nodes outside ``touched`` may be shared with the graph they came
+            from: one that must be visited is first replaced by a copy
+            (:meth:`Graph.replace`), so that graph is left as it was.
         """
         result = PropagateResult()
         env: dict[str, TensorSpec | None] = {}  # every value's spec so far: no producer lookups
@@ -93,6 +102,10 @@ class Propagate:
             m = node.meta
             if (touched is None or node.name in touched or meta.SPECS not in m
                     or (changed and not changed.isdisjoint(node.inputs))):
+                if touched is not None and node.name not in touched:  # copy on write
+                    node = graph.replace(Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs,
+                                              dict(m)))
+                    m = node.meta
                 before = m.get(meta.SPECS)
                 try:
                     specs = tuple([env[value] for value in node.inputs])
@@ -132,7 +145,7 @@ class Propagate:
         _, rule, attrs, head = prepared
         if specs is None:
             specs = tuple(value_spec(graph, v) for v in node.inputs)
-        if None in specs:
+        if _has_none(specs):
             m[meta.SPECS] = (None,) * node.num_outputs
             m[meta.VIOLATIONS] = ()
             m[meta.WANTS] = ()

@@ -54,25 +54,26 @@ class Reshard:
         self.propagate = propagate or Propagate()
 
     def run(self, graph: Graph) -> ReshardResult:
-        self.propagate.run(graph)
+        propagated = self.propagate.run(graph)
         total = 0
         for _ in range(self.max_rounds):
-            if not any(v.fixable for n in graph.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
+            if not any(v.fixable for v in propagated.violations):
                 break  # nothing (more) a redistribution can fix: keep the graph as it is
             new, inserted, touched = self._round(graph)
             if not inserted:
                 break
             total += inserted
-            self.propagate.run(new, touched)  # only what the new nodes can change is visited again
+            propagated = self.propagate.run(new, touched)  # only what the new nodes can change is visited
             graph = new
         return ReshardResult(graph, total)
 
     def _round(self, graph: Graph) -> tuple[Graph, int, set[str]]:
         """The graph with this round's redistributions; the count; the nodes to propagate again.
 
-        Every copied node keeps a copy of its metadata (the old graph is left as it was), so
-        that propagation only revisits the inserted nodes, their consumers and what changes
-        downstream of them.
+        Nodes without violations are shared with the old graph; rewired consumers are
+        copies with a copy of their metadata.  Propagation then revisits the inserted
+        nodes, the rewired ones and what changes downstream of them, copying a shared
+        node before it writes to it, so the old graph is left as it was.
         """
         nodes: list[Node] = []
         names = set(graph._nodes)  # noqa: SLF001 - fresh names must not clash with the old graph's
@@ -80,8 +81,8 @@ class Reshard:
         touched: set[str] = set()
         inserted = 0
         for node in graph.topo_order():
-            if not node.meta.get(meta.VIOLATIONS):  # nothing to move: the same node, its metadata copied
-                nodes.append(Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta)))
+            if not node.meta.get(meta.VIOLATIONS):  # nothing to move: the node is shared with the old graph
+                nodes.append(node)
                 continue
             inputs = list(node.inputs)
             rule = get_rule(node.op)
@@ -96,6 +97,7 @@ class Reshard:
                     nodes.append(Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
                                       meta={meta.INSERTED_BY: self.name, "for": (node.name, value)}))
                     moved[key] = name
+                    touched.add(name)
                     inserted += 1
                 inputs[i] = moved[key]
                 touched.add(node.name)

@@ -6,12 +6,22 @@ time of executing every rank's lowered program in the simulator (collectives inc
 and of executing the global graph once on one device with the same numpy kernels, and
 prints the ratio.  Lowering and input scattering are timed apart (they are done once per
 program, not per step).
-Run: ``cd benchmarks && python simulate.py [--graph llama|rpe] [--blocks 1 4] [--repeat 3]``.
+
+Two Llama widths (``--size``): ``small`` (batch 4, sequence 128, hidden 256, 8 heads of
+32, ffn 512) and ``base`` (batch 2, sequence 256, hidden 1024, 8 heads of 128 as in Llama,
+ffn 2816).  Weights are drawn with standard deviation 1/sqrt(fan-in), as a model is
+initialised: with unit-variance weights the attention softmax saturates and its gradients
+fill with float32 subnormals, whose arithmetic is ten times slower and says nothing about
+the simulator.
+
+Run: ``cd benchmarks && python simulate.py [--graph llama|rpe] [--size small base]
+[--blocks 1 4] [--repeat 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 import numpy as np
@@ -27,10 +37,25 @@ from layout_prop.models import llama_spec
 
 from propagate import build  # noqa: E402  (benchmarks/ is the working folder)
 
+#: Llama widths: batch, seq, hidden, heads, ffn.
+SIZES = {
+    "small": dict(batch=4, seq=128, hidden=256, heads=8, ffn=512),
+    "base": dict(batch=2, seq=256, hidden=1024, heads=8, ffn=2816),
+}
+WEIGHT = re.compile(r"l\d+_w\w+")  # the generator's linear weights, (out, in)
 
-def llama(layers: int):
-    # a wider block than the default so that kernels, not Python, dominate
-    return load_spec(llama_spec(layers, batch=4, seq=128, hidden=256, heads=8, ffn=512))
+
+def llama(layers: int, size: str = "small"):
+    return load_spec(llama_spec(layers, **SIZES[size]))
+
+
+def model_inputs(graph, seed: int) -> dict[str, np.ndarray]:
+    """Seeded random inputs; linear weights scaled to standard deviation 1/sqrt(fan-in)."""
+    inputs = random_inputs(graph, seed)
+    for name, value in inputs.items():
+        if WEIGHT.fullmatch(name):
+            inputs[name] = (value / np.sqrt(value.shape[1])).astype(value.dtype)
+    return inputs
 
 
 def best(fn, repeat: int) -> float:
@@ -46,30 +71,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=None,
                         help="layers (llama) or RPE blocks (rpe); default 1 4 / 4 16")
+    parser.add_argument("--size", choices=sorted(SIZES), nargs="+", default=["small", "base"],
+                        help="Llama widths to run (default both)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--graph", choices=["llama", "rpe"], default="llama")
     args = parser.parse_args()
     blocks_list = args.blocks or ([1, 4] if args.graph == "llama" else [4, 16])
+    sizes = args.size if args.graph == "llama" else ["-"]
     print(f"graph: {args.graph}")
-    print(f"{'blocks':>6} {'backward':>8} {'nodes':>6} {'one device s':>13} {'simulator s':>12} {'ratio':>6} "
-          f"{'lower s':>8}")
-    for blocks in blocks_list:
-        for backward in (False, True):
-            source = llama(blocks) if args.graph == "llama" else build(3 * blocks)
-            g = analyze(source, backward=backward, reshard=True).graph
-            start = time.perf_counter()
-            program = Lower().run(g).program
-            lower_s = time.perf_counter() - start
-            inputs = random_inputs(g, 0)
-            # pre-scatter the inputs so both sides start from data in place
-            local_inputs = {op.name: scatter_global(inputs[op.name], op.specs[0]) for op in program.ops
-                            if op.kind == "input"}
-            sim = Simulator()
-            one = best(lambda: execute_global(g, inputs), args.repeat)
-            many = best(lambda: sim.execute(program, inputs, np.random.default_rng(0),
-                                            scattered=local_inputs), args.repeat)
-            print(f"{blocks:>6} {str(backward):>8} {len(g):>6} {one:>13.4f} {many:>12.4f} {many / one:>6.2f} "
-                  f"{lower_s:>8.4f}")
+    print(f"{'size':>5} {'blocks':>6} {'backward':>8} {'nodes':>6} {'one device s':>13} {'simulator s':>12} "
+          f"{'ratio':>6} {'lower s':>8}")
+    for size in sizes:
+        for blocks in blocks_list:
+            for backward in (False, True):
+                source = llama(blocks, size) if args.graph == "llama" else build(3 * blocks)
+                g = analyze(source, backward=backward, reshard=True).graph
+                start = time.perf_counter()
+                program = Lower().run(g).program
+                lower_s = time.perf_counter() - start
+                inputs = model_inputs(g, 0)
+                # pre-scatter the inputs so both sides start from data in place
+                local_inputs = {op.name: scatter_global(inputs[op.name], op.specs[0]) for op in program.ops
+                                if op.kind == "input"}
+                sim = Simulator()
+                one = best(lambda: execute_global(g, inputs), args.repeat)
+                many = best(lambda: sim.execute(program, inputs, np.random.default_rng(0),
+                                                scattered=local_inputs), args.repeat)
+                print(f"{size:>5} {blocks:>6} {str(backward):>8} {len(g):>6} {one:>13.4f} {many:>12.4f} "
+                      f"{many / one:>6.2f} {lower_s:>8.4f}")
 
 
 if __name__ == "__main__":

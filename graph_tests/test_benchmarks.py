@@ -1,0 +1,46 @@
+"""The benchmark scripts still run and print their tables (tiny sizes; no timing is asserted).
+
+Speed is measured by running the scripts by hand (README, Performance); these tests only
+keep them from rotting: each runs in a subprocess from ``benchmarks/`` as the README says.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=BENCHMARKS, capture_output=True, text=True, timeout=300)
+
+
+def test_propagate_benchmark_prints_sizes_and_the_ratio():
+    for graph in ("llama", "rpe"):
+        done = _run("propagate.py", "--graph", graph, "--sizes", "60", "600", "--repeat", "1")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0] == f"graph: {graph}"
+        assert "cold us/node" in lines[1]
+        assert lines[-1].startswith("time(600)/time(60): cold ")
+
+
+def test_simulate_benchmark_prints_one_row_per_graph():
+    done = _run("simulate.py", "--size", "small", "--blocks", "1", "--repeat", "1")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [("small", "1", "False"), ("small", "1", "True")]
+    assert all(float(r[6]) > 0 for r in rows)  # the ratio column
+
+
+def test_rpe_kernel_benchmark_reports_every_mode_and_its_verdict():
+    done = _run("rpe_kernel.py", "--size-mib", "1", "--repeat", "1", "--min-ratio", "0")
+    assert done.returncode == 0, done.stderr
+    assert "np.copyto" in done.stdout
+    for mode in ("mode 0 (half)", "mode 1 (interleave)", "mode 2 (quarter)", "mode 3 (interleave-half)"):
+        assert mode in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("OK: mode 0 reaches")
+    failing = _run("rpe_kernel.py", "--size-mib", "1", "--repeat", "1", "--min-ratio", "1000")
+    assert failing.returncode == 1 and "FAIL: mode 0 reaches" in failing.stderr

@@ -151,22 +151,6 @@ class Graph:
         self._uses = self._nx = None  # indexes rebuilt on demand
         return node.outputs
 
-    def replace(self, node: Node) -> Node:
-        """Put ``node`` in the place of the node of the same name (same op, inputs and outputs).
-
-        Transforming passes share unchanged nodes with the graph they came from; a pass
-        that must write to such a node's metadata replaces it by a copy first.
-        """
-        old = self.node(node.name)
-        if (old.op, old.inputs, old.outputs) != (node.op, node.inputs, node.outputs):
-            raise GraphError("bad-replace", f"node {node.name!r} can only be replaced by a node with the same op, "
-                             f"inputs and outputs", node=node.name, hint="insert a new node instead")
-        self._nodes[node.name] = node
-        for index, value in enumerate(node.outputs):
-            self._producers[value] = (node, index)
-        self._uses = self._nx = None
-        return node
-
     @property
     def nx(self) -> nx.MultiDiGraph:
         """The networkx view: a node per graph node (data ``node``), an edge per use.

@@ -80,45 +80,19 @@ class Propagate:
         self._heads = self.cache.setdefault(_HEADS, {})
         self._by_attrs = self.cache.setdefault(_BY_ATTRS, {})
 
-    def run(self, graph: Graph, touched: set[str] | None = None) -> PropagateResult:
-        """Propagate every node in topological order.
-
-        Parameters
-        ----------
-        graph : Graph
-        touched : set of str, optional
-            Incremental mode, for a graph made by a transforming pass from a propagated
-            one: only the nodes named here, the nodes without specs, and the nodes that
-            read a value whose spec changed on the way are visited; the others keep their
-            metadata.  Nodes outside ``touched`` may be shared with the graph they came
-            from: one that must be visited is first replaced by a copy
-            (:meth:`Graph.replace`), so that graph is left as it was.
-        """
+    def run(self, graph: Graph) -> PropagateResult:
+        """Propagate every node in topological order (specs read from a local map, not the producers)."""
         result = PropagateResult()
-        env: dict[str, TensorSpec | None] = {}  # every value's spec so far: no producer lookups
-        changed: set[str] = set()
+        env: dict[str, TensorSpec | None] = {}  # every value's spec so far
         for node in graph.topo_order():
             result.nodes += 1
+            try:
+                specs = tuple([env[value] for value in node.inputs])
+            except KeyError:  # a value named another way than its producer's outputs
+                specs = None
+            result.cache_hits += self.visit(graph, node, specs)
             m = node.meta
-            if (touched is None or node.name in touched or meta.SPECS not in m
-                    or (changed and not changed.isdisjoint(node.inputs))):
-                if touched is not None and node.name not in touched:  # copy on write
-                    node = graph.replace(Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs,
-                                              dict(m)))
-                    m = node.meta
-                before = m.get(meta.SPECS)
-                try:
-                    specs = tuple([env[value] for value in node.inputs])
-                except KeyError:  # a value named another way than its producer's outputs
-                    specs = None
-                result.cache_hits += self.visit(graph, node, specs)
-                if touched is not None and m[meta.SPECS] != before:
-                    changed.update(node.outputs)
-            outputs = m[meta.SPECS]
-            if len(outputs) == 1:
-                env[node.name] = outputs[0]
-            else:
-                env.update(zip(node.outputs, outputs))
+            env.update(zip(node.outputs, m[meta.SPECS]))
             if m[meta.VIOLATIONS]:
                 result.violations.extend(m[meta.VIOLATIONS])
         return result

@@ -1,11 +1,12 @@
 """reshard: insert the cheapest redistribution for every input a rule wants moved.
 
-A transforming pass: it builds a new graph through an old -> new map (inputs are
-rewired to the inserted ``redistribute`` nodes) and propagates it.  Only wants that cost
-communication, or that a violation names, get a node; free local slices stay implicit
-(lowering slices locally).  A
-value moved to the same layout for several consumers is moved once.  Violations that no
-redistribution can fix (a bad mode, shapes that do not broadcast) remain.
+A transforming pass: one sweep in topological order builds the new graph, inserting
+``redistribute`` nodes before the consumers that need them and propagating only what
+they change; unchanged nodes are shared with the given graph, which is left as it was.
+Only wants that cost communication, or that a violation names, get a node; free local
+slices stay implicit (lowering slices locally).  A value moved to the same layout for
+several consumers is moved once.  Violations that no redistribution can fix (a bad
+mode, shapes that do not broadcast) remain.
 
 Examples
 --------
@@ -35,7 +36,7 @@ from layout_prop.graph import Graph, Node
 from layout_prop.redistribute import plan_redistribution
 from layout_prop.registry import get_rule
 
-from .propagate import Propagate, value_spec
+from .propagate import Propagate
 
 __all__ = ["Reshard", "ReshardResult"]
 
@@ -48,66 +49,38 @@ class ReshardResult:
 
 class Reshard:
     name = "reshard"
-    max_rounds = 8
+    max_rounds = 8  # moves inserted for one node, again and again while its rule still asks
 
     def __init__(self, propagate: Propagate | None = None) -> None:
         self.propagate = propagate or Propagate()
 
     def run(self, graph: Graph) -> ReshardResult:
-        propagated = self.propagate.run(graph)
-        total = 0
-        for _ in range(self.max_rounds):
-            if not any(v.fixable for v in propagated.violations):
-                break  # nothing (more) a redistribution can fix: keep the graph as it is
-            new, inserted, touched = self._round(graph)
-            if not inserted:
-                break
-            total += inserted
-            propagated = self.propagate.run(new, touched)  # only what the new nodes can change is visited
-            graph = new
-        return ReshardResult(graph, total)
+        """Propagate ``graph`` (in place, if it is not yet), then build the resharded graph.
 
-    def _round(self, graph: Graph) -> tuple[Graph, int, set[str]]:
-        """The graph with this round's redistributions; the count; the nodes to propagate again.
-
-        Nodes without violations are shared with the old graph; rewired consumers are
-        copies with a copy of their metadata.  Propagation then revisits the inserted
-        nodes, the rewired ones and what changes downstream of them, copying a shared
-        node before it writes to it, so the old graph is left as it was.
+        One sweep in topological order: a node whose rule asks for moves gets its
+        redistribution nodes inserted just before it and is propagated again; a node
+        that reads a value whose spec changed on the way is propagated again too (a copy:
+        the given graph is left as it was); every other node is shared with the given
+        graph.  Since a node is only reached after all its inputs, what a move changes
+        downstream is settled in the same sweep.
         """
-        nodes: list[Node] = []
-        names = set(graph._nodes)  # noqa: SLF001 - fresh names must not clash with the old graph's
-        moved: dict[tuple[str, tuple], str] = {}
-        touched: set[str] = set()
-        inserted = 0
-        for node in graph.topo_order():
-            if not node.meta.get(meta.VIOLATIONS):  # nothing to move: the node is shared with the old graph
-                nodes.append(node)
-                continue
-            inputs = list(node.inputs)
-            rule = get_rule(node.op)
-            flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
-            for i, (value, want) in enumerate(zip(node.inputs, node.meta.get(meta.WANTS, ()))):
-                if want is None or not self._needs_node(graph, value, want, value in flagged):
-                    continue
-                key = (value, tuple(want.placements))
-                if key not in moved:
-                    name = self._fresh(names, f"{node.name}/{rule.operand_name(i)}")
-                    names.add(name)
-                    nodes.append(Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
-                                      meta={meta.INSERTED_BY: self.name, "for": (node.name, value)}))
-                    moved[key] = name
-                    touched.add(name)
-                    inserted += 1
-                inputs[i] = moved[key]
-                touched.add(node.name)
-            nodes.append(Node(node.name, node.op, tuple(inputs), node.attrs, node.num_outputs, dict(node.meta)))
-        return Graph.from_nodes(graph.mesh, nodes, graph.outputs, graph.meta), inserted, touched
+        nodes = graph.topo_order()
+        if any(meta.SPECS not in n.meta for n in nodes):
+            violations = self.propagate.run(graph).violations
+        else:
+            violations = [v for n in nodes for v in n.meta[meta.VIOLATIONS]]
+        if not any(v.fixable for v in violations):
+            return ReshardResult(graph, 0)  # nothing a redistribution can fix: the graph as it is
+        sweep = _Sweep(self, graph)
+        for node in nodes:
+            sweep.add(node)
+        if not sweep.inserted:
+            return ReshardResult(graph, 0)
+        return ReshardResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.inserted)
 
     @staticmethod
-    def _needs_node(graph: Graph, value: str, want, flagged: bool) -> bool:
+    def _needs_node(spec, want, flagged: bool) -> bool:
         """A move that costs communication, or one a violation asks for (a relabel on a size-1 axis)."""
-        spec = value_spec(graph, value)
         try:
             plan = plan_redistribution(spec, want)
         except LayoutPropError:
@@ -121,3 +94,65 @@ class Reshard:
             i += 1
             name = f"{base}{i}"
         return name
+
+
+class _Sweep:
+    """The state of one resharding sweep: the new graph's nodes so far and their specs."""
+
+    def __init__(self, reshard: Reshard, graph: Graph) -> None:
+        self.reshard = reshard
+        self.propagate = reshard.propagate
+        self.graph = graph
+        self.nodes: list[Node] = []
+        self.env: dict[str, object] = {}  # value -> its spec in the new graph
+        self.changed: set[str] = set()  # values whose spec differs from the given graph's
+        self.moved: dict[tuple[str, object], str] = {}  # (value, wanted layout) -> redistribute node
+        self.taken = {node.name for node in graph.topo_order()}
+        self.inserted = 0
+
+    def add(self, node: Node) -> None:
+        """Append ``node`` (shared, or a propagated copy) after the moves its rule asks for."""
+        m = node.meta
+        if self.changed and not self.changed.isdisjoint(node.inputs):
+            node = self._visit_copy(node, node.inputs)
+        if node.meta[meta.VIOLATIONS]:
+            for _ in range(self.reshard.max_rounds):
+                if not any(v.fixable for v in node.meta[meta.VIOLATIONS]):
+                    break
+                inputs = self._move_inputs(node)
+                if inputs == node.inputs:
+                    break
+                node = self._visit_copy(node, inputs)
+        self.nodes.append(node)
+        outputs = node.meta[meta.SPECS]
+        if node.meta is not m and outputs != m[meta.SPECS]:
+            self.changed.update(node.outputs)
+        self.env.update(zip(node.outputs, outputs))
+
+    def _visit_copy(self, node: Node, inputs: tuple[str, ...]) -> Node:
+        copy = Node(node.name, node.op, tuple(inputs), node.attrs, node.num_outputs, dict(node.meta))
+        self.propagate.visit(self.graph, copy, tuple(self.env[value] for value in copy.inputs))
+        return copy
+
+    def _move_inputs(self, node: Node) -> tuple[str, ...]:
+        """The node's inputs with a redistribute node in place of each move that is needed."""
+        flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
+        inputs = list(node.inputs)
+        for i, (value, want) in enumerate(zip(node.inputs, node.meta[meta.WANTS])):
+            if want is None or not self.reshard._needs_node(self.env[value], want, value in flagged):
+                continue
+            key = (value, want)  # a Layout: its hash is cached
+            name = self.moved.get(key)
+            if name is None:
+                operand = get_rule(node.op).operand_name(i)
+                name = self.reshard._fresh(self.taken, f"{node.name}/{operand}")
+                self.taken.add(name)
+                move = Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
+                            meta={meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
+                self.propagate.visit(self.graph, move, (self.env[value],))
+                self.nodes.append(move)
+                self.env[name] = move.meta[meta.SPECS][0]
+                self.moved[key] = name
+                self.inserted += 1
+            inputs[i] = name
+        return tuple(inputs)

@@ -98,6 +98,17 @@ def test_infer_layout_is_cached_on_layouts_shapes_and_mode():
     assert len(op._cache) == 2
 
 
+def test_infer_layout_cache_tells_mode_1_from_mode_true():
+    mesh = DeviceMesh((2,), ("dp",))
+    op = DistributedOp("rotary_position_embedding")
+    x = distribute(np.ones((2, 1, 4, 8)), mesh, ["S(0)"])
+    cos = np.ones((1, 1, 4, 8))
+    op.preprocess((x, cos, cos), {"mode": 1})
+    with pytest.raises(OpError) as info:  # True == 1 in Python, but True is not a mode
+        op.preprocess((x, cos, cos), {"mode": True})
+    assert info.value.code == "invalid-mode"
+
+
 @pytest.mark.parametrize("kwargs,mode", [({"rotary_mode": "half"}, 0), ({"rotary_mode": "interleave"}, 1),
                                          ({"rotary_mode": None}, 0), ({"mode": 3}, 3)])
 def test_torch_npu_rotary_mode_names(kwargs, mode):

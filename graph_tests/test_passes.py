@@ -307,3 +307,22 @@ def test_graph_from_nodes_matches_a_graph_built_node_by_node():
     assert [(n.name, i) for n, i in bulk.consumers("h")] == [(n.name, i) for n, i in g.consumers("h")]
     assert sorted(bulk.nx.edges(keys=True, data=True)) == sorted(g.nx.edges(keys=True, data=True))
     bulk.lint()
+
+
+def test_rule_cache_tells_attrs_that_python_finds_equal_apart():
+    """mode 1 and mode True are equal and hash alike in Python; only one is a rotation mode."""
+    spec = """
+mesh: {shape: [2], names: [tp]}
+inputs:
+  x: {shape: [2, 2, 4, 8], placements: ["S(0)"]}
+  cos: {shape: [1, 1, 4, 8]}
+  sin: {shape: [1, 1, 4, 8]}
+nodes:
+  - {name: a, op: rotary_position_embedding, inputs: [x, cos, sin], attrs: {mode: 1}}
+  - {name: b, op: rotary_position_embedding, inputs: [x, cos, sin], attrs: {mode: true}}
+  - {name: c, op: reshape, inputs: [a], attrs: {shape: [2, 2, 32]}}
+  - {name: d, op: reshape, inputs: [a], attrs: {shape: [2.0, 2, 32]}}
+outputs: [b, c, d]
+"""
+    result = Check().run(analyze(load_spec(spec)).graph)
+    assert [(v.node, v.code) for v in result.violations] == [("b", "invalid-mode"), ("d", "invalid-reshape")]

@@ -32,7 +32,7 @@ import numpy as np
 
 from .dtensor import DTensor
 from .errors import OpError
-from .graph import freeze_attrs
+from .graph import attrs_key, freeze_attrs
 from .layout import Layout
 from .registry import get_rule
 from .spec import TensorSpec
@@ -90,7 +90,7 @@ class DistributedOp:
     def _result(self, cache_values):
         result = self._cache.get(cache_values)
         if result is None:
-            specs, frozen = cache_values
+            specs, frozen, _ = cache_values
             result = self.rule.infer_layout(specs, dict(frozen))
             self._cache[cache_values] = result
         return result
@@ -117,7 +117,8 @@ class DistributedOp:
         if mesh is None:
             raise OpError("no-dtensor", f"{self.rule.name} got no DTensor operand", hint="distribute() an input first")
         tensors = [_as_dtensor(a, mesh) for a in operands]
-        cache_values = (tuple(t.spec for t in tensors), freeze_attrs(attrs))
+        # the attrs' key tells 1 from True (equal in Python); the frozen attrs give them back
+        cache_values = (tuple(t.spec for t in tensors), freeze_attrs(attrs), attrs_key(attrs))
         result = self._result(cache_values)
         if result.violations:
             first = result.violations[0]

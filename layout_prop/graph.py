@@ -4,10 +4,11 @@ Nodes are graph inputs (``op == "input"``) or op applications.  A node produces 
 value named like the node, or, for a multi-output op, values ``name:0``, ``name:1``...
 Edges go from producer to consumer, one per use (the same value may feed an op twice),
 keyed by the consumer's input index.  The graph keeps its own dicts (nodes in
-insertion order, producers, uses) and builds the networkx view when it is first asked
-for after a change: passes that rebuild large graphs do not pay for networkx's
-bookkeeping, and algorithms (cycles, generations, drawing) still get a real networkx graph.  Passes talk through named keys of ``node.meta``
-(see :mod:`layout_prop.meta`), as torch.fx passes do.
+insertion order, producers) and builds the uses index and the networkx view when first
+asked for after a change: passes that rebuild large graphs do not pay for networkx's
+bookkeeping, and algorithms (cycles, generations, drawing) still get a real networkx
+graph.  Passes talk through named keys of ``node.meta`` (see :mod:`layout_prop.meta`),
+as torch.fx passes do.
 
 Examples
 --------
@@ -35,7 +36,7 @@ import networkx as nx
 from .errors import GraphError
 from .mesh import DeviceMesh
 
-__all__ = ["Node", "Graph", "freeze_attrs", "value_name", "split_value"]
+__all__ = ["Node", "Graph", "attrs_key", "freeze_attrs", "value_name", "split_value"]
 
 
 def freeze_attrs(value: Any) -> Any:
@@ -45,6 +46,21 @@ def freeze_attrs(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(freeze_attrs(v) for v in value)
     return value
+
+
+def attrs_key(value: Any) -> Any:
+    """A hashable key of an attrs value that, unlike :func:`freeze_attrs`, tells apart
+    values Python finds equal: ``1``, ``1.0`` and ``True`` (a rule may accept one and
+    reject another).
+
+    >>> attrs_key({"mode": True}) == attrs_key({"mode": 1})
+    False
+    """
+    if isinstance(value, dict):
+        return tuple(sorted((k, attrs_key(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__,) + tuple(attrs_key(v) for v in value)
+    return type(value).__name__, value
 
 
 def value_name(node: str, index: int, num_outputs: int) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from layout_prop import meta
 from layout_prop.errors import LayoutPropError, OpError, Violation
-from layout_prop.graph import Graph, Node, freeze_attrs
+from layout_prop.graph import Graph, Node, attrs_key
 from layout_prop.layout import Layout
 from layout_prop.registry import get_rule
 from layout_prop.spec import TensorSpec
@@ -31,7 +31,7 @@ __all__ = ["Propagate", "PropagateResult", "input_spec", "value_spec"]
 
 _PREPARED = "propagate.prepared"  # private: (heads table, rule, attrs, cache-key head), once per node
 _HEADS = "propagate.heads"  # private key of the cache: (op, frozen normalised attrs) -> a small int
-_BY_ATTRS = "propagate.by_attrs"  # private key of the cache: (op, raw attrs) -> the prepared triple
+_BY_ATTRS = "propagate.by_attrs"  # private key of the cache: (op, raw attrs) -> the prepared tuple
 
 
 def input_spec(node: Node, graph: Graph) -> TensorSpec:
@@ -144,17 +144,17 @@ class Propagate:
         Nodes with equal op and attrs (the repeated layers of a model) share one entry.
         """
         by_attrs = self._by_attrs
-        try:
-            raw = (node.op, tuple(node.attrs.items()))
+        try:  # the value types are part of the key: mode 1 and mode True are different attrs
+            raw = (node.op, tuple(node.attrs.items()), tuple(map(type, node.attrs.values())))
             prepared = by_attrs.get(raw)
-        except TypeError:  # list or dict values: freeze them
-            raw = (node.op, freeze_attrs(node.attrs))
+        except TypeError:  # list or dict values
+            raw = (node.op, attrs_key(node.attrs))
             prepared = by_attrs.get(raw)
         if prepared is None:
             rule = get_rule(node.op, node=node.name)
             attrs = rule.normalize_attrs(node.attrs, node.name)  # raises bad-attr for this node
             heads = self._heads
-            head = heads.setdefault((rule.name, freeze_attrs(attrs)), len(heads))
+            head = heads.setdefault((rule.name, attrs_key(attrs)), len(heads))
             prepared = by_attrs[raw] = (heads, rule, attrs, head)
         node.meta[_PREPARED] = prepared
         node.meta[meta.ATTRS] = prepared[2]  # shared between equal nodes: attrs are never written to

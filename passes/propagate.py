@@ -19,6 +19,7 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from layout_prop import meta
 from layout_prop.errors import LayoutPropError, OpError, Violation
@@ -180,9 +181,14 @@ class Propagate:
 
     @staticmethod
     def _locate(v: Violation, node: Node, rule) -> Violation:
-        value = None
-        if v.operand is not None:
-            names = [rule.operand_name(i) for i in range(len(node.inputs))]
-            if v.operand in names:
-                value = node.inputs[names.index(v.operand)]
-        return v.located(node.name, rule.name, value)
+        index = _operand_indices(rule, len(node.inputs)).get(v.operand) if v.operand is not None else None
+        return v.located(node.name, rule.name, None if index is None else node.inputs[index])
+
+
+@lru_cache(maxsize=1024)
+def _operand_indices(rule, count: int) -> dict[str, int]:
+    """Operand name -> input index for a node of ``rule`` with ``count`` inputs (first wins)."""
+    indices: dict[str, int] = {}
+    for i in range(count):
+        indices.setdefault(rule.operand_name(i), i)
+    return indices

@@ -5,16 +5,22 @@ backward; ``--graph rpe`` for chains of RPE blocks), measures in the same run th
 time of executing every rank's lowered program in the simulator (collectives included)
 and of executing the global graph once on one device with the same numpy kernels, and
 prints the ratio.  Lowering and input scattering are timed apart (they are done once per
-program, not per step).
+program, not per step).  Both sides are asked for the graph's outputs only (``wanted``), as
+``layout-prop run`` asks: each drops every other value after its last use (memory the
+allocator can then hand out again without new page faults), and the simulator's
+reductions also reuse dying buffers.
 
-Two Llama widths (``--size``): ``small`` (batch 4, sequence 128, hidden 256, 8 heads of
-32, ffn 512) and ``base`` (batch 2, sequence 256, hidden 1024, 8 heads of 128 as in Llama,
-ffn 2816).  Weights are drawn with standard deviation 1/sqrt(fan-in), as a model is
+Three Llama sizes (``--size``): ``small`` (batch 4, sequence 128, hidden 256, 8 heads of
+32, ffn 512), ``base`` (batch 2, sequence 256, hidden 1024, 8 heads of 128 as in Llama,
+ffn 2816) and ``large`` (base with batch 8 and sequence 512: 4,096 tokens, 1,024 per
+data-parallel rank).  The tokens per rank set the inner dimension of the per-rank
+weight-gradient products: at 128 (small, base) BLAS runs them at about a third of the
+speed it reaches on the one-device products.  Weights are drawn with standard deviation 1/sqrt(fan-in), as a model is
 initialised: with unit-variance weights the attention softmax saturates and its gradients
 fill with float32 subnormals, whose arithmetic is ten times slower and says nothing about
 the simulator.
 
-Run: ``cd benchmarks && python simulate.py [--graph llama|rpe] [--size small base]
+Run: ``cd benchmarks && python simulate.py [--graph llama|rpe] [--size small base large]
 [--blocks 1 4] [--repeat 3]``.
 """
 
@@ -41,6 +47,7 @@ from propagate import build  # noqa: E402  (benchmarks/ is the working folder)
 SIZES = {
     "small": dict(batch=4, seq=128, hidden=256, heads=8, ffn=512),
     "base": dict(batch=2, seq=256, hidden=1024, heads=8, ffn=2816),
+    "large": dict(batch=8, seq=512, hidden=1024, heads=8, ffn=2816),
 }
 WEIGHT = re.compile(r"l\d+_w\w+")  # the generator's linear weights, (out, in)
 
@@ -71,8 +78,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=None,
                         help="layers (llama) or RPE blocks (rpe); default 1 4 / 4 16")
-    parser.add_argument("--size", choices=sorted(SIZES), nargs="+", default=["small", "base"],
-                        help="Llama widths to run (default both)")
+    parser.add_argument("--size", choices=list(SIZES), nargs="+", default=list(SIZES),
+                        help="Llama sizes to run (default all)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--graph", choices=["llama", "rpe"], default="llama")
     args = parser.parse_args()
@@ -94,9 +101,10 @@ def main() -> None:
                 local_inputs = {op.name: scatter_global(inputs[op.name], op.specs[0]) for op in program.ops
                                 if op.kind == "input"}
                 sim = Simulator()
-                one = best(lambda: execute_global(g, inputs), args.repeat)
+                wanted = list(g.outputs)
+                one = best(lambda: execute_global(g, inputs, wanted=wanted), args.repeat)
                 many = best(lambda: sim.execute(program, inputs, np.random.default_rng(0),
-                                                scattered=local_inputs), args.repeat)
+                                                scattered=local_inputs, wanted=wanted), args.repeat)
                 print(f"{size:>5} {blocks:>6} {str(backward):>8} {len(g):>6} {one:>13.4f} {many:>12.4f} "
                       f"{many / one:>6.2f} {lower_s:>8.4f}")
 

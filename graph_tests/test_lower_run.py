@@ -18,7 +18,7 @@ from layout_prop.loader import load_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.placement import Partial, Replicate, Shard
 from layout_prop.registry import OpRule, RuleResult, register_op
-from layout_prop.runner import run_graph
+from layout_prop.runner import execute_global, run_graph
 from layout_prop.spec import TensorSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rpe"
@@ -191,3 +191,40 @@ def test_equal_infinities_and_nans_agree_and_a_nan_against_a_number_does_not():
     assert problem is None and errors["max_abs_err"] == 0.0
     errors, problem = compare("y", np.array([-np.inf, 0.0, 1.0], np.float32), ref, spec)
     assert problem is not None and "[1]" in problem and "expected nan" in problem
+
+
+def test_execute_global_with_wanted_drops_the_rest_and_keeps_the_values():
+    from layout_prop.models import llama_spec
+    from layout_prop.runner import random_inputs
+
+    g = analyze(load_spec(llama_spec(1)), backward=True).graph
+    inputs = random_inputs(g, 3)
+    every = execute_global(g, inputs)
+    wanted = list(g.outputs)
+    some = execute_global(g, inputs, wanted=wanted)
+    assert list(some) == wanted
+    for value in wanted:
+        np.testing.assert_array_equal(some[value], every[value])
+
+
+def test_execute_global_with_wanted_frees_a_value_after_its_last_use():
+    import weakref
+
+    from layout_prop.kernels.numpy_backend import KERNELS
+
+    made = []
+
+    def neg(x):
+        out = -x
+        made.append(weakref.ref(out))
+        return out
+
+    g = load_spec({"mesh": {"shape": [1], "names": ["dp"]}, "inputs": {"a": {"shape": [3]}},
+                   "nodes": [{"name": "b", "op": "neg", "inputs": ["a"]},
+                             {"name": "c", "op": "neg", "inputs": ["b"]}], "outputs": ["c"]})
+    analyze(g)
+    out = execute_global(g, {"a": np.arange(3.0)}, kernels={**KERNELS, "neg": neg}, wanted=["c"])
+    assert made[0]() is None and made[1]() is out["c"]  # b is gone, c is returned
+    made.clear()
+    every = execute_global(g, {"a": np.arange(3.0)}, kernels={**KERNELS, "neg": neg})
+    assert made[0]() is every["b"]

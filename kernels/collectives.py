@@ -20,6 +20,15 @@ or.  With several Partial mesh axes the value reduces the innermost axis
 first: ``value = op_0 over axis 0 of (op_1 over axis 1 of (... terms))`` (the planner
 in :mod:`layout_prop.redistribute` keeps to that order).
 
+Buffers
+-------
+Results that are equal on every rank of a group are one read-only array shared by the
+group; groups whose terms are the same objects (the ranks of an earlier collective's
+group hold its one result) are run once and share their results too.  A reduction may
+accumulate into its group's first term instead of a new array when the caller gives
+that buffer up (``into_first`` / ``donatable``, used by the simulator for values that
+die at the step): the same additions in the same order, so the same bits.
+
 Examples
 --------
 >>> import numpy as np
@@ -39,7 +48,7 @@ Examples
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -60,7 +69,12 @@ __all__ = [
     "local_slice",
     "apply_step",
     "apply_plan",
+    "DONATING_STEPS",
+    "may_overlap_itself",
 ]
+
+#: The steps that can accumulate into a donated first term (:func:`apply_step`).
+DONATING_STEPS = ("all-reduce", "reduce-scatter")
 
 
 # --------------------------------------------------------------------------- reductions
@@ -83,7 +97,7 @@ def _check_same_shapes(arrays: list[np.ndarray], what: str) -> None:
                              hint="every rank of the group must hold a piece of the same shape")
 
 
-def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
+def reduce_terms(arrays: Sequence[np.ndarray], op: str, *, into_first: bool = False) -> np.ndarray:
     """Reduce the terms of one group elementwise by ``op``.
 
     Parameters
@@ -93,16 +107,32 @@ def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
     op : {'sum', 'avg', 'max', 'min'}
         ``sum`` adds left to right; ``avg`` is ``t0 + sum(t_k - t0) / n`` (integers: floor);
         on bools ``sum`` and ``avg`` are a logical or.
+    into_first : bool, optional
+        Accumulate into ``arrays[0]`` instead of a new array and return it (``sum``,
+        ``max``, ``min``; ``avg`` always makes a new array and leaves the terms alone).
+        The caller gives that buffer up: nothing may read it as a term afterwards.  The
+        operations and their order are the same, so the result is bit-identical.
 
     Returns
     -------
     numpy.ndarray
-        A new array of the terms' dtype.
+        A new array of the terms' dtype, or ``arrays[0]`` itself when ``into_first``.
+
+    Raises
+    ------
+    ExecutionError
+        ``read-only-buffer`` when ``into_first`` asks to write a read-only first term;
+        ``aliased-buffer`` when another term may share memory with it (writing the first
+        term would change that term before it is read).
 
     Examples
     --------
     >>> reduce_terms([np.array([1.0, 4.0]), np.array([3.0, 0.0])], "avg").tolist()
     [2.0, 2.0]
+    >>> first = np.array([1.0, 2.0])
+    >>> out = reduce_terms([first, np.array([10.0, 20.0])], "sum", into_first=True)
+    >>> out is first, first.tolist()
+    (True, [11.0, 22.0])
     """
     _check_op(op)
     arrays = _check_group(arrays, f"reduce({op})")
@@ -110,33 +140,75 @@ def reduce_terms(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
     dtype = arrays[0].dtype
     if dtype == np.bool_ and op in ("sum", "avg"):
         op = "max"  # on bools a sum, and a mean read as a bool, are a logical or
-    if op == "sum":
-        if len(arrays) == 1:
-            return arrays[0].copy()
-        acc = np.asarray(np.add(arrays[0], arrays[1], dtype=dtype))  # a new array: no copy pass
-        for term in arrays[2:]:
-            np.add(acc, term, out=acc, dtype=dtype)  # left to right, in place
-        return acc
     if op == "avg":
-        # t0 + sum(t_k - t0) / n: the mean, exact when the terms are equal
-        first = arrays[0]
-        offset = np.zeros_like(first)
-        with np.errstate(invalid="ignore", over="ignore"):
-            for term in arrays[1:]:
-                offset = np.add(offset, np.subtract(term, first, dtype=dtype), dtype=dtype)
-        if np.issubdtype(dtype, np.floating):
-            with np.errstate(invalid="ignore", over="ignore"):
-                shifted = np.add(first, offset / len(arrays), dtype=dtype)
-                plain = reduce_terms(arrays, "sum") / len(arrays)
-            return np.where(np.isfinite(shifted), shifted, plain).astype(dtype)  # inf - inf: plain mean
-        return np.add(first, offset // len(arrays), dtype=dtype)  # integers: the floor of the mean
-    fold = np.maximum if op == "max" else np.minimum
-    if len(arrays) == 1:
+        return _average(arrays, dtype)
+    fold = _FOLDS[op]
+    kwargs = {"dtype": dtype} if op == "sum" else {}
+    if into_first:
+        _check_donated(arrays)
+        acc, rest = arrays[0], arrays[1:]
+    elif len(arrays) == 1:
         return arrays[0].copy()
-    acc = np.asarray(fold(arrays[0], arrays[1]))
-    for term in arrays[2:]:
-        fold(acc, term, out=acc)
+    else:
+        acc, rest = np.asarray(fold(arrays[0], arrays[1], **kwargs)), arrays[2:]  # a new array: no copy pass
+    for term in rest:
+        fold(acc, term, out=acc, **kwargs)  # left to right, in place
     return acc
+
+
+_FOLDS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+
+
+def _check_donated(arrays: list[np.ndarray]) -> None:
+    """The first term can take the result: writeable, each element at its own address, and
+    no later term reads its memory."""
+    first = arrays[0]
+    if not first.flags.writeable:
+        raise ExecutionError("read-only-buffer", "cannot reduce into a read-only first term",
+                             hint="donate only a buffer that the caller owns and gives up")
+    if may_overlap_itself(first):
+        raise ExecutionError("aliased-buffer", "cannot reduce into the first term: some of its elements may share "
+                             "an address (a broadcast view?)", hint="donate only a buffer of distinct elements")
+    for k, term in enumerate(arrays[1:], start=1):
+        if np.may_share_memory(first, term):
+            raise ExecutionError("aliased-buffer", f"cannot reduce into the first term: term {k} may share its "
+                                 "memory", hint="donate only a buffer that no other term views")
+
+
+def may_overlap_itself(array: np.ndarray) -> bool:
+    """Whether two elements of ``array`` may sit at one address (a broadcast or stride trick).
+
+    ``False`` is certain: sorted by stride, each dim steps over the whole block that the
+    smaller dims span.  Writing such an array elementwise in place writes every element once.
+
+    Examples
+    --------
+    >>> may_overlap_itself(np.zeros((2, 3, 4)).transpose(1, 0, 2)), may_overlap_itself(np.zeros((4, 6))[::2, 1:])
+    (False, False)
+    >>> may_overlap_itself(np.broadcast_to(np.zeros(3), (2, 3)))
+    True
+    """
+    span = array.itemsize  # bytes from the first element's start to the last one's end, dims so far
+    for stride, n in sorted((abs(st), n) for st, n in zip(array.strides, array.shape) if n > 1):
+        if stride < span:
+            return True
+        span += stride * (n - 1)
+    return False
+
+
+def _average(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """``t0 + sum(t_k - t0) / n``: the mean, exact when the terms are equal (integers: floor)."""
+    first = arrays[0]
+    offset = np.zeros_like(first)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for term in arrays[1:]:
+            offset = np.add(offset, np.subtract(term, first, dtype=dtype), dtype=dtype)
+    if np.issubdtype(dtype, np.floating):
+        with np.errstate(invalid="ignore", over="ignore"):
+            shifted = np.add(first, offset / len(arrays), dtype=dtype)
+            plain = reduce_terms(arrays, "sum") / len(arrays)
+        return np.where(np.isfinite(shifted), shifted, plain).astype(dtype)  # inf - inf: plain mean
+    return np.add(first, offset // len(arrays), dtype=dtype)  # integers: the floor of the mean
 
 
 def split_terms(value: np.ndarray, n: int, op: str, rng: np.random.Generator | None = None) -> list[np.ndarray]:
@@ -421,20 +493,25 @@ def _read_only(view: np.ndarray) -> np.ndarray:
     return view
 
 
-def all_reduce(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
+def all_reduce(arrays: Sequence[np.ndarray], op: str, *, into_first: bool = False) -> list[np.ndarray]:
     """Every rank gets the reduction of the group's terms (:func:`reduce_terms`).
+
+    With ``into_first`` the reduction accumulates into ``arrays[0]``, which becomes the
+    group's (read-only) result.
 
     >>> [r.tolist() for r in all_reduce([np.array([1, 2]), np.array([3, 4])], "sum")]
     [[4, 6], [4, 6]]
     """
     arrays = _check_group(arrays, f"all-reduce({op})")
-    return _shared(reduce_terms(arrays, op), len(arrays))
+    return _shared(reduce_terms(arrays, op, into_first=into_first), len(arrays))
 
 
-def reduce_scatter(arrays: Sequence[np.ndarray], op: str, dim: int, n: int | None = None) -> list[np.ndarray]:
+def reduce_scatter(arrays: Sequence[np.ndarray], op: str, dim: int, n: int | None = None, *,
+                   into_first: bool = False) -> list[np.ndarray]:
     """Rank ``k`` of the group gets chunk ``k`` (``torch.chunk``, ``n`` pieces) of the reduction.
 
-    ``n`` defaults to, and must equal, the group size.
+    ``n`` defaults to, and must equal, the group size.  With ``into_first`` the reduction
+    accumulates into ``arrays[0]`` and the pieces are read-only views of it.
 
     >>> [r.tolist() for r in reduce_scatter([np.arange(5), np.ones(5, int)], "sum", 0)]
     [[1, 2, 3], [4, 5]]
@@ -445,7 +522,7 @@ def reduce_scatter(arrays: Sequence[np.ndarray], op: str, dim: int, n: int | Non
     if n != len(arrays):
         raise ExecutionError("group-size-mismatch", f"reduce-scatter into {n} pieces on a group of {len(arrays)}",
                              hint="scatter into one piece per rank")
-    total = np.asarray(reduce_terms(arrays, op))
+    total = np.asarray(reduce_terms(arrays, op, into_first=into_first))
     total.flags.writeable = False
     return _chunks(total, dim, n)  # read-only views of the one reduction
 
@@ -483,23 +560,26 @@ def local_slice(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
 
 
 # --------------------------------------------------------------------------- plans
-def _run_group(step: Step, arrays: list[np.ndarray]) -> list[np.ndarray]:
+def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -> list[np.ndarray]:
     if step.kind == "local-slice":
         return local_slice(arrays, step.dim)
     if step.kind == "all-gather":
         return all_gather(arrays, step.dim)
     if step.kind == "all-reduce":
-        return all_reduce(arrays, step.reduce_op)
+        return all_reduce(arrays, step.reduce_op, into_first=into_first)
     if step.kind == "reduce-scatter":
-        return reduce_scatter(arrays, step.reduce_op, step.dim)
+        return reduce_scatter(arrays, step.reduce_op, step.dim, into_first=into_first)
     if step.kind == "all-to-all":
         return all_to_all(arrays, split_dim=step.dst_dim, concat_dim=step.dim)
     raise ExecutionError("unknown-step", f"unknown step kind {step.kind!r}",
                          hint="steps are local-slice, all-gather, all-reduce, reduce-scatter, all-to-all")
 
 
-def apply_step(step: Step, locals_: Sequence) -> list[np.ndarray]:
+def apply_step(step: Step, locals_: Sequence, donatable: Collection[int] = ()) -> list[np.ndarray]:
     """Run ``step`` on every group along ``step.mesh_axis``.
+
+    Groups whose terms are the same objects in the same order (the ranks of an earlier
+    collective's group share its result) run once and share their results.
 
     Parameters
     ----------
@@ -507,16 +587,45 @@ def apply_step(step: Step, locals_: Sequence) -> list[np.ndarray]:
         A planned step; ``locals_`` must match ``step.src``.
     locals_ : sequence of numpy.ndarray
         One array per rank.
+    donatable : collection of int, optional
+        Ranks whose array the caller gives up: the array is writeable, its only
+        references are slots of ``locals_`` (it may sit in several), no view of its
+        memory exists anywhere, and the caller never reads it again.  A reduction
+        (:data:`DONATING_STEPS`) then accumulates into its group's first term when that
+        rank is donatable and every rank holding the same array is the first rank of a
+        group with the same terms.
 
     Returns
     -------
     list of numpy.ndarray
-        One new array per rank, matching ``step.dst``.
+        One array per rank, matching ``step.dst``.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> from layout_prop.redistribute import plan_redistribution
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((2,), "float64", Layout(mesh, ["P(sum)"], 1))
+    >>> step = plan_redistribution(x, Layout(mesh, ["R"], 1)).steps[0]
+    >>> terms = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
+    >>> out = apply_step(step, terms, donatable={0})
+    >>> out[0] is terms[0] and out[1] is terms[0], out[0].tolist()
+    (True, [4.0, 6.0])
     """
     arrays = _check_locals(locals_, step.src, f"{step.kind} on {step.mesh_axis_name!r}")
+    groups = step.src.mesh.groups(step.mesh_axis)
+    terms_of = {group: tuple(id(arrays[r]) for r in group) for group in groups}  # ids: arrays keeps them alive
+    first_of = {group[0]: terms_of[group] for group in groups}
+    done: dict[tuple[int, ...], list[np.ndarray]] = {}
     out: list[np.ndarray | None] = [None] * len(arrays)
-    for group in step.src.mesh.groups(step.mesh_axis):
-        for rank, result in zip(group, _run_group(step, [arrays[r] for r in group])):
+    for group in groups:
+        terms = terms_of[group]
+        if terms not in done:
+            into_first = (step.kind in DONATING_STEPS and group[0] in donatable
+                          and arrays[group[0]] is locals_[group[0]]  # not a copy made by np.asarray
+                          and _only_first_of(arrays, group[0], first_of))
+            done[terms] = _run_group(step, [arrays[r] for r in group], into_first)
+        for rank, result in zip(group, done[terms]):
             out[rank] = result
     for rank, arr in enumerate(out):
         if arr.shape != step.dst.local_shape(rank):
@@ -524,6 +633,17 @@ def apply_step(step: Step, locals_: Sequence) -> list[np.ndarray]:
                                  f"expected {list(step.dst.local_shape(rank))}",
                                  hint="please report this: the step does not match its specs")
     return out  # type: ignore[return-value]
+
+
+def _only_first_of(arrays: list[np.ndarray], first: int, first_of: dict[int, tuple[int, ...]]) -> bool:
+    """Every rank holding ``arrays[first]`` is the first rank of a group with the same terms.
+
+    Then the one reduction that overwrites it serves every group that reads it: no other
+    group reads it as a term before or after.
+    """
+    array = arrays[first]
+    holders = [rank for rank, other in enumerate(arrays) if other is array]
+    return all(first_of.get(rank) == first_of[first] for rank in holders)
 
 
 def apply_plan(plan: Plan, locals_: Sequence) -> list[np.ndarray]:

@@ -27,7 +27,7 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -81,12 +81,18 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None) -> dict[str, np.ndarray]:
-    """Execute the graph on one device: every value's global array."""
+def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,
+                   wanted: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """Execute the graph on one device: every value's global array.
+
+    With ``wanted`` (value names), every other value is dropped right after its last use
+    (as the simulator does with its ``wanted``) and only the wanted values are returned.
+    """
     from layout_prop.kernels.numpy_backend import KERNELS, get_kernel
 
     kernels = KERNELS if kernels is None else kernels
     env: dict[str, np.ndarray] = {}
+    dying = {} if wanted is None else _last_uses(graph, set(wanted))
     for node in graph.topo_order():
         if node.is_input:
             env[node.name] = inputs[node.name]
@@ -107,7 +113,23 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None) ->
         else:
             for value, r in zip(node.outputs, res):
                 env[value] = np.asarray(r)
-    return env
+        for value in dying.get(node.name, ()):
+            del env[value]
+    return env if wanted is None else {value: env[value] for value in wanted}
+
+
+def _last_uses(graph: Graph, keep: set[str]) -> dict[str, list[str]]:
+    """Node name -> the values (not in ``keep``) read for the last time there, or made there
+    and never read."""
+    last: dict[str, str] = {}
+    for node in graph.topo_order():
+        for value in (*node.inputs, *node.outputs):
+            last[value] = node.name
+    dying: dict[str, list[str]] = {}
+    for value, name in last.items():
+        if value not in keep:
+            dying.setdefault(name, []).append(value)
+    return dying
 
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | None = None,
@@ -169,7 +191,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
     inputs = random_inputs(g, seed)
-    reference = execute_global(g, inputs)
+    reference = execute_global(g, inputs, wanted=list(g.outputs))
     rng = np.random.default_rng(seed + 1)
     if engine == "sim":
         from layout_prop.kernels.simulator import Simulator
@@ -177,7 +199,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         if backend != "numpy":
             raise ExecutionError("backend-unavailable", f"the simulator runs the numpy kernels, not {backend!r}",
                                  hint="use --engine mindspore for the mindspore and cann backends")
-        local = Simulator().execute(program, inputs, rng)
+        local = Simulator().execute(program, inputs, rng, wanted=list(g.outputs))
     elif engine == "mindspore":
         from layout_prop.kernels.msrun_engine import MsrunEngine
 

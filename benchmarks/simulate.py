@@ -14,11 +14,13 @@ Three Llama sizes (``--size``): ``small`` (batch 4, sequence 128, hidden 256, 8 
 32, ffn 512), ``base`` (batch 2, sequence 256, hidden 1024, 8 heads of 128 as in Llama,
 ffn 2816) and ``large`` (base with batch 8 and sequence 512: 4,096 tokens, 1,024 per
 data-parallel rank).  The tokens per rank set the inner dimension of the per-rank
-weight-gradient products: at 128 (small, base) BLAS runs them at about a third of the
-speed it reaches on the one-device products.  Weights are drawn with standard deviation 1/sqrt(fan-in), as a model is
-initialised: with unit-variance weights the attention softmax saturates and its gradients
-fill with float32 subnormals, whose arithmetic is ten times slower and says nothing about
-the simulator.
+weight-gradient products: at 128 (small, base) they run at a third to two thirds of the
+speed of the one-device products.
+
+Inputs come from ``random_inputs``, which draws the weights of products with standard
+deviation 1/sqrt(fan-in) as a model is initialised: with unit-variance weights the
+attention softmax saturates and its gradients fill with float32 subnormals, whose
+arithmetic is ten times slower and says nothing about the simulator.
 
 Run: ``cd benchmarks && python simulate.py [--graph llama|rpe] [--size small base large]
 [--blocks 1 4] [--repeat 3]``.
@@ -27,7 +29,6 @@ Run: ``cd benchmarks && python simulate.py [--graph llama|rpe] [--size small bas
 from __future__ import annotations
 
 import argparse
-import re
 import time
 
 import numpy as np
@@ -49,20 +50,10 @@ SIZES = {
     "base": dict(batch=2, seq=256, hidden=1024, heads=8, ffn=2816),
     "large": dict(batch=8, seq=512, hidden=1024, heads=8, ffn=2816),
 }
-WEIGHT = re.compile(r"l\d+_w\w+")  # the generator's linear weights, (out, in)
 
 
 def llama(layers: int, size: str = "small"):
     return load_spec(llama_spec(layers, **SIZES[size]))
-
-
-def model_inputs(graph, seed: int) -> dict[str, np.ndarray]:
-    """Seeded random inputs; linear weights scaled to standard deviation 1/sqrt(fan-in)."""
-    inputs = random_inputs(graph, seed)
-    for name, value in inputs.items():
-        if WEIGHT.fullmatch(name):
-            inputs[name] = (value / np.sqrt(value.shape[1])).astype(value.dtype)
-    return inputs
 
 
 def best(fn, repeat: int) -> float:
@@ -96,7 +87,7 @@ def main() -> None:
                 start = time.perf_counter()
                 program = Lower().run(g).program
                 lower_s = time.perf_counter() - start
-                inputs = model_inputs(g, 0)
+                inputs = random_inputs(g, 0)
                 # pre-scatter the inputs so both sides start from data in place
                 local_inputs = {op.name: scatter_global(inputs[op.name], op.specs[0]) for op in program.ops
                                 if op.kind == "input"}

@@ -228,3 +228,27 @@ def test_execute_global_with_wanted_frees_a_value_after_its_last_use():
     made.clear()
     every = execute_global(g, {"a": np.arange(3.0)}, kernels={**KERNELS, "neg": neg})
     assert made[0]() is every["b"]
+
+
+def test_random_inputs_draw_the_weights_of_products_with_fan_in_scale():
+    from layout_prop.runner import random_inputs
+
+    spec = {
+        "mesh": {"shape": [2], "names": ["tp"]},
+        "inputs": {"x": {"shape": [64, 256], "placements": ["S(0)"]},
+                   "w": {"shape": [128, 256], "placements": ["S(0)"]},  # linear weight (out, in): fan-in 256
+                   "m": {"shape": [128, 16]},  # matmul rhs (k, n): fan-in 128
+                   "e": {"shape": [16, 4]},  # einsum "mk,kj->mj": fan-in 16
+                   "g": {"shape": [64, 16], "placements": ["S(1)"]}},  # an addend: unscaled
+        "nodes": [{"name": "wr", "op": "redistribute", "inputs": ["w"], "attrs": {"placements": ["R"]}},
+                  {"name": "y", "op": "linear", "inputs": ["x", "wr"]},
+                  {"name": "z", "op": "matmul", "inputs": ["y", "m"]},
+                  {"name": "u", "op": "einsum", "inputs": ["z", "e"], "attrs": {"equation": "mk,kj->mj"}},
+                  {"name": "v", "op": "add", "inputs": ["z", "g"]}],
+        "outputs": ["u", "v"],
+    }
+    g = analyze(load_spec(spec), reshard=True).graph
+    assert [n.name for n, _ in g.consumers("w")] == ["wr"]  # the scale is looked up through the move
+    values = random_inputs(g, 0)
+    for name, std in (("x", 1.0), ("w", 256 ** -0.5), ("m", 128 ** -0.5), ("e", 16 ** -0.5), ("g", 1.0)):
+        assert abs(values[name].std() / std - 1) < 0.15, name

@@ -146,6 +146,17 @@ class OpRule(ABC):
         """
         return dict(attrs)
 
+    def input_scale(self, index: int, inputs: tuple[TensorSpec, ...], attrs: dict) -> float:
+        """The standard deviation random test data for input ``index`` should have (default 1).
+
+        ``layout-prop run`` draws a float graph input with the smallest scale its consumers
+        ask for.  Products ask 1/sqrt(fan-in) for their weight operands, as a model is
+        initialised, so that activations stay of order one: with unit weights a Transformer
+        block saturates its softmax, and its gradients (near zero, float32 subnormals) then
+        check little and compute slowly.
+        """
+        return 1.0
+
     def vjp(self, g: GradBuilder, inputs: tuple[str, ...], outputs: tuple[str, ...],
             cotangents: tuple[str | None, ...], attrs: dict, needs: tuple[bool, ...]) -> tuple[str | None, ...]:
         """Add the nodes computing input cotangents; one value (or None) per input."""

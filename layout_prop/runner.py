@@ -66,19 +66,38 @@ class RunReport:
 
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
-    """Seeded global arrays for every graph input (standard normal floats, small ints)."""
+    """Seeded global arrays for every graph input of a propagated graph: normal floats (with
+    the scale the consumers ask for, :meth:`OpRule.input_scale`: 1/sqrt(fan-in) for the
+    weights of products), small ints."""
     rng = np.random.default_rng(seed)
     out = {}
     for node in graph.inputs():
         spec = node.meta[meta.SPECS][0]
         dt = np.dtype(spec.dtype)
         if dt.kind == "f":
-            out[node.name] = rng.standard_normal(spec.shape).astype(dt)
+            out[node.name] = (rng.standard_normal(spec.shape) * _input_scale(graph, node.name)).astype(dt)
         elif dt.kind == "b":
             out[node.name] = rng.integers(0, 2, spec.shape).astype(bool)
         else:
             out[node.name] = rng.integers(0, 8, spec.shape).astype(dt)
     return out
+
+
+def _input_scale(graph: Graph, value: str) -> float:
+    """The smallest scale the consumers of ``value`` ask for, looking through redistributions."""
+    from .registry import get_rule
+
+    scale = 1.0
+    for node, index in graph.consumers(value):
+        if node.op == "redistribute":
+            scale = min(scale, _input_scale(graph, node.name))
+            continue
+        specs = tuple(graph.producer(v)[0].meta[meta.SPECS][graph.producer(v)[1]] for v in node.inputs)
+        if any(s is None for s in specs):
+            continue
+        rule = get_rule(node.op)
+        scale = min(scale, rule.input_scale(index, specs, node.meta.get(meta.ATTRS, node.attrs)))
+    return scale
 
 
 def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,

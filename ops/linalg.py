@@ -566,6 +566,19 @@ class EinsumFamilyRule(OpRule):
         out = TensorSpec(shape, _result_dtype(inputs), res.output)
         return RuleResult((out,), res.violations, res.wants)
 
+    def input_scale(self, index: int, inputs, attrs) -> float:
+        """1/sqrt(fan-in) for the multiplied operands after the first (the weights): the
+        product of the sizes of their letters that are summed over."""
+        eq, _, violations = self.equation(inputs, attrs)
+        if eq is None or violations or not 0 < index < len(eq.inputs):
+            return 1.0
+        letters = eq.inputs[index]
+        fan_in = 1
+        for letter, size in zip(letters, inputs[index].shape):
+            if letter not in eq.output:
+                fan_in *= size
+        return 1.0 / float(np.sqrt(fan_in)) if fan_in > 0 else 1.0
+
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         specs = tuple(g.spec(v) for v in inputs)
         eq, _, _ = self.equation(specs, attrs)

@@ -536,3 +536,13 @@ def test_cann_backward_matches_numpy(mode):
     dx, dcos, dsin = rpe_cann.rpe_backward_cann(dy, x, cos, sin, mode, need_dcos=False)
     assert dcos is None and dsin is None
     np.testing.assert_allclose(dx, rpe_backward(dy, x, cos, sin, mode)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", MODES)
+def test_rotate_of_one_element_pieces_on_a_3d_array(mode, dtype):
+    """Pieces one element wide on a (1, 2, D) array: numpy 2.4's float32 ``negative`` with a
+    strided ``out`` read such a column as if it were contiguous (the reference path used it)."""
+    x = np.arange(1.0, 9.0, dtype=dtype).reshape(1, 2, 4)
+    np.testing.assert_array_equal(rotate(x, mode), rotate_by_index(x, mode))
+    np.testing.assert_array_equal(rpe_forward_reference(x, np.zeros(4), np.ones(4), mode), rotate_by_index(x, mode))

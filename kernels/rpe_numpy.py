@@ -246,10 +246,10 @@ def _select(pieces: tuple[Piece, ...], values: np.ndarray, transpose: bool) -> n
     result = np.empty_like(values)
     for piece in pieces:
         dst, src = (piece.src, piece.dst) if transpose else (piece.dst, piece.src)
-        if piece.sign < 0:
-            np.negative(values[..., src], out=result[..., dst])
-        else:
-            result[..., dst] = values[..., src]
+        # negated by an assignment, not np.negative(..., out=result[..., dst]): numpy 2.4's
+        # float32 negative reads a strided input as if contiguous when out is strided too
+        # (a (1, 2, 1) column view came out as the wrong elements)
+        result[..., dst] = -values[..., src] if piece.sign < 0 else values[..., src]
     return result
 
 

@@ -180,7 +180,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | Non
     rank = next((r for r in range(spec.mesh.size)
                  if all(a <= i < b for i, (a, b) in zip(index, spec.local_slices(r)))), None)
     return errors, (f"{name}: relative error {max_rel:.3g} > {tol:g}; first differing index {list(index)} "
-                    f"(held by rank {rank}): got {g64[index]!r}, expected {r64[index]!r}")
+                    f"(held by rank {rank}): got {g64[index].item()!r}, expected {r64[index].item()!r}")
 
 
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,

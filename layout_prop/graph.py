@@ -59,8 +59,14 @@ def attrs_key(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, attrs_key(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__,) + tuple(attrs_key(v) for v in value)
-    return type(value).__name__, value
+        types = tuple(map(type, value))
+        if all(t in _SCALAR_TYPES for t in types):  # a shape or a dims list: no recursion
+            return type(value), tuple(value), types
+        return (type(value),) + tuple(attrs_key(v) for v in value)
+    return type(value), value
+
+
+_SCALAR_TYPES = frozenset((int, float, bool, str, type(None)))
 
 
 def value_name(node: str, index: int, num_outputs: int) -> str:

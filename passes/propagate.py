@@ -144,12 +144,16 @@ class Propagate:
         one int and the input specs (whose hashes are cached) instead of the attrs again.
         Nodes with equal op and attrs (the repeated layers of a model) share one entry.
         """
-        by_attrs = self._by_attrs
-        try:  # the value types are part of the key: mode 1 and mode True are different attrs
-            raw = (node.op, tuple(node.attrs.items()), tuple(map(type, node.attrs.values())))
+        by_attrs, attrs = self._by_attrs, node.attrs
+        types = tuple(map(type, attrs.values()))  # part of the key: mode 1 and mode True differ
+        if list in types or dict in types:
+            raw = (node.op, attrs_key(attrs))
+        else:
+            raw = (node.op, tuple(attrs.items()), types)
+        try:
             prepared = by_attrs.get(raw)
-        except TypeError:  # list or dict values
-            raw = (node.op, attrs_key(node.attrs))
+        except TypeError:  # an unhashable value inside a tuple
+            raw = (node.op, attrs_key(attrs))
             prepared = by_attrs.get(raw)
         if prepared is None:
             rule = get_rule(node.op, node=node.name)

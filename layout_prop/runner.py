@@ -84,20 +84,25 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
 
 
 def _input_scale(graph: Graph, value: str) -> float:
-    """The smallest scale the consumers of ``value`` ask for, looking through redistributions."""
+    """The smallest scale the consumers of ``value`` ask for (1 without any), looking through
+    redistributions."""
     from .registry import get_rule
 
-    scale = 1.0
+    scales = []
     for node, index in graph.consumers(value):
         if node.op == "redistribute":
-            scale = min(scale, _input_scale(graph, node.name))
+            scales.append(_input_scale(graph, node.name))
             continue
-        specs = tuple(graph.producer(v)[0].meta[meta.SPECS][graph.producer(v)[1]] for v in node.inputs)
+        specs = tuple(_spec_of(graph, v) for v in node.inputs)
         if any(s is None for s in specs):
             continue
-        rule = get_rule(node.op)
-        scale = min(scale, rule.input_scale(index, specs, node.meta.get(meta.ATTRS, node.attrs)))
-    return scale
+        scales.append(get_rule(node.op).input_scale(index, specs, node.meta.get(meta.ATTRS, node.attrs)))
+    return min(scales, default=1.0)
+
+
+def _spec_of(graph: Graph, value: str):
+    producer, index = graph.producer(value)
+    return producer.meta[meta.SPECS][index]
 
 
 def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,

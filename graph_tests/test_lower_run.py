@@ -252,3 +252,12 @@ def test_random_inputs_draw_the_weights_of_products_with_fan_in_scale():
     values = random_inputs(g, 0)
     for name, std in (("x", 1.0), ("w", 256 ** -0.5), ("m", 128 ** -0.5), ("e", 16 ** -0.5), ("g", 1.0)):
         assert abs(values[name].std() / std - 1) < 0.15, name
+
+
+def test_execute_global_refuses_a_wanted_value_the_graph_does_not_have():
+    g = load_spec({"mesh": {"shape": [1], "names": ["dp"]}, "inputs": {"a": {"shape": [3]}},
+                   "nodes": [{"name": "b", "op": "neg", "inputs": ["a"]}], "outputs": ["b"]})
+    analyze(g)
+    with pytest.raises(ExecutionError) as info:
+        execute_global(g, {"a": np.arange(3.0)}, wanted=["c"])
+    assert info.value.code == "missing-output" and "'c'" in info.value.message and "b" in info.value.hint

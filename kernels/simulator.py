@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from layout_prop.errors import ExecutionError
+from layout_prop.graph import last_uses
 
 from .collectives import DONATING_STEPS, apply_step, may_overlap_itself, scatter_global
 from .numpy_backend import KERNELS, get_kernel
@@ -116,7 +117,7 @@ class Simulator:
         """
         self.donated = {}
         locals_of = None if wanted is None else _wanted_locals(program, wanted)
-        dying = {} if locals_of is None else _deaths(program.ops, set(locals_of.values()))
+        dying = {} if locals_of is None else last_uses(program.ops, set(locals_of.values()))
         env: dict[str, list[np.ndarray]] = {}
         caller_owned = set()  # values whose arrays the caller passed in: never donated
         for index, op in enumerate(program.ops):
@@ -204,26 +205,6 @@ def _wanted_locals(program, wanted: Sequence[str]) -> dict[str, str]:
                                       f"{', '.join(program.outputs)}")
         out[name] = local
     return out
-
-
-def _deaths(ops: Sequence, keep: set[str]) -> dict[int, list[str]]:
-    """Op index -> the values (not in ``keep``) last used there, or made there and never used.
-
-    >>> from types import SimpleNamespace as NS
-    >>> ops = [NS(inputs=(), outputs=("a",)), NS(inputs=("a",), outputs=("b",)),
-    ...        NS(inputs=("b", "a"), outputs=("c", "d"))]
-    >>> _deaths(ops, keep={"c"})
-    {2: ['a', 'b', 'd']}
-    """
-    last: dict[str, int] = {}
-    for index, op in enumerate(ops):
-        for value in (*op.inputs, *op.outputs):
-            last[value] = index
-    deaths: dict[int, list[str]] = {}
-    for value, index in last.items():
-        if value not in keep:
-            deaths.setdefault(index, []).append(value)
-    return deaths
 
 
 # --------------------------------------------------------------------------- donation safety

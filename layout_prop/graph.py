@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import networkx as nx
 
 from .errors import GraphError
 from .mesh import DeviceMesh
 
-__all__ = ["Node", "Graph", "attrs_key", "freeze_attrs", "value_name", "split_value"]
+__all__ = ["Node", "Graph", "attrs_key", "freeze_attrs", "last_uses", "value_name", "split_value"]
 
 
 def freeze_attrs(value: Any) -> Any:
@@ -67,6 +67,30 @@ def attrs_key(value: Any) -> Any:
 
 
 _SCALAR_TYPES = frozenset((int, float, bool, str, type(None)))
+
+
+def last_uses(steps: Sequence, keep: set[str]) -> dict[int, list[str]]:
+    """Step index -> the values (not in ``keep``) read there for the last time, or made there
+    and never read: where an executor may drop them.
+
+    ``steps`` are anything with ``inputs`` and ``outputs`` in execution order (graph nodes,
+    a lowered program's ops).
+
+    >>> from types import SimpleNamespace as NS
+    >>> steps = [NS(inputs=(), outputs=("a",)), NS(inputs=("a",), outputs=("b",)),
+    ...          NS(inputs=("b", "a"), outputs=("c", "d"))]
+    >>> last_uses(steps, keep={"c"})
+    {2: ['a', 'b', 'd']}
+    """
+    last: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        for value in (*step.inputs, *step.outputs):
+            last[value] = index
+    dying: dict[int, list[str]] = {}
+    for value, index in last.items():
+        if value not in keep:
+            dying.setdefault(index, []).append(value)
+    return dying
 
 
 def value_name(node: str, index: int, num_outputs: int) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 
 from . import meta
 from .errors import ExecutionError, LayoutPropError
-from .graph import Graph
+from .graph import Graph, last_uses
 
 __all__ = ["RunReport", "run_graph", "execute_global", "random_inputs", "TOLERANCES", "compare"]
 
@@ -86,6 +86,8 @@ def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
 def _input_scale(graph: Graph, value: str) -> float:
     """The smallest scale the consumers of ``value`` ask for (1 without any), looking through
     redistributions."""
+    from layout_prop.passes.propagate import value_spec
+
     from .registry import get_rule
 
     scales = []
@@ -93,16 +95,11 @@ def _input_scale(graph: Graph, value: str) -> float:
         if node.op == "redistribute":
             scales.append(_input_scale(graph, node.name))
             continue
-        specs = tuple(_spec_of(graph, v) for v in node.inputs)
+        specs = tuple(value_spec(graph, v) for v in node.inputs)
         if any(s is None for s in specs):
             continue
         scales.append(get_rule(node.op).input_scale(index, specs, node.meta.get(meta.ATTRS, node.attrs)))
     return min(scales, default=1.0)
-
-
-def _spec_of(graph: Graph, value: str):
-    producer, index = graph.producer(value)
-    return producer.meta[meta.SPECS][index]
 
 
 def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,
@@ -116,8 +113,15 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,
 
     kernels = KERNELS if kernels is None else kernels
     env: dict[str, np.ndarray] = {}
-    dying = {} if wanted is None else _last_uses(graph, set(wanted))
-    for node in graph.topo_order():
+    nodes = graph.topo_order()
+    if wanted is not None:
+        for value in wanted:
+            if not graph.has_value(value):
+                raise ExecutionError("missing-output", f"the graph has no value {value!r} to return",
+                                     input=value, hint="ask only for values of the graph, such as its outputs "
+                                                       f"{', '.join(graph.outputs)}")
+    dying = {} if wanted is None else last_uses(nodes, set(wanted))
+    for index, node in enumerate(nodes):
         if node.is_input:
             env[node.name] = inputs[node.name]
             continue
@@ -137,23 +141,9 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,
         else:
             for value, r in zip(node.outputs, res):
                 env[value] = np.asarray(r)
-        for value in dying.get(node.name, ()):
+        for value in dying.get(index, ()):
             del env[value]
     return env if wanted is None else {value: env[value] for value in wanted}
-
-
-def _last_uses(graph: Graph, keep: set[str]) -> dict[str, list[str]]:
-    """Node name -> the values (not in ``keep``) read for the last time there, or made there
-    and never read."""
-    last: dict[str, str] = {}
-    for node in graph.topo_order():
-        for value in (*node.inputs, *node.outputs):
-            last[value] = node.name
-    dying: dict[str, list[str]] = {}
-    for value, name in last.items():
-        if value not in keep:
-            dying.setdefault(name, []).append(value)
-    return dying
 
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | None = None,

@@ -68,7 +68,7 @@ class Reshard:
         if any(meta.SPECS not in n.meta for n in nodes):
             violations = self.propagate.run(graph).violations
         else:
-            violations = [v for n in nodes for v in n.meta[meta.VIOLATIONS]]
+            violations = (v for n in nodes for v in n.meta[meta.VIOLATIONS])
         if not any(v.fixable for v in violations):
             return ReshardResult(graph, 0)  # nothing a redistribution can fix: the graph as it is
         sweep = _Sweep(self, graph)

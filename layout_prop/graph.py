@@ -60,7 +60,7 @@ def attrs_key(value: Any) -> Any:
         return tuple(sorted((k, attrs_key(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
         types = tuple(map(type, value))
-        if all(t in _SCALAR_TYPES for t in types):  # a shape or a dims list: no recursion
+        if _SCALAR_TYPES.issuperset(types):  # a shape or a dims list: no recursion
             return type(value), tuple(value), types
         return (type(value),) + tuple(attrs_key(v) for v in value)
     return type(value), value

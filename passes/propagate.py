@@ -57,13 +57,6 @@ def value_spec(graph: Graph, value: str) -> TensorSpec | None:
     return node.meta[meta.SPECS][index]  # KeyError here means the producer was not propagated
 
 
-def _has_none(specs: tuple) -> bool:
-    for spec in specs:  # identity only: ``None in specs`` would call TensorSpec.__eq__ on each
-        if spec is None:
-            return True
-    return False
-
-
 @dataclass
 class PropagateResult:
     nodes: int = 0
@@ -80,22 +73,31 @@ class Propagate:
         self.cache = {} if cache is None else cache
         self._heads = self.cache.setdefault(_HEADS, {})
         self._by_attrs = self.cache.setdefault(_BY_ATTRS, {})
+        self._mesh = self._inputs = None  # the mesh of the last input visited and its input specs
 
     def run(self, graph: Graph) -> PropagateResult:
         """Propagate every node in topological order (specs read from a local map, not the producers)."""
         result = PropagateResult()
         env: dict[str, TensorSpec | None] = {}  # every value's spec so far
+        found = result.violations
+        visit = self.visit
+        hits = 0
         for node in graph.topo_order():
-            result.nodes += 1
             try:
                 specs = tuple([env[value] for value in node.inputs])
             except KeyError:  # a value named another way than its producer's outputs
                 specs = None
-            result.cache_hits += self.visit(graph, node, specs)
+            hits += visit(graph, node, specs)
             m = node.meta
-            env.update(zip(node.outputs, m[meta.SPECS]))
+            outputs = m[meta.SPECS]
+            if len(outputs) == 1:
+                env[node.name] = outputs[0]
+            else:
+                env.update(zip(node.outputs, outputs))
             if m[meta.VIOLATIONS]:
-                result.violations.extend(m[meta.VIOLATIONS])
+                found.extend(m[meta.VIOLATIONS])
+        result.nodes = len(graph)
+        result.cache_hits = hits
         return result
 
     def visit(self, graph: Graph, node: Node, specs: tuple | None = None) -> bool:
@@ -104,38 +106,40 @@ class Propagate:
         ``specs`` may give the input specs (else they are read from the producers' metadata).
         """
         m = node.meta
-        if node.is_input:
-            a = node.attrs
-            key = ("input", graph.mesh, a.get("shape"), a.get("dtype"), a.get("placements"))
-            spec = self.cache.get(key)
-            if spec is None:
-                spec = self.cache[key] = input_spec(node, graph)
-            m[meta.SPECS] = (spec,)
-            m[meta.VIOLATIONS] = ()
-            m[meta.WANTS] = ()
-            return False
+        if node.op == "input":
+            return self._visit_input(graph, node)
         prepared = m.get(_PREPARED)
         if prepared is None or prepared[0] is not self._heads:  # heads are numbered per cache
             prepared = self._prepare(node)
-        _, rule, attrs, head = prepared
         if specs is None:
             specs = tuple(value_spec(graph, v) for v in node.inputs)
-        if _has_none(specs):
-            m[meta.SPECS] = (None,) * node.num_outputs
-            m[meta.VIOLATIONS] = ()
-            m[meta.WANTS] = ()
-            return False
-        key = (head, specs)
+        for spec in specs:  # identity only: ``None in specs`` would call TensorSpec.__eq__ on each
+            if spec is None:
+                m[meta.SPECS] = (None,) * node.num_outputs
+                m[meta.VIOLATIONS] = m[meta.WANTS] = ()
+                return False
+        key = (prepared[3], specs)
         cached = self.cache.get(key)
         hit = cached is not None
         if not hit:
-            cached = self._apply(rule, node, specs, attrs)
-            self.cache[key] = cached
-        outputs, violations, wants = cached
-        m[meta.SPECS] = outputs
-        m[meta.VIOLATIONS] = tuple(self._locate(v, node, rule) for v in violations) if violations else ()
-        m[meta.WANTS] = wants
+            cached = self.cache[key] = self._apply(prepared[1], node, specs, prepared[2])
+        m[meta.SPECS], violations, m[meta.WANTS] = cached
+        m[meta.VIOLATIONS] = tuple([self._locate(v, node, prepared[1]) for v in violations]) if violations else ()
         return hit
+
+    def _visit_input(self, graph: Graph, node: Node) -> bool:
+        if graph.mesh is not self._mesh:  # the inputs' table of this mesh, looked up once per mesh object
+            self._inputs = self.cache.setdefault(("input", graph.mesh), {})
+            self._mesh = graph.mesh
+        a = node.attrs
+        key = (a.get("shape"), a.get("dtype"), a.get("placements"))
+        spec = self._inputs.get(key)
+        if spec is None:
+            spec = self._inputs[key] = input_spec(node, graph)
+        m = node.meta
+        m[meta.SPECS] = (spec,)
+        m[meta.VIOLATIONS] = m[meta.WANTS] = ()
+        return False
 
     def _prepare(self, node: Node) -> tuple:
         """The heads table, the rule, the normalised attrs and a small key for (op, attrs), once per node.
@@ -144,23 +148,24 @@ class Propagate:
         one int and the input specs (whose hashes are cached) instead of the attrs again.
         Nodes with equal op and attrs (the repeated layers of a model) share one entry.
         """
-        by_attrs, attrs = self._by_attrs, node.attrs
-        types = tuple(map(type, attrs.values()))  # part of the key: mode 1 and mode True differ
-        if list in types or dict in types:
-            raw = (node.op, attrs_key(attrs))
-        else:
-            raw = (node.op, tuple(attrs.items()), types)
+        by_attrs = self._by_attrs
+        raw = [node.op]  # (op, attrs) in the attrs' own order, with types: mode 1 and mode True differ
+        for name, value in node.attrs.items():
+            kind = type(value)
+            raw.append((name, attrs_key(value)) if kind is list or kind is tuple or kind is dict else (name, kind, value))
+        raw = tuple(raw)
         try:
             prepared = by_attrs.get(raw)
-        except TypeError:  # an unhashable value inside a tuple
-            raw = (node.op, attrs_key(attrs))
-            prepared = by_attrs.get(raw)
+        except TypeError:  # a value that cannot key a dict: prepare the node afresh
+            raw = prepared = None
         if prepared is None:
             rule = get_rule(node.op, node=node.name)
             attrs = rule.normalize_attrs(node.attrs, node.name)  # raises bad-attr for this node
             heads = self._heads
             head = heads.setdefault((rule.name, attrs_key(attrs)), len(heads))
-            prepared = by_attrs[raw] = (heads, rule, attrs, head)
+            prepared = (heads, rule, attrs, head)
+            if raw is not None:
+                by_attrs[raw] = prepared
         node.meta[_PREPARED] = prepared
         node.meta[meta.ATTRS] = prepared[2]  # shared between equal nodes: attrs are never written to
         return prepared

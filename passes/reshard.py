@@ -79,21 +79,16 @@ class Reshard:
         return ReshardResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.inserted)
 
     @staticmethod
-    def _needs_node(spec, want, flagged: bool) -> bool:
-        """A move that costs communication, or one a violation asks for (a relabel on a size-1 axis)."""
-        try:
-            plan = plan_redistribution(spec, want)
-        except LayoutPropError:
-            return False
-        return flagged or not plan.is_free
-
-    @staticmethod
     def _fresh(taken: set[str], base: str) -> str:
         name, i = base, 1
         while name in taken:
             i += 1
             name = f"{base}{i}"
         return name
+
+
+_FREE = "reshard.free"  # private key of the propagate cache: (spec, wanted layout) -> plan is free (None: no plan)
+_MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
 
 
 class _Sweep:
@@ -107,13 +102,17 @@ class _Sweep:
         self.env: dict[str, object] = {}  # value -> its spec in the new graph
         self.changed: set[str] = set()  # values whose spec differs from the given graph's
         self.moved: dict[tuple[str, object], str] = {}  # (value, wanted layout) -> redistribute node
-        self.taken = {node.name for node in graph.topo_order()}
+        self.taken = set(graph._nodes)
         self.inserted = 0
+        # pure functions of (spec, wanted layout), kept in the propagate cache so that later runs share them
+        self.free: dict = self.propagate.cache.setdefault(_FREE, {})
+        self.move_meta: dict = self.propagate.cache.setdefault(_MOVE_META, {})
 
     def add(self, node: Node) -> None:
         """Append ``node`` (shared, or a propagated copy) after the moves its rule asks for."""
         m = node.meta
-        if self.changed and not self.changed.isdisjoint(node.inputs):
+        changed = self.changed
+        if changed and not changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
         if node.meta[meta.VIOLATIONS]:
             for _ in range(self.reshard.max_rounds):
@@ -126,33 +125,74 @@ class _Sweep:
         self.nodes.append(node)
         outputs = node.meta[meta.SPECS]
         if node.meta is not m and outputs != m[meta.SPECS]:
-            self.changed.update(node.outputs)
-        self.env.update(zip(node.outputs, outputs))
+            changed.update(node.outputs)
+        if len(outputs) == 1:
+            self.env[node.name] = outputs[0]
+        else:
+            self.env.update(zip(node.outputs, outputs))
 
     def _visit_copy(self, node: Node, inputs: tuple[str, ...]) -> Node:
         copy = Node(node.name, node.op, tuple(inputs), node.attrs, node.num_outputs, dict(node.meta))
-        self.propagate.visit(self.graph, copy, tuple(self.env[value] for value in copy.inputs))
+        env = self.env
+        self.propagate.visit(self.graph, copy, tuple([env[value] for value in inputs]))
         return copy
 
+    def _is_free(self, spec, want) -> bool | None:
+        """Whether moving ``spec`` to ``want`` costs nothing (None: no redistribution can)."""
+        key = (spec, want)
+        try:
+            return self.free[key]
+        except KeyError:
+            pass
+        try:
+            free = plan_redistribution(spec, want).is_free
+        except LayoutPropError:
+            free = None
+        self.free[key] = free
+        return free
+
     def _move_inputs(self, node: Node) -> tuple[str, ...]:
-        """The node's inputs with a redistribute node in place of each move that is needed."""
+        """The node's inputs with a redistribute node in place of each move that is needed.
+
+        A move is needed when it costs communication, or when a violation asks for it (a
+        relabel on a size-1 axis); free local slices stay implicit.
+        """
         flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
-        inputs = list(node.inputs)
+        env, inputs = self.env, list(node.inputs)
         for i, (value, want) in enumerate(zip(node.inputs, node.meta[meta.WANTS])):
-            if want is None or not self.reshard._needs_node(self.env[value], want, value in flagged):
+            if want is None:
+                continue
+            free = self._is_free(env[value], want)
+            if free is None or (free and value not in flagged):
                 continue
             key = (value, want)  # a Layout: its hash is cached
             name = self.moved.get(key)
             if name is None:
-                operand = get_rule(node.op).operand_name(i)
-                name = self.reshard._fresh(self.taken, f"{node.name}/{operand}")
-                self.taken.add(name)
-                move = Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
-                            meta={meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
-                self.propagate.visit(self.graph, move, (self.env[value],))
-                self.nodes.append(move)
-                self.env[name] = move.meta[meta.SPECS][0]
+                name = self._insert_move(node, i, value, want)
                 self.moved[key] = name
-                self.inserted += 1
             inputs[i] = name
         return tuple(inputs)
+
+    def _insert_move(self, node: Node, index: int, value: str, want) -> str:
+        """Append a redistribute node moving ``value`` to ``want`` for input ``index`` of ``node``."""
+        operand = get_rule(node.op).operand_name(index)
+        name = self.reshard._fresh(self.taken, f"{node.name}/{operand}")
+        self.taken.add(name)
+        spec = self.env[value]
+        known = self.move_meta.get((spec, want))
+        if known is not None:  # the same move seen before: its rule's result is a pure function of it
+            attrs, template = known
+            move = Node(name, "redistribute", (value,), attrs,
+                        meta={**template, meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
+        else:
+            attrs = {"placements": tuple(want.placement_strs())}
+            move = Node(name, "redistribute", (value,), attrs,
+                        meta={meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
+            self.propagate.visit(self.graph, move, (spec,))
+            if not move.meta[meta.VIOLATIONS]:  # violations name the node: those are not shared
+                template = {k: v for k, v in move.meta.items() if k not in (meta.INSERTED_BY, "for")}
+                self.move_meta[(spec, want)] = (attrs, template)
+        self.nodes.append(move)
+        self.env[name] = move.meta[meta.SPECS][0]
+        self.inserted += 1
+        return name

@@ -107,7 +107,7 @@ def split_value(value: str) -> tuple[str, int]:
     return value, 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """One node: a graph input or an op application.
 
@@ -121,6 +121,7 @@ class Node:
     attrs: dict = field(default_factory=dict)
     num_outputs: int = 1
     meta: dict = field(default_factory=dict)
+    outputs: tuple[str, ...] = field(init=False, repr=False)  # the value names, set from name and num_outputs
 
     @property
     def is_input(self) -> bool:
@@ -128,7 +129,7 @@ class Node:
 
     def __post_init__(self) -> None:
         # the value names, computed once (a plain attribute: read for every node by every pass)
-        self.outputs: tuple[str, ...] = (self.name,) if self.num_outputs == 1 else tuple(
+        self.outputs = (self.name,) if self.num_outputs == 1 else tuple(
             value_name(self.name, i, self.num_outputs) for i in range(self.num_outputs))
 
     def __repr__(self) -> str:
@@ -148,6 +149,7 @@ class Graph:
         self.mesh = mesh
         self._nx: nx.MultiDiGraph | None = None
         self._nodes: dict[str, Node] = {}
+        # the values of multi-output nodes -> (producer, output index); a single output is named as its node
         self._producers: dict[str, tuple[Node, int]] = {}
         # producer node name -> [(consumer, input index)], built on demand (like the networkx view)
         self._uses: dict[str, list[tuple[Node, int]]] | None = None
@@ -192,8 +194,9 @@ class Graph:
                 raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",
                                  node=node.name, input=value, hint="define a value before using it")
         self._nodes[node.name] = node
-        for index, value in enumerate(node.outputs):
-            self._producers[value] = (node, index)
+        if node.num_outputs != 1:
+            for index, value in enumerate(node.outputs):
+                self._producers[value] = (node, index)
         self._uses = self._nx = None  # indexes rebuilt on demand
         return node.outputs
 
@@ -378,9 +381,7 @@ class Graph:
         g._nodes = {node.name: node for node in nodes}
         producers = g._producers
         for node in g._nodes.values():
-            if node.num_outputs == 1:
-                producers[node.name] = (node, 0)
-            else:
+            if node.num_outputs != 1:
                 for index, value in enumerate(node.outputs):
                     producers[value] = (node, index)
         return g

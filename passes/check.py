@@ -10,7 +10,7 @@ Examples
 --------
 >>> from layout_prop import DeviceMesh
 >>> from layout_prop.graph import Graph
->>> from passes.propagate import Propagate
+>>> from layout_prop.passes.propagate import Propagate
 >>> g = Graph(DeviceMesh((2,), ("dp",)))
 >>> a = g.input("a", shape=(4,), placements=["P(sum)"])
 >>> b = g.input("b", shape=(4,))
@@ -72,9 +72,9 @@ class Check:
     def run(self, graph: Graph) -> CheckResult:
         result = CheckResult()
         for node in graph.topo_order():
-            if node.is_input:
+            if node.op == "input":
                 continue
-            violations = node.meta.get(meta.VIOLATIONS, ())
+            violations = node.meta.get(meta.VIOLATIONS)
             if violations:
                 found = sorted(violations, key=lambda v: _input_index(node, v))
                 result.violations.extend(_with_fix(graph, node, v) for v in found)
@@ -87,8 +87,8 @@ class Check:
                     result.redistributions.append(
                         Redistribution(consumer, value, plan_redistribution(src, dst.layout), True))
                 continue
-            wants = node.meta.get(meta.WANTS, ())
-            if not any(wants):
+            wants = node.meta.get(meta.WANTS)
+            if not wants or not any(wants):
                 continue
             for value, want in zip(node.inputs, wants):
                 if want is None:

@@ -33,6 +33,7 @@ __all__ = ["Propagate", "PropagateResult", "input_spec", "value_spec"]
 _PREPARED = "propagate.prepared"  # private: (heads table, rule, attrs, cache-key head), once per node
 _HEADS = "propagate.heads"  # private key of the cache: (op, frozen normalised attrs) -> a small int
 _BY_ATTRS = "propagate.by_attrs"  # private key of the cache: (op, raw attrs) -> the prepared tuple
+_UNIQUE = "propagate.unique"  # private key of the cache: spec or layout -> the one equal object handed out
 
 
 def input_spec(node: Node, graph: Graph) -> TensorSpec:
@@ -74,6 +75,10 @@ class Propagate:
         self._heads = self.cache.setdefault(_HEADS, {})
         self._by_attrs = self.cache.setdefault(_BY_ATTRS, {})
         self._mesh = self._inputs = None  # the mesh of the last input visited and its input specs
+        # Specs and layouts are uniqued (as MLIR uniques attributes): equal values propagated
+        # through one cache are one object, so comparing them, or the cache keys they are part
+        # of, stops at identity instead of comparing fields.
+        self._unique = self.cache.setdefault(_UNIQUE, {})
 
     def run(self, graph: Graph) -> PropagateResult:
         """Propagate every node in topological order (specs read from a local map, not the producers)."""
@@ -122,7 +127,8 @@ class Propagate:
         cached = self.cache.get(key)
         hit = cached is not None
         if not hit:
-            cached = self.cache[key] = self._apply(prepared[1], node, specs, prepared[2])
+            outputs, violations, wants = self._apply(prepared[1], node, specs, prepared[2])
+            cached = self.cache[key] = (self._uniqued(outputs), violations, self._uniqued(wants))
         m[meta.SPECS], violations, m[meta.WANTS] = cached
         m[meta.VIOLATIONS] = tuple([self._locate(v, node, prepared[1]) for v in violations]) if violations else ()
         return hit
@@ -135,7 +141,8 @@ class Propagate:
         key = (a.get("shape"), a.get("dtype"), a.get("placements"))
         spec = self._inputs.get(key)
         if spec is None:
-            spec = self._inputs[key] = input_spec(node, graph)
+            spec = input_spec(node, graph)
+            spec = self._inputs[key] = self._unique.setdefault(spec, spec)
         m = node.meta
         m[meta.SPECS] = (spec,)
         m[meta.VIOLATIONS] = m[meta.WANTS] = ()
@@ -169,6 +176,10 @@ class Propagate:
         node.meta[_PREPARED] = prepared
         node.meta[meta.ATTRS] = prepared[2]  # shared between equal nodes: attrs are never written to
         return prepared
+
+    def _uniqued(self, values: tuple) -> tuple:
+        unique = self._unique
+        return tuple([None if v is None else unique.setdefault(v, v) for v in values])
 
     @staticmethod
     def _apply(rule, node: Node, specs, attrs):

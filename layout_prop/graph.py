@@ -366,19 +366,20 @@ class Graph:
 
     # ------------------------------------------------------------------ copying
     @classmethod
-    def from_nodes(cls, mesh: DeviceMesh, nodes: Iterable[Node], outputs: Iterable[str] = (),
+    def from_nodes(cls, mesh: DeviceMesh, nodes: Iterable[Node] | dict[str, Node], outputs: Iterable[str] = (),
                    graph_meta: dict | None = None) -> "Graph":
         """A graph of ``nodes`` taken in order, built in bulk for transforming passes.
 
         The nodes must come from a well-formed graph (with inserted nodes placed before
         their consumers); unlike :meth:`add_node` nothing is checked here, so a pass that
         rebuilds a large graph pays a few dict writes per node.  :meth:`lint` (which the
-        tests run after every pass) checks the result.
+        tests run after every pass) checks the result.  A dict of name -> node (in order)
+        becomes the graph's own: the caller hands it over and does not change it after.
         """
         g = cls(mesh)
         g.outputs = list(outputs)
         g.meta.update(graph_meta or {})
-        g._nodes = {node.name: node for node in nodes}
+        g._nodes = nodes if isinstance(nodes, dict) else {node.name: node for node in nodes}
         producers = g._producers
         for node in g._nodes.values():
             if node.num_outputs != 1:

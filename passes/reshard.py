@@ -78,31 +78,25 @@ class Reshard:
             return ReshardResult(graph, 0)
         return ReshardResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.inserted)
 
-    @staticmethod
-    def _fresh(taken: set[str], base: str) -> str:
-        name, i = base, 1
-        while name in taken:
-            i += 1
-            name = f"{base}{i}"
-        return name
-
 
 _FREE = "reshard.free"  # private key of the propagate cache: (spec, wanted layout) -> plan is free (None: no plan)
 _MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
 
 
 class _Sweep:
-    """The state of one resharding sweep: the new graph's nodes so far and their specs."""
+    """The state of one resharding sweep: the new graph's nodes so far, by name, in order.
+
+    A value's spec is read from its producer in the new graph (the node itself when it
+    is shared with the given graph), so the sweep keeps no second map of every value.
+    """
 
     def __init__(self, reshard: Reshard, graph: Graph) -> None:
         self.reshard = reshard
         self.propagate = reshard.propagate
         self.graph = graph
-        self.nodes: list[Node] = []
-        self.env: dict[str, object] = {}  # value -> its spec in the new graph
+        self.nodes: dict[str, Node] = {}
         self.changed: set[str] = set()  # values whose spec differs from the given graph's
         self.moved: dict[tuple[str, object], str] = {}  # (value, wanted layout) -> redistribute node
-        self.taken = set(graph._nodes)
         self.inserted = 0
         # pure functions of (spec, wanted layout), kept in the propagate cache so that later runs share them
         self.free: dict = self.propagate.cache.setdefault(_FREE, {})
@@ -111,8 +105,7 @@ class _Sweep:
     def add(self, node: Node) -> None:
         """Append ``node`` (shared, or a propagated copy) after the moves its rule asks for."""
         m = node.meta
-        changed = self.changed
-        if changed and not changed.isdisjoint(node.inputs):
+        if self.changed and not self.changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
         if node.meta[meta.VIOLATIONS]:
             for _ in range(self.reshard.max_rounds):
@@ -122,19 +115,22 @@ class _Sweep:
                 if inputs == node.inputs:
                     break
                 node = self._visit_copy(node, inputs)
-        self.nodes.append(node)
-        outputs = node.meta[meta.SPECS]
-        if node.meta is not m and outputs != m[meta.SPECS]:
-            changed.update(node.outputs)
-        if len(outputs) == 1:
-            self.env[node.name] = outputs[0]
-        else:
-            self.env.update(zip(node.outputs, outputs))
+        if node.meta is not m and node.meta[meta.SPECS] != m[meta.SPECS]:
+            self.changed.update(node.outputs)
+        self.nodes[node.name] = node
+
+    def spec(self, value: str):
+        """The spec of ``value`` in the new graph."""
+        node = self.nodes.get(value)
+        if node is not None and node.num_outputs == 1:
+            return node.meta[meta.SPECS][0]
+        producer, index = self.graph.producer(value)
+        return self.nodes[producer.name].meta[meta.SPECS][index]
 
     def _visit_copy(self, node: Node, inputs: tuple[str, ...]) -> Node:
         copy = Node(node.name, node.op, tuple(inputs), node.attrs, node.num_outputs, dict(node.meta))
-        env = self.env
-        self.propagate.visit(self.graph, copy, tuple([env[value] for value in inputs]))
+        spec = self.spec
+        self.propagate.visit(self.graph, copy, tuple([spec(value) for value in inputs]))
         return copy
 
     def _is_free(self, spec, want) -> bool | None:
@@ -158,11 +154,11 @@ class _Sweep:
         relabel on a size-1 axis); free local slices stay implicit.
         """
         flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
-        env, inputs = self.env, list(node.inputs)
+        inputs = list(node.inputs)
         for i, (value, want) in enumerate(zip(node.inputs, node.meta[meta.WANTS])):
             if want is None:
                 continue
-            free = self._is_free(env[value], want)
+            free = self._is_free(self.spec(value), want)
             if free is None or (free and value not in flagged):
                 continue
             key = (value, want)  # a Layout: its hash is cached
@@ -176,9 +172,8 @@ class _Sweep:
     def _insert_move(self, node: Node, index: int, value: str, want) -> str:
         """Append a redistribute node moving ``value`` to ``want`` for input ``index`` of ``node``."""
         operand = get_rule(node.op).operand_name(index)
-        name = self.reshard._fresh(self.taken, f"{node.name}/{operand}")
-        self.taken.add(name)
-        spec = self.env[value]
+        name = self._fresh(f"{node.name}/{operand}")
+        spec = self.spec(value)
         known = self.move_meta.get((spec, want))
         if known is not None:  # the same move seen before: its rule's result is a pure function of it
             attrs, template = known
@@ -192,7 +187,14 @@ class _Sweep:
             if not move.meta[meta.VIOLATIONS]:  # violations name the node: those are not shared
                 template = {k: v for k, v in move.meta.items() if k not in (meta.INSERTED_BY, "for")}
                 self.move_meta[(spec, want)] = (attrs, template)
-        self.nodes.append(move)
-        self.env[name] = move.meta[meta.SPECS][0]
+        self.nodes[name] = move
         self.inserted += 1
+        return name
+
+    def _fresh(self, base: str) -> str:
+        """``base``, or ``base2``, ``base3``...: the first name neither graph has."""
+        name, i = base, 1
+        while name in self.graph or name in self.nodes:
+            i += 1
+            name = f"{base}{i}"
         return name

@@ -27,7 +27,9 @@ from layout_prop import (
     TensorSpec,
     parse_placement,
 )
+from layout_prop.errors import SpecError
 from layout_prop.graph import Graph, Node
+from layout_prop.loader import load_spec
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -630,6 +632,20 @@ class TestGraph:
             assert [n.name for n in g.topo_order()] == expected
             assert [n.name for n in g] == expected
         assert [n.name for n in g.copy_structure().topo_order()] == expected
+
+    def test_loader_orders_a_long_chain_listed_backwards(self):
+        # the loader's depth-first ordering once recursed per dependency: a chain of a few
+        # thousand nodes listed last-first ended in a RecursionError traceback
+        n = 3000
+        nodes = [{"name": f"n{i}", "op": "neg", "inputs": [f"n{i - 1}" if i else "x"]} for i in range(n)]
+        spec = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": {"shape": [4]}},
+                "nodes": nodes[::-1], "outputs": [f"n{n - 1}"]}
+        g = load_spec(spec)
+        assert [node.name for node in g.topo_order()] == ["x"] + [f"n{i}" for i in range(n)]
+        nodes[0]["inputs"] = [f"n{n - 1}"]  # close the chain into a cycle through all of it
+        with pytest.raises(SpecError) as e:
+            load_spec(dict(spec, nodes=nodes[::-1]))
+        assert _code(e) == "cycle" and e.value.message.count("->") == n
 
     def test_format_is_stable_text(self):
         expected = "\n".join([

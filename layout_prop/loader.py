@@ -294,28 +294,33 @@ def _order(nodes, g: Graph) -> list:
                 hint = f"{base!r} has several outputs: name one as {base}:0, {base}:1, ..."
             raise SpecError("undefined-value", f"input {j} of node {nd['name']!r} is {value!r}, which is not defined",
                             path=f"nodes[{i}].inputs[{j}]", node=nd["name"], input=value, hint=hint)
-    done: list[int] = []
-    placed: set[int] = set()
-    state: dict[int, int] = {}
-
-    def visit(i: int, stack: list[int]) -> None:
-        if state.get(i) == 2:
-            return
-        if state.get(i) == 1:
-            names = [nodes_by[k]["name"] for k in stack[stack.index(i):]] + [nodes_by[i]["name"]]
-            raise SpecError("cycle", f"nodes form a cycle: {' -> '.join(names)}", path=f"nodes[{i}]",
-                            node=nodes_by[i]["name"], hint="a value cannot depend on itself; break the loop")
-        state[i] = 1
-        for d in sorted(deps[i]):
-            visit(d, stack + [i])
-        state[i] = 2
-        if i not in placed:
-            placed.add(i)
-            done.append(i)
-
+    # Depth-first, deps in index order, iteratively: a long chain given in reverse order
+    # must not hit Python's recursion limit, and no closure may keep the spec alive in a cycle.
     nodes_by = {i: nd for i, nd, _ in nodes}
-    for i, _, _ in nodes:
-        visit(i, [])
+    state: dict[int, int] = {}  # 1: on the current path, 2: placed
+    done: list[int] = []
+    for root, _, _ in nodes:
+        if state.get(root) == 2:
+            continue
+        state[root] = 1
+        path = [(root, iter(sorted(deps[root])))]
+        while path:
+            i, pending = path[-1]
+            for d in pending:
+                if state.get(d) == 2:
+                    continue
+                if state.get(d) == 1:
+                    on_path = [k for k, _ in path]
+                    names = [nodes_by[k]["name"] for k in on_path[on_path.index(d):]] + [nodes_by[d]["name"]]
+                    raise SpecError("cycle", f"nodes form a cycle: {' -> '.join(names)}", path=f"nodes[{d}]",
+                                    node=nodes_by[d]["name"], hint="a value cannot depend on itself; break the loop")
+                state[d] = 1
+                path.append((d, iter(sorted(deps[d]))))
+                break
+            else:
+                path.pop()
+                state[i] = 2
+                done.append(i)
     by_index = {i: (i, nd, rule) for i, nd, rule in nodes}
     return [by_index[i] for i in done]
 

@@ -59,22 +59,21 @@ def analyse(g: Graph, cache: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--graph", choices=["llama", "rpe"], default="llama")
     args = parser.parse_args()
     make = build_llama if args.graph == "llama" else build
     print(f"graph: {args.graph}")
-    rows = []
-    for n in args.sizes:
-        cold, warm = [], []
-        for _ in range(args.repeat):
+    cold: dict[int, list[float]] = {n: [] for n in args.sizes}
+    warm: dict[int, list[float]] = {n: [] for n in args.sizes}
+    for _ in range(args.repeat):
+        for n in args.sizes:  # sizes interleaved, so that a drift of the machine's speed reaches all alike
             cache: dict = {}
             # each graph is built just before and dropped just after its run, so that a run
             # does not share the memory with the graphs of earlier runs
-            cold.append(analyse(make(n), cache))
-            warm.append(analyse(make(n), cache))
-        nodes = len(make(n))
-        rows.append((n, nodes, min(cold), min(warm)))
+            cold[n].append(analyse(make(n), cache))
+            warm[n].append(analyse(make(n), cache))
+    rows = [(n, len(make(n)), min(cold[n]), min(warm[n])) for n in args.sizes]
     print(f"{'N':>7} {'nodes':>7} {'cold s':>9} {'cold us/node':>13} {'warm s':>9} {'warm us/node':>13}")
     for n, nodes, cold, warm in rows:
         print(f"{n:>7} {nodes:>7} {cold:>9.4f} {cold / nodes * 1e6:>13.2f} {warm:>9.4f} {warm / nodes * 1e6:>13.2f}")

@@ -149,8 +149,6 @@ class Graph:
         self.mesh = mesh
         self._nx: nx.MultiDiGraph | None = None
         self._nodes: dict[str, Node] = {}
-        # the values of multi-output nodes -> (producer, output index); a single output is named as its node
-        self._producers: dict[str, tuple[Node, int]] = {}
         # producer node name -> [(consumer, input index)], built on demand (like the networkx view)
         self._uses: dict[str, list[tuple[Node, int]]] | None = None
         self.outputs: list[str] = []
@@ -190,13 +188,10 @@ class Graph:
             raise GraphError("duplicate-name", f"a node named {node.name!r} already exists", node=node.name,
                              hint="give every node and input a distinct name")
         for i, value in enumerate(node.inputs):
-            if value not in self._producers and not self.has_value(value):
+            if not self.has_value(value):
                 raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",
                                  node=node.name, input=value, hint="define a value before using it")
         self._nodes[node.name] = node
-        if node.num_outputs != 1:
-            for index, value in enumerate(node.outputs):
-                self._producers[value] = (node, index)
         self._uses = self._nx = None  # indexes rebuilt on demand
         return node.outputs
 
@@ -257,9 +252,6 @@ class Graph:
 
     def producer(self, value: str) -> tuple[Node, int]:
         """The node that produces ``value`` and the output index."""
-        found = self._producers.get(value)
-        if found is not None:
-            return found
         node = self._nodes.get(value)
         if node is not None and node.num_outputs == 1:
             return node, 0
@@ -380,11 +372,6 @@ class Graph:
         g.outputs = list(outputs)
         g.meta.update(graph_meta or {})
         g._nodes = nodes if isinstance(nodes, dict) else {node.name: node for node in nodes}
-        producers = g._producers
-        for node in g._nodes.values():
-            if node.num_outputs != 1:
-                for index, value in enumerate(node.outputs):
-                    producers[value] = (node, index)
         return g
 
     def copy_structure(self) -> "Graph":

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from layout_prop import Layout, OpRule, RuleResult, meta, register_op
-from layout_prop.errors import Violation
+from layout_prop.errors import GraphError, Violation
 from layout_prop.api import analyze
 from layout_prop.cli import main
 from layout_prop.graph import Graph, Node
@@ -164,6 +164,7 @@ nodes:
 def test_auto_completion_matches_x_and_reports_alternatives():
     g = load_spec(AUTO)
     res = Complete().run(g)
+    Verify().run(g)  # the graph carries the specs of the chosen layouts, not of the last one tried
     assert res.chosen == {"cos": ("R", "R", "S(2)"), "sin": ("R", "R", "S(2)")}
     assert len(res.notes) == 2
     assert "alternatives: (R, R, R): 0 bytes/rank" in res.notes[0]
@@ -183,7 +184,9 @@ nodes:
   - {name: b, op: mul, inputs: [z, w]}
   - {name: c, op: mul, inputs: [z, w]}
 """
-    res = Complete().run(load_spec(spec))
+    g = load_spec(spec)
+    res = Complete().run(g)
+    Verify().run(g)
     # a wants w as S(1), b and c want S(0).  Replicate serves all three by free local slices (0 bytes).
     # S(0) makes a all-to-all w: its local [4, 64] float32 = 1024 bytes, it keeps half: 512 bytes.
     # S(1) makes b and c each all-to-all w: 2 * 512 = 1024 bytes.
@@ -326,3 +329,51 @@ outputs: [b, c, d]
 """
     result = Check().run(analyze(load_spec(spec)).graph)
     assert [(v.node, v.code) for v in result.violations] == [("b", "invalid-mode"), ("d", "invalid-reshape")]
+
+
+def test_verifier_catches_missing_stale_and_unresolved_metadata():
+    spec = """
+mesh: {shape: [2], names: [tp]}
+inputs: {x: {shape: [4, 6], placements: ["S(0)"]}, w: {shape: [4, 6]}}
+nodes:
+  - {name: y, op: add, inputs: [x, w]}
+  - {name: z, op: neg, inputs: [y]}
+outputs: [z]
+"""
+    g = load_spec(spec)
+    with pytest.raises(GraphError) as e:
+        Verify().run(g)
+    assert e.value.code == "missing-spec" and e.value.node == "x"
+    Propagate().run(g)
+    Verify(resolved=True).run(g)  # w is sliced locally for free: nothing unresolved
+
+    g.node("x").attrs["placements"] = ("S(1)",)  # changed behind propagate's back
+    with pytest.raises(GraphError) as e:
+        Verify().run(g)
+    assert e.value.code == "stale-spec" and e.value.node == "x" and "(S(1))" in e.value.message
+    Propagate().run(g)
+    Verify().run(g)
+
+    g.node("x").attrs["placements"] = ("P(sum)",)
+    Propagate().run(g)
+    Verify().run(g)  # a violation the graph carries is no error of the metadata
+    assert [v.code for v in g.node("y").meta[meta.VIOLATIONS]] == ["partial-input"]
+    g.node("y").meta[meta.VIOLATIONS] = ()  # a pass that dropped it
+    with pytest.raises(GraphError) as e:
+        Verify().run(g)
+    assert e.value.code == "stale-spec" and e.value.node == "y" and "violations []" in e.value.message
+
+
+def test_verifier_catches_a_want_that_needs_communication():
+    g = load_spec("""
+mesh: {shape: [2], names: [tp]}
+inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4]}}
+nodes: [{name: c, op: neg, inputs: [a]}, {name: d, op: add, inputs: [a, b]}]
+""")
+    Propagate().run(g)
+    Verify().run(g)
+    with pytest.raises(GraphError) as e:
+        Verify(resolved=True).run(g)
+    assert e.value.code == "unresolved-violation" and e.value.node == "d"
+    new = Reshard().run(g).graph
+    Verify(resolved=True).run(new)

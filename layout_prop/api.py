@@ -31,7 +31,7 @@ from typing import Any
 from . import meta
 from .graph import Graph
 
-__all__ = ["Analysis", "analyze", "format_table"]
+__all__ = ["Analysis", "analyze", "clear_caches", "format_table"]
 
 
 @dataclass
@@ -73,6 +73,19 @@ class Analysis:
         }
 
 
+def clear_caches() -> None:
+    """Forget what the passes remember across calls (the planner's best plans, operand names):
+    the state of a new process.  The rule cache of :class:`Propagate` belongs to its instance.
+
+    >>> clear_caches()
+    """
+    from layout_prop.passes.propagate import clear_caches as clear_propagate
+    from layout_prop.redistribute import clear_caches as clear_redistribute
+
+    clear_redistribute()
+    clear_propagate()
+
+
 @contextmanager
 def paused_gc():
     """Pause Python's cyclic garbage collector while passes build many small objects.
@@ -90,33 +103,44 @@ def paused_gc():
             gc.enable()
 
 
-def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, backend: str = "numpy") -> Analysis:
+def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, backend: str = "numpy",
+            verify: bool = False) -> Analysis:
     """Complete ``auto`` inputs, propagate, optionally build the backward graph and reshard, check.
 
     With ``backend="cann"`` the CANN kernel limits are checked on every rank's local shapes.
+    With ``verify=True`` the graph verifier (:class:`~layout_prop.passes.verify.Verify`) runs
+    after every pass and raises ``GraphError`` on a malformed or stale graph: what the tests
+    and the op testing kit (:func:`layout_prop.testing.verify_op`) ask for.
     """
     with paused_gc():
-        return _analyze(graph, reshard, backward, backend)
+        return _analyze(graph, reshard, backward, backend, verify)
 
 
-def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str) -> Analysis:
+def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: bool) -> Analysis:
     from layout_prop.passes.check import Check
     from layout_prop.passes.complete import Complete
     from layout_prop.passes.propagate import Propagate
     from layout_prop.passes.reshard import Reshard
+    from layout_prop.passes.verify import Verify
 
     notes: list[str] = []
     propagate = Propagate()
     completed = Complete(propagate).run(graph)
     notes.extend(completed.notes)
     propagate.run(graph)
+    if verify:
+        Verify().run(graph)
     if backward:
         from layout_prop.passes.backward import Backward
 
         graph = Backward(propagate).run(graph).graph
+        if verify:
+            Verify().run(graph)
     if reshard:
         graph = Reshard(propagate).run(graph).graph
     check = Check().run(graph)
+    if verify:  # after reshard, a graph that checks clean must also be resolved
+        Verify(resolved=reshard and check.ok).run(graph)
     if backend != "numpy":
         from layout_prop.passes.kernel_check import KernelCheck
 

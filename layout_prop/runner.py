@@ -179,14 +179,16 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | Non
 
 
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
-              seed: int = 0, reshard: bool = True, rtol: float | None = None, **engine_options) -> RunReport:
+              seed: int = 0, reshard: bool = True, rtol: float | None = None, verify: bool = False,
+              **engine_options) -> RunReport:
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
     ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
     results are compared with the tolerance of the least precise float dtype in the graph;
     ``rtol`` overrides it (deep graphs amplify rounding; other
     backends' kernels round differently from the numpy reference:
-    :data:`CROSS_BACKEND_TOLERANCES`).
+    :data:`CROSS_BACKEND_TOLERANCES`).  ``verify`` runs the graph verifier after every pass
+    (see :func:`layout_prop.api.analyze`).
     """
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
@@ -194,7 +196,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     from layout_prop.kernels.collectives import assemble
     from layout_prop.passes.lower import Lower
 
-    analysis = analyze(graph, reshard=reshard, backward=backward)
+    analysis = analyze(graph, reshard=reshard, backward=backward, verify=verify)
     g = analysis.graph
     report = RunReport(ok=False, engine=engine, ranks=g.mesh.size, notes=list(analysis.notes))
     if not analysis.ok:

@@ -80,6 +80,7 @@ class Complete:
                              for cost, c in scored[1:]) or "none"
             result.notes.append(f"auto layout of {node.name!r}: ({', '.join(best)}) with {best_cost[1]} bytes/rank "
                                 f"of redistribution; alternatives: {alts}")
+        self.propagate.run(graph)  # the metadata of the chosen layouts, not of the last candidate tried
         return result
 
     @staticmethod

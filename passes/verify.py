@@ -1,9 +1,11 @@
 """verify: the graph verifier the tests run after every pass (as fx ``Graph.lint``).
 
 Checks that the graph is well formed (:meth:`Graph.lint`), that every value has a spec
-whose mesh is the graph's, and, with ``resolved=True`` (after reshard), that every
-consumer sees a layout its rule accepts: no violations, and every remaining want is a
-free local slice.
+whose mesh is the graph's, that the metadata is not stale (every node's specs, violation
+codes and wants are what a fresh propagation of the graph gives: a pass that changes
+the graph and leaves old specs behind is caught here), and, with ``resolved=True``
+(after reshard), that every consumer sees a layout its rule accepts: no violations, and
+every remaining want is a free local slice.
 
 Examples
 --------
@@ -29,7 +31,7 @@ from layout_prop.errors import GraphError, LayoutPropError
 from layout_prop.graph import Graph
 from layout_prop.redistribute import plan_redistribution
 
-from .propagate import value_spec
+from .propagate import Propagate, value_spec
 
 __all__ = ["Verify"]
 
@@ -51,7 +53,12 @@ class Verify:
                 if spec is not None and spec.mesh != graph.mesh:
                     raise GraphError("foreign-mesh", f"node {node.name!r} has a spec on {spec.mesh}, not "
                                      f"{graph.mesh}", node=node.name, hint="a graph has one mesh")
-            if not self.resolved or node.is_input:
+        self._check_fresh(graph)
+        if not self.resolved:
+            return
+        for node in graph.topo_order():
+            specs = node.meta[meta.SPECS]
+            if node.is_input:
                 continue
             violations = node.meta.get(meta.VIOLATIONS, ())
             if violations:
@@ -70,3 +77,25 @@ class Verify:
                 if not free:
                     raise GraphError("unresolved-want", f"input {value!r} of {node.name!r} needs communication to "
                                      f"reach {want}", node=node.name, input=value, hint="run the reshard pass")
+
+    @staticmethod
+    def _check_fresh(graph: Graph) -> None:
+        """Every node carries what a fresh propagation (own cache, empty metadata) gives it."""
+        fresh = graph.copy_structure()
+        Propagate().run(fresh)
+        for node in graph.topo_order():
+            got, want = node.meta, fresh.node(node.name).meta
+            for key in (meta.SPECS, meta.WANTS):
+                if got.get(key) != want[key]:
+                    raise GraphError("stale-spec", f"node {node.name!r} carries {key} {_text(got.get(key))}, but "
+                                     f"propagating the graph afresh gives {_text(want[key])}", node=node.name,
+                                     hint="propagate again after changing a graph (or its inputs' attrs)")
+            codes = [v.code for v in got.get(meta.VIOLATIONS, ())]
+            if codes != [v.code for v in want[meta.VIOLATIONS]]:
+                raise GraphError("stale-spec", f"node {node.name!r} carries violations {codes}, but propagating "
+                                 f"the graph afresh gives {[v.code for v in want[meta.VIOLATIONS]]}",
+                                 node=node.name, hint="propagate again after changing a graph (or its inputs' attrs)")
+
+
+def _text(values) -> str:
+    return "None" if values is None else "[" + ", ".join(str(v) for v in values) + "]"

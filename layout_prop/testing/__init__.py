@@ -4,7 +4,9 @@ For every placement combination of an op's operands on the given meshes (all of 
 where that is feasible, a seeded sample where it is not), the kit builds a one-node
 graph and requires either a documented violation code, or forward (and backward)
 agreement of the lowered per-rank execution with one device.  A combination whose
-violations a redistribution can fix is also run through ``--reshard`` and checked.
+violations a redistribution can fix is also run through ``--reshard`` and checked.  The
+graph verifier (:class:`~layout_prop.passes.verify.Verify`) runs after every pass, so a
+rule or pass that leaves a malformed graph or stale specs behind fails here too.
 
 Examples
 --------
@@ -157,7 +159,7 @@ def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, rep
             raise
         report.unusable += 1
         return
-    analysis = analyze(graph)
+    analysis = analyze(graph, verify=True)
     codes = [v.code for v in analysis.check.violations]
     for code in set(codes):
         report.rejected[code] = report.rejected.get(code, 0) + 1
@@ -166,7 +168,7 @@ def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, rep
     if codes and not all(v.fixable for v in analysis.check.violations):
         return
     try:
-        rep = run_graph(load_spec(spec), backward=backward, seed=seed)
+        rep = run_graph(load_spec(spec), backward=backward, seed=seed, verify=True)
     except ExecutionError as err:  # a kernel that cannot even run on the claimed local shapes
         report.mismatches.append(Mismatch(spec, err.node or "?", float("inf"), str(err)))
         return

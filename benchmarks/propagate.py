@@ -4,8 +4,8 @@ Builds generated Llama graphs (``layout_prop.models.llama_spec``: 23 nodes and 9
 a layer, Megatron TP + SP on a dp x sp x tp mesh of 8 ranks, so reshard inserts 6
 redistributions a layer) and, with ``--graph rpe``, chains of RotaryPositionEmbedding
 blocks (RPE, a scale, a residual add).  It prints, for each size: the time of
-propagate + check + reshard, microseconds per node cold (an empty rule cache) and warm
-(the cache of a previous run), and the ratio of times for 10x the nodes, measured in the
+propagate + check + reshard, microseconds per node cold (an empty rule cache, and the
+planner's memory cleared: a new process) and warm (the cache of a previous run), and the ratio of times for 10x the nodes, measured in the
 same run.  Run: ``python benchmarks/propagate.py [--graph llama|rpe] [--sizes 1000 10000]``.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from layout_prop.api import paused_gc
+from layout_prop.api import clear_caches, paused_gc
 from layout_prop.graph import Graph
 from layout_prop.loader import load_spec
 from layout_prop.mesh import DeviceMesh
@@ -69,6 +69,7 @@ def main() -> None:
     for _ in range(args.repeat):
         for n in args.sizes:  # sizes interleaved, so that a drift of the machine's speed reaches all alike
             cache: dict = {}
+            clear_caches()  # cold: nothing remembered from earlier runs, as in a new process
             # each graph is built just before and dropped just after its run, so that a run
             # does not share the memory with the graphs of earlier runs
             cold[n].append(analyse(make(n), cache))

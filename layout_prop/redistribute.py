@@ -114,6 +114,7 @@ __all__ = [
     "plan_redistribution",
     "redistribution_cost",
     "reduce_ops_commute",
+    "clear_caches",
     "step_bytes",
 ]
 
@@ -291,6 +292,12 @@ def plan_redistribution(src: TensorSpec, dst: DstLike) -> Plan:
         return _best_plan(src, dst)  # the common call, from passes: remembered
     spec, layout = _normalise(src, dst)
     return _enumerate(spec, layout)[0]
+
+
+def clear_caches() -> None:
+    """Forget the remembered plans (benchmarks call it to start cold)."""
+    _best_plan.cache_clear()
+    _enumerate.cache_clear()
 
 
 @lru_cache(maxsize=4096)

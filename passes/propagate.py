@@ -28,7 +28,7 @@ from layout_prop.layout import Layout
 from layout_prop.registry import get_rule
 from layout_prop.spec import TensorSpec
 
-__all__ = ["Propagate", "PropagateResult", "input_spec", "value_spec"]
+__all__ = ["Propagate", "PropagateResult", "clear_caches", "input_spec", "value_spec"]
 
 _PREPARED = "propagate.prepared"  # private: (heads table, rule, attrs, cache-key head), once per node
 _HEADS = "propagate.heads"  # private key of the cache: (op, frozen normalised attrs) -> a small int
@@ -203,6 +203,11 @@ class Propagate:
     def _locate(v: Violation, node: Node, rule) -> Violation:
         index = _operand_indices(rule, len(node.inputs)).get(v.operand) if v.operand is not None else None
         return v.located(node.name, rule.name, None if index is None else node.inputs[index])
+
+
+def clear_caches() -> None:
+    """Forget the operand-name tables kept across runs (benchmarks call it to start cold)."""
+    _operand_indices.cache_clear()
 
 
 @lru_cache(maxsize=1024)

@@ -377,3 +377,27 @@ nodes: [{name: c, op: neg, inputs: [a]}, {name: d, op: add, inputs: [a, b]}]
     assert e.value.code == "unresolved-violation" and e.value.node == "d"
     new = Reshard().run(g).graph
     Verify(resolved=True).run(new)
+
+
+def test_equal_specs_from_separate_propagations_are_one_object_and_not_kept_alive():
+    import gc
+    import weakref
+
+    from layout_prop.models import llama_spec
+
+    a, b = load_spec(llama_spec(1)), load_spec(llama_spec(1))
+    Propagate().run(a)
+    Propagate().run(b)  # another cache: the rule results are computed again
+    for node in a.topo_order():
+        for x, y in zip(node.meta[meta.SPECS], b.node(node.name).meta[meta.SPECS]):
+            assert x is y, node.name  # uniqued: comparisons and cache keys stop at identity
+        for x, y in zip(node.meta[meta.WANTS], b.node(node.name).meta[meta.WANTS]):
+            assert x is y, node.name
+    spec = a.node("x").meta[meta.SPECS][0]
+    probe = weakref.ref(spec)
+    from layout_prop.api import clear_caches
+
+    del a, b, node, x, y, spec
+    clear_caches()  # the planner's remembered plans hold specs too
+    gc.collect()
+    assert probe() is None  # the uniquing table holds values weakly

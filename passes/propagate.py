@@ -18,6 +18,7 @@ Examples
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -33,7 +34,24 @@ __all__ = ["Propagate", "PropagateResult", "clear_caches", "input_spec", "value_
 _PREPARED = "propagate.prepared"  # private: (heads table, rule, attrs, cache-key head), once per node
 _HEADS = "propagate.heads"  # private key of the cache: (op, frozen normalised attrs) -> a small int
 _BY_ATTRS = "propagate.by_attrs"  # private key of the cache: (op, raw attrs) -> the prepared tuple
-_UNIQUE = "propagate.unique"  # private key of the cache: spec or layout -> the one equal object handed out
+# Specs and layouts are uniqued (as MLIR uniques attributes in its context): equal values that
+# any propagation hands out are one object, so comparing them, or the cache keys they are part
+# of (the rule cache, the planner's remembered plans), stops at identity instead of comparing
+# fields.  Weak both ways (value -> a weak reference to the first equal one): a value
+# nobody holds any more leaves the table.
+_UNIQUE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _unique(value):
+    """The first live value equal to ``value`` that propagation handed out (``value`` if none)."""
+    try:
+        first = _UNIQUE[value]()
+    except KeyError:
+        first = None
+    if first is None:
+        _UNIQUE[value] = weakref.ref(value)
+        first = value
+    return first
 
 
 def input_spec(node: Node, graph: Graph) -> TensorSpec:
@@ -75,10 +93,6 @@ class Propagate:
         self._heads = self.cache.setdefault(_HEADS, {})
         self._by_attrs = self.cache.setdefault(_BY_ATTRS, {})
         self._mesh = self._inputs = None  # the mesh of the last input visited and its input specs
-        # Specs and layouts are uniqued (as MLIR uniques attributes): equal values propagated
-        # through one cache are one object, so comparing them, or the cache keys they are part
-        # of, stops at identity instead of comparing fields.
-        self._unique = self.cache.setdefault(_UNIQUE, {})
 
     def run(self, graph: Graph) -> PropagateResult:
         """Propagate every node in topological order (specs read from a local map, not the producers)."""
@@ -142,7 +156,7 @@ class Propagate:
         spec = self._inputs.get(key)
         if spec is None:
             spec = input_spec(node, graph)
-            spec = self._inputs[key] = self._unique.setdefault(spec, spec)
+            spec = self._inputs[key] = _unique(spec)
         m = node.meta
         m[meta.SPECS] = (spec,)
         m[meta.VIOLATIONS] = m[meta.WANTS] = ()
@@ -177,9 +191,9 @@ class Propagate:
         node.meta[meta.ATTRS] = prepared[2]  # shared between equal nodes: attrs are never written to
         return prepared
 
-    def _uniqued(self, values: tuple) -> tuple:
-        unique = self._unique
-        return tuple([None if v is None else unique.setdefault(v, v) for v in values])
+    @staticmethod
+    def _uniqued(values: tuple) -> tuple:
+        return tuple([None if v is None else _unique(v) for v in values])
 
     @staticmethod
     def _apply(rule, node: Node, specs, attrs):
@@ -206,8 +220,9 @@ class Propagate:
 
 
 def clear_caches() -> None:
-    """Forget the operand-name tables kept across runs (benchmarks call it to start cold)."""
+    """Forget the operand-name tables and uniqued values kept across runs (benchmarks call it to start cold)."""
     _operand_indices.cache_clear()
+    _UNIQUE.clear()
 
 
 @lru_cache(maxsize=1024)

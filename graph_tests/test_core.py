@@ -633,6 +633,18 @@ class TestGraph:
             assert [n.name for n in g] == expected
         assert [n.name for n in g.copy_structure().topo_order()] == expected
 
+    def test_spec_numbers_read_as_json_and_yaml_1_2_read_them(self):
+        from layout_prop.loader import parse_spec
+
+        text = "a: {eps: 1e-6, big: 2E+3, neg: -1.5e-3, plain: 3, dotted: 1.0e-06, quoted: '1e-6', name: e1}"
+        assert parse_spec(text)["a"] == {"eps": 1e-6, "big": 2000.0, "neg": -1.5e-3, "plain": 3, "dotted": 1e-6,
+                                         "quoted": "1e-6", "name": "e1"}
+        assert type(parse_spec(text)["a"]["plain"]) is int
+        assert parse_spec('{"a": {"eps": 1e-06}}') == {"a": {"eps": 1e-6}}  # JSON text, by the json module
+        with pytest.raises(SpecError) as e:  # a key written twice in JSON is refused with its position, as in YAML
+            parse_spec('{"a": 1,\n "a": 2}')
+        assert _code(e) == "spec-syntax" and "line 2" in e.value.message and "twice" in e.value.message
+
     def test_loader_orders_a_long_chain_listed_backwards(self):
         # the loader's depth-first ordering once recursed per dependency: a chain of a few
         # thousand nodes listed last-first ended in a RecursionError traceback

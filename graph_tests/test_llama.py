@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import yaml
 
 from layout_prop.api import analyze
@@ -83,6 +84,17 @@ def test_32_layer_generated_llama_checks_and_simulates(tmp_path, capsys):
     rep = run_graph(load_spec(path), backward=True, seed=1, rtol=1e-9)
     assert rep.ok, rep.mismatches
     assert len(rep.grads) == 1 + 32 * 9
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_generated_spec_file_checks_clean(tmp_path, capsys, suffix):
+    # gen writes eps as 1e-06 in JSON, which PyYAML alone read as the string '1e-06' (invalid-attr)
+    path = tmp_path / f"llama{suffix}"
+    assert main(["gen", "llama", "--layers", "2", "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(path), "--reshard", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+    assert load_spec(path).node("l1_h").attrs["eps"] == 1e-6
 
 
 def test_gen_rejects_a_bad_mesh(capsys):

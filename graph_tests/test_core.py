@@ -641,9 +641,23 @@ class TestGraph:
                                          "quoted": "1e-6", "name": "e1"}
         assert type(parse_spec(text)["a"]["plain"]) is int
         assert parse_spec('{"a": {"eps": 1e-06}}') == {"a": {"eps": 1e-6}}  # JSON text, by the json module
+        assert parse_spec('{"a": NaN}') == parse_spec("a: NaN") == {"a": "NaN"}  # not JSON: read alike by YAML
         with pytest.raises(SpecError) as e:  # a key written twice in JSON is refused with its position, as in YAML
             parse_spec('{"a": 1,\n "a": 2}')
         assert _code(e) == "spec-syntax" and "line 2" in e.value.message and "twice" in e.value.message
+
+    def test_a_name_with_a_colon_cannot_shadow_a_multi_output_value(self):
+        # "g:1" is output 1 of a multi-output node g; a node of that name made the value mean two things
+        for first, second in (("single", "multi"), ("multi", "single")):
+            g = Graph(DeviceMesh((2,), ("dp",)))
+            w = g.input("w", shape=(4, 6))
+            with pytest.raises(GraphError) as e:
+                for kind in (first, second):
+                    if kind == "single":
+                        g.op("g:1", "neg", [w])
+                    else:
+                        g.op("g", "split", [w], {"sections": 3, "dim": 1}, num_outputs=3)
+            assert _code(e) == "duplicate-name" and "'g:1'" in e.value.message, first
 
     def test_loader_orders_a_long_chain_listed_backwards(self):
         # the loader's depth-first ordering once recursed per dependency: a chain of a few

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from layout_prop import Layout, OpRule, RuleResult, meta, register_op
-from layout_prop.errors import GraphError, Violation
+from layout_prop.errors import GraphError, OpError, Violation
 from layout_prop.api import analyze
 from layout_prop.cli import main
 from layout_prop.graph import Graph, Node
@@ -395,9 +395,57 @@ def test_equal_specs_from_separate_propagations_are_one_object_and_not_kept_aliv
             assert x is y, node.name
     spec = a.node("x").meta[meta.SPECS][0]
     probe = weakref.ref(spec)
-    from layout_prop.api import clear_caches
+    from layout_prop.redistribute import clear_caches as clear_planner
 
     del a, b, node, x, y, spec
-    clear_caches()  # the planner's remembered plans hold specs too
+    clear_planner()  # the planner's remembered plans hold specs too; the uniquing table is left as it is
     gc.collect()
     assert probe() is None  # the uniquing table holds values weakly
+
+
+@register_op
+class _WantsAList(OpRule):
+    """A rule that breaks the contract: it wants a list of placements instead of a Layout."""
+
+    name = "test_wants_a_list"
+    operands = ("x",)
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        if attrs.get("bad_output"):
+            return RuleResult(([str(p) for p in x.layout.placements],))
+        return RuleResult((x,), (), (["R"],))
+
+    attr_defaults = {"bad_output": False}
+
+
+@pytest.mark.parametrize("bad_output", [False, True])
+def test_a_rule_returning_other_than_specs_and_layouts_is_a_bad_rule(tmp_path, capsys, bad_output):
+    spec = tmp_path / "g.yaml"
+    spec.write_text(f"""
+mesh: {{shape: [2], names: [tp]}}
+inputs: {{x: {{shape: [4, 6], placements: ["S(0)"]}}}}
+nodes: [{{name: y, op: test_wants_a_list, inputs: [x], attrs: {{bad_output: {str(bad_output).lower()}}}}}]
+""")
+    with pytest.raises(OpError) as e:
+        Propagate().run(load_spec(spec))
+    assert e.value.code == "bad-rule" and e.value.node == "y"
+    assert ("as an output" if bad_output else "not a Layout") in e.value.message
+    assert main(["check", str(spec), "--reshard"]) == 2  # one line, no traceback
+    assert "bad-rule" in capsys.readouterr().err
+
+
+def test_inserted_redistributions_have_attrs_of_their_own():
+    spec = """
+mesh: {shape: [2], names: [tp]}
+inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4], placements: ["P(sum)"]}}
+nodes: [{name: c, op: exp, inputs: [a]}, {name: d, op: exp, inputs: [b]}]
+"""
+    propagate = Propagate()
+    first, second = (Reshard(propagate).run(load_spec(spec)).graph for _ in range(2))
+    moves = [g.node(n) for g in (first, second) for n in ("c/x", "d/x")]
+    assert len({id(m.attrs) for m in moves}) == 4  # the remembered move hands out copies
+    moves[0].attrs["placements"] = ("P(sum)",)  # an edit of one node reaches no other
+    assert [m.attrs["placements"] for m in moves[1:]] == [("R",)] * 3
+    third = Reshard(propagate).run(load_spec(spec)).graph
+    assert third.node("c/x").attrs["placements"] == ("R",)

@@ -74,8 +74,9 @@ class Analysis:
 
 
 def clear_caches() -> None:
-    """Forget what the passes remember across calls (the planner's best plans, operand names):
-    the state of a new process.  The rule cache of :class:`Propagate` belongs to its instance.
+    """Forget what the passes remember across calls (the planner's best plans, operand names,
+    the table that uniques specs and layouts): the state of a new process.  The rule cache of
+    :class:`Propagate` belongs to its instance.
 
     >>> clear_caches()
     """
@@ -127,7 +128,8 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     propagate = Propagate()
     completed = Complete(propagate).run(graph)
     notes.extend(completed.notes)
-    propagate.run(graph)
+    if not completed.chosen:  # (complete leaves the graph propagated with what it chose)
+        propagate.run(graph)
     if verify:
         Verify().run(graph)
     if backward:

@@ -187,6 +187,11 @@ class Graph:
         if node.name in self._nodes:
             raise GraphError("duplicate-name", f"a node named {node.name!r} already exists", node=node.name,
                              hint="give every node and input a distinct name")
+        for value in node.outputs:  # "g:1" names output 1 of a multi-output node g: never two things
+            if (value != node.name and value in self._nodes) or (":" in value and self.has_value(value)):
+                raise GraphError("duplicate-name", f"node {node.name!r} would define value {value!r}, which "
+                                 f"already exists", node=node.name,
+                                 hint="names with ':' clash with the values of multi-output nodes; rename it")
         for i, value in enumerate(node.inputs):
             if not self.has_value(value):
                 raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",

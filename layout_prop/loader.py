@@ -86,6 +86,10 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789"))
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")  # read by YAML instead, as the string it is there
+
+
 def _json_mapping(pairs: list) -> dict:
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
@@ -104,7 +108,7 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
     """
     if text.lstrip().startswith("{"):
         try:
-            return json.loads(text, object_pairs_hook=_json_mapping)
+            return json.loads(text, object_pairs_hook=_json_mapping, parse_constant=_not_json)
         except ValueError:
             pass
     try:
@@ -112,7 +116,8 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        line = text.splitlines()[mark.line] if mark and mark.line < len(text.splitlines()) else ""
+        lines = text.splitlines()
+        line = lines[mark.line] if mark and mark.line < len(lines) else ""
         if mark and mark.column < len(line):  # libyaml's messages do not name what it found there
             where += f" (at {line[mark.column]!r})"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]

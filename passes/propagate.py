@@ -44,13 +44,11 @@ _UNIQUE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _unique(value):
     """The first live value equal to ``value`` that propagation handed out (``value`` if none)."""
-    try:
-        first = _UNIQUE[value]()
-    except KeyError:
-        first = None
+    known = _UNIQUE.get(value)
+    first = known() if known is not None else None
     if first is None:
         _UNIQUE[value] = weakref.ref(value)
-        first = value
+        return value
     return first
 
 
@@ -210,6 +208,15 @@ class Propagate:
         if len(res.outputs) != node.num_outputs:
             raise OpError("bad-rule", f"rule {rule.name!r} returned {len(res.outputs)} outputs for {node.num_outputs}",
                           node=node.name, hint="a rule returns one spec per output")
+        for out in res.outputs:
+            if out is not None and not isinstance(out, TensorSpec):
+                raise OpError("bad-rule", f"rule {rule.name!r} returned {type(out).__name__} {out!r} as an output",
+                              node=node.name, hint="a rule returns a TensorSpec (or None) per output")
+        for want in res.wants:
+            if want is not None and not isinstance(want, Layout):
+                raise OpError("bad-rule", f"rule {rule.name!r} wants {type(want).__name__} {want!r} for an input, "
+                              f"not a Layout", node=node.name,
+                              hint="return wants as Layouts, e.g. spec.layout.with_placements([...])")
         wants = tuple(res.wants) + (None,) * (len(specs) - len(res.wants))
         return tuple(res.outputs), tuple(res.violations), wants
 

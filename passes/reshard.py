@@ -158,26 +158,26 @@ class _Sweep:
         for i, (value, want) in enumerate(zip(node.inputs, node.meta[meta.WANTS])):
             if want is None:
                 continue
-            free = self._is_free(self.spec(value), want)
+            spec = self.spec(value)
+            free = self._is_free(spec, want)
             if free is None or (free and value not in flagged):
                 continue
             key = (value, want)  # a Layout: its hash is cached
             name = self.moved.get(key)
             if name is None:
-                name = self._insert_move(node, i, value, want)
+                name = self._insert_move(node, i, value, spec, want)
                 self.moved[key] = name
             inputs[i] = name
         return tuple(inputs)
 
-    def _insert_move(self, node: Node, index: int, value: str, want) -> str:
-        """Append a redistribute node moving ``value`` to ``want`` for input ``index`` of ``node``."""
+    def _insert_move(self, node: Node, index: int, value: str, spec, want) -> str:
+        """Append a redistribute node moving ``value`` (``spec``) to ``want`` for input ``index`` of ``node``."""
         operand = get_rule(node.op).operand_name(index)
         name = self._fresh(f"{node.name}/{operand}")
-        spec = self.spec(value)
         known = self.move_meta.get((spec, want))
         if known is not None:  # the same move seen before: its rule's result is a pure function of it
             attrs, template = known
-            move = Node(name, "redistribute", (value,), attrs,
+            move = Node(name, "redistribute", (value,), dict(attrs),  # each node its own attrs
                         meta={**template, meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
         else:
             attrs = {"placements": tuple(want.placement_strs())}
@@ -186,7 +186,7 @@ class _Sweep:
             self.propagate.visit(self.graph, move, (spec,))
             if not move.meta[meta.VIOLATIONS]:  # violations name the node: those are not shared
                 template = {k: v for k, v in move.meta.items() if k not in (meta.INSERTED_BY, "for")}
-                self.move_meta[(spec, want)] = (attrs, template)
+                self.move_meta[(spec, want)] = (dict(attrs), template)
         self.nodes[name] = move
         self.inserted += 1
         return name

@@ -57,9 +57,9 @@ class Verify:
         if not self.resolved:
             return
         for node in graph.topo_order():
-            specs = node.meta[meta.SPECS]
             if node.is_input:
                 continue
+            specs = node.meta[meta.SPECS]
             violations = node.meta.get(meta.VIOLATIONS, ())
             if violations:
                 raise GraphError("unresolved-violation", f"{violations[0]}", node=node.name,
@@ -89,12 +89,16 @@ class Verify:
                 if got.get(key) != want[key]:
                     raise GraphError("stale-spec", f"node {node.name!r} carries {key} {_text(got.get(key))}, but "
                                      f"propagating the graph afresh gives {_text(want[key])}", node=node.name,
-                                     hint="propagate again after changing a graph (or its inputs' attrs)")
+                                     hint=_STALE_HINT)
             codes = [v.code for v in got.get(meta.VIOLATIONS, ())]
             if codes != [v.code for v in want[meta.VIOLATIONS]]:
                 raise GraphError("stale-spec", f"node {node.name!r} carries violations {codes}, but propagating "
                                  f"the graph afresh gives {[v.code for v in want[meta.VIOLATIONS]]}",
-                                 node=node.name, hint="propagate again after changing a graph (or its inputs' attrs)")
+                                 node=node.name, hint=_STALE_HINT)
+
+
+_STALE_HINT = ("propagate again after changing a graph; an op node's attrs are treated as immutable "
+               "(replace node.attrs, do not edit it in place, or propagate with a new Propagate)")
 
 
 def _text(values) -> str:

@@ -5,8 +5,10 @@ a layer, Megatron TP + SP on a dp x sp x tp mesh of 8 ranks, so reshard inserts 
 redistributions a layer) and, with ``--graph rpe``, chains of RotaryPositionEmbedding
 blocks (RPE, a scale, a residual add).  It prints, for each size: the time of
 propagate + check + reshard, microseconds per node cold (an empty rule cache, and the
-planner's memory cleared: a new process) and warm (the cache of a previous run), and the ratio of times for 10x the nodes, measured in the
-same run.  Run: ``python benchmarks/propagate.py [--graph llama|rpe] [--sizes 1000 10000]``.
+planner's memory cleared: a new process) and warm (the cache of a previous run), best of
+``--repeat`` runs with the sizes interleaved, and the ratio of times for 10x the nodes,
+measured in the same run.
+Run: ``python benchmarks/propagate.py [--graph llama|rpe] [--sizes 1000 10000]``.
 """
 
 from __future__ import annotations

@@ -633,7 +633,7 @@ class TestGraph:
             assert [n.name for n in g] == expected
         assert [n.name for n in g.copy_structure().topo_order()] == expected
 
-    def test_spec_numbers_read_as_json_and_yaml_1_2_read_them(self):
+    def test_spec_floats_with_an_exponent_are_numbers_as_in_json(self):
         from layout_prop.loader import parse_spec
 
         text = "a: {eps: 1e-6, big: 2E+3, neg: -1.5e-3, plain: 3, dotted: 1.0e-06, quoted: '1e-6', name: e1}"

@@ -331,7 +331,7 @@ outputs: [b, c, d]
     assert [(v.node, v.code) for v in result.violations] == [("b", "invalid-mode"), ("d", "invalid-reshape")]
 
 
-def test_verifier_catches_missing_stale_and_unresolved_metadata():
+def test_verifier_catches_missing_and_stale_metadata():
     spec = """
 mesh: {shape: [2], names: [tp]}
 inputs: {x: {shape: [4, 6], placements: ["S(0)"]}, w: {shape: [4, 6]}}

@@ -3,11 +3,11 @@
 Nodes are graph inputs (``op == "input"``) or op applications.  A node produces one
 value named like the node, or, for a multi-output op, values ``name:0``, ``name:1``...
 Edges go from producer to consumer, one per use (the same value may feed an op twice),
-keyed by the consumer's input index.  The graph keeps its own dicts (nodes in
-insertion order, producers) and builds the uses index and the networkx view when first
-asked for after a change: passes that rebuild large graphs do not pay for networkx's
-bookkeeping, and algorithms (cycles, generations, drawing) still get a real networkx
-graph.  Passes talk through named keys of ``node.meta`` (see :mod:`layout_prop.meta`),
+keyed by the consumer's input index.  The graph keeps its nodes in one dict (insertion
+order; a value's producer is found from the value's name) and builds the uses index and
+the networkx view when first asked for after a change: passes that rebuild large graphs
+do not pay for networkx's bookkeeping, and algorithms (cycles, generations, drawing)
+still get a real networkx graph.  Passes talk through named keys of ``node.meta`` (see :mod:`layout_prop.meta`),
 as torch.fx passes do.
 
 Examples

@@ -91,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     ge.add_argument("--dtype", default="float32", help="dtype of every tensor (default float32)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 
+    op = sub.add_parser("ops", help="the op reference: every op, or one op in full (generated from the registry)")
+    op.add_argument("name", metavar="NAME", nargs="?", help="an op name or alias: print that op in full")
+    op.add_argument("--json", action="store_true", help="print JSON (a list of ops, or one op)")
+    op.add_argument("--markdown", action="store_true", help="print the built-in ops as docs/ops.md is written")
+
     lo = sub.add_parser("lower", help="print one rank's local subgraph")
     lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
     lo.add_argument("--rank", type=int, required=True, help="the rank to print")
@@ -299,6 +304,20 @@ def _cmd_gen(args) -> int:
     return 0
 
 
+def _cmd_ops(args) -> int:
+    from .opref import format_entry, format_reference, op_entry, op_reference, render_markdown
+
+    if args.markdown:
+        print(render_markdown(), end="")
+    elif args.name is not None:
+        entry = op_entry(args.name)
+        print(json.dumps(entry, indent=1) if args.json else format_entry(entry))
+    else:
+        entries = op_reference()
+        print(json.dumps(entries, indent=1) if args.json else format_reference(entries))
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -311,7 +330,7 @@ def _cmd_viz(args) -> int:
     return cmd_viz(args)
 
 
-COMMANDS = {"viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+COMMANDS = {"ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

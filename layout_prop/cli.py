@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--samples", type=_samples_arg, default="all",
                     help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
     ve.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data")
+    ve.add_argument("--jobs", type=_positive_int, default=1,
+                    help="processes to check combinations in (default 1; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
     from .passes.visualise import add_viz_parser
@@ -174,23 +176,36 @@ def _import_module_file(path: Path) -> None:
                       hint="run the file with python to see the full error") from None
 
 
+#: above this many combinations, verify says how to sample or parallelise before it starts
+VERIFY_ADVICE_THRESHOLD = 5_000
+
+
 def _cmd_verify(args) -> int:
-    from .testing import verify_op
+    from .progress import Progress
+    from .testing import combination_specs, verify_op
 
     if args.module:
         _import_module_file(args.module)
     meshes = args.mesh or [(2,), (2, 2)]
-    report = verify_op(args.op, meshes=meshes, placements=args.samples, backward=args.backward, seed=args.seed)
+    total = len(combination_specs(args.op, meshes=meshes, placements=args.samples, seed=args.seed))
+    if total > VERIFY_ADVICE_THRESHOLD and not args.json:
+        print(f"layout-prop: verify {args.op}: {total:,} combinations to try; --samples N checks a seeded sample "
+              f"of N per sample shape and mesh, --jobs N uses N processes", file=sys.stderr)
+    with Progress(total, f"verify {args.op}", enabled=False if args.json else None) as bar:
+        report = verify_op(args.op, meshes=meshes, placements=args.samples, backward=args.backward, seed=args.seed,
+                           jobs=args.jobs, progress=lambda done, _total: bar.update(done))
     data = report.to_dict()
     if args.json:
-        print(json.dumps(data, indent=1))
+        print(json.dumps(data, indent=1, allow_nan=False))
     else:
         print(f"op {report.op}: {report.combinations} combinations on meshes "
               + ", ".join("x".join(map(str, m)) for m in meshes))
-        print(f"  accepted and numerically right: {report.accepted}")
-        print(f"  fixed by --reshard and numerically right: {report.resharded}")
-        for code, n in sorted(report.rejected.items()):
-            print(f"  rejected with {code}: {n}")
+        checked = "" if report.mismatches else " and numerically right"
+        print(f"  accepted{checked}: {report.accepted}")
+        by_code = ", ".join(f"{code} {n}" for code, n in sorted(report.fixed.items()))
+        print(f"  rejected, then fixed by --reshard{checked}: {report.resharded}" + (f" ({by_code})" if by_code else ""))
+        by_code = ", ".join(f"{code} {n}" for code, n in sorted(report.refused_codes.items()))
+        print(f"  rejected, no redistribution fixes them: {report.refused}" + (f" ({by_code})" if by_code else ""))
         if report.unusable:
             print(f"  layouts that cannot exist (skipped): {report.unusable}")
         for code in data["undocumented"]:

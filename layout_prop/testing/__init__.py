@@ -15,22 +15,25 @@ Examples
 (12, [])
 >>> sorted(report.rejected)
 ['partial-input', 'sharding-mismatch']
+>>> report.accepted + report.resharded + report.refused + report.unusable == report.combinations
+True
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import ExecutionError, LayoutPropError, OpError
 from ..loader import load_spec
 from ..registry import get_rule
 
 __all__ = ["OpSample", "Report", "Mismatch", "verify_op", "assert_op_correct", "GENERIC_CODES",
-           "placement_choices", "shrink", "check_spec", "single_op_spec"]
+           "placement_choices", "shrink", "check_spec", "single_op_spec", "combination_specs"]
 
 #: codes any op may report: they come from shared machinery, not from one rule
 GENERIC_CODES = frozenset({"partial-input", "sharding-mismatch", "broadcast-shape"})
@@ -63,17 +66,32 @@ class Mismatch:
     original: dict | None = None
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec, "output": self.output, "max_abs_err": self.max_abs_err, "message": self.message,
+        """JSON-ready; a non-finite error (a kernel that could not run, a NaN result) is ``null``."""
+        err = self.max_abs_err if math.isfinite(self.max_abs_err) else None
+        return {"spec": self.spec, "output": self.output, "max_abs_err": err, "message": self.message,
                 "original": self.original}
 
 
 @dataclass
 class Report:
+    """What :func:`verify_op` found; every combination is counted once.
+
+    ``combinations == accepted + resharded + refused + unusable + len(unfixed)``:
+    ``accepted`` ran as declared, ``resharded`` was rejected and then fixed by ``--reshard``
+    (``fixed`` counts those by violation code), ``refused`` was rejected with a violation no
+    redistribution fixes (``refused_codes`` by code), ``unusable`` could not exist.  ``rejected`` counts violation codes
+    over every rejected combination (fixed or not; one combination may have several codes).
+    Mismatches are among the accepted and resharded combinations.
+    """
+
     op: str
     combinations: int = 0
     accepted: int = 0
     resharded: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    fixed: dict[str, int] = field(default_factory=dict)
+    refused: int = 0
+    refused_codes: dict[str, int] = field(default_factory=dict)
     unusable: int = 0
     undocumented: list[tuple[str, dict]] = field(default_factory=list)
     unfixed: list[dict] = field(default_factory=list)  # violations marked fixable that --reshard left
@@ -85,8 +103,9 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "combinations": self.combinations, "accepted": self.accepted,
-                "resharded": self.resharded, "rejected": dict(sorted(self.rejected.items())),
-                "unusable": self.unusable, "undocumented": sorted({c for c, _ in self.undocumented}),
+                "resharded": self.resharded, "refused": self.refused, "rejected": dict(sorted(self.rejected.items())),
+                "fixed_by_reshard": dict(sorted(self.fixed.items())),
+                "refused_by_code": dict(sorted(self.refused_codes.items())), "unusable": self.unusable, "undocumented": sorted({c for c, _ in self.undocumented}),
                 "unfixed": self.unfixed[:3],
                 "mismatches": [m.to_dict() for m in self.mismatches]}
 
@@ -95,8 +114,13 @@ class Report:
         self.accepted += other.accepted
         self.resharded += other.resharded
         self.unusable += other.unusable
+        self.refused += other.refused
         for code, n in other.rejected.items():
             self.rejected[code] = self.rejected.get(code, 0) + n
+        for code, n in other.fixed.items():
+            self.fixed[code] = self.fixed.get(code, 0) + n
+        for code, n in other.refused_codes.items():
+            self.refused_codes[code] = self.refused_codes.get(code, 0) + n
         self.undocumented += other.undocumented
         self.unfixed += other.unfixed
         self.mismatches += other.mismatches
@@ -166,6 +190,9 @@ def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, rep
         if code not in documented:
             report.undocumented.append((code, spec))
     if codes and not all(v.fixable for v in analysis.check.violations):
+        report.refused += 1
+        for code in set(codes):
+            report.refused_codes[code] = report.refused_codes.get(code, 0) + 1
         return
     try:
         rep = run_graph(load_spec(spec), backward=backward, seed=seed, verify=True)
@@ -177,6 +204,8 @@ def check_spec(spec: dict, documented: frozenset, backward: bool, seed: int, rep
         return
     if codes:
         report.resharded += 1
+        for code in set(codes):
+            report.fixed[code] = report.fixed.get(code, 0) + 1
     else:
         report.accepted += 1
     if not rep.ok:
@@ -255,7 +284,8 @@ def shrink(mismatch: Mismatch, documented: frozenset, backward: bool = True, see
 def verify_op(op: str, sample_inputs: Iterable[OpSample] | None = None,
               meshes: Iterable[Sequence[int]] = ((2,), (2, 2)), placements: int | str = "all",
               backward: bool = True, seed: int = 0, codes: Iterable[str] | None = None,
-              shrink_limit: int = 3) -> Report:
+              shrink_limit: int = 3, jobs: int = 1,
+              progress: Callable[[int, int], None] | None = None) -> Report:
     """Try ``op`` on every (or a seeded sample of ``placements``) placement combination.
 
     Parameters
@@ -275,12 +305,37 @@ def verify_op(op: str, sample_inputs: Iterable[OpSample] | None = None,
         plus :data:`GENERIC_CODES`).
     shrink_limit : int
         How many mismatches to shrink to a minimal failing spec.
+    jobs : int
+        Processes to check combinations in (forked, so ops registered by the caller are
+        known to them); the report is the same as with one job, in the same order.
+    progress : callable, optional
+        Called as ``progress(done, total)`` as combinations are checked.
     """
     rule = get_rule(op)
     documented = frozenset(codes) if codes is not None else frozenset(
         getattr(rule, "violation_codes", ())) | GENERIC_CODES
-    rng = random.Random(seed)
+    specs = combination_specs(rule.name, sample_inputs, meshes, placements, seed)
     report = Report(rule.name)
+    if progress is not None:
+        progress(0, len(specs))
+    if jobs <= 1 or len(specs) < 2 * _CHUNK:
+        for i, spec in enumerate(specs):
+            check_spec(spec, documented, backward, seed, report)
+            if progress is not None:
+                progress(i + 1, len(specs))
+    else:
+        _check_in_processes(specs, documented, backward, seed, jobs, report, progress)
+    for i, m in enumerate(report.mismatches[:shrink_limit]):
+        report.mismatches[i] = shrink(m, documented, backward, seed)
+    return report
+
+
+def combination_specs(op: str, sample_inputs: Iterable[OpSample] | None = None,
+                      meshes: Iterable[Sequence[int]] = ((2,), (2, 2)), placements: int | str = "all",
+                      seed: int = 0) -> list[dict]:
+    """The one-node specs :func:`verify_op` tries, in its order (how many: ``len`` of this)."""
+    rule = get_rule(op)
+    rng = random.Random(seed)
     if sample_inputs is not None:
         samples = list(sample_inputs)
     else:  # the rule's own samples, else the op database's records of a built-in op
@@ -290,13 +345,46 @@ def verify_op(op: str, sample_inputs: Iterable[OpSample] | None = None,
     if not samples:
         raise OpError("no-samples", f"op {rule.name!r} has no sample inputs to verify with",
                       hint="pass sample_inputs=[OpSample(shapes=...)], or define sample_inputs() on its rule")
-    for sample in samples:
-        for mesh in meshes:
-            for combo in _combinations(sample, len(mesh), placements, rng):
-                check_spec(single_op_spec(rule.name, sample, mesh, combo), documented, backward, seed, report)
-    for i, m in enumerate(report.mismatches[:shrink_limit]):
-        report.mismatches[i] = shrink(m, documented, backward, seed)
-    return report
+    return [single_op_spec(rule.name, sample, mesh, combo)
+            for sample in samples for mesh in meshes
+            for combo in _combinations(sample, len(mesh), placements, rng)]
+
+
+_CHUNK = 40  # combinations per task handed to a worker process
+
+
+def _check_chunk(args) -> tuple[str, Any]:
+    """Worker side of :func:`_check_in_processes`: one chunk's report, or the error it raised."""
+    specs, documented, backward, seed = args
+    report = Report("chunk")
+    try:
+        for spec in specs:
+            check_spec(spec, documented, backward, seed, report)
+    except LayoutPropError as err:  # re-raised by the parent (the exception itself may not pickle)
+        return "error", (type(err), err.code, err.message,
+                         {k: getattr(err, k) for k in ("path", "node", "input", "hint")})
+    return "ok", report
+
+
+def _check_in_processes(specs: list[dict], documented: frozenset, backward: bool, seed: int, jobs: int,
+                        report: Report, progress: Callable[[int, int], None] | None) -> None:
+    """Check ``specs`` in ``jobs`` forked processes, merging chunk reports in order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    chunks = [specs[i:i + _CHUNK] for i in range(0, len(specs), _CHUNK)]
+    done = 0
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        for chunk, (status, value) in zip(chunks, pool.map(_check_chunk, [(c, documented, backward, seed)
+                                                                           for c in chunks])):
+            if status == "error":
+                cls, code, message, where = value
+                raise cls(code, message, **where)
+            report.merge(value)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, len(specs))
 
 
 def assert_op_correct(op: str, sample_inputs: Iterable[OpSample] | None = None, **kwargs) -> Report:

@@ -1,0 +1,103 @@
+"""``layout-prop verify`` at scale: counts that add up, strict JSON, several processes, progress."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from layout_prop.cli import main
+from layout_prop.progress import Progress
+from layout_prop.testing import OpSample, combination_specs, verify_op
+
+
+def _strict(text: str):
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("op, meshes", [("add", [(2,), (2, 2)]), ("rms_norm", [(2, 2)]), ("reshape", [(2,)])])
+def test_every_combination_is_counted_once(op, meshes):
+    report = verify_op(op, meshes=meshes, placements=40, backward=False)
+    assert report.combinations == len(combination_specs(op, meshes=meshes, placements=40))
+    assert (report.accepted + report.resharded + report.refused + report.unusable + len(report.unfixed)
+            == report.combinations)
+    # every code of a rejected combination is counted either as fixed or as refused
+    for code, n in report.rejected.items():
+        assert report.fixed.get(code, 0) + report.refused_codes.get(code, 0) == n
+
+
+def test_jobs_give_the_same_report_as_one_process():
+    one = verify_op("mul", meshes=[(2,), (2, 2)], placements=60, backward=True)
+    two = verify_op("mul", meshes=[(2,), (2, 2)], placements=60, backward=True, jobs=2)
+    assert one.combinations > 80 and one.to_dict() == two.to_dict()
+
+
+def test_verify_json_is_strict_when_a_kernel_returns_nan(tmp_path):
+    module = tmp_path / "nan_op.py"
+    module.write_text('''
+import numpy as np
+from layout_prop import OpRule, RuleResult, register_kernel, register_op
+from layout_prop.testing import OpSample
+
+@register_op
+class NanOnShards(OpRule):
+    name = "user_nan_on_shards"
+    operands = ("x",)
+
+    def infer_layout(self, inputs, attrs):
+        return RuleResult((inputs[0],))
+
+    def sample_inputs(self):
+        return [OpSample([(4, 2)], partial_ok=False)]
+
+register_kernel("user_nan_on_shards", lambda x: np.full_like(x, np.nan) if x.shape[0] < 4 else x.copy())
+''')
+    done = subprocess.run([sys.executable, "-m", "layout_prop.cli", "verify", "user_nan_on_shards", "--module",
+                           str(module), "--mesh", "2", "--json"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    data = _strict(done.stdout)  # no NaN, no Infinity
+    assert data["mismatches"] and data["mismatches"][0]["max_abs_err"] is None
+    assert done.stderr == ""  # --json: no progress, no advice
+
+
+def test_verify_text_counts_add_up(capsys):
+    assert main(["verify", "add", "--mesh", "2", "--samples", "30"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    total = int(lines[0].split(": ")[1].split()[0])
+    counts = [int(line.split(": ")[1].split()[0]) for line in lines[1:4]]
+    assert lines[2].startswith("  rejected, then fixed by --reshard") and sum(counts) == total
+
+
+def test_large_enumeration_prints_advice_first_on_stderr(capsys, monkeypatch):
+    import layout_prop.cli as cli
+
+    monkeypatch.setattr(cli, "VERIFY_ADVICE_THRESHOLD", 1)
+    assert main(["verify", "neg", "--mesh", "2"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--samples N" in err[0] and "--jobs N" in err[0]
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_draws_on_a_terminal_and_erases_itself():
+    stream = _Tty()
+    bar = Progress(200, "verify add", stream=stream, interval=0.0)
+    bar.update(50)
+    assert "verify add: 50/200 (25%)" in stream.getvalue() and "left" in stream.getvalue()
+    bar.close()
+    assert stream.getvalue().endswith("\r")
+
+
+def test_progress_is_silent_on_pipes_and_files():
+    stream = io.StringIO()
+    with Progress(10, "x", stream=stream, interval=0.0) as bar:
+        for i in range(10):
+            bar.update(i + 1)
+    assert stream.getvalue() == ""

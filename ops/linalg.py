@@ -432,10 +432,17 @@ def _axis_problem(i: int, plan: AxisPlan, operands: Sequence[EinsumOperand], tit
                 f"there; in {title} a mesh axis must shard the same letter in every operand that holds it "
                 f"({values})",
                 f"all-gather {op.name} on {ax} (--reshard does: {holder.name} is at least as large, so it stays in "
-                f"place), "
-                f"or shard letter {op.letters[have.dim]!r} of {holder.name} on {ax} instead")
+                f"place), " + _other_fix(op, holder, have.dim, ax))
     return ("sharding-mismatch", f"{desc} is sharded on mesh axis {ax} but {title} needs {want} there ({values})",
             f"give {op.name} {want} on {ax}")
+
+
+def _other_fix(op, holder, dim: int, ax: str) -> str:
+    """The alternative to gathering ``op``: move ``holder``'s shard to ``op``'s letter where it has it."""
+    letter = op.letters[dim]
+    if letter in holder.letters:
+        return f"or shard letter {letter!r} of {holder.name} on {ax} instead"
+    return f"or all-gather {holder.name} on {ax} instead ({holder.name} has no letter {letter!r} to shard)"
 
 
 def _move_violations(spec: TensorSpec, want: Layout, operand: str,

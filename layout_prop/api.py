@@ -41,6 +41,7 @@ class Analysis:
     graph: Graph
     check: Any
     notes: list[str]
+    optimizer: str | None = None  # what memory_per_rank counts optimizer states for (None, sgd, adam)
 
     @property
     def ok(self) -> bool:
@@ -69,8 +70,19 @@ class Analysis:
             "violations": [v.to_dict() for v in self.check.violations],
             "redistributions": [r.to_dict() for r in self.check.redistributions],
             "total_bytes_per_rank": self.check.total_bytes_per_rank,
+            "memory_per_rank": self.memory().to_dict(),
             "notes": list(self.notes),
         }
+
+    def memory(self):
+        """The bytes every rank holds (:class:`~layout_prop.passes.memory.Memory`), computed once."""
+        from layout_prop.passes.memory import Memory
+
+        cached = getattr(self, "_memory", None)
+        if cached is None or cached[0] != self.optimizer:
+            cached = (self.optimizer, Memory(self.optimizer).run(self.graph))
+            self._memory = cached
+        return cached[1]
 
 
 def clear_caches() -> None:
@@ -181,6 +193,8 @@ def format_table(analysis: Analysis) -> str:
             lines.append(f"  {r['input']} -> {r['node']}: ({', '.join(r['from'])}) -> ({', '.join(r['to'])}) "
                          f"by {steps}: {r['bytes_per_rank']} bytes/rank")
         lines.append(f"  total: {rep['total_bytes_per_rank']} bytes per rank")
+    lines.append("")
+    lines.append(analysis.memory().format())
     for note in rep["notes"]:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--backward", action="store_true", help="also build the gradient graph (grad:NAME values)")
     c.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default="numpy",
                    help="the kernel backend whose constraints to check (default numpy)")
+    c.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
+                   help="count the optimizer's states in memory per rank (adam: 2 per parameter)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
 
     r = sub.add_parser("run", help="lower, execute every rank, and compare with one device")
@@ -236,6 +238,7 @@ def _cmd_check(args) -> int:
 
     graph = load_spec(Path(args.spec))
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward, backend=args.backend)
+    analysis.optimizer = args.optimizer
     if args.json:
         print(json.dumps(analysis.report(), indent=1))
     else:

@@ -1,0 +1,201 @@
+"""memory: the bytes every rank holds for one training step.
+
+An analysis pass over a propagated graph (with or without its backward part).  Per rank:
+
+- ``parameters``: the local pieces of the graph inputs that require a gradient (a spec
+  does not tell weights from data that asks for its gradient: both count);
+- ``gradients``: one gradient per parameter, in the parameter's own layout (the
+  backward pass's ``grad/NAME``), held for the optimizer step;
+- ``optimizer_states``: with ``optimizer="adam"``, two states per parameter element (the
+  first and second moments, in the parameter's dtype and layout); ``sgd`` or none: 0;
+- ``activations``: the most bytes of every other value (inputs without a gradient, op
+  outputs, cotangents, intermediate gradients, the buffers of redistributions) alive at
+  one time, walking the lowered program of the rank in order: a value is alive from the
+  op that makes it to its last use (graph outputs to the end), as the simulator keeps it.
+
+When the graph can be lowered (no violation left) the walk is over the lowered program
+(the local slices and each collective's buffer included); otherwise over the graph's
+nodes.  Without the backward part the activations are the forward's only
+(``includes_backward`` is false).  The estimate counts every value as its own buffer: a
+kernel that returns a view (reshape, transpose) shares memory with its input, which the
+estimate does not see (it is an upper bound there).
+
+Examples
+--------
+>>> from layout_prop.loader import load_spec
+>>> from layout_prop.api import analyze
+>>> g = analyze(load_spec('''
+... mesh: {shape: [2], names: [dp]}
+... inputs:
+...   x: {shape: [8, 4], placements: ["S(0)"], requires_grad: false}
+...   w: {shape: [4, 4]}
+... nodes:
+...   - {name: y, op: matmul, inputs: [x, w]}
+... '''), reshard=True, backward=True).graph
+>>> report = Memory(optimizer="adam").run(g)
+>>> m = report.max
+>>> m.parameters, m.gradients, m.optimizer_states
+(64, 64, 128)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from layout_prop import meta
+from layout_prop.errors import LayoutPropError, SpecError
+from layout_prop.graph import Graph, last_uses
+
+__all__ = ["Memory", "MemoryReport", "RankMemory", "OPTIMIZERS", "optimizer_states_per_parameter"]
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def optimizer_states_per_parameter(optimizer: str | None) -> int:
+    """How many parameter-sized states ``optimizer`` keeps (adam 2, sgd and none 0).
+
+    >>> optimizer_states_per_parameter("adam"), optimizer_states_per_parameter(None)
+    (2, 0)
+    """
+    if optimizer is None or optimizer == "sgd":
+        return 0
+    if optimizer == "adam":
+        return 2
+    raise SpecError("bad-value", f"unknown optimizer {optimizer!r}", hint=f"use one of {', '.join(OPTIMIZERS)}")
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """The bytes one rank holds, by kind."""
+
+    rank: int
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_states + self.activations
+
+    def figures(self) -> tuple[int, int, int, int]:
+        return self.parameters, self.gradients, self.optimizer_states, self.activations
+
+    def to_dict(self) -> dict[str, int]:
+        return {"rank": self.rank, "parameters": self.parameters, "gradients": self.gradients,
+                "optimizer_states": self.optimizer_states, "activations": self.activations, "total": self.total}
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Every rank's memory; ``max`` is the rank holding the most (the lowest such rank)."""
+
+    ranks: tuple[RankMemory, ...]
+    optimizer: str | None
+    includes_backward: bool
+    lowered: bool
+
+    @property
+    def max(self) -> RankMemory:
+        return max(self.ranks, key=lambda r: (r.total, -r.rank))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``memory_per_rank`` object of ``check --json``: the largest rank, and every rank
+        when they differ."""
+        out: dict[str, Any] = self.max.to_dict()
+        out["optimizer"] = self.optimizer
+        out["includes_backward"] = self.includes_backward
+        if len({r.figures() for r in self.ranks}) > 1:
+            out["per_rank"] = [r.to_dict() for r in self.ranks]
+        return out
+
+    def format(self) -> str:
+        """One line a person reads: the largest rank's figures."""
+        m = self.max
+        scope = "forward and backward" if self.includes_backward else "forward only"
+        differ = "" if len({r.figures() for r in self.ranks}) == 1 else f" (rank {m.rank}, the largest)"
+        return (f"memory per rank{differ}: {format_bytes(m.total)} = parameters {format_bytes(m.parameters)}"
+                f" + gradients {format_bytes(m.gradients)} + optimizer states {format_bytes(m.optimizer_states)}"
+                f" + activations {format_bytes(m.activations)} at the peak ({scope})")
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; below 1 KiB in bytes.
+
+    >>> format_bytes(100), format_bytes(1536), format_bytes(3 * 2**30)
+    ('100 B', '1.5 KiB', '3 GiB')
+    """
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{n} B" if unit == "B" else f"{value:.4g} {unit}"
+
+
+class Memory:
+    """The memory pass.
+
+    Parameters
+    ----------
+    optimizer : str, optional
+        ``"adam"`` (two states per parameter) or ``"sgd"``/None (none).
+    """
+
+    name = "memory"
+
+    def __init__(self, optimizer: str | None = None) -> None:
+        self.states = optimizer_states_per_parameter(optimizer)
+        self.optimizer = optimizer
+
+    def run(self, graph: Graph) -> MemoryReport:
+        """Every rank's memory for ``graph`` (propagated; resharded if it is to be lowered)."""
+        params = [n for n in graph.inputs() if n.attrs.get("requires_grad") and not _is_cotangent(n.name)]
+        grads = {n.name for n in graph.nodes if n.meta.get(meta.GRAD_OF)}
+        steps, lowered = _steps(graph)
+        persistent = {n.name for n in params} | grads
+        keep = set(graph.outputs)
+        dying = last_uses(steps, keep)
+        ranks = []
+        for rank in range(graph.mesh.size):
+            p = sum(n.meta[meta.SPECS][0].local_nbytes(rank) for n in params)
+            live = peak = 0
+            sizes: dict[str, int] = {}
+            for index, step in enumerate(steps):
+                for value, spec in zip(step.outputs, step.specs):
+                    if value in persistent or spec is None:
+                        continue
+                    sizes[value] = spec.local_nbytes(rank)
+                    live += sizes[value]
+                peak = max(peak, live)
+                for value in dying.get(index, ()):
+                    live -= sizes.pop(value, 0)
+            ranks.append(RankMemory(rank, p, p, self.states * p, peak))
+        backward = any(n.meta.get(meta.INSERTED_BY) == "backward" for n in graph.nodes)
+        return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
+
+
+@dataclass(frozen=True)
+class _Step:
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    specs: tuple
+
+
+def _steps(graph: Graph) -> tuple[Sequence, bool]:
+    """The lowered program's ops when the graph lowers, else the graph's nodes (as steps)."""
+    from .lower import Lower
+
+    if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
+        try:
+            return Lower().run(graph).program.ops, True
+        except LayoutPropError:
+            pass
+    return [_Step(n.inputs, n.outputs, tuple(n.meta.get(meta.SPECS, ()))) for n in graph.topo_order()], False
+
+
+def _is_cotangent(name: str) -> bool:
+    from .backward import COTANGENT_PREFIX
+
+    return name.startswith(COTANGENT_PREFIX)

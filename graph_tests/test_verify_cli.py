@@ -101,3 +101,25 @@ def test_progress_is_silent_on_pipes_and_files():
         for i in range(10):
             bar.update(i + 1)
     assert stream.getvalue() == ""
+
+
+def test_a_mistyped_flag_suggests_the_right_one(capsys):
+    assert main(["check", "examples/rpe/dp_sp.yaml", "--reshrad"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--reshrad" in err and "did you mean --reshard?" in err
+    assert main(["chek", "x.yaml"]) == 2
+    assert "did you mean 'check'?" in capsys.readouterr().err
+    assert main(["run", "x.yaml", "--engine", "simm"]) == 2
+    assert "did you mean 'sim'?" in capsys.readouterr().err
+
+
+def test_run_no_reshard_with_violations_says_nothing_ran(capsys):
+    from pathlib import Path
+
+    spec = str(Path(__file__).resolve().parent.parent / "examples" / "llama_block.yaml")
+    assert main(["run", spec, "--no-reshard"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing was executed" in out and "match one device" not in out and "MISMATCH" not in out
+    assert main(["run", spec, "--no-reshard", "--json"]) == 1
+    data = _strict(capsys.readouterr().out)
+    assert data["executed"] is False and data["mismatches"] == [] and data["violations"]

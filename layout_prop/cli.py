@@ -19,12 +19,54 @@ __all__ = ["main"]
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag on one line and exits 2."""
+    """argparse that reports a bad flag on one line, with the closest known flag, and exits 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"layout-prop: error: bad-usage: {message} (hint: see {self.prog} --help)",
-              file=sys.stderr)
+        hint = _choice_suggestion(message) or f"see {self.prog} --help"
+        print(f"layout-prop: error: bad-usage: {message} (hint: {hint})", file=sys.stderr)
         raise SystemExit(2)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(getattr(ns, "command", None))
+            close = _closest_flag(command, extras[0])
+            hint = f"did you mean {close}?" if close else f"see {command.prog} --help"
+            print(f"layout-prop: error: bad-usage: unrecognized arguments: {' '.join(extras)} (hint: {hint})",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        return ns
+
+    def _command_parser(self, command: str | None) -> argparse.ArgumentParser:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+                return action.choices[command]
+        return self
+
+
+def _closest_flag(parser: argparse.ArgumentParser, word: str) -> str | None:
+    """The flag of ``parser`` closest to the unknown ``word`` (``--reshrad`` -> ``--reshard``)."""
+    import difflib
+
+    flag = word.split("=", 1)[0]
+    if not flag.startswith("-"):
+        return None
+    flags = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _choice_suggestion(message: str) -> str | None:
+    """For argparse's ``invalid choice: 'chek' (choose from ...)``, the closest choice."""
+    import difflib
+    import re
+
+    m = re.match(r"argument \S+: invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not m:
+        return None
+    choices = re.findall(r"'([^']*)'", m.group(2)) or [c.strip() for c in m.group(2).split(",")]
+    close = difflib.get_close_matches(m.group(1), choices, n=1)
+    return f"did you mean {close[0]!r}?" if close else None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -258,6 +300,12 @@ def _cmd_run(args) -> int:
     if args.json:
         print(json.dumps(rep.to_dict(), indent=1))
     else:
+        if not rep.executed:
+            for v in rep.violations:
+                print(f"violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")
+            print(f"nothing was executed: {len(rep.violations)} violation(s) and --no-reshard "
+                  "(without it, run inserts the redistributions that fix them)")
+            return 1
         print(f"engine {rep.engine}, {rep.ranks} ranks")
         for title, table in (("output", rep.outputs), ("grad", rep.grads)):
             for name, err in table.items():

@@ -26,6 +26,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -56,13 +58,19 @@ class RunReport:
     violations: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    executed: bool = True  # False when violations stopped the run before anything ran
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"ok": self.ok, "engine": self.engine, "ranks": self.ranks, "outputs": self.outputs,
-             "grads": self.grads, "collectives": self.collectives, "mismatches": self.mismatches,
-             "violations": self.violations, "notes": self.notes}
+        """JSON-ready and strict: an error that is not a finite number (a shape mismatch) is ``null``."""
+        d = {"ok": self.ok, "executed": self.executed, "engine": self.engine, "ranks": self.ranks,
+             "outputs": _finite(self.outputs), "grads": _finite(self.grads), "collectives": self.collectives,
+             "mismatches": self.mismatches, "violations": self.violations, "notes": self.notes}
         d.update(self.extra)
         return d
+
+
+def _finite(errors: dict[str, dict[str, float]]) -> dict[str, dict[str, float | None]]:
+    return {name: {k: (v if math.isfinite(v) else None) for k, v in err.items()} for name, err in errors.items()}
 
 
 def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
@@ -201,7 +209,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     report = RunReport(ok=False, engine=engine, ranks=g.mesh.size, notes=list(analysis.notes))
     if not analysis.ok:
         report.violations = [v.to_dict() for v in analysis.check.violations]
-        report.mismatches.append("the graph has violations; nothing was executed")
+        report.executed = False
         return report
     program = Lower().run(g).program
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())

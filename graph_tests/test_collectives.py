@@ -62,7 +62,7 @@ def ref_step_bytes(step, before: list[np.ndarray], after: list[np.ndarray]) -> i
     for group in mesh.groups(step.mesh_axis):
         ins = [before[r].nbytes for r in group]
         outs = [after[r].nbytes for r in group]
-        if step.kind == "local-slice":
+        if step.kind in ("local-slice", "local-partial"):
             sent = 0
         elif step.kind == "all-gather":
             sent = sum(ins) - min(ins)
@@ -282,7 +282,8 @@ def cases(draw):
     nd = len(shape)
     shards = ["R"] + [f"S({d})" for d in range(nd)]
     src = [draw(st.sampled_from(shards + ["P(sum)", "P(avg)", "P(max)", "P(min)"])) for _ in sizes]
-    dst = [draw(st.sampled_from(shards + ([s] if s.startswith("P") else []))) for s in src]
+    partials = ["P(sum)", "P(avg)", "P(max)", "P(min)"]
+    dst = [draw(st.sampled_from(shards + ([s] if s.startswith("P") else partials))) for s in src]  # R/S -> P too
     try:
         src_spec = TensorSpec(shape, "float64", Layout(mesh, src, nd))
         dst_layout = Layout(mesh, dst, nd)

@@ -57,7 +57,7 @@ def test_lower_networkx_view_is_a_dag_with_the_program_ops():
 def test_lower_refuses_a_graph_with_violations():
     g = analyze(load_spec({
         "mesh": {"shape": [2], "names": ["tp"]},
-        "inputs": {"a": {"shape": [4], "placements": ["P(sum)"]}, "b": {"shape": [4]}},
+        "inputs": {"a": {"shape": [4], "placements": ["P(sum)"]}, "b": {"shape": [4], "placements": ["S(0)"]}},
         "nodes": [{"name": "c", "op": "add", "inputs": ["a", "b"]}],
     })).graph
     with pytest.raises(ExecutionError) as info:
@@ -69,8 +69,8 @@ def test_run_no_reshard_refuses_with_exit_1(tmp_path, capsys):
     spec = tmp_path / "p.yaml"
     spec.write_text("""
 mesh: {shape: [2], names: [tp]}
-inputs: {a: {shape: [4, 8], placements: ["P(sum)"]}, b: {shape: [4, 8]}}
-nodes: [{name: c, op: add, inputs: [a, b]}]
+inputs: {a: {shape: [4, 8], placements: ["P(sum)"]}}
+nodes: [{name: c, op: exp, inputs: [a]}]
 """)
     assert main(["run", str(spec), "--no-reshard", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)

@@ -354,7 +354,7 @@ outputs: [z]
     Propagate().run(g)
     Verify().run(g)
 
-    g.node("x").attrs["placements"] = ("P(sum)",)
+    g.node("x").attrs["placements"] = ("P(max)",)  # add is not linear in a maximum
     Propagate().run(g)
     Verify().run(g)  # a violation the graph carries is no error of the metadata
     assert [v.code for v in g.node("y").meta[meta.VIOLATIONS]] == ["partial-input"]
@@ -367,7 +367,7 @@ outputs: [z]
 def test_verifier_catches_a_want_that_needs_communication():
     g = load_spec("""
 mesh: {shape: [2], names: [tp]}
-inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4]}}
+inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4], placements: ["S(0)"]}}
 nodes: [{name: c, op: neg, inputs: [a]}, {name: d, op: add, inputs: [a, b]}]
 """)
     Propagate().run(g)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -204,8 +206,8 @@ class TestSize1Axes:
 
 # --------------------------------------------------------------------------- errors and JSON
 class TestErrors:
-    @pytest.mark.parametrize("a, b", [("R", "P(sum)"), ("S(0)", "P(sum)"), ("P(sum)", "P(max)")])
-    def test_making_a_partial_is_impossible(self, a, b):
+    @pytest.mark.parametrize("a, b", [("P(sum)", "P(max)"), ("P(avg)", "P(sum)"), ("P(min)", "P(max)")])
+    def test_changing_a_partial_op_is_impossible(self, a, b):
         src = spec((4, 4), [a, "S(1)"], MESH22)
         with pytest.raises(LayoutError) as info:
             plan_redistribution(src, lay(MESH22, [b, "S(1)"], 2))
@@ -213,7 +215,59 @@ class TestErrors:
         assert err.code == "no-redistribution"
         assert f"({a}, S(1))" in err.message and f"({b}, S(1))" in err.message
         assert f"would go {a} -> {b}" in err.message and "'dp'" in err.message
-        assert "computation" in err.hint
+        assert "reduce the Partial value first" in err.hint
+
+
+class TestLocalPartial:
+    """``R -> P(op)`` is a free local step; ``S -> P(op)`` gathers first."""
+
+    @pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+    def test_replicate_to_partial_is_one_free_step(self, op):
+        plan = plan_redistribution(spec((4, 4), ["R", "S(1)"], MESH22), lay(MESH22, [f"P({op})", "S(1)"], 2))
+        assert [s.to_dict() for s in plan.steps] == [
+            {"kind": "local-partial", "mesh_axis": "dp", "reduce_op": op, "bytes_per_rank": 0}]
+        assert plan.is_free and plan.bytes_per_rank == 0
+        assert str(plan.steps[0]) == f"local-partial({op}) on 'dp': 0 B"
+
+    def test_shard_to_partial_gathers_then_makes_terms(self):
+        # (10, 4) float32 rows on tp=4: 3, 3, 3, 1 rows of 16 B; gather sends 160 - 16 = 144
+        plan = plan_redistribution(spec((10, 4), ["S(0)"], MESH4), lay(MESH4, ["P(sum)"], 2))
+        assert summary(plan) == [("all-gather", "tp", 144), ("local-partial", "tp", 0)]
+        assert not plan.is_free
+
+    def test_inner_shard_gathered_before_outer_partial(self):
+        # dim 0 cut by dp then tp: tp (inner) must be gathered before dp's shard changes
+        src = spec((8, 4), ["S(0)", "S(0)"], MESH22)
+        plan = plan_redistribution(src, lay(MESH22, ["P(sum)", "R"], 2))
+        assert [(s.kind, s.mesh_axis_name) for s in plan.steps] == [
+            ("all-gather", "tp"), ("all-gather", "dp"), ("local-partial", "dp")]
+
+    @pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+    @pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+    def test_terms_reduce_to_the_value_exactly(self, op, dtype):
+        from layout_prop.kernels.collectives import apply_plan, assemble, scatter_global
+
+        rng = np.random.default_rng(3)
+        value = (rng.standard_normal((5, 3)) * 4).astype(dtype)
+        cases = [(["R", "S(1)"], [f"P({op})", "S(1)"]),  # outer axis
+                 (["R", "P(max)"], [f"P({op})", "P(max)"]),  # next to an inner Partial of another op
+                 (["P(min)", "R"], ["P(min)", f"P({op})"]),  # inside an outer Partial of another op
+                 (["S(0)", "R"], ["S(0)", f"P({op})"])]  # uneven rows (5 on 2)
+        for src_ps, dst_ps in cases:
+            src = TensorSpec((5, 3), dtype, Layout(MESH22, src_ps, 2))
+            plan = plan_redistribution(src, Layout(MESH22, dst_ps, 2))
+            assert plan.steps[-1].kind == "local-partial"
+            out = apply_plan(plan, scatter_global(value, src, rng))
+            np.testing.assert_array_equal(assemble(out, plan.dst), value)  # exact: no rounding anywhere
+
+    def test_sum_terms_are_the_value_once_and_zeros(self):
+        from layout_prop.kernels.collectives import apply_plan
+
+        src = spec((2,), ["R"], MESH4)
+        out = apply_plan(plan_redistribution(src, lay(MESH4, ["P(sum)"], 1)), [np.array([1.5, -2.0])] * 4)
+        assert [o.tolist() for o in out] == [[1.5, -2.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+        avg = apply_plan(plan_redistribution(src, lay(MESH4, ["P(avg)"], 1)), [np.array([1.5, -2.0])] * 4)
+        assert [o.tolist() for o in avg] == [[1.5, -2.0]] * 4  # value / n would average to a quarter of it
 
     @pytest.mark.parametrize("outer, inner", [("max", "sum"), ("sum", "max"), ("min", "max")])
     def test_non_commuting_partials_cannot_reduce_outer_first(self, outer, inner):
@@ -270,8 +324,9 @@ def layout_pairs(draw):
     nd = len(shape)
     choices = ["R"] + [f"S({d})" for d in range(nd)] + ["P(sum)", "P(avg)", "P(max)", "P(min)"]
     src = [draw(st.sampled_from(choices)) for _ in sizes]
-    dst = [draw(st.sampled_from(["R"] + [f"S({d})" for d in range(nd)] + ([s] if s.startswith("P") else [])))
-           for s in src]
+    partials = ["P(sum)", "P(avg)", "P(max)", "P(min)"]
+    dst = [draw(st.sampled_from(["R"] + [f"S({d})" for d in range(nd)] + ([s] if s.startswith("P") else partials)))
+           for s in src]  # R and S may become any Partial (local-partial), a Partial only stays itself
     try:
         src_spec = TensorSpec(shape, "float32", Layout(mesh, src, nd))
         dst_layout = Layout(mesh, dst, nd)
@@ -334,8 +389,11 @@ def test_chosen_plan_is_cheapest_and_every_plan_is_valid(pair):
         for step in plan.steps:
             assert step.src.mesh.shape[step.mesh_axis] > 1  # no step on a size-1 axis
             assert step_is_nested_validly(step)
-            if step.kind == "local-slice":
+            if step.kind in ("local-slice", "local-partial"):
                 assert step.bytes_per_rank == 0
+            if step.kind == "local-partial":
+                assert isinstance(step.dst.layout.placements[step.mesh_axis], Partial)
+                assert step.src.layout.placements[step.mesh_axis].is_replicate()
         if plan.steps:
             first = plan.steps[0].src.layout.placements
             for a, (p, q) in enumerate(zip(first, src.layout.placements)):

@@ -296,12 +296,22 @@ class TestConcat:
         res = infer("concat", spec((4, 6), ["P(sum)", "S(0)"]), spec((4, 2), ["P(sum)", "S(0)"]), axis=1)
         assert layouts(res) == ["(P(sum), S(0))"] and res.violations == ()
 
-    def test_partial_among_replicate_is_partial_input(self):
-        res = infer("concat", spec((4, 6), ["P(sum)", "R"]), spec((4, 2), ["R", "R"]), axis=1)
+    @pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+    def test_replicate_beside_partial_becomes_terms_for_free(self, op):
+        res = infer("concat", spec((4, 6), [f"P({op})", "R"]), spec((4, 2), ["R", "R"]), axis=1)
+        assert layouts(res) == [f"(P({op}), R)"] and res.violations == ()
+        assert [None if w is None else str(w) for w in res.wants] == [None, f"(P({op}), R)"]
+
+    def test_partial_beside_a_shard_is_partial_input(self):
+        res = infer("concat", spec((4, 6), ["P(sum)", "R"]), spec((4, 2), ["S(0)", "R"]), axis=1)
         assert codes(res) == ["partial-input"]
         v = res.violations[0]
-        assert v.operand == "x" and "x is P(sum) on mesh axis 'dp' but concat computes R there" in v.message
+        assert v.operand == "x" and "x is P(sum) on mesh axis 'dp' but concat computes S(0) there" in v.message
         assert "reduce x on 'dp' first" in v.hint and v.fixable
+
+    def test_two_different_partials_is_partial_input(self):
+        res = infer("concat", spec((4, 6), ["P(sum)", "R"]), spec((4, 2), ["P(max)", "R"]), axis=1)
+        assert sorted(codes(res)) == ["partial-input", "partial-input"]
 
     def test_sharded_concat_dim(self):
         res = infer("concat", spec((4, 6), ["R", "R"]), spec((4, 6), ["S(0)", "R"]), axis=0)
@@ -390,8 +400,8 @@ VIOLATION_CASES = {
                            ["x dim 1 (size 6)", "mesh axis 'tp'", "sizes [6, 2]"]),
     "sharding-mismatch": ("concat", {"a": ((4, 6, 2), ["S(0)", "R"]), "b": ((4, 6, 3), ["S(1)", "R"])},
                           {"axis": 2}, "b", ["x1 is S(1) on mesh axis 'dp'", "computes S(0) there like x"]),
-    "partial-input": ("concat", {"a": ((4, 6), ["R", "R"]), "b": ((2, 6), ["R", "P(sum)"])}, {"axis": 0}, "b",
-                      ["x1 is P(sum) on mesh axis 'tp'", "computes R there"]),
+    "partial-input": ("concat", {"a": ((4, 6), ["R", "S(1)"]), "b": ((2, 6), ["R", "P(sum)"])}, {"axis": 0}, "b",
+                      ["x1 is P(sum) on mesh axis 'tp'", "computes S(1) there"]),
     "invalid-reshape": ("reshape", {"h": ((4, 6), ["R", "R"])}, {"shape": [5, -1]}, "h",
                         ["shape [4, 6]", "other dims give 5, which does not divide 24"]),
     "invalid-dim": ("slice", {"h": ((4, 6), ["R", "R"])}, {"axis": 2, "start": 1}, "h",

@@ -2,7 +2,7 @@
 
 Per-rank values are a list ``locals_`` indexed by rank.  The group-level functions
 (:func:`all_gather`, :func:`all_reduce`, :func:`reduce_scatter`, :func:`all_to_all`,
-:func:`local_slice`) take the arrays of ONE group, in group order (the order of
+:func:`local_slice`, :func:`local_partial`) take the arrays of ONE group, in group order (the order of
 ``mesh.groups(axis)``), and return that group's results, one fresh array per rank.
 :func:`apply_step` runs a planned :class:`~layout_prop.redistribute.Step` on every
 group of its mesh axis; :func:`apply_plan` runs a whole plan.  Pieces follow
@@ -67,6 +67,7 @@ __all__ = [
     "reduce_scatter",
     "all_to_all",
     "local_slice",
+    "local_partial",
     "apply_step",
     "apply_plan",
     "DONATING_STEPS",
@@ -559,10 +560,32 @@ def local_slice(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
     return [_read_only(_chunks(a, dim, n)[k]) for k, a in enumerate(arrays)]
 
 
+def local_partial(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
+    """Turn a replicated value into terms of a ``P(op)`` without communication.
+
+    ``sum``: rank 0 of the group keeps its array, the others get zeros, so the sum is
+    the value exactly (integers and bools too); ``avg``, ``max``, ``min``: every rank
+    keeps its array (the reduction of equal terms is the value; :func:`reduce_terms`
+    averages equal terms exactly).
+
+    >>> [r.tolist() for r in local_partial([np.array([1.5, 2.0]), np.array([1.5, 2.0])], "sum")]
+    [[1.5, 2.0], [0.0, 0.0]]
+    >>> [r.tolist() for r in local_partial([np.array([3]), np.array([3])], "avg")]
+    [[3], [3]]
+    """
+    _check_op(op)
+    arrays = _check_group(arrays, f"local-partial({op})")
+    if op != "sum":
+        return [_read_only(a) for a in arrays]
+    return [_read_only(arrays[0])] + [np.zeros_like(a) for a in arrays[1:]]
+
+
 # --------------------------------------------------------------------------- plans
 def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -> list[np.ndarray]:
     if step.kind == "local-slice":
         return local_slice(arrays, step.dim)
+    if step.kind == "local-partial":
+        return local_partial(arrays, step.reduce_op)
     if step.kind == "all-gather":
         return all_gather(arrays, step.dim)
     if step.kind == "all-reduce":
@@ -572,7 +595,7 @@ def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -
     if step.kind == "all-to-all":
         return all_to_all(arrays, split_dim=step.dst_dim, concat_dim=step.dim)
     raise ExecutionError("unknown-step", f"unknown step kind {step.kind!r}",
-                         hint="steps are local-slice, all-gather, all-reduce, reduce-scatter, all-to-all")
+                         hint="steps are local-slice, local-partial, all-gather, all-reduce, reduce-scatter, all-to-all")
 
 
 def apply_step(step: Step, locals_: Sequence, donatable: Collection[int] = ()) -> list[np.ndarray]:

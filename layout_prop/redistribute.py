@@ -11,9 +11,20 @@ from            to              step(s)
 ``S(d)``        ``S(e)``        ``all-to-all``, or ``all-gather`` then ``local-slice``
 ``P(op)``       ``R``           ``all-reduce``
 ``P(op)``       ``S(d)``        ``reduce-scatter``, or ``all-reduce`` then ``local-slice``
-``R``/``S``     ``P(op)``       impossible (a Partial value is made by a computation)
+``R``           ``P(op)``       ``local-partial`` (no bytes)
+``S(d)``        ``P(op)``       ``all-gather`` then ``local-partial``
 ``P(op1)``      ``P(op2)``      impossible
 ==============  ==============  ===================================================
+
+A ``local-partial`` step turns a replicated value into terms whose reduction is the
+value, without communication: for ``P(sum)`` coordinate 0 of the group keeps the value
+and the other ranks hold zeros (exact, integers and bools included); for ``P(avg)``,
+``P(max)`` and ``P(min)`` every rank keeps the value (the mean, maximum or minimum of
+equal terms is the value itself; dividing by the group size, DTensor's ``R -> P(sum)``,
+would make an average ``1/n`` of the value).  The terms stay exact under any nesting
+with other Partial axes: the reduction of all-zero terms is zero for every op.
+Linear rules (add with a Partial operand next to a Replicate one, a bias added to a
+Partial product) use it so that the Replicate operand needs no communication.
 
 Validity of an order
 --------------------
@@ -49,7 +60,7 @@ Cost model
 busiest group along the step's mesh axis, for ring algorithms, exactly, from the shape,
 the dtype, the group size ``n`` and the uneven ``torch.chunk`` pieces:
 
-- ``local-slice``: 0.
+- ``local-slice``, ``local-partial``: 0.
 - ``all-gather``: a rank sends every block of the gathered result except one; the
   busiest rank sends ``sum(blocks) - min(blocks)`` (blocks: the group's local pieces);
   ``(n-1)/n`` of the gathered tensor when the split is even.
@@ -110,6 +121,7 @@ __all__ = [
     "Step",
     "Plan",
     "STEP_KINDS",
+    "LOCAL_STEPS",
     "enumerate_plans",
     "plan_redistribution",
     "redistribution_cost",
@@ -118,7 +130,9 @@ __all__ = [
     "step_bytes",
 ]
 
-STEP_KINDS = ("local-slice", "all-gather", "all-to-all", "reduce-scatter", "all-reduce")
+STEP_KINDS = ("local-slice", "local-partial", "all-gather", "all-to-all", "reduce-scatter", "all-reduce")
+#: The step kinds that run on each rank's own data, without communication.
+LOCAL_STEPS = ("local-slice", "local-partial")
 _KIND_ORDER = {kind: i for i, kind in enumerate(STEP_KINDS)}
 
 DstLike = Union[Layout, TensorSpec, Sequence]
@@ -132,8 +146,8 @@ class Step:
     Parameters
     ----------
     kind : str
-        ``'local-slice'``, ``'all-gather'``, ``'all-reduce'``, ``'reduce-scatter'`` or
-        ``'all-to-all'``.
+        ``'local-slice'``, ``'local-partial'``, ``'all-gather'``, ``'all-reduce'``,
+        ``'reduce-scatter'`` or ``'all-to-all'``.
     mesh_axis : int
         Index of the mesh axis whose groups run the step.
     src, dst : TensorSpec
@@ -141,7 +155,8 @@ class Step:
     bytes_per_rank : int
         Bytes sent by the busiest rank (module docstring: cost model).
     reduce_op : str, optional
-        The reduction of an all-reduce or reduce-scatter.
+        The reduction of an all-reduce or reduce-scatter; the Partial op a
+        ``local-partial`` makes.
     dim : int, optional
         The tensor dim gathered, scattered or sliced; for an all-to-all the dim that was
         sharded.
@@ -212,8 +227,8 @@ class Plan:
 
     @property
     def is_free(self) -> bool:
-        """True when no step communicates (no steps, or local slices only)."""
-        return all(step.kind == "local-slice" for step in self.steps)
+        """True when no step communicates (no steps, or local slices and local partials only)."""
+        return all(step.kind in LOCAL_STEPS for step in self.steps)
 
     def to_dict(self) -> dict:
         return {
@@ -384,12 +399,19 @@ def _axis_moves(src: TensorSpec, dst: Layout) -> list[list[tuple[Placement, ...]
                 options.append([()])
             continue
         if isinstance(b, Partial):
-            raise _no_plan(
-                src, dst,
-                f"mesh axis {src.layout.describe_axis(axis)} would go {a} -> {b}",
-                "a Partial placement is produced by a computation (a contraction or a reduction), "
-                "never by moving data; choose an R or S target on that axis",
-            )
+            if isinstance(a, Partial):
+                raise _no_plan(
+                    src, dst,
+                    f"mesh axis {src.layout.describe_axis(axis)} would go {a} -> {b}",
+                    "terms of one reduction are not terms of another; reduce the Partial value "
+                    "first (target R or S on that axis), or keep its reduce op",
+                )
+            if isinstance(a, Shard):
+                touched.add(a.dim)
+                options.append([(Replicate(), b)])  # gather, then make the terms locally
+            else:
+                options.append([(b,)])
+            continue
         for p in (a, b):
             if isinstance(p, Shard):
                 touched.add(p.dim)
@@ -418,6 +440,8 @@ def _move_problem(mesh: DeviceMesh, state: tuple[Placement, ...], axis: int, new
 
 
 def _step_kind(old: Placement, new: Placement) -> str:
+    if isinstance(new, Partial):
+        return "local-partial"  # only ever from Replicate (_axis_moves)
     if isinstance(old, Partial):
         return "all-reduce" if isinstance(new, Replicate) else "reduce-scatter"
     if isinstance(old, Replicate):
@@ -433,7 +457,7 @@ def _make_step(src: TensorSpec, axis: int, new: Placement) -> Step | None:
         return None
     old = src.layout.placements[axis]
     kind = _step_kind(old, new)
-    reduce_op = old.reduce_op if isinstance(old, Partial) else None
+    reduce_op = old.reduce_op if isinstance(old, Partial) else new.reduce_op if isinstance(new, Partial) else None
     if kind == "all-to-all":
         dim, dst_dim = old.dim, new.dim
     else:
@@ -516,7 +540,7 @@ def step_bytes(kind: str, src: TensorSpec, dst: TensorSpec, axis: int) -> int:
     """
     mesh = src.mesh
     n = mesh.shape[axis]
-    if kind == "local-slice" or n == 1:
+    if kind in LOCAL_STEPS or n == 1:
         return 0
     item = src.itemsize
     worst = 0

@@ -5,7 +5,10 @@ that placement implies (a broadcast dim stays Replicate).  Reaching a wanted lay
 free local slice is fine; anything that needs communication is a violation that
 ``--reshard`` can fix.  Partial values pass through only where the op is linear:
 
-- ``add``/``sub``: every operand ``P(sum)`` (or every ``P(avg)``) gives the same Partial.
+- ``add``/``sub``: operands ``P(sum)`` (or ``P(avg)``), the others Replicate on that
+  axis, give the same Partial; a Replicate operand becomes terms of it by a free
+  ``local-partial`` step (its value on one rank of the group and zeros elsewhere for a
+  sum, its value everywhere for an average), as DTensor does.
 - ``mul``: one operand ``P(sum|avg)``, the others Replicate on that axis; ``div``: the
   numerator only.
 - ``neg``, ``scale``, ``identity`` keep ``P(sum|avg)`` (``identity`` keeps any Partial).
@@ -22,7 +25,11 @@ Examples
 >>> str(r.outputs[0].layout), r.violations
 ('(P(sum))', ())
 >>> b = TensorSpec((6,), "float32", Layout(mesh, ["R"], 1))
->>> [v.code for v in get_rule("add").infer_layout((a, b), {}).violations]
+>>> r = get_rule("add").infer_layout((a, b), {})
+>>> str(r.outputs[0].layout), r.violations, str(r.wants[1])
+('(P(sum))', (), '(P(sum))')
+>>> c = TensorSpec((4, 6), "float32", Layout(mesh, ["S(0)"], 2))
+>>> [v.code for v in get_rule("add").infer_layout((a, c), {}).violations]
 ['partial-input']
 """
 
@@ -81,8 +88,8 @@ class ElementwiseRule(OpRule):
         if op not in ("sum", "avg"):
             return None
         others_replicated = all(isinstance(p, Replicate) for i, p in enumerate(ps) if not isinstance(p, Partial))
-        if mode == "all" and len(partials) == len(ps):
-            return Partial(op)
+        if mode == "all" and others_replicated:
+            return Partial(op)  # the Replicate operands become terms too (a free local-partial)
         if mode == "one" and len(partials) == 1 and others_replicated:
             return Partial(op)
         if mode == "first" and len(partials) == 1 and partials[0][0] == 0 and others_replicated:
@@ -119,7 +126,7 @@ class ElementwiseRule(OpRule):
         out_layout = Layout(mesh, out_ps, ndim)
         wants, violations = [], []
         for i, (t, off) in enumerate(zip(inputs, offsets)):
-            want = self._want_for(t, off, out_layout, shape)
+            want = self._want_for(t, off, out_layout, shape, keep_replicate=self.partial_mode != "all")
             wants.append(want if want != t.layout else None)
             if want != t.layout:
                 operand = self.operand_name(i)
@@ -139,7 +146,13 @@ class ElementwiseRule(OpRule):
         return str(np.result_type(*[np.dtype(t.dtype) for t in inputs]))
 
     @staticmethod
-    def _want_for(t: TensorSpec, off: int, out: Layout, shape) -> Layout:
+    def _want_for(t: TensorSpec, off: int, out: Layout, shape, keep_replicate: bool = True) -> Layout:
+        """The layout operand ``t`` (aligned ``off`` dims from the left) needs for ``out``.
+
+        On a Partial axis an operand that is Replicate stays so when ``keep_replicate``
+        (mul, div: a product with one sum of terms); otherwise (add, sub) it becomes
+        the same Partial, by a free ``local-partial``.
+        """
         ps = []
         for p in out.placements:
             if isinstance(p, Shard):
@@ -149,9 +162,10 @@ class ElementwiseRule(OpRule):
                 ps.append(p)
             else:
                 ps.append(Replicate())
-        # an operand that is Replicate on a Partial axis stays Replicate (mul/div's other operands)
-        own = t.layout.placements
-        ps = [own[a] if isinstance(p, Partial) and isinstance(own[a], Replicate) else p for a, p in enumerate(ps)]
+        if keep_replicate:  # an operand that is Replicate on a Partial axis stays Replicate (mul, div)
+            own = t.layout.placements
+            ps = [own[a] if isinstance(p, Partial) and isinstance(own[a], Replicate) else p
+                  for a, p in enumerate(ps)]
         return Layout(t.mesh, ps, t.ndim)
 
 

@@ -52,8 +52,9 @@ The ops and their layout rules
     (``sharded-concat-dim``); all operands must be sharded alike on the other dims (the
     output takes, per mesh axis, the first Shard any operand has there, so a Replicate
     operand is sliced for free; any other difference is ``sharding-mismatch``); a mesh
-    axis is Partial in the output only when every operand is the same Partial there, a
-    Partial operand among non-Partial ones is ``partial-input``.  vjp: ``slice``.
+    axis is Partial in the output when the operands are one Partial or Replicate there
+    (a Replicate operand becomes terms by a free ``local-partial``), a Partial operand
+    beside a sharded or another Partial one is ``partial-input``.  vjp: ``slice``.
 ``unsqueeze(x, dim)`` (aliases ``ExpandDims``, ``expand_dims``, ``aten.unsqueeze``)
     Inserts a size-1 dim at ``dim`` (``-x.ndim-1 <= dim <= x.ndim``); shards shift.
     vjp: ``squeeze``.
@@ -79,7 +80,8 @@ Violation codes
 - ``sharded-split-dim``: split/chunk/slice/pad_slice along a sharded dim (fixable).
 - ``sharded-concat-dim``: concat along a sharded dim (fixable).
 - ``sharding-mismatch``: concat operands sharded differently off the concat axis (fixable).
-- ``partial-input``: a Partial concat operand among non-Partial ones (fixable: reduce it).
+- ``partial-input``: a Partial concat operand beside a sharded or a different Partial one
+  (fixable: reduce it).
 - ``invalid-reshape``: the target shape is malformed or has another element count.
 - ``invalid-dim``: an ``axis``/``dim`` attr out of range or not an integer.
 - ``invalid-permutation``: ``dims`` is not a permutation, or the transpose attrs are
@@ -742,13 +744,19 @@ class PadSlice(_ShapeOpRule):
 
 # ------------------------------------------------------------------------------ concat
 def _concat_target(inputs: Sequence[TensorSpec], axis: int) -> Layout:
-    """Per mesh axis: the common Partial, else the first operand Shard off ``axis``, else Replicate."""
+    """Per mesh axis: the common Partial (the other operands Replicate there), else the first
+    operand Shard off ``axis``, else Replicate.
+
+    A Replicate operand next to a Partial one becomes terms of that Partial by a free
+    ``local-partial`` step: a concat of terms is the terms of the concat, whatever the op.
+    """
     mesh = inputs[0].mesh
     ps = []
     for a in range(mesh.ndim):
         here = [t.layout.placements[a] for t in inputs]
-        if all(isinstance(p, Partial) for p in here) and len(set(here)) == 1:
-            ps.append(here[0])
+        partials = {p for p in here if isinstance(p, Partial)}
+        if len(partials) == 1 and all(isinstance(p, (Partial, Replicate)) for p in here):
+            ps.append(partials.pop())
             continue
         shard = next((p for p in here if isinstance(p, Shard) and p.dim != axis), None)
         ps.append(shard if shard is not None else Replicate())
@@ -763,8 +771,8 @@ def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout) -> 
         name = rule.operand_name(i)
         found = []
         for a, (p, q) in enumerate(zip(t.layout.placements, target.placements)):
-            if p == q or mesh.shape[a] == 1 or (isinstance(p, Replicate) and isinstance(q, Shard)):
-                continue  # the same, a size-1 mesh axis, or a free local slice
+            if p == q or mesh.shape[a] == 1 or (isinstance(p, Replicate) and isinstance(q, (Shard, Partial))):
+                continue  # the same, a size-1 mesh axis, or a free local slice or local partial
             axis_text = _axis_name(t.layout, a)
             if isinstance(p, Shard) and p.dim == axis:
                 found.append(Violation(

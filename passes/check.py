@@ -13,7 +13,7 @@ Examples
 >>> from layout_prop.passes.propagate import Propagate
 >>> g = Graph(DeviceMesh((2,), ("dp",)))
 >>> a = g.input("a", shape=(4,), placements=["P(sum)"])
->>> b = g.input("b", shape=(4,))
+>>> b = g.input("b", shape=(4,), placements=["S(0)"])
 >>> g.output(g.op("c", "add", [a, b]))
 >>> _ = Propagate().run(g)
 >>> res = Check().run(g)

@@ -6,7 +6,9 @@ collectives.  Each op of the global graph becomes:
 
 - a graph input: an ``input`` op that holds the rank's piece (``local_slices``);
 - a ``redistribute`` node: one local op per step of its plan, ``slice`` for a free
-  ``local-slice`` and ``collective`` for the rest, with explicit groups and reduce ops;
+  ``local-slice``, ``local`` for a free ``local-partial`` (zeros on all but the first
+  rank of the group for ``P(sum)``) and ``collective`` for the rest, with explicit
+  groups and reduce ops;
 - any other op: a ``slice`` for each input its rule wants sliced (free wants only), then
   one ``kernel`` op.
 
@@ -56,12 +58,15 @@ from .propagate import value_spec
 
 __all__ = ["Lower", "LocalOp", "Program", "LowerResult"]
 
+#: The local op kind of each step that needs no communication.
+_LOCAL_OP_KIND = {"local-slice": "slice", "local-partial": "local"}
+
 
 @dataclass(frozen=True)
 class LocalOp:
     """One op of the SPMD program.
 
-    ``kind`` is ``input``, ``kernel``, ``slice`` or ``collective``; ``op`` the kernel's op
+    ``kind`` is ``input``, ``kernel``, ``slice``, ``local`` or ``collective``; ``op`` the kernel's op
     name or the step kind; ``specs`` the global specs of the outputs (each rank's local
     view follows from them); ``attrs`` one dict per rank (localised); ``step`` the planned
     step of a slice or collective; ``source`` the global node it comes from.
@@ -147,7 +152,7 @@ class Program:
                 extra = f" dim {d['dim']}" if "dim" in d else ""
                 extra += f" -> dim {d['dst_dim']}" if "dst_dim" in d else ""
                 extra += f" op {d['reduce_op']}" if "reduce_op" in d else ""
-                group = "" if op.kind == "slice" else f" group {d['group']}, {d['bytes_per_rank']} bytes"
+                group = "" if op.kind != "collective" else f" group {d['group']}, {d['bytes_per_rank']} bytes"
                 lines.append(f"  {outs} = {op.kind}({', '.join(op.inputs)}) {shapes} {op.op} on "
                              f"{d['mesh_axis']}{extra}{group}")
             else:
@@ -233,7 +238,7 @@ class Lower:
         current = value
         for k, step in enumerate(steps):
             name = final if k == len(steps) - 1 else Lower._fresh(prog, f"{final}#{k}")
-            kind = "slice" if step.kind == "local-slice" else "collective"
+            kind = _LOCAL_OP_KIND.get(step.kind, "collective")
             prog.add(LocalOp(name, kind, step.kind, (current,), (name,), (step.dst,), step=step, source=source))
             current = name
         return current

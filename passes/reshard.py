@@ -14,14 +14,14 @@ Examples
 >>> from layout_prop.graph import Graph
 >>> g = Graph(DeviceMesh((2,), ("dp",)))
 >>> a = g.input("a", shape=(4,), placements=["P(sum)"])
->>> b = g.input("b", shape=(4,))
+>>> b = g.input("b", shape=(4,), placements=["S(0)"])
 >>> g.output(g.op("c", "add", [a, b]))
 >>> new = Reshard().run(g).graph
 >>> print(new.format())
 graph(mesh=DeviceMesh(dp=2)):
   a = input() {shape=[4], dtype=float32, placements=["P(sum)"], requires_grad=true}
-  b = input() {shape=[4], dtype=float32, placements=["R"], requires_grad=true}
-  c/x = redistribute(a) {placements=["R"]}
+  b = input() {shape=[4], dtype=float32, placements=["S(0)"], requires_grad=true}
+  c/x = redistribute(a) {placements=["S(0)"]}
   c = add(c/x, b)
   return c
 """

@@ -13,7 +13,7 @@ Examples
 >>> from layout_prop.passes.propagate import Propagate
 >>> g = load_spec('''
 ... mesh: {shape: [2], names: [dp]}
-... inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4]}}
+... inputs: {a: {shape: [4], placements: ["P(sum)"]}, b: {shape: [4], placements: ["S(0)"]}}
 ... nodes: [{name: c, op: add, inputs: [a, b]}]
 ... ''')
 >>> _ = Propagate().run(g)

@@ -281,17 +281,27 @@ def test_rms_norm_over_two_dims():
 
 def test_norm_weight_sharded_or_partial():
     x = spec(X3, ["S(0)", "R"])
-    res = infer("rms_norm", x, spec((8,), ["R", "S(0)"]))
+    # where x is Replicate (tp) the weight may be sharded: the output is sharded on the normalised dim
+    ok = infer("rms_norm", x, spec((8,), ["R", "S(0)"]))
+    assert ok.violations == () and layouts(ok) == ["(S(0), S(2))"] and wants(ok) == [None, None]
+    # where x shards rows (dp) the weight must be whole
+    res = infer("rms_norm", x, spec((8,), ["S(0)", "R"]))
     v = only(res, "sharded-normalized-dim")
     assert v.operand == "weight"
-    assert v.message == ("weight dim 0 (size 8) is sharded on mesh axis 'tp' (weight is (R, S(0))); weight spans "
-                         "x's normalised dims [2], which rms_norm needs whole on every rank")
-    assert wants(res) == [None, "(R, R)"]
+    assert v.message == ("weight dim 0 (size 8) is sharded on mesh axis 'dp' (weight is (S(0), R)); weight spans "
+                         "x's normalised dims [2] and x is S(0) on 'dp', so every rank there needs the whole weight "
+                         "(a param may be sharded or Partial only on a mesh axis where x is Replicate)")
+    assert v.hint == "give weight R on 'dp' (all-gather it)" and wants(res) == [None, "(R, R)"]
     res = infer("layer_norm", x, spec((8,), ["R", "R"]), spec((8,), ["P(sum)", "R"]))
     v = only(res, "partial-input")
     assert v.operand == "bias"
-    assert v.message == ("bias is P(sum) on mesh axis 'dp' (bias is (P(sum), R)): layer_norm needs the whole bias on "
-                         "every rank")
+    assert v.message.startswith("bias is P(sum) on mesh axis 'dp' (bias is (P(sum), R)): layer_norm is not linear "
+                                "in bias that way: x is S(0) on 'dp'")
+    # a Partial bias and a sharded weight on one axis: the weight decides, the bias must be sliced like it
+    res = infer("layer_norm", spec(X3, ["R", "R"]), spec((8,), ["S(0)", "R"]), spec((8,), ["P(sum)", "R"]))
+    v = only(res, "partial-input")
+    assert "x is R and the output S(2) on 'dp', so bias must be S(0) there" in v.message
+    assert layouts(res) == ["(S(2), R)"] and wants(res) == [None, None, "(S(0), R)"]
 
 
 def test_norm_partial_x():

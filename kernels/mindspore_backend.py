@@ -436,9 +436,17 @@ def _rstd(values, axes, eps):
     return 1.0 / _ms().ops.sqrt(_mean(values * values, axes) + eps)
 
 
-def _rms_norm(x, weight, eps=1e-6, normalized_ndim=1):
+def _keep(xhat, norm_slices):
+    """The chunk ``norm_slices`` of whole normalised rows (the numpy kernels' localised attr)."""
+    if norm_slices is None:
+        return xhat
+    lead = (slice(None),) * (xhat.ndim - len(norm_slices))
+    return xhat[lead + tuple(slice(lo, hi) for lo, hi in norm_slices)]
+
+
+def _rms_norm(x, weight, eps=1e-6, normalized_ndim=1, norm_slices=None):
     x, weight = _floated(x), _floated(weight)
-    return _as_result(x * _rstd(x, _norm_axes(x, normalized_ndim), eps) * weight, x, weight)
+    return _as_result(_keep(x * _rstd(x, _norm_axes(x, normalized_ndim), eps), norm_slices) * weight, x, weight)
 
 
 def _rms_norm_grad(dy, x, weight, eps=1e-6, normalized_ndim=1):
@@ -452,11 +460,11 @@ def _rms_norm_grad(dy, x, weight, eps=1e-6, normalized_ndim=1):
     return dx.astype(x.dtype), dweight.astype(weight.dtype)
 
 
-def _layer_norm(x, weight, bias, eps=1e-5, normalized_ndim=1):
+def _layer_norm(x, weight, bias, eps=1e-5, normalized_ndim=1, norm_slices=None):
     x, weight, bias = _floated(x), _floated(weight), _floated(bias)
     axes = _norm_axes(x, normalized_ndim)
     centred = x - _mean(x, axes)
-    return _as_result(centred * _rstd(centred, axes, eps) * weight + bias, x, weight, bias)
+    return _as_result(_keep(centred * _rstd(centred, axes, eps), norm_slices) * weight + bias, x, weight, bias)
 
 
 def _layer_norm_grad(dy, x, weight, bias, eps=1e-5, normalized_ndim=1):

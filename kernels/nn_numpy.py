@@ -116,11 +116,21 @@ def _lead_axes(x: np.ndarray, normalized_ndim: int) -> tuple[int, ...]:
     return tuple(range(x.ndim - normalized_ndim))
 
 
-def rms_norm(x, weight, eps=1e-6, normalized_ndim=1):
+def _keep(xhat: np.ndarray, norm_slices) -> np.ndarray:
+    """The chunk ``norm_slices`` (``[start, stop)`` per normalised dim) of whole normalised rows."""
+    if norm_slices is None:
+        return xhat
+    lead = (slice(None),) * (xhat.ndim - len(norm_slices))
+    return xhat[lead + tuple(slice(lo, hi) for lo, hi in norm_slices)]
+
+
+def rms_norm(x, weight, eps=1e-6, normalized_ndim=1, norm_slices=None):
+    """``x / sqrt(mean(x**2) + eps) * weight``; ``norm_slices`` keeps a chunk of the normalised
+    dims (the weight is that chunk: the rule's sharded-weight case)."""
     x, weight = _f(x), _f(weight)
     axes = _norm_axes(x, normalized_ndim)
     rstd = 1.0 / np.sqrt(np.mean(x * x, axis=axes, keepdims=True) + eps)
-    return _result(x * rstd * weight, x, weight)
+    return _result(_keep(x * rstd, norm_slices) * weight, x, weight)
 
 
 def rms_norm_grad(dy, x, weight, eps=1e-6, normalized_ndim=1):
@@ -135,13 +145,14 @@ def rms_norm_grad(dy, x, weight, eps=1e-6, normalized_ndim=1):
     return dx.astype(x.dtype, copy=False), dweight.astype(weight.dtype, copy=False)
 
 
-def layer_norm(x, weight, bias, eps=1e-5, normalized_ndim=1):
+def layer_norm(x, weight, bias, eps=1e-5, normalized_ndim=1, norm_slices=None):
+    """``(x - mean) / sqrt(var + eps) * weight + bias``; ``norm_slices`` as in :func:`rms_norm`."""
     x, weight, bias = _f(x), _f(weight), _f(bias)
     axes = _norm_axes(x, normalized_ndim)
     mean = np.mean(x, axis=axes, keepdims=True)
     centred = x - mean
     rstd = 1.0 / np.sqrt(np.mean(centred * centred, axis=axes, keepdims=True) + eps)
-    return _result(centred * rstd * weight + bias, x, weight, bias)
+    return _result(_keep(centred * rstd, norm_slices) * weight + bias, x, weight, bias)
 
 
 def layer_norm_grad(dy, x, weight, bias, eps=1e-5, normalized_ndim=1):

@@ -19,8 +19,13 @@ The ops
     ``LayerNorm``, ``aten.layer_norm``.  One output (y).
     Layout rule of both norms: the normalised dims of x are Replicate (else
     ``sharded-normalized-dim``, fixed by an all-gather), x is not Partial
-    (``partial-input``), weight and bias are Replicate on every mesh axis (they span the
-    normalised dims only); the other dims of x shard freely and y keeps x's layout.  The
+    (``partial-input``); the other dims of x shard freely and y keeps x's layout.  On a
+    mesh axis that shards x, weight and bias are Replicate.  On a mesh axis where x is
+    Replicate they may be sharded on a normalised dim (then y is sharded there: every
+    rank normalises whole rows and keeps its chunk, the localised attr ``norm_slices``;
+    the other param is sliced alike) or ``P(sum|avg)`` (then y is that Partial, the
+    other param made terms by a free ``local-partial``), without communication, as
+    DTensor does.  The grad ops want the params Replicate.  The
     weight and bias gradients sum over the other dims: ``P(sum)`` on each mesh axis that
     shards one of them, reduced by the backward pass.
 ``softmax(x, axis=-1)``, ``log_softmax(x, axis=-1)``
@@ -547,11 +552,14 @@ class SiluMul(PointwiseRule):
 
 
 # -------------------------------------------------------------------------------- norms
-def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpec]], attrs: dict):
+def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpec]], attrs: dict,
+                   param_axes: bool = False):
     """Shared by the norms and their grads: ``(x_fixed, wants, violations, ok)``.
 
     ``wants`` has one entry per x and param; ``ok`` is False when the shapes or attrs are
-    unusable (no output can be described).
+    unusable (no output can be described).  With ``param_axes`` (the forward norms) the
+    params may be sharded or Partial on a mesh axis where x is Replicate
+    (:func:`_param_axis_targets`); ``x_fixed`` is then the output's layout.
     """
     violations: list[Violation] = []
     k = attrs["normalized_ndim"]
@@ -580,21 +588,68 @@ def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpe
         f", or shard a dim outside {_dims_text(dims)} of x instead")
     violations += _move_violations(x, x_fixed, "x", issues)
     wants: list[Layout | None] = [_want(x_fixed, x)]
-    for name, p in params:
-        rep = Layout.replicated(p.mesh, p.ndim)
+    out_fixed, targets = x_fixed, [Layout.replicated(p.mesh, p.ndim) for _, p in params]
+    if param_axes:
+        out_fixed, targets = _param_axis_targets(x_fixed, x.ndim - k, [p for _, p in params])
+    for (name, p), target in zip(params, targets):
         issues = []
-        for axis, pl in enumerate(p.layout.placements):
+        for axis, (pl, want) in enumerate(zip(p.layout.placements, target.placements)):
             axis_name = _name(p.mesh, axis)
+            if pl == want or (isinstance(pl, Replicate) and not isinstance(x_fixed.placements[axis], Shard)):
+                continue  # as wanted, or a free local slice or local partial of a Replicate param
+            x_p, out_p = x_fixed.placements[axis], out_fixed.placements[axis]
+            if isinstance(want, Replicate):
+                why = (f"x is {x_p} on {axis_name}, so every rank there needs the whole {name} (a param may be "
+                       f"sharded or Partial only on a mesh axis where x is Replicate)")
+            else:
+                why = f"x is {x_p} and the output {out_p} on {axis_name}, so {name} must be {want} there"
             if isinstance(pl, Partial):
-                issues.append(_partial_issue(p, name, axis, op, f"needs the whole {name} on every rank"))
+                issues.append(_partial_issue(p, name, axis, op, f"is not linear in {name} that way: {why}"))
             elif isinstance(pl, Shard):
                 issues.append(("sharded-normalized-dim", f"{name} dim {pl.dim} (size {p.shape[pl.dim]}) is sharded "
                                f"on mesh axis {axis_name} ({name} is {p.layout}); {name} spans x's normalised "
-                               f"dims {_dims_text(dims)}, which {op} needs whole on every rank",
-                               f"keep {name} Replicate on {axis_name} (all-gather it)"))
-        violations += _move_violations(p, rep, name, issues)
-        wants.append(_want(rep, p))
-    return x_fixed, wants, violations, True
+                               f"dims {_dims_text(dims)} and {why}",
+                               f"give {name} {want} on {axis_name}" + (" (all-gather it)"
+                                                                       if isinstance(want, Replicate) else "")))
+        violations += _move_violations(p, target, name, issues)
+        wants.append(_want(target, p))
+    return out_fixed, wants, violations, True
+
+
+def _param_axis_targets(x_fixed: Layout, offset: int, params: Sequence[TensorSpec]) -> tuple[Layout, list[Layout]]:
+    """The output layout of a norm and each param's wanted layout.
+
+    On a mesh axis where x (as the kernel needs it) is Replicate, every rank holds the
+    whole normalised rows, so a param may be sharded or Partial there, as DTensor allows:
+
+    - a param ``S(j)``: every rank normalises the whole rows and keeps its chunk of
+      normalised dim ``offset + j``: the output is ``S(offset + j)``, the other params
+      ``S(j)`` (a Replicate one is sliced for free);
+    - else a param ``P(sum)`` or ``P(avg)``: the output is linear in each param, so it is
+      the same Partial (a Replicate param becomes terms by a free ``local-partial``:
+      ``x_hat * w + b`` is the sum of ``x_hat * w_k + b_k``);
+    - else Replicate.
+
+    On any other mesh axis the params are Replicate.  The first param decides when
+    they disagree (the others then need communication: a violation).
+    """
+    mesh = x_fixed.mesh
+    out = list(x_fixed.placements)
+    per_param = [[Replicate()] * mesh.ndim for _ in params]
+    for axis in range(mesh.ndim):
+        if not isinstance(x_fixed.placements[axis], Replicate):
+            continue
+        here = [p.layout.placements[axis] for p in params]
+        shard = next((pl for pl in here if isinstance(pl, Shard)), None)
+        partial = next((pl for pl in here if isinstance(pl, Partial) and pl.reduce_op in LINEAR_REDUCE_OPS), None)
+        chosen = shard if shard is not None else partial
+        if chosen is None:
+            continue
+        out[axis] = Shard(offset + chosen.dim) if isinstance(chosen, Shard) else chosen
+        for targets in per_param:
+            targets[axis] = chosen
+    return (x_fixed.with_placements(out),
+            [Layout(mesh, targets, p.ndim) for targets, p in zip(per_param, params)])
 
 
 def _param_grad_layout(x_fixed: Layout, ndim: int, partials: dict) -> Layout:
@@ -619,9 +674,22 @@ class _NormRule(OpRule):
 
     def infer_layout(self, inputs, attrs):
         x, params = inputs[0], inputs[1:]
-        x_fixed, wants, violations, ok = _norm_analysis(self.name, x, list(zip(self.params, params)), attrs)
-        out = TensorSpec(x.shape, self.out_dtype(inputs), x_fixed) if ok else None
+        out_layout, wants, violations, ok = _norm_analysis(self.name, x, list(zip(self.params, params)), attrs,
+                                                           param_axes=True)
+        out = TensorSpec(x.shape, self.out_dtype(inputs), out_layout) if ok else None
         return RuleResult((out,), tuple(violations), tuple(wants))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        """Where the output is sharded on a normalised dim (a sharded param, x Replicate),
+        the kernel normalises whole rows and keeps the rank's chunk: ``norm_slices`` holds
+        the ``[start, stop)`` of every normalised dim (absent otherwise)."""
+        out = outputs[0]
+        k = attrs["normalized_ndim"]
+        dims = range(out.ndim - k, out.ndim)
+        if not any(d in out.layout.sharded_dims() for d in dims):
+            return dict(attrs)
+        bounds = out.local_slices(rank)
+        return {**attrs, "norm_slices": [list(bounds[d]) for d in dims]}
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]

@@ -51,6 +51,10 @@ RECORDS = [
         OpSample([(5, 2, 3), (2, 3)], {"normalized_ndim": 2, "eps": 1e-5}),
         OpSample([(3, 1, 5), (5,)], partial_ok=False),
     ], placements=100),
+    # x Replicate beside a weight sharded on the normalised dim or Partial (DTensor's S(-1) / P(sum)
+    # outputs); uneven: 10 on 4 ranks is 3, 3, 3, 1
+    OpRecord("rms_norm", [OpSample([(3, 10), (10,)]), OpSample([(2, 5, 3), (5, 3)], {"normalized_ndim": 2})],
+             meshes=((4,), (2, 2)), placements="all", id="rms_norm-param-axes"),
     OpRecord("rms_norm_grad", [OpSample([(4, 3, 6), (4, 3, 6), (6,)]), OpSample([(5, 4), (5, 4), (4,)])],
              placements=60),
     OpRecord("layer_norm", [
@@ -58,6 +62,9 @@ RECORDS = [
         OpSample([(3, 5, 4), (5, 4), (5, 4)], {"normalized_ndim": 2}),
         OpSample([(5, 1, 3), (3,), (3,)], partial_ok=False),
     ], placements=80),
+    OpRecord("layer_norm", [OpSample([(3, 10), (10,), (10,)]), OpSample([(2, 5, 3), (5, 3), (5, 3)],
+                                                                     {"normalized_ndim": 2})],
+             meshes=((4,), (2, 2)), placements=150, id="layer_norm-param-axes"),
     OpRecord("layer_norm_grad", [OpSample([(4, 3, 6), (4, 3, 6), (6,), (6,)]), OpSample([(5, 4), (5, 4), (4,), (4,)])],
              placements=60),
     # ---------------------------------------------------------------- softmax

@@ -123,3 +123,20 @@ def test_run_no_reshard_with_violations_says_nothing_ran(capsys):
     assert main(["run", spec, "--no-reshard", "--json"]) == 1
     data = _strict(capsys.readouterr().out)
     assert data["executed"] is False and data["mismatches"] == [] and data["violations"]
+
+
+def test_json_output_is_one_line_on_a_pipe_and_strict():
+    from pathlib import Path
+
+    spec = str(Path(__file__).resolve().parent.parent / "examples" / "rpe" / "dp_sp.yaml")
+    done = subprocess.run([sys.executable, "-m", "layout_prop.cli", "check", spec, "--json"], capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout.count("\n") == 1
+    assert _strict(done.stdout)["tensors"]["y"]["placements"] == ["S(0)", "S(2)"]
+
+
+def test_non_finite_numbers_are_written_as_null(capsys):
+    from layout_prop.cli import _print_json
+
+    _print_json({"a": float("nan"), "b": [1.5, float("-inf")], "c": {"d": float("inf")}})
+    assert _strict(capsys.readouterr().out) == {"a": None, "b": [1.5, None], "c": {"d": None}}

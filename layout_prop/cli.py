@@ -200,6 +200,32 @@ def _samples_arg(text: str) -> int | str:
     return n
 
 
+def _print_json(obj) -> None:
+    """Strict JSON on stdout: indented on a terminal, else on one line (Python's fast C encoder).
+
+    A float that is not finite (which strict JSON cannot hold) is written as ``null``.
+    """
+    indent = 1 if sys.stdout.isatty() else None
+    separators = None if indent else (",", ":")
+    try:
+        text = json.dumps(obj, indent=indent, separators=separators, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere in the report
+        text = json.dumps(_finite_json(obj), indent=indent, separators=separators, allow_nan=False)
+    print(text)
+
+
+def _finite_json(obj):
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_json(v) for v in obj]
+    return obj
+
+
 def _import_module_file(path: Path) -> None:
     """Import a user's Python file (it registers ops and kernels as it is imported)."""
     import importlib.util
@@ -240,7 +266,7 @@ def _cmd_verify(args) -> int:
                            jobs=args.jobs, progress=lambda done, _total: bar.update(done))
     data = report.to_dict()
     if args.json:
-        print(json.dumps(data, indent=1, allow_nan=False))
+        _print_json(data)
     else:
         print(f"op {report.op}: {report.combinations} combinations on meshes "
               + ", ".join("x".join(map(str, m)) for m in meshes))
@@ -270,7 +296,7 @@ def _cmd_explain(args) -> int:
 
     analysis = analyze(load_spec(args.spec), reshard=args.reshard, backward=args.backward)
     tree = explain(analysis.graph, args.value)
-    print(json.dumps(tree, indent=1) if args.json else format_explanation(tree))
+    _print_json(tree) if args.json else print(format_explanation(tree))
     return 0
 
 
@@ -282,7 +308,7 @@ def _cmd_check(args) -> int:
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward, backend=args.backend)
     analysis.optimizer = args.optimizer
     if args.json:
-        print(json.dumps(analysis.report(), indent=1))
+        _print_json(analysis.report())
     else:
         print(format_table(analysis))
     return 0 if analysis.ok else 1
@@ -298,7 +324,7 @@ def _cmd_run(args) -> int:
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
                     reshard=not args.no_reshard, rtol=args.rtol, **options)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=1))
+        _print_json(rep.to_dict())
     else:
         if not rep.executed:
             for v in rep.violations:
@@ -377,10 +403,10 @@ def _cmd_ops(args) -> int:
         print(render_markdown(), end="")
     elif args.name is not None:
         entry = op_entry(args.name)
-        print(json.dumps(entry, indent=1) if args.json else format_entry(entry))
+        _print_json(entry) if args.json else print(format_entry(entry))
     else:
         entries = op_reference()
-        print(json.dumps(entries, indent=1) if args.json else format_reference(entries))
+        _print_json(entries) if args.json else print(format_reference(entries))
     return 0
 
 

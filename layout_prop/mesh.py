@@ -19,6 +19,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
@@ -76,6 +78,7 @@ class DeviceMesh:
         object.__setattr__(self, "shape", tuple(int(s) for s in shape))
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "_hash", hash((self.shape, self.names)))
+        object.__setattr__(self, "_size", math.prod(self.shape))  # read on every local-shape query
 
 
     def __hash__(self) -> int:  # computed once: specs key the rule cache
@@ -86,7 +89,7 @@ class DeviceMesh:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape))
+        return self._size
 
     def axis_index(self, axis: int | str) -> int:
         """The index of a mesh axis given by name or index."""
@@ -102,10 +105,18 @@ class DeviceMesh:
 
     def coords(self, rank: int) -> tuple[int, ...]:
         """Coordinates of ``rank`` (row-major)."""
-        if not 0 <= rank < self.size:
-            raise LayoutError("invalid-rank", f"rank {rank} is outside the mesh of {self.size} ranks",
-                              hint=f"use a rank in 0..{self.size - 1}")
-        return tuple(int(c) for c in np.unravel_index(rank, self.shape))
+        self.check_rank(rank)
+        coords = []
+        for size in reversed(self.shape):
+            rank, c = divmod(rank, size)
+            coords.append(c)
+        return tuple(reversed(coords))
+
+    def check_rank(self, rank: int) -> None:
+        """Raise ``invalid-rank`` unless ``0 <= rank < size``."""
+        if not 0 <= rank < self._size:
+            raise LayoutError("invalid-rank", f"rank {rank} is outside the mesh of {self._size} ranks",
+                              hint=f"use a rank in 0..{self._size - 1}")
 
     def rank(self, coords) -> int:
         """The rank at ``coords``."""

@@ -20,6 +20,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -46,6 +48,9 @@ def chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
     """``torch.chunk`` bounds of ``range(n)`` cut into ``k`` pieces (trailing ones may be empty)."""
     c = -(-n // k) if n else 0
     return tuple((min(i * c, n), min((i + 1) * c, n)) for i in range(k))
+
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,11 @@ class TensorSpec:
 
     @property
     def itemsize(self) -> int:
-        return np.dtype(self.dtype).itemsize
+        return _ITEMSIZE.get(self.dtype) or np.dtype(self.dtype).itemsize
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+        return math.prod(self.shape) * self.itemsize
 
     def with_layout(self, layout: Layout) -> "TensorSpec":
         return TensorSpec(self.shape, self.dtype, layout)
@@ -124,7 +129,7 @@ class TensorSpec:
 
     def local_slices(self, rank: int) -> tuple[tuple[int, int], ...]:
         """Per dim, the ``[start, stop)`` range of the global tensor that ``rank`` holds."""
-        self.mesh.coords(rank)  # validates the rank
+        self.mesh.check_rank(rank)
         return self._slices_by_rank[rank]
 
     def local_index(self, rank: int) -> tuple[slice, ...]:
@@ -136,7 +141,14 @@ class TensorSpec:
         return tuple(b - a for a, b in self.local_slices(rank))
 
     def local_nbytes(self, rank: int = 0) -> int:
-        return int(np.prod(self.local_shape(rank), dtype=np.int64)) * self.itemsize
+        """The bytes of ``rank``'s piece."""
+        self.mesh.check_rank(rank)
+        return self._local_nbytes[rank]
+
+    @cached_property
+    def _local_nbytes(self) -> tuple[int, ...]:
+        item = self.itemsize
+        return tuple(math.prod(b - a for a, b in slices) * item for slices in self._slices_by_rank)
 
     def replica_groups(self) -> tuple[tuple[int, ...], ...]:
         """Groups of ranks that hold identical data (they differ only on Replicate axes)."""
@@ -148,14 +160,19 @@ class TensorSpec:
         return tuple(tuple(g) for g in groups.values())
 
     def to_dict(self) -> dict:
-        tm = self.layout.tensor_map()
+        """``shape``, ``dtype``, ``placements``, ``tensor_map``, ``local_shape`` (rank 0's); fresh lists."""
+        placements, tensor_map, local_shape = self._report_parts
         return {
             "shape": list(self.shape),
             "dtype": self.dtype,
-            "placements": self.layout.placement_strs(),
-            "tensor_map": [list(e) if isinstance(e, tuple) else e for e in tm],
-            "local_shape": list(self.local_shape(0)),
+            "placements": list(placements),
+            "tensor_map": [list(e) if isinstance(e, tuple) else e for e in tensor_map],
+            "local_shape": list(local_shape),
         }
+
+    @cached_property
+    def _report_parts(self) -> tuple[tuple, tuple, tuple]:  # specs are uniqued: a report computes each once
+        return tuple(self.layout.placement_strs()), tuple(self.layout.tensor_map()), self.local_shape(0)
 
     def __str__(self) -> str:
         return f"{self.dtype}{list(self.shape)} {self.layout}"

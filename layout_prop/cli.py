@@ -14,6 +14,7 @@ from typing import Sequence
 
 from . import __version__
 from .errors import LayoutPropError, SpecError
+from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
 
 __all__ = ["main"]
 
@@ -85,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
                    help="count the optimizer's states in memory per rank (adam: 2 per parameter)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_args(c)
 
     r = sub.add_parser("run", help="lower, execute every rank, and compare with one device")
     r.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
@@ -98,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_args(r)
 
     sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed)")
 
@@ -107,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
     ex.add_argument("--backward", action="store_true", help="include the gradient graph")
     ex.add_argument("--json", action="store_true", help="print the derivation as JSON")
+    add_model_args(ex)
 
     ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination")
     ve.add_argument("op", metavar="OP", help="a built-in op or one registered by --module")
@@ -123,7 +127,8 @@ def _parser() -> argparse.ArgumentParser:
 
     from .passes.visualise import add_viz_parser
 
-    add_viz_parser(sub)
+    add_model_args(add_viz_parser(sub))
+    add_import_parser(sub)
 
     ge = sub.add_parser("gen", help="write the spec of a generated model")
     ge.add_argument("model", choices=["llama"], help="the model family")
@@ -148,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--backward", action="store_true", help="lower the joint forward and backward graph")
     lo.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     lo.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
+    add_model_args(lo)
     return p
 
 
@@ -292,9 +298,8 @@ def _cmd_verify(args) -> int:
 def _cmd_explain(args) -> int:
     from .api import analyze
     from .explain import explain, format_explanation
-    from .loader import load_spec
 
-    analysis = analyze(load_spec(args.spec), reshard=args.reshard, backward=args.backward)
+    analysis = analyze(load_graph(args), reshard=args.reshard, backward=args.backward)
     tree = explain(analysis.graph, args.value)
     _print_json(tree) if args.json else print(format_explanation(tree))
     return 0
@@ -302,9 +307,8 @@ def _cmd_explain(args) -> int:
 
 def _cmd_check(args) -> int:
     from .api import analyze, format_table
-    from .loader import load_spec
 
-    graph = load_spec(Path(args.spec))
+    graph = load_graph(args)
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward, backend=args.backend)
     analysis.optimizer = args.optimizer
     if args.json:
@@ -315,10 +319,9 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .loader import load_spec
     from .runner import run_graph
 
-    graph = load_spec(Path(args.spec))
+    graph = load_graph(args)
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
     options = {"timeout": args.timeout} if args.engine == "mindspore" else {}
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
@@ -352,10 +355,10 @@ def _cmd_run(args) -> int:
 
 def _cmd_lower(args) -> int:
     from .api import analyze
-    from .loader import load_spec
+
     from .passes.lower import Lower
 
-    graph = load_spec(Path(args.spec))
+    graph = load_graph(args)
     analysis = analyze(graph, reshard=not args.no_reshard, backward=args.backward)
     if not analysis.ok:
         for v in analysis.check.violations:
@@ -419,10 +422,11 @@ def _cmd_demo(args) -> int:
 def _cmd_viz(args) -> int:
     from .passes.visualise import cmd_viz
 
+    args.graph = load_graph(args)
     return cmd_viz(args)
 
 
-COMMANDS = {"ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+COMMANDS = {"import": cmd_import, "ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1966,7 +1966,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
                        hint="add --tensor NAME, or drop --dims")
     if fmt == "png":
         _matplotlib()  # say so before any work
-    graph = load_spec(Path(args.spec))
+    graph = getattr(args, "graph", None) or load_spec(Path(args.spec))  # the CLI loads models (--plan) itself
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
     flags = [flag for flag, on in (("--reshard", args.reshard), ("--backward", args.backward)) if on]
     title = " ".join([Path(args.spec).name] + flags)

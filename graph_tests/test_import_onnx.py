@@ -1,0 +1,292 @@
+"""Importing ONNX models with a sharding plan: the Llama block as torch.onnx.export lays it out
+gives gen llama's collectives and matches one device; plans, unknown ops and malformed models
+are refused with one line (exit 2)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+import yaml
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from layout_prop.api import analyze  # noqa: E402
+from layout_prop.cli import main  # noqa: E402
+from layout_prop.errors import LayoutPropError, OpError, SpecError  # noqa: E402
+from layout_prop.frontends import load_model  # noqa: E402
+from layout_prop.frontends.ir import sanitize  # noqa: E402
+from layout_prop.frontends.onnx import from_onnx  # noqa: E402
+from layout_prop.frontends.samples import LLAMA_PLAN, llama_onnx  # noqa: E402
+from layout_prop.loader import load_spec  # noqa: E402
+from layout_prop.models import llama_spec  # noqa: E402
+from layout_prop.runner import execute_global, run_graph  # noqa: E402
+
+
+def moves(graph):
+    """(kind, mesh axis, bytes) of every step of every redistribution reshard inserts, in order."""
+    a = analyze(graph, reshard=True)
+    assert a.ok
+    return [(s["kind"], s["mesh_axis"], s["bytes_per_rank"]) for r in a.report()["redistributions"]
+            for s in r["steps"]]
+
+
+def one_device(graph, model, feeds):
+    """The imported graph's outputs on one device, fed the model's own weights and ``feeds``."""
+    inits = {sanitize(t.name): numpy_helper.to_array(t) for t in model.graph.initializer}
+    a = analyze(graph)
+    inputs = {n.name: feeds[n.name] if n.name in feeds else inits[n.name] for n in a.graph.inputs()}
+    return execute_global(a.graph, inputs, wanted=a.graph.outputs)
+
+
+def write(tmp_path, name, model):
+    path = tmp_path / name
+    onnx.save(model, str(path))
+    return path
+
+
+def plan_file(tmp_path, plan=LLAMA_PLAN, name="plan.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(plan, sort_keys=False))
+    return path
+
+
+def one_line_error(capsys, argv, code="bad-model"):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and code in err, err
+    return err
+
+
+# ------------------------------------------------------------------------ the Llama block
+def test_onnx_llama_block_gives_gen_llamas_collectives_and_violations():
+    imported = from_onnx(llama_onnx(), LLAMA_PLAN)
+    generated = load_spec(llama_spec(1))
+    assert moves(imported) == moves(generated)
+    # the expected moves, written out: Megatron's all-gathers and reduce-scatters of 256 bytes
+    assert moves(imported) == [("all-gather", "tp", 256), ("all-gather", "sp", 256), ("all-gather", "sp", 256),
+                               ("reduce-scatter", "tp", 256), ("all-gather", "tp", 256),
+                               ("reduce-scatter", "tp", 256)]
+    codes = Counter(v.code for v in analyze(imported).check.violations)
+    assert codes == Counter(v.code for v in analyze(generated).check.violations)
+    assert codes == {"sharding-mismatch": 5, "sharded-kv-sequence": 2, "partial-input": 2}
+
+
+def test_onnx_llama_block_fuses_into_the_registry_ops():
+    graph = from_onnx(llama_onnx(), LLAMA_PLAN)
+    ops = Counter(n.op for n in graph.nodes if not n.is_input)
+    assert ops == {"matmul": 7, "rms_norm": 2, "rotary_position_embedding": 2, "scaled_dot_product_attention": 1,
+                   "silu_mul": 1, "reshape": 4, "transpose": 4, "unsqueeze": 2, "add": 2}
+    assert [n.name for n in graph.inputs()][:4] == ["x", "cos", "sin", "layers.0.attention_norm.weight"]
+    attn = next(n for n in graph.nodes if n.op == "scaled_dot_product_attention")
+    assert attn.attrs["causal"] is True and attn.attrs["scale"] == pytest.approx(1 / np.sqrt(8))
+    norm = next(n for n in graph.nodes if n.op == "rms_norm")
+    assert norm.attrs["eps"] == 1e-6
+
+
+@pytest.mark.parametrize("rsqrt_as_div", [False, True])
+def test_imported_graph_computes_what_onnx_computes(rsqrt_as_div):
+    model = llama_onnx(layers=2, rsqrt_as_div=rsqrt_as_div)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 8, 32)).astype(np.float32),
+             "cos": rng.standard_normal((1, 8, 8)).astype(np.float32),
+             "sin": rng.standard_normal((1, 8, 8)).astype(np.float32)}
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    graph = from_onnx(model, LLAMA_PLAN)
+    (got,) = one_device(graph, model, feeds).values()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_onnx_llama_block_run_backward_matches_one_device():
+    rep = run_graph(from_onnx(llama_onnx(), LLAMA_PLAN), backward=True, seed=3)
+    assert rep.ok, rep.mismatches
+    assert "layers.0.attention.wq.weight" in rep.grads and "x" in rep.grads
+
+
+def test_a_wrong_plan_gives_what_a_hand_written_spec_with_the_same_layouts_gives():
+    plan = copy.deepcopy(LLAMA_PLAN)
+    plan["parameters"] = {"*.attention.wq.weight": "rowwise", **plan["parameters"]}
+    imported = from_onnx(llama_onnx(), plan)
+    assert imported.node("layers.0.attention.wq.weight").attrs["placements"] == ("R", "R", "S(0)")  # (in, out)
+    hand = load_spec(_as_matmuls(llama_spec(1), rowwise_q=True))
+    a, b = analyze(imported), analyze(hand)
+    assert Counter(v.code for v in a.check.violations) == Counter(v.code for v in b.check.violations)
+    assert [v.operand for v in a.check.violations] == [v.operand for v in b.check.violations]
+    assert moves(imported) == moves(hand)
+    assert moves(imported) != moves(from_onnx(llama_onnx(), LLAMA_PLAN))
+
+
+def _as_matmuls(spec: dict, rowwise_q: bool = False) -> dict:
+    """gen llama's spec written by hand as the ONNX model holds it: ``matmul(x, w)`` with
+    ``(in, out)`` weights instead of ``linear(x, w)`` with ``(out, in)`` ones."""
+    swap = {"S(0)": "S(1)", "S(1)": "S(0)"}
+    for nd in spec["nodes"]:
+        if nd["op"] == "linear":
+            nd["op"] = "matmul"
+            w = spec["inputs"][nd["inputs"][1]]
+            w["shape"] = w["shape"][::-1]
+            w["placements"] = [swap.get(p, p) for p in w["placements"]]
+    if rowwise_q:
+        spec["inputs"]["l0_wq"]["placements"] = ["R", "R", "S(0)"]
+    return spec
+
+
+def test_the_matmul_form_of_gen_llama_has_the_same_collectives():
+    assert moves(load_spec(_as_matmuls(llama_spec(1)))) == moves(load_spec(llama_spec(1)))
+
+
+# ------------------------------------------------------------------------ plans
+def test_presets_resolve_through_the_consumer(tmp_path):
+    # a Gemm with transB holds its weight as (out, in), as a Dense does: colwise is dim 0 there
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])
+    w = numpy_helper.from_array(np.ones((6, 8), np.float32), "fc.weight")
+    b = numpy_helper.from_array(np.ones((6,), np.float32), "fc.bias")
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Gemm", ["x", "fc.weight", "fc.bias"], ["y"], transB=1)], "g", [x], [y], [w, b]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]},
+                              "parameters": {"fc.weight": "colwise", "fc.bias": "R"}})
+    assert graph.node("fc.weight").attrs["placements"] == ("S(0)",)
+    with pytest.raises(SpecError) as err:
+        from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]}, "parameters": {"fc.bias": "colwise"}})
+    assert err.value.code == "preset-misfit" and "fc.bias" in err.value.path
+
+
+@pytest.mark.parametrize("parameters, code, named", [
+    ({"*.attention.wz.weight": "colwise"}, "unmatched-pattern", "*.attention.wz.weight"),
+    ({"*.attention_norm.weight": "colwise"}, "preset-misfit", "*.attention_norm.weight"),
+    ({"*.attention.wq.weight": "colwise(mp)"}, "unknown-mesh-axis", "*.attention.wq.weight"),
+    ({"*.attention.wq.weight": "sideways"}, "bad-plan", "*.attention.wq.weight"),
+    ({"*.attention.wq.weight": ["S(5)", "R", "R"]}, "invalid-layout", "*.attention.wq.weight"),
+])
+def test_bad_plans_are_one_line_naming_the_pattern(tmp_path, capsys, parameters, code, named):
+    model = write(tmp_path, "m.onnx", llama_onnx())
+    plan = dict(LLAMA_PLAN, parameters=parameters)
+    err = one_line_error(capsys, ["check", str(model), "--plan", str(plan_file(tmp_path, plan))], code)
+    assert repr(named) in err
+
+
+def test_plan_input_errors(tmp_path, capsys):
+    model = write(tmp_path, "m.onnx", llama_onnx())
+    err = one_line_error(capsys, ["check", str(model), "--plan",
+                                  str(plan_file(tmp_path, dict(LLAMA_PLAN, inputs={"y": ["R", "R", "R"]})))],
+                         "unknown-input")
+    assert "'y'" in err and "'x'" in err
+    one_line_error(capsys, ["check", str(model)], "missing-plan")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(llama_spec(1)))
+    one_line_error(capsys, ["check", str(spec), "--plan", str(plan_file(tmp_path))], "unexpected-plan")
+
+
+# ------------------------------------------------------------------------ the command line
+def test_import_writes_a_spec_whose_check_equals_the_models(tmp_path, capsys):
+    model = write(tmp_path, "m.onnx", llama_onnx())
+    plan = plan_file(tmp_path)
+    out = tmp_path / "spec.yaml"
+    assert main(["import", str(model), "--plan", str(plan), "-o", str(out)]) == 0
+    capsys.readouterr()
+    reports = []
+    for argv in (["check", str(out)], ["check", str(model), "--plan", str(plan)]):
+        assert main(argv + ["--reshard", "--json"]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0] == reports[1]
+    assert reports[0]["total_bytes_per_rank"] == 6 * 256
+
+
+def test_every_command_takes_a_model_and_a_plan(tmp_path, capsys):
+    model, plan = write(tmp_path, "m.onnx", llama_onnx()), plan_file(tmp_path)
+    value = "layers.0/attention/wq/MatMul"
+    assert main(["explain", str(model), value, "--plan", str(plan)]) == 0
+    assert value in capsys.readouterr().out
+    assert main(["lower", str(model), "--plan", str(plan), "--rank", "1"]) == 0
+    assert "all_gather" in capsys.readouterr().out.replace("-", "_")
+    assert main(["run", str(model), "--plan", str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["viz", str(model), "--plan", str(plan), "-o", str(tmp_path / "g.dot")]) == 0
+    assert "wq/MatMul" in (tmp_path / "g.dot").read_text()
+
+
+# ------------------------------------------------------------------------ unknown ops, malformed models
+def _gelu_erf_model():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="/mlp/Div"),
+             helper.make_node("Erf", ["d"], ["e"], name="/mlp/Erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="/mlp/Add"),
+             helper.make_node("Mul", ["x", "a"], ["m"], name="/mlp/Mul"),
+             helper.make_node("Mul", ["m", "half"], ["r"], name="/mlp/Mul_1"),
+             helper.make_node("Relu", ["r"], ["q"], name="/mlp/Relu"),
+             helper.make_node("Erf", ["q"], ["y"], name="/mlp/Erf_1")]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], consts),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_unknown_ops_are_listed_on_one_line(tmp_path, capsys):
+    model = write(tmp_path, "gelu.onnx", _gelu_erf_model())
+    plan = plan_file(tmp_path, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}})
+    err = one_line_error(capsys, ["check", str(model), "--plan", str(plan)], "unknown-op")
+    assert "Erf (x2, first mlp/Erf)" in err and "Relu (x1, first mlp/Relu)" in err and "--opaque" in err
+
+
+def test_opaque_ops_are_barriers(tmp_path, capsys):
+    model = write(tmp_path, "gelu.onnx", _gelu_erf_model())
+    plan = plan_file(tmp_path, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}})
+    assert main(["check", str(model), "--plan", str(plan), "--opaque", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    # Erf's output is Replicate; x * (erf + 1) is sharded like x again, so Relu gathers it too
+    assert [(v["node"], v["code"]) for v in report["violations"]] == [("mlp/Erf", "opaque-input"),
+                                                                      ("mlp/Relu", "opaque-input")]
+    assert report["tensors"]["mlp/Erf_1"]["placements"] == ["R"]
+    assert main(["check", str(model), "--plan", str(plan), "--opaque", "--reshard", "--json"]) == 0
+    steps = [s["kind"] for r in json.loads(capsys.readouterr().out)["redistributions"] for s in r["steps"]]
+    assert steps == ["all-gather", "local-slice", "all-gather"]  # x gathered for Erf, erf + 1 sliced to x
+    out = tmp_path / "spec.yaml"
+    assert main(["import", str(model), "--plan", str(plan), "--opaque", "-o", str(out)]) == 0
+    assert "note: node mlp/Erf (Erf) is opaque" in capsys.readouterr().err
+    assert main(["check", str(out), "--reshard"]) == 0  # the written spec loads: opaque is a known op there
+
+
+def test_malformed_models_are_one_line(tmp_path, capsys):
+    plan = plan_file(tmp_path)
+    good = onnx.load_model_from_string(llama_onnx().SerializeToString())
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(good.SerializeToString()[:5000])
+    one_line_error(capsys, ["check", str(truncated), "--plan", str(plan)])
+    wrong = tmp_path / "wrong.onnx"
+    wrong.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
+    one_line_error(capsys, ["check", str(wrong), "--plan", str(plan)])
+    text = tmp_path / "text.onnx"
+    text.write_text("mesh: {shape: [2]}\n")
+    one_line_error(capsys, ["check", str(text), "--plan", str(plan)])
+    one_line_error(capsys, ["check", str(tmp_path / "missing.onnx"), "--plan", str(plan)], "model-not-found")
+    no_shape = onnx.load_model_from_string(good.SerializeToString())
+    no_shape.graph.input[0].type.tensor_type.ClearField("shape")
+    err = one_line_error(capsys, ["check", str(write(tmp_path, "noshape.onnx", no_shape)), "--plan", str(plan)])
+    assert "'x' has no shape" in err
+
+
+def test_dynamic_dims_need_example_shapes_in_the_plan(tmp_path, capsys):
+    model = write(tmp_path, "dyn.onnx", llama_onnx(dynamic_batch=True))
+    err = one_line_error(capsys, ["check", str(model), "--plan", str(plan_file(tmp_path))], "dynamic-shape")
+    assert "'x'" in err and "batch" in err
+    plan = copy.deepcopy(LLAMA_PLAN)
+    plan["inputs"]["x"] = {"shape": [2, 8, 32], "placements": ["S(0)", "S(1)", "S(1)"]}
+    assert main(["check", str(model), "--plan", str(plan_file(tmp_path, plan, "p2.yaml")), "--reshard"]) == 0
+
+
+def test_python_api_loads_a_model_like_a_spec(tmp_path):
+    model = write(tmp_path, "m.onnx", llama_onnx())
+    graph = load_model(model, LLAMA_PLAN)
+    assert analyze(graph, reshard=True).ok
+    with pytest.raises(LayoutPropError):
+        load_model(tmp_path / "m.txt", LLAMA_PLAN)
+    with pytest.raises(OpError):
+        from_onnx(_gelu_erf_model(), {"mesh": {"shape": [2], "names": ["tp"]}})

@@ -1,0 +1,86 @@
+"""Bring your own model: importers of ONNX and MindSpore MindIR models with a sharding plan.
+
+:func:`load_model` is the one entry point the command line (and the planner) use:
+``load_model("model.onnx", "plan.yaml")`` returns the same :class:`~layout_prop.graph.Graph`
+a spec gives.  :func:`import_spec` returns the ordinary spec dict instead (what
+``layout-prop import -o SPEC`` writes).  The frontends themselves are
+:func:`layout_prop.frontends.onnx.from_onnx` and
+:func:`layout_prop.frontends.mindspore.from_cell` / ``from_mindir``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+from ..graph import Graph
+from ..plan import Plan, load_plan
+from .ir import ModelGraph, apply_plan, to_spec
+
+__all__ = ["load_model", "import_spec", "build_spec", "build_graph", "is_model_path", "MODEL_SUFFIXES"]
+
+MODEL_SUFFIXES = (".onnx", ".mindir")
+
+
+def is_model_path(path: str | Path) -> bool:
+    """Whether ``path`` names a model file (by its suffix) rather than a spec."""
+    return str(path).lower().endswith(MODEL_SUFFIXES)
+
+
+def build_spec(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
+    """Canonicalise a read model, lower it, and apply the plan: ``(spec dict, notes)``."""
+    from ..passes.canonicalize import Canonicalize
+    from . import opaque as _opaque  # noqa: F401  (registers the opaque op)
+
+    if fuse:
+        Canonicalize().run(model)
+    spec, weights = to_spec(model, opaque=opaque)
+    return apply_plan(spec, weights, plan), list(model.notes)
+
+
+def build_graph(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bool = True) -> Graph:
+    """:func:`build_spec`, loaded into a Graph (its notes in ``graph.meta["import_notes"]``)."""
+    from ..loader import load_spec
+
+    spec, notes = build_spec(model, plan, opaque=opaque, fuse=fuse)
+    graph = load_spec(spec)
+    graph.meta["import_notes"] = notes
+    return graph
+
+
+def import_spec(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
+    """Read ``path`` (``.onnx`` or ``.mindir``) with ``plan`` into a spec dict and notes."""
+    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    return build_spec(read_model(path, plan), plan, opaque=opaque, fuse=fuse)
+
+
+def read_model(path: str | Path, plan: Plan) -> ModelGraph:
+    """Read a model file by its suffix."""
+    suffix = Path(str(path)).suffix.lower()
+    if suffix == ".onnx":
+        from .onnx import read_onnx
+
+        return read_onnx(path, plan)
+    if suffix == ".mindir":
+        from .mindspore import read_mindir
+
+        return read_mindir(path)
+    raise SpecError("unknown-model-format", f"cannot tell the format of {str(path)!r} from its suffix",
+                    path=str(path), hint="give a .onnx or .mindir file, or a .yaml/.json spec")
+
+
+def load_model(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool = True) -> Graph:
+    """Import a model file with a sharding plan (a path, YAML/JSON text, dict or Plan).
+
+    Examples
+    --------
+    ``load_model("block.onnx", "plan.yaml")`` gives the Graph that ``layout-prop check
+    block.onnx --plan plan.yaml`` analyses.
+    """
+    from ..loader import load_spec
+
+    spec, notes = import_spec(path, plan, opaque=opaque, fuse=fuse)
+    graph = load_spec(spec)
+    graph.meta["import_notes"] = notes
+    return graph

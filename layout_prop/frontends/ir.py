@@ -1,0 +1,344 @@
+"""The importers' intermediate graph, and its lowering to an ordinary spec.
+
+A frontend (ONNX, MindIR) reads a model into a :class:`ModelGraph`: values with static
+shapes and dtypes (constants carry their numpy value), and nodes whose ``op`` is a
+neutral name: a registry op (``add``, ``softmax``, ``reshape``...) or one of the
+decomposed ops the canonicalisation pass fuses away (``pow``, ``sqrt``, ``rsqrt``,
+``reciprocal``, ``sigmoid``, ``where``...), with ``source`` the model's own op type for
+messages.  ``matmul_nd`` is numpy's matmul (either operand may be batched).
+
+:func:`to_spec` lowers a canonicalised ModelGraph to a spec dict (every runtime input
+and every weight still used becomes a spec input; scalar constants fold into attrs; an
+op the registry does not know is an error listing every unknown op type, or with
+``opaque=True`` a barrier node).  :func:`parameter_uses` tells the plan how each weight
+is consumed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+import numpy as np
+
+from ..errors import OpError, SpecError
+from ..plan import ParamUse, Plan, resolve_parameters
+
+__all__ = ["Value", "MNode", "ModelGraph", "to_spec", "parameter_uses", "apply_plan", "sanitize", "scalar_value"]
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass
+class Value:
+    """A value of the model: a static shape, a dtype, and for a constant its numpy value.
+
+    ``weight`` marks a value stored in the model file (an ONNX initializer, a MindIR
+    parameter): if it survives canonicalisation it becomes a spec input the plan's
+    ``parameters`` patterns match.
+    """
+
+    name: str
+    shape: tuple[int, ...] | None
+    dtype: str
+    const: np.ndarray | None = None
+    weight: bool = False
+
+
+@dataclass
+class MNode:
+    """A node of the model graph; ``source`` is the model's op type (``MatMul``, ``REF::Pow``)."""
+
+    name: str
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    source: str = ""
+
+
+class ModelGraph:
+    """A mutable graph the frontends build and the canonicalisation pass rewrites."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.values: dict[str, Value] = {}
+        self.inputs: list[str] = []
+        self.nodes: list[MNode] = []
+        self.outputs: list[str] = []
+        self.notes: list[str] = []
+
+    # -------------------------------------------------------------- building
+    def add_value(self, value: Value) -> str:
+        self.values[value.name] = value
+        return value.name
+
+    def const(self, name: str) -> np.ndarray | None:
+        value = self.values.get(name)
+        return None if value is None else value.const
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        value = self.values.get(name)
+        return None if value is None else value.shape
+
+    def producers(self) -> dict[str, MNode]:
+        return {out: node for node in self.nodes for out in node.outputs}
+
+    def uses(self) -> dict[str, list[tuple[MNode, int]]]:
+        out: dict[str, list[tuple[MNode, int]]] = {}
+        for node in self.nodes:
+            for i, value in enumerate(node.inputs):
+                out.setdefault(value, []).append((node, i))
+        return out
+
+    def replace_uses(self, old: str, new: str) -> None:
+        """Every use of ``old`` (node inputs and graph outputs) reads ``new`` instead."""
+        for node in self.nodes:
+            if old in node.inputs:
+                node.inputs = [new if v == old else v for v in node.inputs]
+        self.outputs = [new if v == old else v for v in self.outputs]
+
+    def prune(self) -> None:
+        """Drop nodes whose outputs nothing reads (outputs are read by the graph)."""
+        live = set(self.outputs)
+        kept = []
+        for node in reversed(self.nodes):
+            if any(v in live for v in node.outputs):
+                kept.append(node)
+                live.update(node.inputs)
+        self.nodes = kept[::-1]
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.values:
+            name, k = f"{base}_{k}", k + 1
+        return name
+
+
+_BAD = re.compile(r"[:@#]")
+
+
+def sanitize(name: str) -> str:
+    """A spec-safe value name: no ``:``, ``@`` or ``#``, no leading ``/``."""
+    name = _BAD.sub("_", name).lstrip("/") or "v"
+    if name.startswith(("grad/", "grad_", "cotangent/")):
+        name = "m_" + name
+    return name
+
+
+def scalar_value(array: np.ndarray) -> float:
+    """A size-1 constant as a Python float; a float32 one as the shortest decimal that rounds
+    to it (an eps written ``1e-6`` in the model reads ``1e-06``, not ``9.99999997e-07``)."""
+    item = np.asarray(array).reshape(())
+    return float(str(item)) if item.dtype == np.float32 else float(item.item())
+
+
+def _is_scalar(array: np.ndarray | None) -> bool:
+    return array is not None and array.size == 1
+
+
+def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]]:
+    """Lower a canonicalised model graph to a spec dict (mesh and placements not yet set).
+
+    Returns the spec and the names of its weight inputs (the plan's parameters).
+
+    Raises
+    ------
+    OpError
+        ``unknown-op`` listing every op type the registry does not know, with its count
+        and first node (unless ``opaque``).
+    """
+    from ..registry import get_rule
+
+    model.prune()
+    spec_name: dict[str, str] = {}
+    taken: set[str] = set()
+
+    def unique(base: str) -> str:
+        name, k = sanitize(base), 1
+        while name in taken:
+            name, k = f"{sanitize(base)}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    inputs: dict[str, dict] = {}
+    weights: list[str] = []
+    for name in model.inputs:
+        v = model.values[name]
+        spec_name[name] = unique(name)
+        inputs[spec_name[name]] = {"shape": list(v.shape), "dtype": v.dtype,
+                                   "requires_grad": v.dtype in FLOAT_DTYPES}
+    unknown: Counter = Counter()
+    first: dict[str, str] = {}
+    nodes: list[dict] = []
+
+    def use(value: str) -> str:
+        if value in spec_name:
+            return spec_name[value]
+        v = model.values[value]
+        if v.const is None:
+            raise SpecError("bad-model", f"value {value!r} is used but never produced", node=value,
+                            hint="the model file is inconsistent; re-export it")
+        if v.const.dtype == object or v.shape is None:
+            raise SpecError("bad-model", f"constant {value!r} is not a tensor", node=value,
+                            hint="the model file is inconsistent; re-export it")
+        spec_name[value] = unique(value)
+        trainable = v.weight and v.dtype in FLOAT_DTYPES
+        inputs[spec_name[value]] = {"shape": list(v.shape), "dtype": v.dtype, "requires_grad": trainable}
+        if trainable:
+            weights.append(spec_name[value])
+        return spec_name[value]
+
+    def emit(base: str, op: str, args: list[str], attrs: dict, outputs: list[str]) -> None:
+        name = unique(base)  # the node's own name when it has one (/layers.0/attention/wq/MatMul)
+        nodes.append({"name": name, "op": op, "inputs": args, "attrs": attrs})
+        if len(outputs) == 1:
+            spec_name[outputs[0]] = name
+        else:
+            for i, out in enumerate(outputs):
+                spec_name[out] = f"{name}:{i}"
+
+    for node in model.nodes:
+        lowered = _lower(model, node)
+        if lowered is None:
+            try:
+                get_rule(node.op)
+                known = True
+            except OpError:
+                known = False
+            if not known or node.op in _NOT_LOWERED:
+                if not opaque or len(node.outputs) != 1:
+                    unknown[node.source] += 1
+                    first.setdefault(node.source, node.name)
+                    continue
+                out = model.values[node.outputs[0]]
+                emit(node.name, "opaque", [use(v) for v in node.inputs if model.values[v].const is None
+                                                 or model.values[v].const.size > 1],
+                     {"op_type": node.source, "shape": list(out.shape), "dtype": out.dtype}, node.outputs)
+                model.notes.append(f"node {sanitize(node.name)} ({node.source}) is opaque: its inputs are "
+                                   "gathered to Replicate, its output is Replicate")
+                continue
+            lowered = [(node.op, node.inputs, dict(node.attrs))]
+        if unknown:
+            continue
+        # a chain: each step reads the previous step's output (or the node's inputs)
+        prev = None
+        for k, (op, args, attrs) in enumerate(lowered):
+            last = k == len(lowered) - 1
+            outs = node.outputs if last else [f"{node.outputs[0]}__{k}"]
+            args = [prev if a == "__prev__" else a for a in args]
+            base = node.name if last else f"{node.name}__{k}"
+            emit(base, op, [spec_name[a] if a in spec_name else use(a) for a in args], attrs, outs)
+            prev = outs[0]
+    if unknown:
+        listed = ", ".join(f"{op} (x{n}, first {sanitize(first[op])})" for op, n in unknown.most_common())
+        raise OpError("unknown-op", f"{len(unknown)} op type(s) the importer cannot map: {listed}",
+                      hint="pass --opaque to treat each as a barrier (inputs gathered, output replicated), "
+                           "or write the model with supported ops")
+    outputs = [spec_name[v] if v in spec_name else use(v) for v in model.outputs]
+    return {"inputs": inputs, "nodes": nodes, "outputs": outputs}, weights
+
+
+# decomposed ops the registry does not know (the canonicalisation pass fuses them away)
+_NOT_LOWERED = {"pow", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "where", "expand", "gather",
+                "matmul_nd", "split", "opaque_source"}
+
+
+def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] | None:
+    """A registry-op chain for a neutral node, or None when the node is a registry op as is
+    (or unknown: the caller decides)."""
+    op, a = node.op, node.attrs
+    consts = [model.const(v) for v in node.inputs]
+    if op == "matmul_nd":
+        x, w = node.inputs
+        if len(model.shape(w)) == 2 and len(model.shape(x)) >= 2:
+            return [("matmul", [x, w], {"transpose_a": bool(a.get("transpose_a")),
+                                          "transpose_b": bool(a.get("transpose_b"))})]
+        return [("batch_matmul", [x, w], {"transpose_a": bool(a.get("transpose_a")),
+                                            "transpose_b": bool(a.get("transpose_b"))})]
+    if op in ("mul", "div") and len(node.inputs) == 2:
+        x, y = node.inputs
+        if _is_scalar(consts[1]) and model.values[x].dtype in FLOAT_DTYPES:
+            c = scalar_value(consts[1])
+            if op == "div" and c == 0:
+                return None
+            return [("scale", [x], {"factor": c if op == "mul" else 1.0 / c})]
+        if op == "mul" and _is_scalar(consts[0]) and model.values[y].dtype in FLOAT_DTYPES:
+            return [("scale", [y], {"factor": scalar_value(consts[0])})]
+    if op == "split":
+        n = len(node.outputs)
+        if 2 <= n <= 8:
+            return [(f"split{n}", [node.inputs[0]], {"axis": a["axis"], "sizes": list(a["sizes"])})]
+        return None
+    if op == "unsqueeze":
+        dims = sorted(a["dims"])
+        steps, src = [], node.inputs[0]
+        for k, d in enumerate(dims):
+            steps.append(("unsqueeze", [src if k == 0 else "__prev__"], {"dim": d}))
+        return steps
+    if op == "squeeze":
+        rank = len(model.shape(node.inputs[0]))
+        dims = sorted((d % rank for d in a["dims"]), reverse=True)
+        steps = []
+        for k, d in enumerate(dims):
+            steps.append(("squeeze", [node.inputs[0] if k == 0 else "__prev__"], {"dim": d}))
+        return steps or [("identity", [node.inputs[0]], {})]
+    if op == "slice":
+        if a.get("step", 1) != 1:
+            return None
+        return [("slice", [node.inputs[0]], {"axis": a["axis"], "start": a["start"], "stop": a["stop"]})]
+    return None
+
+
+def parameter_uses(spec: dict, weights: list[str]) -> dict[str, list[ParamUse]]:
+    """How each weight input of ``spec`` is consumed (through transposes, casts and identities)."""
+    consumers: dict[str, list[tuple[dict, int]]] = {}
+    for nd in spec["nodes"]:
+        for i, v in enumerate(nd["inputs"]):
+            consumers.setdefault(v, []).append((nd, i))
+    out: dict[str, list[ParamUse]] = {}
+    for w in weights:
+        rank = len(spec["inputs"][w]["shape"])
+        found: list[ParamUse] = []
+        stack = [(w, list(range(rank)))]  # value, and which weight dim each of its dims is
+        while stack:
+            value, dims = stack.pop()
+            for nd, i in consumers.get(value, []):
+                op, attrs = nd["op"], nd["attrs"]
+                if op in ("cast", "identity"):
+                    stack.append((nd["name"], dims))
+                elif op == "transpose" and attrs.get("dims") is not None:
+                    stack.append((nd["name"], [dims[d] for d in attrs["dims"]]))
+                elif op == "transpose" and len(dims) == 2:
+                    stack.append((nd["name"], dims[::-1]))
+                elif len(dims) != 2:
+                    continue  # a product with a weight of another rank: no preset fits it
+                elif op in ("matmul", "batch_matmul") and i == 1:
+                    k, n = (1, 0) if attrs.get("transpose_b") else (0, 1)
+                    found.append(ParamUse(op, out_dim=dims[n], in_dim=dims[k]))
+                elif op == "linear" and i == 1:
+                    found.append(ParamUse(op, out_dim=dims[0], in_dim=dims[1]))
+                elif op == "embedding" and i == 1:
+                    found.append(ParamUse(op, out_dim=dims[1], in_dim=dims[0], embedding=True))
+        out[w] = found
+    return out
+
+
+def apply_plan(spec: dict, weights: list[str], plan: Plan) -> dict:
+    """Set the plan's mesh, input layouts and parameter layouts on a lowered spec (a new dict)."""
+    spec = {"mesh": dict(plan.mesh_data), "inputs": {k: dict(v) for k, v in spec["inputs"].items()},
+            "nodes": spec["nodes"], "outputs": spec["outputs"]}
+    runtime = [n for n in spec["inputs"] if n not in set(weights)]
+    for name, entry in plan.inputs.items():
+        if sanitize(name) not in spec["inputs"] or sanitize(name) in weights:
+            raise SpecError("unknown-input", f"the plan names input {name!r}, which the model does not have",
+                            path=f"inputs.{name}", hint=f"the model's inputs are {runtime}")
+        target = spec["inputs"][sanitize(name)]
+        for key in ("placements", "tensor_map"):
+            if key in entry:
+                target[key] = entry[key]
+    shapes = {w: spec["inputs"][w]["shape"] for w in weights}
+    for w, placements in resolve_parameters(plan, shapes, parameter_uses(spec, weights)).items():
+        spec["inputs"][w]["placements"] = placements
+    return spec
+

@@ -1,0 +1,553 @@
+"""ONNX frontend: ``from_onnx(path_or_model, plan) -> Graph``.
+
+Shapes come from ``onnx.shape_inference`` (dynamic input dims are fixed first from the
+plan's ``inputs.NAME.shape``); shape subgraphs (``Shape``, ``Gather`` on shapes,
+``Concat`` of constants, ``Range``, ``Trilu``...) fold to constants; each remaining node
+becomes a neutral :class:`~layout_prop.frontends.ir.MNode`, the canonicalisation pass
+fuses the decomposed patterns torch.onnx.export writes (RMSNorm, rotate-half RoPE,
+SiLU, attention) and :func:`~layout_prop.frontends.ir.to_spec` lowers the rest.
+
+Needs the ``onnx`` package (``pip install 'layout-prop[onnx]'``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import SpecError
+from ..graph import Graph
+from ..plan import Plan, load_plan
+from .ir import MNode, ModelGraph, Value
+
+__all__ = ["from_onnx", "read_onnx"]
+
+
+def _onnx():
+    try:
+        import onnx  # noqa: F401
+        import onnx.numpy_helper  # noqa: F401
+        import onnx.shape_inference  # noqa: F401
+    except ImportError:
+        raise SpecError("missing-dependency", "reading ONNX models needs the onnx package",
+                        hint="pip install 'layout-prop[onnx]'") from None
+    return onnx
+
+
+def _bad(message: str, source: str, hint: str = "re-export the model with torch.onnx.export, or check the file") \
+        -> SpecError:
+    return SpecError("bad-model", message, path=source, hint=hint)
+
+
+def _load(path_or_model: Any) -> tuple[Any, str]:
+    onnx = _onnx()
+    if isinstance(path_or_model, onnx.ModelProto):
+        return path_or_model, "<model>"
+    source = str(path_or_model)
+    try:
+        data = Path(source).read_bytes()
+    except OSError as exc:
+        raise SpecError("model-not-found", f"cannot read {source!r}: {exc.strerror}", path=source,
+                        hint="give the path of an .onnx file") from None
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf's DecodeError and friends: truncated or not ONNX
+        raise _bad(f"{source!r} is not an ONNX model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'cannot parse'})",
+                   source) from None
+    if not model.ir_version or not model.graph.node:
+        raise _bad(f"{source!r} is not an ONNX model (no IR version or no nodes: a truncated file or another format)",
+                   source)
+    return model, source
+
+
+def _dtype(elem_type: int, what: str, source: str) -> str:
+    onnx = _onnx()
+    try:
+        name = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+    except Exception:
+        name = f"onnx type {elem_type}"
+    if name not in ("float16", "float32", "float64", "int32", "int64", "bool"):
+        raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=source,
+                        hint="export the model in float32 (or float16/float64)")
+    return name
+
+
+def _fix_input_shapes(model, plan: Plan | None, source: str) -> None:
+    """Replace dynamic input dims by the plan's example shapes; refuse those without one."""
+    initializers = {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in initializers:
+            continue
+        dims = inp.type.tensor_type.shape.dim
+        given = (plan.inputs.get(inp.name, {}) if plan else {}).get("shape")
+        if given is not None:
+            if len(given) != len(dims):
+                raise SpecError("bad-shape", f"the plan gives input {inp.name!r} shape {given}, but the model's input "
+                                f"has rank {len(dims)}", path=f"inputs.{inp.name}.shape",
+                                hint=f"give {len(dims)} sizes")
+            for d, size in zip(dims, given):
+                if d.HasField("dim_value") and d.dim_value != size:
+                    raise SpecError("bad-shape", f"the plan gives input {inp.name!r} shape {given}, but the model "
+                                    f"fixes a dim to {d.dim_value}", path=f"inputs.{inp.name}.shape",
+                                    hint="give the model's static sizes")
+                d.Clear()
+                d.dim_value = size
+            continue
+        if not inp.type.tensor_type.HasField("shape"):
+            raise _bad(f"input {inp.name!r} has no shape", source,
+                       f"give its shape in the plan: inputs: {{{inp.name}: {{shape: [...]}}}}")
+        dynamic = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
+        if dynamic:
+            raise SpecError("dynamic-shape", f"input {inp.name!r} has dynamic dims {dynamic} and the plan gives no "
+                            "example shape", path=source,
+                            hint=f"add inputs: {{{inp.name}: {{shape: [...], placements: [...]}}}} to the plan")
+
+
+# ----------------------------------------------------------------------------- folding
+def _axes_of(node_inputs: list, attrs: dict, consts: list, index: int = 1) -> list[int] | None:
+    if len(consts) > index and consts[index] is not None:
+        return [int(a) for a in np.asarray(consts[index]).reshape(-1)]
+    if "axes" in attrs:
+        return [int(a) for a in attrs["axes"]]
+    return None
+
+
+def _slice_np(x, consts, attrs):
+    starts, ends = consts[1], consts[2]
+    axes = consts[3] if len(consts) > 3 and consts[3] is not None else np.arange(len(starts))
+    steps = consts[4] if len(consts) > 4 and consts[4] is not None else np.ones(len(starts), np.int64)
+    index = [slice(None)] * x.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[int(a)] = slice(int(s), int(e), int(st))
+    return x[tuple(index)]
+
+
+def _fold_table() -> dict[str, Callable]:
+    onnx = _onnx()
+
+    def cast(c, a):
+        return c[0].astype(onnx.helper.tensor_dtype_to_np_dtype(a["to"]))
+
+    def reshape(c, a):
+        shape = [int(s) for s in c[1]]
+        shape = [c[0].shape[i] if s == 0 and not a.get("allowzero") else s for i, s in enumerate(shape)]
+        return c[0].reshape(shape)
+
+    def unsqueeze(c, a):
+        axes = _axes_of([], a, c)
+        out = c[0]
+        rank = out.ndim + len(axes)
+        for ax in sorted(x % rank for x in axes):
+            out = np.expand_dims(out, ax)
+        return out
+
+    def squeeze(c, a):
+        axes = _axes_of([], a, c)
+        return np.squeeze(c[0], axis=tuple(axes)) if axes else np.squeeze(c[0])
+
+    def trilu(c, a):
+        k = int(c[1]) if len(c) > 1 and c[1] is not None else 0
+        return np.triu(c[0], k) if a.get("upper", 1) else np.tril(c[0], k)
+
+    def const_of_shape(c, a):
+        value = onnx.numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+        return np.full([int(s) for s in c[0]], value.reshape(-1)[0], dtype=value.dtype)
+
+    def gather(c, a):
+        return np.take(c[0], c[1], axis=a.get("axis", 0))
+
+    return {
+        "Identity": lambda c, a: c[0],
+        "Cast": cast,
+        "Reshape": reshape,
+        "Unsqueeze": unsqueeze,
+        "Squeeze": squeeze,
+        "Concat": lambda c, a: np.concatenate(c, axis=a["axis"]),
+        "Gather": gather,
+        "Slice": lambda c, a: _slice_np(c[0], c, a),
+        "Range": lambda c, a: np.arange(c[0], c[1], c[2]).astype(c[0].dtype),
+        "Expand": lambda c, a: c[0] * np.ones([int(s) for s in c[1]], dtype=c[0].dtype),
+        "Where": lambda c, a: np.where(c[0], c[1], c[2]),
+        "Equal": lambda c, a: np.equal(c[0], c[1]),
+        "Less": lambda c, a: np.less(c[0], c[1]),
+        "LessOrEqual": lambda c, a: np.less_equal(c[0], c[1]),
+        "Greater": lambda c, a: np.greater(c[0], c[1]),
+        "GreaterOrEqual": lambda c, a: np.greater_equal(c[0], c[1]),
+        "Not": lambda c, a: np.logical_not(c[0]),
+        "And": lambda c, a: np.logical_and(c[0], c[1]),
+        "Or": lambda c, a: np.logical_or(c[0], c[1]),
+        "Trilu": trilu,
+        "ConstantOfShape": const_of_shape,
+        "Add": lambda c, a: c[0] + c[1],
+        "Sub": lambda c, a: c[0] - c[1],
+        "Mul": lambda c, a: c[0] * c[1],
+        "Div": lambda c, a: (c[0] // c[1]) if np.issubdtype(c[0].dtype, np.integer) else c[0] / c[1],
+        "Neg": lambda c, a: -c[0],
+        "Sqrt": lambda c, a: np.sqrt(c[0]),
+        "Pow": lambda c, a: np.power(c[0], c[1]),
+        "Transpose": lambda c, a: np.transpose(c[0], a.get("perm")),
+        "Max": lambda c, a: np.maximum.reduce(c),
+        "Min": lambda c, a: np.minimum.reduce(c),
+        "ReduceProd": lambda c, a: np.prod(c[0], keepdims=bool(a.get("keepdims", 1))),
+    }
+
+
+# ----------------------------------------------------------------------------- conversion
+class _Reader:
+    """Turns one ONNX graph into a ModelGraph."""
+
+    def __init__(self, model, source: str) -> None:
+        self.onnx = _onnx()
+        self.model = model
+        self.source = source
+        self.g = ModelGraph("onnx")
+        self.fold = _fold_table()
+        self.count = 0
+
+    # values ---------------------------------------------------------------
+    def value_info(self, info, what: str) -> None:
+        t = info.type.tensor_type
+        if not t.HasField("shape"):
+            raise _bad(f"{what} {info.name!r} has no inferred shape", self.source,
+                       "give the model static shapes (or example shapes in the plan)")
+        dims = []
+        for d in t.shape.dim:
+            if not d.HasField("dim_value"):
+                raise SpecError("dynamic-shape", f"{what} {info.name!r} has a dynamic dim "
+                                f"{d.dim_param or '?'} after shape inference", path=self.source,
+                                hint="give example shapes of every input in the plan (inputs.NAME.shape)")
+            dims.append(int(d.dim_value))
+        self.g.add_value(Value(info.name, tuple(dims), _dtype(t.elem_type, f"{what} {info.name!r}", self.source)))
+
+    def const_value(self, name: str, array: np.ndarray, weight: bool = False) -> None:
+        array = np.asarray(array)
+        dtype = str(array.dtype)
+        if dtype not in ("float16", "float32", "float64", "int32", "int64", "bool"):
+            dtype = "int64" if np.issubdtype(array.dtype, np.integer) else "float32"
+            array = array.astype(dtype)
+        self.g.add_value(Value(name, tuple(array.shape), dtype, const=array, weight=weight))
+
+    def attrs(self, node) -> dict:
+        return {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+    def new_value(self, base: str, shape, dtype: str) -> str:
+        name = self.g.fresh(base)
+        self.g.add_value(Value(name, tuple(shape), dtype))
+        return name
+
+    def add(self, op: str, inputs: list[str], outputs: list[str], attrs: dict | None = None, source: str = "",
+            name: str = "") -> None:
+        self.g.nodes.append(MNode(name or outputs[0], op, list(inputs), list(outputs), dict(attrs or {}), source))
+
+    # the graph ------------------------------------------------------------
+    def read(self) -> ModelGraph:
+        graph = self.model.graph
+        for init in graph.initializer:
+            self.const_value(init.name, self.onnx.numpy_helper.to_array(init), weight=True)
+        initializers = {t.name for t in graph.initializer}
+        for inp in graph.input:
+            if inp.name not in initializers:
+                self.value_info(inp, "input")
+                self.g.inputs.append(inp.name)
+        for info in list(graph.value_info) + list(graph.output):
+            if info.name not in self.g.values:
+                self.value_info(info, "value")
+        for node in graph.node:
+            self.node(node)
+        self.g.outputs = [o.name for o in graph.output]
+        return self.g
+
+    def node(self, node) -> None:
+        op, a = node.op_type, self.attrs(node)
+        ins = list(node.input)
+        outs = list(node.output)
+        name = node.name or outs[0]
+        if op == "Constant":
+            key = next(iter(a))
+            value = a[key]
+            array = self.onnx.numpy_helper.to_array(value) if key == "value" else np.asarray(value)
+            self.const_value(outs[0], array)
+            return
+        if node.domain not in ("", "ai.onnx", "com.microsoft"):
+            return self.unknown(node, ins, outs, a)
+        consts = [self.g.const(v) if v else None for v in ins]
+        if op == "Shape" and self.g.shape(ins[0]) is not None:
+            shape = np.array(self.g.shape(ins[0]), np.int64)
+            start, end = a.get("start", 0), a.get("end", None)
+            self.const_value(outs[0], shape[start:end])
+            return
+        weights_in = any(v and self.g.values[v].weight and self.g.values[v].dtype.startswith("float")
+                         and self.g.values[v].const.size > 1 for v in ins)
+        if op in self.fold and all(c is not None for v, c in zip(ins, consts) if v) and not weights_in:
+            try:
+                result = self.fold[op]([c if v else None for v, c in zip(ins, consts)], a)
+            except Exception as exc:
+                raise _bad(f"cannot evaluate constant node {name!r} ({op}): {exc}", self.source) from None
+            self.const_value(outs[0], result)
+            return
+        for out in outs:
+            if out and out not in self.g.values:
+                raise _bad(f"node {name!r} ({op}) output {out!r} has no inferred shape", self.source,
+                           "give example shapes of every input in the plan (inputs.NAME.shape)")
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            return self.unknown(node, ins, outs, a)
+        handler(name, ins, outs, a, consts)
+
+    def unknown(self, node, ins, outs, a) -> None:
+        self.add(f"unmapped:{node.op_type}", [v for v in ins if v], [o for o in outs if o], {}, node.op_type,
+                 node.name or outs[0])
+
+    # one method per ONNX op --------------------------------------------------
+    def _simple(op: str, source: str):  # noqa: N805 - a method factory
+        def handler(self, name, ins, outs, a, consts):
+            self.add(op, ins, outs, {}, source, name)
+        return handler
+
+    op_Add = _simple("add", "Add")
+    op_Sub = _simple("sub", "Sub")
+    op_Mul = _simple("mul", "Mul")
+    op_Div = _simple("div", "Div")
+    op_Pow = _simple("pow", "Pow")
+    op_Sqrt = _simple("sqrt", "Sqrt")
+    op_Reciprocal = _simple("reciprocal", "Reciprocal")
+    op_Neg = _simple("neg", "Neg")
+    op_Exp = _simple("exp", "Exp")
+    op_Erf = _simple("erf", "Erf")
+    op_Tanh = _simple("tanh", "Tanh")
+    op_Sigmoid = _simple("sigmoid", "Sigmoid")
+    op_Identity = _simple("identity", "Identity")
+    op_MatMul = _simple("matmul_nd", "MatMul")
+    op_Where = _simple("where", "Where")
+    op_Expand = _simple("expand", "Expand")
+
+    def op_Gelu(self, name, ins, outs, a, consts):
+        self.add("gelu" if a.get("approximate", b"none") in (b"tanh", "tanh") else "unmapped:Gelu", ins, outs, {},
+                 "Gelu", name)
+
+    def op_Softmax(self, name, ins, outs, a, consts):
+        self.add("softmax", ins, outs, {"axis": a.get("axis", -1)}, "Softmax", name)
+
+    def op_LogSoftmax(self, name, ins, outs, a, consts):
+        self.add("log_softmax", ins, outs, {"axis": a.get("axis", -1)}, "LogSoftmax", name)
+
+    def op_Cast(self, name, ins, outs, a, consts):
+        self.add("cast", ins, outs, {"dtype": self.g.values[outs[0]].dtype}, "Cast", name)
+
+    def op_Gemm(self, name, ins, outs, a, consts):
+        x, w = ins[0], ins[1]
+        if a.get("transA", 0):
+            x = self._transpose(x, [1, 0], name)
+        out = outs[0]
+        shape, dtype = self.g.shape(out), self.g.values[out].dtype
+        prod = out if len(ins) < 3 and a.get("alpha", 1.0) == 1.0 else self.new_value(f"{out}_mm", shape, dtype)
+        self.add("matmul_nd", [x, w], [prod], {"transpose_b": bool(a.get("transB", 0))}, "Gemm", name)
+        if a.get("alpha", 1.0) != 1.0:
+            scaled = out if len(ins) < 3 else self.new_value(f"{out}_alpha", shape, dtype)
+            self.add("scale", [prod], [scaled], {"factor": float(a["alpha"])}, "Gemm", f"{name}_alpha")
+            prod = scaled
+        if len(ins) >= 3 and ins[2]:
+            c = ins[2]
+            if a.get("beta", 1.0) != 1.0:
+                c2 = self.new_value(f"{out}_beta", self.g.shape(c), dtype)
+                self.add("scale", [c], [c2], {"factor": float(a["beta"])}, "Gemm", f"{name}_beta")
+                c = c2
+            self.add("add", [prod, c], [out], {}, "Gemm", f"{name}_bias")
+
+    def _transpose(self, x: str, perm: list[int], name: str) -> str:
+        shape = self.g.shape(x)
+        out = self.new_value(f"{x}_t", [shape[p] for p in perm], self.g.values[x].dtype)
+        self.add("transpose", [x], [out], {"dims": perm}, "Transpose", f"{name}_transpose")
+        return out
+
+    def op_Transpose(self, name, ins, outs, a, consts):
+        rank = len(self.g.shape(ins[0]))
+        perm = list(a.get("perm", range(rank - 1, -1, -1)))
+        self.add("transpose", ins[:1], outs, {"dims": [int(p) for p in perm]}, "Transpose", name)
+
+    def op_Reshape(self, name, ins, outs, a, consts):
+        self.add("reshape", ins[:1], outs, {"shape": list(self.g.shape(outs[0]))}, "Reshape", name)
+
+    def op_Flatten(self, name, ins, outs, a, consts):
+        self.add("reshape", ins[:1], outs, {"shape": list(self.g.shape(outs[0]))}, "Flatten", name)
+
+    def op_Concat(self, name, ins, outs, a, consts):
+        self.add("concat", ins, outs, {"axis": int(a["axis"])}, "Concat", name)
+
+    def op_Split(self, name, ins, outs, a, consts):
+        axis = int(a.get("axis", 0))
+        sizes = [self.g.shape(o)[axis] for o in outs]
+        self.add("split", ins[:1], outs, {"axis": axis, "sizes": sizes}, "Split", name)
+
+    def op_Slice(self, name, ins, outs, a, consts):
+        if any(v and consts[i] is None for i, v in enumerate(ins) if i > 0):
+            return self.add("unmapped:Slice", [ins[0]], outs, {}, "Slice", name)
+        shape = self.g.shape(ins[0])
+        starts, ends = consts[1].reshape(-1), consts[2].reshape(-1)
+        axes = consts[3].reshape(-1) if len(ins) > 3 and ins[3] else np.arange(len(starts))
+        steps = consts[4].reshape(-1) if len(ins) > 4 and ins[4] else np.ones(len(starts), np.int64)
+        src = ins[0]
+        cur = list(shape)
+        pieces = list(zip(starts, ends, axes, steps))
+        for k, (s, e, ax, st) in enumerate(pieces):
+            ax = int(ax) % len(shape)
+            lo, hi, step = slice(int(s), int(e), int(st)).indices(shape[ax])
+            last = k == len(pieces) - 1
+            cur[ax] = len(range(lo, hi, step))
+            dst = outs[0] if last else self.new_value(f"{outs[0]}_{k}", cur, self.g.values[src].dtype)
+            if step == 1:
+                self.add("slice", [src], [dst], {"axis": ax, "start": lo, "stop": hi}, "Slice", f"{name}_{k}")
+            else:
+                self.add("slice_step", [src], [dst], {"axis": ax, "start": lo, "stop": hi, "step": step}, "Slice",
+                         f"{name}_{k}")
+            src = dst
+
+    def op_Unsqueeze(self, name, ins, outs, a, consts):
+        axes = _axes_of(ins, a, consts)
+        rank = len(self.g.shape(outs[0]))
+        self.add("unsqueeze", ins[:1], outs, {"dims": [int(x) % rank for x in axes]}, "Unsqueeze", name)
+
+    def op_Squeeze(self, name, ins, outs, a, consts):
+        axes = _axes_of(ins, a, consts)
+        shape = self.g.shape(ins[0])
+        if axes is None:
+            axes = [i for i, s in enumerate(shape) if s == 1]
+        self.add("squeeze", ins[:1], outs, {"dims": [int(x) % len(shape) for x in axes]}, "Squeeze", name)
+
+    def _reduce(self, op: str, source: str, name, ins, outs, a, consts):
+        axes = _axes_of(ins, a, consts)
+        if axes is None and a.get("noop_with_empty_axes", 0):
+            return self.add("identity", ins[:1], outs, {}, source, name)
+        rank = len(self.g.shape(ins[0]))
+        dims = None if axes is None else [int(x) % rank for x in axes]
+        self.add(op, ins[:1], outs, {"dims": dims, "keepdim": bool(a.get("keepdims", 1))}, source, name)
+
+    def op_ReduceMean(self, *args):
+        self._reduce("mean", "ReduceMean", *args)
+
+    def op_ReduceSum(self, *args):
+        self._reduce("sum", "ReduceSum", *args)
+
+    def op_ReduceMax(self, *args):
+        self._reduce("max", "ReduceMax", *args)
+
+    def op_LayerNormalization(self, name, ins, outs, a, consts):
+        rank = len(self.g.shape(ins[0]))
+        axis = int(a.get("axis", -1)) % rank
+        args = list(ins[:3])
+        if len(args) < 3 or not args[2]:
+            zeros = self.g.fresh(f"{name}_zero_bias")
+            self.const_value(zeros, np.zeros(self.g.shape(ins[1]), dtype=self.g.values[ins[1]].dtype))
+            args = [ins[0], ins[1], zeros]
+        self.add("layer_norm", args, outs[:1], {"eps": float(a.get("epsilon", 1e-5)), "normalized_ndim": rank - axis},
+                 "LayerNormalization", name)
+
+    def op_RMSNormalization(self, name, ins, outs, a, consts):
+        rank = len(self.g.shape(ins[0]))
+        axis = int(a.get("axis", -1)) % rank
+        self.add("rms_norm", ins[:2], outs[:1], {"eps": float(a.get("epsilon", 1e-5)), "normalized_ndim": rank - axis},
+                 "RMSNormalization", name)
+
+    def op_Gather(self, name, ins, outs, a, consts):
+        data, idx = ins
+        value = self.g.values[data]
+        if int(a.get("axis", 0)) == 0 and value.weight and len(value.shape) == 2 and consts[1] is None:
+            return self.add("embedding", [idx, data], outs, {}, "Gather", name)
+        if consts[1] is not None and consts[1].size == 1:  # x[..., i, ...]: a slice, then a squeeze
+            axis = int(a.get("axis", 0)) % len(value.shape)
+            i = int(consts[1].reshape(())) % value.shape[axis]
+            cut = list(value.shape)
+            cut[axis] = 1
+            mid = self.new_value(f"{outs[0]}_slice", cut, value.dtype)
+            self.add("slice", [data], [mid], {"axis": axis, "start": i, "stop": i + 1}, "Gather", f"{name}_slice")
+            if consts[1].ndim == 0:
+                return self.add("squeeze", [mid], outs, {"dims": [axis]}, "Gather", name)
+            return self.add("identity", [mid], outs, {}, "Gather", name)
+        self.add("gather", ins, outs, {"axis": int(a.get("axis", 0))}, "Gather", name)
+
+    def op_RotaryEmbedding(self, name, ins, outs, a, consts):
+        """The standard op (opset 23, and ``com.microsoft``'s when its position ids fold)."""
+        microsoft = len(ins) >= 4 and self.g.values.get(ins[1]) is not None and \
+            self.g.values[ins[1]].dtype == "int64" and self.g.shape(ins[2]) is not None and \
+            len(self.g.shape(ins[2])) == 2 and consts[1] is not None
+        if microsoft:  # (input, position_ids, cos_cache, sin_cache)
+            x, pos, cos, sin = ins[:4]
+            if consts[2] is None or consts[3] is None:
+                return self.add("unmapped:RotaryEmbedding", ins, outs, {}, "RotaryEmbedding", name)
+            cos_v, sin_v = consts[2][consts[1]], consts[3][consts[1]]
+        else:  # (X, cos_cache, sin_cache[, position_ids])
+            x, cos, sin = ins[:3]
+            if len(ins) > 3 and ins[3]:
+                if consts[3] is None or consts[1] is None or consts[2] is None:
+                    return self.add("unmapped:RotaryEmbedding", ins, outs, {}, "RotaryEmbedding", name)
+                cos_v, sin_v = consts[1][consts[3]], consts[2][consts[3]]
+            else:
+                cos_v = sin_v = None
+        shape = self.g.shape(x)
+        if len(shape) != 4 or a.get("rotary_embedding_dim", 0) not in (0, shape[-1]):
+            return self.add("unmapped:RotaryEmbedding", ins, outs, {}, "RotaryEmbedding", name)
+        interleaved = bool(a.get("interleaved", 0))
+        full = []
+        for base, v, arr in (("cos", cos, cos_v), ("sin", sin, sin_v)):
+            if arr is not None:
+                v = self.g.fresh(f"{name}_{base}_cache")
+                self.const_value(v, arr)
+            half = self.g.shape(v)  # (B, S, D/2)
+            dtype = self.g.values[v].dtype
+            if interleaved:  # each half-dim entry twice in a row: (B, S, D/2, 1) -> (B, S, D/2, 2) -> (B, S, D)
+                col = self.new_value(f"{v}_col", tuple(half) + (1,), dtype)
+                self.add("unsqueeze", [v], [col], {"dims": [len(half)]}, "RotaryEmbedding", f"{col}_n")
+                pair = self.new_value(f"{v}_pair", tuple(half) + (2,), dtype)
+                self.add("concat", [col, col], [pair], {"axis": len(half)}, "RotaryEmbedding", f"{pair}_n")
+                wide = self.new_value(f"{v}_full", tuple(half[:-1]) + (half[-1] * 2,), dtype)
+                self.add("reshape", [pair], [wide], {"shape": list(half[:-1]) + [half[-1] * 2]}, "RotaryEmbedding",
+                         f"{wide}_n")
+            else:
+                wide = self.new_value(f"{v}_full", tuple(half[:-1]) + (half[-1] * 2,), dtype)
+                self.add("concat", [v, v], [wide], {"axis": len(half) - 1}, "RotaryEmbedding", f"{wide}_n")
+            heads = self.new_value(f"{v}_bnsd", (self.g.shape(wide)[0], 1) + self.g.shape(wide)[1:], dtype)
+            self.add("unsqueeze", [wide], [heads], {"dims": [1]}, "RotaryEmbedding", f"{heads}_n")
+            full.append(heads)
+        self.add("rotary_position_embedding", [x, *full], outs[:1], {"mode": 1 if interleaved else 0},
+                 "RotaryEmbedding", name)
+
+
+def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
+    """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet)."""
+    onnx = _onnx()
+    model, source = _load(path_or_model)
+    model_copy = onnx.ModelProto()
+    model_copy.CopyFrom(model)
+    _fix_input_shapes(model_copy, plan, source)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model_copy, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise _bad(f"shape inference failed on {source!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}"[:400],
+                   source) from None
+    return _Reader(inferred, source).read()
+
+
+def from_onnx(path_or_model: Any, plan: Plan | str | Path | dict, *, opaque: bool = False,
+              fuse: bool = True) -> Graph:
+    """Import an ONNX model (a path or an ``onnx.ModelProto``) with a sharding plan.
+
+    Parameters
+    ----------
+    path_or_model : str, Path or onnx.ModelProto
+    plan : Plan, or a path, YAML/JSON text or dict of one (see :mod:`layout_prop.plan`)
+    opaque : bool
+        Treat ops the importer cannot map as barriers instead of refusing the model.
+    fuse : bool
+        Run the canonicalisation pass (RMSNorm, RoPE, SiLU, attention fusions).
+
+    Returns
+    -------
+    Graph
+        The same graph a spec gives, ready for :func:`layout_prop.api.analyze`.
+    """
+    from . import build_graph
+
+    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    return build_graph(read_onnx(path_or_model, plan), plan, opaque=opaque, fuse=fuse)

@@ -1,0 +1,371 @@
+"""canonicalize: fuse the decomposed patterns of imported models into the registry's ops.
+
+Compiler-style pattern rewrites over an importer's
+:class:`~layout_prop.frontends.ir.ModelGraph` (before lowering to a spec, so the
+decomposed ops the registry does not know, such as ``pow`` or ``rsqrt``, may appear).
+Each rewrite replaces the last node of a matched chain by the fused op, in place (so every
+input is still defined before it), when every intermediate value of the chain is used
+by the chain only; dead nodes are pruned at the end.  The rewrites, in order:
+
+``identity``
+    ``identity`` and a ``cast`` to the dtype the value already has are bypassed.
+``silu``
+    ``x * sigmoid(x)`` -> ``silu(x)``.
+``rms_norm``
+    ``w * (x * rsqrt(mean(x**2, -1, keepdim) + eps))`` (``x*x`` for the square;
+    ``reciprocal(sqrt(.))``, ``1 / sqrt(.)`` or ``x / sqrt(.)`` for the inverse root;
+    either operand order of the products) -> ``rms_norm(x, w, eps)``.
+``rope``
+    ``x * cos + rotate(x) * sin`` with rotate-half (``concat(-x[..., D/2:], x[..., :D/2])``)
+    -> ``rotary_position_embedding(x, cos, sin, mode=0)``, with the interleaved rotation
+    (``reshape(concat(-x[..., 1::2, None], x[..., ::2, None]))``) -> ``mode=1``.
+``silu_mul``
+    ``silu(a) * b`` -> ``silu_mul(a, b)``.
+``attention``
+    ``softmax(q @ k^T * c + mask) @ v`` on 4-D BNSD tensors, with ``mask`` absent or a
+    constant that is exactly top-left causal (0 where key <= query, at most -1e4
+    elsewhere; or the same as a ``where`` with such a fill) ->
+    ``scaled_dot_product_attention(q, k, v, layout="BNSD", causal, scale=c)``.
+
+Examples
+--------
+>>> import numpy as np
+>>> from layout_prop.frontends.ir import ModelGraph, MNode, Value
+>>> g = ModelGraph("test")
+>>> for name in ("x", "s", "y"):
+...     _ = g.add_value(Value(name, (2, 4), "float32"))
+>>> g.inputs, g.outputs = ["x"], ["y"]
+>>> g.nodes = [MNode("s", "sigmoid", ["x"], ["s"]), MNode("y", "mul", ["x", "s"], ["y"])]
+>>> Canonicalize().run(g).fused
+{'silu': 1}
+>>> [(n.op, n.inputs) for n in g.nodes]
+[('silu', ['x'])]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layout_prop.frontends.ir import MNode, ModelGraph, scalar_value
+
+__all__ = ["Canonicalize", "CanonicalizeResult", "is_causal_mask"]
+
+
+@dataclass
+class CanonicalizeResult:
+    """How many times each rewrite fired."""
+
+    fused: dict[str, int] = field(default_factory=dict)
+
+
+class _View:
+    """Producers and uses of a model graph, built once per rewrite sweep."""
+
+    def __init__(self, g: ModelGraph) -> None:
+        self.g = g
+        self.prod = g.producers()
+        self.uses = g.uses()
+        self.outputs = set(g.outputs)
+
+    def node(self, value: str, op: str | tuple[str, ...]) -> MNode | None:
+        """The producer of ``value`` if it is one of ``op``."""
+        n = self.prod.get(value)
+        ops = (op,) if isinstance(op, str) else op
+        return n if n is not None and n.op in ops else None
+
+    def only_use(self, value: str) -> bool:
+        """``value`` is read by exactly one node and is not a graph output."""
+        return len(self.uses.get(value, ())) == 1 and value not in self.outputs
+
+    def scalar(self, value: str) -> float | None:
+        c = self.g.const(value)
+        return scalar_value(c) if c is not None and c.size == 1 else None
+
+
+def _other(node: MNode, value: str) -> str | None:
+    """The other operand of a binary node that has ``value`` as one operand."""
+    a, b = node.inputs
+    return b if a == value else a if b == value else None
+
+
+def _replace(g: ModelGraph, old: MNode, op: str, inputs: list[str], attrs: dict, source: str) -> None:
+    g.nodes[g.nodes.index(old)] = MNode(old.name, op, inputs, list(old.outputs), attrs, source)
+
+
+class Canonicalize:
+    """The pass: ``run(model) -> CanonicalizeResult`` (rewrites the model in place)."""
+
+    name = "canonicalize"
+
+    def run(self, g: ModelGraph) -> CanonicalizeResult:
+        counts: Counter = Counter()
+        _drop_identities(g, counts)
+        for rewrite in (_silu, _rms_norm, _rope, _silu_mul, _attention):
+            view = _View(g)
+            for node in list(g.nodes):
+                if rewrite(g, view, node):
+                    counts[rewrite.__name__.lstrip("_")] += 1
+        g.prune()
+        return CanonicalizeResult(dict(counts))
+
+
+def _drop_identities(g: ModelGraph, counts: Counter) -> None:
+    alias: dict[str, str] = {}
+    kept = []
+    graph_inputs = set(g.inputs)
+    for node in g.nodes:
+        node.inputs = [alias.get(v, v) for v in node.inputs]
+        src = node.inputs[0] if node.inputs else None
+        same = node.op == "identity" or (node.op == "cast" and src is not None and
+                                         g.values[src].dtype == node.attrs.get("dtype"))
+        if same and len(node.outputs) == 1 and not (node.outputs[0] in g.outputs and src in graph_inputs):
+            alias[node.outputs[0]] = src
+            counts["identity"] += 1
+            continue
+        kept.append(node)
+    g.nodes = kept
+    g.outputs = [alias.get(v, v) for v in g.outputs]
+
+
+# ---------------------------------------------------------------------------- rewrites
+def _silu(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "mul" or len(node.inputs) != 2:
+        return False
+    for value in node.inputs:
+        sig = v.node(value, "sigmoid")
+        if sig is not None and _other(node, value) == sig.inputs[0] and node.inputs[0] != node.inputs[1]:
+            _replace(g, node, "silu", [sig.inputs[0]], {}, "fused:silu")
+            return True
+    return False
+
+
+def _inverse_root(v: _View, node: MNode, x: str) -> str | None:
+    """For ``node`` computing ``x * rsqrt(e)`` (or ``x / sqrt(e)``), the value ``e``."""
+    if node.op == "div" and node.inputs[0] == x:
+        root = v.node(node.inputs[1], "sqrt")
+        return root.inputs[0] if root is not None and v.only_use(root.outputs[0]) else None
+    if node.op != "mul":
+        return None
+    r = _other(node, x)
+    if r is None or not v.only_use(r):
+        return None
+    rs = v.node(r, "rsqrt")
+    if rs is not None:
+        return rs.inputs[0]
+    inv = v.node(r, ("reciprocal", "div"))
+    if inv is None or (inv.op == "div" and v.scalar(inv.inputs[0]) != 1.0):
+        return None
+    root = v.node(inv.inputs[-1], "sqrt")
+    return root.inputs[0] if root is not None and v.only_use(root.outputs[0]) else None
+
+
+def _rms_norm(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "mul" or len(node.inputs) != 2:
+        return False
+    for y in node.inputs:
+        w = _other(node, y)
+        ynode = v.node(y, ("mul", "div"))
+        if ynode is None or not v.only_use(y) or g.const(w) is not None and not g.values[w].weight:
+            continue
+        for x in ynode.inputs:
+            e = _inverse_root(v, ynode, x)
+            if e is None or not v.only_use(e):
+                continue
+            add = v.node(e, "add")
+            if add is None:
+                continue
+            eps_value = next((a for a in add.inputs if v.scalar(a) is not None), None)
+            m = _other(add, eps_value) if eps_value is not None else None
+            mean = v.node(m, "mean") if m is not None else None
+            if mean is None or not v.only_use(m) or not mean.attrs.get("keepdim"):
+                continue
+            rank = len(g.shape(x))
+            if [d % rank for d in (mean.attrs.get("dims") or [])] != [rank - 1]:
+                continue
+            sq = v.node(mean.inputs[0], ("pow", "mul"))
+            if sq is None or not v.only_use(mean.inputs[0]):
+                continue
+            if sq.op == "pow" and not (sq.inputs[0] == x and v.scalar(sq.inputs[1]) == 2.0):
+                continue
+            if sq.op == "mul" and sq.inputs != [x, x]:
+                continue
+            if g.shape(w) != g.shape(x)[-1:]:
+                continue
+            _replace(g, node, "rms_norm", [x, w], {"eps": v.scalar(eps_value), "normalized_ndim": 1},
+                     "fused:rms_norm")
+            return True
+    return False
+
+
+def _half_rotation(g: ModelGraph, v: _View, rot: str) -> str | None:
+    """The x of ``rot = concat(-x[..., D/2:], x[..., :D/2])``, or None."""
+    cat = v.node(rot, "concat")
+    if cat is None or len(cat.inputs) != 2 or not v.only_use(rot):
+        return None
+    neg = v.node(cat.inputs[0], "neg")
+    first = v.node(cat.inputs[1], "slice")
+    second = v.node(neg.inputs[0], "slice") if neg is not None else None
+    if first is None or second is None or first.inputs[0] != second.inputs[0]:
+        return None
+    x = first.inputs[0]
+    shape = g.shape(x)
+    d = shape[-1]
+    last = len(shape) - 1
+    if cat.attrs.get("axis", 0) % len(shape) != last or d % 2:
+        return None
+    if (first.attrs["axis"] % len(shape), first.attrs["start"], first.attrs["stop"]) != (last, 0, d // 2):
+        return None
+    if (second.attrs["axis"] % len(shape), second.attrs["start"], second.attrs["stop"]) != (last, d // 2, d):
+        return None
+    return x
+
+
+def _interleaved_rotation(g: ModelGraph, v: _View, rot: str) -> str | None:
+    """The x of ``rot = reshape(concat(-x[..., 1::2, None], x[..., ::2, None], axis=-1), x.shape)``."""
+    reshape = v.node(rot, "reshape")
+    if reshape is None or not v.only_use(rot):
+        return None
+    cat = v.node(reshape.inputs[0], "concat")
+    if cat is None or len(cat.inputs) != 2:
+        return None
+    col0, col1 = (v.node(c, "unsqueeze") for c in cat.inputs)
+    if col0 is None or col1 is None:
+        return None
+    neg = v.node(col0.inputs[0], "neg")
+    odd = v.node(neg.inputs[0], "slice_step") if neg is not None else None
+    even = v.node(col1.inputs[0], "slice_step")
+    if odd is None or even is None or odd.inputs[0] != even.inputs[0]:
+        return None
+    x = odd.inputs[0]
+    shape = g.shape(x)
+    rank, d = len(shape), shape[-1]
+    if g.shape(rot) != shape or cat.attrs.get("axis") % (rank + 1) != rank or d % 2:
+        return None
+    if col0.attrs["dims"] != [rank] or col1.attrs["dims"] != [rank]:
+        return None
+    for piece, start in ((odd, 1), (even, 0)):
+        if (piece.attrs["axis"] % rank, piece.attrs["start"], piece.attrs["step"]) != (rank - 1, start, 2) or \
+                piece.attrs["stop"] < d - 1:
+            return None
+    return x
+
+
+def _rope(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "add" or len(node.inputs) != 2:
+        return False
+    for p_cos, p_sin in (node.inputs, node.inputs[::-1]):
+        m_cos, m_sin = v.node(p_cos, "mul"), v.node(p_sin, "mul")
+        if m_cos is None or m_sin is None or not (v.only_use(p_cos) and v.only_use(p_sin)):
+            continue
+        for rot in m_sin.inputs:
+            for mode, finder in ((0, _half_rotation), (1, _interleaved_rotation)):
+                x = finder(g, v, rot)
+                if x is None or x not in m_cos.inputs:
+                    continue
+                cos, sin = _other(m_cos, x), _other(m_sin, rot)
+                shape = g.shape(x)
+                if len(shape) != 4 or g.shape(cos)[-1:] != shape[-1:] or g.shape(sin)[-1:] != shape[-1:]:
+                    continue
+                _replace(g, node, "rotary_position_embedding", [x, cos, sin], {"mode": mode}, "fused:rope")
+                return True
+    return False
+
+
+def _silu_mul(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "mul" or len(node.inputs) != 2:
+        return False
+    for s in node.inputs:
+        silu = v.node(s, "silu")
+        if silu is not None and v.only_use(s):
+            _replace(g, node, "silu_mul", [silu.inputs[0], _other(node, s)], {}, "fused:silu_mul")
+            return True
+    return False
+
+
+def is_causal_mask(mask: np.ndarray, fill_ok) -> bool:
+    """Whether ``mask``'s last two dims hold the top-left causal pattern (the same for every
+    leading index): ``fill_ok(value)`` above the diagonal, 0 (or True for a keep-mask) on and below.
+
+    >>> m = np.triu(np.full((3, 3), -np.inf), 1)
+    >>> is_causal_mask(m, lambda f: f <= -1e4), is_causal_mask(m.T, lambda f: f <= -1e4)
+    (True, False)
+    """
+    if mask.ndim < 2:
+        return False
+    rows, cols = mask.shape[-2:]
+    flat = mask.reshape((-1, rows, cols))
+    above = np.triu(np.ones((rows, cols), dtype=bool), 1)
+    for m in flat:
+        if not (np.all(m[~above] == 0) and np.all([fill_ok(f) for f in np.unique(m[above])])):
+            return False
+    return True
+
+
+def _attention_mask(g: ModelGraph, v: _View, z: str) -> tuple[str, bool] | None:
+    """``(scores, causal)`` for ``z`` = scores (+ a causal mask): None when it is another mask."""
+    add = v.node(z, "add")
+    if add is not None:
+        for mask in add.inputs:
+            c = g.const(mask)
+            if c is not None and c.size > 1 and is_causal_mask(c, lambda f: f <= -1e4):
+                return _other(add, mask), True
+        return None
+    where = v.node(z, "where")
+    if where is not None:
+        cond, a, b = where.inputs
+        c = g.const(cond)
+        if c is None:
+            return None
+        keep = c.astype(bool)
+        if v.scalar(b) is not None and v.scalar(b) <= -1e4 and is_causal_mask(~keep, lambda f: f):
+            return a, True  # where(keep, scores, -inf)
+        if v.scalar(a) is not None and v.scalar(a) <= -1e4 and is_causal_mask(keep, lambda f: f):
+            return b, True  # where(masked, -inf, scores)
+        return None
+    return z, False
+
+
+def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "matmul_nd" or node.attrs.get("transpose_a") or node.attrs.get("transpose_b"):
+        return False
+    p, val = node.inputs
+    soft = v.node(p, "softmax")
+    if soft is None or not v.only_use(p) or len(g.shape(p)) != 4 or soft.attrs.get("axis", -1) % 4 != 3:
+        return False
+    found = _attention_mask(g, v, soft.inputs[0])
+    if found is None or (found[1] and not v.only_use(soft.inputs[0])):
+        return False
+    scores, causal = found
+    scale = 1.0
+    sc = v.node(scores, ("scale", "mul", "div"))
+    if sc is not None and v.only_use(scores):
+        if sc.op == "scale":
+            scale, scores = float(sc.attrs["factor"]), sc.inputs[0]
+        else:
+            c = next((a for a in sc.inputs[1:] if v.scalar(a) is not None), None) if sc.op == "div" else \
+                next((a for a in sc.inputs if v.scalar(a) is not None), None)
+            if c is not None:
+                scale = 1.0 / v.scalar(c) if sc.op == "div" else v.scalar(c)
+                scores = _other(sc, c) if sc.op == "mul" else sc.inputs[0]
+    mm = v.node(scores, "matmul_nd")
+    if mm is None or not v.only_use(scores) or mm.attrs.get("transpose_a"):
+        return False
+    q, kt = mm.inputs
+    if mm.attrs.get("transpose_b"):
+        k = kt
+    else:
+        tr = v.node(kt, "transpose")
+        if tr is None or tr.attrs.get("dims") != [0, 1, 3, 2]:
+            return False
+        k = tr.inputs[0]
+    qs, ks, vs = g.shape(q), g.shape(k), g.shape(val)
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or qs[:2] != ks[:2] or ks[:3] != vs[:3] or qs[3] != ks[3]:
+        return False
+    if causal and qs[2] != ks[2]:
+        return False
+    _replace(g, node, "scaled_dot_product_attention", [q, k, val],
+             {"layout": "BNSD", "causal": causal, "scale": scale}, "fused:attention")
+    return True

@@ -140,3 +140,14 @@ def test_non_finite_numbers_are_written_as_null(capsys):
 
     _print_json({"a": float("nan"), "b": [1.5, float("-inf")], "c": {"d": float("inf")}})
     assert _strict(capsys.readouterr().out) == {"a": None, "b": [1.5, None], "c": {"d": None}}
+
+
+def test_check_does_not_import_networkx_matplotlib_or_mindspore():
+    from pathlib import Path
+
+    spec = str(Path(__file__).resolve().parent.parent / "examples" / "llama_block.yaml")
+    code = ("import sys; from layout_prop.cli import main; main(['check', %r, '--reshard', '--json']); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'networkx', 'matplotlib', 'mindspore'}))" % spec)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"

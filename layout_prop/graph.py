@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .errors import GraphError
 from .mesh import DeviceMesh
+
+if TYPE_CHECKING:  # networkx is imported where the view is built: not on the command line's hot path
+    import networkx as nx
 
 __all__ = ["Node", "Graph", "attrs_key", "freeze_attrs", "last_uses", "value_name", "split_value"]
 
@@ -147,7 +148,7 @@ class Graph:
 
     def __init__(self, mesh: DeviceMesh) -> None:
         self.mesh = mesh
-        self._nx: nx.MultiDiGraph | None = None
+        self._nx: "nx.MultiDiGraph | None" = None
         self._nodes: dict[str, Node] = {}
         # producer node name -> [(consumer, input index)], built on demand (like the networkx view)
         self._uses: dict[str, list[tuple[Node, int]]] | None = None
@@ -201,7 +202,7 @@ class Graph:
         return node.outputs
 
     @property
-    def nx(self) -> nx.MultiDiGraph:
+    def nx(self) -> "nx.MultiDiGraph":
         """The networkx view: a node per graph node (data ``node``), an edge per use.
 
         Edges go from producer to consumer, keyed by the consumer's input index, with data
@@ -209,6 +210,8 @@ class Graph:
         first asked for after a change; edits to it are not reflected back in the graph.
         """
         if self._nx is None:
+            import networkx as nx
+
             view = nx.MultiDiGraph()
             for node in self._nodes.values():
                 view.add_node(node.name, node=node)
@@ -286,6 +289,8 @@ class Graph:
         return iter(self.topo_order())
 
     def _cycle(self) -> list[str]:
+        import networkx as nx
+
         try:
             return [u for u, *_ in nx.find_cycle(self.nx)]
         except nx.NetworkXNoCycle:
@@ -299,6 +304,8 @@ class Graph:
         ------
         GraphError
         """
+        import networkx as nx
+
         from .registry import get_rule
 
         if not nx.is_directed_acyclic_graph(self.nx):

@@ -44,7 +44,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 
 from layout_prop import meta
 from layout_prop.errors import ExecutionError
@@ -127,8 +126,10 @@ class Program:
                            "ops": [self.op_dict(op, rank) for op in self.ops],
                            "outputs": self.outputs}, indent=1, sort_keys=True)
 
-    def to_networkx(self, rank: int) -> nx.DiGraph:
+    def to_networkx(self, rank: int) -> "networkx.DiGraph":
         """Rank ``rank``'s local subgraph: one node per local op, edges along values."""
+        import networkx as nx
+
         g = nx.DiGraph(rank=rank)
         producer = {}
         for op in self.ops:

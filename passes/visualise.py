@@ -53,7 +53,6 @@ from itertools import product
 from pathlib import Path
 from typing import Any, Sequence
 
-import networkx as nx
 
 from layout_prop import meta
 from layout_prop.errors import LayoutPropError, Violation
@@ -620,6 +619,8 @@ def _assign_layers(graph: Graph, vertices: dict[str, _Vertex], edges: list[_Edge
     alias, dashed) just before that consumer, so a weight read by every block of a deep
     model adds one box per block, not a line through all of them.
     """
+    import networkx as nx
+
     layer: dict[str, int] = {}
     for number, generation in enumerate(nx.topological_generations(graph.nx)):
         for name in generation:

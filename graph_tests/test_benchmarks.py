@@ -44,3 +44,14 @@ def test_rpe_kernel_benchmark_reports_every_mode_and_its_verdict():
     assert done.stdout.rstrip().splitlines()[-1].startswith("OK: mode 0 reaches")
     failing = _run("rpe_kernel.py", "--size-mib", "1", "--repeat", "1", "--min-ratio", "1000")
     assert failing.returncode == 1 and "FAIL: mode 0 reaches" in failing.stderr
+
+
+def test_cli_benchmark_prints_every_input_and_output_format():
+    done = _run("cli.py", "--sizes", "30", "300", "--repeat", "1", "--large", "--large-layers", "2")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("start-up: --help ")
+    rows = [line.split() for line in lines[3:7]]
+    assert [(r[0], r[1]) for r in rows] == [("json", "text"), ("json", "json"), ("yaml", "text"), ("yaml", "json")]
+    assert all(float(r[-1]) > 0 for r in rows)  # the ratio column
+    assert lines[-1].startswith("gen llama --layers 2 (") and "peak memory" in lines[-1]

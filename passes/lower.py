@@ -50,7 +50,7 @@ from layout_prop.errors import ExecutionError
 from layout_prop.graph import Graph
 from layout_prop.mesh import DeviceMesh
 from layout_prop.redistribute import Step, plan_redistribution
-from layout_prop.registry import get_rule
+from layout_prop.registry import OpRule, get_rule
 from layout_prop.spec import TensorSpec
 
 from .propagate import value_spec
@@ -208,7 +208,10 @@ class Lower:
                 in_specs.append(plan.dst)
             out_specs = node.meta[meta.SPECS]
             attrs = node.meta[meta.ATTRS]
-            per_rank = tuple(rule.localize(attrs, tuple(in_specs), out_specs, r) for r in range(graph.mesh.size))
+            if type(rule).localize is OpRule.localize:  # the same attrs on every rank: one dict, shared
+                per_rank = (dict(attrs),) * graph.mesh.size
+            else:
+                per_rank = tuple(rule.localize(attrs, tuple(in_specs), out_specs, r) for r in range(graph.mesh.size))
             prog.add(LocalOp(node.name, "kernel", rule.name, tuple(args), node.outputs, out_specs, per_rank,
                              source=node.name))
         prog.outputs = {v: v for v in graph.outputs}

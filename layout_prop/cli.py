@@ -134,11 +134,12 @@ def _parser() -> argparse.ArgumentParser:
     ge.add_argument("model", choices=["llama"], help="the model family")
     ge.add_argument("--layers", type=_positive_int, default=1, help="number of decoder layers (default 1)")
     ge.add_argument("--mesh", default="dp=2,sp=2,tp=2", help="mesh axes and sizes (default dp=2,sp=2,tp=2)")
-    ge.add_argument("--batch", type=_positive_int, default=2)
-    ge.add_argument("--seq", type=_positive_int, default=8)
-    ge.add_argument("--hidden", type=_positive_int, default=32)
-    ge.add_argument("--heads", type=_positive_int, default=4)
-    ge.add_argument("--ffn", type=_positive_int, default=64)
+    ge.add_argument("--batch", type=_positive_int, default=2, help="batch size B (default 2)")
+    ge.add_argument("--seq", type=_positive_int, default=8, help="sequence length S (default 8)")
+    ge.add_argument("--hidden", type=_positive_int, default=32, help="hidden size (default 32)")
+    ge.add_argument("--heads", type=_positive_int, default=4, help="attention heads; hidden / heads is the head dim "
+                    "(default 4)")
+    ge.add_argument("--ffn", type=_positive_int, default=64, help="MLP inner size (default 64)")
     ge.add_argument("--dtype", default="float32", help="dtype of every tensor (default float32)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 

@@ -1,19 +1,24 @@
 """The ``layout-prop`` command line.
 
 Exit codes everywhere: 0 ok, 1 violations or a numerical mismatch, 2 unusable input (a
-bad spec, an unknown op, a bad flag) with one line on stderr and never a traceback.
+bad spec, an unknown op, a bad flag) with one line on stderr and never a traceback; 141
+(as a Unix tool killed by SIGPIPE) and no message when the reader of stdout goes away.
+Everything printed goes through :func:`layout_prop.errors.printable`: control characters
+from a spec are escaped, never written raw to the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import LayoutPropError, SpecError
+from .errors import LayoutPropError, SpecError, cut, printable
 from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
 
 __all__ = ["main"]
@@ -24,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = _choice_suggestion(message) or f"see {self.prog} --help"
-        print(f"layout-prop: error: bad-usage: {message} (hint: {hint})", file=sys.stderr)
+        print(printable(f"layout-prop: error: bad-usage: {message} (hint: {hint})"), file=sys.stderr)
         raise SystemExit(2)
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
@@ -33,8 +38,8 @@ class _Parser(argparse.ArgumentParser):
             command = self._command_parser(getattr(ns, "command", None))
             close = _closest_flag(command, extras[0])
             hint = f"did you mean {close}?" if close else f"see {command.prog} --help"
-            print(f"layout-prop: error: bad-usage: unrecognized arguments: {' '.join(extras)} (hint: {hint})",
-                  file=sys.stderr)
+            print(printable(f"layout-prop: error: bad-usage: unrecognized arguments: {' '.join(extras)} "
+                            f"(hint: {hint})"), file=sys.stderr)
             raise SystemExit(2)
         return ns
 
@@ -70,9 +75,14 @@ def _choice_suggestion(message: str) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
+RUNS_CODE = ("Ops come from Python code: `verify --module FILE` imports FILE, and every command imports the "
+             "installed packages that declare a `layout_prop.ops` entry point; that code runs with your "
+             "permissions, so give only files and packages you trust.")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="layout-prop", description="Layout propagation, checking, resharding and SPMD execution "
-                "for sharded tensor graphs.")
+                "for sharded tensor graphs.", epilog=RUNS_CODE)
     p.add_argument("--version", action="version", version=f"layout-prop {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -112,9 +122,12 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true", help="print the derivation as JSON")
     add_model_args(ex)
 
-    ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination")
+    ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination",
+                        epilog=RUNS_CODE)
     ve.add_argument("op", metavar="OP", help="a built-in op or one registered by --module")
-    ve.add_argument("--module", type=Path, help="a Python file that registers the op (rule and numpy kernel)")
+    ve.add_argument("--module", type=Path,
+                    help="a Python file that registers the op (rule and numpy kernel); it is imported, so its "
+                         "code RUNS with your permissions: give only a file you trust")
     ve.add_argument("--mesh", action="append", type=_mesh_arg, metavar="AxB",
                     help="a mesh shape such as 2x2 (repeatable; default 2 and 2x2)")
     ve.add_argument("--backward", action="store_true", help="also compare gradients")
@@ -248,8 +261,9 @@ def _import_module_file(path: Path) -> None:
         spec.loader.exec_module(module)
     except LayoutPropError:
         raise
-    except Exception as exc:
-        raise OpError("module-failed", f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}",
+    except BaseException as exc:  # SystemExit(7) or KeyboardInterrupt from the user's file too: exit 2, one line
+        said = f": {cut(str(exc), 300)[1:-1]}" if str(exc) else ""
+        raise OpError("module-failed", f"importing {cut(str(path))} failed: {type(exc).__name__}{said}",
                       hint="run the file with python to see the full error") from None
 
 
@@ -430,20 +444,117 @@ def _cmd_viz(args) -> int:
 COMMANDS = {"import": cmd_import, "ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
+#: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)
+EXIT_BROKEN_PIPE = 141
+
+
+class _OutputFailed(BaseException):
+    """Writing to stdout or stderr failed: a BaseException, so that no command's own error
+    handling mistakes it for a failure of its work."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _Printable:
+    """A text stream that escapes control characters (:func:`printable`, line breaks kept);
+    it drops the text when the process has no such stream (started with it closed)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if self._stream is not None:
+            try:
+                self._stream.write(printable(text, newlines=True))
+            except OSError as exc:
+                raise _OutputFailed(exc) from None
+        return len(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.flush()
+            except OSError as exc:
+                raise _OutputFailed(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _error_line(code: str, message: str, hint: str) -> None:
+    print(printable(f"layout-prop: error: {code}: {message} (hint: {hint})"), file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Printable(stdout), _Printable(stderr)
     try:
-        args = _parser().parse_args(argv)
-    except SystemExit as done:  # --help, --version, or a bad flag (already reported on one line)
-        return int(done.code or 0)
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as done:  # --help, --version, or a bad flag (already reported on one line)
+            code = done.code if isinstance(done.code, int) else 0 if done.code is None else 2
+        else:
+            code = _run(args)
+        sys.stdout.flush()  # a full disk or a closed pipe shows here, not after main returned
+        return code
+    except _OutputFailed as failed:  # stdout closed by its reader (| head), on a full disk (> /dev/full), or gone
+        exc = failed.error
+        _silence(stdout)
+        if isinstance(exc, BrokenPipeError) or exc.errno == errno.EPIPE:
+            return EXIT_BROKEN_PIPE  # quietly, as Unix tools do
+        try:
+            _error_line("write-failed", f"cannot write the output: {exc.strerror or exc}",
+                        "check the disk or the file stdout goes to")
+        except OSError:
+            pass
+        return 2
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr
+
+
+def _run(args) -> int:
     try:
         return COMMANDS[args.command](args)
     except LayoutPropError as err:
-        print(f"layout-prop: error: {err}", file=sys.stderr)
+        print(printable(f"layout-prop: error: {err}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("layout-prop: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # raised by an op's code (a plugin, a --module file): keep the contract
+        _error_line("unexpected-exit", f"op code called exit({cut(exc.code)})",
+                    "an op's rule or kernel must raise an error, not exit; fix the op module")
+        return 2
+    except MemoryError:
+        _error_line("out-of-memory", f"{args.command} ran out of memory",
+                    "use smaller shapes or fewer ranks (a run estimates its memory first: see --max-memory)")
+        return 2
+    except RecursionError:
+        _error_line("too-deep", f"{args.command} recursed too deeply",
+                    "the graph or a value nests too deeply; please report the spec")
+        return 2
+    except Exception as exc:  # a bug: one line that says so (LAYOUT_PROP_DEBUG=1 shows the traceback)
+        if os.environ.get("LAYOUT_PROP_DEBUG"):
+            raise
+        _error_line("internal-error", f"{type(exc).__name__}: {cut(str(exc), 300)[1:-1]}",
+                    "this is a bug in layout-prop; please report it with the spec "
+                    "(LAYOUT_PROP_DEBUG=1 shows the traceback)")
+        return 2
+
+
+def _silence(stream) -> None:
+    """Point a failed stream's file at /dev/null, so that the interpreter's last flush of
+    what is still buffered cannot fail again (with a message) at exit."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file behind it (a test's capture): nothing to do
+        pass
 
 
 if __name__ == "__main__":

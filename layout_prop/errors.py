@@ -15,10 +15,14 @@ Examples
 
 from __future__ import annotations
 
+import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "printable",
+    "cut",
     "LayoutPropError",
     "SpecError",
     "LayoutError",
@@ -27,6 +31,89 @@ __all__ = [
     "ExecutionError",
     "Violation",
 ]
+
+
+#: characters that must not reach a terminal raw: C0 and C1 controls (ESC starts escape
+#: sequences, BEL rings, CR and newlines rewrite lines), the Unicode line separators and the
+#: bidirectional overrides that reorder what is shown
+_CONTROL = "\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_CONTROL_ALL = re.compile(f"[\n{_CONTROL}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[{_CONTROL}]")
+
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: re.Match) -> str:
+    char = match.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str, *, newlines: bool = False) -> str:
+    """``text`` with every control character escaped (``\\x1b``, ``\\x07``, ``\\n``, ``\\u202e``).
+
+    The one place that decides what may reach a terminal: every message, table and
+    explanation the command line prints goes through it, so a name or value from a spec
+    can never ring the bell, move the cursor, recolour the terminal or split a one-line
+    error.  With ``newlines=True`` the line breaks of a multi-line text stay (tabs,
+    carriage returns and the rest are still escaped).
+
+    >>> printable("x\\x1b[31mred\\x07\\nnext")
+    'x\\\\x1b[31mred\\\\x07\\\\nnext'
+    >>> printable("line 1\\nline 2", newlines=True)
+    'line 1\\nline 2'
+    """
+    pattern = _CONTROL_BUT_NEWLINE if newlines else _CONTROL_ALL
+    return pattern.sub(_escape_char, text)
+
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib with an integer cut too: ``repr`` of an integer over 4,300 digits raises."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 4 * self.maxlong:  # more digits than maxlong: never convert it all
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_REPR = _BoundedRepr()
+_REPR.maxlevel = 3
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxfrozenset = _REPR.maxdict = 8
+_REPR.maxstring = 80
+_REPR.maxlong = 40
+_REPR.maxother = 80
+
+#: the longest value a message quotes
+CUT_LENGTH = 200
+
+
+def cut(value: Any, limit: int = CUT_LENGTH) -> str:
+    """A short, one-line ``repr`` of a value from a spec, for messages.
+
+    Bounded in time and length whatever the value is: nested lists are cut at depth 3 and
+    8 items (so a YAML "billion laughs" value, shared lists expanding to 9^9 items, prints
+    in microseconds), long strings and integers are shortened, and the result is at most
+    ``limit`` characters with control characters escaped.
+
+    >>> cut(list(range(100)))
+    '[0, 1, 2, 3, 4, 5, 6, 7, ...]'
+    >>> cut(10 ** 5000)
+    '<an integer of 16610 bits>'
+    >>> cut("x" * 500, limit=20)
+    "'xxxxxxxxxxxxxxx...'"
+    """
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a value whose repr fails: its type still helps
+        text = f"<a {type(value).__name__}>"
+    text = printable(text)
+    if len(text) > limit:
+        quote = text[0] if text[:1] in ("'", '"') else ""
+        text = text[:limit - 3 - len(quote)] + "..." + quote
+    return text
 
 
 class LayoutPropError(Exception):

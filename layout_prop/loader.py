@@ -25,21 +25,34 @@ layout_prop.errors.SpecError: bad-placement at inputs.x.placements[0]: cannot pa
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .errors import GraphError, LayoutPropError, SpecError
+from .errors import GraphError, LayoutPropError, SpecError, cut, printable
 from .graph import Graph, Node, split_value
 from .layout import Layout
-from .mesh import DeviceMesh
+from .mesh import MAX_RANKS, DeviceMesh
 from .placement import parse_placement
 from .registry import get_rule
 from .spec import TensorSpec, check_dtype
 
-__all__ = ["load_spec", "parse_spec"]
+__all__ = ["load_spec", "parse_spec", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
+
+#: the largest spec file read (a 100,000-node generated spec is about 15 MiB of JSON)
+MAX_SPEC_BYTES = 64 * 2 ** 20
+#: the deepest nesting of lists and mappings a spec may have (a spec needs about 6)
+MAX_DEPTH = 64
+#: YAML aliases may expand a spec to at most this many times its written items, plus
+#: ALIAS_SLACK (a "billion laughs" spec of 530 bytes expands to 9^9 items)
+ALIAS_FACTOR, ALIAS_SLACK = 10, 100_000
+#: the most elements a tensor may have, and the largest size of one of its dims: numpy's
+#: index type (int64) must hold every element's byte offset
+MAX_ELEMENTS = 2 ** 62
 
 TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
 MESH_KEYS = {"shape", "names"}
@@ -76,7 +89,7 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyam
             except TypeError:  # an unhashable key: the base class reports it
                 continue
             if duplicate:
-                raise _DuplicateKey(None, None, f"key {key!r} is written twice in one mapping", key_node.start_mark)
+                raise _DuplicateKey(None, None, f"key {cut(key)} is written twice in one mapping", key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 
@@ -106,13 +119,30 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
     >>> parse_spec("attrs: {eps: 1e-6, mode: 1}")["attrs"]
     {'eps': 1e-06, 'mode': 1}
     """
+    data = None
     if text.lstrip().startswith("{"):
         try:
-            return json.loads(text, object_pairs_hook=_json_mapping, parse_constant=_not_json)
-        except ValueError:
+            data = json.loads(text, object_pairs_hook=_json_mapping, parse_constant=_not_json)
+        except (ValueError, RecursionError):  # YAML reports where (nesting too deep, digits too many)
             pass
+    if data is None:
+        data = _parse_yaml(text, source)
+    if not isinstance(data, dict):
+        raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
+                        hint="a spec is a mapping with mesh, inputs, nodes and outputs")
+    _check_structure(data, source)
+    return data
+
+
+def _parse_yaml(text: str, source: str) -> Any:
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:  # PyYAML's pure-Python parser (without libyaml) recurses per level
+        raise SpecError("spec-too-deep", f"{source} nests lists or mappings too deeply to parse", path=source,
+                        hint=f"a spec needs a few levels; at most {MAX_DEPTH} are read") from None
+    except ValueError as exc:  # the constructor's int(): more than 4,300 digits
+        raise SpecError("spec-syntax", f"{source} has a number that cannot be read: {cut(str(exc), 120)}",
+                        path=source, hint="write sizes and dims as ordinary integers") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -120,15 +150,52 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
         line = lines[mark.line] if mark and mark.line < len(lines) else ""
         if mark and mark.column < len(line):  # libyaml's messages do not name what it found there
             where += f" (at {line[mark.column]!r})"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["?"])[0]
         hint = "write each key once" if isinstance(exc, _DuplicateKey) else \
             "check the indentation, brackets and quotes there"
-        raise SpecError("spec-syntax", f"{source} is not valid YAML/JSON at {where}: {problem}", path=source,
-                        hint=hint) from None
-    if not isinstance(data, dict):
-        raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
-                        hint="a spec is a mapping with mesh, inputs, nodes and outputs")
-    return data
+        raise SpecError("spec-syntax", f"{source} is not valid YAML/JSON at {where}: {cut(problem, 160)[1:-1]}",
+                        path=source, hint=hint) from None
+
+
+def _check_structure(data: dict, source: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH`, a value that contains itself, and YAML
+    aliases that expand the spec far beyond what is written ("billion laughs").
+
+    One iterative walk over the distinct lists and mappings (an alias is the same Python
+    object as its anchor, so it is measured once): the expanded item count of every
+    container is computed from its children's, never by expanding it.
+    """
+    sizes: dict[int, int] = {}  # id -> expanded items, once the container is measured
+    written = 0
+    stack: list[tuple[Any, int, bool]] = [(data, 1, False)]
+    on_path: set[int] = set()
+    while stack:
+        obj, depth, children_done = stack.pop()
+        key = id(obj)
+        if children_done:
+            on_path.discard(key)
+            items = obj.values() if isinstance(obj, dict) else obj
+            sizes[key] = 1 + sum(sizes.get(id(v), 1) for v in items) + (len(obj) if isinstance(obj, dict) else 0)
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise SpecError("spec-too-large", f"{source} holds a value that contains itself (a YAML alias of its "
+                            "own anchor)", path=source, hint="write the value out instead of *aliasing its anchor")
+        if depth > MAX_DEPTH:
+            raise SpecError("spec-too-deep", f"{source} nests lists or mappings more than {MAX_DEPTH} deep",
+                            path=source, hint="a spec needs a few levels; check the brackets")
+        on_path.add(key)
+        written += 1 + len(obj) * (2 if isinstance(obj, dict) else 1)
+        stack.append((obj, depth, True))
+        for child in (obj.values() if isinstance(obj, dict) else obj):
+            if isinstance(child, (dict, list, set, tuple)):
+                stack.append((child, depth + 1, False))
+    expanded, limit = sizes[id(data)], ALIAS_FACTOR * written + ALIAS_SLACK
+    if expanded > limit:
+        raise SpecError("spec-too-large", f"{source}'s YAML aliases expand it to {expanded} items, over the limit "
+                        f"{limit} ({ALIAS_FACTOR} times the {written} items written, plus "
+                        f"{ALIAS_SLACK})", path=source, hint="write shared values out, or use fewer nested aliases")
 
 
 def load_spec(source: str | Path | dict) -> Graph:
@@ -138,16 +205,36 @@ def load_spec(source: str | Path | dict) -> Graph:
     if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and (
             source.endswith((".yaml", ".yml", ".json")) or _is_path(source))):
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecError("spec-not-found", f"cannot read {str(path)!r}: {exc.strerror}", path=str(path),
-                            hint="give the path of a YAML or JSON spec file") from None
-        except UnicodeDecodeError as exc:
-            raise SpecError("spec-syntax", f"{str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                            path=str(path), hint="save the spec as UTF-8 YAML or JSON") from None
-        return _build(parse_spec(text, str(path)))
+        return _build(parse_spec(read_spec_text(path), str(path)))
     return _build(parse_spec(source))
+
+
+def read_spec_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:
+    """The text of a spec file: at most ``limit`` bytes of UTF-8 (``spec-too-large`` past it).
+
+    Regular files, pipes and ``/dev/stdin`` are read; a device (``/dev/zero``, a terminal)
+    or a folder is refused before reading, so nothing unbounded is ever read.
+    """
+    shown = cut(str(path))
+    where = str(path)
+    try:
+        with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+                raise SpecError("spec-not-found", f"{shown} is a device, not a spec file", path=where,
+                                hint="give the path of a YAML or JSON spec file")
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise SpecError("spec-not-found", f"cannot read {shown}: {exc.strerror}", path=where,
+                        hint="give the path of a YAML or JSON spec file") from None
+    if len(raw) > limit:
+        raise SpecError("spec-too-large", f"{shown} is larger than {limit} bytes", path=where,
+                        hint=f"a spec is at most {limit // 2 ** 20} MiB; check that this is a spec file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError("spec-syntax", f"{shown} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                        path=where, hint="save the spec as UTF-8 YAML or JSON") from None
 
 
 def _is_path(text: str) -> bool:
@@ -160,46 +247,61 @@ def _is_path(text: str) -> bool:
 
 def _check_keys(obj: Any, allowed: set, required: set, path: str) -> None:
     if not isinstance(obj, dict):
-        raise _err("bad-type", f"expected a mapping, got {type(obj).__name__} {obj!r}", path,
+        raise _err("bad-type", f"expected a mapping, got {type(obj).__name__} {cut(obj)}", path,
                    "write a mapping such as {key: value}")
-    unknown = sorted(set(obj) - allowed)
+    unknown = sorted(set(obj) - allowed, key=lambda k: (not isinstance(k, str), str(k)[:100]))
     if unknown:
-        raise _err("unknown-key", f"unknown key(s) {unknown}", f"{path}.{unknown[0]}" if path else unknown[0],
+        first = printable(str(unknown[0])[:100])
+        raise _err("unknown-key", f"unknown key(s) {cut(unknown)}", f"{path}.{first}" if path else first,
                    f"allowed keys: {sorted(allowed)}")
     missing = sorted(required - set(obj))
     if missing:
         raise _err("missing-key", f"missing key(s) {missing}", path or "<top>", f"add {missing[0]}")
 
 
-def _int_list(value: Any, path: str, what: str, minimum: int) -> list[int]:
+def _int_list(value: Any, path: str, what: str, minimum: int, maximum: int = MAX_ELEMENTS) -> list[int]:
     if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-        raise _err("bad-type", f"{what} must be a list of integers, got {value!r}", path,
+        raise _err("bad-type", f"{what} must be a list of integers, got {cut(value)}", path,
                    f"write {what} like [2, 2]")
     for i, v in enumerate(value):
         if v < minimum:
-            raise _err("bad-value", f"{what}[{i}] is {v}; it must be at least {minimum}", f"{path}[{i}]",
+            raise _err("bad-value", f"{what}[{i}] is {cut(v)}; it must be at least {minimum}", f"{path}[{i}]",
                        f"use sizes of at least {minimum}")
+        if v > maximum:
+            raise _err("too-large", f"{what}[{i}] is {cut(v)}, over the limit {maximum}", f"{path}[{i}]",
+                       f"use sizes of at most {maximum}")
     return value
 
 
 def _mesh(data: Any) -> DeviceMesh:
     _check_keys(data, MESH_KEYS, {"shape"}, "mesh")
-    shape = _int_list(data["shape"], "mesh.shape", "mesh shape", 1)
+    shape = _int_list(data["shape"], "mesh.shape", "mesh shape", 1, MAX_RANKS)
     if not shape:
         raise _err("bad-value", "mesh shape is empty", "mesh.shape", "give at least one mesh axis")
     names = data.get("names")
     if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
-        raise _err("bad-type", f"mesh names must be a list of strings, got {names!r}", "mesh.names",
+        raise _err("bad-type", f"mesh names must be a list of strings, got {cut(names)}", "mesh.names",
                    "write names like [dp, tp]")
+    for i, name in enumerate(names or ()):
+        if _UNPRINTABLE.search(name):
+            raise _err("bad-name", f"mesh axis name {cut(name)} has a control character", f"mesh.names[{i}]",
+                       "name axes with printable characters, like dp, tp, sp")
     try:
         return DeviceMesh(shape, names)
     except LayoutPropError as err:
-        raise _rethrow(err, "mesh.names") from None  # sizes are checked above: a names problem
+        # sizes are checked above: a names problem, or too many ranks in all
+        raise _rethrow(err, "mesh.shape" if err.code == "too-many-ranks" else "mesh.names") from None
 
 
 def _input(g: Graph, name: str, data: Any, path: str) -> None:
     _check_keys(data, INPUT_KEYS, {"shape"}, path)
     shape = _int_list(data["shape"], f"{path}.shape", "shape", 0)
+    elements = 1
+    for size in shape:
+        elements *= size
+    if elements > MAX_ELEMENTS:
+        raise _err("too-large", f"shape {cut(shape)} has {elements} elements, over the limit {MAX_ELEMENTS} (2^62)",
+                   f"{path}.shape", "a tensor's byte offsets must fit in a 64-bit integer; use smaller sizes")
     dtype = data.get("dtype", "float32")
     try:
         dtype = check_dtype(dtype) if isinstance(dtype, str) else check_dtype(repr(dtype))
@@ -210,13 +312,13 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
                    "give exactly one of placements (per mesh axis) and tensor_map (per tensor dim)")
     requires_grad = data.get("requires_grad", True)
     if not isinstance(requires_grad, bool):
-        raise _err("bad-type", f"requires_grad must be true or false, got {requires_grad!r}",
+        raise _err("bad-type", f"requires_grad must be true or false, got {cut(requires_grad)}",
                    f"{path}.requires_grad", "write requires_grad: false")
     placements: Any
     if "tensor_map" in data:
         tm = data["tensor_map"]
         if not isinstance(tm, list):
-            raise _err("bad-type", f"tensor_map must be a list, got {tm!r}", f"{path}.tensor_map",
+            raise _err("bad-type", f"tensor_map must be a list, got {cut(tm)}", f"{path}.tensor_map",
                        "write one entry per tensor dim, like [1, -1, 0, -1]")
         if len(tm) != len(shape):
             raise _err("invalid-layout", f"tensor_map has {len(tm)} entries for a tensor of rank {len(shape)}",
@@ -234,12 +336,15 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
     else:
         raw = data.get("placements", ["R"] * g.mesh.ndim)
         if not isinstance(raw, list):
-            raise _err("bad-type", f"placements must be a list or 'auto', got {raw!r}", f"{path}.placements",
+            raise _err("bad-type", f"placements must be a list or 'auto', got {cut(raw)}", f"{path}.placements",
                        "write one placement per mesh axis, like [\"S(0)\", R]")
         if len(raw) != g.mesh.ndim:
             raise _err("invalid-layout", f"{len(raw)} placements for a mesh of {g.mesh.ndim} axes "
                        f"{list(g.mesh.names)}", f"{path}.placements", "give one placement per mesh axis")
         for i in range(len(raw)):  # prefixes: the first placement that breaks the layout is the one at fault
+            if isinstance(raw[i], str) and len(raw[i]) > 40:  # S(<4,300 digits>) would not even parse
+                raise _err("bad-placement", f"placement {cut(raw[i], 60)} is {len(raw[i])} characters long",
+                           f"{path}.placements[{i}]", "write R, S(d), P or P(op) with a small integer d")
             try:
                 prefix = [parse_placement(p) for p in raw[:i + 1]] + ["R"] * (len(raw) - i - 1)
                 TensorSpec(shape, dtype, Layout(g.mesh, prefix, len(shape)))
@@ -254,17 +359,22 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
     g.input(name, shape=shape, dtype=dtype, placements=placements, requires_grad=requires_grad)
 
 
+#: control characters (see :func:`layout_prop.errors.printable`): never in a name
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 RESERVED_CHARS = (":", "@", "#")  # value indexes, and the names lowering gives local slices and steps
 RESERVED_PREFIXES = ("grad:", "grad/", "cotangent/")  # the names the backward pass gives its values
 
 
 def _check_name(name: Any, path: str) -> str:
     if not isinstance(name, str) or not name:
-        raise _err("bad-name", f"name {name!r} is not a non-empty string", path, "name values like x, q_rot, l0_h")
+        raise _err("bad-name", f"name {cut(name)} is not a non-empty string", path, "name values like x, q_rot, l0_h")
+    if _UNPRINTABLE.search(name):
+        raise _err("bad-name", f"name {cut(name)} has a control character", path,
+                   "name values with printable characters, like x, q_rot, l0_h")
     bad = [c for c in RESERVED_CHARS if c in name]
     if bad or name.startswith(RESERVED_PREFIXES):
-        raise _err("bad-name", f"name {name!r} uses {bad[0]!r}" if bad else
-                   f"name {name!r} starts with a prefix the backward pass uses", path,
+        raise _err("bad-name", f"name {cut(name)} uses {bad[0]!r}" if bad else
+                   f"name {cut(name)} starts with a prefix the backward pass uses", path,
                    "use names without ':', '@' or '#' and not starting with grad/ or cotangent/")
     return name
 
@@ -280,23 +390,24 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
         _check_keys(nd, NODE_KEYS, {"name", "op"}, path)
         name = _check_name(nd["name"], f"{path}.name")
         if name in defined or name in seen:
-            raise _err("duplicate-name", f"name {name!r} is defined twice", f"{path}.name",
+            raise _err("duplicate-name", f"name {cut(name)} is defined twice", f"{path}.name",
                        "give every input and node a distinct name")
         seen[name] = i
         if not isinstance(nd["op"], str):
-            raise _err("bad-type", f"op must be a string, got {nd['op']!r}", f"{path}.op", "write op: add")
+            raise _err("bad-type", f"op must be a string, got {cut(nd['op'])}", f"{path}.op", "write op: add")
         try:
             rule = get_rule(nd["op"], node=name)
         except LayoutPropError as err:
             raise SpecError(err.code, err.message, path=f"{path}.op", node=name, hint=err.hint) from None
         inputs = nd.get("inputs", [])
         if not isinstance(inputs, list) or not all(isinstance(v, str) for v in inputs):
-            raise _err("bad-type", f"inputs must be a list of value names, got {inputs!r}", f"{path}.inputs",
+            raise _err("bad-type", f"inputs must be a list of value names, got {cut(inputs)}", f"{path}.inputs",
                        "write inputs: [x, cos, sin]")
         attrs = nd.get("attrs", {}) or {}
         if not isinstance(attrs, dict):
-            raise _err("bad-type", f"attrs must be a mapping, got {attrs!r}", f"{path}.attrs",
+            raise _err("bad-type", f"attrs must be a mapping, got {cut(attrs)}", f"{path}.attrs",
                        "write attrs: {mode: 0}")
+        _check_attr_values(attrs, f"{path}.attrs")
         try:
             attrs = rule.normalize_attrs(attrs, name)
         except LayoutPropError as err:
@@ -308,6 +419,26 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
         out.append((i, {"name": name, "op": rule.name, "inputs": inputs, "attrs": nd.get("attrs", {}) or {}},
                     rule))
     return out
+
+
+def _check_attr_values(attrs: dict, path: str) -> None:
+    """Attribute names are strings; values are what JSON can write: numbers, strings, booleans,
+    null, lists of them and mappings with string keys (never a YAML ``!!set``, a timestamp or
+    binary data, which rules cannot compare or hash)."""
+    stack = [(attrs, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise _err("bad-attr", f"attribute key {cut(key)} is of type {type(key).__name__}, not a string",
+                               where, "write attribute names as strings")
+                stack.append((item, f"{where}.{printable(key[:100])}"))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        elif value is not None and not isinstance(value, (bool, int, float, str)):
+            raise _err("bad-attr", f"attribute value {cut(value)} is of type {type(value).__name__}", where,
+                       "write numbers, strings, booleans, lists and mappings (no !!set, dates or binary)")
 
 
 def _order(nodes, g: Graph) -> list:
@@ -328,8 +459,9 @@ def _order(nodes, g: Graph) -> list:
             base, _ = split_value(value)
             hint = "define the value as an input or a node before using it"
             if base in producers or base in g:
-                hint = f"{base!r} has several outputs: name one as {base}:0, {base}:1, ..."
-            raise SpecError("undefined-value", f"input {j} of node {nd['name']!r} is {value!r}, which is not defined",
+                hint = f"{cut(base)} has several outputs: name one as {base}:0, {base}:1, ..."
+            raise SpecError("undefined-value",
+                            f"input {j} of node {cut(nd['name'])} is {cut(value)}, which is not defined",
                             path=f"nodes[{i}].inputs[{j}]", node=nd["name"], input=value, hint=hint)
     # Depth-first, deps in index order, iteratively: a long chain given in reverse order
     # must not hit Python's recursion limit, and no closure may keep the spec alive in a cycle.
@@ -367,7 +499,7 @@ def _build(data: dict) -> Graph:
     g = Graph(_mesh(data["mesh"]))
     inputs = data["inputs"]
     if not isinstance(inputs, dict) or not inputs:
-        raise _err("bad-type", f"inputs must be a non-empty mapping of name -> spec, got {inputs!r}", "inputs",
+        raise _err("bad-type", f"inputs must be a non-empty mapping of name -> spec, got {cut(inputs)}", "inputs",
                    "write inputs: {x: {shape: [4, 8]}}")
     for name, spec in inputs.items():
         _check_name(name, f"inputs.{name}")
@@ -383,11 +515,16 @@ def _build(data: dict) -> Graph:
         used = {v for n in g.nodes for v in n.inputs}
         outputs = [v for n in g.nodes if not n.is_input for v in n.outputs if v not in used]
     if not isinstance(outputs, list) or not all(isinstance(v, str) for v in outputs):
-        raise _err("bad-type", f"outputs must be a list of value names, got {outputs!r}", "outputs",
+        raise _err("bad-type", f"outputs must be a list of value names, got {cut(outputs)}", "outputs",
                    "write outputs: [y]")
+    listed: set[str] = set()
     for k, value in enumerate(outputs):
+        if value in listed:
+            raise _err("duplicate-output", f"output {cut(value)} is listed twice", f"outputs[{k}]",
+                       "list every output once")
+        listed.add(value)
         if not g.has_value(value):
-            raise _err("undefined-value", f"output {value!r} is not defined", f"outputs[{k}]",
+            raise _err("undefined-value", f"output {cut(value)} is not defined", f"outputs[{k}]",
                        "name a node (or node:i) as an output")
     g.output(*outputs)
     return g

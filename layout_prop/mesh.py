@@ -20,16 +20,20 @@ Examples
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import product
 
 import numpy as np
 
-from .errors import LayoutError
+from .errors import LayoutError, cut
 
-__all__ = ["DeviceMesh"]
+__all__ = ["DeviceMesh", "MAX_RANKS"]
+
+#: the most ranks a mesh may have (2^16). Analysis (check, explain, viz, lower) takes time
+#: linear in the rank count (the cost model visits every rank group of a redistribution's
+#: mesh axis): a few seconds per redistribution at this limit; execution runs every rank.
+MAX_RANKS = 2 ** 16
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,11 @@ class DeviceMesh:
                     f"mesh axis {i} has size {size!r}; sizes must be positive integers",
                     hint="give every mesh axis a size of at least 1",
                 )
+        ranks = math.prod(int(s) for s in shape)
+        if ranks > MAX_RANKS:
+            count = str(ranks) if ranks.bit_length() < 100 else f"about 2^{ranks.bit_length() - 1}"
+            raise LayoutError("too-many-ranks", f"mesh {cut(list(shape))} has {count} ranks, over the limit "
+                              f"{MAX_RANKS} (2^16)", hint=f"use a mesh of at most {MAX_RANKS} ranks")
         if len(names) != len(shape):
             raise LayoutError(
                 "invalid-mesh",
@@ -78,7 +87,7 @@ class DeviceMesh:
         object.__setattr__(self, "shape", tuple(int(s) for s in shape))
         object.__setattr__(self, "names", names)
         object.__setattr__(self, "_hash", hash((self.shape, self.names)))
-        object.__setattr__(self, "_size", math.prod(self.shape))  # read on every local-shape query
+        object.__setattr__(self, "_size", ranks)
 
 
     def __hash__(self) -> int:  # computed once: specs key the rule cache

@@ -203,7 +203,7 @@ def _load_builtin_ops() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             ep.load()
-        except Exception as exc:  # a broken plugin must not break the built-in ops; say which one
+        except BaseException as exc:  # a broken plugin (even one that calls exit()): say which one, exit 2
             raise OpError("plugin-failed", f"loading op plugin {ep.name!r} ({ep.value}) failed: "
                           f"{type(exc).__name__}: {exc}", hint="fix or uninstall that package") from exc
 

@@ -114,23 +114,34 @@ class TensorSpec:
 
     # ------------------------------------------------------------ local views
     def dim_bounds(self, dim: int, coords: tuple[int, ...]) -> tuple[int, int]:
-        """The global index range of ``dim`` held at mesh coordinates ``coords``."""
-        lo, hi = 0, self.shape[dim]
-        for axis in self.layout.dim_axes(dim):
-            b = chunk_bounds(hi - lo, self.mesh.shape[axis])[coords[axis]]
-            lo, hi = lo + b[0], lo + b[1]
-        return lo, hi
+        """The global index range of ``dim`` held at mesh coordinates ``coords``.
 
-    @cached_property
-    def _slices_by_rank(self) -> tuple[tuple[tuple[int, int], ...], ...]:
-        return tuple(
-            tuple(self.dim_bounds(d, coords) for d in range(self.ndim)) for coords in self.mesh.all_coords()
-        )
+        Constant time in the mesh size (one piece's bounds, not all of them), so that a
+        mesh of many ranks costs work linear in its size, never quadratic."""
+        lo, hi = 0, self.shape[dim]
+        sizes = self.layout.mesh.shape
+        for axis in self._dim_axes[dim]:
+            n, k, i = hi - lo, sizes[axis], coords[axis]
+            c = -(-n // k) if n else 0  # chunk_bounds(n, k)[i], without the other k - 1 pieces
+            lo, hi = lo + min(i * c, n), lo + min((i + 1) * c, n)
+        return lo, hi
 
     def local_slices(self, rank: int) -> tuple[tuple[int, int], ...]:
         """Per dim, the ``[start, stop)`` range of the global tensor that ``rank`` holds."""
-        self.mesh.check_rank(rank)
-        return self._slices_by_rank[rank]
+        cache = self._slices_cache
+        slices = cache.get(rank)
+        if slices is None:
+            coords = self.mesh.coords(rank)  # validates the rank
+            slices = cache[rank] = tuple(self.dim_bounds(d, coords) for d in range(self.ndim))
+        return slices
+
+    @cached_property
+    def _slices_cache(self) -> dict[int, tuple[tuple[int, int], ...]]:
+        return {}
+
+    @cached_property
+    def _dim_axes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.layout.dim_axes(d) for d in range(len(self.shape)))
 
     def local_index(self, rank: int) -> tuple[slice, ...]:
         """``local_slices`` as a numpy index."""
@@ -141,14 +152,16 @@ class TensorSpec:
         return tuple(b - a for a, b in self.local_slices(rank))
 
     def local_nbytes(self, rank: int = 0) -> int:
-        """The bytes of ``rank``'s piece."""
-        self.mesh.check_rank(rank)
-        return self._local_nbytes[rank]
+        """The bytes of ``rank``'s piece (computed once per rank of a uniqued spec)."""
+        cache = self._nbytes_cache
+        nbytes = cache.get(rank)
+        if nbytes is None:
+            nbytes = cache[rank] = math.prod(b - a for a, b in self.local_slices(rank)) * self.itemsize
+        return nbytes
 
     @cached_property
-    def _local_nbytes(self) -> tuple[int, ...]:
-        item = self.itemsize
-        return tuple(math.prod(b - a for a, b in slices) * item for slices in self._slices_by_rank)
+    def _nbytes_cache(self) -> dict[int, int]:
+        return {}
 
     def replica_groups(self) -> tuple[tuple[int, ...], ...]:
         """Groups of ranks that hold identical data (they differ only on Replicate axes)."""

@@ -1,0 +1,424 @@
+"""Hostile and careless input (issue 14): every case keeps the exit-code contract.
+
+Each case was a traceback, a hang or a memory blow-up before: now it is exit 2 with one
+line on stderr (a typed error with a code), in bounded time, and control characters from
+a spec never reach the terminal raw.  Most cases run in-process through
+:func:`layout_prop.cli.main`; the ones about the process itself (stdout closed or full,
+a module that exits) run the console script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from layout_prop.cli import EXIT_BROKEN_PIPE, main
+from layout_prop.errors import LayoutError, SpecError, cut, printable
+from layout_prop.loader import ALIAS_FACTOR, ALIAS_SLACK, MAX_DEPTH, MAX_ELEMENTS, load_spec, parse_spec
+from layout_prop.mesh import MAX_RANKS, DeviceMesh
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("layout-prop: error: ")
+    return lines[0]
+
+
+def check_refuses(tmp_path: Path, capsys, text: str | bytes, code: str, *fragments: str,
+                  name: str = "spec.yaml", seconds: float = 10.0) -> str:
+    """``layout-prop check`` on ``text``: exit 2, nothing on stdout, one line naming ``code``."""
+    spec = tmp_path / name
+    spec.write_bytes(text if isinstance(text, bytes) else text.encode())
+    start = time.perf_counter()
+    rc = main(["check", str(spec)])
+    elapsed = time.perf_counter() - start
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert rc == 2 and out == "", (rc, out, err)
+    assert f"error: {code}" in line, line
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert elapsed < seconds, elapsed
+    return line
+
+
+SMALL = "mesh: {shape: [2]}\ninputs: {x: {shape: [4, 8]}}\n"
+
+
+# --------------------------------------------------------------------------- nesting, numbers, keys
+@pytest.mark.parametrize("name,text", [
+    ("deep.json", '{"mesh": ' + "[" * 1000 + "]" * 1000 + "}"),
+    ("deep.yaml", "mesh: " + "[" * 1000 + "]" * 1000 + "\n"),
+    ("deep_dict.json", '{"mesh": ' + '{"a": ' * 1000 + "1" + "}" * 1000 + "}"),
+], ids=["json-lists", "yaml-lists", "json-mappings"])
+def test_nesting_a_thousand_deep_is_refused(tmp_path, capsys, name, text):
+    check_refuses(tmp_path, capsys, text, "spec-", name=name)
+
+
+def test_nesting_past_the_depth_limit_that_parsers_accept_is_refused(tmp_path, capsys):
+    depth = MAX_DEPTH + 10  # json and libyaml read it; the loader refuses it before any use
+    text = '{"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4]}}, "nodes": [], "description": ' + \
+        "[" * depth + "]" * depth + "}"
+    assert isinstance(json.loads(text), dict)
+    check_refuses(tmp_path, capsys, text, "spec-too-deep", f"more than {MAX_DEPTH} deep", name="d.json")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("shape.yaml", SMALL.replace("[4, 8]", "[" + "9" * 5000 + "]") + "nodes: []\n"),
+    ("shape.json", json.dumps({"mesh": {"shape": [2]}, "nodes": []})[:-1] + ', "inputs": {"x": {"shape": ['
+     + "9" * 5000 + "]}}}"),
+], ids=["yaml", "json"])
+def test_integer_over_4300_digits_in_a_shape(tmp_path, capsys, name, text):
+    line = check_refuses(tmp_path, capsys, text, "spec-syntax", "number")
+    assert "9" * 100 not in line  # cut, never printed whole
+
+
+def test_integer_over_4300_digits_in_a_shard_dim(tmp_path, capsys):
+    text = SMALL.replace("[4, 8]}", '[4, 8], placements: ["S(' + "9" * 5000 + ')"]}') + "nodes: []\n"
+    line = check_refuses(tmp_path, capsys, text, "bad-placement", "inputs.x.placements[0]")
+    assert "9" * 100 not in line
+
+
+def test_huge_but_readable_integers_are_cut_in_messages(tmp_path, capsys):
+    big = 10 ** 4000  # fewer than 4,300 digits: parsed, then refused as too large
+    line = check_refuses(tmp_path, capsys, SMALL.replace("[4, 8]", f"[{big}, 8]") + "nodes: []\n",
+                         "too-large", "inputs.x.shape[0]")
+    assert len(line) < 600
+
+
+@pytest.mark.parametrize("attrs,fragment", [
+    ("!!set {a, b}", "attrs must be a mapping"),
+    ("{axis: !!set {a, b}}", "of type set"),
+    ("{1: a, b: c}", "attribute key 1"),
+    ("{axis: {1: a, b: c}}", "attribute key 1"),
+    ("{axis: 2001-01-01}", "of type date"),
+    ("{axis: !!binary aGVsbG8=}", "of type bytes"),
+], ids=["set", "set-value", "int-and-str-keys", "nested-int-and-str-keys", "date", "binary"])
+def test_attrs_that_are_not_json_values(tmp_path, capsys, attrs, fragment):
+    text = SMALL + f"nodes:\n  - {{name: y, op: softmax, inputs: [x], attrs: {attrs}}}\n"
+    check_refuses(tmp_path, capsys, text, "ba", "nodes[0].attrs", fragment)
+
+
+def test_two_unknown_top_level_keys_of_different_types(tmp_path, capsys):
+    check_refuses(tmp_path, capsys, SMALL + "nodes: []\n1: a\nb: c\n", "unknown-key", "['b', 1]")
+
+
+# --------------------------------------------------------------------------- files that are not specs
+def test_dev_zero_is_refused_without_reading_it(capsys):
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    start = time.perf_counter()
+    rc = main(["check", "/dev/zero"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and "spec-not-found" in one_error_line(err) and "device" in err
+    assert time.perf_counter() - start < 5
+
+
+def test_a_spec_file_past_the_size_limit(tmp_path):
+    from layout_prop.loader import read_spec_text
+
+    spec = tmp_path / "big.yaml"
+    spec.write_text(SMALL + "nodes: []\ndescription: '" + "x" * 2000 + "'\n")
+    assert "nodes" in read_spec_text(spec, limit=4096)
+    with pytest.raises(SpecError) as excinfo:
+        read_spec_text(spec, limit=1024)
+    assert excinfo.value.code == "spec-too-large" and "1024 bytes" in excinfo.value.message
+
+
+def test_a_pipe_is_read(tmp_path):
+    # process substitution and /dev/stdin are pipes, not devices: read (with the same cap)
+    text = (EXAMPLES / "rpe" / "dp_sp.yaml").read_text()
+    proc = subprocess.run([*console_command(), "check", "/dev/stdin"], input=text, capture_output=True,
+                          text=True, timeout=120, env=cli_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "no violations" in proc.stdout
+
+
+# --------------------------------------------------------------------------- YAML aliases
+LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("where", ["description: *i", "mesh: {shape: *i}", "nodes: *i", "mesh: *i"])
+def test_billion_laughs_is_refused_quickly(tmp_path, capsys, where):
+    text = LAUGHS + SMALL.replace("mesh: {shape: [2]}\n", "") + where + "\n"
+    if not where.startswith("mesh"):
+        text += "mesh: {shape: [2]}\n"
+    if not where.startswith("nodes"):
+        text += "nodes: []\n"
+    assert len(text) < 800
+    line = check_refuses(tmp_path, capsys, text, "spec-too-large", "aliases expand", seconds=5)
+    assert len(line) < 600
+
+
+def test_aliases_within_the_limit_are_fine():
+    shared = "mesh: {shape: [2]}\ninputs:\n  x: {shape: &s [4, 8]}\n  w: {shape: *s}\n" \
+             "nodes:\n  - {name: y, op: add, inputs: [x, w]}\n"
+    assert load_spec(shared).outputs == ["y"]
+    items = ALIAS_SLACK // 9  # a list aliased 9 times expands to about ALIAS_SLACK items: allowed
+    text = "a: &a [" + ", ".join(["1"] * items) + "]\nb: [" + ", ".join(["*a"] * 9) + "]\n"
+    assert "b" in parse_spec(text)
+    with pytest.raises(SpecError) as excinfo:  # a hundred times: refused
+        parse_spec("a: &a [" + ", ".join(["1"] * items) + "]\nb: [" + ", ".join(["*a"] * 100) + "]\n")
+    assert excinfo.value.code == "spec-too-large" and f"{ALIAS_FACTOR} times" in excinfo.value.message
+
+
+def test_a_value_that_contains_itself(tmp_path, capsys):
+    check_refuses(tmp_path, capsys, "mesh: &m [*m]\n", "spec-too-large", "contains itself")
+
+
+def test_cut_is_bounded_on_a_shared_nest():
+    nest: list = ["lol"] * 9
+    for _ in range(9):
+        nest = [nest] * 9  # 9^10 items if expanded
+    start = time.perf_counter()
+    text = cut(nest)
+    assert time.perf_counter() - start < 0.1
+    assert len(text) <= 200 and text.startswith("[[[")
+
+
+# --------------------------------------------------------------------------- meshes
+@pytest.mark.parametrize("shape,code,where", [
+    ([2 ** 64], "too-large", "mesh.shape[0]"),
+    ([2 ** 31], "too-large", "mesh.shape[0]"),
+    ([2 ** 12, 2 ** 12], "too-many-ranks", "mesh.shape"),
+], ids=["2^64", "2^31", "2^24-as-two-axes"])
+def test_meshes_over_the_rank_limit(tmp_path, capsys, shape, code, where):
+    text = f"mesh: {{shape: {shape}}}\ninputs: {{x: {{shape: [4]}}}}\nnodes: []\n"
+    check_refuses(tmp_path, capsys, text, code, where, str(MAX_RANKS), seconds=5)
+
+
+def test_mesh_limit_in_the_api():
+    assert DeviceMesh((MAX_RANKS,)).size == MAX_RANKS
+    with pytest.raises(LayoutError) as excinfo:
+        DeviceMesh((MAX_RANKS, 2))
+    assert excinfo.value.code == "too-many-ranks"
+
+
+def test_analysis_time_is_linear_in_the_rank_count():
+    """check --reshard --backward on 4,096 and 16,384 ranks: 4 times the ranks, at most about
+    4 times the time (it was about n^2: 4,096 ranks took 10 s).  Best of 3 of each, interleaved."""
+    from layout_prop.api import analyze, format_table
+
+    def spec(n: int) -> str:
+        return (f"mesh: {{shape: [{n}, 2], names: [dp, tp]}}\ninputs:\n"
+                f"  x: {{shape: [{n}, 8, 16], placements: [\"S(0)\", \"S(2)\"]}}\n"
+                "  w: {shape: [32, 16], placements: [R, \"S(0)\"]}\n"
+                "nodes:\n  - {name: y, op: linear, inputs: [x, w]}\n  - {name: z, op: softmax, inputs: [y]}\n")
+
+    def seconds(n: int) -> float:
+        start = time.perf_counter()
+        analysis = analyze(load_spec(spec(n)), reshard=True, backward=True)
+        format_table(analysis)
+        return time.perf_counter() - start
+
+    small, large = min(seconds(4096) for _ in range(3)), min(seconds(16384) for _ in range(3))
+    assert large < 6.5 * small + 0.05, (small, large)  # quadratic would be 16 times
+
+
+# --------------------------------------------------------------------------- graphs
+def test_duplicate_outputs_are_refused(tmp_path, capsys):
+    text = SMALL + "nodes:\n  - {name: y, op: neg, inputs: [x]}\noutputs: [y, y]\n"
+    check_refuses(tmp_path, capsys, text, "duplicate-output", "outputs[1]", "'y'")
+    spec = tmp_path / "spec.yaml"
+    assert main(["run", str(spec), "--backward"]) == 2  # never an internal name such as cotangent/y
+    _, err = capsys.readouterr()
+    assert "duplicate-output" in one_error_line(err) and "cotangent" not in err
+
+
+def test_a_tensor_over_the_size_limit_reports_the_limit(tmp_path, capsys):
+    text = SMALL.replace("[4, 8]", f"[{2 ** 62}, 4]") + "nodes:\n  - {name: y, op: neg, inputs: [x]}\n"
+    line = check_refuses(tmp_path, capsys, text, "too-large", "inputs.x.shape", str(MAX_ELEMENTS))
+    assert "broadcast" not in line
+
+
+# --------------------------------------------------------------------------- control characters
+HOSTILE_NAME = "x\x1b[31mred\x07\nline\u202e"
+
+
+def test_printable_escapes_every_control_character():
+    text = "".join(chr(c) for c in range(0x20)) + "\x7f\x9b\u2028\u202e"
+    out = printable(text)
+    assert all(c.isprintable() for c in out), out
+    assert printable("a\nb", newlines=True) == "a\nb"
+    assert printable("tab\there") == "tab\\there"
+
+
+@pytest.mark.parametrize("where", ["input", "node", "mesh-axis", "output"])
+def test_control_characters_in_names_are_refused_and_escaped(tmp_path, capsys, where):
+    name = json.dumps(HOSTILE_NAME)
+    text = {
+        "input": f"mesh: {{shape: [2]}}\ninputs: {{{name}: {{shape: [4]}}}}\nnodes: []\n",
+        "node": SMALL + f"nodes:\n  - {{name: {name}, op: neg, inputs: [x]}}\n",
+        "mesh-axis": f"mesh: {{shape: [2], names: [{name}]}}\ninputs: {{x: {{shape: [4]}}}}\nnodes: []\n",
+        "output": SMALL + f"nodes:\n  - {{name: y, op: neg, inputs: [x]}}\noutputs: [{name}]\n",
+    }[where]
+    line = check_refuses(tmp_path, capsys, text, "ba" if where != "output" else "undefined-value")
+    assert not any(c in line for c in "\x1b\x07\u202e")
+    assert "\\x1b" in line
+
+
+def test_control_characters_in_values_never_reach_the_terminal(tmp_path, capsys):
+    # an unknown op, an attr value (in a violation's message on stdout) and an unknown key:
+    # escaped wherever they are quoted
+    for text in (SMALL + f"nodes:\n  - {{name: y, op: {json.dumps(HOSTILE_NAME)}, inputs: [x]}}\n",
+                 SMALL + "nodes:\n  - {name: y, op: softmax, inputs: [x], attrs: {axis: "
+                 + json.dumps(HOSTILE_NAME) + "}}\n",
+                 SMALL + f"nodes: []\n{json.dumps(HOSTILE_NAME)}: 1\n"):
+        (tmp_path / "spec.yaml").write_text(text)
+        rc = main(["check", str(tmp_path / "spec.yaml")])
+        out, err = capsys.readouterr()
+        assert rc in (1, 2), (out, err)  # a softmax axis that is a string is a violation (exit 1)
+        if rc == 2:
+            one_error_line(err)
+        assert not any(c in out + err for c in "\x1b\x07\u202e"), (out, err)
+        assert "\\x1b" in out + err
+        assert not any(line.startswith("line") for line in (out + err).splitlines())
+
+
+def test_stdout_is_escaped_too(capsys):
+    # a table row or message that carries a control character (here printed by a command
+    # through the same stream) is escaped on the way out, line breaks kept
+    from layout_prop import cli
+
+    def noisy(args):
+        print("table\x1b[2J row\nnext\a line")
+        return 0
+
+    cli.COMMANDS["demo"], saved = noisy, cli.COMMANDS["demo"]
+    try:
+        assert main(["demo"]) == 0
+    finally:
+        cli.COMMANDS["demo"] = saved
+    out, _ = capsys.readouterr()
+    assert out == "table\\x1b[2J row\nnext\\x07 line\n"
+
+
+# --------------------------------------------------------------------------- code that exits
+@pytest.mark.parametrize("body,fragment", [
+    ("raise SystemExit(7)", "SystemExit: 7"),
+    ("import sys\nsys.exit('bye')", "SystemExit: bye"),
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+    ("class Odd(BaseException):\n    pass\nraise Odd('odd')", "Odd: odd"),
+], ids=["exit-7", "exit-str", "keyboard-interrupt", "base-exception"])
+def test_a_module_that_exits_keeps_the_contract(tmp_path, capsys, body, fragment):
+    module = tmp_path / "exits.py"
+    module.write_text(body + "\n")
+    rc = main(["verify", "anything", "--module", str(module)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    line = one_error_line(err)
+    assert "module-failed" in line and fragment in line
+
+
+def test_a_module_that_exits_keeps_the_contract_in_the_console_script(tmp_path):
+    module = tmp_path / "exits.py"
+    module.write_text("raise SystemExit(7)\n")
+    proc = run_cli("verify", "anything", "--module", str(module))
+    assert proc.returncode == 2
+    assert "module-failed" in one_error_line(proc.stderr)
+
+
+def test_an_op_that_exits_while_running_keeps_the_contract(capsys):
+    from layout_prop import cli
+
+    def exits(args):
+        raise SystemExit(7)
+
+    cli.COMMANDS["demo"], saved = exits, cli.COMMANDS["demo"]
+    try:
+        rc = main(["demo"])
+    finally:
+        cli.COMMANDS["demo"] = saved
+    _, err = capsys.readouterr()
+    assert rc == 2 and "unexpected-exit" in one_error_line(err)
+
+
+def test_help_says_that_modules_and_entry_points_run_code(capsys):
+    for argv in (["--help"], ["verify", "--help"]):
+        assert main(argv) == 0
+        out, _ = capsys.readouterr()
+        flat = " ".join(out.split())
+        assert "layout_prop.ops" in flat and "runs with your permissions" in flat
+    assert main(["verify", "--help"]) == 0
+    assert "RUNS with your permissions" in " ".join(capsys.readouterr()[0].split())
+
+
+# --------------------------------------------------------------------------- stdout closed or full
+def console_command() -> list[str]:
+    bindir = os.path.dirname(sys.executable)
+    exe = shutil.which("layout-prop", path=bindir) or shutil.which("layout-prop")
+    return [exe] if exe else [sys.executable, "-m", "layout_prop.cli"]
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*console_command(), *args], capture_output=True, text=True, timeout=120, env=cli_env())
+
+
+@pytest.mark.parametrize("argv", [["gen", "llama"], ["check", str(EXAMPLES / "llama_block.yaml")],
+                                  ["run", str(EXAMPLES / "rpe" / "dp_sp.yaml")]], ids=["gen", "check", "run"])
+def test_stdout_closed_by_its_reader_exits_quietly(argv):
+    # `layout-prop ... | head -1` once head has gone: a pipe without a reader
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*console_command(), *argv], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120, env=cli_env())
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == EXIT_BROKEN_PIPE
+
+
+def test_broken_pipe_in_the_middle_of_the_output(monkeypatch, capsys):
+    import io
+
+    class ClosesAfterOneLine(io.StringIO):
+        def write(self, text):
+            if self.getvalue():
+                raise BrokenPipeError(32, "Broken pipe")
+            return super().write(text)
+
+    stdout = ClosesAfterOneLine()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["check", str(EXAMPLES / "rpe" / "dp_sp.yaml")]) == EXIT_BROKEN_PIPE
+    assert stdout.getvalue().startswith("mesh dp=2 x sp=2")
+    assert sys.stdout is stdout  # restored
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["check", str(EXAMPLES / "llama_block.yaml")], ["gen", "llama"],
+                                  ["check", str(EXAMPLES / "rpe" / "dp_sp.yaml"), "--json"]],
+                         ids=["check-large", "gen", "check-small"])
+def test_stdout_on_a_full_disk_is_one_line(argv):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([*console_command(), *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=120, env=cli_env())
+    assert proc.returncode == 2
+    assert "write-failed" in one_error_line(proc.stderr) and "No space left" in proc.stderr
+
+
+def test_stdout_closed_before_start_is_not_an_error(tmp_path):
+    proc = subprocess.run([*console_command(), "check", str(EXAMPLES / "rpe" / "dp_sp.yaml")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                          env=cli_env(), pass_fds=(), close_fds=True,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 0 and proc.stderr == ""

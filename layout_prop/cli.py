@@ -405,11 +405,13 @@ def _cmd_gen(args) -> int:
     if args.output is None:
         print(text, end="")
     else:
+        from .output import write_text_atomic
+
         try:
-            args.output.write_text(text)
+            write_text_atomic(args.output, text)  # a full disk leaves no truncated spec
         except OSError as exc:
-            raise SpecError("write-failed", f"cannot write {str(args.output)!r}: {exc.strerror}",
-                            hint="choose a folder that exists and is writable") from None
+            raise SpecError("write-failed", f"cannot write {cut(str(args.output))}: {exc.strerror or exc}",
+                            hint="choose a folder that exists and is writable, on a disk with space") from None
         print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
     return 0
 

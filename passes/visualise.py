@@ -1880,21 +1880,30 @@ def find_value(graph: Graph, name: str) -> TensorSpec:
     return spec
 
 
+def _write_failed(path: Path, exc: OSError) -> VizError:
+    return VizError("write-failed", f"cannot write {str(path)!r}: {exc.strerror or exc}", path=str(path),
+                    hint="check that the folder exists and is writable")
+
+
 def _write_text(path: Path, text: str) -> None:
+    """Write atomically (a temporary file beside ``path``, renamed): a full disk leaves no truncated file."""
+    from layout_prop.output import write_text_atomic
+
     try:
-        path.write_text(text, encoding="utf-8")
+        write_text_atomic(path, text)
     except OSError as exc:
-        raise VizError("write-failed", f"cannot write {str(path)!r}: {exc.strerror}", path=str(path),
-                       hint="check that the folder exists and is writable") from None
+        raise _write_failed(path, exc) from None
 
 
 def _write_scene(scene: Scene, path: Path, fmt: str) -> None:
     if fmt == "png":
+        from layout_prop.output import atomic_path
+
         try:
-            scene_png(scene, path)
+            with atomic_path(path) as tmp:
+                scene_png(scene, tmp)
         except OSError as exc:
-            raise VizError("write-failed", f"cannot write {str(path)!r}: {exc.strerror}", path=str(path),
-                           hint="check that the folder exists and is writable") from None
+            raise _write_failed(path, exc) from None
     elif fmt == "svg":
         _write_text(path, scene_svg(scene, standalone=True))
     else:

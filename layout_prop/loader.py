@@ -324,13 +324,20 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
             raise _err("invalid-layout", f"tensor_map has {len(tm)} entries for a tensor of rank {len(shape)}",
                        f"{path}.tensor_map", "give one entry per tensor dim")
         entries = [tuple(e) if isinstance(e, list) else e for e in tm]
-        for d in range(len(entries)):  # prefixes: the first entry that breaks the layout is the one at fault
+        try:  # the common case: the whole map is fine, and is built once
+            layout = Layout.from_tensor_map(g.mesh, entries)
+            TensorSpec(shape, dtype, layout)
+        except LayoutPropError:
+            layout = None
+        # otherwise prefixes: the first entry that breaks the layout is the one at fault (the last
+        # prefix is the whole map, so this raises)
+        for d in range(0 if layout is not None else len(entries)):
             try:
-                layout = Layout.from_tensor_map(g.mesh, entries[:d + 1] + [-1] * (len(entries) - d - 1))
-                TensorSpec(shape, dtype, layout)
+                prefix = Layout.from_tensor_map(g.mesh, entries[:d + 1] + [-1] * (len(entries) - d - 1))
+                TensorSpec(shape, dtype, prefix)
             except LayoutPropError as err:
                 raise _rethrow(err, f"{path}.tensor_map[{d}]") from None
-        placements = Layout.from_tensor_map(g.mesh, entries).placement_strs()
+        placements = layout.placement_strs()
     elif data.get("placements") == "auto":
         placements = "auto"
     else:
@@ -341,21 +348,24 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
         if len(raw) != g.mesh.ndim:
             raise _err("invalid-layout", f"{len(raw)} placements for a mesh of {g.mesh.ndim} axes "
                        f"{list(g.mesh.names)}", f"{path}.placements", "give one placement per mesh axis")
-        for i in range(len(raw)):  # prefixes: the first placement that breaks the layout is the one at fault
+        for i in range(len(raw)):
             if isinstance(raw[i], str) and len(raw[i]) > 40:  # S(<4,300 digits>) would not even parse
                 raise _err("bad-placement", f"placement {cut(raw[i], 60)} is {len(raw[i])} characters long",
                            f"{path}.placements[{i}]", "write R, S(d), P or P(op) with a small integer d")
+        try:  # the common case: the whole layout is fine, and is built once
+            TensorSpec(shape, dtype, Layout(g.mesh, raw, len(shape)))
+            fine = True
+        except LayoutPropError:
+            fine = False
+        # otherwise prefixes: the first placement that breaks the layout is the one at fault (the last
+        # prefix is the whole layout, so this raises)
+        for i in range(0 if fine else len(raw)):
             try:
                 prefix = [parse_placement(p) for p in raw[:i + 1]] + ["R"] * (len(raw) - i - 1)
                 TensorSpec(shape, dtype, Layout(g.mesh, prefix, len(shape)))
             except LayoutPropError as err:
                 raise _rethrow(err, f"{path}.placements[{i}]") from None
         placements = raw
-    if placements != "auto":
-        try:
-            TensorSpec(shape, dtype, Layout(g.mesh, placements, len(shape)))
-        except LayoutPropError as err:
-            raise _rethrow(err, f"{path}.placements") from None
     g.input(name, shape=shape, dtype=dtype, placements=placements, requires_grad=requires_grad)
 
 

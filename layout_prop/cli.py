@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=300.0, help="mindspore engine: seconds before giving up")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
+    r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
+                   help="refuse a run whose estimated memory exceeds SIZE (bytes, or 512M, 8G, 1.5T; default: "
+                        "the memory available now)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_args(r)
 
@@ -196,6 +199,22 @@ def _tolerance(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
     return value
+
+
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
+
+
+def _memory_size(text: str) -> int:
+    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGTP]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 512M, 8G or 1.5T")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return size
 
 
 def _mesh_arg(text: str) -> tuple[int, ...]:
@@ -340,7 +359,7 @@ def _cmd_run(args) -> int:
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
     options = {"timeout": args.timeout} if args.engine == "mindspore" else {}
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
-                    reshard=not args.no_reshard, rtol=args.rtol, **options)
+                    reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
     if args.json:
         _print_json(rep.to_dict())
     else:

@@ -37,7 +37,8 @@ from . import meta
 from .errors import ExecutionError, LayoutPropError
 from .graph import Graph, last_uses
 
-__all__ = ["RunReport", "run_graph", "execute_global", "random_inputs", "TOLERANCES", "compare"]
+__all__ = ["RunReport", "run_graph", "MemoryEstimate", "estimate_run_memory", "check_run_memory",
+           "available_memory", "execute_global", "random_inputs", "TOLERANCES", "compare"]
 
 TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "int32": 0.0, "int64": 0.0, "bool": 0.0}
 #: when the ranks run other kernels than the numpy reference (MindSpore, CANN), results differ by
@@ -186,9 +187,147 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | Non
                     f"(held by rank {rank}): got {g64[index].item()!r}, expected {r64[index].item()!r}")
 
 
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a run will hold at its peak, estimated before anything is allocated.
+
+    ``needed`` bytes: the graph inputs' global arrays (and the float64 draw of the largest),
+    plus the larger of the one-device reference's peak and (the reference's outputs + the
+    simulated ranks' peak + the assembled outputs and their comparison), plus twice the
+    largest tensor for kernel temporaries.  ``biggest``: the largest values, as
+    ``(name, shape, dtype, bytes on all ranks and the reference)``.
+    """
+
+    needed: int
+    biggest: tuple[tuple[str, tuple[int, ...], str, int], ...]
+
+
+def _ranks_bytes(spec) -> int:
+    """Bytes of a value summed over every rank's piece: shards partition a dim (uneven ones
+    too), Replicate and Partial axes hold a whole copy each, so no rank is visited."""
+    copies = 1
+    for size, placement in zip(spec.mesh.shape, spec.layout.placements):
+        if not placement.is_shard():
+            copies *= size
+    return spec.nbytes * copies
+
+
+def _live_peak(steps, sizes: dict[str, int], keep: set[str], held: int = 0) -> int:
+    """The most bytes live at once when ``steps`` run in order and every value not in
+    ``keep`` is dropped after its last use (as the simulator and the reference do)."""
+    dying = last_uses(steps, keep)
+    live = peak = held
+    for index, step in enumerate(steps):
+        live += sum(sizes.get(v, 0) for v in step.outputs)
+        peak = max(peak, live)
+        live -= sum(sizes.get(v, 0) for v in dying.get(index, ()))
+    return peak
+
+
+def estimate_run_memory(graph: Graph, program) -> MemoryEstimate:
+    """A simple, conservative estimate of a run's peak memory in this process (the values of
+    all ranks in the simulator and the one-device reference), made from specs alone.
+
+    Separate from the planner's per-rank memory model (``passes/memory.py``), which answers
+    what one device of a real cluster holds: this one answers whether ``run`` fits here.
+    Donated buffers are not subtracted, so it errs on the high side.
+    """
+    global_specs = {}
+    for node in graph.nodes:
+        for value, spec in zip(node.outputs, node.meta[meta.SPECS]):
+            if spec is not None:
+                global_specs[value] = spec
+    input_names = {n.name for n in graph.inputs()}
+    inputs = sum(global_specs[v].nbytes for v in input_names if v in global_specs)
+    # random_inputs draws float64 normals and scales them (two float64 temporaries) before the cast
+    draw = max((2 * 8 * (global_specs[v].nbytes // global_specs[v].itemsize) for v in input_names
+                if v in global_specs), default=0)
+    computed = {v: s.nbytes for v, s in global_specs.items() if v not in input_names}  # inputs: counted once
+    outputs = sum(global_specs[v].nbytes for v in graph.outputs)
+    reference = _live_peak(graph.topo_order(), computed, set(graph.outputs))
+    local = {v: _ranks_bytes(spec) for v, spec in program.specs.items()}
+    ranks = _live_peak(program.ops, local, set(program.outputs.values()))
+    # then, one output at a time: assembled, and compared in float64 (about five temporaries)
+    checking = max((global_specs[v].nbytes + 5 * 8 * (global_specs[v].nbytes // global_specs[v].itemsize)
+                    for v in graph.outputs), default=0)
+    after = outputs + sum(local.get(v, 0) for v in program.outputs.values()) + checking
+    largest = max((s.nbytes for s in global_specs.values()), default=0)
+    needed = inputs + draw + max(reference, outputs + ranks, after) + 2 * largest
+    shown = [(_user_name(v), spec, local.get(v, 0) + spec.nbytes) for v, spec in global_specs.items()
+             if not v.startswith("cotangent/")]  # a cotangent is as big as its output, listed already
+    biggest = tuple((name, spec.shape, spec.dtype, size) for name, spec, size in
+                    sorted(shown, key=lambda item: -item[2])[:3])
+    return MemoryEstimate(needed, biggest)
+
+
+def _user_name(value: str) -> str:
+    """A graph value as the user names it (``grad/x`` is ``grad:x``)."""
+    return f"grad:{value[5:]}" if value.startswith("grad/") else value
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the least of the kernel's MemAvailable, the
+    cgroup's limit less its usage, and the address-space limit; None when none is known."""
+    import os
+    import resource
+
+    candidates = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    candidates.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    if not candidates:
+        try:
+            candidates.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            candidates.append(max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        candidates.append(soft)  # the whole address space, not what is left: an upper bound
+    return min(candidates) if candidates else None
+
+
+def format_bytes(count: int) -> str:
+    """``1536`` -> ``'1.5 KiB'``; ``3 * 2**30`` -> ``'3.0 GiB'``."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def check_run_memory(graph: Graph, program, max_memory: int | None = None) -> MemoryEstimate:
+    """Refuse (``run-too-large``) a run whose estimated peak exceeds ``max_memory`` bytes, or
+    the available memory when ``max_memory`` is None, before anything is allocated."""
+    estimate = estimate_run_memory(graph, program)
+    limit = max_memory if max_memory is not None else available_memory()
+    if limit is not None and estimate.needed > limit:
+        what = "the --max-memory limit of" if max_memory is not None else "the available"
+        biggest = ", ".join(f"{v} {list(shape)} {dtype} {format_bytes(b)}" for v, shape, dtype, b in estimate.biggest)
+        raise ExecutionError("run-too-large", f"the run needs about {format_bytes(estimate.needed)} "
+                             f"({estimate.needed} bytes, estimated), over {what} {format_bytes(limit)} ({limit} "
+                             f"bytes); biggest tensors (all ranks and the reference): {biggest}",
+                             hint="use smaller shapes or fewer ranks; --max-memory SIZE sets the limit if the "
+                                  "estimate is too cautious")
+    return estimate
+
+
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
               seed: int = 0, reshard: bool = True, rtol: float | None = None, verify: bool = False,
-              **engine_options) -> RunReport:
+              max_memory: int | None = None, check_memory: bool = True, **engine_options) -> RunReport:
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
     ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
@@ -196,7 +335,9 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     ``rtol`` overrides it (deep graphs amplify rounding; other
     backends' kernels round differently from the numpy reference:
     :data:`CROSS_BACKEND_TOLERANCES`).  ``verify`` runs the graph verifier after every pass
-    (see :func:`layout_prop.api.analyze`).
+    (see :func:`layout_prop.api.analyze`).  Before anything is allocated, the run's memory
+    is estimated (:func:`estimate_run_memory`) and a run over ``max_memory`` bytes (default:
+    the memory available) is refused with ``run-too-large``; ``check_memory=False`` skips it.
     """
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
@@ -212,6 +353,8 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         report.executed = False
         return report
     program = Lower().run(g).program
+    if check_memory:
+        check_run_memory(g, program, max_memory)
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
     inputs = random_inputs(g, seed)

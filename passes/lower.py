@@ -170,7 +170,19 @@ class LowerResult:
 
 
 class Lower:
+    """Lower a resharded, propagated graph to the SPMD program every rank runs.
+
+    Parameters
+    ----------
+    localize : bool
+        Give every kernel op its per-rank attrs (default).  ``False`` leaves ``attrs`` empty:
+        the ops, values and specs only, for analyses that execute nothing (memory).
+    """
+
     name = "lower"
+
+    def __init__(self, localize: bool = True) -> None:
+        self.localize = localize
 
     def run(self, graph: Graph) -> LowerResult:
         prog = Program(graph.mesh)
@@ -208,7 +220,9 @@ class Lower:
                 in_specs.append(plan.dst)
             out_specs = node.meta[meta.SPECS]
             attrs = node.meta[meta.ATTRS]
-            if type(rule).localize is OpRule.localize:  # the same attrs on every rank: one dict, shared
+            if not self.localize:
+                per_rank = ()
+            elif type(rule).localize is OpRule.localize:  # the same attrs on every rank: one dict, shared
                 per_rank = (dict(attrs),) * graph.mesh.size
             else:
                 per_rank = tuple(rule.localize(attrs, tuple(in_specs), out_specs, r) for r in range(graph.mesh.size))

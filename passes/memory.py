@@ -157,8 +157,16 @@ class Memory:
         persistent = {n.name for n in params} | grads
         keep = set(graph.outputs)
         dying = last_uses(steps, keep)
-        ranks = []
+        # ranks whose pieces have the same bytes in every spec have the same memory: walk the
+        # program once per such class of ranks (once in all when every shard is even)
+        specs = {spec: None for step in steps for spec in step.specs if spec is not None}  # equal specs once
+        specs.update((n.meta[meta.SPECS][0], None) for n in params)
+        classes: dict[tuple, list[int]] = {}
         for rank in range(graph.mesh.size):
+            classes.setdefault(tuple(spec.local_nbytes(rank) for spec in specs), []).append(rank)
+        by_rank: dict[int, RankMemory] = {}
+        for members in classes.values():
+            rank = members[0]
             p = sum(n.meta[meta.SPECS][0].local_nbytes(rank) for n in params)
             live = peak = 0
             sizes: dict[str, int] = {}
@@ -168,10 +176,13 @@ class Memory:
                         continue
                     sizes[value] = spec.local_nbytes(rank)
                     live += sizes[value]
-                peak = max(peak, live)
+                if live > peak:
+                    peak = live
                 for value in dying.get(index, ()):
                     live -= sizes.pop(value, 0)
-            ranks.append(RankMemory(rank, p, p, self.states * p, peak))
+            for member in members:
+                by_rank[member] = RankMemory(member, p, p, self.states * p, peak)
+        ranks = [by_rank[r] for r in range(graph.mesh.size)]
         backward = any(n.meta.get(meta.INSERTED_BY) == "backward" for n in graph.nodes)
         return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
 
@@ -189,7 +200,7 @@ def _steps(graph: Graph) -> tuple[Sequence, bool]:
 
     if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
         try:
-            return Lower().run(graph).program.ops, True
+            return Lower(localize=False).run(graph).program.ops, True
         except LayoutPropError:
             pass
     return [_Step(n.inputs, n.outputs, tuple(n.meta.get(meta.SPECS, ()))) for n in graph.topo_order()], False

@@ -8,7 +8,8 @@ a few tests launch it:
   (all-to-all, all-gather on a sub-group, reduce-scatter), so that every run goes
   through an AllReduce-based emulation as well as the native all-reduce of the backward;
 - a worker failing on purpose (``LAYOUT_PROP_FAIL_RANK``) and a timeout: typed errors,
-  within the time bound, no process left behind.
+  within the time bound, no process left behind (killed workers, signals and a hostile
+  temp folder: ``test_msrun_safety.py``).
 
 The rest runs without msrun: the emulations' buffer arithmetic against the simulated
 collectives (bit for bit, uneven shards), the kernel tables against the numpy table,
@@ -51,6 +52,8 @@ from layout_prop.loader import load_spec  # noqa: E402
 from layout_prop.passes.lower import Lower  # noqa: E402
 from layout_prop.runner import random_inputs, run_graph  # noqa: E402
 
+from .msrun_support import TAG_ENV, new_tag, wait_until_none_left  # noqa: E402
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rpe"
 TIMEOUT = 120.0  # seconds; every msrun test below finishes in well under half of it
 
@@ -68,18 +71,6 @@ def scenario(name: str, mode: int, extra_nodes=(), extra_inputs=None, dtype: str
     return load_spec(yaml.safe_dump(data))
 
 
-def leftover_processes(run_dir: str) -> list[int]:
-    """Processes whose command line names the run folder (workers, msrun)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if run_dir.encode() in cmdline:
-                pids.append(int(entry.name))
-    return pids
 
 
 def emulated_kinds(report) -> set[str]:
@@ -90,14 +81,14 @@ def native_kinds(report) -> set[str]:
     return {c["kind"] for c in report.extra["collective_impls"] if not c["emulated"]}
 
 
-def check_run(report, ranks: int) -> None:
-    """A run that matches one device, with the engine's report filled in."""
+def check_run(report, ranks: int, runs_root: Path) -> None:
+    """A run that matches one device, with the engine's report filled in and its folder removed."""
     assert report.ok, report.mismatches
     assert report.ranks == ranks
     assert sorted(report.grads) == ["cos", "sin", "x"]
     assert len(report.extra["per_rank_seconds"]) == ranks
     assert all(r["total"] > 0 and r["kernel"] > 0 for r in report.extra["per_rank_seconds"])
-    assert Path(report.extra["run_dir"], "rank0.npz").exists()
+    assert report.extra["run_dir"] is None and list(runs_root.iterdir()) == []
     assert "all-reduce" in native_kinds(report)  # the backward's gradient all-reduce, native on mccl
 
 
@@ -107,11 +98,14 @@ def test_dp_b_mode0_on_2_ranks(tmp_path):
     graph = scenario("dp_b", 0, [{"name": "y_s2", "op": "redistribute", "inputs": ["y"],
                                   "attrs": {"placements": ["S(2)"]}}])
     report = run_graph(graph, engine="mindspore", backend="mindspore", backward=True, timeout=TIMEOUT,
-                       run_dir=tmp_path)
-    check_run(report, 2)
+                       run_dir=tmp_path, keep=True)
+    assert report.ok, report.mismatches
+    assert report.ranks == 2 and sorted(report.grads) == ["cos", "sin", "x"] and "all-reduce" in native_kinds(report)
     assert set(report.outputs) == {"y", "y_s2"}
     assert emulated_kinds(report) == {"all-to-all"}
-    assert Path(report.extra["run_dir"]).parent == tmp_path
+    run = Path(report.extra["run_dir"])  # kept on request: the logs and results are there
+    assert run.parent == tmp_path and run.stat().st_mode & 0o777 == 0o700
+    assert (run / "rank0.npz").exists() and (run / "logs" / "worker_1.log").exists()
 
 
 def test_dp_sp_mode1_float64_on_4_ranks(tmp_path):
@@ -123,6 +117,7 @@ def test_dp_sp_mode1_float64_on_4_ranks(tmp_path):
                        run_dir=tmp_path)
     assert report.ok, report.mismatches
     assert sorted(report.grads) == ["cos", "sin", "x"]
+    assert list(tmp_path.iterdir()) == []  # removed after success
     assert emulated_kinds(report) == {"all-gather", "all-reduce"}
     gathers = [c for c in report.extra["emulated_collectives"] if c["kind"] == "all-gather"]
     assert sorted(gathers[0]["groups"]) == [[0, 2], [1, 3]]
@@ -137,7 +132,7 @@ def test_dp_tp_sp_mode3_on_8_ranks(tmp_path):
                                "requires_grad": False}})
     report = run_graph(graph, engine="mindspore", backend="mindspore", backward=True, timeout=TIMEOUT,
                        run_dir=tmp_path)
-    check_run(report, 8)
+    check_run(report, 8, tmp_path)
     assert set(report.outputs) == {"y", "z"}
     assert emulated_kinds(report) == {"reduce-scatter"}
     ops = {(c["mesh_axis"], c["impl"].split(",")[0]) for c in report.extra["emulated_collectives"]}
@@ -145,6 +140,8 @@ def test_dp_tp_sp_mode3_on_8_ranks(tmp_path):
 
 
 def test_failing_worker_is_reported_within_the_timeout(tmp_path, monkeypatch):
+    tag = new_tag()
+    monkeypatch.setenv(TAG_ENV, tag)
     monkeypatch.setenv(FAIL_RANK_ENV, "1")
     engine_timeout = 120.0
     start = time.monotonic()
@@ -160,10 +157,12 @@ def test_failing_worker_is_reported_within_the_timeout(tmp_path, monkeypatch):
     run_dir = next(tmp_path.iterdir())
     assert f"run folder {run_dir}" in err.message
     assert error_path(run_dir, 1).exists()
-    assert leftover_processes(str(run_dir)) == []
+    assert wait_until_none_left(tag) == []
 
 
-def test_timeout_kills_every_process(tmp_path):
+def test_timeout_kills_every_process(tmp_path, monkeypatch):
+    tag = new_tag()
+    monkeypatch.setenv(TAG_ENV, tag)
     start = time.monotonic()
     with pytest.raises(ExecutionError) as info:
         run_graph(load_spec(EXAMPLES / "dp_b.yaml"), engine="mindspore", backend="mindspore", timeout=3,
@@ -175,8 +174,7 @@ def test_timeout_kills_every_process(tmp_path):
     run_dir = next(tmp_path.iterdir())
     assert "timeout of 3 s" in err.message and "ranks [0, 1] did not finish" in err.message
     assert f"run folder {run_dir}" in err.message
-    time.sleep(0.5)
-    assert leftover_processes(str(run_dir)) == []
+    assert wait_until_none_left(tag) == []
 
 
 # --------------------------------------------------------------------------- refusals before launch

@@ -5,49 +5,75 @@
 
 1. checks the backend (``cann`` needs an Ascend device, and every rank's local shapes
    must pass the CANN kernel's constraints) before launching anything;
-2. writes a fresh run folder (``<temp>/layout-prop-runs/run-<timestamp>-<pid>-<random>``
-   by default; never a previous one) holding the pickled job and, per rank, the rank's
-   local inputs, cut by :func:`layout_prop.kernels.collectives.scatter_global` with the
-   caller's random generator exactly as the simulator cuts them (so Partial inputs get
-   the same random terms);
+2. makes a private run folder with :func:`tempfile.mkdtemp` (mode 0700, a new random name
+   each run) directly in the system temp folder, or in ``run_dir``, which must be a real
+   folder owned by this user that nobody else can write to (:func:`check_runs_root`);
+   it holds the job (pickled after its HMAC-SHA256 under a fresh secret that only reaches
+   the workers through msrun's environment, :data:`~layout_prop.kernels.msrun_worker.JOB_KEY_ENV`)
+   and, per rank, the rank's local inputs as plain ``.npz`` (read without pickles), cut by
+   :func:`layout_prop.kernels.collectives.scatter_global` with the caller's random
+   generator exactly as the simulator cuts them (so Partial inputs get the same random
+   terms).  A folder that cannot be written (full or read-only filesystem) is removed and
+   reported as ``run-folder-failed``;
 3. starts ``msrun --worker_num=N --local_worker_num=N --master_port=P --join=True
-   --log_dir=<run>/logs python -m layout_prop.kernels.msrun_worker <run>`` (N = mesh
-   size, P a free port, the running interpreter first on ``PATH``, since msrun starts
-   the ``python`` found there) and waits at most ``timeout`` seconds;
-4. reads every rank's wanted outputs and timings back.
+   --tail_worker_log=-2 --log_dir=<run>/logs python -m layout_prop.kernels.msrun_worker <run>``
+   (N = mesh size, P a free port, the running interpreter first on ``PATH``, since msrun
+   starts the ``python`` found there; ``--tail_worker_log=-2`` matches no rank, so msrun
+   starts no ``tail -f``) through :mod:`layout_prop.kernels.msrun_guard`, so that msrun,
+   its scheduler and its workers are killed by the kernel if their parent dies;
+4. watches every worker (found as msrun's children, their rank read from the
+   ``RANK_ID`` msrun gives them) ten times a second: a worker that dies is named with its
+   rank and its signal or exit code as soon as it dies, and the whole run is killed;
+5. reads every rank's wanted outputs and timings back, and removes the run folder unless
+   ``keep`` (failed runs are always kept, and their folder named in the error).
+
+While it runs, SIGTERM and SIGHUP (and Ctrl-C) kill every process of the run before
+``layout-prop`` ends with the same signal; a SIGKILL of ``layout-prop`` reaches msrun and
+its workers through the parent-death signal.
 
 Failures are typed :class:`~layout_prop.errors.ExecutionError`\\ s, one line each:
 ``engine-unavailable`` (no msrun), ``backend-unavailable`` (cann without Ascend),
-``engine-timeout`` (the processes are killed; names the ranks that did not finish),
-``worker-failed`` (the failing rank, its op and error, the run folder).  The engine never
-waits longer than the timeout (plus a few seconds to kill).
+``bad-timeout``, ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout`` (the
+processes are killed; names the ranks that did not finish), ``worker-failed`` (the
+failing rank, its op and error or its signal, the run folder).  The engine never waits
+longer than the timeout (plus a few seconds to kill).
 
 Examples
 --------
 >>> engine = MsrunEngine(timeout=60)
->>> engine.backend, engine.timeout
-('mindspore', 60.0)
+>>> engine.backend, engine.timeout, engine.keep
+('mindspore', 60.0, False)
 >>> MsrunEngine(backend="torch")
 Traceback (most recent call last):
     ...
 layout_prop.errors.ExecutionError: backend-unavailable: the mindspore engine has no kernel backend 'torch' (hint: use --backend mindspore, cann or numpy)
+>>> MsrunEngine(timeout=float("inf"))
+Traceback (most recent call last):
+    ...
+layout_prop.errors.ExecutionError: bad-timeout: the timeout must be a number of seconds in (0, 604800], got inf (hint: pass --timeout 300, for example)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import pickle
+import re
+import secrets
 import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -56,10 +82,11 @@ from layout_prop.errors import ExecutionError, LayoutPropError
 from . import msrun_worker as worker
 from .collectives import scatter_global
 
-__all__ = ["MsrunEngine", "RUNS_FOLDER_NAME", "RPE_OPS", "BACKENDS", "check_cann_program", "check_kernels"]
+__all__ = ["MsrunEngine", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "check_timeout",
+           "check_runs_root", "check_cann_program", "check_kernels"]
 
-RUNS_FOLDER_NAME = "layout-prop-runs"
-"""Run folders go under ``<system temp dir>/layout-prop-runs`` unless ``run_dir`` says otherwise."""
+RUN_PREFIX = "layout-prop-run-"
+"""Run folders are ``<system temp dir or run_dir>/layout-prop-run-<timestamp>-<random>``."""
 
 RPE_OPS = ("rotary_position_embedding", "rotary_position_embedding_grad")
 
@@ -67,9 +94,74 @@ BACKENDS = ("mindspore", "cann", "numpy")
 """Kernel backends of the workers; ``numpy`` runs the numpy reference kernels in the
 workers (MindSpore collectives, numpy kernels: separates collective from kernel problems)."""
 
-#: After a worker reports an error, msrun gets this long to stop the others itself.
-FAILURE_GRACE_SECONDS = 5.0
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+"""The longest timeout accepted (a week)."""
+
 _POLL_SECONDS = 0.1
+#: A worker that vanished (msrun reaped it) without a result gets this long for msrun's log line.
+_VANISHED_GRACE_SECONDS = 1.0
+_WORKER_MODULE = b"layout_prop.kernels.msrun_worker"
+_WORKER_DEATH = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+
+
+def check_timeout(value: Any) -> float:
+    """The timeout in seconds as a float: a number in (0, :data:`MAX_TIMEOUT_SECONDS`].
+
+    Raises
+    ------
+    ExecutionError
+        ``bad-timeout`` for anything else (nan, inf, zero, negative, not a number).
+
+    >>> check_timeout("90")
+    90.0
+    """
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_SECONDS):
+        raise ExecutionError("bad-timeout", f"the timeout must be a number of seconds in "
+                             f"(0, {MAX_TIMEOUT_SECONDS:.0f}], got {value}", hint="pass --timeout 300, for example")
+    return seconds
+
+
+def check_runs_root(root: Path, user_given: bool = True) -> None:
+    """Refuse a folder to make run folders in that another user could tamper with.
+
+    A folder given by the user must be a real folder (not a symbolic link), owned by this
+    user, and not writable by group or others.  The system temp folder (``user_given``
+    False) may be owned by root and writable by all if it has the sticky bit, as ``/tmp``
+    has: :func:`tempfile.mkdtemp` then makes a folder there that only we can use.
+
+    Raises
+    ------
+    ExecutionError
+        ``unsafe-run-dir`` naming the folder, its owner or mode; ``run-folder-failed`` if
+        it cannot be read.
+    """
+    try:
+        info = os.lstat(root)
+    except OSError as exc:
+        raise ExecutionError("run-folder-failed", f"cannot use {str(root)!r} for run folders: {exc.strerror}",
+                             hint="give a folder that exists, or set TMPDIR") from None
+    mode = stat.S_IMODE(info.st_mode)
+    others_write = bool(mode & 0o022)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a folder"
+    elif user_given and info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    elif user_given and others_write:
+        problem = f"has mode {mode:o}: group or others can write to it"
+    elif not user_given and info.st_uid not in (os.geteuid(), 0):
+        problem = f"is owned by uid {info.st_uid}, neither this user nor root"
+    elif not user_given and others_write and not mode & stat.S_ISVTX:
+        problem = f"has mode {mode:o}: others can write to it and it has no sticky bit"
+    if problem:
+        raise ExecutionError("unsafe-run-dir", f"refusing to make run folders in {str(root)!r}: it {problem}",
+                             hint="use a private folder of yours (chmod 700), or the default temp folder")
 
 
 class MsrunEngine:
@@ -81,28 +173,25 @@ class MsrunEngine:
         The workers' kernel table: MindSpore ops on CPU (mccl), the CANN RPE kernel on
         Ascend (HCCL), or the numpy reference kernels on CPU (mccl collectives only).
     timeout : float
-        Seconds before the run is killed (``engine-timeout``).
+        Seconds before the run is killed (``engine-timeout``); see :func:`check_timeout`.
     run_dir : path, optional
-        The folder under which each execution makes its own fresh run folder (default
-        ``<system temp dir>/layout-prop-runs``).
+        The folder in which each execution makes its own private run folder (default: the
+        system temp folder); see :func:`check_runs_root`.
     keep : bool
-        Keep the run folder after a successful run (failed runs are always kept).
+        Keep the run folder (worker logs, inputs, results) after a successful run; a
+        failed run's folder is always kept.
     """
 
     name = "mindspore"
 
     def __init__(self, backend: str = "mindspore", timeout: float = 300.0, run_dir: str | os.PathLike | None = None,
-                 keep: bool = True) -> None:
+                 keep: bool = False) -> None:
         if backend not in BACKENDS:
             raise ExecutionError("backend-unavailable", f"the mindspore engine has no kernel backend {backend!r}",
                                  hint="use --backend mindspore, cann or numpy")
-        timeout = float(timeout)
-        if not timeout > 0:
-            raise ExecutionError("bad-timeout", f"the timeout must be a positive number of seconds, got {timeout}",
-                                 hint="pass --timeout 300, for example")
         self.backend = backend
-        self.timeout = timeout
-        self.runs_root = Path(run_dir) if run_dir is not None else Path(tempfile.gettempdir()) / RUNS_FOLDER_NAME
+        self.timeout = check_timeout(timeout)
+        self.user_runs_root = Path(run_dir) if run_dir is not None else None
         self.keep = keep
         self.run_dir: Path | None = None
         self._extra: dict[str, Any] = {}
@@ -132,7 +221,8 @@ class MsrunEngine:
         ------
         ExecutionError
             ``backend-unavailable``, ``kernel-constraint`` / ``no-backward-kernel`` (cann),
-            ``no-kernel``, ``missing-input``, ``engine-unavailable``, ``engine-timeout``, ``worker-failed``.
+            ``no-kernel``, ``missing-input``, ``engine-unavailable``, ``unsafe-run-dir``,
+            ``run-folder-failed``, ``engine-timeout``, ``worker-failed``.
         """
         started = time.perf_counter()
         wanted = list(program.outputs) if wanted is None else list(wanted)
@@ -142,79 +232,131 @@ class MsrunEngine:
             check_cann_program(program)
             device_target = "Ascend"
         check_kernels(program, self.backend)
-        env = _worker_environment()
-        msrun = shutil.which("msrun", path=env["PATH"])
+        search_path = _search_path()
+        msrun = shutil.which("msrun", path=os.pathsep.join(search_path))
         if msrun is None:
             raise ExecutionError("engine-unavailable", "msrun (MindSpore's launcher) is not on PATH nor next to "
                                  f"{sys.executable}", hint="pip install 'layout-prop[mindspore]'")
         local_inputs = _scatter_inputs(program, global_inputs, rng)
-        run = self._new_run_folder()
-        self._write_job(run, {"program": program, "wanted": wanted, "backend": self.backend,
-                              "device_target": device_target}, local_inputs)
+        input_names = [op.name for op in program.ops if op.kind == "input"]
         size = program.mesh.size
-        command = [msrun, f"--worker_num={size}", f"--local_worker_num={size}", f"--master_port={_free_port()}",
-                   "--join=True", f"--log_dir={run / 'logs'}", f"--cluster_time_out={max(int(self.timeout), 1)}",
-                   "python", "-m", "layout_prop.kernels.msrun_worker", str(run)]
-        (run / "command.txt").write_text(" ".join(command) + "\n")
-        returncode = self._launch_and_wait(command, env, run, size)
+        key = secrets.token_bytes(32)
+        run = self._new_run_folder()
+        msrun_args = [msrun, f"--worker_num={size}", f"--local_worker_num={size}", f"--master_port={_free_port()}",
+                      "--join=True", "--tail_worker_log=-2", f"--log_dir={run / 'logs'}",
+                      f"--cluster_time_out={max(int(self.timeout), 1)}",
+                      "python", "-m", "layout_prop.kernels.msrun_worker", str(run)]
+        job = {"program": program, "wanted": wanted, "backend": self.backend, "device_target": device_target,
+               "input_names": input_names}
+        env = self._prepare_run(run, job, key, local_inputs, input_names, search_path, msrun_args)
+        command = [sys.executable, "-m", "layout_prop.kernels.msrun_guard", str(os.getpid())] + msrun_args
+        try:
+            with _signals_end_the_run():
+                returncode = self._launch_and_wait(command, env, run, size)
+        except _Terminated as stop:
+            _end_like_the_signal(stop.signum, run)
+            raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
+                                 f"of the run was killed; run folder {run}", hint="run it again") from None
         results = self._collect(run, size, wanted, returncode)
         self._extra["launcher_seconds"] = time.perf_counter() - started
         if not self.keep:
             shutil.rmtree(run, ignore_errors=True)
+            self._extra["run_dir"] = None
         return results
 
     def report_extra(self) -> dict[str, Any]:
-        """What the JSON report adds for this engine: ``run_dir``, ``backend``, ``per_rank_seconds``
-        (per rank: seconds per op kind, ``setup`` and ``total``), ``emulated_collectives``
-        (every collective built from all-reduce instead of a native primitive, with the
-        groups it ran on and how), ``collective_impls`` (how each collective ran) and
-        ``launcher_seconds`` (wall time of :meth:`execute`)."""
+        """What the JSON report adds for this engine: ``run_dir`` (None once removed after
+        success), ``backend``, ``per_rank_seconds`` (per rank: seconds per op kind,
+        ``setup`` and ``total``), ``emulated_collectives`` (every collective built from
+        all-reduce instead of a native primitive, with the groups it ran on and how),
+        ``collective_impls`` (how each collective ran) and ``launcher_seconds`` (wall time
+        of :meth:`execute`)."""
         return {"run_dir": str(self.run_dir) if self.run_dir else None, "backend": self.backend, "per_rank_seconds": [],
                 "emulated_collectives": [], "collective_impls": [], "launcher_seconds": None, **self._extra}
 
     # ------------------------------------------------------------------ steps
+    def _runs_root(self) -> Path:
+        if self.user_runs_root is None:
+            root = Path(os.path.realpath(tempfile.gettempdir()))
+            check_runs_root(root, user_given=False)
+            return root
+        root = self.user_runs_root
+        if not os.path.lexists(root):
+            try:
+                root.mkdir(mode=0o700, parents=True)
+            except OSError as exc:
+                raise ExecutionError("run-folder-failed", f"cannot create {str(root)!r}: {exc.strerror}",
+                                     hint="give a folder that exists and is writable") from None
+        check_runs_root(root, user_given=True)
+        return root
+
     def _new_run_folder(self) -> Path:
-        self.runs_root.mkdir(parents=True, exist_ok=True)
+        root = self._runs_root()
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run = Path(tempfile.mkdtemp(prefix=f"run-{stamp}-{os.getpid()}-", dir=self.runs_root))  # always a new folder
+        try:
+            run = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{stamp}-", dir=root))  # new, random, mode 0700
+        except OSError as exc:
+            raise ExecutionError("run-folder-failed", f"cannot create a run folder in {str(root)!r}: {exc.strerror}",
+                                 hint="set TMPDIR to a writable folder with free space") from None
+        worker.check_private_folder(run)
         self.run_dir = run
         self._extra = {"run_dir": str(run), "backend": self.backend}
         return run
 
-    @staticmethod
-    def _write_job(run: Path, job: dict[str, Any], local_inputs: list[dict[str, np.ndarray]]) -> None:
-        (run / "inputs").mkdir()
-        (run / "logs").mkdir()
-        (run / "pids").mkdir()
-        with open(run / worker.JOB_FILE, "wb") as handle:
-            pickle.dump(job, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        for rank, arrays in enumerate(local_inputs):
-            with open(worker.inputs_path(run, rank), "wb") as handle:
-                pickle.dump(arrays, handle, protocol=pickle.HIGHEST_PROTOCOL)
+    def _prepare_run(self, run: Path, job: dict, key: bytes, local_inputs: list[dict[str, np.ndarray]],
+                     input_names: list[str], search_path: list[str], msrun_args: list[str]) -> dict[str, str]:
+        """Write the run folder; remove it and raise ``run-folder-failed`` if the disk refuses."""
+        try:
+            for folder in ("inputs", "logs", "pids"):
+                (run / folder).mkdir(mode=0o700)
+            env = _worker_environment(run, search_path)
+            env[worker.JOB_KEY_ENV] = key.hex()
+            worker.write_job(run, job, key)
+            for rank, arrays in enumerate(local_inputs):
+                worker.write_inputs(run, rank, [arrays[name] for name in input_names])
+            (run / "command.txt").write_text(shlex.join(msrun_args) + "\n")
+        except OSError as exc:
+            shutil.rmtree(run, ignore_errors=True)
+            self.run_dir = None
+            raise ExecutionError("run-folder-failed", f"cannot write the run folder {str(run)!r}: "
+                                 f"{exc.strerror or exc} (removed it)",
+                                 hint="free some space, or set TMPDIR to a writable folder with free space") from None
+        except BaseException:
+            shutil.rmtree(run, ignore_errors=True)
+            self.run_dir = None
+            raise
+        return env
 
     def _launch_and_wait(self, command: list[str], env: dict[str, str], run: Path, size: int) -> int:
-        """Start msrun in its own session; wait for it, a worker error or the timeout."""
-        deadline = time.monotonic() + self.timeout
-        with open(run / "msrun.log", "wb") as log:
-            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        error_seen_at: float | None = None
+        """Start msrun in its own session; wait for it to finish, a worker to fail, or the timeout."""
+        launched = time.monotonic()
+        deadline = launched + self.timeout
+        try:
+            with open(run / "msrun.log", "wb") as log:
+                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise ExecutionError("engine-unavailable", f"cannot start msrun: {exc.strerror or exc}; run folder {run}",
+                                 hint="check the MindSpore installation") from None
+        watch = _RunWatch(process.pid, run, size, launched)
         try:
             while True:
                 returncode = process.poll()
+                if returncode is not None and returncode < 0:  # its workers die with it (parent-death signal)
+                    self._kill_run(process, run, watch)
+                    raise ExecutionError("worker-failed", f"msrun (pid {process.pid}) was killed by "
+                                         f"{_signal_name(-returncode)}; its scheduler and workers were killed "
+                                         f"with it; run folder {run}", hint="read msrun.log in the run folder")
+                failure = watch.failure()
+                if failure is not None:
+                    self._kill_run(process, run, watch)
+                    raise ExecutionError("worker-failed", f"{failure}; every other process of the run was killed; "
+                                         f"run folder {run}",
+                                         hint="read the rank's worker log (and error file) in the run folder's logs/")
                 if returncode is not None:
                     return returncode
-                now = time.monotonic()
-                if error_seen_at is None and any(run.glob("rank*.error.json")):
-                    error_seen_at = now
-                if error_seen_at is not None and now - error_seen_at > FAILURE_GRACE_SECONDS:
-                    _kill_run(process, run)  # a worker failed and msrun did not stop the rest
-                    return process.wait()
-                if now > deadline:
-                    _kill_run(process, run)
-                    process.wait()
-                    if any(run.glob("rank*.error.json")):
-                        return -1
+                if time.monotonic() > deadline:
+                    self._kill_run(process, run, watch)
                     missing = _unfinished_ranks(run, size)
                     raise ExecutionError(
                         "engine-timeout", f"msrun did not finish within the timeout of {self.timeout:g} s; ranks "
@@ -222,9 +364,23 @@ class MsrunEngine:
                         hint="raise --timeout, or read the worker logs in the run folder's logs/")
                 time.sleep(_POLL_SECONDS)
         finally:
-            if process.poll() is None:  # an interrupt or an unexpected error: never leave processes behind
-                _kill_run(process, run)
-                process.wait()
+            if process.poll() is None or watch.live_pids():  # an interrupt or an unexpected error: never leave processes
+                self._kill_run(process, run, watch)
+
+    @staticmethod
+    def _kill_run(process: subprocess.Popen, run: Path, watch: "_RunWatch") -> None:
+        """SIGKILL msrun, its scheduler, every worker and their children, each by id; wait until they are gone."""
+        blocked = _block_signals()
+        try:
+            pids = _descendants(process.pid) | watch.live_pids() | _pid_file_workers(run)
+            _signal_group(process.pid)  # msrun and its scheduler (msrun's session and group)
+            for pid in pids:
+                _signal_group(pid, only_if_leader=True)  # a worker's own session and group
+                _signal_pid(pid)
+            process.wait()
+            _wait_until_gone(pids, 5.0)
+        finally:
+            _unblock_signals(blocked)
 
     def _collect(self, run: Path, size: int, wanted: list[str], returncode: int) -> dict[str, list[np.ndarray]]:
         errors = _read_errors(run)
@@ -237,15 +393,15 @@ class MsrunEngine:
                                  hint="read the rank's error file and worker log in the run folder")
         missing = _unfinished_ranks(run, size)
         if returncode != 0 or missing:
-            detail = _log_hint(run)
-            raise ExecutionError("worker-failed", f"msrun exited with code {returncode}; ranks {missing} wrote no "
-                                 f"result{detail}; run folder {run}",
-                                 hint="read msrun.log and the worker logs in the run folder")
+            how = (f"msrun was killed by {_signal_name(-returncode)}" if returncode < 0
+                   else f"msrun exited with code {returncode}")
+            raise ExecutionError("worker-failed", f"{how}; ranks {missing} wrote no result{_log_hint(run)}; "
+                                 f"run folder {run}", hint="read msrun.log and the worker logs in the run folder")
         results: dict[str, list[np.ndarray]] = {value: [] for value in wanted}
         per_rank, impls, emulated = [], {}, {}
         for rank in range(size):
             info = json.loads(worker.result_info_path(run, rank).read_text())
-            with np.load(worker.result_arrays_path(run, rank)) as arrays:
+            with np.load(worker.result_arrays_path(run, rank), allow_pickle=False) as arrays:
                 for k, value in enumerate(info["outputs"]):
                     if value in results:
                         results[value].append(np.array(arrays[f"v{k}"]))
@@ -267,6 +423,295 @@ class MsrunEngine:
         self._extra.update({"per_rank_seconds": per_rank, "emulated_collectives": list(emulated.values()),
                             "collective_impls": list(impls.values())})
         return results
+
+
+# --------------------------------------------------------------------------- watching msrun's processes
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _describe_status(status: int | None) -> str:
+    """A wait status (as ``waitpid`` gives it) in words."""
+    if status is None:
+        return "ended without a result (its exit status was not seen)"
+    if status & 0x7F:
+        return f"was killed by {_signal_name(status & 0x7F)} (signal {status & 0x7F})"
+    return f"exited with code {(status >> 8) & 0xFF}"
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def _proc_environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _proc_cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _parents() -> dict[int, int]:
+    """``{pid: parent pid}`` of every process (from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _proc_stat(int(entry.name))
+            if fields is not None and len(fields) > 1:
+                parents[int(entry.name)] = int(fields[1])
+    return parents
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (children, their children, ...), by parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+@dataclass
+class _Child:
+    """A process msrun started: a worker of a rank, or the scheduler."""
+
+    pid: int
+    start: str  # /proc start time: a reused pid is not this process
+    role: str  # "worker" or "scheduler"
+    rank: int | None
+
+
+class _RunWatch:
+    """Finds msrun's scheduler and workers and notices, within a poll, when one of them dies.
+
+    A worker's rank is the ``RANK_ID`` msrun puts in its environment (read once it has
+    started Python: its command line then differs from msrun's).  A dead worker stays a
+    zombie until msrun's next poll (once a second), so its wait status is read from
+    ``/proc/PID/stat``; if msrun reaped it first, from msrun's own log line.
+    """
+
+    def __init__(self, msrun_pid: int, run: Path, workers: int, launched: float) -> None:
+        self.msrun_pid = msrun_pid
+        self.run = run
+        self.workers = workers
+        self.launched = launched
+        self.children: dict[int, _Child] = {}
+        self.ended: dict[int, int | None] = {}  # pid -> wait status (None: not known)
+        self._vanished: dict[int, float] = {}
+
+    def live_pids(self) -> set[int]:
+        alive = set()
+        for pid, child in self.children.items():
+            fields = _proc_stat(pid)
+            if fields is not None and fields[19] == child.start and fields[0] not in "ZX":
+                alive.add(pid)
+        return alive
+
+    def _discover(self) -> None:
+        if sum(c.role == "worker" for c in self.children.values()) >= self.workers:
+            return
+        msrun_cmdline = _proc_cmdline(self.msrun_pid)
+        for pid, parent in _parents().items():
+            if parent != self.msrun_pid or pid in self.children:
+                continue
+            cmdline, fields = _proc_cmdline(pid), _proc_stat(pid)
+            if fields is None or not cmdline or cmdline == msrun_cmdline:
+                continue  # gone, or forked but not yet running Python: its environment is not final
+            if _WORKER_MODULE not in cmdline.split(b"\0"):
+                continue  # a helper msrun runs (not ours to watch; killed with the rest at the end)
+            env = _proc_environ(pid)
+            roles = {"MS_WORKER": "worker", "MS_SCHED": "scheduler"}
+            if env.get("MS_ROLE") not in roles:
+                continue
+            role = roles[env["MS_ROLE"]]
+            rank_id = env.get("RANK_ID", "")
+            rank = int(rank_id) if role == "worker" and rank_id.isdigit() else None
+            self.children[pid] = _Child(pid, fields[19], role, rank)
+
+    def _msrun_log_status(self, pid: int) -> int | None:
+        try:
+            text = (self.run / "msrun.log").read_text(errors="replace")
+        except OSError:
+            return None
+        for match in _WORKER_DEATH.finditer(text):
+            if int(match.group(1)) == pid:
+                code = int(match.group(2))
+                return -code if code < 0 else code << 8  # as a wait status
+        return None
+
+    def _poll_deaths(self) -> list[tuple[_Child, int | None]]:
+        deaths = []
+        now = time.monotonic()
+        for pid, child in self.children.items():
+            if pid in self.ended:
+                continue
+            fields = _proc_stat(pid)
+            if fields is not None and fields[19] == child.start:
+                if fields[0] in "ZX":
+                    self.ended[pid] = int(fields[-1])  # a zombie's exit_code field: its wait status
+                    deaths.append((child, self.ended[pid]))
+                continue
+            status = self._msrun_log_status(pid)  # reaped by msrun already
+            if status is None and child.rank is not None and worker.result_info_path(self.run, child.rank).exists():
+                status = 0
+            if status is None and now - self._vanished.setdefault(pid, now) < _VANISHED_GRACE_SECONDS:
+                continue
+            self.ended[pid] = status
+            deaths.append((child, status))
+        return deaths
+
+    def failure(self) -> str | None:
+        """What went wrong first, in words, or None while all is well.
+
+        The error files are read before the processes: a rank that fails because another
+        died writes its error after that death, so the death is seen in the same poll, and
+        a death by a signal is blamed before errors and exit codes seen with it.
+        """
+        errors = _read_errors(self.run)
+        self._discover()
+        deaths = [(c, s) for c, s in self._poll_deaths() if s != 0]
+        seconds = time.monotonic() - self.launched
+        by_signal = sorted((c.rank if c.rank is not None else -1, c.pid, c, s) for c, s in deaths
+                           if c.role == "worker" and s is not None and s & 0x7F)
+        # an outside kill (SIGKILL, SIGTERM, ...) before a rank's own abort seen in the same poll
+        by_signal.sort(key=lambda item: (item[3] & 0x7F not in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT),))
+        others = sorted({c.rank for c, _ in deaths if c.rank is not None}
+                        | {e.get("rank") for e in errors if isinstance(e.get("rank"), int)})
+        if by_signal:
+            _, pid, child, status = by_signal[0]
+            text = f"rank {child.rank} (pid {pid}) {_describe_status(status)} {seconds:.1f} s after the launch"
+            return text + _also(others, child.rank)
+        if errors:
+            first = min(errors, key=lambda e: (e.get("time", 0.0), str(e.get("rank"))))
+            text = f"rank {first.get('rank')} failed at {first.get('op')}: {_one_line(first.get('message', ''))}"
+            return text + _also(others, first.get("rank"))
+        worker_deaths = sorted(((c.rank if c.rank is not None else -1, c.pid, s) for c, s in deaths
+                                if c.role == "worker"))
+        if worker_deaths:
+            rank, pid, status = worker_deaths[0]
+            text = f"rank {rank if rank >= 0 else '?'} (pid {pid}) {_describe_status(status)}{_log_hint(self.run)}"
+            return text + _also(others, rank)
+        for child, status in deaths:
+            return f"msrun's scheduler (pid {child.pid}) {_describe_status(status)}{_log_hint(self.run)}"
+        return None
+
+
+def _also(ranks: list[int], blamed: Any) -> str:
+    rest = [r for r in ranks if r != blamed]
+    return f" (ranks {', '.join(map(str, rest))} ended too)" if rest else ""
+
+
+def _pid_file_workers(run: Path) -> set[int]:
+    """Workers named by their pid files that are still workers of this run (their command line names it)."""
+    pids = set()
+    for pid_file in (run / "pids").glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        cmdline = _proc_cmdline(pid)
+        if cmdline and str(run).encode() in cmdline.split(b"\0"):
+            pids.add(pid)
+    return pids
+
+
+def _signal_group(pid: int, only_if_leader: bool = False) -> None:
+    try:
+        if not only_if_leader or os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_until_gone(pids: set[int], limit: float) -> None:
+    """Wait (at most ``limit`` seconds) until every pid is dead (gone or a zombie)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if all((fields := _proc_stat(pid)) is None or fields[0] in "ZX" for pid in pids):
+            return
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- signals
+class _Terminated(BaseException):
+    """Raised in the main thread by SIGTERM or SIGHUP while a run is going."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`_Terminated` (main thread only; ignored signals stay ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def stop(signum, frame):
+        raise _Terminated(signum)
+
+    for signum in _STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        if handler is signal.SIG_IGN:
+            continue  # nohup and friends: keep ignoring
+        previous[signum] = handler
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _end_like_the_signal(signum: int, run: Path) -> None:
+    """After the run is killed: say so in one line and end by the same signal (its previous handler now)."""
+    print(f"layout-prop: {_signal_name(signum)} received: every process of the msrun run was killed; "
+          f"run folder {run}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signum)
+
+
+def _block_signals() -> set | None:
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+
+
+def _unblock_signals(previous: set | None) -> None:
+    if previous is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -345,22 +790,27 @@ def _scatter_inputs(program, global_inputs: dict[str, np.ndarray],
     return per_rank
 
 
-def _worker_environment() -> dict[str, str]:
-    """The environment for msrun: this interpreter's folder first on PATH, quiet MindSpore logs.
+def _search_path() -> list[str]:
+    """PATH with this interpreter's folder first (msrun starts the ``python`` found on PATH)."""
+    folder = str(Path(sys.executable).parent)
+    return [folder] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != folder]
 
-    msrun starts ``python`` from PATH; when this interpreter's folder has no ``python``
-    that is this interpreter, a shim folder holding one goes first.
+
+def _worker_environment(run: Path, search_path: list[str]) -> dict[str, str]:
+    """The environment for msrun: this interpreter first on PATH, quiet MindSpore logs.
+
+    When this interpreter's folder has no ``python`` that is this interpreter, a shim
+    ``python`` in the private run folder's ``bin/`` goes first.
     """
     env = dict(os.environ)
-    folder = str(Path(sys.executable).parent)
-    path = [folder] + [p for p in env.get("PATH", "").split(os.pathsep) if p and p != folder]
-    candidate = Path(folder) / "python"
+    path = list(search_path)
+    candidate = Path(path[0]) / "python"
     if not (candidate.exists() and os.path.samefile(candidate, sys.executable)):
-        shim = Path(tempfile.gettempdir()) / RUNS_FOLDER_NAME / f"python-shim-{os.getpid()}"
-        shim.mkdir(parents=True, exist_ok=True)
+        shim = run / "bin"
+        shim.mkdir(mode=0o700)
         script = shim / "python"
         script.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
-        script.chmod(0o755)
+        script.chmod(0o700)
         path.insert(0, str(shim))
     env["PATH"] = os.pathsep.join(path)
     env.setdefault("GLOG_v", "3")  # MindSpore's C++ log level: errors only
@@ -373,58 +823,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (from /proc)."""
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
-            kids.append(int(entry.name))
-    return kids
-
-
-def _is_our_worker(pid: int, run: Path) -> bool:
-    """Whether ``pid`` is still a worker of this run (its command line names the run folder)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return str(run).encode() in cmdline
-
-
-def _kill_run(process: subprocess.Popen, run: Path) -> None:
-    """Kill msrun's process group and every worker of this run, each by its id.
-
-    msrun starts each worker in a session of its own, so killing msrun's group does not
-    reach them: they are found as msrun's children and by the pid files they write.
-    """
-    worker_pids = set(_children(process.pid))
-    for pid_file in (run / "pids").glob("*.pid"):
-        try:
-            worker_pids.add(int(pid_file.read_text().strip()))
-        except (OSError, ValueError):
-            continue
-    worker_pids = {pid for pid in worker_pids if _is_our_worker(pid, run)}
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # msrun and the scheduler (started in msrun's group)
-    except ProcessLookupError:
-        pass
-    for pid in worker_pids:
-        try:
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            continue
 
 
 def _unfinished_ranks(run: Path, size: int) -> list[int]:

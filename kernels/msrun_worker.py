@@ -5,13 +5,18 @@ Started by :class:`layout_prop.kernels.msrun_engine.MsrunEngine` as
 starts the same command once as the cluster's scheduler (``MS_ROLE=MS_SCHED``); the
 scheduler only runs :func:`mindspore.communication.init` and leaves.
 
-A worker reads the run folder (see :data:`JOB_FILE` and :func:`inputs_path`), calls
-``mindspore.communication.init()``, takes its rank from ``get_rank()``, creates one
-communication group per mesh axis its collectives use, and runs the program's ops in
-order (SPMD: every rank runs every op):
+A worker first asks to be killed with its parent (msrun, see
+:mod:`layout_prop.kernels.msrun_guard`), checks that the run folder is private
+(:func:`check_private_folder`: owned by this user, a real folder, no access for group or
+others), reads the job (:func:`read_job`: unpickled only after its HMAC-SHA256, keyed by
+a secret the launcher passes in the environment variable :data:`JOB_KEY_ENV`, checks),
+calls ``mindspore.communication.init()``, takes its rank from ``get_rank()`` (which must
+equal msrun's ``RANK_ID``), creates one communication group per mesh axis its
+collectives use, and runs the program's ops in order (SPMD: every rank runs every op):
 
-- ``input``: the rank's local piece, cut and pickled by the launcher (partial inputs
-  with the launcher's random terms, exactly as the simulator cuts them);
+- ``input``: the rank's local piece, cut by the launcher and saved as plain ``.npz``
+  (read with ``allow_pickle=False``; partial inputs with the launcher's random terms,
+  exactly as the simulator cuts them);
 - ``kernel``: the backend's MindSpore kernel table
   (:mod:`layout_prop.kernels.mindspore_backend`) on MindSpore tensors, with the rank's
   localised attrs ``op.attrs[rank]`` (backend ``numpy``: the numpy reference table);
@@ -48,12 +53,14 @@ functions) have no CPU kernel, nor does the new ``all_gather_into_tensor``.  So 
 On Ascend (HCCL) the native AllGather, ReduceScatter and AlltoAll primitives are used
 where shapes are even (:data:`ASCEND_CAPS`; not exercised on a machine without Ascend).
 
-Test hook
----------
+Test hooks
+----------
 If the environment variable ``LAYOUT_PROP_FAIL_RANK`` is set to a rank ``r``
 (:data:`FAIL_RANK_ENV`), worker ``r`` raises a clear error right after ``init()``,
 before running any op, so that tests can check how the launcher reports a failed
-worker and that it does not hang.
+worker and that it does not hang.  If ``LAYOUT_PROP_PAUSE_AFTER_INIT`` is set to a
+number of seconds (:data:`PAUSE_ENV`), every worker writes ``rank<R>.paused`` after
+``init()`` and sleeps that long, so that tests can kill a worker of a running cluster.
 
 Examples
 --------
@@ -72,9 +79,13 @@ array([9])
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import io
 import json
 import os
 import pickle
+import stat
 import sys
 import time
 import traceback
@@ -87,10 +98,18 @@ import numpy as np
 from layout_prop.errors import ExecutionError
 
 from .collectives import reduce_terms
+from .msrun_guard import MSRUN_PID_ENV, die_with_parent
 
 __all__ = [
     "FAIL_RANK_ENV",
+    "PAUSE_ENV",
+    "JOB_KEY_ENV",
     "JOB_FILE",
+    "check_private_folder",
+    "write_job",
+    "read_job",
+    "write_inputs",
+    "read_inputs",
     "inputs_path",
     "result_arrays_path",
     "result_info_path",
@@ -115,14 +134,23 @@ __all__ = [
 FAIL_RANK_ENV = "LAYOUT_PROP_FAIL_RANK"
 """Test hook: the rank named here fails on purpose right after ``init()``."""
 
+PAUSE_ENV = "LAYOUT_PROP_PAUSE_AFTER_INIT"
+"""Test hook: every worker sleeps this many seconds after ``init()`` (after writing ``rank<R>.paused``)."""
+
+JOB_KEY_ENV = "LAYOUT_PROP_JOB_KEY"
+"""The hex secret that keys the job's HMAC; set by the launcher in msrun's environment only."""
+
 JOB_FILE = "job.pkl"
-"""The pickled job: ``{"program", "wanted", "backend", "device_target"}``."""
+"""The job: the 32-byte HMAC-SHA256 of the rest, then the pickled ``{"program", "wanted",
+"backend", "device_target", "input_names"}``."""
+
+_MAC_BYTES = 32
 
 
 # --------------------------------------------------------------------------- run-folder layout
 def inputs_path(run_dir: Path, rank: int) -> Path:
-    """The pickled ``{input name: local array}`` of ``rank``."""
-    return Path(run_dir) / "inputs" / f"rank{rank}.pkl"
+    """The local inputs of ``rank`` (npz, keys ``v0, v1, ...`` in the job's ``input_names`` order)."""
+    return Path(run_dir) / "inputs" / f"rank{rank}.npz"
 
 
 def result_arrays_path(run_dir: Path, rank: int) -> Path:
@@ -152,6 +180,97 @@ def group_name(axis_name: str, ranks: Sequence[int]) -> str:
     'lp_dp_1_3'
     """
     return f"lp_{axis_name}_{'_'.join(str(r) for r in ranks)}"
+
+
+# --------------------------------------------------------------------------- trusting the run folder
+def check_private_folder(folder: Path) -> None:
+    """Refuse a run folder that another user could have written to.
+
+    It must be a real folder (not a symbolic link), owned by this process's effective
+    user, with no permission at all for group or others (``mkdtemp`` makes it so).
+
+    Raises
+    ------
+    ExecutionError
+        ``unsafe-run-folder``, naming the folder, its owner and its mode.
+    """
+    try:
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise ExecutionError("unsafe-run-folder", f"cannot read the run folder {str(folder)!r}: {exc.strerror}",
+                             hint="the launcher makes the run folder; do not start workers by hand") from None
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a folder"
+    elif info.st_uid != os.geteuid():
+        problem = f"is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    elif info.st_mode & 0o077:
+        problem = f"has mode {stat.S_IMODE(info.st_mode):o}, open to group or others"
+    if problem:
+        raise ExecutionError("unsafe-run-folder", f"the run folder {str(folder)!r} {problem}; nothing in it is read",
+                             hint="someone else may have prepared it: use a fresh private folder (the default)")
+
+
+def _job_mac(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).digest()
+
+
+def write_job(run_dir: Path, job: dict, key: bytes) -> None:
+    """Write the job file: its HMAC-SHA256 under ``key``, then the pickle (a new file, never followed)."""
+    payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+    fd = os.open(Path(run_dir) / JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(_job_mac(key, payload))
+        handle.write(payload)
+
+
+def read_job(run_dir: Path, key: bytes) -> dict:
+    """Read the job that :func:`write_job` wrote; unpickle it only if its HMAC under ``key`` checks.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> write_job(folder, {"wanted": ["y"]}, b"k" * 32)
+    >>> read_job(folder, b"k" * 32)
+    {'wanted': ['y']}
+    >>> read_job(folder, b"x" * 32)
+    Traceback (most recent call last):
+        ...
+    layout_prop.errors.ExecutionError: job-not-verified: the job file ... does not carry this run's HMAC; it was not unpickled (hint: the launcher writes the job and passes its key to msrun; do not start workers by hand)
+    >>> import shutil; shutil.rmtree(folder)
+    """
+    path = Path(run_dir) / JOB_FILE
+    check_private_folder(Path(run_dir))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise ExecutionError("job-not-verified", f"cannot read the job file {str(path)!r}: {exc.strerror}",
+                             hint="the launcher writes the job; do not start workers by hand") from None
+    mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
+    if len(key) < 16 or not hmac.compare_digest(mac, _job_mac(key, payload)):
+        raise ExecutionError("job-not-verified", f"the job file {str(path)!r} does not carry this run's HMAC; "
+                             "it was not unpickled",
+                             hint="the launcher writes the job and passes its key to msrun; do not start workers "
+                             "by hand")
+    return pickle.loads(payload)
+
+
+def write_inputs(run_dir: Path, rank: int, arrays: Sequence[np.ndarray]) -> None:
+    """Save ``rank``'s local inputs (in the job's ``input_names`` order) as a plain npz, no pickles."""
+    buffer = io.BytesIO()  # built in memory: a failing disk then fails one plain write, not the zip writer
+    np.savez(buffer, **{f"v{k}": np.asarray(a) for k, a in enumerate(arrays)})
+    fd = os.open(inputs_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(buffer.getbuffer())
+
+
+def read_inputs(run_dir: Path, rank: int, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``{name: local array}`` of ``rank``, read with ``allow_pickle=False``."""
+    with np.load(inputs_path(run_dir, rank), allow_pickle=False) as arrays:
+        return {name: np.array(arrays[f"v{k}"]) for k, name in enumerate(names)}
 
 
 def _write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
@@ -568,6 +687,22 @@ def _fail_on_purpose(rank: int) -> None:
                              hint=f"unset {FAIL_RANK_ENV}; it is a test hook")
 
 
+def _pause_on_purpose(run_dir: Path, rank: int) -> None:
+    seconds = os.environ.get(PAUSE_ENV, "").strip()
+    if seconds:
+        (Path(run_dir) / f"rank{rank}.paused").write_text(f"{os.getpid()}\n")
+        time.sleep(float(seconds))
+
+
+def _checked_rank(rank: int) -> int:
+    """``rank`` from ``get_rank()``; it must be msrun's ``RANK_ID`` (the launcher names ranks by it)."""
+    exported = os.environ.get("RANK_ID", "")
+    if exported.isdigit() and int(exported) != rank:
+        raise ExecutionError("rank-mismatch", f"get_rank() is {rank} but msrun exported RANK_ID={exported}",
+                             hint="please report this: the launcher names failed ranks by RANK_ID")
+    return rank
+
+
 def _one_line(exc: BaseException) -> str:
     """The traceback's last line, kept to one line (MindSpore errors span many)."""
     if isinstance(exc, ExecutionError):
@@ -596,33 +731,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m layout_prop.kernels.msrun_worker RUN_FOLDER", file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
+    msrun_pid = os.environ.get(MSRUN_PID_ENV, "")
+    die_with_parent(int(msrun_pid) if msrun_pid.isdigit() else None)  # msrun gone: so are we
+    started = time.perf_counter()
+    check_private_folder(run_dir)  # before writing or reading anything in it
     import mindspore
     from mindspore.communication import get_rank, init
 
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun runs the command once more as the scheduler
         init()
         return 0
-    started = time.perf_counter()
-    (run_dir / "pids").mkdir(exist_ok=True)
     pid_path(run_dir, os.getpid()).write_text(f"{os.getpid()}\n")
     rank: int | str = os.environ.get("RANK_ID", f"unknown-{os.getpid()}")
     progress = {"op": "startup"}
     try:
-        with open(run_dir / JOB_FILE, "rb") as handle:
-            job = pickle.load(handle)
+        job = read_job(run_dir, bytes.fromhex(os.environ.get(JOB_KEY_ENV, "")))
         mindspore.set_context(mode=mindspore.PYNATIVE_MODE)
         mindspore.set_device(job["device_target"])
         progress["op"] = "init"
         init()
-        rank = get_rank()
+        rank = _checked_rank(get_rank())
         progress["op"] = "start"
+        _pause_on_purpose(run_dir, rank)
         _fail_on_purpose(rank)
         program = job["program"]
         progress["op"] = "create groups"
         caps = ASCEND_CAPS if job["device_target"] == "Ascend" else CPU_CAPS
         comm = Communicator(program, rank, caps)
-        with open(inputs_path(run_dir, rank), "rb") as handle:
-            inputs = pickle.load(handle)
+        inputs = read_inputs(run_dir, rank, job["input_names"])
         setup = time.perf_counter() - started
         env, seconds, records = run_rank(program, rank, inputs, job["backend"], comm, progress)
         seconds["setup"] = setup

@@ -106,7 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--backward", action="store_true", help="also run the backward and compare gradients")
     r.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
-    r.add_argument("--timeout", type=float, default=300.0, help="mindspore engine: seconds before giving up")
+    r.add_argument("--timeout", type=_seconds, default=300.0,
+                   help="mindspore engine: seconds before giving up (default 300, at most a week)")
+    r.add_argument("--keep-logs", action="store_true",
+                   help="mindspore engine: keep the run folder (worker logs) after a successful run too")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
     r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
@@ -188,6 +191,16 @@ def _positive_int(text: str) -> int:
     value = _non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in (0, 604800]")
     return value
 
 
@@ -357,7 +370,7 @@ def _cmd_run(args) -> int:
 
     graph = load_graph(args)
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
-    options = {"timeout": args.timeout} if args.engine == "mindspore" else {}
+    options = {"timeout": args.timeout, "keep": args.keep_logs} if args.engine == "mindspore" else {}
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
                     reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
     if args.json:
@@ -377,7 +390,7 @@ def _cmd_run(args) -> int:
             print(f"  collective {c['kind']} on {c['mesh_axis']} for {c['node']}: {c['bytes_per_rank']} bytes/rank")
         for c in rep.extra.get("emulated_collectives", []):
             print(f"  emulated on this device: {c}")
-        if "run_dir" in rep.extra:
+        if rep.extra.get("run_dir"):
             print(f"  worker logs: {rep.extra['run_dir']}")
         for v in rep.violations:
             print(f"  violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")

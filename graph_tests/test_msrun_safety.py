@@ -1,0 +1,292 @@
+"""The msrun engine against a hostile local user, bad flags, a full disk, killed workers and signals.
+
+Issue 14: the engine used to keep its runs under a fixed ``<tmp>/layout-prop-runs``, where
+another local user could plant the pickled job its workers load; a worker killed early
+made it wait for the whole timeout, a late one was blamed on the wrong rank, and SIGTERM
+left msrun, its scheduler, the workers and a ``tail -f`` per worker running.
+
+Fast tests (no msrun) first: the run folder checks, the job's HMAC, the ``--timeout``
+values, a disk that refuses the job.  Then the msrun runs (2 or 8 ranks, each a few
+seconds to half a minute on 2 cores): the planted folder left unused, a worker killed
+early and one killed late (named with rank and signal within 30 s), SIGTERM, SIGKILL of
+msrun and of ``layout-prop``.  Every msrun test lists the run's processes by an
+environment tag (see :mod:`graph_tests.msrun_support`) and requires none left.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+mindspore = pytest.importorskip("mindspore")
+
+from layout_prop.api import analyze  # noqa: E402
+from layout_prop.errors import ExecutionError  # noqa: E402
+from layout_prop.kernels import msrun_worker  # noqa: E402
+from layout_prop.kernels.msrun_engine import MsrunEngine, check_runs_root  # noqa: E402
+from layout_prop.kernels.msrun_worker import PAUSE_ENV, check_private_folder, read_job, write_job  # noqa: E402
+from layout_prop.loader import load_spec  # noqa: E402
+from layout_prop.passes.lower import Lower  # noqa: E402
+from layout_prop.runner import random_inputs, run_graph  # noqa: E402
+
+from .msrun_support import TAG_ENV, WorkerKiller, new_tag, tagged_processes, wait_until_none_left  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rpe"
+OTHER_UID = 12345
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+class Planted:
+    """What an attacker's pickle does when it is loaded: create a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def dp_b_program():
+    graph = analyze(load_spec(EXAMPLES / "dp_b.yaml")).graph
+    return graph, Lower().run(graph).program
+
+
+def cli(*args: str, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "layout_prop.cli", *args], capture_output=True, text=True,
+                          timeout=200, env=env, **kwargs)
+
+
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- run folders, without msrun
+@as_root
+def test_run_dir_of_another_user_is_refused_before_anything_is_written(tmp_path):
+    planted = tmp_path / "shared"
+    planted.mkdir()
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    graph, program = dp_b_program()
+    with pytest.raises(ExecutionError) as info:
+        MsrunEngine(run_dir=planted).execute(program, random_inputs(graph, 0))
+    assert info.value.code == "unsafe-run-dir"
+    assert f"is owned by uid {OTHER_UID}, not by this user (uid 0)" in info.value.message
+    assert list(planted.iterdir()) == []
+
+
+def test_run_dir_writable_by_others_or_a_symlink_is_refused(tmp_path):
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    with pytest.raises(ExecutionError) as info:
+        check_runs_root(open_folder)
+    assert info.value.code == "unsafe-run-dir"
+    assert "has mode 777: group or others can write to it" in info.value.message
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(ExecutionError) as info:
+        check_runs_root(link)
+    assert "it is a symbolic link" in info.value.message
+    check_runs_root(tmp_path)  # pytest's own tmp_path: ours, mode 700
+
+
+def test_sticky_world_writable_temp_folder_is_accepted_only_as_the_system_default(tmp_path):
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    check_runs_root(sticky, user_given=False)  # as /tmp: mkdtemp makes a private folder in it
+    with pytest.raises(ExecutionError):
+        check_runs_root(sticky, user_given=True)
+
+
+def test_job_with_a_wrong_hmac_is_never_unpickled(tmp_path):
+    run = Path(tempfile.mkdtemp(dir=tmp_path))
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"program": Planted(marker)})
+    (run / msrun_worker.JOB_FILE).write_bytes(b"\0" * 32 + payload)  # the attacker does not know the key
+    with pytest.raises(ExecutionError) as info:
+        read_job(run, os.urandom(32))
+    assert info.value.code == "job-not-verified"
+    assert not marker.exists()
+    # the launcher's own job, with its key, reads back
+    other = Path(tempfile.mkdtemp(dir=tmp_path))
+    key = os.urandom(32)
+    write_job(other, {"wanted": ["y"]}, key)
+    assert read_job(other, key) == {"wanted": ["y"]}
+
+
+@as_root
+def test_worker_refuses_a_run_folder_it_does_not_own(tmp_path):
+    run = Path(tempfile.mkdtemp(dir=tmp_path))
+    key = os.urandom(32)
+    marker = tmp_path / "pwned"
+    write_job(run, {"program": Planted(marker)}, key)  # even with the right key
+    os.chown(run, OTHER_UID, OTHER_UID)
+    with pytest.raises(ExecutionError) as info:
+        read_job(run, key)
+    assert info.value.code == "unsafe-run-folder"
+    assert f"is owned by uid {OTHER_UID}" in info.value.message
+    assert not marker.exists()
+    os.chown(run, 0, 0)
+    run.chmod(0o750)
+    with pytest.raises(ExecutionError) as info:
+        check_private_folder(run)
+    assert "has mode 750, open to group or others" in info.value.message
+
+
+# --------------------------------------------------------------------------- flags and a full disk, without msrun
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-5", "1e9", "soon"])
+def test_bad_timeouts_exit_2_with_one_line(value):
+    done = cli("run", str(EXAMPLES / "dp_b.yaml"), "--engine", "mindspore", "--timeout", value)
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert line.startswith("layout-prop: error: bad-usage: argument --timeout: ")
+    assert done.stdout == ""
+
+
+def _small_files_only():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+
+def test_disk_refusing_the_job_exits_2_and_leaves_no_folder(tmp_path):
+    """A file-size limit of 2 KiB makes the job's write fail as a full disk would."""
+    temp = tmp_path / "tmp"
+    temp.mkdir(mode=0o700)
+    env = dict(os.environ, TMPDIR=str(temp))
+    done = cli("run", str(EXAMPLES / "dp_b.yaml"), "--engine", "mindspore", env=env, preexec_fn=_small_files_only)
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert line.startswith(f"layout-prop: error: run-folder-failed: cannot write the run folder '{temp}/layout-prop-run-")
+    assert "File too large (removed it)" in line
+    assert list(temp.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- msrun runs
+def test_planted_shared_folder_is_not_used_and_success_leaves_nothing(tmp_path, monkeypatch):
+    """The old fixed folder, planted by another user with a job and a python shim, is never touched."""
+    tag = new_tag()
+    monkeypatch.setenv(TAG_ENV, tag)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    marker = tmp_path / "pwned"
+    planted = tmp_path / "layout-prop-runs"
+    for folder in (planted, planted / f"python-shim-{os.getpid()}"):
+        folder.mkdir()
+        folder.chmod(0o777)
+    (planted / msrun_worker.JOB_FILE).write_bytes(pickle.dumps(Planted(marker)))
+    (planted / f"python-shim-{os.getpid()}" / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    if os.geteuid() == 0:
+        for path in (planted, *planted.rglob("*")):
+            os.chown(path, OTHER_UID, OTHER_UID)
+    before = sorted((p, p.stat().st_mtime_ns) for p in planted.rglob("*"))
+    report = run_graph(load_spec(EXAMPLES / "dp_b.yaml"), engine="mindspore", timeout=120)
+    assert report.ok, report.mismatches
+    assert report.extra["run_dir"] is None  # removed after success
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layout-prop-runs"]  # nothing else, nothing left
+    assert sorted((p, p.stat().st_mtime_ns) for p in planted.rglob("*")) == before
+    assert not marker.exists()
+    assert wait_until_none_left(tag) == []
+
+
+def _killed_worker_is_named(tmp_path, monkeypatch, rank: int, late: bool) -> None:
+    tag = new_tag()
+    monkeypatch.setenv(TAG_ENV, tag)
+    if late:  # every worker initialised and connected, then waiting: the kill lands in a running cluster
+        monkeypatch.setenv(PAUSE_ENV, "30")
+        killer = WorkerKiller(tag, rank, delay=0.5, ready=lambda: len(list(tmp_path.glob("*/rank*.paused"))) == 8)
+    else:  # three seconds after the worker started Python (MindSpore is still importing)
+        killer = WorkerKiller(tag, rank, delay=3.0)
+    killer.start()
+    with pytest.raises(ExecutionError) as info:
+        run_graph(load_spec(EXAMPLES / "dp_tp_sp.yaml"), engine="mindspore", timeout=300, run_dir=tmp_path)
+    noticed = time.monotonic()
+    killer.join(5)
+    err = info.value
+    assert killer.killed_at is not None
+    assert noticed - killer.killed_at < 30
+    assert err.code == "worker-failed"
+    assert "\n" not in str(err)
+    assert err.message.startswith(f"rank {rank} (pid {killer.pid}) was killed by SIGKILL (signal 9) ")
+    run = next(tmp_path.iterdir())
+    assert err.message.endswith(f"every other process of the run was killed; run folder {run}")
+    assert wait_until_none_left(tag) == []
+
+
+def test_worker_killed_early_is_named_at_once(tmp_path, monkeypatch):
+    _killed_worker_is_named(tmp_path, monkeypatch, rank=5, late=False)
+
+
+def test_worker_killed_in_a_running_cluster_is_the_one_named(tmp_path, monkeypatch):
+    _killed_worker_is_named(tmp_path, monkeypatch, rank=2, late=True)
+
+
+def _start_cli_run(tmp_path, tag: str, spec: str = "dp_b.yaml") -> subprocess.Popen:
+    env = dict(os.environ, TMPDIR=str(tmp_path), **{TAG_ENV: tag})
+    return subprocess.Popen([sys.executable, "-m", "layout_prop.cli", "run", str(EXAMPLES / spec),
+                             "--engine", "mindspore"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _wait_for_workers(tag: str, count: int, process: subprocess.Popen) -> list[int]:
+    from .msrun_support import environ
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        pids = tagged_processes(tag)
+        if sum(environ(p).get("MS_ROLE") == "MS_WORKER" for p in pids) >= count:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError("the workers did not start")
+
+
+def test_sigterm_to_layout_prop_ends_every_process_of_the_run(tmp_path):
+    tag = new_tag()
+    process = _start_cli_run(tmp_path, tag)
+    pids = _wait_for_workers(tag, 2, process)
+    assert len(pids) == 5  # layout-prop, msrun, the scheduler, 2 workers: no tail -f
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == -signal.SIGTERM  # it ends by the signal it got, after cleaning up
+    run = next(tmp_path.iterdir())
+    assert stderr.strip().splitlines() == [f"layout-prop: SIGTERM received: every process of the msrun run was "
+                                           f"killed; run folder {run}"]
+    assert wait_until_none_left(tag) == []
+
+
+def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
+    from .msrun_support import environ
+
+    tag = new_tag()
+    (tmp_path / "a").mkdir()
+    process = _start_cli_run(tmp_path / "a", tag)
+    pids = _wait_for_workers(tag, 2, process)
+    msrun = [p for p in pids if b"--worker_num=2" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(msrun) == 1
+    os.kill(msrun[0], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    line = stderr.strip()
+    assert line.startswith(f"layout-prop: error: worker-failed: msrun (pid {msrun[0]}) was killed by SIGKILL; ")
+    assert "\n" not in line
+    assert wait_until_none_left(tag) == []
+    # SIGKILL to layout-prop itself: nothing can catch it; the parent-death signal ends msrun and its workers
+    tag = new_tag()
+    (tmp_path / "b").mkdir()
+    process = _start_cli_run(tmp_path / "b", tag)
+    pids = _wait_for_workers(tag, 2, process)
+    assert any(environ(p).get("MS_ROLE") == "MS_SCHED" for p in pids)
+    process.kill()
+    process.communicate(timeout=30)
+    assert wait_until_none_left(tag, limit=5.0) == []

@@ -575,6 +575,8 @@ class _RunWatch:
             status = self._msrun_log_status(pid)  # reaped by msrun already
             if status is None and child.rank is not None and worker.result_info_path(self.run, child.rank).exists():
                 status = 0
+            if status is None and child.role == "scheduler":
+                status = 0  # msrun logs a scheduler's failure only once every worker has ended: judged by them
             if status is None and now - self._vanished.setdefault(pid, now) < _VANISHED_GRACE_SECONDS:
                 continue
             self.ended[pid] = status

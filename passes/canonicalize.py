@@ -9,6 +9,11 @@ by the chain only; dead nodes are pruned at the end.  The rewrites, in order:
 
 ``identity``
     ``identity`` and a ``cast`` to the dtype the value already has are bypassed.
+``dense``
+    ``reshape(linear(reshape(x, (-1, in)), w[, b]), lead + (out,))`` (a MindSpore ``Dense``
+    on an input of rank > 2; the bias as an ``add``) -> ``linear(x, w[, b])`` on the
+    unflattened input (``x``'s trailing dims merged to ``in`` first when they are several,
+    as the heads before an output projection).
 ``silu``
     ``x * sigmoid(x)`` -> ``silu(x)``.
 ``rms_norm``
@@ -49,7 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layout_prop.frontends.ir import MNode, ModelGraph, scalar_value
+from layout_prop.frontends.ir import MNode, ModelGraph, Value, scalar_value
 
 __all__ = ["Canonicalize", "CanonicalizeResult", "is_causal_mask"]
 
@@ -103,7 +108,7 @@ class Canonicalize:
     def run(self, g: ModelGraph) -> CanonicalizeResult:
         counts: Counter = Counter()
         _drop_identities(g, counts)
-        for rewrite in (_silu, _rms_norm, _rope, _silu_mul, _attention):
+        for rewrite in (_dense, _silu, _rms_norm, _rope, _silu_mul, _attention):
             view = _View(g)
             for node in list(g.nodes):
                 if rewrite(g, view, node):
@@ -131,6 +136,52 @@ def _drop_identities(g: ModelGraph, counts: Counter) -> None:
 
 
 # ---------------------------------------------------------------------------- rewrites
+def _dense(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "reshape" or not v.only_use(node.inputs[0]):
+        return False
+    bias: list[str] = []
+    lin = v.node(node.inputs[0], "linear")
+    add = v.node(node.inputs[0], "add") if lin is None else None
+    if add is not None:
+        for value in add.inputs:
+            lin = v.node(value, "linear")
+            b = _other(add, value)
+            if lin is not None and v.only_use(value) and len(lin.inputs) == 2 and len(g.shape(b) or ()) == 1:
+                bias = [b]
+                break
+        else:
+            return False
+    if lin is None or len(lin.inputs) != 2 or not (v.node(lin.inputs[0], "reshape")):
+        return False
+    x = v.prod[lin.inputs[0]].inputs[0]
+    xs, fs, out = g.shape(x), g.shape(lin.inputs[0]), g.shape(node.outputs[0])
+    if len(fs) != 2:
+        return False
+    lead = ()  # the leading dims the flatten merged and the final reshape restores
+    for k in range(1, min(len(xs), len(out))):
+        if tuple(xs[:k]) == tuple(out[:k]) and int(np.prod(xs[:k])) == fs[0]:
+            lead = tuple(xs[:k])
+            break
+    if not lead or int(np.prod(xs[len(lead):])) != fs[1]:
+        return False
+    features = g.shape(lin.outputs[0])[1]
+    dtype = g.values[x].dtype
+    at = g.nodes.index(node)
+    if len(xs) > len(lead) + 1:  # (B, S, N, D) into an (out, N*D) weight: merge the trailing dims first
+        merged = g.fresh(f"{node.name}_merged")
+        g.add_value(Value(merged, lead + (fs[1],), dtype))
+        g.nodes.insert(at, MNode(merged, "reshape", [x], [merged], {"shape": list(lead + (fs[1],))}, "fused:dense"))
+        at, x = at + 1, merged
+    if tuple(out) == lead + (features,):  # the fused node is named as the product was (the Dense's cell)
+        g.nodes[at] = MNode(lin.name, "linear", [x, lin.inputs[1], *bias], list(node.outputs), {}, "fused:dense")
+        return True
+    y = g.fresh(f"{node.name}_linear")  # (B, S, out) then split into heads (B, S, N, D) by the reshape
+    g.add_value(Value(y, lead + (features,), dtype))
+    g.nodes.insert(at, MNode(lin.name, "linear", [x, lin.inputs[1], *bias], [y], {}, "fused:dense"))
+    _replace(g, node, "reshape", [y], dict(node.attrs), node.source)
+    return True
+
+
 def _silu(g: ModelGraph, v: _View, node: MNode) -> bool:
     if node.op != "mul" or len(node.inputs) != 2:
         return False

@@ -1,0 +1,123 @@
+"""Importing MindSpore cells and MindIR files: a MindFormers-style Llama block with a Megatron
+plan gives gen llama's collectives and matches one device; malformed files are one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("mindspore")
+
+from layout_prop.api import analyze  # noqa: E402
+from layout_prop.cli import main  # noqa: E402
+from layout_prop.errors import SpecError  # noqa: E402
+from layout_prop.frontends.mindspore import from_cell, from_mindir  # noqa: E402
+from layout_prop.frontends.samples import LLAMA_PLAN  # noqa: E402
+from layout_prop.loader import load_spec  # noqa: E402
+from layout_prop.models import llama_spec  # noqa: E402
+from layout_prop.runner import run_graph  # noqa: E402
+
+from .mindspore_llama import Model, example_inputs, set_graph_mode  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama_block.mindir"
+
+# the cell takes cos and sin as (1, 1, S, D), as gen llama does: S is dim 2
+PLAN = copy.deepcopy(LLAMA_PLAN)
+PLAN["inputs"]["cos"] = PLAN["inputs"]["sin"] = ["R", "S(2)", "R"]
+
+
+def moves(graph):
+    a = analyze(graph, reshard=True)
+    assert a.ok
+    return [(s["kind"], s["mesh_axis"], s["bytes_per_rank"]) for r in a.report()["redistributions"]
+            for s in r["steps"]]
+
+
+@pytest.fixture(scope="module")
+def block():
+    set_graph_mode()
+    return from_cell(Model(), *example_inputs(), plan=PLAN)
+
+
+def test_cell_llama_block_gives_gen_llamas_collectives(block):
+    generated = load_spec(llama_spec(1))
+    assert moves(block) == moves(generated)
+    assert moves(block) == [("all-gather", "tp", 256), ("all-gather", "sp", 256), ("all-gather", "sp", 256),
+                            ("reduce-scatter", "tp", 256), ("all-gather", "tp", 256), ("reduce-scatter", "tp", 256)]
+    assert Counter(v.code for v in analyze(block).check.violations) == \
+        Counter(v.code for v in analyze(generated).check.violations)
+
+
+def test_cell_llama_block_has_gen_llamas_structure_and_the_users_names(block):
+    ops = Counter(n.op for n in block.nodes if not n.is_input)
+    generated = load_spec(llama_spec(1))
+    assert ops == Counter(n.op for n in generated.nodes if not n.is_input)
+    names = [n.name for n in block.inputs()]
+    assert names[:3] == ["x", "cos", "sin"] and "layers.0.attention.wq.weight" in names
+    assert block.node("layers.0.attention.wq.weight").attrs["placements"] == ("R", "R", "S(0)")  # Dense: (out, in)
+    assert block.node("layers.0.attention.wo.weight").attrs["placements"] == ("R", "R", "S(1)")
+    assert block.node("layers.0.attention.wq").op == "linear"
+    assert next(n for n in block.nodes if n.op == "rms_norm").attrs["eps"] == 1e-6
+
+
+def test_cell_llama_block_run_backward_matches_one_device(block):
+    rep = run_graph(block, backward=True, seed=3)
+    assert rep.ok, rep.mismatches
+    assert "layers.0.feed_forward.w2.weight" in rep.grads
+
+
+def test_rowwise_q_gives_what_the_hand_written_spec_gives():
+    plan = copy.deepcopy(PLAN)
+    plan["parameters"] = {"*.attention.wq.weight": "rowwise", **plan["parameters"]}
+    imported = from_mindir(EXAMPLE, plan)
+    spec = llama_spec(1)
+    spec["inputs"]["l0_wq"]["placements"] = ["R", "R", "S(1)"]  # (out, in): the in dim on tp
+    hand = load_spec(spec)
+    a, b = analyze(imported), analyze(hand)
+    # the same violations and moves (the cell lists q's reshape and rope before k's linear: another order)
+    assert Counter((v.code, v.op, v.operand) for v in a.check.violations) == \
+        Counter((v.code, v.op, v.operand) for v in b.check.violations)
+    assert sorted(moves(imported)) == sorted(moves(hand))
+    assert sorted(moves(hand)) != sorted(moves(load_spec(llama_spec(1))))
+
+
+def test_from_cell_removes_its_temporary_folder(tmp_path, monkeypatch):
+    set_graph_mode()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    from_cell(Model(), *example_inputs(), plan=PLAN)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_example_mindir_through_the_command_line(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(PLAN, sort_keys=False))
+    assert main(["check", str(EXAMPLE), "--plan", str(plan), "--reshard", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total_bytes_per_rank"] == 6 * 256
+    out = tmp_path / "spec.json"
+    assert main(["import", str(EXAMPLE), "--plan", str(plan), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out), "--reshard", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
+
+
+def test_malformed_mindir_files_are_one_line(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(PLAN, sort_keys=False))
+    data = EXAMPLE.read_bytes()
+    for name, content in (("truncated.mindir", data[:len(data) // 3]), ("wrong.mindir", b"\x89PNG\r\n" * 40),
+                          ("empty.mindir", b"")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert main(["check", str(path), "--plan", str(plan)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "bad-model" in err and "Traceback" not in err, err
+    with pytest.raises(SpecError) as err:
+        from_mindir(tmp_path / "missing.mindir", PLAN)
+    assert err.value.code == "model-not-found"

@@ -1,0 +1,530 @@
+"""MindSpore frontend: ``from_cell(cell, *example_inputs, plan=...)`` and ``from_mindir(path, plan)``.
+
+``from_cell`` exports the cell with ``mindspore.export(..., file_format="MINDIR")`` into a
+temporary folder (removed after) and reads the file; ``from_mindir`` reads an existing
+``.mindir``.  The file is parsed with the protobuf schema MindSpore ships
+(``mindspore.train.mind_ir_pb2``): the graph's inputs and parameters carry their shapes,
+each node its output shape (a ``shape`` attribute), constants are ``Constant`` nodes.
+
+Structural nodes (``Load``, ``UpdateState``, ``Depend``, ``MakeTuple``, ``TupleGetItem``)
+are resolved away; scalar and tuple constants fold into attrs; parameter and input names
+lose the graph prefix MindSpore gives them (``12_11_1___main___Net_construct_3:q.weight``
+-> ``q.weight``), so they are the cell paths the plan's patterns match.  A ``Dense`` on a
+3-D input is exported as ``Reshape(-1, in)``, ``MatMul(transpose_b)``, ``Reshape``; the
+canonicalisation pass folds it back into ``linear`` on the 3-D input.
+
+MindSpore's own sharding strategies (``shard()``, ``Layout``) are not read: MindSpore
+2.10 does not write them into a MindIR exported on CPU (see the README).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpecError
+from ..graph import Graph
+from ..plan import Plan, load_plan
+from .ir import MNode, ModelGraph, Value
+
+__all__ = ["from_cell", "from_mindir", "read_mindir"]
+
+# mind_ir TensorProto.DataType -> numpy dtype name
+_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
+           11: "float64", 17: "float64", 16: "bfloat16"}
+_SUPPORTED = ("float16", "float32", "float64", "int32", "int64", "bool")
+_GRAPH_PREFIX = re.compile(r"^\d+(_\d+)*_.*construct")  # 12_11_1___main___Net_construct_3
+_STRUCTURAL = {"Load", "UpdateState", "Depend", "MakeTuple", "TupleGetItem", "Return"}
+
+
+def _schema():
+    try:
+        from mindspore.train import mind_ir_pb2
+    except ImportError:
+        raise SpecError("missing-dependency", "reading MindIR models needs MindSpore (its protobuf schema)",
+                        hint="pip install 'layout-prop[mindspore]'") from None
+    return mind_ir_pb2
+
+
+def _bad(message: str, source: str, hint: str = "re-export the cell with mindspore.export(..., "
+         "file_format='MINDIR')") -> SpecError:
+    return SpecError("bad-model", message, path=source, hint=hint)
+
+
+def _user_name(name: str) -> str:
+    """``12_11_1___main___Net_construct_3:layers.0.wq.weight`` -> ``layers.0.wq.weight``."""
+    head, sep, tail = name.partition(":")
+    return tail if sep and _GRAPH_PREFIX.match(head) else name
+
+
+def _node_name(name: str, prim: str) -> str:
+    """A readable node name: the variable name MindSpore kept (``CNode_43$q:15`` -> ``q``), else
+    the primitive and its number (``CNode_45:12`` -> ``reshape_12``)."""
+    short = _user_name(name)
+    base, _, number = short.rpartition(":")
+    if not base:  # a name of our own (a Dense's cell path)
+        return short
+    if "$" in base:
+        return base.split("$")[-1]
+    return f"{prim.lower()}_{number or base}"
+
+
+def _tensor_array(t, source: str) -> np.ndarray:
+    dtype = _DTYPES.get(t.data_type)
+    if dtype is None or dtype == "bfloat16":
+        raise SpecError("unsupported-dtype", f"tensor {t.name or '?'} has MindIR data type {t.data_type}",
+                        path=source, hint="export the cell in float32 (or float16/float64)")
+    shape = [int(d) for d in t.dims]
+    if t.raw_data:
+        return np.frombuffer(t.raw_data, dtype=dtype).reshape(shape).copy()
+    for field in ("float_data", "int64_data", "int32_data", "double_data"):
+        values = getattr(t, field)
+        if len(values):
+            return np.asarray(values, dtype=dtype).reshape(shape)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _attr_value(attr, source: str) -> Any:
+    """A Constant node's value as Python (a number, bool, tuple, numpy array, or None)."""
+    kind = attr.type
+    if kind == 1:  # FLOAT (a float32: its shortest decimal, 1e-06 rather than 9.99999997e-07)
+        return float(str(np.float32(attr.floats[0] if len(attr.floats) and not attr.f else attr.f)))
+    if kind == 11:  # DOUBLE
+        return attr.doubles[0] if len(attr.doubles) and not attr.d else attr.d
+    if kind in (2, 3, 4, 5, 6, 7, 12, 13):  # integers: in i, or in ints inside a tuple
+        return int(attr.ints[0]) if len(attr.ints) and not attr.i else int(attr.i)
+    if kind == 9:
+        return bool(attr.ints[0]) if len(attr.ints) and not attr.i else bool(attr.i)
+    if kind == 8:
+        return attr.s.decode() if isinstance(attr.s, bytes) else attr.s
+    if kind in (20, 21):  # TUPLE, LIST
+        return tuple(_attr_value(v, source) for v in attr.values)
+    if kind == 17 and attr.HasField("t"):
+        return _tensor_array(attr.t, source)
+    if kind == 19 and len(attr.tensors):
+        return _tensor_array(attr.tensors[0], source)
+    if kind in (23, 24, 25):  # monads, None
+        return None
+    if len(attr.ints):
+        return tuple(int(i) for i in attr.ints)
+    if len(attr.floats):
+        return tuple(float(f) for f in attr.floats)
+    return None
+
+
+class _Reader:
+    """Turns one MindIR graph into a ModelGraph."""
+
+    def __init__(self, model, source: str) -> None:
+        self.model = model
+        self.source = source
+        self.g = ModelGraph("mindir")
+        self.alias: dict[str, str] = {}      # structural node -> the value it stands for
+        self.py: dict[str, Any] = {}         # constant name -> Python value
+        self.tuples: dict[str, list[str]] = {}  # MakeTuple / multi-output op -> element values
+        self.taken: set[str] = set()
+
+    def name(self, raw: str, prim: str) -> str:
+        base = _node_name(raw, prim)
+        name, k = base, 1
+        while name in self.taken:
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def resolve(self, raw: str) -> str:
+        seen = set()
+        while raw in self.alias and self.alias[raw] != raw:
+            if raw in seen:
+                raise _bad(f"the structural nodes around {raw!r} form a cycle", self.source)
+            seen.add(raw)
+            raw = self.alias[raw]
+        return raw
+
+    def read(self) -> ModelGraph:
+        graph = self.model.graph
+        if not graph.node:
+            raise _bad(f"{self.source!r} holds no graph nodes (a truncated file or another format)", self.source)
+        for inp in graph.input:
+            if not len(inp.tensor) or not len(inp.tensor[0].dims) and inp.tensor[0].data_type == 0:
+                raise _bad(f"input {_user_name(inp.name)!r} has no shape", self.source)
+            t = inp.tensor[0]
+            dims = [int(d) for d in t.dims]
+            if any(d < 0 for d in dims):
+                raise SpecError("dynamic-shape", f"input {_user_name(inp.name)!r} has dynamic dims {dims}",
+                                path=self.source, hint="export the cell with example inputs of static shape")
+            dtype = self.dtype(t.data_type, f"input {_user_name(inp.name)!r}")
+            name = _user_name(inp.name)
+            self.alias[inp.name] = name
+            self.g.add_value(Value(name, tuple(dims), dtype))
+            self.g.inputs.append(name)
+        for p in graph.parameter:
+            name = _user_name(p.name)
+            self.alias[p.name] = name
+            self.g.add_value(Value(name, tuple(int(d) for d in p.dims), self.dtype(p.data_type, f"parameter {name!r}"),
+                                   const=_tensor_array(p, self.source) if p.raw_data or p.external_data else
+                                   np.zeros([int(d) for d in p.dims], _DTYPES.get(p.data_type, "float32")),
+                                   weight=True))
+        self.taken.update(self.g.values)  # node names never shadow an input or a parameter
+        for node in graph.node:
+            self.node(node)
+        self.g.outputs = [self.value_of(o.name) for o in graph.output]
+        return self.g
+
+    def dtype(self, code: int, what: str) -> str:
+        name = _DTYPES.get(code, f"type {code}")
+        if name not in _SUPPORTED:
+            raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=self.source,
+                            hint="export the cell in float32 (or float16/float64)")
+        return name
+
+    def value_of(self, raw: str) -> str:
+        name = self.resolve(raw)
+        if name in self.py:  # a constant used as a tensor (the mask of an attention, say)
+            value = self.py[name]
+            if isinstance(value, np.ndarray):
+                if name not in self.g.values:
+                    self.g.add_value(Value(name, tuple(value.shape), str(value.dtype), const=value))
+                return name
+            raise _bad(f"constant {name!r} ({value!r}) is used as a tensor", self.source,
+                       "pass tensors, not Python scalars, where the primitive takes a tensor")
+        if name not in self.g.values:
+            raise _bad(f"value {name!r} is used but never produced", self.source)
+        return name
+
+    def out_shape(self, node) -> tuple[tuple[int, ...], str] | None:
+        for a in node.attribute:
+            if a.name == "shape" and len(a.tensors) == 1:
+                t = a.tensors[0]
+                return tuple(int(d) for d in t.dims), _DTYPES.get(t.data_type, "float32")
+        return None
+
+    def node(self, node) -> None:
+        prim = node.op_type.split("::")[-1].split(":")[0]
+        out = node.output[0] if node.output else node.name
+        if prim == "Constant":
+            self.py[out] = _attr_value(node.attribute[0], self.source) if node.attribute else None
+            return
+        ins = [self.resolve(v) for v in node.input]
+        if prim in ("Load", "Depend"):
+            self.alias[out] = ins[0]
+            return
+        if prim == "UpdateState":
+            return
+        if prim == "MakeTuple":
+            self.tuples[out] = ins
+            return
+        if prim == "TupleGetItem":
+            index = self.py.get(ins[1])
+            items = self.tuples.get(node.input[0], self.tuples.get(ins[0]))
+            if items is None or not isinstance(index, int) or index >= len(items) or items[index] is None:
+                raise SpecError("unknown-op", f"output {index} of {ins[0]!r} is not supported (only the first "
+                                "output of RmsNorm and LayerNorm, and the pieces of Split)", path=self.source,
+                                hint="use the primitive's main output only")
+            self.alias[out] = items[index]
+            return
+        shaped = self.out_shape(node)
+        handler = getattr(self, f"p_{prim}", None)
+        name = self.name(out, prim)
+        if handler is None:
+            return self.unknown(prim, name, ins, out, shaped)
+        handler(name, ins, out, shaped)
+
+    # helpers --------------------------------------------------------------------
+    def tensor(self, raw: str) -> str:
+        return self.value_of(raw)
+
+    def const(self, raw: str, default=None):
+        return self.py.get(raw, default)
+
+    def emit(self, name: str, op: str, inputs: list[str], out: str, shaped, attrs: dict | None = None,
+             source: str = "", shape=None, dtype=None) -> str:
+        if shape is None:
+            if shaped is None:
+                raise _bad(f"node {name!r} ({source}) has no output shape", self.source)
+            shape, dtype = shaped[0], dtype or shaped[1]
+        value = name
+        self.g.add_value(Value(value, tuple(shape), dtype or "float32"))
+        self.alias[out] = value
+        self.g.nodes.append(MNode(name, op, inputs, [value], dict(attrs or {}), source))
+        return value
+
+    def unknown(self, prim, name, ins, out, shaped) -> None:
+        tensors = [v for v in ins if v in self.g.values or isinstance(self.py.get(v), np.ndarray)]
+        shape, dtype = shaped if shaped is not None else ((), "float32")
+        self.emit(name, f"unmapped:{prim}", [self.value_of(v) for v in tensors], out, None, {}, prim,
+                  shape=shape, dtype=dtype)
+
+    def _simple(op: str, prim: str, arity: int = 2):  # noqa: N805 - a method factory
+        def handler(self, name, ins, out, shaped):
+            self.emit(name, op, [self.tensor(v) for v in ins[:arity]], out, shaped, {}, prim)
+        return handler
+
+    p_Add = _simple("add", "Add")
+    p_AddExt = _simple("add", "AddExt")
+    p_Sub = _simple("sub", "Sub")
+    p_SubExt = _simple("sub", "SubExt")
+    p_Mul = _simple("mul", "Mul")
+    p_RealDiv = _simple("div", "RealDiv")
+    p_Div = _simple("div", "Div")
+    p_Neg = _simple("neg", "Neg", 1)
+    p_Exp = _simple("exp", "Exp", 1)
+    p_Sqrt = _simple("sqrt", "Sqrt", 1)
+    p_Rsqrt = _simple("rsqrt", "Rsqrt", 1)
+    p_Reciprocal = _simple("reciprocal", "Reciprocal", 1)
+    p_SiLU = _simple("silu", "SiLU", 1)
+    p_Sigmoid = _simple("sigmoid", "Sigmoid", 1)
+    p_Tanh = _simple("tanh", "Tanh", 1)
+    p_Erf = _simple("erf", "Erf", 1)
+
+    def p_GeLU(self, name, ins, out, shaped):
+        self.emit(name, "gelu", [self.tensor(ins[0])], out, shaped, {}, "GeLU")
+
+    def p_Muls(self, name, ins, out, shaped):
+        self.emit(name, "scale", [self.tensor(ins[0])], out, shaped, {"factor": float(self.const(ins[1]))}, "Muls")
+
+    def p_Pow(self, name, ins, out, shaped):
+        exponent = self.const(ins[1])
+        if exponent is not None and not isinstance(exponent, np.ndarray):
+            c = self.g.fresh(f"{name}_exponent")
+            self.g.add_value(Value(c, (), "float32", const=np.array(exponent, np.float32)))
+            return self.emit(name, "pow", [self.tensor(ins[0]), c], out, shaped, {}, "Pow")
+        self.emit(name, "pow", [self.tensor(ins[0]), self.tensor(ins[1])], out, shaped, {}, "Pow")
+
+    def p_Cast(self, name, ins, out, shaped):
+        self.emit(name, "cast", [self.tensor(ins[0])], out, shaped, {"dtype": shaped[1]}, "Cast")
+
+    def _matmul(self, name, ins, out, shaped, prim):
+        ta = bool(self.const(ins[2], False)) if len(ins) > 2 else False
+        tb = bool(self.const(ins[3], False)) if len(ins) > 3 else False
+        self.emit(name, "matmul_nd", [self.tensor(ins[0]), self.tensor(ins[1])], out, shaped,
+                  {"transpose_a": ta, "transpose_b": tb}, prim)
+
+    def p_MatMul(self, name, ins, out, shaped):
+        x, w = self.tensor(ins[0]), self.tensor(ins[1])
+        ta = bool(self.const(ins[2], False)) if len(ins) > 2 else False
+        tb = bool(self.const(ins[3], False)) if len(ins) > 3 else False
+        if tb and not ta and len(self.g.shape(w)) == 2 and self.g.values[w].weight:  # a Dense: x @ w.T
+            cell = w[:-len(".weight")] if w.endswith(".weight") else f"{w}_linear"
+            return self.emit(self.name(cell, "MatMul"), "linear", [x, w], out, shaped, {}, "MatMul")
+        self.emit(name, "matmul_nd", [x, w], out, shaped, {"transpose_a": ta, "transpose_b": tb}, "MatMul")
+
+    def p_BatchMatMul(self, name, ins, out, shaped):
+        self._matmul(name, ins, out, shaped, "BatchMatMul")
+
+    def p_MatMulExt(self, name, ins, out, shaped):
+        self._matmul(name, ins[:2], out, shaped, "MatMulExt")
+
+    def p_BiasAdd(self, name, ins, out, shaped):
+        x, b = self.tensor(ins[0]), self.tensor(ins[1])
+        if len(self.g.shape(x)) != 2:
+            return self.unknown("BiasAdd", name, ins, out, shaped)
+        self.emit(name, "add", [x, b], out, shaped, {}, "BiasAdd")
+
+    def _axis(self, raw, rank: int):
+        value = self.const(raw)
+        if value is None or value == ():
+            return None
+        values = value if isinstance(value, tuple) else (value,)
+        return [int(v) % rank for v in values]
+
+    def p_Softmax(self, name, ins, out, shaped):
+        axes = self._axis(ins[1], len(shaped[0])) if len(ins) > 1 else [len(shaped[0]) - 1]
+        if axes is None or len(axes) != 1:
+            return self.unknown("Softmax", name, ins, out, shaped)
+        self.emit(name, "softmax", [self.tensor(ins[0])], out, shaped, {"axis": axes[0]}, "Softmax")
+
+    def p_LogSoftmax(self, name, ins, out, shaped):
+        axes = self._axis(ins[1], len(shaped[0])) if len(ins) > 1 else [len(shaped[0]) - 1]
+        self.emit(name, "log_softmax", [self.tensor(ins[0])], out, shaped, {"axis": axes[0]}, "LogSoftmax")
+
+    def _reduce(self, op, prim, name, ins, out, shaped):
+        x = self.tensor(ins[0])
+        rank = len(self.g.shape(x))
+        dims = self._axis(ins[1], rank) if len(ins) > 1 else None
+        keep = bool(self.const(ins[2], False)) if len(ins) > 2 else False
+        self.emit(name, op, [x], out, shaped, {"dims": dims, "keepdim": keep}, prim)
+
+    def p_ReduceSum(self, *a):
+        self._reduce("sum", "ReduceSum", *a)
+
+    def p_ReduceMean(self, *a):
+        self._reduce("mean", "ReduceMean", *a)
+
+    def p_MeanExt(self, *a):
+        self._reduce("mean", "MeanExt", *a)
+
+    def p_SumExt(self, *a):
+        self._reduce("sum", "SumExt", *a)
+
+    def p_ReduceMax(self, *a):
+        self._reduce("max", "ReduceMax", *a)
+
+    def p_RmsNorm(self, name, ins, out, shaped):
+        x, w = self.tensor(ins[0]), self.tensor(ins[1])
+        eps = float(self.const(ins[2], 1e-6))
+        y = self.emit(name, "rms_norm", [x, w], out, None, {"eps": eps, "normalized_ndim": len(self.g.shape(w))},
+                      "RmsNorm", shape=self.g.shape(x), dtype=self.g.values[x].dtype)
+        self.tuples[out] = [y, None]
+
+    def p_LayerNorm(self, name, ins, out, shaped):
+        x, w, b = (self.tensor(v) for v in ins[:3])
+        rank = len(self.g.shape(x))
+        begin = self.const(ins[3], -1) if len(ins) > 3 else -1
+        eps = float(self.const(ins[5], 1e-7)) if len(ins) > 5 else 1e-7
+        y = self.emit(name, "layer_norm", [x, w, b], out, None, {"eps": eps, "normalized_ndim": rank - begin % rank},
+                      "LayerNorm", shape=self.g.shape(x), dtype=self.g.values[x].dtype)
+        self.tuples[out] = [y, None, None]
+
+    def p_Reshape(self, name, ins, out, shaped):
+        self.emit(name, "reshape", [self.tensor(ins[0])], out, shaped, {"shape": list(shaped[0])}, "Reshape")
+
+    def p_Transpose(self, name, ins, out, shaped):
+        self.emit(name, "transpose", [self.tensor(ins[0])], out, shaped, {"dims": list(self.const(ins[1]))},
+                  "Transpose")
+
+    def p_ExpandDims(self, name, ins, out, shaped):
+        rank = len(shaped[0])
+        self.emit(name, "unsqueeze", [self.tensor(ins[0])], out, shaped, {"dims": [int(self.const(ins[1])) % rank]},
+                  "ExpandDims")
+
+    def p_Squeeze(self, name, ins, out, shaped):
+        x = self.tensor(ins[0])
+        shape = self.g.shape(x)
+        dims = self._axis(ins[1], len(shape)) if len(ins) > 1 else None
+        dims = dims if dims else [i for i, s in enumerate(shape) if s == 1]
+        self.emit(name, "squeeze", [x], out, shaped, {"dims": dims}, "Squeeze")
+
+    def p_Concat(self, name, ins, out, shaped):
+        items = self.tuples.get(ins[0], [ins[0]])
+        axis = int(self.const(ins[1], 0)) if len(ins) > 1 else 0
+        self.emit(name, "concat", [self.tensor(v) for v in items], out, shaped, {"axis": axis}, "Concat")
+
+    def p_StridedSlice(self, name, ins, out, shaped):
+        x = self.tensor(ins[0])
+        begin, end, strides = (self.const(v) for v in ins[1:4])
+        masks = [self.const(v, 0) for v in ins[4:9]]
+        if begin is None or end is None or strides is None or any(masks):
+            return self.unknown("StridedSlice", name, ins, out, shaped)
+        shape = self.g.shape(x)
+        cuts = [(ax, *slice(b, e, s).indices(shape[ax])) for ax, (b, e, s) in enumerate(zip(begin, end, strides))
+                if slice(b, e, s).indices(shape[ax]) != (0, shape[ax], 1)]
+        if not cuts:
+            return self.emit(name, "identity", [x], out, shaped, {}, "StridedSlice")
+        src, cur = x, list(shape)
+        for k, (ax, lo, hi, step) in enumerate(cuts):
+            cur[ax] = len(range(lo, hi, step))
+            op, attrs = ("slice", {"axis": ax, "start": lo, "stop": hi}) if step == 1 else \
+                ("slice_step", {"axis": ax, "start": lo, "stop": hi, "step": step})
+            last = k == len(cuts) - 1
+            src = self.emit(name if last else self.name(f"{out}_{k}", "StridedSlice"), op, [src],
+                            out if last else f"{out}__{k}", None, attrs, "StridedSlice", shape=list(cur),
+                            dtype=self.g.values[x].dtype)
+
+    def p_Split(self, name, ins, out, shaped):
+        x = self.tensor(ins[0])
+        shape = self.g.shape(x)
+        axis = int(self.const(ins[1], 0)) % len(shape)
+        n = int(self.const(ins[2], 1))
+        if shape[axis] % n:
+            return self.unknown("Split", name, ins, out, shaped)
+        piece = list(shape)
+        piece[axis] = shape[axis] // n
+        outs = [self.g.add_value(Value(f"{name}_{i}", tuple(piece), self.g.values[x].dtype)) for i in range(n)]
+        self.g.nodes.append(MNode(name, "split", [x], outs, {"axis": axis, "sizes": [piece[axis]] * n}, "Split"))
+        self.tuples[out] = outs
+
+    def p_Gather(self, name, ins, out, shaped):
+        table, ids = self.tensor(ins[0]), self.tensor(ins[1])
+        axis = int(self.const(ins[2], 0)) if len(ins) > 2 else 0
+        if axis == 0 and self.g.values[table].weight and len(self.g.shape(table)) == 2:
+            return self.emit(name, "embedding", [ids, table], out, shaped, {}, "Gather")
+        self.unknown("Gather", name, ins, out, shaped)
+
+    def p_RotaryPositionEmbedding(self, name, ins, out, shaped):
+        x, cos, sin = (self.tensor(v) for v in ins[:3])
+        mode = int(self.const(ins[3], 0)) if len(ins) > 3 else 0
+        self.emit(name, "rotary_position_embedding", [x, cos, sin], out, shaped, {"mode": mode},
+                  "RotaryPositionEmbedding")
+
+    def p_FlashAttentionScore(self, name, ins, out, shaped):
+        # (q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix, actual_seq_qlen, actual_seq_kvlen,
+        #  head_num, keep_prob, scale_value, pre_tokens, next_tokens, inner_precise, input_layout, sparse_mode)
+        q, k, v = (self.tensor(x) for x in ins[:3])
+        optional = [self.py.get(x, "tensor") for x in ins[3:8]]
+        layout = self.const(ins[16], "BSH") if len(ins) > 16 else "BSH"
+        sparse = int(self.const(ins[17], 0)) if len(ins) > 17 else 0
+        scale = float(self.const(ins[12], 1.0)) if len(ins) > 12 else 1.0
+        keep = float(self.const(ins[11], 1.0)) if len(ins) > 11 else 1.0
+        causal_mask = optional[3] is not None and sparse in (2, 3)
+        if layout not in ("BNSD", "BSND") or keep != 1.0 or any(o is not None for i, o in enumerate(optional)
+                                                                 if i != 3) or (optional[3] is not None and not
+                                                                                causal_mask):
+            return self.unknown("FlashAttentionScore", name, ins, out, shaped)
+        y = self.emit(name, "scaled_dot_product_attention", [q, k, v], out, None,
+                      {"layout": layout, "causal": causal_mask, "scale": scale}, "FlashAttentionScore",
+                      shape=self.g.shape(q), dtype=self.g.values[q].dtype)
+        self.tuples[out] = [None, None, None, y]
+
+
+def read_mindir(path: str | Path) -> ModelGraph:
+    """Read a ``.mindir`` file into a :class:`ModelGraph` (no canonicalisation yet)."""
+    schema = _schema()
+    source = str(path)
+    try:
+        data = Path(source).read_bytes()
+    except OSError as exc:
+        raise SpecError("model-not-found", f"cannot read {source!r}: {exc.strerror}", path=source,
+                        hint="give the path of a .mindir file") from None
+    model = schema.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:
+        raise _bad(f"{source!r} is not a MindIR model ({type(exc).__name__})", source) from None
+    if not model.HasField("graph") or not model.graph.node:
+        raise _bad(f"{source!r} is not a MindIR model (no graph: a truncated file or another format)", source)
+    return _Reader(model, source).read()
+
+
+def from_mindir(path: str | Path, plan: Plan | str | Path | dict, *, opaque: bool = False, fuse: bool = True) -> Graph:
+    """Import a ``.mindir`` file with a sharding plan (see :mod:`layout_prop.plan`)."""
+    from . import build_graph
+
+    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    return build_graph(read_mindir(path), plan, opaque=opaque, fuse=fuse)
+
+
+def from_cell(cell, *example_inputs, plan: Plan | str | Path | dict, opaque: bool = False,
+              fuse: bool = True) -> Graph:
+    """Export ``cell`` with ``example_inputs`` to MINDIR in a temporary folder and import it.
+
+    Parameters
+    ----------
+    cell : mindspore.nn.Cell
+    *example_inputs : mindspore.Tensor
+        Inputs of static shape (their names in the plan are the ``construct`` arguments').
+    plan : Plan, or a path, YAML/JSON text or dict of one
+    """
+    import mindspore
+
+    folder = tempfile.mkdtemp(prefix="layout_prop_mindir_")
+    try:
+        try:
+            mindspore.export(cell, *example_inputs, file_name=str(Path(folder) / "model"), file_format="MINDIR")
+        except Exception as exc:  # MindSpore's own compile errors: one line, never a traceback
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SpecError("export-failed", f"mindspore.export of {type(cell).__name__} failed: {first}",
+                            hint="run the cell once in GRAPH_MODE on the example inputs to see the full error") \
+                from None
+        files = sorted(Path(folder).glob("*.mindir"))
+        if not files:
+            raise SpecError("export-failed", f"mindspore.export of {type(cell).__name__} wrote no .mindir file",
+                            hint="check the cell exports with mindspore.export(..., file_format='MINDIR')")
+        return from_mindir(files[0], plan, opaque=opaque, fuse=fuse)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -290,3 +290,18 @@ def test_python_api_loads_a_model_like_a_spec(tmp_path):
         load_model(tmp_path / "m.txt", LLAMA_PLAN)
     with pytest.raises(OpError):
         from_onnx(_gelu_erf_model(), {"mesh": {"shape": [2], "names": ["tp"]}})
+
+
+def test_import_benchmark_prints_its_table():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    done = subprocess.run([sys.executable, "import_check.py", "--layers", "1", "2", "--repeat", "1"], cwd=bench,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["layers", "onnx", "nodes", "graph", "nodes", "import", "s", "check", "s", "total", "s"]
+    assert [row.split()[:3] for row in lines[1:3]] == [["1", "61", "37"], ["2", "119", "69"]]
+    assert lines[-1].startswith("total(2)/total(1): ")

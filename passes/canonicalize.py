@@ -56,7 +56,7 @@ import numpy as np
 
 from layout_prop.frontends.ir import MNode, ModelGraph, Value, scalar_value
 
-__all__ = ["Canonicalize", "CanonicalizeResult", "is_causal_mask"]
+__all__ = ["Canonicalize", "CanonicalizeResult", "REWRITES", "is_causal_mask"]
 
 
 @dataclass
@@ -74,6 +74,7 @@ class _View:
         self.prod = g.producers()
         self.uses = g.uses()
         self.outputs = set(g.outputs)
+        self.edits: dict[int, list[MNode]] = {}  # id(node) -> the nodes that take its place
 
     def node(self, value: str, op: str | tuple[str, ...]) -> MNode | None:
         """The producer of ``value`` if it is one of ``op``."""
@@ -96,23 +97,42 @@ def _other(node: MNode, value: str) -> str | None:
     return b if a == value else a if b == value else None
 
 
-def _replace(g: ModelGraph, old: MNode, op: str, inputs: list[str], attrs: dict, source: str) -> None:
-    g.nodes[g.nodes.index(old)] = MNode(old.name, op, inputs, list(old.outputs), attrs, source)
+def _replace(v: "_View", old: MNode, op: str, inputs: list[str], attrs: dict, source: str,
+             before: tuple[MNode, ...] = ()) -> None:
+    """Put the fused node (after ``before``) where ``old`` is, when the sweep ends."""
+    v.edits[id(old)] = [*before, MNode(old.name, op, inputs, list(old.outputs), attrs, source)]
+
+
+REWRITES = ("dense", "silu", "rms_norm", "rope", "silu_mul", "attention")
 
 
 class Canonicalize:
-    """The pass: ``run(model) -> CanonicalizeResult`` (rewrites the model in place)."""
+    """The pass: ``run(model) -> CanonicalizeResult`` (rewrites the model in place).
+
+    ``rewrites`` names the rewrites to run (default all of :data:`REWRITES`, in that
+    order); the identity bypass always runs.
+    """
 
     name = "canonicalize"
+
+    def __init__(self, rewrites: tuple[str, ...] = REWRITES) -> None:
+        unknown = sorted(set(rewrites) - set(REWRITES))
+        if unknown:
+            raise ValueError(f"unknown rewrites {unknown}; known: {list(REWRITES)}")
+        self.rewrites = tuple(r for r in REWRITES if r in rewrites)
 
     def run(self, g: ModelGraph) -> CanonicalizeResult:
         counts: Counter = Counter()
         _drop_identities(g, counts)
-        for rewrite in (_dense, _silu, _rms_norm, _rope, _silu_mul, _attention):
+        table = {"dense": _dense, "silu": _silu, "rms_norm": _rms_norm, "rope": _rope, "silu_mul": _silu_mul,
+                 "attention": _attention}
+        for rewrite in (table[name] for name in self.rewrites):
             view = _View(g)
-            for node in list(g.nodes):
+            for node in g.nodes:
                 if rewrite(g, view, node):
                     counts[rewrite.__name__.lstrip("_")] += 1
+            if view.edits:  # one rebuild per sweep: a list.index per rewrite made the pass quadratic
+                g.nodes = [new for node in g.nodes for new in view.edits.get(id(node), (node,))]
         g.prune()
         return CanonicalizeResult(dict(counts))
 
@@ -166,19 +186,20 @@ def _dense(g: ModelGraph, v: _View, node: MNode) -> bool:
         return False
     features = g.shape(lin.outputs[0])[1]
     dtype = g.values[x].dtype
-    at = g.nodes.index(node)
+    before: list[MNode] = []
     if len(xs) > len(lead) + 1:  # (B, S, N, D) into an (out, N*D) weight: merge the trailing dims first
         merged = g.fresh(f"{node.name}_merged")
         g.add_value(Value(merged, lead + (fs[1],), dtype))
-        g.nodes.insert(at, MNode(merged, "reshape", [x], [merged], {"shape": list(lead + (fs[1],))}, "fused:dense"))
-        at, x = at + 1, merged
+        before.append(MNode(merged, "reshape", [x], [merged], {"shape": list(lead + (fs[1],))}, "fused:dense"))
+        x = merged
     if tuple(out) == lead + (features,):  # the fused node is named as the product was (the Dense's cell)
-        g.nodes[at] = MNode(lin.name, "linear", [x, lin.inputs[1], *bias], list(node.outputs), {}, "fused:dense")
+        v.edits[id(node)] = before + [MNode(lin.name, "linear", [x, lin.inputs[1], *bias], list(node.outputs), {},
+                                            "fused:dense")]
         return True
     y = g.fresh(f"{node.name}_linear")  # (B, S, out) then split into heads (B, S, N, D) by the reshape
     g.add_value(Value(y, lead + (features,), dtype))
-    g.nodes.insert(at, MNode(lin.name, "linear", [x, lin.inputs[1], *bias], [y], {}, "fused:dense"))
-    _replace(g, node, "reshape", [y], dict(node.attrs), node.source)
+    before.append(MNode(lin.name, "linear", [x, lin.inputs[1], *bias], [y], {}, "fused:dense"))
+    _replace(v, node, "reshape", [y], dict(node.attrs), node.source, tuple(before))
     return True
 
 
@@ -188,7 +209,7 @@ def _silu(g: ModelGraph, v: _View, node: MNode) -> bool:
     for value in node.inputs:
         sig = v.node(value, "sigmoid")
         if sig is not None and _other(node, value) == sig.inputs[0] and node.inputs[0] != node.inputs[1]:
-            _replace(g, node, "silu", [sig.inputs[0]], {}, "fused:silu")
+            _replace(v, node, "silu", [sig.inputs[0]], {}, "fused:silu")
             return True
     return False
 
@@ -222,6 +243,8 @@ def _rms_norm(g: ModelGraph, v: _View, node: MNode) -> bool:
         if ynode is None or not v.only_use(y) or g.const(w) is not None and not g.values[w].weight:
             continue
         for x in ynode.inputs:
+            if g.const(x) is not None or not g.shape(x):
+                continue
             e = _inverse_root(v, ynode, x)
             if e is None or not v.only_use(e):
                 continue
@@ -245,7 +268,7 @@ def _rms_norm(g: ModelGraph, v: _View, node: MNode) -> bool:
                 continue
             if g.shape(w) != g.shape(x)[-1:]:
                 continue
-            _replace(g, node, "rms_norm", [x, w], {"eps": v.scalar(eps_value), "normalized_ndim": 1},
+            _replace(v, node, "rms_norm", [x, w], {"eps": v.scalar(eps_value), "normalized_ndim": 1},
                      "fused:rms_norm")
             return True
     return False
@@ -320,7 +343,7 @@ def _rope(g: ModelGraph, v: _View, node: MNode) -> bool:
                 shape = g.shape(x)
                 if len(shape) != 4 or g.shape(cos)[-1:] != shape[-1:] or g.shape(sin)[-1:] != shape[-1:]:
                     continue
-                _replace(g, node, "rotary_position_embedding", [x, cos, sin], {"mode": mode}, "fused:rope")
+                _replace(v, node, "rotary_position_embedding", [x, cos, sin], {"mode": mode}, "fused:rope")
                 return True
     return False
 
@@ -331,7 +354,7 @@ def _silu_mul(g: ModelGraph, v: _View, node: MNode) -> bool:
     for s in node.inputs:
         silu = v.node(s, "silu")
         if silu is not None and v.only_use(s):
-            _replace(g, node, "silu_mul", [silu.inputs[0], _other(node, s)], {}, "fused:silu_mul")
+            _replace(v, node, "silu_mul", [silu.inputs[0], _other(node, s)], {}, "fused:silu_mul")
             return True
     return False
 
@@ -417,6 +440,6 @@ def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
         return False
     if causal and qs[2] != ks[2]:
         return False
-    _replace(g, node, "scaled_dot_product_attention", [q, k, val],
+    _replace(v, node, "scaled_dot_product_attention", [q, k, val],
              {"layout": "BNSD", "causal": causal, "scale": scale}, "fused:attention")
     return True

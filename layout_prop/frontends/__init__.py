@@ -51,8 +51,11 @@ def build_graph(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bo
 
 def import_spec(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
     """Read ``path`` (``.onnx`` or ``.mindir``) with ``plan`` into a spec dict and notes."""
+    from ..api import paused_gc
+
     plan = plan if isinstance(plan, Plan) else load_plan(plan)
-    return build_spec(read_model(path, plan), plan, opaque=opaque, fuse=fuse)
+    with paused_gc():  # many small objects, no cycles worth collecting mid-import (as analyze does)
+        return build_spec(read_model(path, plan), plan, opaque=opaque, fuse=fuse)
 
 
 def read_model(path: str | Path, plan: Plan) -> ModelGraph:
@@ -80,7 +83,10 @@ def load_model(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool 
     """
     from ..loader import load_spec
 
+    from ..api import paused_gc
+
     spec, notes = import_spec(path, plan, opaque=opaque, fuse=fuse)
-    graph = load_spec(spec)
+    with paused_gc():
+        graph = load_spec(spec)
     graph.meta["import_notes"] = notes
     return graph

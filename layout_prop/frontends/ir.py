@@ -45,7 +45,7 @@ class Value:
     weight: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class MNode:
     """A node of the model graph; ``source`` is the model's op type (``MatMul``, ``REF::Pow``)."""
 
@@ -328,9 +328,10 @@ def apply_plan(spec: dict, weights: list[str], plan: Plan) -> dict:
     """Set the plan's mesh, input layouts and parameter layouts on a lowered spec (a new dict)."""
     spec = {"mesh": dict(plan.mesh_data), "inputs": {k: dict(v) for k, v in spec["inputs"].items()},
             "nodes": spec["nodes"], "outputs": spec["outputs"]}
-    runtime = [n for n in spec["inputs"] if n not in set(weights)]
+    weight_set = set(weights)
+    runtime = [n for n in spec["inputs"] if n not in weight_set]
     for name, entry in plan.inputs.items():
-        if sanitize(name) not in spec["inputs"] or sanitize(name) in weights:
+        if sanitize(name) not in spec["inputs"] or sanitize(name) in weight_set:
             raise SpecError("unknown-input", f"the plan names input {name!r}, which the model does not have",
                             path=f"inputs.{name}", hint=f"the model's inputs are {runtime}")
         target = spec["inputs"][sanitize(name)]

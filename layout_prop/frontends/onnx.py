@@ -12,6 +12,7 @@ Needs the ``onnx`` package (``pip install 'layout-prop[onnx]'``).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,12 +63,16 @@ def _load(path_or_model: Any) -> tuple[Any, str]:
     return model, source
 
 
-def _dtype(elem_type: int, what: str, source: str) -> str:
-    onnx = _onnx()
+@lru_cache(maxsize=None)
+def _dtype_name(elem_type: int) -> str:
     try:
-        name = str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)))
+        return str(np.dtype(_onnx().helper.tensor_dtype_to_np_dtype(elem_type)))
     except Exception:
-        name = f"onnx type {elem_type}"
+        return f"onnx type {elem_type}"
+
+
+def _dtype(elem_type: int, what: str, source: str) -> str:
+    name = _dtype_name(elem_type)
     if name not in ("float16", "float32", "float64", "int32", "int64", "bool"):
         raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=source,
                         hint="export the model in float32 (or float16/float64)")

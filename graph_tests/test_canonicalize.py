@@ -1,0 +1,219 @@
+"""The canonicalisation pass: each rewrite fires on the pattern exporters write, not on a near
+miss, and the fused graph computes what the model computes (onnx's reference evaluator)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from layout_prop.api import analyze  # noqa: E402
+from layout_prop.frontends.ir import MNode, ModelGraph, Value, apply_plan, sanitize, to_spec  # noqa: E402
+from layout_prop.frontends.onnx import from_onnx, read_onnx  # noqa: E402
+from layout_prop.loader import load_spec  # noqa: E402
+from layout_prop.passes.canonicalize import REWRITES, Canonicalize  # noqa: E402
+from layout_prop.plan import load_plan  # noqa: E402
+from layout_prop.runner import execute_global  # noqa: E402
+
+B, N, S, D = 2, 2, 4, 8
+PLAN = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}}
+
+
+def model(nodes, inputs, output_shape, inits=(), opset=17):
+    """A one-output ONNX model; ``inputs`` maps names to shapes, ``inits`` are (name, array)."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def ops_of(m, plan=PLAN, fuse=True):
+    return Counter(n.op for n in from_onnx(m, plan, fuse=fuse).nodes if not n.is_input)
+
+
+def assert_same_numbers(m, plan=PLAN, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in m.graph.input}
+    (want,) = ReferenceEvaluator(m).run(None, feeds)
+    inits = {sanitize(t.name): numpy_helper.to_array(t) for t in m.graph.initializer}
+    a = analyze(from_onnx(m, plan))
+    inputs = {n.name: feeds.get(n.name, inits.get(n.name)) for n in a.graph.inputs()}
+    (got,) = execute_global(a.graph, inputs, wanted=a.graph.outputs).values()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_interleaved_rope_as_torch_writes_it_fuses_to_mode_1():
+    half = D // 2
+    inits = [("s0", np.array([0])), ("s1", np.array([1])), ("e", np.array([D])), ("ax", np.array([3])),
+             ("st", np.array([2])), ("last", np.array([-1])), ("shape", np.array([B, N, S, D]))]
+    nodes = [
+        helper.make_node("Slice", ["x", "s0", "e", "ax", "st"], ["even"]),   # x[..., ::2]
+        helper.make_node("Slice", ["x", "s1", "e", "ax", "st"], ["odd"]),    # x[..., 1::2]
+        helper.make_node("Neg", ["odd"], ["neg"]),
+        helper.make_node("Unsqueeze", ["neg", "last"], ["c0"]),
+        helper.make_node("Unsqueeze", ["even", "last"], ["c1"]),
+        helper.make_node("Concat", ["c0", "c1"], ["pairs"], axis=-1),        # torch.stack((-odd, even), -1)
+        helper.make_node("Reshape", ["pairs", "shape"], ["rot"]),            # .flatten(-2)
+        helper.make_node("Mul", ["x", "cos"], ["a"]),
+        helper.make_node("Mul", ["rot", "sin"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    m = model(nodes, {"x": [B, N, S, D], "cos": [1, 1, S, D], "sin": [1, 1, S, D]}, [B, N, S, D], inits)
+    g = from_onnx(m, PLAN)
+    (rope,) = [n for n in g.nodes if not n.is_input]
+    assert (rope.op, rope.attrs["mode"], half) == ("rotary_position_embedding", 1, 4)
+    assert_same_numbers(m)
+
+
+def _attention(mask_nodes, mask_inits, fill_first: bool | None = None):
+    scale = np.array(1 / np.sqrt(D), np.float32)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "root"], ["sc"]), *mask_nodes,
+             helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inits = [("root", np.array(np.sqrt(D), np.float32)), *mask_inits]
+    shapes = {"q": [B, N, S, D], "k": [B, N, S, D], "v": [B, N, S, D]}
+    return model(nodes, shapes, [B, N, S, D], inits), scale
+
+
+@pytest.mark.parametrize("form", ["add", "where-keep", "where-fill"])
+def test_attention_with_a_causal_mask_fuses(form):
+    causal = np.tril(np.ones((S, S), bool))
+    if form == "add":
+        nodes = [helper.make_node("Add", ["sc", "mask"], ["z"])]
+        inits = [("mask", np.where(causal, 0, -np.inf).astype(np.float32)[None, None])]
+    elif form == "where-keep":   # where(keep, scores, -inf)
+        nodes = [helper.make_node("Where", ["keep", "sc", "fill"], ["z"])]
+        inits = [("keep", causal), ("fill", np.array(-np.inf, np.float32))]
+    else:                        # scores.masked_fill(mask, min): where(masked, min, scores)
+        nodes = [helper.make_node("Where", ["masked", "fill", "sc"], ["z"])]
+        inits = [("masked", ~causal), ("fill", np.array(np.finfo(np.float32).min, np.float32))]
+    m, scale = _attention(nodes, inits)
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"q": ["S(0)"], "k": ["S(0)"], "v": ["S(0)"]}}
+    g = from_onnx(m, plan)
+    (attn,) = [n for n in g.nodes if not n.is_input]
+    assert attn.op == "scaled_dot_product_attention" and attn.attrs["causal"] is True
+    assert attn.attrs["scale"] == pytest.approx(float(scale))
+    assert_same_numbers(m, plan)
+
+
+def test_attention_with_another_mask_is_left_as_it_is():
+    mask = np.triu(np.full((S, S), -np.inf, np.float32), 2)  # a sliding pattern, not top-left causal
+    m, _ = _attention([helper.make_node("Add", ["sc", "mask"], ["z"])], [("mask", mask)])
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"q": ["S(0)"], "k": ["S(0)"], "v": ["S(0)"]}}
+    assert ops_of(m, plan) == {"transpose": 1, "batch_matmul": 2, "scale": 1, "add": 1, "softmax": 1}
+    assert [n.name for n in from_onnx(m, plan).inputs()] == ["q", "k", "v", "mask"]  # the mask kept as an input
+
+
+def test_rms_norm_needs_its_exact_pattern():
+    # x * x for the square, 1 / sqrt: fused; a mean over another dim: not
+    for dims, fused in (([-1], True), ([1], False)):
+        g = ModelGraph("test")
+        for name, shape in (("x", (2, 4, 8)), ("w", (8,)), ("sq", (2, 4, 8)), ("m", (2, 4, 1) if dims == [-1] else
+                            (2, 1, 8)), ("e", None), ("r", None), ("i", None), ("n", (2, 4, 8)), ("y", (2, 4, 8))):
+            g.add_value(Value(name, shape or g.values["m"].shape, "float32"))
+        g.add_value(Value("eps", (), "float32", const=np.array(1e-5, np.float32)))
+        g.add_value(Value("one", (), "float32", const=np.array(1.0, np.float32)))
+        g.values["w"].weight = True
+        g.inputs, g.outputs = ["x", "w"], ["y"]
+        g.nodes = [MNode("sq", "mul", ["x", "x"], ["sq"]), MNode("m", "mean", ["sq"], ["m"], {"dims": dims,
+                                                                                          "keepdim": True}),
+                   MNode("e", "add", ["m", "eps"], ["e"]), MNode("r", "sqrt", ["e"], ["r"]),
+                   MNode("i", "div", ["one", "r"], ["i"]), MNode("n", "mul", ["x", "i"], ["n"]),
+                   MNode("y", "mul", ["n", "w"], ["y"])]
+        result = Canonicalize().run(g)
+        assert ("rms_norm" in result.fused) is fused
+        if fused:
+            assert [(n.op, n.inputs, n.attrs["eps"]) for n in g.nodes] == [("rms_norm", ["x", "w"], 1e-05)]
+
+
+def test_silu_mul_fuses_only_a_single_use_silu():
+    nodes = [helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Mul", ["a", "s"], ["t"]),
+             helper.make_node("Mul", ["t", "b"], ["u"]), helper.make_node("Add", ["u", "t"], ["y"])]
+    m = model(nodes, {"a": [4, 8], "b": [4, 8]}, [4, 8])
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}}
+    assert ops_of(m, plan) == {"silu": 1, "mul": 1, "add": 1}  # silu(a) is used twice: no silu_mul
+    nodes[-1] = helper.make_node("Identity", ["u"], ["y"])
+    assert ops_of(model(nodes, {"a": [4, 8], "b": [4, 8]}, [4, 8]), plan) == {"silu_mul": 1}
+    assert_same_numbers(model(nodes, {"a": [4, 8], "b": [4, 8]}, [4, 8]), plan)
+
+
+def test_the_standard_rotary_embedding_op():
+    nodes = [helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=0)]
+    m = model(nodes, {"x": [B, N, S, D], "cos": [B, S, D // 2], "sin": [B, S, D // 2]}, [B, N, S, D], opset=23)
+    assert ops_of(m) == {"concat": 2, "unsqueeze": 2, "rotary_position_embedding": 1}
+    assert_same_numbers(m)
+
+
+def _graph(m, plan, rewrites):
+    """``from_onnx`` with only ``rewrites`` (``("silu",)``: x * sigmoid(x) becomes the registry's silu,
+    nothing else is fused, so the unfused graph is one the registry can check)."""
+    g = read_onnx(m, load_plan(plan))
+    Canonicalize(rewrites).run(g)
+    spec, weights = to_spec(g)
+    return load_spec(apply_plan(spec, weights, load_plan(plan)))
+
+
+def test_fusion_does_not_change_what_check_reports():
+    """rotate-half RoPE, attention and silu * up, fused and unfused: with the heads on tp and the
+    batch on dp, the same verdict and no moves either way; with the sequence on tp, both are
+    fixed by --reshard but the unfused chain costs more (reshard plans it op by op)."""
+    half = D // 2
+    inits = [("lo", np.array([0])), ("mid", np.array([half])), ("hi", np.array([D])), ("ax", np.array([3])),
+             ("root", np.array(np.sqrt(D), np.float32))]
+    nodes = []
+    for t in ("q", "k"):
+        nodes += [helper.make_node("Slice", [t, "lo", "mid", "ax"], [f"{t}1"]),
+                  helper.make_node("Slice", [t, "mid", "hi", "ax"], [f"{t}2"]),
+                  helper.make_node("Neg", [f"{t}2"], [f"{t}n"]),
+                  helper.make_node("Concat", [f"{t}n", f"{t}1"], [f"{t}r"], axis=-1),
+                  helper.make_node("Mul", [t, "cos"], [f"{t}a"]), helper.make_node("Mul", [f"{t}r", "sin"], [f"{t}b"]),
+                  helper.make_node("Add", [f"{t}a", f"{t}b"], [f"{t}_rot"])]
+    nodes += [helper.make_node("Transpose", ["k_rot"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q_rot", "kt"], ["s"]), helper.make_node("Div", ["s", "root"], ["sc"]),
+              helper.make_node("Softmax", ["sc"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["o"]),
+              helper.make_node("Sigmoid", ["o"], ["g"]), helper.make_node("Mul", ["o", "g"], ["act"]),
+              helper.make_node("Mul", ["act", "v"], ["y"])]
+    shapes = {"q": [B, N, S, D], "k": [B, N, S, D], "v": [B, N, S, D], "cos": [1, 1, S, D], "sin": [1, 1, S, D]}
+    m = model(nodes, shapes, [B, N, S, D], inits)
+    for names, places in ((["dp", "tp"], {"q": ["S(0)", "S(1)"], "k": ["S(0)", "S(1)"], "v": ["S(0)", "S(1)"]}),
+                          (["tp"], {"q": ["S(2)"], "k": ["S(2)"], "v": ["S(2)"], "cos": ["S(2)"],
+                                    "sin": ["S(2)"]})):
+        plan = {"mesh": {"shape": [2] * len(names), "names": names}, "inputs": places}
+        assert ops_of(m, plan)["scaled_dot_product_attention"] == 1
+        fused, unfused = _graph(m, plan, REWRITES), _graph(m, plan, ("silu",))
+        assert Counter(n.op for n in unfused.nodes)["slice"] == 4  # really unfused
+        done = [analyze(g, reshard=True).report() for g in (fused, unfused)]
+        assert done[0]["ok"] and done[1]["ok"]
+        assert analyze(fused).ok == analyze(unfused).ok
+        moved = [sorted((s["kind"], s["mesh_axis"], s["bytes_per_rank"]) for r in d["redistributions"]
+                        for s in r["steps"] if s["kind"] != "local-slice") for d in done]
+        if names == ["dp", "tp"]:
+            assert moved[0] == moved[1] == []
+        else:
+            # NOT the same: fused, k and v are gathered on tp (256 + 256 bytes); unfused, reshard fixes the
+            # chain op by op: k^T gathered for q @ k^T (256), then p is moved to shard the contracted key dim
+            # (all-to-all, 64) and p @ v's partial sum all-reduced (512): 832 bytes
+            assert moved[0] == [("all-gather", "tp", 256), ("all-gather", "tp", 256)]
+            assert moved[1] == [("all-gather", "tp", 256), ("all-reduce", "tp", 512), ("all-to-all", "tp", 64)]
+    assert_same_numbers(m, plan)
+
+
+def test_read_onnx_keeps_the_decomposed_ops_until_canonicalize():
+    from layout_prop.frontends.samples import LLAMA_PLAN, llama_onnx
+    from layout_prop.plan import load_plan
+
+    g = read_onnx(llama_onnx(), load_plan(LLAMA_PLAN))
+    before = Counter(n.op for n in g.nodes)
+    assert before["pow"] == 2 and before["reciprocal"] == 2 and before["sigmoid"] == 1 and before["softmax"] == 1
+    assert "Shape" not in {n.source for n in g.nodes}  # the shape subgraph folded while reading
+    result = Canonicalize().run(g)
+    assert result.fused == {"identity": 1, "silu": 1, "rms_norm": 2, "rope": 2, "silu_mul": 1, "attention": 1}

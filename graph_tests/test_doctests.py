@@ -12,7 +12,8 @@ import pytest
 
 
 
-PACKAGES = ("layout_prop", "layout_prop.testing", "layout_prop.frontends", "layout_prop.ops", "layout_prop.passes", "layout_prop.kernels")
+PACKAGES = ("layout_prop", "layout_prop.testing", "layout_prop.frontends", "layout_prop.viz",
+            "layout_prop.ops", "layout_prop.passes", "layout_prop.kernels")
 
 
 def _modules():

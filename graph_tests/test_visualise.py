@@ -29,18 +29,18 @@ from layout_prop.api import analyze
 from layout_prop.errors import SpecError
 from layout_prop.graph import Graph
 from layout_prop.loader import load_spec
-from layout_prop.passes.visualise import (
+from layout_prop.cli import _add_viz_parser as add_viz_parser
+from layout_prop.viz import (
     FORMATS,
-    VIOLATION_RED,
     Visualise,
     VizError,
-    add_viz_parser,
     axis_colours,
     cmd_viz,
     draw_grid,
     scene_svg,
     tensor_grid,
 )
+from layout_prop.viz.scene import VIOLATION_RED
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "rpe").glob("*.yaml"))

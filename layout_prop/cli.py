@@ -144,9 +144,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="processes to check combinations in (default 1; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
-    from .passes.visualise import add_viz_parser
-
-    add_model_args(add_viz_parser(sub))
+    add_model_args(_add_viz_parser(sub))
     add_import_parser(sub)
 
     ge = sub.add_parser("gen", help="write the spec of a generated model")
@@ -175,6 +173,27 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
     add_model_args(lo)
     return p
+
+
+def _add_viz_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``viz`` subcommand (``layout-prop viz SPEC -o FILE``) to an argparse subparsers object."""
+    viz = subparsers.add_parser(
+        "viz", help="draw the graph (or one tensor's sharding grid) as HTML, SVG, PNG or DOT",
+        description="Draw the propagated graph: layers left to right, placements and local shapes on the edges, "
+                    "redistributions with their steps and bytes, violations in red. With --tensor, draw which "
+                    "ranks hold which block of one value instead.")
+    viz.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
+    viz.add_argument("-o", "--output", required=True, metavar="FILE",
+                     help="the picture to write; its extension picks the format: .html (interactive, "
+                          "self-contained), .svg, .png (needs matplotlib) or .dot (Graphviz text)")
+    viz.add_argument("--reshard", action="store_true", help="draw the graph with the redistributions reshard inserts")
+    viz.add_argument("--backward", action="store_true", help="also draw the gradient graph (grad:NAME values)")
+    viz.add_argument("--tensor", metavar="NAME",
+                     help="draw one value's sharding grid instead: an input, a node output (name:i), or grad:NAME "
+                          "with --backward")
+    viz.add_argument("--dims", metavar="D0,D1",
+                     help="with --tensor: the dims drawn as rows and columns (default: the sharded ones)")
+    return viz
 
 
 def _non_negative_int(text: str) -> int:
@@ -469,7 +488,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_viz(args) -> int:
-    from .passes.visualise import cmd_viz
+    from .viz.files import cmd_viz
 
     args.graph = load_graph(args)
     return cmd_viz(args)

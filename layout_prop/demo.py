@@ -25,7 +25,7 @@ def run_demo(print_fn: Callable[[str], None] = print, folder: Path | None = None
     from .api import analyze, format_table
     from .loader import load_spec
     from .models import llama_spec
-    from .passes.visualise import write_graph
+    from .viz import write_graph
     from .runner import run_graph
 
     spec = llama_spec(layers=1)

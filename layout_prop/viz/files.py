@@ -1,0 +1,175 @@
+"""Writing pictures to files (the format from the extension, written atomically) and the ``viz``
+command of the command line."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layout_prop import meta
+from layout_prop.graph import Graph
+from layout_prop.passes.check import CheckResult
+from layout_prop.spec import TensorSpec
+
+from .dot import graph_dot, grid_dot
+from .graph_layout import draw_graph
+from .grid import Grid, draw_grid, tensor_grid
+from .html_page import scene_html
+from .png import _matplotlib, scene_png
+from .scene import FORMATS, Scene, VizError
+from .svg import scene_svg
+
+
+# --------------------------------------------------------------------------- files and CLI
+def output_format(path: str | Path) -> str:
+    """The picture format named by ``path``'s extension (``.html``, ``.svg``, ``.png``, ``.dot``).
+
+    Examples
+    --------
+    >>> output_format("block.SVG"), output_format("out/graph.dot")
+    ('svg', 'dot')
+    >>> try:
+    ...     output_format("graph.pdf")
+    ... except VizError as err:
+    ...     print(err.code, "|", err.message)
+    bad-format | cannot tell a picture format from the extension '.pdf'
+    """
+    suffix = Path(path).suffix.lower()
+    fmt = {".htm": "html"}.get(suffix, suffix.lstrip("."))
+    if fmt not in FORMATS:
+        shown = repr(suffix) if suffix else "(none)"
+        raise VizError("bad-format", f"cannot tell a picture format from the extension {shown}", path=str(path),
+                       hint="name the output .html (interactive), .svg, .png (needs matplotlib) or .dot (Graphviz text)")
+    return fmt
+
+
+def parse_dims(text: str) -> tuple[int, ...]:
+    """Parse ``--dims``: ``"0,2"`` -> ``(0, 2)``.
+
+    >>> parse_dims("0,2"), parse_dims(" -1 ")
+    ((0, 2), (-1,))
+    """
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise VizError("bad-dims", f"--dims {text!r} is not a comma-separated list of integers",
+                       hint="name one or two tensor dims, such as --dims 0,2") from None
+
+
+def find_value(graph: Graph, name: str) -> TensorSpec:
+    """The spec of value ``name`` (an input, a node output, ``node:i``, or ``grad:INPUT``).
+
+    Raises
+    ------
+    VizError
+        ``unknown-value`` when there is no such value, ``no-layout`` when its producer's
+        violation left it without a layout.
+    """
+    specs: dict[str, TensorSpec | None] = {}
+    for node in graph.topo_order():
+        for value, spec in zip(node.outputs, node.meta.get(meta.SPECS, ())):
+            specs[value] = spec
+            if node.meta.get(meta.GRAD_OF):
+                specs[f"grad:{node.meta[meta.GRAD_OF]}"] = spec
+    if name not in specs:
+        shown = [v for v in specs if not v.startswith(("grad/", "cotangent/"))]
+        known = ", ".join(shown[:12]) + (", ..." if len(shown) > 12 else "")
+        hint = f"name one of the graph's values: {known}"
+        if name.startswith("grad:"):
+            hint = "gradients exist with --backward; " + hint
+        raise VizError("unknown-value", f"no value named {name!r} in the graph", input=name, hint=hint)
+    spec = specs[name]
+    if spec is None:
+        raise VizError("no-layout", f"value {name!r} has no layout: its producer has a violation",
+                       input=name, hint="fix the violation, or add --reshard")
+    return spec
+
+
+def _write_failed(path: Path, exc: OSError) -> VizError:
+    return VizError("write-failed", f"cannot write {str(path)!r}: {exc.strerror or exc}", path=str(path),
+                    hint="check that the folder exists and is writable")
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write atomically (a temporary file beside ``path``, renamed): a full disk leaves no truncated file."""
+    from layout_prop.output import write_text_atomic
+
+    try:
+        write_text_atomic(path, text)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
+
+
+def _write_scene(scene: Scene, path: Path, fmt: str) -> None:
+    if fmt == "png":
+        from layout_prop.output import atomic_path
+
+        try:
+            with atomic_path(path) as tmp:
+                scene_png(scene, tmp)
+        except OSError as exc:
+            raise _write_failed(path, exc) from None
+    elif fmt == "svg":
+        _write_text(path, scene_svg(scene, standalone=True))
+    else:
+        _write_text(path, scene_html(scene))
+
+
+def write_graph(graph: Graph, path: str | Path, *, check: CheckResult | None = None, title: str = "") -> Path:
+    """Write the graph's picture; the extension of ``path`` picks the format (:data:`FORMATS`)."""
+    path = Path(path)
+    fmt = output_format(path)
+    if fmt == "dot":
+        _write_text(path, graph_dot(graph, check, title=title))
+    else:
+        _write_scene(draw_graph(graph, check, title=title), path, fmt)
+    return path
+
+
+def write_grid(grid: Grid, path: str | Path, *, name: str = "", title: str = "") -> Path:
+    """Write a tensor grid's picture; the extension of ``path`` picks the format."""
+    path = Path(path)
+    fmt = output_format(path)
+    if fmt == "dot":
+        _write_text(path, grid_dot(grid, name=name, title=title))
+    else:
+        _write_scene(draw_grid(grid, name=name, title=title), path, fmt)
+    return path
+
+
+class Visualise:
+    """The visualise pass: ``run(graph)`` returns the picture of a propagated graph (reads metadata only)."""
+
+    name = "visualise"
+
+    def run(self, graph: Graph, check: CheckResult | None = None) -> Scene:
+        return draw_graph(graph, check)
+
+
+def cmd_viz(args: argparse.Namespace) -> int:
+    """Run ``layout-prop viz``: 0 when the picture is written; typed errors (exit 2) otherwise."""
+    from layout_prop.api import analyze
+    from layout_prop.loader import load_spec
+
+    out = Path(args.output)
+    fmt = output_format(out)
+    tensor = getattr(args, "tensor", None)
+    dims = parse_dims(args.dims) if getattr(args, "dims", None) is not None else None
+    if dims is not None and tensor is None:
+        raise VizError("bad-usage", "--dims chooses the drawn dims of a tensor's grid, but no --tensor was given",
+                       hint="add --tensor NAME, or drop --dims")
+    if fmt == "png":
+        _matplotlib()  # say so before any work
+    graph = getattr(args, "graph", None) or load_spec(Path(args.spec))  # the CLI loads models (--plan) itself
+    analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
+    flags = [flag for flag, on in (("--reshard", args.reshard), ("--backward", args.backward)) if on]
+    title = " ".join([Path(args.spec).name] + flags)
+    if tensor is None:
+        write_graph(analysis.graph, out, check=analysis.check, title=title)
+        what = f"{len(analysis.graph)} nodes, {len(analysis.check.violations)} violations"
+    else:
+        grid = tensor_grid(find_value(analysis.graph, tensor), dims)
+        write_grid(grid, out, name=tensor, title=title)
+        what = f"tensor {tensor}, {len(grid.panels) * grid.nrows * grid.ncols} blocks"
+    print(f"wrote {out} ({what})")
+    return 0

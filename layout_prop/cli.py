@@ -147,6 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     add_model_args(_add_viz_parser(sub))
     add_import_parser(sub)
 
+    from .plan_command import add_plan_parser
+
+    add_plan_parser(sub)
+
     ge = sub.add_parser("gen", help="write the spec of a generated model")
     ge.add_argument("model", choices=["llama"], help="the model family")
     ge.add_argument("--layers", type=_positive_int, default=1, help="number of decoder layers (default 1)")
@@ -494,7 +498,13 @@ def _cmd_viz(args) -> int:
     return cmd_viz(args)
 
 
-COMMANDS = {"import": cmd_import, "ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+def _cmd_plan(args) -> int:
+    from .plan_command import cmd_plan
+
+    return cmd_plan(args)
+
+
+COMMANDS = {"plan": _cmd_plan, "import": cmd_import, "ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
 
 
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)

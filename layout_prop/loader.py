@@ -55,7 +55,7 @@ ALIAS_FACTOR, ALIAS_SLACK = 10, 100_000
 MAX_ELEMENTS = 2 ** 62
 
 TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
-MESH_KEYS = {"shape", "names"}
+MESH_KEYS = {"shape", "names", "links"}
 INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
 NODE_KEYS = {"name", "op", "inputs", "attrs"}
 
@@ -507,6 +507,10 @@ def _order(nodes, g: Graph) -> list:
 def _build(data: dict) -> Graph:
     _check_keys(data, TOP_KEYS, {"mesh", "inputs", "nodes"}, "")
     g = Graph(_mesh(data["mesh"]))
+    if "links" in data["mesh"]:  # per-axis bandwidth and latency, for the planner's time objective
+        from layout_prop.passes.plan import parse_links
+
+        g.meta["links"] = parse_links(data["mesh"]["links"], g.mesh)
     inputs = data["inputs"]
     if not isinstance(inputs, dict) or not inputs:
         raise _err("bad-type", f"inputs must be a non-empty mapping of name -> spec, got {cut(inputs)}", "inputs",

@@ -1,0 +1,812 @@
+"""plan: choose every layout at once, with the least communication per training step.
+
+An integer linear program over each node's *strategies* (Alpa's formulation).  A
+strategy of an op node is the layouts in which it receives its inputs (after any
+redistribution) and, through its rule, the layouts of its outputs; a graph input's
+strategies are its candidate layouts (every layout whose shards are non-empty, for an
+``auto`` input; the declared one otherwise).  One binary variable per strategy, exactly
+one chosen per node; one continuous variable per pair of strategies joined by an edge,
+whose marginals are the two nodes' choices (so it is 1 exactly for the chosen pair).
+
+Candidate strategies come from the node's own rule: per mesh axis, every combination of
+``R``, ``S(d)`` (a dim at least as large as the axis) and ``P(sum)`` over the inputs is
+tried with the other axes Replicate; the combinations the rule accepts without a
+violation are combined across the axes and tried again.  A free local slice the rule
+asks for (a ``wants`` that costs nothing) is part of the strategy: the input is moved
+straight to the layout the kernel wants.
+
+Costs, per training step and per rank (the busiest rank, as the redistribution cost
+model counts):
+
+- an edge: moving the producer's output to the layout the consumer receives
+  (:func:`~layout_prop.redistribute.plan_redistribution`); with ``backward``, also the
+  move of the consumer's gradient of that input back to the producer's layout (a
+  Partial axis of the producer receives a Replicate cotangent), which is what the
+  backward of a ``redistribute`` node does;
+- a node, with ``backward``: the redistributions its gradient graph needs inside (its
+  vjp built and resharded on the strategy's layouts alone);
+- ``objective="bytes"`` adds bytes; ``objective="time"`` adds, per collective step on
+  mesh axis ``a`` with group size ``n``, ``k * (n - 1) * latency_us[a] + bytes / GBps[a]``
+  microseconds (``k`` 2 for an all-reduce, 1 otherwise), with the links of the mesh
+  (:data:`DEFAULT_LINK` where none is given).
+
+The memory limit is a linear constraint: parameters (inputs that require a gradient)
+count their local bytes times 2 (the gradient) plus the optimizer's states, every other
+input and every op output its local bytes (forward values are alive when the backward
+starts).  That is an estimate; the planner then measures the plan with the memory pass,
+and tightens the limit by the difference and solves again when it was too low.
+
+Identical layers are solved once: op nodes that repeat at least 3 times with the same
+name up to a number (``l3_q`` and ``l7_q``, ``layers.3.q``), the same op, attrs and input
+shapes and producers named alike, and inputs that repeat alike, share one set of
+variables (a class), whose costs count once per member.
+
+Examples
+--------
+>>> from layout_prop.loader import load_spec
+>>> g = load_spec('''
+... mesh: {shape: [2], names: [tp]}
+... inputs:
+...   x:  {shape: [8, 16], requires_grad: false}
+...   w1: {shape: [16, 32], placements: auto}
+...   w2: {shape: [32, 16], placements: auto}
+... nodes:
+...   - {name: h, op: matmul, inputs: [x, w1]}
+...   - {name: a, op: gelu, inputs: [h]}
+...   - {name: y, op: matmul, inputs: [a, w2]}
+... outputs: [y]
+... ''')
+>>> solution = solve(g, backward=False)
+>>> solution.layouts["w1"], solution.layouts["w2"], solution.cost
+(('S(1)',), ('S(0)',), 0.0)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from layout_prop import meta
+from layout_prop.errors import LayoutPropError, SpecError
+from layout_prop.graph import Graph, Node, attrs_key
+from layout_prop.layout import Layout
+from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.redistribute import Plan, plan_redistribution
+from layout_prop.registry import get_rule
+from layout_prop.spec import TensorSpec
+
+from .memory import optimizer_states_per_parameter
+from .propagate import Propagate, value_spec
+
+__all__ = ["Link", "DEFAULT_LINK", "Strategy", "Solution", "solve", "links_of", "parse_links",
+           "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan"]
+
+OBJECTIVES = ("bytes", "time")
+CAP = 32  # strategies kept per node (module docstring)
+REPEAT = 3  # a name pattern repeated this often (with equal structure) is one class of variables
+
+
+@dataclass(frozen=True)
+class Link:
+    """A mesh axis's links: bandwidth in GB/s (1e9 bytes per second) and latency per hop in us."""
+
+    GBps: float
+    latency_us: float
+
+
+DEFAULT_LINK = Link(GBps=100.0, latency_us=5.0)
+
+
+def parse_links(data: Any, mesh) -> dict[str, Link]:
+    """The ``links`` of a spec's mesh (``{tp: {GBps: 196, latency_us: 2}}``), checked.
+
+    Axes not named get :data:`DEFAULT_LINK`'s figures, and so do keys left out.
+
+    >>> from layout_prop import DeviceMesh
+    >>> parse_links({"tp": {"GBps": 196}}, DeviceMesh((2, 2), ("dp", "tp")))["tp"]
+    Link(GBps=196.0, latency_us=5.0)
+    """
+    out = {name: DEFAULT_LINK for name in mesh.names}
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        raise SpecError("bad-type", f"mesh links must be a mapping of axis -> {{GBps, latency_us}}, got {data!r}",
+                        path="mesh.links", hint="write links: {tp: {GBps: 196, latency_us: 2}}")
+    for axis, link in data.items():
+        path = f"mesh.links.{axis}"
+        if axis not in mesh.names:
+            raise SpecError("unknown-key", f"links name mesh axis {axis!r}, which the mesh does not have",
+                            path=path, hint=f"the mesh axes are {list(mesh.names)}")
+        if not isinstance(link, dict) or set(link) - {"GBps", "latency_us"}:
+            raise SpecError("bad-value", f"a link is {{GBps, latency_us}}, got {link!r}", path=path,
+                            hint="write {GBps: 196, latency_us: 2}")
+        gbps = link.get("GBps", DEFAULT_LINK.GBps)
+        latency = link.get("latency_us", DEFAULT_LINK.latency_us)
+        for key, value, low in (("GBps", gbps, 0.0), ("latency_us", latency, 0.0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low \
+                    or value == float("inf") or (key == "GBps" and value == 0):
+                raise SpecError("bad-value", f"{key} of {axis!r} is {value!r}", path=f"{path}.{key}",
+                                hint="GBps is a positive number, latency_us a number >= 0")
+        out[axis] = Link(float(gbps), float(latency))
+    return out
+
+
+def links_of(graph: Graph) -> dict[str, Link]:
+    """The graph's links (set by the loader from ``mesh.links``), defaults elsewhere."""
+    return graph.meta.get("links") or parse_links(None, graph.mesh)
+
+
+# --------------------------------------------------------------------------- costs
+Moves = tuple  # of (mesh axis, kind, bytes): the collectives of a cost item
+
+
+def _moves(plan: Plan) -> Moves:
+    return tuple((s.mesh_axis, s.kind, s.bytes_per_rank) for s in plan.steps if s.kind != "local-slice")
+
+
+TIE = 1e-3  # added per collective step: of two plans moving as many bytes, the one with fewer moves wins
+
+
+def _price(moves: Moves, objective: str, links: Sequence[Link], mesh) -> float:
+    if objective == "bytes":
+        return float(sum(b for _, _, b in moves)) + TIE * len(moves)
+    total = 0.0
+    for axis, kind, nbytes in moves:
+        link = links[axis]
+        hops = (mesh.shape[axis] - 1) * (2 if kind == "all-reduce" else 1)
+        total += hops * link.latency_us + nbytes / (link.GBps * 1e3)
+    return total
+
+
+def plan_cost(plan: Plan, objective: str, links: dict[str, Link]) -> float:
+    """A redistribution's cost: bytes per rank, or modelled microseconds.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((4,), ("tp",))
+    >>> p = plan_redistribution(TensorSpec((1000,), "float32", Layout(mesh, ["P(sum)"], 1)), Layout(mesh, ["R"], 1))
+    >>> plan_cost(p, "bytes", {"tp": DEFAULT_LINK}), plan_cost(p, "time", {"tp": Link(1.0, 2.0)})
+    (6000.0, 18.0)
+    """
+    mesh = plan.src.mesh
+    return _price(_moves(plan), objective, [links[n] for n in mesh.names], mesh)
+
+
+# --------------------------------------------------------------------------- strategies
+@dataclass(frozen=True)
+class Strategy:
+    """One way to run a node: the layouts it receives its inputs in, and what it makes.
+
+    ``grads`` holds, per input, the spec of the gradient the node's vjp gives that input
+    (None without backward or without a gradient); ``inner`` the collectives the vjp
+    needs inside.
+    """
+
+    inputs: tuple[Layout, ...]
+    outputs: tuple[TensorSpec, ...]
+    grads: tuple[TensorSpec | None, ...] = ()
+    inner: Moves = ()
+
+    def describe(self) -> str:
+        return ", ".join("(" + ", ".join(s.layout.placement_strs()) + ")" for s in self.outputs)
+
+
+class _Rules:
+    """Memoised rule evaluations and gradient costs, shared by every node of a solve."""
+
+    def __init__(self, propagate: Propagate) -> None:
+        self.propagate = propagate
+        self.results: dict = {}
+        self.vjps: dict = {}
+
+    def infer(self, node: Node, specs: tuple[TensorSpec, ...]):
+        key = (node.op, attrs_key(node.meta[meta.ATTRS]), specs)
+        try:
+            return self.results[key]
+        except KeyError:
+            pass
+        try:
+            res = get_rule(node.op).infer_layout(specs, node.meta[meta.ATTRS])
+            ok = not res.violations and all(o is not None for o in res.outputs)
+            wants = tuple(res.wants) + (None,) * (len(specs) - len(res.wants))
+            value = (tuple(res.outputs), wants) if ok else None
+        except LayoutPropError:
+            value = None
+        self.results[key] = value
+        return value
+
+    def vjp(self, node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...]):
+        """(grad spec per input, inner moves) of ``node`` run on ``inputs``."""
+        key = (node.op, attrs_key(node.meta[meta.ATTRS]), inputs, requires)
+        found = self.vjps.get(key)
+        if found is None:
+            found = self.vjps[key] = _vjp(node, inputs, requires)
+        return found
+
+
+def _vjp(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...]):
+    from .backward import Backward
+    from .reshard import Reshard
+
+    mesh = inputs[0].mesh
+    g = Graph(mesh)
+    names = []
+    for i, (spec, req) in enumerate(zip(inputs, requires)):
+        names.append(g.input(f"in{i}", shape=spec.shape, dtype=spec.dtype,
+                             placements=spec.layout.placement_strs(), requires_grad=req))
+    outs = g.op("node", node.op, names, dict(node.attrs), node.num_outputs)
+    g.output(*([outs] if isinstance(outs, str) else outs))
+    propagate = Propagate()
+    try:
+        propagate.run(g)
+        back = Backward(propagate).run(g)
+        fixed = Reshard(propagate).run(back.graph).graph
+    except LayoutPropError:
+        return None
+    if any(n.meta.get(meta.VIOLATIONS) for n in fixed.nodes):
+        return None
+    inner: list = []
+    for n in fixed.nodes:
+        if n.meta.get(meta.INSERTED_BY) == "reshard":
+            plan = plan_redistribution(value_spec(fixed, n.inputs[0]), n.meta[meta.SPECS][0].layout)
+            inner.extend(_moves(plan))
+    grads = []
+    for i, name in enumerate(names):
+        total = back.grads.get(name)
+        grads.append(None if total is None else value_spec(fixed, fixed.node(total).inputs[0]))
+    return tuple(grads), tuple(inner)
+
+
+def _axis_options(spec: TensorSpec, axis: int, partial: bool) -> list:
+    mesh = spec.mesh
+    if mesh.shape[axis] == 1:
+        return [Replicate()]
+    opts: list = [Replicate()]
+    opts += [Shard(d) for d in range(spec.ndim) if spec.shape[d] >= mesh.shape[axis]]
+    if partial:
+        opts.append(Partial("sum"))
+    return opts
+
+
+def _layout(spec: TensorSpec, placements) -> Layout | None:
+    try:
+        layout = Layout(spec.mesh, placements, spec.ndim)
+        spec.with_layout(layout)
+    except LayoutPropError:
+        return None
+    for d in range(spec.ndim):  # no empty shards: every mesh axis cutting d has something to cut
+        cut = int(np.prod([spec.mesh.shape[a] for a, p in enumerate(layout.placements) if p == Shard(d)]))
+        if cut > spec.shape[d]:
+            return None
+    return layout
+
+
+def input_candidates(spec: TensorSpec) -> list[Layout]:
+    """Every layout of an ``auto`` input: R or S(d) per mesh axis, no empty shard.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> [str(l) for l in input_candidates(TensorSpec((4, 1), "float32", Layout(mesh, ["R"], 2)))]
+    ['(R)', '(S(0))']
+    """
+    per_axis = [_axis_options(spec, a, False) for a in range(spec.mesh.ndim)]
+    out = []
+    for combo in itertools.product(*per_axis):
+        layout = _layout(spec, combo)
+        if layout is not None:
+            out.append(layout)
+    return out
+
+
+def node_strategies(node: Node, specs: Sequence[TensorSpec], rules: _Rules, partial_ok: Sequence[bool],
+                    seeds: Iterable[tuple[Layout, ...]] = (), cap: int | None = None,
+                    limit: int = 20000) -> list[tuple[tuple[Layout, ...], tuple[TensorSpec, ...]]]:
+    """The (received input layouts, output specs) the node's rule accepts (module docstring).
+
+    At most ``cap`` of them: the ``seeds`` the rule accepts first (the layouts the node
+    has in the propagated and in the greedily resharded graph, so that the greedy plan
+    stays a candidate), then the ones holding the fewest bytes per rank.
+    """
+    found: dict[tuple[Layout, ...], tuple[TensorSpec, ...]] = {}
+    for seed in seeds:
+        _try(node, specs, seed, rules, found)
+    first = len(found)
+    mesh = specs[0].mesh
+    replicated = [s.with_layout(Layout.replicated(mesh, s.ndim)) for s in specs]
+    per_axis_valid = []
+    for axis in range(mesh.ndim):
+        options = [_axis_options(s, axis, p) for s, p in zip(specs, partial_ok)]
+        valid = []
+        for combo in itertools.product(*options):
+            layouts = []
+            for s, p in zip(replicated, combo):
+                layout = _layout(s, [p if a == axis else Replicate() for a in range(mesh.ndim)])
+                if layout is None:
+                    break
+                layouts.append(layout)
+            else:
+                if rules.infer(node, tuple(s.with_layout(l) for s, l in zip(specs, layouts))) is not None:
+                    valid.append(combo)
+        per_axis_valid.append(valid)
+    count = 0
+    for combos in itertools.product(*per_axis_valid):
+        count += 1
+        if count > limit:
+            break
+        layouts = []
+        for i, s in enumerate(specs):
+            layout = _layout(s, [combos[a][i] for a in range(mesh.ndim)])
+            if layout is None:
+                break
+            layouts.append(layout)
+        else:
+            _try(node, specs, tuple(layouts), rules, found)
+    items = list(found.items())
+    if cap is not None and len(items) > cap:
+        rest = sorted(items[first:], key=lambda item: (_held_bytes(item), str(item[0])))
+        items = items[:first] + rest[:max(0, cap - first)]
+    return items
+
+
+def _held_bytes(item) -> int:
+    layouts, outputs = item
+    return sum(o.local_nbytes(0) for o in outputs)
+
+
+def _try(node: Node, specs: Sequence[TensorSpec], layouts: tuple[Layout, ...], rules: _Rules, found: dict) -> None:
+    """Add the strategy of receiving ``layouts`` (after the free slices the rule asks for) if accepted."""
+    given = tuple(s.with_layout(l) for s, l in zip(specs, layouts))
+    res = rules.infer(node, given)
+    if res is None:
+        return
+    outputs, wants = res
+    if any(w is not None and w != g.layout for w, g in zip(wants, given)):
+        received = tuple(g if w is None else g.with_layout(w) for w, g in zip(wants, given))
+        again = rules.infer(node, received)
+        if again is None:
+            return
+        outputs = again[0]
+        given = received
+    found.setdefault(tuple(g.layout for g in given), outputs)
+
+
+# --------------------------------------------------------------------------- classes of identical nodes
+_NUMBER = re.compile(r"\d+")
+
+
+def _pattern(name: str) -> str:
+    return _NUMBER.sub("#", name, count=1)
+
+
+def node_classes(graph: Graph, repeat: int = REPEAT, auto: Iterable[str] = ()) -> dict[str, str]:
+    """Node name -> class name: nodes repeated ``repeat`` times alike share a class (``auto``:
+    the inputs whose layout is to be chosen)."""
+    auto = set(auto)
+    signature: dict[str, tuple] = {}
+    for node in graph.topo_order():
+        if node.is_input:
+            a = node.attrs
+            signature[node.name] = (_pattern(node.name), "input", a.get("shape"), a.get("dtype"),
+                                    str(a.get("placements")), a.get("requires_grad"), node.name in auto)
+        else:
+            ins = []
+            for value in node.inputs:
+                producer, index = graph.producer(value)
+                spec = value_spec(graph, value)
+                ins.append((_pattern(producer.name), index, None if spec is None else (spec.shape, spec.dtype)))
+            signature[node.name] = (_pattern(node.name), node.op, attrs_key(node.attrs), tuple(ins))
+    members: dict[tuple, list[str]] = {}
+    for name, sig in signature.items():
+        members.setdefault(sig, []).append(name)
+    out = {}
+    for names in members.values():
+        shared = len(names) >= repeat
+        for name in names:
+            out[name] = names[0] if shared else name
+    return out
+
+
+# --------------------------------------------------------------------------- the program
+class InfeasiblePlan(LayoutPropError):
+    """No plan fits the memory limit; ``least`` is the smallest memory any plan needs."""
+
+    def __init__(self, limit: int, least: int) -> None:
+        from .memory import format_bytes
+
+        self.limit, self.least = limit, least
+        super().__init__("memory-limit", f"no plan fits in {format_bytes(limit)} per rank: the smallest any plan "
+                         f"needs is {format_bytes(least)} ({least} bytes) by the planner's estimate",
+                         hint=f"raise --memory-per-rank to at least {least}, or use a larger mesh")
+
+
+@dataclass
+class Solution:
+    """The solver's choice: a strategy per node and a layout per input, with the objective."""
+
+    strategies: dict[str, Strategy]
+    layouts: dict[str, tuple[str, ...]]  # every graph input -> placements
+    cost: float  # the objective (bytes or microseconds per step, as modelled)
+    memory: int  # the memory model's bytes per rank
+    objective: str
+    classes: int  # variables' classes (nodes of identical layers share one)
+    variables: int
+    seconds: float = 0.0
+    alternatives: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
+
+
+class _Problem:
+    def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
+                 fixed_inputs: bool, repeat: int, cap: int | None = None) -> None:
+        if objective not in OBJECTIVES:
+            raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
+        links = links_of(graph)
+        self.graph = graph = graph.copy_structure()  # auto inputs propagated as Replicate, the caller's untouched
+        self.auto = set()
+        for node in graph.inputs():
+            if node.attrs.get("placements") == "auto":
+                node.attrs["placements"] = ("R",) * graph.mesh.ndim
+                self.auto.add(node.name)
+        self.mesh = graph.mesh
+        self.objective = objective
+        self.links = [links[n] for n in self.mesh.names]
+        self.backward = backward
+        self.states = optimizer_states_per_parameter(optimizer)
+        self.propagate = Propagate()
+        self.propagate.run(graph)
+        self.rules = _Rules(self.propagate)
+        self.classes = node_classes(graph, repeat, self.auto)
+        self.requires = _requires_grad(graph)
+        self.fixed_inputs = fixed_inputs
+        self.cap = cap
+        self.seeds = self._seeds()
+        self.strategies: dict[str, list[Strategy]] = {}
+        self._build()
+
+    def _seeds(self) -> dict[str, list[tuple[Layout, ...]]]:
+        """Per op node, the layouts it receives as propagated and after the greedy reshard."""
+        from .reshard import Reshard
+
+        seeds: dict[str, list] = {}
+        graphs = [self.graph]
+        try:
+            graphs.append(Reshard(self.propagate).run(self.graph).graph)
+        except LayoutPropError:
+            pass
+        for g in graphs:
+            for node in g.topo_order():
+                if node.is_input or node.meta.get(meta.INSERTED_BY) or node.name not in self.graph:
+                    continue
+                specs = [value_spec(g, v) for v in node.inputs]
+                if any(s is None for s in specs):
+                    continue
+                seeds.setdefault(node.name, []).append(tuple(s.layout for s in specs))
+        return seeds
+
+    def price(self, moves: Moves) -> float:
+        return _price(moves, self.objective, self.links, self.mesh)
+
+    # ---------------------------------------------------------------- candidates
+    def _build(self) -> None:
+        graph = self.graph
+        partial_ok = {}
+        for node in graph.topo_order():
+            cls = self.classes[node.name]
+            if cls in self.strategies:
+                continue
+            if node.is_input:
+                spec = node.meta[meta.SPECS][0]
+                if node.name in self.auto:
+                    layouts = input_candidates(spec.with_layout(Layout.replicated(self.mesh, spec.ndim)))
+                else:
+                    layouts = [spec.layout]
+                self.strategies[cls] = [Strategy((), (spec.with_layout(l),)) for l in layouts]
+                continue
+            specs = [value_spec(graph, v) for v in node.inputs]
+            if any(s is None for s in specs):
+                raise LayoutPropError("unplannable", f"node {node.name!r} has inputs whose layout no rule can "
+                                      f"describe", node=node.name, hint="fix the violations check reports first")
+            flags = [partial_ok.setdefault(v, self._may_be_partial(v)) for v in node.inputs]
+            found = node_strategies(node, specs, self.rules, flags, self.seeds.get(node.name, ()), self.cap)
+            requires = tuple(self.requires.get(v, False) for v in node.inputs)
+            out = []
+            for layouts, outputs in found:
+                received = tuple(s.with_layout(l) for s, l in zip(specs, layouts))
+                grads, inner = (), ()
+                if self.backward and any(requires) and get_rule(node.op).differentiable:
+                    got = self.rules.vjp(node, received, requires)
+                    if got is None:
+                        continue
+                    grads, inner = got
+                out.append(Strategy(layouts, outputs, grads, inner))
+            if not out:
+                raise LayoutPropError("unplannable", f"no layout of node {node.name!r} ({node.op}) is accepted by "
+                                      f"its rule", node=node.name, hint="check the node's shapes and attrs")
+            self.strategies[cls] = out
+
+    def _may_be_partial(self, value: str) -> bool:
+        producer, _ = self.graph.producer(value)
+        return not producer.is_input
+
+    # ---------------------------------------------------------------- the program
+    def solve(self, memory_limit: int | None, fix: dict[str, int] | None = None,
+              minimise_memory: bool = False) -> tuple[dict[str, int], float, int] | None:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
+        graph = self.graph
+        index: dict[tuple[str, int], int] = {}
+        for cls, strats in self.strategies.items():
+            for k in range(len(strats)):
+                index[(cls, k)] = len(index)
+        nvars = len(index)
+        cost = [0.0] * nvars
+        mem = [0.0] * nvars
+        upper = [1.0] * nvars
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        lo: list[float] = []
+        hi: list[float] = []
+        nrow = 0
+
+        def add_row(entries, low, high):
+            nonlocal nrow
+            for col, val in entries:
+                rows.append(nrow)
+                cols.append(col)
+                vals.append(val)
+            lo.append(low)
+            hi.append(high)
+            nrow += 1
+
+        for cls, strats in self.strategies.items():
+            add_row([(index[(cls, k)], 1.0) for k in range(len(strats))], 1.0, 1.0)
+        # node costs and memory, once per member
+        pairs: dict[tuple, dict[tuple[int, int], float]] = {}
+        for node in graph.topo_order():
+            cls = self.classes[node.name]
+            strats = self.strategies[cls]
+            for k, s in enumerate(strats):
+                var = index[(cls, k)]
+                if node.is_input:
+                    local = s.outputs[0].local_nbytes(0)
+                    factor = 2 + self.states if node.attrs.get("requires_grad") else 1
+                    mem[var] += factor * local
+                    continue
+                mem[var] += sum(o.local_nbytes(0) for o in s.outputs)
+                cost[var] += self.price(s.inner)
+            if node.is_input:
+                continue
+            for i, value in enumerate(node.inputs):
+                producer, j = graph.producer(value)
+                pcls = self.classes[producer.name]
+                key = (pcls, j, cls, i)
+                table = pairs.get(key)
+                if table is None:
+                    table = pairs[key] = self._edge(pcls, j, cls, i, self.requires.get(value, False))
+                    table["count"] = 0
+                table["count"] += 1
+        e_cost: list[float] = []
+        e_rows: list[tuple[int, int, int]] = []  # (variable index, producer var, consumer var)
+        for (pcls, j, cls, i), table in pairs.items():
+            count = table.pop("count")
+            if pcls == cls:  # a class feeding itself: only equal strategies meet
+                for k in range(len(self.strategies[cls])):
+                    c = table.get((k, k))
+                    if c is None:
+                        upper[index[(cls, k)]] = 0.0
+                    else:
+                        cost[index[(cls, k)]] += count * c
+                continue
+            by_u: dict[int, list[int]] = {}
+            by_n: dict[int, list[int]] = {}
+            for (ku, kn), c in table.items():
+                var = nvars + len(e_cost)
+                e_cost.append(count * c)
+                by_u.setdefault(ku, []).append(var)
+                by_n.setdefault(kn, []).append(var)
+            for ku in range(len(self.strategies[pcls])):
+                add_row([(v, 1.0) for v in by_u.get(ku, [])] + [(index[(pcls, ku)], -1.0)], 0.0, 0.0)
+            for kn in range(len(self.strategies[cls])):
+                add_row([(v, 1.0) for v in by_n.get(kn, [])] + [(index[(cls, kn)], -1.0)], 0.0, 0.0)
+        total = nvars + len(e_cost)
+        if memory_limit is not None:
+            add_row([(v, mem[v]) for v in range(nvars) if mem[v]], -np.inf, float(memory_limit))
+        lower = [0.0] * total
+        for (cls, k), var in index.items():
+            if fix and cls in fix:
+                if fix[cls] == k:
+                    lower[var] = 1.0
+                else:
+                    upper[var] = 0.0
+        objective = np.array(mem + [0.0] * len(e_cost)) if minimise_memory else np.array(cost + e_cost)
+        a = coo_matrix((vals, (rows, cols)), shape=(nrow, total)).tocsr()
+        integrality = np.array([1] * nvars + [0] * len(e_cost))
+        res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                   bounds=Bounds(lower, upper + [1.0] * len(e_cost)), options={"time_limit": 600})
+        if res.x is None:
+            return None
+        chosen = {}
+        for (cls, k), var in index.items():
+            if res.x[var] > 0.5:
+                chosen[cls] = k
+        value = float(np.dot(cost + e_cost, res.x))
+        memory = int(round(sum(mem[index[(c, k)]] for c, k in chosen.items() if True)))
+        return chosen, value, self._memory(chosen)
+
+    def _memory(self, chosen: dict[str, int]) -> int:
+        total = 0
+        for node in self.graph.topo_order():
+            s = self.strategies[self.classes[node.name]][chosen[self.classes[node.name]]]
+            if node.is_input:
+                factor = 2 + self.states if node.attrs.get("requires_grad") else 1
+                total += factor * s.outputs[0].local_nbytes(0)
+            else:
+                total += sum(o.local_nbytes(0) for o in s.outputs)
+        return total
+
+    def _edge(self, pcls: str, j: int, cls: str, i: int, grad: bool) -> dict:
+        """(producer strategy, consumer strategy) -> cost of the edge; missing: impossible."""
+        table: dict = {}
+        moves: dict = {}
+        for kn, s in enumerate(self.strategies[cls]):
+            want = s.inputs[i]
+            g = s.grads[i] if self.backward and grad and s.grads else None
+            for ku, p in enumerate(self.strategies[pcls]):
+                out = p.outputs[j]
+                key = (out, want, g)
+                c = moves.get(key, False)
+                if c is False:
+                    c = moves[key] = self._move_cost(out, want, g)
+                if c is not None:
+                    table[(ku, kn)] = c
+        return table
+
+    def _move_cost(self, out: TensorSpec, want: Layout, grad: TensorSpec | None) -> float | None:
+        try:
+            fwd = _moves(plan_redistribution(out, want))
+            bwd: Moves = ()
+            if grad is not None:
+                target = [Replicate() if p.is_partial() else p for p in out.layout.placements]
+                bwd = _moves(plan_redistribution(grad, Layout(self.mesh, target, out.ndim)))
+        except LayoutPropError:
+            return None
+        return self.price(fwd + bwd)
+
+    def solution(self, chosen: dict[str, int], value: float) -> dict[str, Strategy]:
+        return {n.name: self.strategies[self.classes[n.name]][chosen[self.classes[n.name]]]
+                for n in self.graph.topo_order()}
+
+
+def _requires_grad(graph: Graph) -> dict[str, bool]:
+    req: dict[str, bool] = {}
+    for node in graph.topo_order():
+        if node.is_input:
+            req[node.name] = bool(node.attrs.get("requires_grad"))
+            continue
+        flag = get_rule(node.op).differentiable and any(req.get(v) for v in node.inputs)
+        for v in node.outputs:
+            req[v] = flag
+    return req
+
+
+def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
+          optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = CAP,
+          alternatives: bool = False) -> Solution:
+    """Choose every ``auto`` input's layout and every node's strategy (module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        A forward graph; inputs with ``placements: auto`` are decided, the others kept.
+    backward : bool
+        Count the backward of a training step too (gradients moved back, vjps' own moves).
+    objective : {"bytes", "time"}
+        Bytes per rank per step, or microseconds with the mesh's links.
+    memory_limit : int, optional
+        Bytes per rank (the memory model in the module docstring).
+    optimizer : str, optional
+        ``adam`` counts two states per parameter in the memory model.
+    repeat : int
+        Nodes repeated this often alike share their variables.
+    alternatives : bool
+        Also solve with each ``auto`` input held at each of its other layouts, and keep
+        those optima (``Solution.alternatives``).
+
+    Raises
+    ------
+    InfeasiblePlan
+        No plan fits ``memory_limit`` (with the least memory a plan needs).
+    """
+    import time
+
+    start = time.perf_counter()
+    problem = _Problem(graph, backward, objective, optimizer, fixed_inputs=False, repeat=repeat, cap=cap)
+    found = problem.solve(memory_limit)
+    if found is None:
+        least = problem.solve(None, minimise_memory=True)
+        if least is None:
+            raise LayoutPropError("unplannable", "no assignment of strategies is consistent", hint="report this graph")
+        raise InfeasiblePlan(memory_limit, least[2])
+    chosen, value, memory = found
+    strategies = problem.solution(chosen, value)
+    layouts = {n.name: tuple(strategies[n.name].outputs[0].layout.placement_strs()) for n in graph.inputs()}
+    variables = sum(len(s) for s in problem.strategies.values())
+    sol = Solution(strategies, layouts, value, memory, objective, len(problem.strategies), variables)
+    if alternatives:
+        for node in graph.inputs():
+            if node.attrs.get("placements") != "auto":
+                continue
+            cls = problem.classes[node.name]
+            options = []
+            for k, s in enumerate(problem.strategies[cls]):
+                if k == chosen[cls]:
+                    continue
+                other = problem.solve(memory_limit, fix={cls: k})
+                if other is not None:
+                    options.append((tuple(s.outputs[0].layout.placement_strs()), other[1]))
+            sol.alternatives[node.name] = sorted(options, key=lambda o: o[1])
+    sol.seconds = time.perf_counter() - start
+    return sol
+
+
+# --------------------------------------------------------------------------- realising a solution
+def realise(graph: Graph, strategies: dict[str, Strategy], propagate: Propagate | None = None,
+            inserted_by: str = "reshard") -> tuple[Graph, int]:
+    """A new graph whose nodes receive their inputs as ``strategies`` say: a ``redistribute``
+    node before each input that moves (a free local slice that the rule itself asks for
+    stays implicit), every node propagated again.  Returns the graph and the moves inserted."""
+    propagate = propagate or Propagate()
+    new = Graph(graph.mesh)
+    new.meta = dict(graph.meta)
+    moved: dict[tuple[str, Layout], str] = {}
+    inserted = 0
+    for node in graph.topo_order():
+        if node.is_input:
+            copy = Node(node.name, node.op, (), dict(node.attrs), 1, dict(node.meta))
+            new.add_node(copy)
+            propagate.visit(new, copy)
+            continue
+        strategy = strategies.get(node.name)
+        inputs = list(node.inputs)
+        if strategy is not None:
+            plain = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs, dict(node.meta))
+            specs = tuple(value_spec(new, v) for v in inputs)
+            propagate.visit(new, plain, specs)
+            wants = plain.meta[meta.WANTS]
+            for i, (value, want) in enumerate(zip(node.inputs, strategy.inputs)):
+                spec = specs[i]
+                if spec.layout == want:
+                    continue
+                implicit = wants[i] == want and not plain.meta[meta.VIOLATIONS]
+                if implicit and plan_redistribution(spec, want).is_free:
+                    continue
+                key = (value, want)
+                name = moved.get(key)
+                if name is None:
+                    operand = get_rule(node.op).operand_name(i)
+                    name = _fresh(f"{node.name}/{operand}", graph, new)
+                    move = Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
+                                meta={meta.INSERTED_BY: inserted_by, "for": (node.name, value)})
+                    new.add_node(move)
+                    propagate.visit(new, move)
+                    moved[key] = name
+                    inserted += 1
+                inputs[i] = name
+        copy = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs,
+                    {k: v for k, v in node.meta.items()})
+        new.add_node(copy)
+        propagate.visit(new, copy)
+    new.outputs = list(graph.outputs)
+    return new, inserted
+
+
+def _fresh(base: str, *graphs: Graph) -> str:
+    name, i = base, 1
+    while any(name in g for g in graphs):
+        i += 1
+        name = f"{base}{i}"
+    return name

@@ -82,7 +82,7 @@ from layout_prop.spec import TensorSpec
 from .memory import optimizer_states_per_parameter
 from .propagate import Propagate, value_spec
 
-__all__ = ["Link", "DEFAULT_LINK", "Strategy", "Solution", "solve", "links_of", "parse_links",
+__all__ = ["Problem", "Link", "DEFAULT_LINK", "Strategy", "Solution", "solve", "links_of", "parse_links",
            "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan"]
 
 OBJECTIVES = ("bytes", "time")
@@ -151,9 +151,9 @@ def _moves(plan: Plan) -> Moves:
 TIE = 1e-3  # added per collective step: of two plans moving as many bytes, the one with fewer moves wins
 
 
-def _price(moves: Moves, objective: str, links: Sequence[Link], mesh) -> float:
+def _price(moves: Moves, objective: str, links: Sequence[Link], mesh, tie: bool = False) -> float:
     if objective == "bytes":
-        return float(sum(b for _, _, b in moves)) + TIE * len(moves)
+        return float(sum(b for _, _, b in moves)) + (TIE * len(moves) if tie else 0.0)
     total = 0.0
     for axis, kind, nbytes in moves:
         link = links[axis]
@@ -437,7 +437,9 @@ class Solution:
     alternatives: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
 
 
-class _Problem:
+class Problem:
+    """The candidate strategies of every node class of a graph, and the program over them."""
+
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
                  fixed_inputs: bool, repeat: int, cap: int | None = None) -> None:
         if objective not in OBJECTIVES:
@@ -486,7 +488,7 @@ class _Problem:
         return seeds
 
     def price(self, moves: Moves) -> float:
-        return _price(moves, self.objective, self.links, self.mesh)
+        return _price(moves, self.objective, self.links, self.mesh, tie=True)
 
     # ---------------------------------------------------------------- candidates
     def _build(self) -> None:
@@ -533,9 +535,58 @@ class _Problem:
     # ---------------------------------------------------------------- the program
     def solve(self, memory_limit: int | None, fix: dict[str, int] | None = None,
               minimise_memory: bool = False) -> tuple[dict[str, int], float, int] | None:
+        """The optimal choice (class -> strategy index), its objective and modelled memory;
+        None when nothing fits ``memory_limit``.  ``fix`` holds classes to given strategies;
+        ``minimise_memory`` minimises the memory model instead."""
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
 
+        p = self._program()
+        nvars, total = p["nvars"], p["total"]
+        rows, cols, vals, lo, hi = list(p["rows"]), list(p["cols"]), list(p["vals"]), list(p["lo"]), list(p["hi"])
+        if memory_limit is not None:
+            nrow = len(lo)
+            for v in range(nvars):
+                if p["mem"][v]:
+                    rows.append(nrow)
+                    cols.append(v)
+                    vals.append(p["mem"][v])
+            lo.append(-np.inf)
+            hi.append(float(memory_limit))
+        lower = [0.0] * total
+        upper = list(p["upper"])
+        for (cls, k), var in p["index"].items():
+            if fix and cls in fix:
+                if fix[cls] == k:
+                    lower[var] = 1.0
+                else:
+                    upper[var] = 0.0
+        cost = np.array(p["cost"])
+        objective = np.concatenate([p["mem"], np.zeros(total - nvars)]) if minimise_memory else cost
+        a = coo_matrix((vals, (rows, cols)), shape=(len(lo), total)).tocsr()
+        integrality = np.concatenate([np.ones(nvars), np.zeros(total - nvars)])
+        res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
+                   bounds=Bounds(lower, upper), options={"time_limit": 600})
+        if res.x is None:
+            return None
+        chosen = {}
+        for (cls, k), var in p["index"].items():
+            if res.x[var] > 0.5:
+                chosen[cls] = k
+        return chosen, float(np.dot(cost, res.x)), self._memory(chosen)
+
+    def _program(self) -> dict:
+        """The constraint matrix and costs, built once.
+
+        Variables: one binary per (class, strategy); per edge class and pair of strategies a
+        continuous ``e`` (its marginals are the two choices); per producer value class,
+        producer strategy and target layout a continuous ``z`` at least the sum of the
+        ``e`` that move the value there, which carries the forward move's cost: a value
+        moved to one layout for several consumers is moved once, as the reshard pass does.
+        The backward's moves stay on the ``e`` (each consumer's gradient is moved back).
+        """
+        if getattr(self, "_built", None) is not None:
+            return self._built
         graph = self.graph
         index: dict[tuple[str, int], int] = {}
         for cls, strats in self.strategies.items():
@@ -550,31 +601,32 @@ class _Problem:
         vals: list[float] = []
         lo: list[float] = []
         hi: list[float] = []
-        nrow = 0
 
         def add_row(entries, low, high):
-            nonlocal nrow
+            n = len(lo)
             for col, val in entries:
-                rows.append(nrow)
+                rows.append(n)
                 cols.append(col)
                 vals.append(val)
             lo.append(low)
             hi.append(high)
-            nrow += 1
+
+        def new_var(c: float, up: float = 1.0) -> int:
+            cost.append(c)
+            upper.append(up)
+            return len(cost) - 1
 
         for cls, strats in self.strategies.items():
             add_row([(index[(cls, k)], 1.0) for k in range(len(strats))], 1.0, 1.0)
-        # node costs and memory, once per member
-        pairs: dict[tuple, dict[tuple[int, int], float]] = {}
+        pairs: dict[tuple, dict] = {}
+        counts: dict[tuple, int] = {}
         for node in graph.topo_order():
             cls = self.classes[node.name]
-            strats = self.strategies[cls]
-            for k, s in enumerate(strats):
+            for k, s in enumerate(self.strategies[cls]):
                 var = index[(cls, k)]
                 if node.is_input:
-                    local = s.outputs[0].local_nbytes(0)
                     factor = 2 + self.states if node.attrs.get("requires_grad") else 1
-                    mem[var] += factor * local
+                    mem[var] += factor * s.outputs[0].local_nbytes(0)
                     continue
                 mem[var] += sum(o.local_nbytes(0) for o in s.outputs)
                 cost[var] += self.price(s.inner)
@@ -582,60 +634,47 @@ class _Problem:
                 continue
             for i, value in enumerate(node.inputs):
                 producer, j = graph.producer(value)
-                pcls = self.classes[producer.name]
-                key = (pcls, j, cls, i)
-                table = pairs.get(key)
-                if table is None:
-                    table = pairs[key] = self._edge(pcls, j, cls, i, self.requires.get(value, False))
-                    table["count"] = 0
-                table["count"] += 1
-        e_cost: list[float] = []
-        e_rows: list[tuple[int, int, int]] = []  # (variable index, producer var, consumer var)
+                key = (self.classes[producer.name], j, cls, i)
+                if key not in pairs:
+                    pairs[key] = self._edge(*key, self.requires.get(value, False))
+                counts[key] = counts.get(key, 0) + 1
+        z_vars: dict[tuple, int] = {}
+        z_count: dict[tuple, int] = {}
         for (pcls, j, cls, i), table in pairs.items():
-            count = table.pop("count")
+            count = counts[(pcls, j, cls, i)]
             if pcls == cls:  # a class feeding itself: only equal strategies meet
                 for k in range(len(self.strategies[cls])):
                     c = table.get((k, k))
                     if c is None:
                         upper[index[(cls, k)]] = 0.0
                     else:
-                        cost[index[(cls, k)]] += count * c
+                        cost[index[(cls, k)]] += count * (c[0] + c[1])
                 continue
             by_u: dict[int, list[int]] = {}
             by_n: dict[int, list[int]] = {}
-            for (ku, kn), c in table.items():
-                var = nvars + len(e_cost)
-                e_cost.append(count * c)
+            by_move: dict[tuple[int, Layout], list[int]] = {}
+            for (ku, kn), (fwd, bwd) in table.items():
+                var = new_var(count * bwd)
                 by_u.setdefault(ku, []).append(var)
                 by_n.setdefault(kn, []).append(var)
+                target = self.strategies[cls][kn].inputs[i]
+                by_move.setdefault((ku, target), []).append(var)
+                zkey = (pcls, j, ku, target)
+                if zkey not in z_vars:
+                    z_vars[zkey] = new_var(fwd)
+                z_count[zkey] = max(z_count.get(zkey, 0), count)
             for ku in range(len(self.strategies[pcls])):
                 add_row([(v, 1.0) for v in by_u.get(ku, [])] + [(index[(pcls, ku)], -1.0)], 0.0, 0.0)
             for kn in range(len(self.strategies[cls])):
                 add_row([(v, 1.0) for v in by_n.get(kn, [])] + [(index[(cls, kn)], -1.0)], 0.0, 0.0)
-        total = nvars + len(e_cost)
-        if memory_limit is not None:
-            add_row([(v, mem[v]) for v in range(nvars) if mem[v]], -np.inf, float(memory_limit))
-        lower = [0.0] * total
-        for (cls, k), var in index.items():
-            if fix and cls in fix:
-                if fix[cls] == k:
-                    lower[var] = 1.0
-                else:
-                    upper[var] = 0.0
-        objective = np.array(mem + [0.0] * len(e_cost)) if minimise_memory else np.array(cost + e_cost)
-        a = coo_matrix((vals, (rows, cols)), shape=(nrow, total)).tocsr()
-        integrality = np.array([1] * nvars + [0] * len(e_cost))
-        res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-                   bounds=Bounds(lower, upper + [1.0] * len(e_cost)), options={"time_limit": 600})
-        if res.x is None:
-            return None
-        chosen = {}
-        for (cls, k), var in index.items():
-            if res.x[var] > 0.5:
-                chosen[cls] = k
-        value = float(np.dot(cost + e_cost, res.x))
-        memory = int(round(sum(mem[index[(c, k)]] for c, k in chosen.items() if True)))
-        return chosen, value, self._memory(chosen)
+            for (ku, target), es in by_move.items():
+                add_row([(v, 1.0) for v in es] + [(z_vars[(pcls, j, ku, target)], -1.0)], -np.inf, 0.0)
+        for zkey, var in z_vars.items():
+            cost[var] *= z_count[zkey]
+        self._built = {"index": index, "nvars": nvars, "total": len(cost), "cost": cost,
+                       "mem": np.array(mem), "upper": upper, "rows": rows, "cols": cols, "vals": vals,
+                       "lo": lo, "hi": hi}
+        return self._built
 
     def _memory(self, chosen: dict[str, int]) -> int:
         total = 0
@@ -649,7 +688,8 @@ class _Problem:
         return total
 
     def _edge(self, pcls: str, j: int, cls: str, i: int, grad: bool) -> dict:
-        """(producer strategy, consumer strategy) -> cost of the edge; missing: impossible."""
+        """(producer strategy, consumer strategy) -> (forward cost, backward cost) of the edge;
+        missing: impossible."""
         table: dict = {}
         moves: dict = {}
         for kn, s in enumerate(self.strategies[cls]):
@@ -665,7 +705,10 @@ class _Problem:
                     table[(ku, kn)] = c
         return table
 
-    def _move_cost(self, out: TensorSpec, want: Layout, grad: TensorSpec | None) -> float | None:
+    def _move_cost(self, out: TensorSpec, want: Layout, grad: TensorSpec | None) -> tuple[float, float] | None:
+        for have, new in zip(out.layout.placements, want.placements):
+            if new.is_partial() and have != new:  # a Partial is made by a computation, not by moving data
+                return None
         try:
             fwd = _moves(plan_redistribution(out, want))
             bwd: Moves = ()
@@ -674,7 +717,7 @@ class _Problem:
                 bwd = _moves(plan_redistribution(grad, Layout(self.mesh, target, out.ndim)))
         except LayoutPropError:
             return None
-        return self.price(fwd + bwd)
+        return self.price(fwd), self.price(bwd)
 
     def solution(self, chosen: dict[str, int], value: float) -> dict[str, Strategy]:
         return {n.name: self.strategies[self.classes[n.name]][chosen[self.classes[n.name]]]
@@ -724,7 +767,7 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     import time
 
     start = time.perf_counter()
-    problem = _Problem(graph, backward, objective, optimizer, fixed_inputs=False, repeat=repeat, cap=cap)
+    problem = Problem(graph, backward, objective, optimizer, fixed_inputs=False, repeat=repeat, cap=cap)
     found = problem.solve(memory_limit)
     if found is None:
         least = problem.solve(None, minimise_memory=True)
@@ -732,6 +775,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
             raise LayoutPropError("unplannable", "no assignment of strategies is consistent", hint="report this graph")
         raise InfeasiblePlan(memory_limit, least[2])
     chosen, value, memory = found
+    if objective == "bytes":
+        value = float(round(value))  # without the tie-breaking thousandths
     strategies = problem.solution(chosen, value)
     layouts = {n.name: tuple(strategies[n.name].outputs[0].layout.placement_strs()) for n in graph.inputs()}
     variables = sum(len(s) for s in problem.strategies.values())
@@ -747,7 +792,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
                     continue
                 other = problem.solve(memory_limit, fix={cls: k})
                 if other is not None:
-                    options.append((tuple(s.outputs[0].layout.placement_strs()), other[1]))
+                    cost = float(round(other[1])) if objective == "bytes" else other[1]
+                    options.append((tuple(s.outputs[0].layout.placement_strs()), cost))
             sol.alternatives[node.name] = sorted(options, key=lambda o: o[1])
     sol.seconds = time.perf_counter() - start
     return sol

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -27,9 +28,7 @@ from .mindspore_llama import Model, example_inputs, set_graph_mode  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama_block.mindir"
 
-# the cell takes cos and sin as (1, 1, S, D), as gen llama does: S is dim 2
-PLAN = copy.deepcopy(LLAMA_PLAN)
-PLAN["inputs"]["cos"] = PLAN["inputs"]["sin"] = ["R", "S(2)", "R"]
+PLAN = LLAMA_PLAN  # the cell takes cos and sin as (1, S, D), as the ONNX sample does: one plan for both
 
 
 def moves(graph):
@@ -57,7 +56,8 @@ def test_cell_llama_block_gives_gen_llamas_collectives(block):
 def test_cell_llama_block_has_gen_llamas_structure_and_the_users_names(block):
     ops = Counter(n.op for n in block.nodes if not n.is_input)
     generated = load_spec(llama_spec(1))
-    assert ops == Counter(n.op for n in generated.nodes if not n.is_input)
+    # gen llama's ops, and the two expand_dims that make cos and sin (1, 1, S, D)
+    assert ops == Counter(n.op for n in generated.nodes if not n.is_input) + Counter({"unsqueeze": 2})
     names = [n.name for n in block.inputs()]
     assert names[:3] == ["x", "cos", "sin"] and "layers.0.attention.wq.weight" in names
     assert block.node("layers.0.attention.wq.weight").attrs["placements"] == ("R", "R", "S(0)")  # Dense: (out, in)
@@ -121,3 +121,22 @@ def test_malformed_mindir_files_are_one_line(tmp_path, capsys):
     with pytest.raises(SpecError) as err:
         from_mindir(tmp_path / "missing.mindir", PLAN)
     assert err.value.code == "model-not-found"
+
+
+def test_shard_strategies_are_compared_with_the_plan(tmp_path):
+    from .mindspore_sharded import ShardedMatMul
+
+    set_graph_mode()
+    import mindspore as ms
+    import numpy as np
+
+    cell = ShardedMatMul()
+    x = ms.Tensor(np.ones((4, 8), np.float32))
+    agree = {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}, "parameters": {"w": ["S(1)"]}}
+    graph = from_cell(cell, x, plan=agree)
+    assert not [n for n in graph.meta["import_notes"] if "shard()" in n]
+    differ = {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}, "parameters": {"w": "R"}}
+    notes = from_cell(cell, x, plan=differ).meta["import_notes"]
+    (note,) = notes  # x agrees (rows on tp), w does not (node numbers vary between exports)
+    assert re.fullmatch(r"MindSpore shard\(\) of node matmul_\d+ splits input 1 \(w\) as \(1, 2\), but the plan "
+                        r"gives w \['R'\], which splits it as \(1, 1\)", note), note

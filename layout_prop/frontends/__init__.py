@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import SpecError
 from ..graph import Graph
 from ..plan import Plan, load_plan
-from .ir import ModelGraph, apply_plan, to_spec
+from .ir import ModelGraph, apply_plan, compare_declared, to_spec
 
 __all__ = ["load_model", "import_spec", "build_spec", "build_graph", "is_model_path", "MODEL_SUFFIXES"]
 
@@ -36,7 +36,8 @@ def build_spec(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: boo
     if fuse:
         Canonicalize().run(model)
     spec, weights = to_spec(model, opaque=opaque)
-    return apply_plan(spec, weights, plan), list(model.notes)
+    spec = apply_plan(spec, weights, plan)
+    return spec, list(model.notes) + compare_declared(model, spec)
 
 
 def build_graph(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bool = True) -> Graph:

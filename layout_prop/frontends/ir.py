@@ -24,7 +24,8 @@ import numpy as np
 from ..errors import OpError, SpecError
 from ..plan import ParamUse, Plan, resolve_parameters
 
-__all__ = ["Value", "MNode", "ModelGraph", "to_spec", "parameter_uses", "apply_plan", "sanitize", "scalar_value"]
+__all__ = ["Value", "MNode", "ModelGraph", "to_spec", "parameter_uses", "apply_plan", "sanitize", "scalar_value",
+           "compare_declared"]
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -67,6 +68,8 @@ class ModelGraph:
         self.nodes: list[MNode] = []
         self.outputs: list[str] = []
         self.notes: list[str] = []
+        # (node, input values, the split count per dim of each) a model declares (MindSpore shard())
+        self.declared: list[tuple[str, list[str | None], tuple]] = []
 
     # -------------------------------------------------------------- building
     def add_value(self, value: Value) -> str:
@@ -343,3 +346,25 @@ def apply_plan(spec: dict, weights: list[str], plan: Plan) -> dict:
         spec["inputs"][w]["placements"] = placements
     return spec
 
+
+
+def compare_declared(model: ModelGraph, spec: dict) -> list[str]:
+    """Notes comparing the split counts a model declares (MindSpore ``shard()`` strategies) with
+    the plan's layouts of the same graph inputs and parameters (other operands are not compared)."""
+    shape = spec["mesh"]["shape"]
+    notes = []
+    for node, values, strategy in model.declared:
+        for k, (value, splits) in enumerate(zip(values, strategy)):
+            entry = spec["inputs"].get(sanitize(value)) if value is not None else None
+            if entry is None or not isinstance(entry.get("placements"), list):
+                continue
+            planned = [1] * len(entry["shape"])
+            for axis, p in enumerate(entry["placements"]):
+                if p.startswith("S("):
+                    planned[int(p[2:-1]) % len(planned)] *= shape[axis]
+            declared = [int(s) for s in splits]
+            if declared != planned:
+                notes.append(f"MindSpore shard() of node {sanitize(node)} splits input {k} ({sanitize(value)}) as "
+                             f"{tuple(declared)}, but the plan gives {sanitize(value)} {entry['placements']}, which "
+                             f"splits it as {tuple(planned)}")
+    return notes

@@ -13,8 +13,10 @@ lose the graph prefix MindSpore gives them (``12_11_1___main___Net_construct_3:q
 3-D input is exported as ``Reshape(-1, in)``, ``MatMul(transpose_b)``, ``Reshape``; the
 canonicalisation pass folds it back into ``linear`` on the 3-D input.
 
-MindSpore's own sharding strategies (``shard()``, ``Layout``) are not read: MindSpore
-2.10 does not write them into a MindIR exported on CPU (see the README).
+MindSpore's own sharding strategies: a primitive's ``shard()`` is saved (on CPU too) as its
+``in_strategy`` attribute, split counts per dim of each input.  They are not imported as
+layouts (a strategy names no mesh axes); each one on a graph input or parameter is
+compared with the plan's layout of it, and a disagreement is an import note.
 """
 
 from __future__ import annotations
@@ -128,6 +130,9 @@ class _Reader:
         self.py: dict[str, Any] = {}         # constant name -> Python value
         self.tuples: dict[str, list[str]] = {}  # MakeTuple / multi-output op -> element values
         self.taken: set[str] = set()
+        # MindSpore shard() strategies, saved as the primitives' in_strategy attribute
+        self.strategies = {p.name: _attr_value(a, source) for p in model.primitives for a in p.attribute
+                           if a.name == "in_strategy"}
 
     def name(self, raw: str, prim: str) -> str:
         base = _node_name(raw, prim)
@@ -231,6 +236,10 @@ class _Reader:
         shaped = self.out_shape(node)
         handler = getattr(self, f"p_{prim}", None)
         name = self.name(out, prim)
+        strategy = self.strategies.get(node.op_type.split("::")[-1])
+        if strategy:
+            self.g.declared.append((name, [v if v in self.g.values else None for v in ins[:len(strategy)]],
+                                    strategy))
         if handler is None:
             return self.unknown(prim, name, ins, out, shaped)
         handler(name, ins, out, shaped)

@@ -184,7 +184,7 @@ def test_cut_is_bounded_on_a_shared_nest():
         nest = [nest] * 9  # 9^10 items if expanded
     start = time.perf_counter()
     text = cut(nest)
-    assert time.perf_counter() - start < 0.1
+    assert time.perf_counter() - start < 5  # expanding the nest would take hours
     assert len(text) <= 200 and text.startswith("[[[")
 
 
@@ -206,9 +206,14 @@ def test_mesh_limit_in_the_api():
     assert excinfo.value.code == "too-many-ranks"
 
 
-def test_analysis_time_is_linear_in_the_rank_count():
-    """check --reshard --backward on 4,096 and 16,384 ranks: 4 times the ranks, at most about
-    4 times the time (it was about n^2: 4,096 ranks took 10 s).  Best of 3 of each, interleaved."""
+def test_analysis_work_is_linear_in_the_rank_count():
+    """check --reshard --backward on 4,096 and 16,384 ranks: 4 times the ranks, at most about 4
+    times the work (it was about n^2: 4,096 ranks took 10 s).  Work is counted as Python function
+    calls, which do not depend on how loaded the machine is (wall time on a shared machine does);
+    speed itself is measured by the benchmarks."""
+    import cProfile
+    import pstats
+
     from layout_prop.api import analyze, format_table
 
     def spec(n: int) -> str:
@@ -217,14 +222,17 @@ def test_analysis_time_is_linear_in_the_rank_count():
                 "  w: {shape: [32, 16], placements: [R, \"S(0)\"]}\n"
                 "nodes:\n  - {name: y, op: linear, inputs: [x, w]}\n  - {name: z, op: softmax, inputs: [y]}\n")
 
-    def seconds(n: int) -> float:
-        start = time.perf_counter()
-        analysis = analyze(load_spec(spec(n)), reshard=True, backward=True)
-        format_table(analysis)
-        return time.perf_counter() - start
+    def calls(n: int) -> int:
+        text = spec(n)
+        analyze(load_spec(text), reshard=True, backward=True)  # warm: imports and caches of the first run
+        profile = cProfile.Profile()
+        profile.enable()
+        format_table(analyze(load_spec(text), reshard=True, backward=True))
+        profile.disable()
+        return pstats.Stats(profile).total_calls
 
-    small, large = min(seconds(4096) for _ in range(3)), min(seconds(16384) for _ in range(3))
-    assert large < 6.5 * small + 0.05, (small, large)  # quadratic would be 16 times
+    small, large = calls(4096), calls(16384)
+    assert large < 4.5 * small, (small, large)  # quadratic would be 16 times
 
 
 # --------------------------------------------------------------------------- graphs

@@ -14,7 +14,7 @@ from layout_prop.loader import load_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import run_graph
 
-MESHES = {(4,): ["tp"], (2, 2): ["dp", "tp"]}
+MESHES = {(2,): ["tp"], (4,): ["tp"], (2, 2): ["dp", "tp"]}
 
 
 def one_node(mesh, inputs: dict, op: str, attrs: dict | None = None) -> dict:
@@ -103,3 +103,92 @@ def test_norm_weight_sharded_where_x_is_sharded_still_gathers():
     violations = analyze(load_spec(spec)).check.violations
     assert [(v.code, v.operand, v.fixable) for v in violations] == [("sharded-normalized-dim", "weight", True)]
     assert run_graph(load_spec(spec), backward=True, seed=0).ok
+
+
+# ------------------------------------------------------------------ 2. strided shards from reshapes
+RESHAPE_CASES = [
+    # (mesh, x shape, x placements, target shape, output placements)
+    ((4,), (2, 16, 16), ["S(1)"], [32, 16], ["_S(0,2)"]),  # the issue's example
+    ((2, 2), (2, 16, 16), ["R", "S(1)"], [32, 16], ["R", "_S(0,2)"]),
+    ((2, 2), (2, 16, 16), ["S(1)", "S(1)"], [32, 16], ["_S(0,2)", "_S(0,2)"]),  # doubly sharded
+    ((2, 2), (2, 16, 16), ["S(1)", "S(0)"], [32, 16], ["_S(0,2)", "S(0)"]),
+    ((4,), (2, 10, 16), ["S(1)"], [20, 16], ["_S(0,2)"]),  # uneven: 10 rows on 4 ranks are 3, 3, 3, 1
+    ((4,), (3, 6, 4), ["S(1)"], [18, 4], ["_S(0,3)"]),  # uneven: 6 on 4 are 2, 2, 2, 0
+    ((2, 2), (2, 5, 16), ["S(2)", "S(1)"], [10, 16], ["S(1)", "_S(0,2)"]),
+]
+
+
+@pytest.mark.parametrize("mesh, shape, placements, target, out", RESHAPE_CASES)
+def test_reshape_merging_a_sharded_inner_dim_is_a_strided_shard(mesh, shape, placements, target, out):
+    spec = one_node(mesh, {"x": (shape, placements)}, "reshape", {"shape": target})
+    assert_free_and_exact(spec, out)
+
+
+def test_strided_shard_flows_through_elementwise_and_transpose_and_back():
+    spec = {"mesh": {"shape": [4], "names": ["tp"]},
+            "inputs": {"x": {"shape": [2, 10, 16], "placements": ["S(1)"]}, "b": {"shape": [16], "placements": ["R"]},
+                       "g": {"shape": [20, 1], "placements": ["R"]}},
+            "nodes": [{"name": "y", "op": "reshape", "inputs": ["x"], "attrs": {"shape": [20, 16]}},
+                      {"name": "z", "op": "add", "inputs": ["y", "b"]},  # b broadcasts along the strided dim
+                      {"name": "s", "op": "mul", "inputs": ["z", "g"]},  # g is sliced alike for free
+                      {"name": "t", "op": "transpose", "inputs": ["s"], "attrs": {"dims": [1, 0]}},
+                      {"name": "e", "op": "silu", "inputs": ["t"]},
+                      {"name": "u", "op": "transpose", "inputs": ["e"], "attrs": {"dims": [1, 0]}},
+                      {"name": "out", "op": "reshape", "inputs": ["u"], "attrs": {"shape": [2, 10, 16]}}],
+            "outputs": ["out"]}
+    analysis = analyze(load_spec(spec))
+    tensors = analysis.report()["tensors"]
+    assert [tensors[v]["placements"] for v in ("y", "z", "s", "t", "e", "u", "out")] == [
+        ["_S(0,2)"], ["_S(0,2)"], ["_S(0,2)"], ["_S(1,2)"], ["_S(1,2)"], ["_S(0,2)"], ["S(1)"]]
+    assert tensors["t"]["tensor_map"] is None  # MindSpore's tensor_map has no strided shard
+    assert_free_and_exact(spec, ["S(1)"])
+
+
+def test_strided_placement_in_specs_and_tensor_map():
+    from layout_prop import DeviceMesh, Layout, LayoutError, LayoutPropError
+
+    spec = one_node((2,), {"x": ((6, 2), ["_S(0,2)"])}, "identity")
+    assert_free_and_exact(spec, ["_S(0,2)"])
+    layout = Layout(DeviceMesh((2,), ("tp",)), ["_S(-2, 2)"], 2)
+    assert str(layout) == "(_S(0,2))"
+    with pytest.raises(LayoutError) as info:
+        layout.tensor_map()
+    assert info.value.code == "unsupported-layout" and "_S(0,2)" in info.value.message
+    bad = one_node((2,), {"x": ((6, 2), ["_S(0,4)"])}, "identity")  # 6 rows do not make 4 blocks
+    with pytest.raises(LayoutPropError) as info:
+        load_spec(bad)
+    assert info.value.code == "invalid-layout" and "do not divide into 4 blocks" in info.value.message
+
+
+# ------------------------------------------------------------------ 4. where DTensor fails outright
+def assert_fixed_by_reshard(spec: dict, codes: list[str]) -> None:
+    """A documented, fixable violation, and the resharded run matches one device forward and backward."""
+    found = analyze(load_spec(spec)).check.violations
+    assert sorted(v.code for v in found) == sorted(codes) and all(v.fixable for v in found), [str(v) for v in found]
+    report = run_graph(load_spec(spec), backward=True, seed=2)
+    assert report.ok and report.outputs and report.grads, report.mismatches
+    assert report.collectives  # the fix communicates
+
+
+def test_rms_norm_over_a_partial_average_is_reduced_first():
+    # DTensor raises on an in-place add for rms_norm over a P(avg) input
+    for mesh, x in [((4,), ["P(avg)"]), ((2, 2), ["S(0)", "P(avg)"])]:
+        w = ["R"] * len(mesh)
+        assert_fixed_by_reshard(one_node(mesh, {"x": ((4, 10), x), "weight": ((10,), w)}, "rms_norm"),
+                                ["partial-input"])
+
+
+def test_matmul_on_a_strided_shard_gathers_it():
+    # DTensor raises "Cannot unflatten" for a matmul of a _StridedShard operand
+    spec = one_node((4,), {"x": ((32, 16), ["_S(0,2)"]), "w": ((16, 8), ["R"])}, "matmul")
+    assert_fixed_by_reshard(spec, ["sharding-mismatch"])
+    v = analyze(load_spec(spec)).check.violations[0]
+    assert "strided shard" in v.message and "all-gather x on 'tp'" in v.hint
+
+
+def test_reshape_of_doubly_sharded_uneven_dims_is_a_violation_or_exact():
+    # DTensor raises "invalid for size" on reshapes of doubly sharded dims; here: exact or gathered
+    assert_free_and_exact(one_node((2, 2), {"x": ((4, 6, 8), ["S(1)", "S(1)"])}, "reshape", {"shape": [24, 8]}),
+                          ["_S(0,4)", "_S(0,4)"])  # 6 -> 3, 3 -> 2, 1: each rank keeps its rows of 4 blocks
+    assert_fixed_by_reshard(one_node((2, 2), {"x": ((3, 4, 6), ["S(0)", "S(0)"])}, "reshape", {"shape": [12, 6]}),
+                            ["reshape-sharded-dim", "reshape-sharded-dim"])

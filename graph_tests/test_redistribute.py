@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from layout_prop import DeviceMesh, Layout, LayoutError, TensorSpec
-from layout_prop.placement import Partial, Shard
+from layout_prop.placement import Partial, Shard, StridedShard
 from layout_prop.redistribute import Plan, enumerate_plans, plan_redistribution, redistribution_cost
 
 
@@ -320,12 +320,13 @@ def layout_pairs(draw):
         room = 8 // max(1, _prod(sizes))
         sizes.append(draw(st.integers(1, min(4, room))))
     mesh = DeviceMesh(tuple(sizes), tuple("abc"[: len(sizes)]))
-    shape = tuple(draw(st.sampled_from([1, 2, 3, 5, 7])) for _ in range(draw(st.integers(1, 3))))
+    shape = tuple(draw(st.sampled_from([1, 2, 3, 4, 5, 6, 7])) for _ in range(draw(st.integers(1, 3))))
     nd = len(shape)
-    choices = ["R"] + [f"S({d})" for d in range(nd)] + ["P(sum)", "P(avg)", "P(max)", "P(min)"]
+    shards = ["R"] + [f"S({d})" for d in range(nd)] + [f"_S({d},2)" for d in range(nd)]
+    choices = shards + ["P(sum)", "P(avg)", "P(max)", "P(min)"]
     src = [draw(st.sampled_from(choices)) for _ in sizes]
     partials = ["P(sum)", "P(avg)", "P(max)", "P(min)"]
-    dst = [draw(st.sampled_from(["R"] + [f"S({d})" for d in range(nd)] + ([s] if s.startswith("P") else partials)))
+    dst = [draw(st.sampled_from(shards + ([s] if s.startswith("P") else partials)))
            for s in src]  # R and S may become any Partial (local-partial), a Partial only stays itself
     try:
         src_spec = TensorSpec(shape, "float32", Layout(mesh, src, nd))
@@ -366,8 +367,9 @@ def step_is_nested_validly(step) -> bool:
     before, after = step.src.layout.placements, step.dst.layout.placements
     if [p for k, p in enumerate(before) if k != i] != [p for k, p in enumerate(after) if k != i]:
         return False
-    dims = {p.dim for p in (before[i], after[i]) if isinstance(p, Shard)}
-    return not any(mesh.shape[j] > 1 and before[j] in [Shard(d) for d in dims] for j in range(i + 1, mesh.ndim))
+    dims = {p.dim for p in (before[i], after[i]) if isinstance(p, (Shard, StridedShard))}
+    return not any(mesh.shape[j] > 1 and isinstance(before[j], (Shard, StridedShard)) and before[j].dim in dims
+                   for j in range(i + 1, mesh.ndim))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])

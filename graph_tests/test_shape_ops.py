@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from layout_prop import meta
+from layout_prop import LayoutError, meta
 from layout_prop.api import analyze
 from layout_prop.graph import Graph
 from layout_prop.kernels.numpy_backend import KERNELS
@@ -92,18 +92,16 @@ class TestReshapeRule:
         assert layouts(res) == ["(S(0), R)"] and res.violations == ()
         assert res.outputs[0].local_shape(2) == (12, 8)
 
-    def test_merge_b_s_with_s_sharded_is_a_violation(self):
+    def test_merge_b_s_with_s_sharded_is_a_strided_shard(self):
+        # S = 6 on tp: each rank holds S rows [3c, 3c+3) of every b: elements b*6 + j of B*S = 24
         x = spec((4, 6, 8), ["R", "S(1)"])
         res = infer("reshape", x, shape=[24, 8])
-        assert codes(res) == ["reshape-sharded-dim"]
-        v = res.violations[0]
-        assert v.operand == "x" and v.fixable
-        for fragment in ("x dim 1 (size 6)", "mesh axis 'tp'", "2 ways", "dims [0, 1] (sizes [4, 6])",
-                         "output dims [0] (sizes [24])", "outermost dim of such a group (dim 0)", "(R, S(1))"):
-            assert fragment in v.message, (fragment, v.message)
-        assert "all-gather x dim 1 on 'tp'" in v.hint and "shard dim 0 on 'tp' instead" in v.hint
-        assert str(res.wants[0]) == "(R, R)"
-        assert layouts(res) == ["(R, R)"]
+        assert layouts(res) == ["(R, _S(0,4))"] and res.violations == () and res.wants == (None,)
+        out = res.outputs[0]
+        assert [out.dim_indices(0, (0, c)).tolist() for c in range(2)] == [
+            [b * 6 + j for b in range(4) for j in range(3)], [b * 6 + j for b in range(4) for j in range(3, 6)]]
+        back = infer("reshape", out, shape=[4, 6, 8])  # and back: the strided shard is S(1) again
+        assert layouts(back) == ["(R, S(1))"] and back.violations == ()
 
     def test_uneven_b_merged_with_s_is_a_violation(self):
         # B = 3 on 2 ranks: rows [0:2), [2:3) -> elements [0:8), [8:12) of B*S = 12;
@@ -124,7 +122,8 @@ class TestReshapeRule:
         assert layouts(res) == ["(S(0))"] and res.violations == ()
         # on a 2 x 2 mesh the same 4 pieces are cut nested (3 -> 2, 1 -> 1, 1, 1, 0 rows; 6 -> 3, 3 -> 2, 1, 2, 1)
         nested = infer("reshape", spec((3, 2, 5), ["S(0)", "S(0)"]), shape=[6, 5])
-        assert codes(nested) == ["reshape-sharded-dim"]
+        assert codes(nested) == ["reshape-sharded-dim", "reshape-sharded-dim"]  # one per mesh axis
+        assert str(nested.wants[0]) == "(R, R)"
 
     def test_one_to_one_dim_keeps_uneven_sharding(self):
         res = infer("reshape", spec((5, 6), ["S(0)"], TP), shape=[5, 2, 3])
@@ -133,13 +132,10 @@ class TestReshapeRule:
         assert [rule.localize({"shape": [5, 2, 3]}, (res.outputs[0],), res.outputs, r) for r in range(2)] == [
             {"shape": [3, 2, 3]}, {"shape": [2, 2, 3]}]
 
-    def test_split_that_the_count_does_not_divide_keeps_the_outer_axis(self):
-        # H = 8 on dp x tp (4 ways) -> N = 2: dp alone cuts N 1, 1 (exact); tp would cut each N row in half
+    def test_split_with_two_axes_on_one_dim_shards_both_output_dims(self):
+        # H = 8 on dp x tp (4 ways) -> (N, D) = (2, 4): dp cuts N 1, 1; tp cuts each N row, that is D, in half
         res = infer("reshape", spec((4, 6, 8), ["S(2)", "S(2)"]), shape=[4, 6, 2, 4])
-        assert codes(res) == ["reshape-sharded-dim"]
-        assert str(res.wants[0]) == "(S(2), R)"
-        assert layouts(res) == ["(S(2), R)"]
-        assert "on mesh axis 'tp'" in res.violations[0].hint
+        assert layouts(res) == ["(S(2), S(3))"] and res.violations == ()
 
     def test_regroup_two_by_two(self):
         # (6, 4) -> (4, 6), dim 0 on 2: rows [0:3) = elements [0:12) = output rows [0:2)
@@ -392,8 +388,8 @@ class TestUnsqueezeSqueeze:
 # ============================================================================ every code, located
 VIOLATION_CASES = {
     # code: (op, inputs {name: (shape, placements)}, attrs, input value named, fragments of the message)
-    "reshape-sharded-dim": ("reshape", {"h": ((4, 6, 8), ["R", "S(1)"])}, {"shape": [24, 8]}, "h",
-                            ["x dim 1 (size 6)", "mesh axis 'tp'", "2 ways"]),
+    "reshape-sharded-dim": ("reshape", {"h": ((3, 4, 6), ["S(0)", "R"])}, {"shape": [12, 6]}, "h",
+                            ["x dim 0 (size 3)", "mesh axis 'dp'", "2 ways"]),
     "sharded-split-dim": ("chunk2", {"h": ((5, 6), ["S(0)", "R"])}, {"axis": 0}, "h",
                           ["x dim 0 (size 5)", "mesh axis 'dp'", "pieces of sizes [3, 2]"]),
     "sharded-concat-dim": ("concat", {"a": ((4, 6), ["R", "S(1)"]), "b": ((4, 2), ["R", "R"])}, {"axis": 1}, "a",
@@ -687,7 +683,11 @@ def _reshape_cases(draw):
             last = c
     if draw(st.booleans()):
         target.insert(draw(st.integers(0, len(target))), 1)
-    return spec(shape, [f"S({dim})"], mesh), tuple(target or [1])
+    splits = [k for k in range(2, shape[dim] + 1) if shape[dim] % k == 0 and k < shape[dim]]
+    placement = f"S({dim})"
+    if splits and draw(st.booleans()):  # a strided shard, as an earlier merge leaves
+        placement = f"_S({dim},{draw(st.sampled_from(splits))})"
+    return spec(shape, [placement], mesh), tuple(target or [1])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -701,12 +701,16 @@ def test_reshape_accepts_exactly_the_exact_local_reshapes(case):
         return
     event("rejected")
     assert codes(res) == ["reshape-sharded-dim"]
-    # no output dim could have held the shard: every placement of it is inexact
+    # no output dim could have held the shard: every placement of it, strided or not, is inexact
     for e in range(len(target)):
         if target[e] == 1:
             continue
-        candidate = TensorSpec(target, x.dtype, Layout(x.mesh, [f"S({e})"], len(target)))
-        assert not _exact_local_reshape(x, candidate), (x, target, e)
+        for placement in [f"S({e})"] + [f"_S({e},{k})" for k in range(2, target[e] + 1) if target[e] % k == 0]:
+            try:
+                candidate = TensorSpec(target, x.dtype, Layout(x.mesh, [placement], len(target)))
+            except LayoutError:
+                continue  # not a layout of this shape at all
+            assert not _exact_local_reshape(x, candidate), (x, target, placement)
 
 
 # ============================================================================ aliases and attr synonyms

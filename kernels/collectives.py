@@ -53,7 +53,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from layout_prop.errors import ExecutionError
-from layout_prop.placement import REDUCE_OPS
+from layout_prop.placement import REDUCE_OPS, StridedShard, shard_dim
 from layout_prop.redistribute import Plan, Step
 from layout_prop.spec import TensorSpec, chunk_bounds
 
@@ -353,12 +353,20 @@ def scatter_global(array, spec: TensorSpec, rng: np.random.Generator | None = No
     out: list[np.ndarray] = []
     for rank in range(mesh.size):
         coords = mesh.coords(rank)
-        key = spec.local_slices(rank)
+        key = _piece_key(spec, coords)
         if key not in terms_by_piece:
             terms_by_piece[key] = _split_nested(array[spec.local_index(rank)], splits, rng)
         terms = terms_by_piece[key]
         out.append(np.array(terms[tuple(coords[a] for a, _ in partial)], dtype=spec.dtype, copy=True))
     return out
+
+
+def _piece_key(spec: TensorSpec, coords: tuple[int, ...]):
+    """Equal for ranks that hold the same piece (before the Partial terms are split)."""
+    if spec.layout.has_strided:
+        placements = spec.layout.placements
+        return tuple(c for a, c in enumerate(coords) if shard_dim(placements[a]) is not None)
+    return spec.local_slices(spec.mesh.rank(coords))
 
 
 def _split_nested(block: np.ndarray, splits: list[tuple[int, str]], rng) -> np.ndarray:
@@ -460,13 +468,20 @@ def _chunks(array: np.ndarray, dim: int, n: int) -> list[np.ndarray]:
     return pieces
 
 
-def all_gather(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
+def all_gather(arrays: Sequence[np.ndarray], dim: int, split_factor: int = 1) -> list[np.ndarray]:
     """Every rank gets the group's pieces concatenated along ``dim`` in group order.
+
+    With ``split_factor`` k (a strided shard ``_S(dim,k)``) each piece is k blocks; block
+    b of every rank, in group order, makes block b of the result.
 
     >>> [r.tolist() for r in all_gather([np.array([1, 2]), np.array([3])], 0)]
     [[1, 2, 3], [1, 2, 3]]
+    >>> all_gather([np.array([0, 4]), np.array([1, 5]), np.array([2, 6]), np.array([3, 7])], 0, 2)[0].tolist()
+    [0, 1, 2, 3, 4, 5, 6, 7]
     """
     arrays = _check_group(arrays, "all-gather")
+    if split_factor > 1:
+        arrays = [piece for block in zip(*[_blocks(a, dim, split_factor) for a in arrays]) for piece in block]
     try:
         full = np.concatenate(arrays, axis=dim)
     except ValueError as exc:
@@ -549,15 +564,31 @@ def all_to_all(arrays: Sequence[np.ndarray], split_dim: int, concat_dim: int) ->
     return out
 
 
-def local_slice(arrays: Sequence[np.ndarray], dim: int) -> list[np.ndarray]:
+def local_slice(arrays: Sequence[np.ndarray], dim: int, split_factor: int = 1) -> list[np.ndarray]:
     """Rank ``k`` of the group keeps chunk ``k`` of its own array along ``dim`` (no communication).
+
+    With ``split_factor`` s (a strided shard ``_S(dim,s)``) it keeps chunk ``k`` of each of
+    the s blocks of ``dim``, in block order.
 
     >>> [r.tolist() for r in local_slice([np.arange(3), np.arange(3)], 0)]
     [[0, 1], [2]]
+    >>> [r.tolist() for r in local_slice([np.arange(6), np.arange(6)], 0, 2)]
+    [[0, 1, 3, 4], [2, 5]]
     """
     arrays = _check_group(arrays, "local-slice")
     n = len(arrays)
+    if split_factor > 1:
+        return [_read_only(np.concatenate([_chunks(b, dim, n)[k] for b in _blocks(a, dim, split_factor)], axis=dim))
+                for k, a in enumerate(arrays)]
     return [_read_only(_chunks(a, dim, n)[k]) for k, a in enumerate(arrays)]
+
+
+def _blocks(array: np.ndarray, dim: int, k: int) -> list[np.ndarray]:
+    """The ``k`` equal blocks of ``array`` along ``dim`` (a strided shard's blocks)."""
+    if array.shape[dim] % k:
+        raise ExecutionError("shape-mismatch", f"dim {dim} of size {array.shape[dim]} does not divide into {k} "
+                             f"blocks of a strided shard", hint="the local arrays do not match the layout")
+    return np.split(array, k, axis=dim)
 
 
 def local_partial(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
@@ -583,11 +614,11 @@ def local_partial(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
 # --------------------------------------------------------------------------- plans
 def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -> list[np.ndarray]:
     if step.kind == "local-slice":
-        return local_slice(arrays, step.dim)
+        return local_slice(arrays, step.dim, _split_factor(step.dst, step.mesh_axis))
     if step.kind == "local-partial":
         return local_partial(arrays, step.reduce_op)
     if step.kind == "all-gather":
-        return all_gather(arrays, step.dim)
+        return all_gather(arrays, step.dim, _split_factor(step.src, step.mesh_axis))
     if step.kind == "all-reduce":
         return all_reduce(arrays, step.reduce_op, into_first=into_first)
     if step.kind == "reduce-scatter":
@@ -596,6 +627,12 @@ def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -
         return all_to_all(arrays, split_dim=step.dst_dim, concat_dim=step.dim)
     raise ExecutionError("unknown-step", f"unknown step kind {step.kind!r}",
                          hint="steps are local-slice, local-partial, all-gather, all-reduce, reduce-scatter, all-to-all")
+
+
+def _split_factor(spec: TensorSpec, axis: int) -> int:
+    """The split factor of a strided shard on ``axis`` of ``spec`` (1 for anything else)."""
+    p = spec.layout.placements[axis]
+    return p.split_factor if isinstance(p, StridedShard) else 1
 
 
 def apply_step(step: Step, locals_: Sequence, donatable: Collection[int] = ()) -> list[np.ndarray]:

@@ -34,7 +34,7 @@ from .dtensor import DTensor
 from .errors import OpError
 from .graph import attrs_key, freeze_attrs
 from .layout import Layout
-from .registry import get_rule
+from .registry import apply_rule, get_rule
 from .spec import TensorSpec
 
 __all__ = ["DistributedOp", "rotary_position_embedding", "rotary_position_embedding_grad", "RPE_ROTARY_MODES"]
@@ -91,7 +91,7 @@ class DistributedOp:
         result = self._cache.get(cache_values)
         if result is None:
             specs, frozen, _ = cache_values
-            result = self.rule.infer_layout(specs, dict(frozen))
+            result = apply_rule(self.rule, specs, dict(frozen))
             self._cache[cache_values] = result
         return result
 

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 from .errors import LayoutError
 from .mesh import DeviceMesh
-from .placement import Partial, Placement, Replicate, Shard, parse_placement
+from .placement import Partial, Placement, Replicate, Shard, StridedShard, parse_placement, shard_dim
 
 __all__ = ["Layout"]
 
@@ -58,20 +58,26 @@ class Layout:
                 hint="give exactly one placement per mesh axis",
             )
         norm = []
+        strided = False
         for axis, p in enumerate(placements):
-            if isinstance(p, Shard):
+            if isinstance(p, (Shard, StridedShard)):
                 d = p.dim
                 if not -ndim <= d < ndim:
                     raise LayoutError(
                         "invalid-layout",
-                        f"S({d}) on mesh axis {mesh.names[axis]!r} is out of range for a tensor of rank {ndim}",
+                        f"{p} on mesh axis {mesh.names[axis]!r} is out of range for a tensor of rank {ndim}",
                         hint=f"shard a dim in {-ndim}..{ndim - 1}" if ndim else "a scalar cannot be sharded",
                     )
-                p = Shard(d % ndim)
+                if isinstance(p, Shard):
+                    p = Shard(d % ndim)
+                else:
+                    p = StridedShard(d % ndim, p.split_factor)
+                    strided = True
             norm.append(p)
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "placements", tuple(norm))
         object.__setattr__(self, "ndim", int(ndim))
+        object.__setattr__(self, "has_strided", strided)
         object.__setattr__(self, "_hash", hash((mesh, self.placements, self.ndim)))
 
     # ----------------------------------------------------------------- constructors
@@ -132,7 +138,18 @@ class Layout:
 
     # ----------------------------------------------------------------- views
     def tensor_map(self) -> tuple:
-        """The MindSpore tensor_map: ints, or tuples of ints when several axes shard a dim."""
+        """The MindSpore tensor_map: ints, or tuples of ints when several axes shard a dim.
+
+        Raises ``unsupported-layout`` for a strided shard: a tensor_map cuts a dim into
+        contiguous blocks only.
+        """
+        if self.has_strided:
+            axis = next(a for a, p in enumerate(self.placements) if isinstance(p, StridedShard))
+            raise LayoutError(
+                "unsupported-layout",
+                f"{self} has the strided shard {self.placements[axis]} on mesh axis {self.mesh.names[axis]!r}, "
+                f"which a MindSpore tensor_map cannot express (it cuts a dim into contiguous blocks)",
+                hint="gather that mesh axis (R) or reshape back to the unmerged dims before exporting a tensor_map")
         out = []
         for d in range(self.ndim):
             axes = self.dim_axes(d)
@@ -141,12 +158,21 @@ class Layout:
         return tuple(out)
 
     def dim_axes(self, dim: int) -> tuple[int, ...]:
-        """Mesh axes that shard tensor dim ``dim``, outer first."""
+        """Mesh axes that ``Shard`` tensor dim ``dim``, outer first (strided shards: :meth:`cut_axes`)."""
         dim = dim % self.ndim if self.ndim else dim
         return tuple(a for a, p in enumerate(self.placements) if isinstance(p, Shard) and p.dim == dim)
 
+    def cut_axes(self, dim: int) -> tuple[int, ...]:
+        """Mesh axes that cut tensor dim ``dim``, by ``Shard`` or ``StridedShard``, outer first."""
+        dim = dim % self.ndim if self.ndim else dim
+        return tuple(a for a, p in enumerate(self.placements) if shard_dim(p) == dim)
+
+    def strided_axes(self) -> tuple[int, ...]:
+        """Mesh axes holding a ``StridedShard``."""
+        return tuple(a for a, p in enumerate(self.placements) if isinstance(p, StridedShard))
+
     def sharded_dims(self) -> dict[int, tuple[int, ...]]:
-        """Map of sharded tensor dim -> mesh axes, outer first."""
+        """Map of ``Shard``-ed tensor dim -> mesh axes, outer first (strided shards not included)."""
         out: dict[int, tuple[int, ...]] = {}
         for a, p in enumerate(self.placements):
             if isinstance(p, Shard):

@@ -14,6 +14,9 @@ from            to              step(s)
 ``R``           ``P(op)``       ``local-partial`` (no bytes)
 ``S(d)``        ``P(op)``       ``all-gather`` then ``local-partial``
 ``P(op1)``      ``P(op2)``      impossible
+``R``           ``_S(d,k)``     ``local-slice`` (each rank keeps its chunk of each block)
+``_S(d,k)``     ``R``           ``all-gather`` (the blocks interleaved back)
+other           ``_S(d,k)``     through ``R``; and ``_S(d,k)`` to ``S``/``P`` too
 ==============  ==============  ===================================================
 
 A ``local-partial`` step turns a replicated value into terms whose reduction is the
@@ -114,7 +117,7 @@ from typing import Iterator, Sequence, Union
 from .errors import LayoutError
 from .layout import Layout
 from .mesh import DeviceMesh
-from .placement import Partial, Placement, Replicate, Shard
+from .placement import Partial, Placement, Replicate, Shard, StridedShard, shard_dim
 from .spec import TensorSpec, chunk_bounds
 
 __all__ = [
@@ -375,7 +378,7 @@ def _no_plan(src: TensorSpec, dst: Layout, why: str, hint: str) -> LayoutError:
 
 
 def _shard_dim(p: Placement) -> int | None:
-    return p.dim if isinstance(p, Shard) else None
+    return shard_dim(p)
 
 
 def _axis_moves(src: TensorSpec, dst: Layout) -> list[list[tuple[Placement, ...]]]:
@@ -393,7 +396,7 @@ def _axis_moves(src: TensorSpec, dst: Layout) -> list[list[tuple[Placement, ...]
             options.append([()])
             continue
         if a == b:
-            if isinstance(a, Shard) and a.dim in touched:
+            if _shard_dim(a) is not None and a.dim in touched:
                 options.append([(Replicate(), a)])  # refresh: gather, then slice again
             else:
                 options.append([()])
@@ -406,19 +409,21 @@ def _axis_moves(src: TensorSpec, dst: Layout) -> list[list[tuple[Placement, ...]
                     "terms of one reduction are not terms of another; reduce the Partial value "
                     "first (target R or S on that axis), or keep its reduce op",
                 )
-            if isinstance(a, Shard):
+            if _shard_dim(a) is not None:
                 touched.add(a.dim)
                 options.append([(Replicate(), b)])  # gather, then make the terms locally
             else:
                 options.append([(b,)])
             continue
         for p in (a, b):
-            if isinstance(p, Shard):
+            if _shard_dim(p) is not None:
                 touched.add(p.dim)
         if isinstance(b, Replicate):
             options.append([(b,)])
         elif isinstance(a, Replicate):
             options.append([(b,)])
+        elif isinstance(a, StridedShard) or isinstance(b, StridedShard):
+            options.append([(Replicate(), b)])  # a strided shard is only gathered or sliced
         else:  # S -> S(e) or P -> S(e)
             options.append([(b,), (Replicate(), b)])
     return options
@@ -429,7 +434,7 @@ def _move_problem(mesh: DeviceMesh, state: tuple[Placement, ...], axis: int, new
     old = state[axis]
     for dim in {_shard_dim(old), _shard_dim(new)} - {None}:
         for inner in range(axis + 1, mesh.ndim):
-            if mesh.shape[inner] > 1 and state[inner] == Shard(dim):
+            if mesh.shape[inner] > 1 and _shard_dim(state[inner]) == dim:
                 return f"inner mesh axis {mesh.names[inner]!r} still cuts dim {dim}"
     if isinstance(old, Partial):
         for inner in range(axis + 1, mesh.ndim):
@@ -565,6 +570,12 @@ def step_bytes(kind: str, src: TensorSpec, dst: TensorSpec, axis: int) -> int:
 
 def _overlap(a: TensorSpec, b: TensorSpec, rank: int) -> int:
     """Elements that ``rank`` holds under both specs."""
+    if a.layout.has_strided or b.layout.has_strided:
+        import numpy as np
+
+        coords = a.mesh.coords(rank)
+        return int(np.prod([len(np.intersect1d(a.dim_indices(d, coords), b.dim_indices(d, coords)))
+                            for d in range(a.ndim)], dtype=np.int64))
     count = 1
     for (lo1, hi1), (lo2, hi2) in zip(a.local_slices(rank), b.local_slices(rank)):
         count *= max(0, min(hi1, hi2) - max(lo1, lo2))

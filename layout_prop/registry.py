@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from abc import ABC, abstractmethod
 from typing import Any, Protocol, Sequence
 
-from .errors import GraphError, OpError, Violation
+from .errors import GraphError, LayoutPropError, OpError, Violation
 from .layout import Layout
 from .spec import TensorSpec
 
-__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "registered_ops", "GradBuilder"]
+__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "registered_ops", "GradBuilder", "apply_rule"]
 
 _RULES: dict[str, "OpRule"] = {}
 _ALIASES: dict[str, str] = {}
@@ -76,6 +76,7 @@ class OpRule(ABC):
     differentiable: bool = True
     violation_codes: tuple[str, ...] = ()  # every code infer_layout may report (the testing kit checks)
     required_attrs: tuple[str, ...] = ()  # attrs without a usable default: missing or null is bad-attr
+    strided: bool = False  # infer_layout takes strided shards; else apply_rule gathers them first
 
     # ---------------------------------------------------------------- attrs and arity
     def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
@@ -162,6 +163,60 @@ class OpRule(ABC):
         """Add the nodes computing input cotangents; one value (or None) per input."""
         raise OpError("no-vjp", f"op {self.name!r} has no gradient rule",
                       hint="mark its inputs requires_grad: false, or register a vjp for the op")
+
+
+def apply_rule(rule: OpRule, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
+    """``rule.infer_layout``, with strided shards gathered first for a rule that does not know them.
+
+    A strided shard (``_S(d,k)``, left by a reshape that merged a sharded inner dim) is
+    not a contiguous shard, so a rule that reads ``Shard`` placements must not see it.
+    Unless the rule sets ``strided = True``, each input's strided mesh axes are taken
+    as Replicate: the rule decides on that layout, wants it, and a fixable
+    ``sharding-mismatch`` names the strided axes (``--reshard`` all-gathers them).
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((8, 3), "float32", Layout(mesh, ["_S(0,2)"], 2))
+    >>> w = TensorSpec((3, 5), "float32", Layout(mesh, ["R"], 2))
+    >>> res = apply_rule(get_rule("matmul"), (x, w), get_rule("matmul").normalize_attrs({}))
+    >>> str(res.outputs[0].layout), [v.code for v in res.violations], str(res.wants[0])
+    ('(R)', ['sharding-mismatch'], '(R)')
+    """
+    if rule.strided or not any(t.layout.has_strided for t in inputs):
+        return rule.infer_layout(inputs, attrs)
+    from .placement import Replicate, StridedShard
+    from .redistribute import plan_redistribution
+
+    plain = tuple(t if not t.layout.has_strided else t.with_layout(t.layout.with_placements(
+        [Replicate() if isinstance(p, StridedShard) else p for p in t.layout.placements])) for t in inputs)
+    res = rule.infer_layout(plain, attrs)
+    wants = list(res.wants) + [None] * (len(inputs) - len(res.wants))
+    violations = list(res.violations)
+    for i, (t, p) in enumerate(zip(inputs, plain)):
+        if p is t:
+            continue
+        want = wants[i] if wants[i] is not None else p.layout
+        wants[i] = want
+        operand = rule.operand_name(i)
+        axes = [a for a in t.layout.strided_axes() if t.mesh.shape[a] > 1]
+        if not axes:
+            continue  # strided on size-1 mesh axes only: a relabel, which the move does for free
+        try:
+            plan_redistribution(t, want)
+            fixable = True
+        except LayoutPropError:
+            fixable = False
+        names = ", ".join(repr(t.mesh.names[a]) for a in axes)
+        first = t.layout.placements[axes[0]]
+        violations.append(Violation(
+            "sharding-mismatch",
+            f"{operand} is {t.layout}: {first} on mesh axis {names} is a strided shard (left by a reshape that "
+            f"merged a sharded inner dim), which {rule.name} does not take; it computes on {operand} {want}",
+            f"all-gather {operand} on {names}, or reshape back to the unmerged dims first",
+            operand=operand, fixable=fixable, details={"want": want.placement_strs()}))
+    return RuleResult(res.outputs, tuple(violations), tuple(wants))
 
 
 def register_op(rule_cls: type[OpRule] | None = None):

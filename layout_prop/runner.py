@@ -181,8 +181,8 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | Non
     bad = np.argwhere(diff > tol * max(scale, 1.0))
     index = tuple(int(i) for i in bad[0]) if len(bad) else tuple(int(i) for i in np.unravel_index(
         int(diff.argmax()), diff.shape))
-    rank = next((r for r in range(spec.mesh.size)
-                 if all(a <= i < b for i, (a, b) in zip(index, spec.local_slices(r)))), None)
+    rank = next((r for r in range(spec.mesh.size)  # dim_indices: strided shards too
+                 if all(i in spec.dim_indices(d, spec.mesh.coords(r)) for d, i in enumerate(index))), None)
     return errors, (f"{name}: relative error {max_rel:.3g} > {tol:g}; first differing index {list(index)} "
                     f"(held by rank {rank}): got {g64[index].item()!r}, expected {r64[index].item()!r}")
 

@@ -3,7 +3,11 @@
 Uneven shards follow ``torch.chunk`` as DTensor does: a dim of size n on k devices gives
 chunks of ``ceil(n / k)``; piece i is ``[i*c, min((i+1)*c, n))``, so the last pieces may be
 smaller or empty.  A dim sharded on several mesh axes is cut by the outer axis first,
-then each piece by the next axis.
+then each piece by the next axis.  A strided shard ``_S(d,k)`` cuts the piece it gets
+viewed as ``(k, len / k)`` along its inner part (``len`` must divide by ``k`` on every
+rank); a rank then holds ``k`` blocks of the dim, not one range: :meth:`TensorSpec.local_slices`
+refuses such a spec (``unsupported-layout``), :meth:`TensorSpec.dim_indices` and
+:meth:`TensorSpec.local_index` describe it exactly.
 
 Examples
 --------
@@ -16,6 +20,9 @@ Examples
 ((9, 10), (0, 3))
 >>> chunk_bounds(10, 4)
 ((0, 3), (3, 6), (6, 9), (9, 10))
+>>> strided = TensorSpec((8, 3), "float32", Layout(mesh, ["_S(0,2)"], 2))
+>>> [strided.dim_indices(0, (r,)).tolist() for r in range(4)]
+[[0, 4], [1, 5], [2, 6], [3, 7]]
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ import math
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Sequence
 
 import numpy as np
 
 from .errors import LayoutError
 from .layout import Layout
 from .mesh import DeviceMesh
+from .placement import StridedShard
 
 __all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "check_dtype"]
 
@@ -53,6 +62,51 @@ def chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
 
 
+def _cut_indices(n: int, layout: Layout, dim: int, coords: Sequence[int]) -> np.ndarray:
+    """The indices of a dim of size ``n`` held at ``coords``: each mesh axis cuts the piece
+    the outer ones left (``Shard``: a chunk; ``StridedShard``: the chunk of each of its blocks)."""
+    idx = np.arange(n)
+    for axis in layout.cut_axes(dim):
+        p = layout.placements[axis]
+        k = layout.mesh.shape[axis]
+        if k == 1:
+            continue  # a size-1 axis cuts nothing, strided or not
+        if isinstance(p, StridedShard):
+            rows = idx.reshape(p.split_factor, len(idx) // p.split_factor)
+            lo, hi = chunk_bounds(rows.shape[1], k)[coords[axis]]
+            idx = rows[:, lo:hi].reshape(-1)
+        else:
+            lo, hi = chunk_bounds(len(idx), k)[coords[axis]]
+            idx = idx[lo:hi]
+    return idx
+
+
+def _check_strided(shape: tuple[int, ...], layout: Layout) -> None:
+    """``invalid-layout`` unless every strided shard's piece divides into its blocks on every rank."""
+    mesh = layout.mesh
+    for axis in layout.strided_axes():
+        p = layout.placements[axis]
+        if mesh.shape[axis] == 1:
+            continue
+        outer = [a for a in layout.cut_axes(p.dim) if a < axis]
+        sizes = {len(_cut_indices(shape[p.dim], _only(layout, outer), p.dim, coords))
+                 for coords in mesh.all_coords()}
+        bad = sorted(n for n in sizes if n % p.split_factor)
+        if bad:
+            raise LayoutError(
+                "invalid-layout",
+                f"{p} on mesh axis {mesh.names[axis]!r}: the piece of dim {p.dim} (size {shape[p.dim]}) it cuts "
+                f"has {bad[0]} elements on some rank, which do not divide into {p.split_factor} blocks",
+                hint=f"a strided shard _S(d,k) needs the piece of dim d it cuts to be a multiple of k")
+
+
+def _only(layout: Layout, axes: Sequence[int]) -> Layout:
+    """``layout`` with every mesh axis but ``axes`` Replicate."""
+    from .placement import Replicate
+
+    return layout.with_placements([p if a in axes else Replicate() for a, p in enumerate(layout.placements)])
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A global tensor: shape, dtype and layout.
@@ -73,6 +127,8 @@ class TensorSpec:
         if layout.ndim != len(shape):
             raise LayoutError("invalid-layout", f"layout of rank {layout.ndim} for shape {list(shape)}",
                               hint="the layout must describe every dim of the tensor")
+        if layout.has_strided:
+            _check_strided(shape, layout)
         for dim, axes in layout.sharded_dims().items():
             count = layout.shard_count(dim)
             if shape[dim] == 1 and count > 1:
@@ -114,7 +170,7 @@ class TensorSpec:
 
     # ------------------------------------------------------------ local views
     def dim_bounds(self, dim: int, coords: tuple[int, ...]) -> tuple[int, int]:
-        """The global index range of ``dim`` held at mesh coordinates ``coords``.
+        """The global index range of ``dim`` held at mesh coordinates ``coords`` (not for a strided dim).
 
         Constant time in the mesh size (one piece's bounds, not all of them), so that a
         mesh of many ranks costs work linear in its size, never quadratic."""
@@ -126,12 +182,31 @@ class TensorSpec:
             lo, hi = lo + min(i * c, n), lo + min((i + 1) * c, n)
         return lo, hi
 
+    def dim_indices(self, dim: int, coords: tuple[int, ...]) -> np.ndarray:
+        """The global indices of ``dim`` held at mesh coordinates ``coords``, in local order.
+
+        Exact for every placement, strided shards included (module docstring).
+        """
+        return _cut_indices(self.shape[dim], self.layout, dim, coords)
+
+    @cached_property
+    def _strided_dims(self) -> tuple[int, ...]:
+        return tuple(sorted({self.layout.placements[a].dim for a in self.layout.strided_axes()}))
+
     def local_slices(self, rank: int) -> tuple[tuple[int, int], ...]:
-        """Per dim, the ``[start, stop)`` range of the global tensor that ``rank`` holds."""
+        """Per dim, the ``[start, stop)`` range of the global tensor that ``rank`` holds.
+
+        Raises ``unsupported-layout`` for a strided shard (a rank holds several ranges
+        of that dim): use :meth:`local_index` or :meth:`dim_indices`.
+        """
         cache = self._slices_cache
         slices = cache.get(rank)
         if slices is None:
             coords = self.mesh.coords(rank)  # validates the rank
+            if self.layout.has_strided:
+                raise LayoutError("unsupported-layout",
+                                  f"{self} holds dim {self._strided_dims[0]} in strided pieces, not one range per "
+                                  f"rank", hint="gather the strided mesh axis first, or use the spec's local_index")
             slices = cache[rank] = tuple(self.dim_bounds(d, coords) for d in range(self.ndim))
         return slices
 
@@ -143,12 +218,44 @@ class TensorSpec:
     def _dim_axes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(self.layout.dim_axes(d) for d in range(len(self.shape)))
 
-    def local_index(self, rank: int) -> tuple[slice, ...]:
-        """``local_slices`` as a numpy index."""
+    def local_runs(self, rank: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per dim, the ``[start, stop)`` ranges ``rank`` holds, in local order: one range
+        per dim (``local_slices``), several for a strided shard.
+
+        >>> from layout_prop.mesh import DeviceMesh
+        >>> mesh = DeviceMesh((2,), ("tp",))
+        >>> TensorSpec((6, 2), "float32", Layout(mesh, ["_S(0,2)"], 2)).local_runs(1)
+        (((2, 3), (5, 6)), ((0, 2),))
+        """
+        if not self.layout.has_strided:
+            return tuple((b,) for b in self.local_slices(rank))
+        coords = self.mesh.coords(rank)
+        out = []
+        for d in range(self.ndim):
+            runs: list[list[int]] = []
+            for i in self.dim_indices(d, coords).tolist():
+                if runs and runs[-1][1] == i:
+                    runs[-1][1] = i + 1
+                else:
+                    runs.append([i, i + 1])
+            out.append(tuple((a, b) for a, b in runs) or ((0, 0),))
+        return tuple(out)
+
+    def local_index(self, rank: int) -> tuple:
+        """A numpy index of the part of the global tensor that ``rank`` holds (for reading or writing).
+
+        Slices; with a strided shard, an open mesh (``numpy.ix_``) of index arrays.
+        """
+        if self.layout.has_strided:
+            coords = self.mesh.coords(rank)
+            return np.ix_(*[self.dim_indices(d, coords) for d in range(self.ndim)])
         return tuple(slice(a, b) for a, b in self.local_slices(rank))
 
     def local_shape(self, rank: int = 0) -> tuple[int, ...]:
         """The shape of ``rank``'s piece (rank 0 holds a largest piece)."""
+        if self.layout.has_strided:
+            coords = self.mesh.coords(rank)
+            return tuple(len(self.dim_indices(d, coords)) for d in range(self.ndim))
         return tuple(b - a for a, b in self.local_slices(rank))
 
     def local_nbytes(self, rank: int = 0) -> int:
@@ -156,7 +263,7 @@ class TensorSpec:
         cache = self._nbytes_cache
         nbytes = cache.get(rank)
         if nbytes is None:
-            nbytes = cache[rank] = math.prod(b - a for a, b in self.local_slices(rank)) * self.itemsize
+            nbytes = cache[rank] = math.prod(self.local_shape(rank)) * self.itemsize
         return nbytes
 
     @cached_property
@@ -173,19 +280,21 @@ class TensorSpec:
         return tuple(tuple(g) for g in groups.values())
 
     def to_dict(self) -> dict:
-        """``shape``, ``dtype``, ``placements``, ``tensor_map``, ``local_shape`` (rank 0's); fresh lists."""
+        """``shape``, ``dtype``, ``placements``, ``tensor_map`` (None for a strided shard: MindSpore
+        has none), ``local_shape`` (rank 0's); fresh lists."""
         placements, tensor_map, local_shape = self._report_parts
         return {
             "shape": list(self.shape),
             "dtype": self.dtype,
             "placements": list(placements),
-            "tensor_map": [list(e) if isinstance(e, tuple) else e for e in tensor_map],
+            "tensor_map": None if tensor_map is None else [list(e) if isinstance(e, tuple) else e for e in tensor_map],
             "local_shape": list(local_shape),
         }
 
     @cached_property
     def _report_parts(self) -> tuple[tuple, tuple, tuple]:  # specs are uniqued: a report computes each once
-        return tuple(self.layout.placement_strs()), tuple(self.layout.tensor_map()), self.local_shape(0)
+        tensor_map = None if self.layout.has_strided else tuple(self.layout.tensor_map())
+        return tuple(self.layout.placement_strs()), tensor_map, self.local_shape(0)
 
     def __str__(self) -> str:
         return f"{self.dtype}{list(self.shape)} {self.layout}"

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from layout_prop.errors import Violation
+from layout_prop.errors import LayoutError, Violation
 from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.placement import Partial, Replicate, Shard, StridedShard
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.spec import TensorSpec
 
@@ -56,13 +56,30 @@ def broadcast_shapes(shapes) -> tuple[int, ...] | None:
         return None
 
 
+def _fits(shape, layout: Layout) -> bool:
+    """Whether ``layout`` is a layout of a tensor of ``shape`` (strided pieces divide into blocks)."""
+    try:
+        TensorSpec(shape, "float32", layout)
+    except LayoutError:
+        return False
+    return True
+
+
+def _moved(p, dim: int):
+    """The same kind of shard (``S`` or ``_S`` with its split factor) on another dim."""
+    return StridedShard(dim, p.split_factor) if isinstance(p, StridedShard) else Shard(dim)
+
+
 class ElementwiseRule(OpRule):
     """Shared rule of the elementwise family; subclasses set ``partial_mode``.
 
     ``partial_mode``: ``"all"`` (add/sub), ``"one"`` (mul), ``"first"`` (div, unary
-    linear ops), ``"any"`` (identity: every Partial op passes), ``"none"``.
+    linear ops), ``"any"`` (identity: every Partial op passes), ``"none"``.  A strided
+    shard ``_S(d,k)`` is a shard like any other here: the operands must hold the same
+    elements, so a Replicate operand is sliced alike for free.
     """
 
+    strided = True
     partial_mode = "none"
     bool_ok = True  # numpy has no bool subtract or negative
     violation_codes = ("broadcast-shape", "partial-input", "sharding-mismatch", "invalid-dtype")
@@ -121,9 +138,13 @@ class ElementwiseRule(OpRule):
             if partial is not None:
                 out_ps.append(partial)
                 continue
-            shard = next((Shard(p.dim + off) for p, off in zip(ps, offsets) if isinstance(p, Shard)), None)
+            shard = next((_moved(p, p.dim + off) for p, off in zip(ps, offsets)
+                          if isinstance(p, (Shard, StridedShard))), None)
             out_ps.append(shard if shard is not None else Replicate())
         out_layout = Layout(mesh, out_ps, ndim)
+        if out_layout.has_strided and not _fits(shape, out_layout):
+            # a strided shard from one operand inside another's shard of the same dim: no layout holds both
+            out_layout = Layout(mesh, [Replicate() if isinstance(p, StridedShard) else p for p in out_ps], ndim)
         wants, violations = [], []
         for i, (t, off) in enumerate(zip(inputs, offsets)):
             want = self._want_for(t, off, out_layout, shape, keep_replicate=self.partial_mode != "all")
@@ -155,9 +176,10 @@ class ElementwiseRule(OpRule):
         """
         ps = []
         for p in out.placements:
-            if isinstance(p, Shard):
+            if isinstance(p, (Shard, StridedShard)):
                 d = p.dim - off
-                ps.append(Shard(d) if d >= 0 and t.shape[d] == shape[p.dim] and shape[p.dim] != 1 else Replicate())
+                ps.append(_moved(p, d) if d >= 0 and t.shape[d] == shape[p.dim] and shape[p.dim] != 1
+                          else Replicate())
             elif isinstance(p, Partial):
                 ps.append(p)
             else:

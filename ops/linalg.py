@@ -106,7 +106,7 @@ import numpy as np
 
 from layout_prop.errors import OpError, Violation
 from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Placement, Replicate, Shard
+from layout_prop.placement import Partial, Placement, Replicate, Shard, StridedShard
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.spec import TensorSpec
 
@@ -1099,7 +1099,10 @@ class ReduceRule(OpRule):
         return RuleResult((out,), tuple(violations), (None if want == x.layout else want,))
 
     def _grad_placements(self, g, x: str) -> list[str]:
-        return ["R" if p.is_partial() else str(p) for p in g.spec(x).layout.placements]
+        """x's placements for the gradient, Partial and strided axes Replicate (the forward
+        reduced and gathered those, and the grad op takes no strided shard)."""
+        return ["R" if p.is_partial() or isinstance(p, StridedShard) else str(p)
+                for p in g.spec(x).layout.placements]
 
 
 @register_op

@@ -29,6 +29,7 @@ class Redistribute(OpRule):
     aliases = ("Redistribute", "reshard")
     attr_defaults = {"placements": None}
     required_attrs = ("placements",)
+    strided = True  # the planner moves strided shards (gather, local slice)
 
     def infer_layout(self, inputs, attrs):
         from layout_prop.redistribute import plan_redistribution

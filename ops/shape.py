@@ -9,16 +9,20 @@ The ops and their layout rules
 ``reshape(x, shape)`` (aliases ``Reshape``, ``view``, ``aten.view``, ``aten.reshape``)
     ``shape`` may hold one ``-1``.  The shape change is factorised into groups: each
     group is a run of input dims whose product equals a run of output dims (size-1 dims
-    belong to no group: they appear or vanish freely).  A sharded input dim must be the
-    OUTERMOST dim of its group, and then its shards go to the group's outermost output
-    dim, provided the local reshape is exact: every rank's block of the input dim must
-    cover exactly its ``torch.chunk`` block of the output dim.  That always holds when
-    the shard count divides both dims; B = 3 on 2 ranks merged with S = 4 breaks it
-    (rows 2 + 1 become 8 + 4 elements, where ``torch.chunk`` of 12 gives 6 + 6).
-    Otherwise: ``reshape-sharded-dim``, and the rule wants the input with that mesh
-    axis Replicate (an all-gather); with several mesh axes on the dim, the outer ones
-    that still line up are kept.  A group of one input and one output dim of equal
-    size keeps any sharding, uneven included.
+    belong to no group: they appear or vanish freely).  Each mesh axis that cuts a dim
+    of a group (in mesh order, each cutting the piece the outer ones left) keeps, in
+    the group's row-major flat index list, a chunk of each of some equal blocks; the
+    output gets the shard ``S(e)``, or the strided shard ``_S(e,k)`` (DTensor's
+    ``_StridedShard``), of the output dim that keeps exactly the same elements on every
+    rank.  A shard of the outermost dim of a merge stays a shard; a shard of an inner
+    dim becomes strided (x ``S(1)`` of shape (2, 16, 16) viewed as (32, 16) is
+    ``_S(0,2)``: each rank holds its rows of both blocks), and a strided shard becomes
+    a shard again when the dims are split back.  Uneven pieces must line up exactly:
+    B = 3 on 2 ranks merged with S = 4 does not (rows 2 + 1 become 8 + 4 elements,
+    where ``torch.chunk`` of 12 gives 6 + 6).  Otherwise: ``reshape-sharded-dim`` (one
+    per mesh axis), and the rule wants the input with that mesh axis Replicate (an
+    all-gather).  A group of one input and one output dim of equal size keeps any
+    sharding, uneven included.
     Localized attr: ``shape`` becomes the rank's local target shape.
     vjp: ``reshape`` back to the input's shape.
 ``transpose(x, dims)`` / ``transpose(x, dim0, dim1)`` (aliases ``Transpose``,
@@ -26,7 +30,7 @@ The ops and their layout rules
     Either ``dims``, a permutation (output dim j is input dim ``dims[j]``; negative
     entries allowed; MindSpore's ``perm``, torch's ``permute(dims)``), or ``dim0`` and
     ``dim1``, the two dims to swap (torch's ``transpose(dim0, dim1)``); not both.  Shards
-    move with their dims.  vjp: the inverse permutation.
+    and strided shards move with their dims.  vjp: the inverse permutation.
 ``split2`` ... ``split8`` (``x, axis, sizes``) and ``chunk2`` ... ``chunk8`` (``x, axis``)
     Fixed-arity variants, because a registered op has a fixed ``num_outputs``:
     ``splitN`` cuts ``axis`` into the N ``sizes`` (torch ``split`` with a list,
@@ -75,8 +79,8 @@ see the attrs; giving both spellings is ``bad-attr``): ``dim`` for ``axis`` (tor
 
 Violation codes
 ---------------
-- ``reshape-sharded-dim``: a sharded dim is not the outermost of its reshape group, or
-  its shards do not line up with the output dim's (fixable: all-gather that dim).
+- ``reshape-sharded-dim``: no shard or strided shard of the output holds what a mesh
+  axis's shards of a reshape group hold (fixable: all-gather on that axis).
 - ``sharded-split-dim``: split/chunk/slice/pad_slice along a sharded dim (fixable).
 - ``sharded-concat-dim``: concat along a sharded dim (fixable).
 - ``sharding-mismatch``: concat operands sharded differently off the concat axis (fixable).
@@ -102,7 +106,11 @@ Examples
 >>> str(merged.outputs[0].layout)
 '(S(0), S(1))'
 >>> y = TensorSpec((4, 6, 8), "float32", Layout(mesh, ["S(1)", "R"], 3))
->>> bad = get_rule("reshape").infer_layout((y,), {"shape": [24, 8]})
+>>> strided = get_rule("reshape").infer_layout((y,), {"shape": [24, 8]})
+>>> str(strided.outputs[0].layout), strided.violations
+('(_S(0,4), R)', ())
+>>> z = TensorSpec((3, 4, 6), "float32", Layout(mesh, ["S(0)", "R"], 3))
+>>> bad = get_rule("reshape").infer_layout((z,), {"shape": [12, 6]})
 >>> [v.code for v in bad.violations], str(bad.wants[0])
 (['reshape-sharded-dim'], '(R, R)')
 >>> str(get_rule("permute").infer_layout((x,), {"dims": [2, 0, 1]}).outputs[0].layout)
@@ -122,7 +130,7 @@ import numpy as np
 
 from layout_prop.errors import OpError, Violation
 from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.placement import Partial, Replicate, Shard, StridedShard, shard_dim
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.spec import TensorSpec, chunk_bounds
 
@@ -310,55 +318,110 @@ def _describe_group(x: TensorSpec, target: Sequence[int], gi, go) -> str:
 
 
 def _reshape_layout(x: TensorSpec, target: tuple[int, ...]) -> tuple[list, list[Violation], set[int]]:
-    """Output placements, violations and the mesh axes that must become Replicate."""
+    """Output placements, violations and the mesh axes that must become Replicate.
+
+    Per group, the mesh axes that cut its input dims are followed in mesh order (the
+    order they cut in), on every rank: each cuts one input dim's piece (``S``: a chunk;
+    ``_S(d,k)``: a chunk of each of k blocks), which on the group's row-major flat index
+    list is "view as (A, L, B), keep chunk c of L".  The output placement of the axis is
+    the shard (or strided shard) of an output dim that does exactly that on every rank
+    (:func:`_output_cut`); when none does, the axis is gathered.
+    """
     lay = x.layout
     mesh = lay.mesh
     groups = reshape_groups(x.shape, target)
-    group_of = {d: (gi, go) for gi, go in groups for d in gi}
-    out_ps = [p if not isinstance(p, Shard) else Replicate() for p in lay.placements]
+    out_ps = [p if shard_dim(p) is None else Replicate() for p in lay.placements]  # size-1 dims: nothing kept
     violations: list[Violation] = []
     gather: set[int] = set()
-    for dim, axes in sorted(lay.sharded_dims().items()):
-        found = group_of.get(dim)
-        cutting = [a for a in axes if mesh.shape[a] > 1]
-        if found is None:  # a size-1 dim, "sharded" on size-1 mesh axes only: nothing to keep
+    for gi, go in groups:
+        axes = sorted(a for d in gi for a in lay.cut_axes(d))
+        if not axes:
             continue
-        gi, go = found
-        if dim != gi[0]:
-            for a in cutting:
-                gather.add(a)
-                violations.append(Violation(
-                    "reshape-sharded-dim",
-                    f"x dim {dim} (size {x.shape[dim]}) is sharded {mesh.shape[a]} ways on mesh axis "
-                    f"{_axis_name(lay, a)}, but reshape {_group_verb(gi, go)} {_describe_group(x, target, gi, go)} "
-                    f"and only the outermost dim of such a group (dim {gi[0]}) may be sharded; x is {lay}, "
-                    f"target shape {list(target)}",
-                    f"all-gather x dim {dim} on {_axis_name(lay, a)} before the reshape, or shard dim {gi[0]} "
-                    f"on {_axis_name(lay, a)} instead", operand="x"))
-            continue
-        counts = [mesh.shape[a] for a in axes]
-        keep = len(axes)
-        while keep and not _blocks_agree(_flat_blocks(x.shape, gi, counts[:keep]),
-                                          _flat_blocks(target, go, counts[:keep])):
-            keep -= 1
-        for a in axes[:keep]:
-            out_ps[a] = Shard(go[0])
-        dropped = [a for a in axes[keep:] if mesh.shape[a] > 1]
-        if dropped:
-            gather.update(dropped)
-            total = math.prod(counts)
-            in_flat = _flat_blocks(x.shape, gi, counts)
-            out_flat = _flat_blocks(target, go, counts)
-            violations.append(Violation(
-                "reshape-sharded-dim",
-                f"x dim {dim} (size {x.shape[dim]}) is sharded {total} ways on {_axes_names(lay, axes)}, and "
-                f"reshape {_group_verb(gi, go)} {_describe_group(x, target, gi, go)}; its shards hold elements "
-                f"{_fmt_blocks(in_flat)} of the group but output dim {go[0]} (size {target[go[0]]}) cut {total} "
-                f"ways holds {_fmt_blocks(out_flat)}, so a local reshape is not exact (it is when {total} divides "
-                f"both {x.shape[dim]} and {target[go[0]]})",
-                f"all-gather x dim {dim} on {_axes_names(lay, dropped)} before the reshape, or choose sizes so "
-                f"that the shard count divides both x dim {dim} and output dim {go[0]}", operand="x"))
+        coords = list(mesh.all_coords())
+        lin = [{d: x.shape[d] for d in gi} for _ in coords]  # per rank, the current length of each input dim
+        lout = [{o: target[o] for o in go} for _ in coords]
+        for a in axes:
+            p = lay.placements[a]
+            if mesh.shape[a] == 1:  # cuts nothing: a shard of the group's outer dim stays a shard
+                if isinstance(p, Shard) and p.dim == gi[0]:
+                    out_ps[a] = Shard(go[0])
+                continue
+            placement, found = _axis_through_group(p, a, mesh, gi, go, coords, lin, lout)
+            if placement is not None:
+                out_ps[a] = placement
+                o, new_in, new_out = found
+                for r in range(len(coords)):
+                    lin[r][p.dim], lout[r][o] = new_in[r], new_out[r]
+                continue
+            gather.add(a)
+            violations.append(_reshape_violation(x, target, gi, go, a, found))
     return out_ps, violations, gather
+
+
+def _axis_through_group(p, axis: int, mesh, gi, go, coords, lin, lout):
+    """``(placement, (output dim, new input lengths, new output lengths))``: the output
+    placement of mesh ``axis`` (cutting input dim ``p.dim`` of group ``gi``) and each rank's
+    lengths after the cut; or, when no output placement does the same cut on every rank,
+    ``(None, (input blocks, output blocks))`` of the first rank where it fails, for the message."""
+    n = mesh.shape[axis]
+    sf_in = p.split_factor if isinstance(p, StridedShard) else 1
+    chosen = None
+    new_in, new_out = [], []
+    for r, c in enumerate(coords):
+        i = gi.index(p.dim)
+        length = lin[r][p.dim]
+        outer = math.prod(lin[r][d] for d in gi[:i]) * sf_in
+        inner = math.prod(lin[r][d] for d in gi[i + 1:])
+        span = length // sf_in
+        in_blocks = [(lo * inner, hi * inner) for lo, hi in chunk_bounds(span, n)]
+        found = _output_cut(outer, in_blocks, n, go, lout[r])
+        if found is None or (chosen is not None and found[:2] != chosen):
+            o = go[0]
+            rest = math.prod(lout[r][e] for e in go[1:])
+            return None, (in_blocks, [(lo * rest, hi * rest) for lo, hi in chunk_bounds(lout[r][o], n)])
+        chosen = found[:2]
+        lo, hi = chunk_bounds(span, n)[c[axis]]
+        new_in.append(sf_in * (hi - lo))
+        new_out.append(found[2][c[axis]])
+    o, sf = chosen
+    return (Shard(o) if sf == 1 else StridedShard(o, sf)), (o, new_in, new_out)
+
+
+def _output_cut(outer: int, in_blocks, n: int, go, lengths: dict) -> tuple | None:
+    """``(output dim, split factor, new lengths per coordinate)`` of the output shard that keeps,
+    in each of ``outer`` rows of the group's flat list, the blocks ``in_blocks``; or None."""
+    row = in_blocks[-1][1] if in_blocks else 0
+    for j, o in enumerate(go):
+        before = math.prod(lengths[e] for e in go[:j])
+        after = math.prod(lengths[e] for e in go[j + 1:])
+        if before == 0 or outer % before:
+            continue
+        sf = outer // before
+        if lengths[o] % sf or (lengths[o] // sf) * after != row:
+            continue
+        span = lengths[o] // sf
+        out_blocks = [(lo * after, hi * after) for lo, hi in chunk_bounds(span, n)]
+        if _blocks_agree(in_blocks, out_blocks):
+            return o, sf, [sf * (hi - lo) for lo, hi in chunk_bounds(span, n)]
+    return None
+
+
+def _reshape_violation(x: TensorSpec, target, gi, go, axis: int, blocks) -> Violation:
+    lay = x.layout
+    mesh = lay.mesh
+    p = lay.placements[axis]
+    dim, n = p.dim, mesh.shape[axis]
+    in_flat, out_flat = blocks
+    return Violation(
+        "reshape-sharded-dim",
+        f"x dim {dim} (size {x.shape[dim]}) is cut {n} ways by {p} on mesh axis {_axis_name(lay, axis)}, and "
+        f"reshape {_group_verb(gi, go)} {_describe_group(x, target, gi, go)}; its shards hold elements "
+        f"{_fmt_blocks(in_flat)} of each block of the group but output dim {go[0]} (size {target[go[0]]}) cut "
+        f"{n} ways holds {_fmt_blocks(out_flat)}, and no shard or strided shard of the output dims holds what "
+        f"each rank holds, so a local reshape is not exact (it is when {n} divides both {x.shape[dim]} and "
+        f"{target[go[0]]}); x is {lay}, target shape {list(target)}",
+        f"all-gather x dim {dim} on mesh axis {_axis_name(lay, axis)} before the reshape, or choose sizes so "
+        f"that the shard count divides both x dim {dim} and the output dim", operand="x")
 
 
 def _fmt_blocks(blocks: list[tuple[int, int]]) -> str:
@@ -396,6 +459,7 @@ class Reshape(_ShapeOpRule):
     attr_defaults = {"shape": None}
     attr_synonyms = {"size": "shape"}
     violation_codes = ("reshape-sharded-dim", "invalid-reshape")
+    strided = True  # makes and takes strided shards (_S(d,k)): see _reshape_layout
 
     def sample_inputs(self):
         return [
@@ -461,6 +525,7 @@ class Transpose(_ShapeOpRule):
     attr_defaults = {"dims": None, "dim0": None, "dim1": None}
     attr_synonyms = {"perm": "dims", "axes": "dims"}
     violation_codes = ("invalid-permutation",)
+    strided = True  # a strided shard moves with its dim, like a shard
 
     def sample_inputs(self):
         return [
@@ -478,7 +543,9 @@ class Transpose(_ShapeOpRule):
                           f"e.g. dims: {list(reversed(range(x.ndim)))}, or dim0: 0, dim1: 1", operand="x")
             return RuleResult((None,), (v,), ())
         where = {d: j for j, d in enumerate(perm)}
-        ps = [Shard(where[p.dim]) if isinstance(p, Shard) else p for p in x.layout.placements]
+        ps = [Shard(where[p.dim]) if isinstance(p, Shard) else
+              StridedShard(where[p.dim], p.split_factor) if isinstance(p, StridedShard) else p
+              for p in x.layout.placements]
         shape = tuple(x.shape[d] for d in perm)
         return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, x.ndim)),))
 

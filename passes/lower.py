@@ -6,9 +6,10 @@ collectives.  Each op of the global graph becomes:
 
 - a graph input: an ``input`` op that holds the rank's piece (``local_slices``);
 - a ``redistribute`` node: one local op per step of its plan, ``slice`` for a free
-  ``local-slice``, ``local`` for a free ``local-partial`` (zeros on all but the first
-  rank of the group for ``P(sum)``) and ``collective`` for the rest, with explicit
-  groups and reduce ops;
+  ``local-slice`` (one chunk of a dim), ``local`` for the other free steps (a
+  ``local-partial``: zeros on all but the first rank of the group for ``P(sum)``; a
+  ``local-slice`` to a strided shard: a chunk of each block) and ``collective`` for the
+  rest, with explicit groups and reduce ops;
 - any other op: a ``slice`` for each input its rule wants sliced (free wants only), then
   one ``kernel`` op.
 
@@ -105,8 +106,9 @@ class Program:
                              "local_shapes": [list(s.local_shape(rank)) for s in op.specs]}
         if op.attrs:
             d["attrs"] = op.attrs[rank]
-        if op.kind == "input":
-            d["global_slices"] = [list(b) for b in op.specs[0].local_slices(rank)]
+        if op.kind == "input":  # a strided shard holds several ranges of a dim: a list of them there
+            d["global_slices"] = [list(runs[0]) if len(runs) == 1 else [list(r) for r in runs]
+                                  for runs in op.specs[0].local_runs(rank)]
         if op.step is not None:
             st = op.step
             d["mesh_axis"] = self.mesh.names[st.mesh_axis]
@@ -147,7 +149,8 @@ class Program:
             shapes = " ".join(str(s) for s in d["local_shapes"])
             outs = ", ".join(op.outputs)
             if op.kind == "input":
-                held = ", ".join(f"{a}:{b}" for a, b in d["global_slices"])
+                held = ", ".join(f"{e[0]}:{e[1]}" if isinstance(e[0], int) else "+".join(f"{a}:{b}" for a, b in e)
+                                 for e in d["global_slices"])
                 lines.append(f"  {outs} = input() {shapes} holds {op.name}[{held}]")
             elif op.step is not None:
                 extra = f" dim {d['dim']}" if "dim" in d else ""
@@ -257,6 +260,9 @@ class Lower:
         for k, step in enumerate(steps):
             name = final if k == len(steps) - 1 else Lower._fresh(prog, f"{final}#{k}")
             kind = _LOCAL_OP_KIND.get(step.kind, "collective")
+            if kind == "slice" and step.dst.layout.has_strided and not step.dst.layout.placements[step.mesh_axis]\
+                    .is_shard():
+                kind = "local"  # a strided slice keeps several ranges: not the plain chunk of a "slice" op
             prog.add(LocalOp(name, kind, step.kind, (current,), (name,), (step.dst,), step=step, source=source))
             current = name
         return current

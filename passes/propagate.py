@@ -26,7 +26,7 @@ from layout_prop import meta
 from layout_prop.errors import LayoutPropError, OpError, Violation
 from layout_prop.graph import Graph, Node, attrs_key
 from layout_prop.layout import Layout
-from layout_prop.registry import get_rule
+from layout_prop.registry import apply_rule, get_rule
 from layout_prop.spec import TensorSpec
 
 __all__ = ["Propagate", "PropagateResult", "clear_caches", "input_spec", "value_spec"]
@@ -196,7 +196,7 @@ class Propagate:
     @staticmethod
     def _apply(rule, node: Node, specs, attrs):
         try:
-            res = rule.infer_layout(specs, attrs)
+            res = apply_rule(rule, specs, attrs)  # infer_layout; strided shards gathered for rules without them
         except LayoutPropError as err:
             if err.node is None:
                 err.node = node.name

@@ -49,6 +49,7 @@ class OpSample:
     dtypes: Sequence[str] | None = None
     requires_grad: Sequence[bool] | None = None
     partial_ok: bool = True  # also try Partial placements on the operands
+    strided: bool = False  # also try strided shards _S(d,2) (dims of even size >= 4)
 
 
 @dataclass
@@ -126,16 +127,22 @@ class Report:
         self.mismatches += other.mismatches
 
 
-def placement_choices(shape: Sequence[int], partial: bool = True) -> list[str]:
-    """Every placement an operand of ``shape`` may have on one mesh axis (size-1 dims never shard)."""
+def placement_choices(shape: Sequence[int], partial: bool = True, strided: bool = False) -> list[str]:
+    """Every placement an operand of ``shape`` may have on one mesh axis (size-1 dims never shard).
+
+    >>> placement_choices((4, 3), strided=True)
+    ['R', 'S(0)', 'S(1)', 'P(sum)', '_S(0,2)']
+    """
     out = ["R"] + [f"S({d})" for d, size in enumerate(shape) if size != 1]
     if partial:
         out.append("P(sum)")
+    if strided:
+        out += [f"_S({d},2)" for d, size in enumerate(shape) if size % 2 == 0 and size >= 4]
     return out
 
 
 def _combinations(sample: OpSample, mesh_ndim: int, budget: int | str, rng: random.Random):
-    per_operand = [placement_choices(s, sample.partial_ok) for s in sample.shapes]
+    per_operand = [placement_choices(s, sample.partial_ok, sample.strided) for s in sample.shapes]
     axes = [per_operand[i] for i in range(len(sample.shapes)) for _ in range(mesh_ndim)]
     total = 1
     for a in axes:

@@ -1,0 +1,41 @@
+"""Records of strided shards (``_S(d,k)``, issue 17): reshapes that merge a sharded inner dim
+and the ops that take the strided result, on the meshes DTensor was compared on, (4,) and (2, 2).
+
+The samples try ``_S(d,2)`` as an operand placement too (``OpSample(strided=True)``), so
+a strided shard meets every other placement: reshape makes and undoes it (uneven inner
+dims: 10 on 4 ranks is 3, 3, 3, 1; doubly sharded dims), transpose moves it, the
+elementwise ops take it like a shard (a Replicate operand is sliced alike for free),
+and the ops that do not know it (matmul, where DTensor raises "Cannot unflatten";
+softmax; sum) get it gathered first, a documented ``sharding-mismatch``.
+"""
+
+from . import OpRecord, OpSample
+
+MESHES = ((4,), (2, 2))
+
+
+def _strided(shapes, attrs=None, **kwargs) -> OpSample:
+    return OpSample(shapes, attrs or {}, strided=True, **kwargs)
+
+
+RECORDS = [
+    OpRecord("reshape", [
+        _strided([(2, 16, 16)], {"shape": [32, 16]}),  # the issue's example
+        _strided([(2, 10, 4)], {"shape": [20, 4]}),  # uneven inner dim
+        _strided([(3, 6, 4)], {"shape": [18, 4]}),  # uneven outer dim
+        _strided([(12, 4)], {"shape": [2, 6, 4]}),  # a strided dim split back
+        _strided([(4, 6, 8)], {"shape": [4, 6, 2, 4]}),  # heads split, two axes on one dim
+        _strided([(4, 2, 6)], {"shape": [48]}),  # three dims into one
+    ], meshes=MESHES, placements="all", backward=True, id="strided-reshape"),
+    OpRecord("transpose", [_strided([(4, 6, 2)], {"dims": [1, 2, 0]}), _strided([(8, 3)], {"dim0": 0, "dim1": 1})],
+             meshes=MESHES, placements="all", id="strided-transpose"),
+    OpRecord("add", [_strided([(8, 6), (6,)]), _strided([(4, 6), (4, 6)]), _strided([(2, 1, 4), (2, 6, 4)])],
+             meshes=MESHES, placements=120, id="strided-add"),
+    OpRecord("mul", [_strided([(8, 6), (8, 1)]), _strided([(4, 6), (4, 6)])], meshes=MESHES, placements=80,
+             id="strided-mul"),
+    OpRecord("exp", [_strided([(8, 6)])], meshes=MESHES, placements="all", id="strided-exp"),
+    OpRecord("matmul", [_strided([(8, 4), (4, 6)]), _strided([(2, 4, 4), (4, 6)])], meshes=MESHES,
+             placements=100, id="strided-matmul"),
+    OpRecord("softmax", [_strided([(4, 6)])], meshes=MESHES, placements="all", id="strided-softmax"),
+    OpRecord("sum", [_strided([(8, 6)], {"dims": [0]})], meshes=MESHES, placements="all", id="strided-sum"),
+]

@@ -23,7 +23,7 @@ MOVE = re.compile(r"\b(?:all-gather|reduce|keep|give|shard) (\w+) on '?(\w+)'?")
 LETTER = re.compile(r"letter '(\w)' of (\w+)")
 EQUATION = re.compile(r"'([a-z,]+)->([a-z]*)'")
 GIVE = re.compile(r"\bgive (\w+) the layout \(((?:[^()]|\([^()]*\))*)\)")
-PLACEMENT = re.compile(r"R|S\(-?\d+\)|P(?:\(\w+\))?")
+PLACEMENT = re.compile(r"_S\(-?\d+,\d+\)|R|S\(-?\d+\)|P(?:\(\w+\))?")  # _S(d,k): a strided shard
 STEP = re.compile(r"\b(?:all-gather|all-reduce|reduce-scatter|all-to-all|local-slice) on '?(\w+)'?")
 
 

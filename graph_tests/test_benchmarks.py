@@ -55,3 +55,12 @@ def test_cli_benchmark_prints_every_input_and_output_format():
     assert [(r[0], r[1]) for r in rows] == [("json", "text"), ("json", "json"), ("yaml", "text"), ("yaml", "json")]
     assert all(float(r[-1]) > 0 for r in rows)  # the ratio column
     assert lines[-1].startswith("gen llama --layers 2 (") and "peak memory" in lines[-1]
+
+
+def test_ranks_benchmark_prints_one_row_per_mesh_and_the_ratios():
+    done = _run("ranks.py", "--ranks", "64", "256", "--repeat", "1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["ranks", "seconds", "us/rank"]
+    assert [line.split()[0] for line in lines[1:3]] == ["64", "256"]
+    assert lines[3].startswith("time(256)/time(64): ") and "ranks ratio 4.00" in lines[3]

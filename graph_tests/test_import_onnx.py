@@ -213,45 +213,73 @@ def test_every_command_takes_a_model_and_a_plan(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------ unknown ops, malformed models
-def _gelu_erf_model():
+def _unknown_ops_model():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
     consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
               (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
     nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"], name="/mlp/Div"),
-             helper.make_node("Erf", ["d"], ["e"], name="/mlp/Erf"),
+             helper.make_node("HardSigmoid", ["d"], ["e"], name="/mlp/Hard"),
              helper.make_node("Add", ["e", "one"], ["a"], name="/mlp/Add"),
              helper.make_node("Mul", ["x", "a"], ["m"], name="/mlp/Mul"),
              helper.make_node("Mul", ["m", "half"], ["r"], name="/mlp/Mul_1"),
              helper.make_node("Relu", ["r"], ["q"], name="/mlp/Relu"),
-             helper.make_node("Erf", ["q"], ["y"], name="/mlp/Erf_1")]
+             helper.make_node("HardSigmoid", ["q"], ["y"], name="/mlp/Hard_1")]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y], consts),
                              opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_unknown_ops_are_listed_on_one_line(tmp_path, capsys):
-    model = write(tmp_path, "gelu.onnx", _gelu_erf_model())
+    model = write(tmp_path, "unknown.onnx", _unknown_ops_model())
     plan = plan_file(tmp_path, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}})
     err = one_line_error(capsys, ["check", str(model), "--plan", str(plan)], "unknown-op")
-    assert "Erf (x2, first mlp/Erf)" in err and "Relu (x1, first mlp/Relu)" in err and "--opaque" in err
+    assert "HardSigmoid (x2, first mlp/Hard)" in err and "Relu (x1, first mlp/Relu)" in err and "--opaque" in err
 
 
 def test_opaque_ops_are_barriers(tmp_path, capsys):
-    model = write(tmp_path, "gelu.onnx", _gelu_erf_model())
+    model = write(tmp_path, "unknown.onnx", _unknown_ops_model())
     plan = plan_file(tmp_path, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}})
     assert main(["check", str(model), "--plan", str(plan), "--opaque", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    # Erf's output is Replicate; x * (erf + 1) is sharded like x again, so Relu gathers it too
-    assert [(v["node"], v["code"]) for v in report["violations"]] == [("mlp/Erf", "opaque-input"),
+    # HardSigmoid's output is Replicate; x * (h + 1) is sharded like x again, so Relu gathers it too
+    assert [(v["node"], v["code"]) for v in report["violations"]] == [("mlp/Hard", "opaque-input"),
                                                                       ("mlp/Relu", "opaque-input")]
-    assert report["tensors"]["mlp/Erf_1"]["placements"] == ["R"]
+    assert report["tensors"]["mlp/Hard_1"]["placements"] == ["R"]
     assert main(["check", str(model), "--plan", str(plan), "--opaque", "--reshard", "--json"]) == 0
     steps = [s["kind"] for r in json.loads(capsys.readouterr().out)["redistributions"] for s in r["steps"]]
-    assert steps == ["all-gather", "local-slice", "all-gather"]  # x gathered for Erf, erf + 1 sliced to x
+    assert steps == ["all-gather", "local-slice", "all-gather"]  # x gathered for it, h + 1 sliced to x
     out = tmp_path / "spec.yaml"
     assert main(["import", str(model), "--plan", str(plan), "--opaque", "-o", str(out)]) == 0
-    assert "note: node mlp/Erf (Erf) is opaque" in capsys.readouterr().err
+    assert "note: node mlp/Hard (HardSigmoid) is opaque" in capsys.readouterr().err
     assert main(["check", str(out), "--reshard"]) == 0  # the written spec loads: opaque is a known op there
+
+
+def test_standalone_pointwise_ops_import_and_compute_what_onnx_computes():
+    """torch's default (erf) GELU, a sigmoid gate, tanh, a square root and a power: none fused, all mapped."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5), ("three", 3.0))]
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["gelu"]), helper.make_node("Sigmoid", ["gelu"], ["s"]),
+             helper.make_node("Tanh", ["s"], ["t"]), helper.make_node("Mul", ["t", "t"], ["t2"]),
+             helper.make_node("Sqrt", ["t2"], ["r"]), helper.make_node("Reciprocal", ["r"], ["i"]),
+             helper.make_node("Pow", ["i", "three"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], consts),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    plan = {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(1)"]}}
+    graph = from_onnx(model, plan)
+    assert Counter(n.op for n in graph.nodes if not n.is_input) == {
+        "scale": 2, "erf": 1, "add": 1, "mul": 2, "sigmoid": 1, "tanh": 1, "sqrt": 1, "reciprocal": 1, "pow": 1}
+    assert next(n for n in graph.nodes if n.op == "pow").attrs["exponent"] == 3.0
+    assert analyze(graph).ok  # elementwise: the sharding passes through
+    feeds = {"x": np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)}
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    (got,) = one_device(graph, model, feeds).values()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    rep = run_graph(graph, backward=True)
+    assert rep.ok, rep.mismatches
 
 
 def test_malformed_models_are_one_line(tmp_path, capsys):
@@ -289,7 +317,7 @@ def test_python_api_loads_a_model_like_a_spec(tmp_path):
     with pytest.raises(LayoutPropError):
         load_model(tmp_path / "m.txt", LLAMA_PLAN)
     with pytest.raises(OpError):
-        from_onnx(_gelu_erf_model(), {"mesh": {"shape": [2], "names": ["tp"]}})
+        from_onnx(_unknown_ops_model(), {"mesh": {"shape": [2], "names": ["tp"]}})
 
 
 def test_import_benchmark_prints_its_table():
@@ -305,3 +333,27 @@ def test_import_benchmark_prints_its_table():
     assert lines[0].split() == ["layers", "onnx", "nodes", "graph", "nodes", "import", "s", "check", "s", "total", "s"]
     assert [row.split()[:3] for row in lines[1:3]] == [["1", "61", "37"], ["2", "119", "69"]]
     assert lines[-1].startswith("total(2)/total(1): ")
+
+
+def test_vocab_shards_the_embedding_rows_and_colwise_its_columns():
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 16])
+    table = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32),
+                                    "tok_embeddings.weight")
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Gather", ["tok_embeddings.weight", "input_ids"], ["y"], name="/embed/Gather")],
+        "g", [ids], [y], [table]), opset_imports=[helper.make_opsetid("", 17)])
+    mesh = {"shape": [2, 2], "names": ["dp", "tp"]}
+    graph = from_onnx(model, {"mesh": mesh, "inputs": {"input_ids": ["S(0)", "R"]},
+                              "parameters": {"tok_embeddings.weight": "vocab"}})
+    assert graph.node("tok_embeddings.weight").attrs["placements"] == ("R", "S(0)")
+    assert graph.node("input_ids").attrs["requires_grad"] is False  # integer ids: no gradient
+    a = analyze(graph)
+    assert a.report()["tensors"]["embed/Gather"]["placements"] == ["S(0)", "P(sum)"]  # each rank its own rows
+    rep = run_graph(graph, backward=True)
+    assert rep.ok and "tok_embeddings.weight" in rep.grads
+    cols = from_onnx(model, {"mesh": mesh, "parameters": {"tok_embeddings.weight": "colwise"}})
+    assert cols.node("tok_embeddings.weight").attrs["placements"] == ("R", "S(1)")
+    with pytest.raises(SpecError) as err:  # vocab needs an embedding
+        from_onnx(llama_onnx(), dict(LLAMA_PLAN, parameters={"*.wq.weight": "vocab"}))
+    assert err.value.code == "preset-misfit" and "embedding table" in err.value.message

@@ -31,7 +31,7 @@ def is_model_path(path: str | Path) -> bool:
 def build_spec(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
     """Canonicalise a read model, lower it, and apply the plan: ``(spec dict, notes)``."""
     from ..passes.canonicalize import Canonicalize
-    from . import opaque as _opaque  # noqa: F401  (registers the opaque op)
+    from . import pointwise as _pointwise  # noqa: F401  (registers sqrt, sigmoid... and the opaque op)
 
     if fuse:
         Canonicalize().run(model)

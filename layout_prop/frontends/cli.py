@@ -51,7 +51,7 @@ def load_graph(args: argparse.Namespace) -> Graph:
     if plan is not None:
         raise SpecError("unexpected-plan", f"--plan goes with a model (.onnx or .mindir), but {source!r} is a spec",
                         path=source, hint="drop --plan, or give the model file")
-    from . import opaque as _opaque  # noqa: F401  (a spec written by 'import --opaque' holds opaque nodes)
+    from . import pointwise as _pointwise  # noqa: F401  (a spec written by 'import' may hold sqrt, opaque...)
 
     return load_spec(Path(source))
 

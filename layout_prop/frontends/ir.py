@@ -243,8 +243,8 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
 
 
 # decomposed ops the registry does not know (the canonicalisation pass fuses them away)
-_NOT_LOWERED = {"pow", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "where", "expand", "gather",
-                "matmul_nd", "split", "opaque_source"}
+# (pow is lowered with its exponent as an attr; sqrt, sigmoid... are layout_prop.frontends.pointwise ops)
+_NOT_LOWERED = {"pow", "where", "expand", "gather", "matmul_nd", "split"}
 
 
 def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] | None:
@@ -268,6 +268,10 @@ def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] 
             return [("scale", [x], {"factor": c if op == "mul" else 1.0 / c})]
         if op == "mul" and _is_scalar(consts[0]) and model.values[y].dtype in FLOAT_DTYPES:
             return [("scale", [y], {"factor": scalar_value(consts[0])})]
+    if op == "pow":
+        if _is_scalar(consts[1]) and model.values[node.inputs[0]].dtype in FLOAT_DTYPES:
+            return [("pow", [node.inputs[0]], {"exponent": scalar_value(consts[1])})]
+        return None
     if op == "split":
         n = len(node.outputs)
         if 2 <= n <= 8:

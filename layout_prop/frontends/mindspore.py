@@ -76,6 +76,20 @@ def _node_name(name: str, prim: str) -> str:
     return f"{prim.lower()}_{number or base}"
 
 
+def _scope_name(domain: str) -> str | None:
+    """A node name from MindSpore's scope: ``Default/layers-CellList/0-Block/attention-Attention/
+    Reshape-op1`` -> ``layers.0.attention/Reshape_1`` (None without a scope)."""
+    parts = [p for p in domain.split("/") if p]
+    if not parts or "-op" not in parts[-1]:
+        return None
+    if parts[0] == "Default":
+        parts = parts[1:]
+    prim, _, number = parts[-1].rpartition("-op")
+    op = prim if number in ("", "0") else f"{prim}_{number}"
+    cell = ".".join(p.split("-")[0] for p in parts[:-1])
+    return f"{cell}/{op}" if cell else op
+
+
 def _tensor_array(t, source: str) -> np.ndarray:
     dtype = _DTYPES.get(t.data_type)
     if dtype is None or dtype == "bfloat16":
@@ -235,7 +249,7 @@ class _Reader:
             return
         shaped = self.out_shape(node)
         handler = getattr(self, f"p_{prim}", None)
-        name = self.name(out, prim)
+        name = self.name(_scope_name(node.domain) or out, prim)
         strategy = self.strategies.get(node.op_type.split("::")[-1])
         if strategy:
             self.g.declared.append((name, [v if v in self.g.values else None for v in ins[:len(strategy)]],

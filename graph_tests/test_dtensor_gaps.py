@@ -192,3 +192,17 @@ def test_reshape_of_doubly_sharded_uneven_dims_is_a_violation_or_exact():
                           ["_S(0,4)", "_S(0,4)"])  # 6 -> 3, 3 -> 2, 1: each rank keeps its rows of 4 blocks
     assert_fixed_by_reshard(one_node((2, 2), {"x": ((3, 4, 6), ["S(0)", "S(0)"])}, "reshape", {"shape": [12, 6]}),
                             ["reshape-sharded-dim", "reshape-sharded-dim"])
+
+
+def test_norm_and_softmax_keep_a_strided_shard_of_their_rows():
+    # tokens flattened with the sequence sharded (sequence parallel): row-wise ops stay local
+    spec = {"mesh": {"shape": [4], "names": ["tp"]},
+            "inputs": {"x": {"shape": [2, 10, 16], "placements": ["S(1)"]}, "w": {"shape": [16], "placements": ["R"]}},
+            "nodes": [{"name": "y", "op": "reshape", "inputs": ["x"], "attrs": {"shape": [20, 16]}},
+                      {"name": "n", "op": "rms_norm", "inputs": ["y", "w"]},
+                      {"name": "s", "op": "softmax", "inputs": ["n"]},
+                      {"name": "out", "op": "reshape", "inputs": ["s"], "attrs": {"shape": [2, 10, 16]}}],
+            "outputs": ["out"]}
+    tensors = analyze(load_spec(spec)).report()["tensors"]
+    assert [tensors[v]["placements"] for v in ("y", "n", "s")] == [["_S(0,2)"]] * 3
+    assert_free_and_exact(spec, ["S(1)"])

@@ -279,6 +279,7 @@ class SumTo(OpRule):
     attr_defaults = {"shape": None}
     required_attrs = ("shape",)
     differentiable = False
+    strided = True  # a kept strided dim stays strided, a summed one leaves P(sum) like a shard
 
     def infer_layout(self, inputs, attrs):
         (x,) = inputs
@@ -304,9 +305,9 @@ class SumTo(OpRule):
                 violations.append(v)
         ps = []
         for p in want.placements:
-            if isinstance(p, Shard):
+            if isinstance(p, (Shard, StridedShard)):
                 kept = p.dim >= off and shape[p.dim - off] == x.shape[p.dim] and x.shape[p.dim] != 1
-                ps.append(Shard(p.dim - off) if kept else Partial("sum"))
+                ps.append(_moved(p, p.dim - off) if kept else Partial("sum"))
             else:
                 ps.append(p)
         out = TensorSpec(shape, x.dtype, Layout(x.mesh, ps, len(shape)))

@@ -121,7 +121,7 @@ import numpy as np
 
 from layout_prop.errors import Violation
 from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard
+from layout_prop.placement import Partial, Replicate, Shard, shard_dim
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.spec import DTYPES, TensorSpec
 
@@ -241,7 +241,7 @@ def _whole_dims(spec: TensorSpec, operand: str, dims: Sequence[int], code: str, 
             issues.append(_partial_issue(spec, operand, axis, op, "is not linear in it, so every rank needs the "
                                          "whole value"))
             ps.append(Replicate())
-        elif isinstance(p, Shard) and p.dim in dims:
+        elif shard_dim(p) is not None and p.dim in dims:  # a shard or a strided shard
             issues.append((code, f"{operand} dim {p.dim} (size {spec.shape[p.dim]}) is sharded on mesh axis {name} "
                            f"({operand} is {spec.layout}), but {why}",
                            f"all-gather {operand} on {name}{elsewhere}"))
@@ -595,7 +595,7 @@ def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpe
         issues = []
         for axis, (pl, want) in enumerate(zip(p.layout.placements, target.placements)):
             axis_name = _name(p.mesh, axis)
-            if pl == want or (isinstance(pl, Replicate) and not isinstance(x_fixed.placements[axis], Shard)):
+            if pl == want or (isinstance(pl, Replicate) and shard_dim(x_fixed.placements[axis]) is None):
                 continue  # as wanted, or a free local slice or local partial of a Replicate param
             x_p, out_p = x_fixed.placements[axis], out_fixed.placements[axis]
             if isinstance(want, Replicate):
@@ -658,7 +658,7 @@ def _param_grad_layout(x_fixed: Layout, ndim: int, partials: dict) -> Layout:
     for axis, p in enumerate(x_fixed.placements):
         if axis in partials:
             ps.append(partials[axis])
-        elif isinstance(p, Shard):
+        elif shard_dim(p) is not None:
             ps.append(Partial("sum"))
         else:
             ps.append(Replicate())
@@ -668,6 +668,7 @@ def _param_grad_layout(x_fixed: Layout, ndim: int, partials: dict) -> Layout:
 class _NormRule(OpRule):
     params: tuple[str, ...] = ()
     violation_codes = NORM_CODES
+    strided = True  # row-wise: a strided shard of x's other dims stays; of a normalised dim, gathered
 
     def out_dtype(self, inputs) -> str:
         return float_dtype(*[t.dtype for t in inputs])
@@ -688,8 +689,8 @@ class _NormRule(OpRule):
         dims = range(out.ndim - k, out.ndim)
         if not any(d in out.layout.sharded_dims() for d in dims):
             return dict(attrs)
-        bounds = out.local_slices(rank)
-        return {**attrs, "norm_slices": [list(bounds[d]) for d in dims]}
+        coords = out.mesh.coords(rank)  # the normalised dims are never strided: one range each
+        return {**attrs, "norm_slices": [list(out.dim_bounds(d, coords)) for d in dims]}
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
@@ -704,6 +705,7 @@ class _NormGradRule(OpRule):
     forward = ""
     violation_codes = NORM_CODES
     differentiable = False
+    strided = True
 
     def infer_layout(self, inputs, attrs):
         dy, x, params = inputs[0], inputs[1], inputs[2:]
@@ -784,6 +786,7 @@ class _SoftmaxRule(OpRule):
     operands = ("x",)
     attr_defaults = {"axis": -1}
     violation_codes = SOFTMAX_CODES
+    strided = True  # a strided shard off the axis stays; on the axis, gathered
 
     def infer_layout(self, inputs, attrs):
         (x,) = inputs
@@ -805,6 +808,7 @@ class _SoftmaxGradRule(OpRule):
     violation_codes = SOFTMAX_CODES
     differentiable = False
     forward = ""
+    strided = True
 
     def infer_layout(self, inputs, attrs):
         dy, y = inputs

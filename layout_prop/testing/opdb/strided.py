@@ -4,9 +4,10 @@ and the ops that take the strided result, on the meshes DTensor was compared on,
 The samples try ``_S(d,2)`` as an operand placement too (``OpSample(strided=True)``), so
 a strided shard meets every other placement: reshape makes and undoes it (uneven inner
 dims: 10 on 4 ranks is 3, 3, 3, 1; doubly sharded dims), transpose moves it, the
-elementwise ops take it like a shard (a Replicate operand is sliced alike for free),
-and the ops that do not know it (matmul, where DTensor raises "Cannot unflatten";
-softmax; sum) get it gathered first, a documented ``sharding-mismatch``.
+elementwise ops and sum_to take it like a shard (a Replicate operand is sliced alike for
+free), the norms and softmax keep it off their normalised dims, and the ops that do not
+know it (matmul, where DTensor raises "Cannot unflatten"; sum) get it gathered first, a
+documented ``sharding-mismatch``.
 """
 
 from . import OpRecord, OpSample
@@ -36,6 +37,16 @@ RECORDS = [
     OpRecord("exp", [_strided([(8, 6)])], meshes=MESHES, placements="all", id="strided-exp"),
     OpRecord("matmul", [_strided([(8, 4), (4, 6)]), _strided([(2, 4, 4), (4, 6)])], meshes=MESHES,
              placements=100, id="strided-matmul"),
-    OpRecord("softmax", [_strided([(4, 6)])], meshes=MESHES, placements="all", id="strided-softmax"),
+    OpRecord("softmax", [_strided([(4, 6)]), _strided([(8, 6)], {"axis": 0})], meshes=MESHES, placements="all",
+             id="strided-softmax"),
+    OpRecord("softmax_grad", [_strided([(4, 6), (4, 6)])], meshes=MESHES, placements=60, id="strided-softmax_grad"),
+    # norms are row-wise: a strided shard of the rows stays, of the normalised dim is gathered
+    OpRecord("rms_norm", [_strided([(8, 6), (6,)]), _strided([(4, 2, 4), (2, 4)], {"normalized_ndim": 2})],
+             meshes=MESHES, placements=100, id="strided-rms_norm"),
+    OpRecord("rms_norm_grad", [_strided([(8, 6), (8, 6), (6,)])], meshes=MESHES, placements=60,
+             id="strided-rms_norm_grad"),
+    OpRecord("layer_norm", [_strided([(8, 6), (6,), (6,)])], meshes=MESHES, placements=80, id="strided-layer_norm"),
+    OpRecord("sum_to", [_strided([(8, 6)], {"shape": [6]}), _strided([(4, 6)], {"shape": [4, 1]})],
+             meshes=MESHES, placements="all", backward=False, id="strided-sum_to"),
     OpRecord("sum", [_strided([(8, 6)], {"dims": [0]})], meshes=MESHES, placements="all", id="strided-sum"),
 ]

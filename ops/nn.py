@@ -25,11 +25,13 @@ The ops
     rank normalises whole rows and keeps its chunk, the localised attr ``norm_slices``;
     the other param is sliced alike) or ``P(sum|avg)`` (then y is that Partial, the
     other param made terms by a free ``local-partial``), without communication, as
-    DTensor does.  The grad ops want the params Replicate.  The
+    DTensor does.  The grad ops want the params Replicate.  A strided shard
+    (``_S(d,k)``, from a reshape that merged tokens) of x's other dims stays.  The
     weight and bias gradients sum over the other dims: ``P(sum)`` on each mesh axis that
     shards one of them, reduced by the backward pass.
 ``softmax(x, axis=-1)``, ``log_softmax(x, axis=-1)``
-    The axis is Replicate (``sharded-softmax-dim``), x is not Partial; other dims free.
+    The axis is Replicate (``sharded-softmax-dim``), x is not Partial; other dims free
+    (strided shards too).
     Aliases ``Softmax``, ``aten.softmax``, ``aten._softmax``; ``LogSoftmax``,
     ``aten.log_softmax``, ``aten._log_softmax``.
 ``scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0)``

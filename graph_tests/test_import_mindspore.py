@@ -124,7 +124,7 @@ def test_malformed_mindir_files_are_one_line(tmp_path, capsys):
 
 
 def test_shard_strategies_are_compared_with_the_plan(tmp_path):
-    from .mindspore_sharded import ShardedMatMul
+    from .mindspore_cells import ShardedMatMul
 
     set_graph_mode()
     import mindspore as ms
@@ -140,3 +140,28 @@ def test_shard_strategies_are_compared_with_the_plan(tmp_path):
     (note,) = notes  # x agrees (rows on tp), w does not
     assert re.fullmatch(r"MindSpore shard\(\) of node MatMul splits input 1 \(w\) as \(1, 2\), but the plan "
                         r"gives w \['R'\], which splits it as \(1, 1\)", note), note
+
+
+def test_a_mix_of_primitives_imports_and_matches_one_device():
+    from .mindspore_cells import Mixed
+
+    import mindspore as ms
+    import numpy as np
+
+    set_graph_mode()
+    ids = ms.Tensor(np.zeros((2, 8), np.int32))
+    plan = {"mesh": {"shape": [2, 2], "names": ["dp", "tp"]}, "inputs": {"ids": ["S(0)", "R"]},
+            "parameters": {"tok.embedding_table": "vocab", "fc.weight": "colwise", "fc.bias": ["R", "S(0)"],
+                           "*": "R"}}
+    graph = from_cell(Mixed(), ids, plan=plan)
+    ops = Counter(n.op for n in graph.nodes if not n.is_input)
+    assert ops == {"reshape": 2, "embedding": 1, "linear": 1, "add": 3, "layer_norm": 1, "split2": 1, "scale": 2,
+                   "erf": 1, "mul": 2, "sigmoid": 1, "slice": 1, "sum": 1, "mean": 1, "log_softmax": 1}
+    assert graph.node("tok.embedding_table").attrs["placements"] == ("R", "S(0)")  # rows on tp
+    assert graph.node("fc.weight").attrs["placements"] == ("R", "S(0)")  # (out, in): out on tp
+    assert graph.node("norm/LayerNorm").attrs["eps"] == 1e-7
+    assert graph.node("StridedSlice").attrs == {"axis": 1, "start": 0, "stop": 4}
+    a = analyze(graph, reshard=True)
+    assert a.ok
+    rep = run_graph(graph, backward=True)
+    assert rep.ok, rep.mismatches

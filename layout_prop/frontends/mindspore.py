@@ -431,10 +431,12 @@ class _Reader:
     def p_StridedSlice(self, name, ins, out, shaped):
         x = self.tensor(ins[0])
         begin, end, strides = (self.const(v) for v in ins[1:4])
-        masks = [self.const(v, 0) for v in ins[4:9]]
-        if begin is None or end is None or strides is None or any(masks):
+        begin_mask, end_mask, *others = [int(self.const(v, 0) or 0) for v in ins[4:9]] + [0] * (5 - len(ins[4:9]))
+        if begin is None or end is None or strides is None or any(others):  # ellipsis, new axis, shrink
             return self.unknown("StridedSlice", name, ins, out, shaped)
         shape = self.g.shape(x)
+        begin = [None if begin_mask >> i & 1 else b for i, b in enumerate(begin)]  # a set bit: from the start
+        end = [None if end_mask >> i & 1 else e for i, e in enumerate(end)]  # a set bit: to the end
         cuts = [(ax, *slice(b, e, s).indices(shape[ax])) for ax, (b, e, s) in enumerate(zip(begin, end, strides))
                 if slice(b, e, s).indices(shape[ax]) != (0, shape[ax], 1)]
         if not cuts:

@@ -1,0 +1,33 @@
+"""Small MindSpore cells for the import tests: a shard() strategy, and a mix of primitives."""
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+
+class ShardedMatMul(nn.Cell):
+    """``x @ w`` with ``shard(((2, 1), (1, 2)))``: x split on rows, w on columns."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = Parameter(Tensor(np.ones((8, 4), np.float32)), name="w")
+        self.mm = ops.MatMul().shard(((2, 1), (1, 2)))
+
+    def construct(self, x):
+        return self.mm(x, self.w)
+
+
+class Mixed(nn.Cell):
+    """nn.Embedding, nn.Dense with a bias on a 3-D input, nn.LayerNorm, ops.split, the erf GELU,
+    a sigmoid gate, a strided slice, sum and mean, log_softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(64, 32)
+        self.fc = nn.Dense(32, 48, has_bias=True)
+        self.norm = nn.LayerNorm((48,))
+
+    def construct(self, ids):
+        y = self.norm(self.fc(self.tok(ids)))
+        a, b = ops.split(y, 24, axis=-1)
+        z = (ops.gelu(a) * ops.sigmoid(b))[:, :4]
+        return ops.log_softmax(ops.sum(z, -1, keepdim=True) + ops.mean(z, -1, keep_dims=True), -1)

@@ -31,3 +31,15 @@ class Mixed(nn.Cell):
         a, b = ops.split(y, 24, axis=-1)
         z = (ops.gelu(a) * ops.sigmoid(b))[:, :4]
         return ops.log_softmax(ops.sum(z, -1, keepdim=True) + ops.mean(z, -1, keep_dims=True), -1)
+
+
+class FlashAttention(nn.Cell):
+    """ops.flash_attention_score, BNSD, causal through sparse_mode 2 and the compressed 2048x2048 mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+
+    def construct(self, q, k, v):
+        return ops.flash_attention_score(q, k, v, 4, attn_mask=self.mask, scalar_value=0.35, input_layout="BNSD",
+                                         sparse_mode=2)

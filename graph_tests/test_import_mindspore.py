@@ -165,3 +165,30 @@ def test_a_mix_of_primitives_imports_and_matches_one_device():
     assert a.ok
     rep = run_graph(graph, backward=True)
     assert rep.ok, rep.mismatches
+
+
+def test_layout_prop_analyze_takes_an_imported_cell(block):
+    import layout_prop
+
+    a = layout_prop.analyze(block, reshard=True)
+    assert a.ok and a.report()["total_bytes_per_rank"] == 6 * 256
+
+
+def test_flash_attention_score_is_causal_attention():
+    from .mindspore_cells import FlashAttention
+
+    import mindspore as ms
+    import numpy as np
+
+    set_graph_mode()
+    q = ms.Tensor(np.ones((2, 4, 8, 8), np.float32))
+    plan = {"mesh": {"shape": [2], "names": ["sp"]}, "inputs": {name: ["S(2)"] for name in "qkv"}}
+    graph = from_cell(FlashAttention(), q, q, q, plan=plan)
+    (attn,) = [n for n in graph.nodes if not n.is_input]
+    assert (attn.op, attn.attrs) == ("scaled_dot_product_attention",
+                                     {"layout": "BNSD", "causal": True, "scale": 0.35})
+    a = analyze(graph, reshard=True)
+    assert [(r["input"], [s["kind"] for s in r["steps"]]) for r in a.report()["redistributions"]] == [
+        ("k", ["all-gather"]), ("v", ["all-gather"])]  # each rank's query rows need every key and value
+    rep = run_graph(graph, backward=True)
+    assert rep.ok, rep.mismatches

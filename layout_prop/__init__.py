@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DeviceMesh", "Replicate", "Shard", "Partial", "Placement", "parse_placement", "Layout", "TensorSpec",
     "chunk_bounds", "OpRule", "RuleResult", "register_op", "register_kernel", "LayoutPropError", "SpecError",
-    "LayoutError", "GraphError", "OpError", "ExecutionError", "Violation",
+    "LayoutError", "GraphError", "OpError", "ExecutionError", "Violation", "analyze",
 ]
 
 from .errors import (  # noqa: F401
@@ -31,6 +31,16 @@ from .mesh import DeviceMesh  # noqa: F401
 from .placement import Partial, Placement, Replicate, Shard, parse_placement  # noqa: F401
 from .spec import TensorSpec, chunk_bounds  # noqa: F401
 from .registry import OpRule, RuleResult, register_op  # noqa: F401
+
+
+def analyze(graph, **options):
+    """Analyse a graph (from a spec, a model or a cell): :func:`layout_prop.api.analyze`.
+
+    ``layout_prop.analyze(from_cell(net, x, plan=...), reshard=True)`` works as on a loaded spec.
+    """
+    from .api import analyze as _analyze
+
+    return _analyze(graph, **options)
 
 
 def register_kernel(op: str, fn, backend: str = "numpy"):

@@ -41,6 +41,7 @@ _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int6
            11: "float64", 17: "float64", 16: "bfloat16"}
 _SUPPORTED = ("float16", "float32", "float64", "int32", "int64", "bool")
 _GRAPH_PREFIX = re.compile(r"^\d+(_\d+)*_.*construct")  # 12_11_1___main___Net_construct_3
+_FA_LAYOUTS = {0: "BSH", 1: "BNSD", 2: "SBH", 3: "BSND", 4: "TND"}  # FlashAttentionScore's input_layout enum
 _STRUCTURAL = {"Load", "UpdateState", "Depend", "MakeTuple", "TupleGetItem", "Return"}
 
 
@@ -478,22 +479,39 @@ class _Reader:
                   "RotaryPositionEmbedding")
 
     def p_FlashAttentionScore(self, name, ins, out, shaped):
-        # (q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix, actual_seq_qlen, actual_seq_kvlen,
-        #  head_num, keep_prob, scale_value, pre_tokens, next_tokens, inner_precise, input_layout, sparse_mode)
+        """``(q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix, actual_seq_qlen,
+        actual_seq_kvlen, head_num, keep_prob, scale_value, pre_tokens, next_tokens, inner_precise,
+        input_layout, sparse_mode)``; output 3 is the attention.  Mapped when q, k, v are BNSD or
+        BSND, nothing is dropped, and the mask is none or top-left causal (sparse mode 2, mode 3
+        with equal sequences, or mode 0 with a constant causal mask)."""
+        from ..passes.canonicalize import is_causal_mask
+
         q, k, v = (self.tensor(x) for x in ins[:3])
-        optional = [self.py.get(x, "tensor") for x in ins[3:8]]
+        extra = [self.py.get(x, "tensor") for x in ins[3:10]]  # real_shift ... actual_seq_kvlen
+        mask = extra[3]
         layout = self.const(ins[16], "BSH") if len(ins) > 16 else "BSH"
+        layout = _FA_LAYOUTS.get(layout, layout)
         sparse = int(self.const(ins[17], 0)) if len(ins) > 17 else 0
         scale = float(self.const(ins[12], 1.0)) if len(ins) > 12 else 1.0
         keep = float(self.const(ins[11], 1.0)) if len(ins) > 11 else 1.0
-        causal_mask = optional[3] is not None and sparse in (2, 3)
-        if layout not in ("BNSD", "BSND") or keep != 1.0 or any(o is not None for i, o in enumerate(optional)
-                                                                 if i != 3) or (optional[3] is not None and not
-                                                                                causal_mask):
+        band = [int(self.const(x, 2 ** 31 - 1)) for x in ins[13:15]]
+        seq = 2 if layout == "BNSD" else 1
+        sq, sk = self.g.shape(q)[seq], self.g.shape(k)[seq]
+        if mask is None:
+            causal = False
+            usable = sparse == 0 and min(band) >= max(sq, sk)
+        elif isinstance(mask, np.ndarray):
+            causal = True
+            usable = sparse == 2 or (sparse == 3 and sq == sk) or \
+                (sparse == 0 and min(band) >= max(sq, sk) and is_causal_mask(mask.astype(bool), lambda f: f))
+        else:
+            causal, usable = False, False
+        if layout not in ("BNSD", "BSND") or keep != 1.0 or not usable or \
+                any(e is not None for i, e in enumerate(extra) if i != 3):
             return self.unknown("FlashAttentionScore", name, ins, out, shaped)
         y = self.emit(name, "scaled_dot_product_attention", [q, k, v], out, None,
-                      {"layout": layout, "causal": causal_mask, "scale": scale}, "FlashAttentionScore",
-                      shape=self.g.shape(q), dtype=self.g.values[q].dtype)
+                      {"layout": layout, "causal": causal, "scale": scale}, "FlashAttentionScore",
+                      shape=self.g.shape(q)[:-1] + self.g.shape(v)[-1:], dtype=self.g.values[q].dtype)
         self.tuples[out] = [None, None, None, y]
 
 

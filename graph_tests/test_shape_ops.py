@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from layout_prop import LayoutError, meta
@@ -757,3 +757,52 @@ def test_slice_with_non_integer_bounds():
     assert codes(res) == ["invalid-split"]
     assert res.violations[0].message == "cannot slice x dim 1 (size 6): start=1.5 and stop=None must be integers " \
                                         "(or null)"
+
+
+@st.composite
+def _mesh_reshape_cases(draw):
+    """Any mesh of up to 3 axes, any placements (shards, strided shards, Partial), any regrouping."""
+    mesh_shape = draw(st.sampled_from([(2, 2), (2, 3), (4, 2), (3,), (4,), (1, 2), (2, 2, 2)]))
+    mesh = DeviceMesh(mesh_shape, ("a", "b", "c")[:len(mesh_shape)])
+    shape = tuple(draw(st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 8, 12]), min_size=1, max_size=3)))
+    factors, n, p = [], math.prod(shape), 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    factors = draw(st.permutations(factors))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, len(factors) - 1)), max_size=3)))
+    target, last = [], 0
+    for c in [*cuts, len(factors)]:
+        if c > last:
+            target.append(math.prod(factors[last:c]))
+            last = c
+    if math.prod(shape) == 0:
+        target = [0, *draw(st.lists(st.sampled_from([1, 2, 3]), max_size=2))]
+    choices = (["R", "P(sum)"] + [f"S({d})" for d in range(len(shape))]
+               + [f"_S({d},{k})" for d in range(len(shape)) for k in (2, 3)])
+    placements = [draw(st.sampled_from(choices)) for _ in mesh_shape]
+    try:
+        x = spec(shape, placements, mesh)
+    except LayoutError:
+        assume(False)
+    return x, tuple(target or [1])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(_mesh_reshape_cases())
+def test_reshape_on_any_mesh_is_exact_or_its_fix_is(case):
+    # accepted: every rank's piece, reshaped locally, is its piece of the output (strided shards included);
+    # rejected: the wanted layout is accepted and exact
+    x, target = case
+    res = infer("reshape", x, shape=list(target))
+    if res.violations:
+        event("rejected")
+        assert set(codes(res)) == {"reshape-sharded-dim"} and all(v.fixable for v in res.violations)
+        x = x.with_layout(res.wants[0])
+        res = infer("reshape", x, shape=list(target))
+        assert res.violations == ()
+    else:
+        event("accepted")
+    assert _exact_local_reshape(x, res.outputs[0]), (x, target, res.outputs[0])

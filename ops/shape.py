@@ -367,7 +367,13 @@ def _axis_through_group(p, axis: int, mesh, gi, go, coords, lin, lout):
     sf_in = p.split_factor if isinstance(p, StridedShard) else 1
     chosen = None
     new_in, new_out = [], []
+    empty = []  # ranks that hold nothing of the group: any cut keeps them empty on both sides
     for r, c in enumerate(coords):
+        if math.prod(lin[r].values()) == 0:
+            empty.append(r)
+            new_in.append(0)
+            new_out.append(0)
+            continue
         i = gi.index(p.dim)
         length = lin[r][p.dim]
         outer = math.prod(lin[r][d] for d in gi[:i]) * sf_in
@@ -383,6 +389,8 @@ def _axis_through_group(p, axis: int, mesh, gi, go, coords, lin, lout):
         lo, hi = chunk_bounds(span, n)[c[axis]]
         new_in.append(sf_in * (hi - lo))
         new_out.append(found[2][c[axis]])
+    if chosen is None:  # every rank is empty: the axis cuts nothing that any output shard would not
+        return Shard(go[0]), (go[0], new_in, new_out)
     o, sf = chosen
     return (Shard(o) if sf == 1 else StridedShard(o, sf)), (o, new_in, new_out)
 

@@ -357,3 +357,38 @@ def test_vocab_shards_the_embedding_rows_and_colwise_its_columns():
     with pytest.raises(SpecError) as err:  # vocab needs an embedding
         from_onnx(llama_onnx(), dict(LLAMA_PLAN, parameters={"*.wq.weight": "vocab"}))
     assert err.value.code == "preset-misfit" and "embedding table" in err.value.message
+
+
+@pytest.mark.parametrize("example", ["llama_block.onnx", "llama_block.mindir"])
+def test_damaged_model_files_are_refused_on_one_line(tmp_path, capsys, example):
+    """Seeded random damage (bytes changed, the file cut, a run spliced in): every run ends with
+    exit 1 (a damaged weight is still a model) or a typed one-line error, never an internal error."""
+    import random
+
+    from pathlib import Path
+
+    if example.endswith(".mindir"):
+        pytest.importorskip("mindspore")
+    root = Path(__file__).resolve().parent.parent / "examples"
+    data = (root / example).read_bytes()
+    rng = random.Random(7)
+    codes = Counter()
+    for k in range(40):
+        damaged = bytearray(data)
+        kind = k % 3
+        if kind == 0:
+            for _ in range(rng.randint(1, 20)):
+                damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        elif kind == 1:
+            damaged = damaged[:rng.randrange(len(damaged))]
+        else:
+            at = rng.randrange(len(damaged))
+            damaged[at:at + rng.randint(1, 200)] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 50)))
+        path = tmp_path / f"damaged{Path(example).suffix}"
+        path.write_bytes(bytes(damaged))
+        rc = main(["check", str(path), "--plan", str(root / "llama_plan.yaml")])
+        err = capsys.readouterr().err
+        assert rc in (1, 2) and err.count("\n") == (rc == 2), (k, err)
+        assert "internal-error" not in err and "Traceback" not in err, (k, err)
+        codes[err.split(": ")[2].split(" ")[0] if rc == 2 else "violations"] += 1
+    assert codes["bad-model"] >= 20  # most damage breaks the file itself

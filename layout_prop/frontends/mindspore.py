@@ -170,6 +170,11 @@ class _Reader:
         graph = self.model.graph
         if not graph.node:
             raise _bad(f"{self.source!r} holds no graph nodes (a truncated file or another format)", self.source)
+        names = [v.name for v in (*graph.input, *graph.parameter, *graph.output)]
+        for node in graph.node:
+            names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+        if not all(isinstance(n, str) for n in names):  # proto2 hands out invalid UTF-8 as bytes
+            raise _bad(f"{self.source!r} holds names that are not UTF-8 text (a damaged file)", self.source)
         for inp in graph.input:
             if not len(inp.tensor) or not len(inp.tensor[0].dims) and inp.tensor[0].data_type == 0:
                 raise _bad(f"input {_user_name(inp.name)!r} has no shape", self.source)
@@ -255,9 +260,13 @@ class _Reader:
         if strategy:
             self.g.declared.append((name, [v if v in self.g.values else None for v in ins[:len(strategy)]],
                                     strategy))
-        if handler is None:
-            return self.unknown(prim, name, ins, out, shaped)
-        handler(name, ins, out, shaped)
+        try:
+            if handler is None:
+                return self.unknown(prim, name, ins, out, shaped)
+            handler(name, ins, out, shaped)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # a constant of the wrong kind
+            raise _bad(f"cannot read node {name!r} ({prim}): its inputs or constants are not what {prim} takes "
+                       f"({type(exc).__name__}: {exc})", self.source) from None
 
     # helpers --------------------------------------------------------------------
     def tensor(self, raw: str) -> str:

@@ -249,6 +249,11 @@ class _Reader:
     # the graph ------------------------------------------------------------
     def read(self) -> ModelGraph:
         graph = self.model.graph
+        names = [t.name for t in graph.initializer] + [v.name for v in graph.input] + [v.name for v in graph.output]
+        for node in graph.node:
+            names += [node.name, node.op_type, node.domain, *node.input, *node.output]
+        if not all(isinstance(n, str) for n in names):  # proto2 hands out invalid UTF-8 as bytes
+            raise _bad(f"{self.source!r} holds names that are not UTF-8 text (a damaged file)", self.source)
         for init in graph.initializer:
             self.const_value(init.name, self.onnx.numpy_helper.to_array(init), weight=True)
         initializers = {t.name for t in graph.initializer}
@@ -299,7 +304,11 @@ class _Reader:
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             return self.unknown(node, ins, outs, a)
-        handler(name, ins, outs, a, consts)
+        try:
+            handler(name, ins, outs, a, consts)
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # a constant of the wrong kind
+            raise _bad(f"cannot read node {name!r} ({op}): its inputs or attributes are not what {op} takes "
+                       f"({type(exc).__name__}: {exc})", self.source) from None
 
     def unknown(self, node, ins, outs, a) -> None:
         self.add(f"unmapped:{node.op_type}", [v for v in ins if v], [o for o in outs if o], {}, node.op_type,

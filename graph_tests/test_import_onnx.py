@@ -241,6 +241,9 @@ def test_opaque_ops_are_barriers(tmp_path, capsys):
     plan = plan_file(tmp_path, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}})
     assert main(["check", str(model), "--plan", str(plan), "--opaque", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
+    assert [n for n in report["notes"] if "opaque" in n] == [
+        f"node {name} ({op}) is opaque: its inputs are gathered to Replicate, its output is Replicate"
+        for name, op in (("mlp/Hard", "HardSigmoid"), ("mlp/Relu", "Relu"), ("mlp/Hard_1", "HardSigmoid"))]
     # HardSigmoid's output is Replicate; x * (h + 1) is sharded like x again, so Relu gathers it too
     assert [(v["node"], v["code"]) for v in report["violations"]] == [("mlp/Hard", "opaque-input"),
                                                                       ("mlp/Relu", "opaque-input")]

@@ -136,7 +136,7 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     from layout_prop.passes.reshard import Reshard
     from layout_prop.passes.verify import Verify
 
-    notes: list[str] = []
+    notes: list[str] = list(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
     propagate = Propagate()
     completed = Complete(propagate).run(graph)
     notes.extend(completed.notes)

@@ -42,7 +42,8 @@ def assert_same_numbers(m, plan=PLAN, seed=0):
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in m.graph.input}
     (want,) = ReferenceEvaluator(m).run(None, feeds)
-    inits = {sanitize(t.name): numpy_helper.to_array(t) for t in m.graph.initializer}
+    # the model's weights, and the constants the reader derives from them (a cache gathered at position ids)
+    inits = {sanitize(name): v.const for name, v in read_onnx(m, load_plan(plan)).values.items() if v.const is not None}
     a = analyze(from_onnx(m, plan))
     inputs = {n.name: feeds.get(n.name, inits.get(n.name)) for n in a.graph.inputs()}
     (got,) = execute_global(a.graph, inputs, wanted=a.graph.outputs).values()
@@ -146,10 +147,23 @@ def test_silu_mul_fuses_only_a_single_use_silu():
     assert_same_numbers(model(nodes, {"a": [4, 8], "b": [4, 8]}, [4, 8]), plan)
 
 
-def test_the_standard_rotary_embedding_op():
-    nodes = [helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=0)]
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_the_standard_rotary_embedding_op(interleaved):
+    nodes = [helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=interleaved)]
     m = model(nodes, {"x": [B, N, S, D], "cos": [B, S, D // 2], "sin": [B, S, D // 2]}, [B, N, S, D], opset=23)
-    assert ops_of(m) == {"concat": 2, "unsqueeze": 2, "rotary_position_embedding": 1}
+    rope = next(n for n in from_onnx(m, PLAN).nodes if n.op == "rotary_position_embedding")
+    assert rope.attrs["mode"] == interleaved
+    expected = {"concat": 2, "unsqueeze": 2, "rotary_position_embedding": 1}
+    assert ops_of(m) == (expected if not interleaved else dict(expected, unsqueeze=4, reshape=2))
+    assert_same_numbers(m)
+
+
+def test_the_standard_rotary_embedding_op_with_constant_position_ids():
+    cache = np.random.default_rng(2).standard_normal((16, D // 2)).astype(np.float32)
+    inits = [("cos_cache", cache), ("sin_cache", cache[::-1].copy()), ("pos", np.array([[3, 4, 5, 6]] * B))]
+    nodes = [helper.make_node("RotaryEmbedding", ["x", "cos_cache", "sin_cache", "pos"], ["y"])]
+    m = model(nodes, {"x": [B, N, S, D]}, [B, N, S, D], inits, opset=23)
+    assert ops_of(m)["rotary_position_embedding"] == 1
     assert_same_numbers(m)
 
 
@@ -218,3 +232,25 @@ def test_read_onnx_keeps_the_decomposed_ops_until_canonicalize():
     assert "Shape" not in {n.source for n in g.nodes}  # the shape subgraph folded while reading
     result = Canonicalize().run(g)
     assert result.fused == {"identity": 1, "silu": 1, "rms_norm": 2, "rope": 2, "silu_mul": 1, "attention": 1}
+
+
+def test_the_com_microsoft_rotary_embedding_maps_like_the_standard_one():
+    cache = np.random.default_rng(2).standard_normal((16, D // 2)).astype(np.float32)
+    pos = np.array([[3, 4, 5, 6]] * B)
+    inits = [numpy_helper.from_array(cache, "cos_cache"), numpy_helper.from_array(cache[::-1].copy(), "sin_cache"),
+             numpy_helper.from_array(pos, "pos")]
+    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, N, S, D])]
+    y = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, N, S, D])]
+    ms_node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos_cache", "sin_cache"], ["y"], domain="com.microsoft")
+    microsoft = helper.make_model(helper.make_graph([ms_node], "g", x, y, inits),
+                                  opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    std_node = helper.make_node("RotaryEmbedding", ["x", "cos_cache", "sin_cache", "pos"], ["y"])
+    standard = helper.make_model(helper.make_graph([std_node], "g", x, y, inits),
+                                 opset_imports=[helper.make_opsetid("", 23)])
+    graphs = [from_onnx(m, PLAN) for m in (microsoft, standard)]
+    assert [[(n.op, n.attrs) for n in g.nodes] for g in graphs][0] == [[(n.op, n.attrs) for n in g.nodes]
+                                                                       for g in graphs][1]
+    # the position-gathered caches are the same constants either way
+    values = [{k: v.const for k, v in read_onnx(m, load_plan(PLAN)).values.items() if v.const is not None
+               and k.endswith("_cache") and v.const.shape == (B, S, D // 2)} for m in (microsoft, standard)]
+    assert len(values[0]) == 2 and all(np.array_equal(a, b) for a, b in zip(values[0].values(), values[1].values()))

@@ -15,7 +15,8 @@ characters), written as YAML or JSON, and run through ``check`` (with random fla
 through the console script in a subprocess with an address-space limit.
 
 Hypothesis is seeded (``derandomize``): every CI run tries the same specs.  The count is
-:data:`EXAMPLES` (``LAYOUT_PROP_FUZZ_EXAMPLES`` raises it for a longer hunt).
+:data:`EXAMPLES` (``LAYOUT_PROP_FUZZ_EXAMPLES`` raises it for a longer hunt, and
+``LAYOUT_PROP_FUZZ_SEED=N`` tries other specs).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from layout_prop.cli import main
@@ -256,10 +257,17 @@ def _check_outcome(argv: list[str], rc: int, out: str, err: str, seconds: float,
     assert grew < MEMORY, f"peak memory grew by {grew / 2 ** 20:.0f} MiB\n{context}"
 
 
-FUZZ_SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+#: LAYOUT_PROP_FUZZ_SEED=N tries other specs (a longer hunt); unset, every run tries the same
+SEED = os.environ.get("LAYOUT_PROP_FUZZ_SEED")
+FUZZ_SETTINGS = settings(max_examples=EXAMPLES, derandomize=SEED is None, deadline=None, database=None,
                          suppress_health_check=list(HealthCheck))
 
 
+def _seeded(test):
+    return seed(int(SEED))(test) if SEED is not None else test
+
+
+@_seeded
 @FUZZ_SETTINGS
 @given(text=spec_texts(), flags=st.lists(st.booleans(), min_size=3, max_size=3),
        which=st.sampled_from([0, 0, 0, 0, 1, 2, 3]))

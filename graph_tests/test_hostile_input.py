@@ -430,3 +430,38 @@ def test_stdout_closed_before_start_is_not_an_error(tmp_path):
                           env=cli_env(), pass_fds=(), close_fds=True,
                           preexec_fn=lambda: os.close(1))
     assert proc.returncode == 0 and proc.stderr == ""
+
+
+# --------------------------------------------------------------------------- long values and arguments
+def test_long_attr_values_and_names_are_refused_with_a_cut_value(tmp_path, capsys):
+    items = ", ".join(["1"] * 100_000)
+    line = check_refuses(tmp_path, capsys, SMALL + f"nodes:\n  - {{name: y, op: softmax, inputs: [x], "
+                         f"attrs: {{axis: [{items}]}}}}\n", "bad-attr", "100000 items")
+    assert len(line) < 600
+    line = check_refuses(tmp_path, capsys, SMALL + f"nodes:\n  - {{name: {'n' * 5000}, op: neg, inputs: [x]}}\n",
+                         "bad-name", "5000 characters")
+    assert len(line) < 600
+
+
+def test_an_error_line_is_cut_to_its_limit(monkeypatch, capsys):
+    from layout_prop import cli
+    from layout_prop.errors import OpError
+
+    def long_message(args):
+        raise OpError("bad-attr", "value " + "[1, " * 50_000 + "] is wrong", node="y", hint="write it shorter")
+
+    monkeypatch.setitem(cli.COMMANDS, "demo", long_message)
+    assert main(["demo"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert len(line) <= cli.MAX_ERROR_LINE
+    assert line.startswith("layout-prop: error: bad-attr at node 'y': value [1, ")
+    assert line.endswith("] is wrong (hint: write it shorter)") and " ... " in line
+
+
+@pytest.mark.parametrize("layers", ["100000", "9" * 5000])
+def test_gen_refuses_a_layer_count_it_cannot_write(layers, capsys):
+    start = time.perf_counter()
+    assert main(["gen", "llama", "--layers", layers]) == 2
+    assert time.perf_counter() - start < 5
+    out, err = capsys.readouterr()
+    assert out == "" and "bad-usage" in one_error_line(err) and len(err) < 400

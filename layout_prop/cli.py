@@ -153,7 +153,8 @@ def _parser() -> argparse.ArgumentParser:
 
     ge = sub.add_parser("gen", help="write the spec of a generated model")
     ge.add_argument("model", choices=["llama"], help="the model family")
-    ge.add_argument("--layers", type=_positive_int, default=1, help="number of decoder layers (default 1)")
+    ge.add_argument("--layers", type=_layers_arg, default=1,
+                    help=f"number of decoder layers (default 1, at most {MAX_LAYERS:,})")
     ge.add_argument("--mesh", default="dp=2,sp=2,tp=2", help="mesh axes and sizes (default dp=2,sp=2,tp=2)")
     ge.add_argument("--batch", type=_positive_int, default=2, help="batch size B (default 2)")
     ge.add_argument("--seq", type=_positive_int, default=8, help="sequence length S (default 8)")
@@ -203,8 +204,8 @@ def _add_viz_parser(subparsers) -> argparse.ArgumentParser:
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    except ValueError:  # also more than 4,300 digits
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value
@@ -214,6 +215,17 @@ def _positive_int(text: str) -> int:
     value = _non_negative_int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+#: the most layers ``gen`` writes (about 230,000 nodes, 30 s; the spec stays under the loader's 64 MiB as JSON)
+MAX_LAYERS = 10_000
+
+
+def _layers_arg(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"{value} layers is over the limit {MAX_LAYERS:,}")
     return value
 
 
@@ -546,6 +558,28 @@ class _Printable:
         return getattr(self._stream, name)
 
 
+#: the longest error line printed: a message that quotes a long value is cut in its middle
+MAX_ERROR_LINE = 1000
+
+
+def _error_text(err: LayoutPropError) -> str:
+    """``layout-prop: error: CODE at WHERE: MESSAGE (hint: HINT)`` on one line of at most
+    :data:`MAX_ERROR_LINE` characters (a rule's message may quote a whole long value)."""
+    text = printable(f"layout-prop: error: {err}")
+    if len(text) <= MAX_ERROR_LINE:
+        return text
+    where = err.where()
+    head = printable(f"layout-prop: error: {err.code} at {where}: " if where else f"layout-prop: error: {err.code}: ")
+    hint = printable(f" (hint: {err.hint})") if err.hint else ""
+    head, hint = head[:300], hint[:300]
+    room = max(MAX_ERROR_LINE - len(head) - len(hint), 40)
+    message = printable(err.message)
+    if len(message) > room:
+        keep = (room - 5) // 2
+        message = message[:keep] + " ... " + message[-keep:]
+    return head + message + hint
+
+
 def _error_line(code: str, message: str, hint: str) -> None:
     print(printable(f"layout-prop: error: {code}: {message} (hint: {hint})"), file=sys.stderr)
 
@@ -582,7 +616,7 @@ def _run(args) -> int:
     try:
         return COMMANDS[args.command](args)
     except LayoutPropError as err:
-        print(printable(f"layout-prop: error: {err}"), file=sys.stderr)
+        print(_error_text(err), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("layout-prop: interrupted", file=sys.stderr)

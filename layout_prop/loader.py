@@ -53,6 +53,8 @@ ALIAS_FACTOR, ALIAS_SLACK = 10, 100_000
 #: the most elements a tensor may have, and the largest size of one of its dims: numpy's
 #: index type (int64) must hold every element's byte offset
 MAX_ELEMENTS = 2 ** 62
+#: the longest name (of a value, a node, a mesh axis) and the longest attr list or string
+MAX_NAME, MAX_ATTR_ITEMS = 256, 4096
 
 TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
 MESH_KEYS = {"shape", "names", "links"}
@@ -286,6 +288,9 @@ def _mesh(data: Any) -> DeviceMesh:
         if _UNPRINTABLE.search(name):
             raise _err("bad-name", f"mesh axis name {cut(name)} has a control character", f"mesh.names[{i}]",
                        "name axes with printable characters, like dp, tp, sp")
+        if len(name) > MAX_NAME:
+            raise _err("bad-name", f"mesh axis name {cut(name, 60)} is {len(name)} characters long, over the limit "
+                       f"{MAX_NAME}", f"mesh.names[{i}]", "use short axis names like dp, tp, sp")
     try:
         return DeviceMesh(shape, names)
     except LayoutPropError as err:
@@ -381,6 +386,9 @@ def _check_name(name: Any, path: str) -> str:
     if _UNPRINTABLE.search(name):
         raise _err("bad-name", f"name {cut(name)} has a control character", path,
                    "name values with printable characters, like x, q_rot, l0_h")
+    if len(name) > MAX_NAME:
+        raise _err("bad-name", f"name {cut(name, 60)} is {len(name)} characters long, over the limit {MAX_NAME}",
+                   path, "use shorter names")
     bad = [c for c in RESERVED_CHARS if c in name]
     if bad or name.startswith(RESERVED_PREFIXES):
         raise _err("bad-name", f"name {cut(name)} uses {bad[0]!r}" if bad else
@@ -445,7 +453,13 @@ def _check_attr_values(attrs: dict, path: str) -> None:
                                where, "write attribute names as strings")
                 stack.append((item, f"{where}.{printable(key[:100])}"))
         elif isinstance(value, list):
+            if len(value) > MAX_ATTR_ITEMS:
+                raise _err("bad-attr", f"attribute value {cut(value)} has {len(value)} items, over the limit "
+                           f"{MAX_ATTR_ITEMS}", where, "attributes are a few numbers or names")
             stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+        elif isinstance(value, str) and len(value) > MAX_ATTR_ITEMS:
+            raise _err("bad-attr", f"attribute value {cut(value)} is {len(value)} characters long, over the limit "
+                       f"{MAX_ATTR_ITEMS}", where, "attributes are a few numbers or names")
         elif value is not None and not isinstance(value, (bool, int, float, str)):
             raise _err("bad-attr", f"attribute value {cut(value)} is of type {type(value).__name__}", where,
                        "write numbers, strings, booleans, lists and mappings (no !!set, dates or binary)")

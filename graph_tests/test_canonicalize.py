@@ -254,3 +254,36 @@ def test_the_com_microsoft_rotary_embedding_maps_like_the_standard_one():
     values = [{k: v.const for k, v in read_onnx(m, load_plan(PLAN)).values.items() if v.const is not None
                and k.endswith("_cache") and v.const.shape == (B, S, D // 2)} for m in (microsoft, standard)]
     assert len(values[0]) == 2 and all(np.array_equal(a, b) for a, b in zip(values[0].values(), values[1].values()))
+
+
+def test_attention_as_torch_exports_sdpa_fuses():
+    """F.scaled_dot_product_attention(is_causal=True) through torch.onnx.export (opset 17): q and k^T
+    each scaled by sqrt(scale), a causal mask from Where on a constant."""
+    root = np.array(D ** -0.25, np.float32)
+    causal = np.tril(np.ones((S, S), bool))
+    nodes = [helper.make_node("Mul", ["q", "root"], ["qs"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("Mul", ["kt", "root"], ["kts"]),
+             helper.make_node("MatMul", ["qs", "kts"], ["s"]),
+             helper.make_node("Where", ["keep", "zero", "ninf"], ["mask"]),
+             helper.make_node("Add", ["s", "mask"], ["z"]),
+             helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inits = [("root", root), ("keep", causal), ("zero", np.array(0, np.float32)),
+             ("ninf", np.array(-np.inf, np.float32))]
+    m = model(nodes, {"q": [B, N, S, D], "k": [B, N, S, D], "v": [B, N, S, D]}, [B, N, S, D], inits)
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"q": ["S(0)"], "k": ["S(0)"], "v": ["S(0)"]}}
+    (attn,) = [n for n in from_onnx(m, plan).nodes if not n.is_input]
+    assert attn.op == "scaled_dot_product_attention" and attn.attrs["causal"] is True
+    assert attn.attrs["scale"] == pytest.approx(1 / np.sqrt(D))
+    assert_same_numbers(m, plan)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_the_opset_23_attention_op(causal):
+    nodes = [helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=causal, scale=0.25)]
+    m = model(nodes, {"q": [B, N, S, D], "k": [B, N, S, D], "v": [B, N, S, D]}, [B, N, S, D], opset=23)
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"q": ["S(0)"], "k": ["S(0)"], "v": ["S(0)"]}}
+    (attn,) = [n for n in from_onnx(m, plan).nodes if not n.is_input]
+    assert (attn.op, attn.attrs["causal"], attn.attrs["scale"]) == ("scaled_dot_product_attention", bool(causal), 0.25)
+    assert_same_numbers(m, plan)

@@ -27,7 +27,8 @@ by the chain only; dead nodes are pruned at the end.  The rewrites, in order:
 ``silu_mul``
     ``silu(a) * b`` -> ``silu_mul(a, b)``.
 ``attention``
-    ``softmax(q @ k^T * c + mask) @ v`` on 4-D BNSD tensors, with ``mask`` absent or a
+    ``softmax(q @ k^T * c + mask) @ v`` on 4-D BNSD tensors (or with ``q`` and ``k^T`` each
+    scaled by a constant, as torch exports ``scaled_dot_product_attention``), with ``mask`` absent or a
     constant that is exactly top-left causal (0 where key <= query, at most -1e4
     elsewhere; or the same as a ``where`` with such a fill) ->
     ``scaled_dot_product_attention(q, k, v, layout="BNSD", causal, scale=c)``.
@@ -402,6 +403,21 @@ def _attention_mask(g: ModelGraph, v: _View, z: str) -> tuple[str, bool] | None:
     return z, False
 
 
+def _scaled(g: ModelGraph, v: _View, value: str) -> tuple[str, float]:
+    """``(x, c)`` when ``value`` is ``x * c`` (or ``scale(x, c)``, ``x / c``) used once, else ``(value, 1)``."""
+    node = v.node(value, ("mul", "div", "scale"))
+    if node is None or not v.only_use(value):
+        return value, 1.0
+    if node.op == "scale":
+        return node.inputs[0], float(node.attrs["factor"])
+    x, c = node.inputs
+    if node.op == "mul" and v.scalar(x) is not None:
+        x, c = c, x
+    if v.scalar(c) is None or g.const(x) is not None or (node.op == "div" and v.scalar(c) == 0):
+        return value, 1.0
+    return x, (v.scalar(c) if node.op == "mul" else 1.0 / v.scalar(c))
+
+
 def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
     if node.op != "matmul_nd" or node.attrs.get("transpose_a") or node.attrs.get("transpose_b"):
         return False
@@ -428,13 +444,17 @@ def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
     if mm is None or not v.only_use(scores) or mm.attrs.get("transpose_a"):
         return False
     q, kt = mm.inputs
+    q, q_factor = _scaled(g, v, q)  # torch's SDPA export scales q and k^T by sqrt(scale) each
+    kt, k_factor = _scaled(g, v, kt)
     if mm.attrs.get("transpose_b"):
         k = kt
     else:
         tr = v.node(kt, "transpose")
         if tr is None or tr.attrs.get("dims") != [0, 1, 3, 2]:
             return False
-        k = tr.inputs[0]
+        k, factor = _scaled(g, v, tr.inputs[0]) if v.only_use(kt) else (tr.inputs[0], 1.0)
+        k_factor *= factor
+    scale *= q_factor * k_factor
     qs, ks, vs = g.shape(q), g.shape(k), g.shape(val)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or qs[:2] != ks[:2] or ks[:3] != vs[:3] or qs[3] != ks[3]:
         return False

@@ -481,6 +481,21 @@ class _Reader:
             return self.add("identity", [mid], outs, {}, "Gather", name)
         self.add("gather", ins, outs, {"axis": int(a.get("axis", 0))}, "Gather", name)
 
+    def op_Attention(self, name, ins, outs, a, consts):
+        """Opset 23's ``Attention`` on 4-D (B, N, S, D) inputs without a mask, a cache, a softcap or
+        grouped heads, and with its other outputs unused: ``scaled_dot_product_attention``."""
+        q, k, v = ins[:3]
+        shapes = [self.g.shape(t) for t in (q, k, v)]
+        plain = (all(len(s) == 4 for s in shapes) and shapes[0][1] == shapes[1][1] == shapes[2][1]
+                 and not any(ins[3:]) and not any(outs[1:]) and not a.get("softcap", 0.0)
+                 and not a.get("qk_matmul_output_mode", 0))
+        if not plain or (a.get("is_causal", 0) and shapes[0][2] != shapes[1][2]):
+            return self.add("unmapped:Attention", [t for t in ins if t], [o for o in outs if o], {}, "Attention", name)
+        scale = a.get("scale")
+        self.add("scaled_dot_product_attention", [q, k, v], outs[:1],
+                 {"layout": "BNSD", "causal": bool(a.get("is_causal", 0)),
+                  "scale": float(str(np.float32(scale))) if scale is not None else None}, "Attention", name)
+
     def op_RotaryEmbedding(self, name, ins, outs, a, consts):
         """The standard op (opset 23, and ``com.microsoft``'s when its position ids fold)."""
         microsoft = len(ins) >= 4 and self.g.values.get(ins[1]) is not None and \

@@ -43,3 +43,10 @@ class FlashAttention(nn.Cell):
     def construct(self, q, k, v):
         return ops.flash_attention_score(q, k, v, 4, attn_mask=self.mask, scalar_value=0.35, input_layout="BNSD",
                                          sparse_mode=2)
+
+
+class TwoOutputs(nn.Cell):
+    """A cell that returns a tuple."""
+
+    def construct(self, x):
+        return ops.exp(x), ops.neg(x)

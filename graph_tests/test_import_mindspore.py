@@ -192,3 +192,15 @@ def test_flash_attention_score_is_causal_attention():
         ("k", ["all-gather"]), ("v", ["all-gather"])]  # each rank's query rows need every key and value
     rep = run_graph(graph, backward=True)
     assert rep.ok, rep.mismatches
+
+
+def test_a_cell_returning_a_tuple_has_both_outputs():
+    from .mindspore_cells import TwoOutputs
+
+    import mindspore as ms
+    import numpy as np
+
+    set_graph_mode()
+    graph = from_cell(TwoOutputs(), ms.Tensor(np.ones((4, 2), np.float32)),
+                      plan={"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}})
+    assert [graph.producer(v)[0].op for v in graph.outputs] == ["exp", "neg"]

@@ -42,7 +42,6 @@ _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int6
 _SUPPORTED = ("float16", "float32", "float64", "int32", "int64", "bool")
 _GRAPH_PREFIX = re.compile(r"^\d+(_\d+)*_.*construct")  # 12_11_1___main___Net_construct_3
 _FA_LAYOUTS = {0: "BSH", 1: "BNSD", 2: "SBH", 3: "BSND", 4: "TND"}  # FlashAttentionScore's input_layout enum
-_STRUCTURAL = {"Load", "UpdateState", "Depend", "MakeTuple", "TupleGetItem", "Return"}
 
 
 def _schema():
@@ -198,7 +197,11 @@ class _Reader:
         self.taken.update(self.g.values)  # node names never shadow an input or a parameter
         for node in graph.node:
             self.node(node)
-        self.g.outputs = [self.value_of(o.name) for o in graph.output]
+        outputs = []
+        for o in graph.output:  # a cell returning a tuple returns a MakeTuple: its elements
+            raw = self.resolve(o.name)
+            outputs += self.tuples.get(o.name, self.tuples.get(raw, [raw]))
+        self.g.outputs = [self.value_of(v) for v in outputs]
         return self.g
 
     def dtype(self, code: int, what: str) -> str:

@@ -465,3 +465,27 @@ def test_gen_refuses_a_layer_count_it_cannot_write(layers, capsys):
     assert time.perf_counter() - start < 5
     out, err = capsys.readouterr()
     assert out == "" and "bad-usage" in one_error_line(err) and len(err) < 400
+
+
+def test_a_huge_bad_argument_is_cut_in_the_usage_error(capsys):
+    assert main(["lower", "spec.yaml", "--rank", "9" * 5000]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "bad-usage" in line and len(line) < 1000 and " ... " in line
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_stderr_gone_as_well(tmp_path):
+    # stdout full and stderr a pipe without a reader: the one line cannot be told, the exit
+    # code still says what happened (2), and nothing hangs or loops on the failing stream
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([*console_command(), "check", str(EXAMPLES / "llama_block.yaml")], stdout=full,
+                                  stderr=write_end, timeout=120, env=cli_env())
+        assert proc.returncode == 2
+        proc = subprocess.run([*console_command(), "check", str(EXAMPLES / "llama_block.yaml")], stdout=write_end,
+                              stderr=write_end, timeout=120, env=cli_env())
+        assert proc.returncode == EXIT_BROKEN_PIPE
+    finally:
+        os.close(write_end)

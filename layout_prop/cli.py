@@ -29,6 +29,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = _choice_suggestion(message) or f"see {self.prog} --help"
+        if len(message) > MAX_ERROR_LINE // 2:  # argparse quotes the whole bad argument
+            message = message[:MAX_ERROR_LINE // 4] + " ... " + message[-MAX_ERROR_LINE // 4:]
         print(printable(f"layout-prop: error: bad-usage: {message} (hint: {hint})"), file=sys.stderr)
         raise SystemExit(2)
 
@@ -605,8 +607,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _error_line("write-failed", f"cannot write the output: {exc.strerror or exc}",
                         "check the disk or the file stdout goes to")
-        except OSError:
-            pass
+        except (OSError, _OutputFailed):  # stderr is gone too: nothing left to tell
+            _silence(stderr)
         return 2
     finally:
         sys.stdout, sys.stderr = stdout, stderr

@@ -202,14 +202,19 @@ class MemoryEstimate:
     biggest: tuple[tuple[str, tuple[int, ...], str, int], ...]
 
 
+#: what one numpy array costs beyond its data (the object and its header), per rank and value
+ARRAY_OVERHEAD = 128
+
+
 def _ranks_bytes(spec) -> int:
     """Bytes of a value summed over every rank's piece: shards partition a dim (uneven ones
-    too), Replicate and Partial axes hold a whole copy each, so no rank is visited."""
+    too), Replicate and Partial axes hold a whole copy each, so no rank is visited; plus one
+    array object per rank (what counts on a mesh of many ranks and small tensors)."""
     copies = 1
     for size, placement in zip(spec.mesh.shape, spec.layout.placements):
         if not placement.is_shard():
             copies *= size
-    return spec.nbytes * copies
+    return spec.nbytes * copies + ARRAY_OVERHEAD * spec.mesh.size
 
 
 def _live_peak(steps, sizes: dict[str, int], keep: set[str], held: int = 0) -> int:

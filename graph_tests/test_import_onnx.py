@@ -395,3 +395,20 @@ def test_damaged_model_files_are_refused_on_one_line(tmp_path, capsys, example):
         assert "internal-error" not in err and "Traceback" not in err, (k, err)
         codes[err.split(": ")[2].split(" ")[0] if rc == 2 else "violations"] += 1
     assert codes["bad-model"] >= 20  # most damage breaks the file itself
+
+
+def test_unreadable_plans_are_one_line(tmp_path, capsys):
+    model = write(tmp_path, "m.onnx", llama_onnx())
+    one_line_error(capsys, ["check", str(model), "--plan", str(tmp_path / "none.yaml")], "plan-not-found")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mesh: {shape: [2, 2, 2]\n")
+    one_line_error(capsys, ["check", str(model), "--plan", str(bad)], "spec-syntax")
+    for plan, code in (({"mesh": {"shape": [2]}, "layers": 3}, "unknown-key"), ({"inputs": {}}, "missing-key"),
+                       ({"mesh": {"shape": [2]}, "parameters": ["*"]}, "bad-type"),
+                       ({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [2, 8, 32], "layout": "R"}}},
+                        "unknown-key")):
+        one_line_error(capsys, ["check", str(model), "--plan", str(plan_file(tmp_path, plan))], code)
+    # the shorthands: R for an input and for a parameter
+    plan = {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": "R"}, "parameters": {"*": "R"}}
+    graph = from_onnx(llama_onnx(), plan)
+    assert {n.attrs["placements"] for n in graph.inputs()} == {("R",)}

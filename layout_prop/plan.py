@@ -175,6 +175,8 @@ def _check_placements(mesh: DeviceMesh, raw: Any, path: str) -> tuple[str, ...]:
 
 def _input_entry(mesh: DeviceMesh, name: Any, entry: Any) -> dict:
     path = f"inputs.{name}"
+    if entry in ("R", "Replicate"):
+        entry = ["R"] * mesh.ndim
     if entry == "auto" or isinstance(entry, list):
         entry = {"placements": entry}
     if not isinstance(entry, dict):

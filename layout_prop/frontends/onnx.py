@@ -55,8 +55,8 @@ def _load(path_or_model: Any) -> tuple[Any, str]:
     try:
         model = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf's DecodeError and friends: truncated or not ONNX
-        raise _bad(f"{source!r} is not an ONNX model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'cannot parse'})",
-                   source) from None
+        why = str(exc).splitlines()[0] if str(exc).strip() else "cannot parse"
+        raise _bad(f"{source!r} is not an ONNX model ({type(exc).__name__}: {why})", source) from None
     if not model.ir_version or not model.graph.node:
         raise _bad(f"{source!r} is not an ONNX model (no IR version or no nodes: a truncated file or another format)",
                    source)

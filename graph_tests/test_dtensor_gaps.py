@@ -178,12 +178,16 @@ def test_rms_norm_over_a_partial_average_is_reduced_first():
                                 ["partial-input"])
 
 
-def test_matmul_on_a_strided_shard_gathers_it():
-    # DTensor raises "Cannot unflatten" for a matmul of a _StridedShard operand
-    spec = one_node((4,), {"x": ((32, 16), ["_S(0,2)"]), "w": ((16, 8), ["R"])}, "matmul")
-    assert_fixed_by_reshard(spec, ["sharding-mismatch"])
-    v = analyze(load_spec(spec)).check.violations[0]
-    assert "strided shard" in v.message and "all-gather x on 'tp'" in v.hint
+def test_matmul_on_a_strided_shard_cuts_the_other_operand_alike():
+    # DTensor raises "Cannot unflatten" for a matmul of a _StridedShard operand: here rows stay strided,
+    # a strided contracted letter cuts the weight alike and leaves a partial sum, both without communication
+    rows = one_node((4,), {"x": ((32, 16), ["_S(0,2)"]), "w": ((16, 8), ["R"])}, "matmul")
+    assert_free_and_exact(rows, ["_S(0,2)"])
+    inner = one_node((4,), {"x": ((8, 32), ["_S(1,2)"]), "w": ((32, 6), ["R"])}, "matmul")
+    assert_free_and_exact(inner, ["P(sum)"])
+    # a strided letter that the other operand shards plainly: one of them is moved
+    clash = one_node((4,), {"x": ((8, 32), ["_S(1,2)"]), "w": ((32, 6), ["S(0)"])}, "matmul")
+    assert_fixed_by_reshard(clash, ["sharding-mismatch"])
 
 
 def test_reshape_of_doubly_sharded_uneven_dims_is_a_violation_or_exact():

@@ -179,8 +179,7 @@ def apply_rule(rule: OpRule, inputs: tuple[TensorSpec, ...], attrs: dict) -> Rul
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> mesh = DeviceMesh((2,), ("tp",))
     >>> x = TensorSpec((8, 3), "float32", Layout(mesh, ["_S(0,2)"], 2))
-    >>> w = TensorSpec((3, 5), "float32", Layout(mesh, ["R"], 2))
-    >>> res = apply_rule(get_rule("matmul"), (x, w), get_rule("matmul").normalize_attrs({}))
+    >>> res = apply_rule(get_rule("sum"), (x,), get_rule("sum").normalize_attrs({"dims": [1]}))
     >>> str(res.outputs[0].layout), [v.code for v in res.violations], str(res.wants[0])
     ('(R)', ['sharding-mismatch'], '(R)')
     """

@@ -26,6 +26,8 @@ The einsum sharding rule, per mesh axis:
 
 - a letter sharded on a mesh axis in one operand must be sharded on that axis in every
   operand that holds the letter at full size (a broadcast size-1 dim stays Replicate);
+  a strided shard ``_S(d,k)`` of a letter (a reshape merged it) likewise cuts every
+  operand holding the letter, and the output, as ``_S`` with the same k;
   a Replicate operand is sliced for free.  When operands disagree the rule keeps the
   choice that moves the fewest bytes (so the larger operand stays in place; ties keep
   the earlier operand) and reports ``sharding-mismatch`` for the others;
@@ -104,7 +106,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from layout_prop.errors import OpError, Violation
+from layout_prop.errors import LayoutPropError, OpError, Violation
 from layout_prop.layout import Layout
 from layout_prop.placement import Partial, Placement, Replicate, Shard, StridedShard
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
@@ -302,7 +304,8 @@ class AxisPlan:
 
     ``letter`` is the letter sharded on the axis (or None), ``kept`` the index of the
     operand that stays Partial (or None); ``output`` the output's placement there and
-    ``targets`` each operand's wanted placement.
+    ``targets`` each operand's wanted placement; ``split_factor`` > 1 when the letter
+    is cut as a strided shard ``_S(d,k)`` (in every operand that holds it, and the output).
     """
 
     axis: int
@@ -310,6 +313,7 @@ class AxisPlan:
     kept: int | None
     output: Placement
     targets: tuple[Placement, ...]
+    split_factor: int = 1
 
 
 @dataclass(frozen=True)
@@ -329,10 +333,15 @@ def _move_cost(spec: TensorSpec, have: Placement, want: Placement) -> int:
     return factor * spec.nbytes
 
 
+def _cut(dim: int, split_factor: int) -> Placement:
+    """``S(dim)``, or the strided shard ``_S(dim,k)`` when ``split_factor`` k > 1."""
+    return Shard(dim) if split_factor == 1 else StridedShard(dim, split_factor)
+
+
 def _plan_candidate(axis: int, operands: Sequence[EinsumOperand], sizes: dict[str, int], output: str,
-                    letter: str | None, kept: int | None) -> AxisPlan:
+                    letter: str | None, kept: int | None, split_factor: int = 1) -> AxisPlan:
     if letter is not None:
-        out_p: Placement = Shard(output.index(letter)) if letter in output else Partial("sum")
+        out_p: Placement = _cut(output.index(letter), split_factor) if letter in output else Partial("sum")
     elif kept is not None:
         out_p = operands[kept].spec.layout.placements[axis]
     else:
@@ -345,30 +354,32 @@ def _plan_candidate(axis: int, operands: Sequence[EinsumOperand], sizes: dict[st
         elif op.additive and isinstance(have, Partial) and have == out_p:
             targets.append(have)  # a partial addend of a same-partial product: each rank adds its term
         elif letter is not None and not (op.additive and isinstance(out_p, Partial)) and op.holds(letter, sizes):
-            targets.append(Shard(op.dim_of(letter)))
+            targets.append(_cut(op.dim_of(letter), split_factor))
         else:
             targets.append(Replicate())
-    return AxisPlan(axis, letter, kept, out_p, tuple(targets))
+    return AxisPlan(axis, letter, kept, out_p, tuple(targets), split_factor)
 
 
-def _choose_axis(axis: int, operands: Sequence[EinsumOperand], sizes: dict[str, int], output: str) -> AxisPlan:
+def _choose_axis(axis: int, operands: Sequence[EinsumOperand], sizes: dict[str, int], output: str,
+                 strided: bool = True) -> AxisPlan:
     """The cheapest consistent plan for one mesh axis (ties: letters in operand order, then
-    a kept partial, then nothing sharded)."""
-    candidates: list[tuple[str | None, int | None]] = []
+    a kept partial, then nothing sharded).  A strided shard of a letter is a candidate too
+    (``strided``): every operand holding the letter, and the output, cut alike."""
+    candidates: list[tuple[str | None, int | None, int]] = []
     for op in operands:
         p = op.spec.layout.placements[axis]
-        if isinstance(p, Shard):
-            letter = op.letters[p.dim]
-            if (letter, None) not in candidates:
-                candidates.append((letter, None))
+        if isinstance(p, Shard) or (strided and isinstance(p, StridedShard)):
+            candidate = (op.letters[p.dim], None, p.split_factor if isinstance(p, StridedShard) else 1)
+            if candidate not in candidates:
+                candidates.append(candidate)
     for i, op in enumerate(operands):
         p = op.spec.layout.placements[axis]
         if not op.additive and isinstance(p, Partial) and p.reduce_op in LINEAR_PARTIALS:
-            candidates.append((None, i))
-    candidates.append((None, None))
+            candidates.append((None, i, 1))
+    candidates.append((None, None, 1))
     best, best_cost = None, None
-    for letter, kept in candidates:
-        plan = _plan_candidate(axis, operands, sizes, output, letter, kept)
+    for letter, kept, split_factor in candidates:
+        plan = _plan_candidate(axis, operands, sizes, output, letter, kept, split_factor)
         cost = sum(_move_cost(op.spec, op.spec.layout.placements[axis], t) for op, t in zip(operands, plan.targets))
         if best_cost is None or cost < best_cost:
             best, best_cost = plan, cost
@@ -489,6 +500,10 @@ def einsum_layout(operands: Sequence[EinsumOperand], output: str, sizes: dict[st
     """
     mesh = operands[0].spec.mesh
     plans = tuple(_choose_axis(a, operands, sizes, output) for a in range(mesh.ndim))
+    if any(p.split_factor > 1 for p in plans) and not _strided_plans_fit(plans, operands, output, sizes):
+        # a strided cut of a letter inside another axis's cut of it that leaves pieces the
+        # blocks do not divide: no layout holds it; strided operands are gathered instead
+        plans = tuple(_choose_axis(a, operands, sizes, output, strided=False) for a in range(mesh.ndim))
     out_layout = Layout(mesh, [p.output for p in plans], len(output))
     wants: list[Layout | None] = []
     violations: list[Violation] = []
@@ -500,6 +515,18 @@ def einsum_layout(operands: Sequence[EinsumOperand], output: str, sizes: dict[st
                     and not isinstance(op.spec.layout.placements[p.axis], Replicate)]
         violations += _move_violations(op.spec, want, op.name, problems)
     return EinsumLayout(out_layout, tuple(wants), tuple(violations), plans)
+
+
+def _strided_plans_fit(plans, operands: Sequence[EinsumOperand], output: str, sizes: dict[str, int]) -> bool:
+    """Whether the output and every wanted operand layout are layouts of their shapes."""
+    mesh = operands[0].spec.mesh
+    try:
+        TensorSpec(tuple(sizes[c] for c in output), "float32", Layout(mesh, [p.output for p in plans], len(output)))
+        for i, op in enumerate(operands):
+            op.spec.with_layout(Layout(mesh, [p.targets[i] for p in plans], op.spec.ndim))
+    except LayoutPropError:
+        return False
+    return True
 
 
 def einsum_vjp(g, inputs: Sequence[str], eq: Equation, cotangent: str | None,
@@ -538,6 +565,7 @@ class EinsumFamilyRule(OpRule):
     """
 
     violation_codes = EINSUM_CODES
+    strided = True  # a strided shard of a letter: every operand holding it cut alike (_choose_axis)
 
     @abstractmethod
     def equation(self, inputs: Sequence[TensorSpec], attrs: dict) -> tuple[Equation | None, tuple[str, ...],

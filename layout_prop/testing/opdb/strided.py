@@ -5,9 +5,9 @@ The samples try ``_S(d,2)`` as an operand placement too (``OpSample(strided=True
 a strided shard meets every other placement: reshape makes and undoes it (uneven inner
 dims: 10 on 4 ranks is 3, 3, 3, 1; doubly sharded dims), transpose moves it, the
 elementwise ops and sum_to take it like a shard (a Replicate operand is sliced alike for
-free), the norms and softmax keep it off their normalised dims, and the ops that do not
-know it (matmul, where DTensor raises "Cannot unflatten"; sum) get it gathered first, a
-documented ``sharding-mismatch``.
+free), the norms and softmax keep it off their normalised dims, matmul (where DTensor
+raises "Cannot unflatten") cuts the other operand alike, and the ops that do not know
+it (sum) get it gathered first, a documented ``sharding-mismatch``.
 """
 
 from . import OpRecord, OpSample

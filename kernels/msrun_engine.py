@@ -27,13 +27,24 @@
 5. reads every rank's wanted outputs and timings back, and removes the run folder unless
    ``keep`` (failed runs are always kept, and their folder named in the error).
 
+Several machines (``nodes``, ``node_rank``, ``master_addr``, ``master_port``,
+``local_workers``): every node runs the same command; its launcher starts its own
+``msrun --worker_num=N*W --local_worker_num=W --master_addr=HOST --node_rank=K`` in its own
+private folder, and since no filesystem is shared, the workers send every rank's results to
+every node over the collective backend (:func:`~layout_prop.kernels.msrun_worker.share_results`),
+where the node's first worker writes them; each node then compares on its own.
+``emulate_nodes=N`` starts the N nodes' msruns from this one launcher on this machine
+(master 127.0.0.1; the scheduler command of nodes other than 0 returns at once, as msrun
+starts no scheduler on a real non-master node) and watches them all.
+
 While it runs, SIGTERM and SIGHUP (and Ctrl-C) kill every process of the run before
 ``layout-prop`` ends with the same signal; a SIGKILL of ``layout-prop`` reaches msrun and
 its workers through the parent-death signal.
 
 Failures are typed :class:`~layout_prop.errors.ExecutionError`\\ s, one line each:
 ``engine-unavailable`` (no msrun), ``backend-unavailable`` (cann without Ascend),
-``bad-timeout``, ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout`` (the
+``bad-timeout``, ``bad-nodes``, ``bad-node-rank``, ``bad-port``, ``port-in-use``,
+``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout`` (the
 processes are killed; names the ranks that did not finish), ``worker-failed`` (the
 failing rank, its op and error or its signal, the run folder).  The engine never waits
 longer than the timeout (plus a few seconds to kill).
@@ -55,6 +66,7 @@ layout_prop.errors.ExecutionError: bad-timeout: the timeout must be a number of 
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -82,7 +94,7 @@ from layout_prop.errors import ExecutionError, LayoutPropError
 from . import msrun_worker as worker
 from .collectives import scatter_global
 
-__all__ = ["MsrunEngine", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "check_timeout",
+__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "check_timeout",
            "check_runs_root", "check_cann_program", "check_kernels"]
 
 RUN_PREFIX = "layout-prop-run-"
@@ -164,6 +176,54 @@ def check_runs_root(root: Path, user_given: bool = True) -> None:
                              hint="use a private folder of yours (chmod 700), or the default temp folder")
 
 
+MSRUN_DEFAULT_PORT = 8118
+"""msrun's own default ``--master_port``, used on real clusters when none is given."""
+
+
+def node_map(mesh, nodes: int, local_workers: int) -> list[dict[str, Any]]:
+    """Which ranks, and which mesh coordinates, each node holds (msrun's numbering).
+
+    msrun gives node ``k`` the ranks ``k*W .. k*W + W - 1`` (W workers a node); ranks are
+    row-major mesh coordinates, so the innermost mesh axes vary inside a node and their
+    collectives stay on the node's own links.
+
+    >>> from layout_prop.mesh import DeviceMesh
+    >>> for entry in node_map(DeviceMesh((2, 2, 2), ("dp", "sp", "tp")), 2, 4):
+    ...     print(entry)
+    {'node': 0, 'ranks': [0, 1, 2, 3], 'coords': {'dp': [0], 'sp': [0, 1], 'tp': [0, 1]}}
+    {'node': 1, 'ranks': [4, 5, 6, 7], 'coords': {'dp': [1], 'sp': [0, 1], 'tp': [0, 1]}}
+    """
+    entries = []
+    for node in range(nodes):
+        ranks = list(range(node * local_workers, (node + 1) * local_workers))
+        coords = [np.unravel_index(rank, mesh.shape) for rank in ranks]
+        entries.append({"node": node, "ranks": ranks,
+                        "coords": {name: sorted({int(c[axis]) for c in coords}) for axis, name in enumerate(mesh.names)}})
+    return entries
+
+
+def format_node_map(entries: list[dict[str, Any]]) -> list[str]:
+    """One line per node, e.g. ``node 1: ranks 4-7 (dp=1, sp=0..1, tp=0..1)``."""
+    def span(values: list[int]) -> str:
+        return str(values[0]) if len(values) == 1 else f"{values[0]}..{values[-1]}"
+
+    return [f"node {e['node']}: ranks {e['ranks'][0]}-{e['ranks'][-1]} ("
+            + ", ".join(f"{name}={span(values)}" for name, values in e["coords"].items()) + ")" for e in entries]
+
+
+@dataclass
+class _NodeRun:
+    """One node's msrun: its private folder, its command, its process and watch once started."""
+
+    node: int
+    ranks: list[int]
+    run: Path
+    command: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen | None = None
+    watch: "_RunWatch | None" = None
+
+
 class MsrunEngine:
     """Executes a lowered :class:`~layout_prop.passes.lower.Program` on MindSpore ``msrun``.
 
@@ -180,12 +240,27 @@ class MsrunEngine:
     keep : bool
         Keep the run folder (worker logs, inputs, results) after a successful run; a
         failed run's folder is always kept.
+    nodes, node_rank : int
+        Run as node ``node_rank`` of ``nodes`` machines (msrun's ``--node_rank``): the same
+        command on every node; the mesh's ranks are laid out as :func:`node_map` says.
+    master_addr : str, optional
+        The host of msrun's scheduler (``--master_addr``); needed with ``nodes > 1``.
+    master_port : int, optional
+        Its port (default: a free one on one machine, msrun's 8118 across machines).
+    local_workers : int, optional
+        Workers a node (default: the mesh size over ``nodes``; ``nodes * local_workers``
+        must be the mesh size).
+    emulate_nodes : int, optional
+        Start that many nodes on this machine, each through its own msrun (master
+        127.0.0.1, a free port), as that many machines would: for tests.
     """
 
     name = "mindspore"
 
     def __init__(self, backend: str = "mindspore", timeout: float = 300.0, run_dir: str | os.PathLike | None = None,
-                 keep: bool = False) -> None:
+                 keep: bool = False, nodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
+                 master_port: int | None = None, local_workers: int | None = None,
+                 emulate_nodes: int | None = None) -> None:
         if backend not in BACKENDS:
             raise ExecutionError("backend-unavailable", f"the mindspore engine has no kernel backend {backend!r}",
                                  hint="use --backend mindspore, cann or numpy")
@@ -193,13 +268,38 @@ class MsrunEngine:
         self.timeout = check_timeout(timeout)
         self.user_runs_root = Path(run_dir) if run_dir is not None else None
         self.keep = keep
+        if emulate_nodes is not None:
+            if nodes not in (1, emulate_nodes) or node_rank != 0 or master_addr is not None:
+                raise ExecutionError("bad-nodes", "--emulate-nodes runs every node here: it takes no --nodes, "
+                                     "--node-rank or --master-addr", hint="drop those, or drop --emulate-nodes")
+            nodes = emulate_nodes
+        if int(nodes) < 1:
+            raise ExecutionError("bad-nodes", f"the node count must be at least 1, got {nodes}", hint="--nodes 2")
+        if not 0 <= int(node_rank) < int(nodes):
+            raise ExecutionError("bad-node-rank", f"--node-rank {node_rank} is not a node of {nodes} "
+                                 f"(0 to {int(nodes) - 1})", hint="number the nodes 0, 1, ... nodes - 1")
+        if nodes > 1 and emulate_nodes is None and not master_addr:
+            raise ExecutionError("bad-nodes", f"{nodes} nodes need --master-addr (the host of msrun's scheduler)",
+                                 hint="give the same --master-addr HOST on every node")
+        if master_port is not None and not 1024 <= int(master_port) <= 65535:
+            raise ExecutionError("bad-port", f"--master-port {master_port} is not in 1024..65535",
+                                 hint="msrun's default is 8118")
+        if local_workers is not None and int(local_workers) < 1:
+            raise ExecutionError("bad-nodes", f"--local-workers must be at least 1, got {local_workers}",
+                                 hint="the workers a node starts, e.g. 8")
+        self.nodes = int(nodes)
+        self.node_rank = int(node_rank)
+        self.emulated = emulate_nodes is not None
+        self.master_addr = "127.0.0.1" if self.emulated or not master_addr else master_addr
+        self.master_port = master_port
+        self.local_workers = local_workers
         self.run_dir: Path | None = None
         self._extra: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ public API
     def execute(self, program, global_inputs: dict[str, np.ndarray], rng: np.random.Generator | None = None,
                 wanted: Sequence[str] | None = None) -> dict[str, list[np.ndarray]]:
-        """Run ``program`` on one msrun worker per rank.
+        """Run ``program`` on one msrun worker per rank (this node's workers, or every node's if emulated).
 
         Parameters
         ----------
@@ -215,14 +315,16 @@ class MsrunEngine:
         Returns
         -------
         dict of str to list of numpy.ndarray
-            ``{value: [local array of rank 0, rank 1, ...]}`` for every wanted value.
+            ``{value: [local array of rank 0, rank 1, ...]}`` for every wanted value (of
+            every rank, on every node: the workers share them over the collective backend).
 
         Raises
         ------
         ExecutionError
             ``backend-unavailable``, ``kernel-constraint`` / ``no-backward-kernel`` (cann),
-            ``no-kernel``, ``missing-input``, ``engine-unavailable``, ``unsafe-run-dir``,
-            ``run-folder-failed``, ``engine-timeout``, ``worker-failed``.
+            ``no-kernel``, ``missing-input``, ``engine-unavailable``, ``bad-nodes``,
+            ``port-in-use``, ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout``,
+            ``worker-failed``.
         """
         started = time.perf_counter()
         wanted = list(program.outputs) if wanted is None else list(wanted)
@@ -232,36 +334,55 @@ class MsrunEngine:
             check_cann_program(program)
             device_target = "Ascend"
         check_kernels(program, self.backend)
+        size = program.mesh.size
+        workers = self._workers_per_node(size)
         search_path = _search_path()
         msrun = shutil.which("msrun", path=os.pathsep.join(search_path))
         if msrun is None:
             raise ExecutionError("engine-unavailable", "msrun (MindSpore's launcher) is not on PATH nor next to "
                                  f"{sys.executable}", hint="pip install 'layout-prop[mindspore]'")
+        port = self._port()
         local_inputs = _scatter_inputs(program, global_inputs, rng)
         input_names = [op.name for op in program.ops if op.kind == "input"]
-        size = program.mesh.size
         key = secrets.token_bytes(32)
-        run = self._new_run_folder()
-        msrun_args = [msrun, f"--worker_num={size}", f"--local_worker_num={size}", f"--master_port={_free_port()}",
-                      "--join=True", "--tail_worker_log=-2", f"--log_dir={run / 'logs'}",
-                      f"--cluster_time_out={max(int(self.timeout), 1)}",
-                      "python", "-m", "layout_prop.kernels.msrun_worker", str(run)]
-        job = {"program": program, "wanted": wanted, "backend": self.backend, "device_target": device_target,
-               "input_names": input_names}
-        env = self._prepare_run(run, job, key, local_inputs, input_names, search_path, msrun_args)
-        command = [sys.executable, "-m", "layout_prop.kernels.msrun_guard", str(os.getpid())] + msrun_args
+        here = range(self.nodes) if self.emulated else [self.node_rank]
+        self._extra = {"backend": self.backend, "run_dir": None}
+        if self.nodes > 1:
+            self._extra.update({"nodes": node_map(program.mesh, self.nodes, workers), "node_rank": self.node_rank,
+                                "emulated_nodes": self.emulated})
+            self._extra["node_map"] = format_node_map(self._extra["nodes"])
+        runs: list[_NodeRun] = []
+        try:
+            for node in here:
+                runs.append(self._prepare_node(node, workers, size, port, msrun, search_path, key, program, wanted,
+                                               device_target, local_inputs, input_names))
+        except BaseException:
+            for made in runs:
+                shutil.rmtree(made.run, ignore_errors=True)
+            raise
+        report = runs[0]  # node 0 when emulated, else this node: every node's collector has every rank's results
+        self.run_dir = report.run
+        self._extra.update({"run_dir": str(report.run), "run_dirs": [str(r.run) for r in runs]})
         try:
             with _signals_end_the_run():
-                returncode = self._launch_and_wait(command, env, run, size)
+                self._launch_and_wait(runs)
         except _Terminated as stop:
-            _end_like_the_signal(stop.signum, run)
+            _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
             raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
-                                 f"of the run was killed; run folder {run}", hint="run it again") from None
-        results = self._collect(run, size, wanted, returncode)
+                                 f"of the run was killed; run folder {report.run}", hint="run it again") from None
+        results = self._collect(report, size, wanted)
+        for other in runs[1:]:  # emulated nodes: each node's collector received the same results
+            theirs = self._collect(other, size, wanted, record=False)
+            if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
+                raise ExecutionError("internal-error", f"node {other.node} received other results than node "
+                                     f"{report.node}; run folders {report.run}, {other.run}",
+                                     hint="please report this: the collective gather of the results is wrong")
         self._extra["launcher_seconds"] = time.perf_counter() - started
         if not self.keep:
-            shutil.rmtree(run, ignore_errors=True)
-            self._extra["run_dir"] = None
+            for made in runs:
+                shutil.rmtree(made.run, ignore_errors=True)
+            self._extra.update({"run_dir": None, "run_dirs": []})
+            self.run_dir = None
         return results
 
     def report_extra(self) -> dict[str, Any]:
@@ -270,11 +391,56 @@ class MsrunEngine:
         ``setup`` and ``total``), ``emulated_collectives`` (every collective built from
         all-reduce instead of a native primitive, with the groups it ran on and how),
         ``collective_impls`` (how each collective ran) and ``launcher_seconds`` (wall time
-        of :meth:`execute`)."""
+        of :meth:`execute`); on several nodes also ``nodes`` (:func:`node_map`),
+        ``node_map`` (its lines), ``node_rank``, ``emulated_nodes`` and ``run_dirs``."""
         return {"run_dir": str(self.run_dir) if self.run_dir else None, "backend": self.backend, "per_rank_seconds": [],
                 "emulated_collectives": [], "collective_impls": [], "launcher_seconds": None, **self._extra}
 
     # ------------------------------------------------------------------ steps
+    def _workers_per_node(self, size: int) -> int:
+        workers = self.local_workers if self.local_workers is not None else max(size // self.nodes, 1)
+        if self.nodes * workers != size:
+            raise ExecutionError("bad-nodes", f"{self.nodes} node(s) x {workers} worker(s) = {self.nodes * workers} "
+                                 f"ranks, but the mesh has {size}",
+                                 hint="choose --nodes and --local-workers whose product is the mesh size")
+        return workers
+
+    def _port(self) -> int:
+        """The scheduler's port; node 0, when on the scheduler's host, refuses one that is taken."""
+        if self.master_port is None:
+            return _free_port() if self.nodes == 1 or self.emulated else MSRUN_DEFAULT_PORT
+        if self.node_rank != 0:
+            return self.master_port  # node 0's scheduler may hold it already
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((self.master_addr, self.master_port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ExecutionError("port-in-use", f"port {self.master_port} of {self.master_addr} is already "
+                                         "in use", hint="choose another --master-port (the same on every node)") \
+                        from None
+                # not this host's address (the scheduler runs elsewhere), or not resolvable here: msrun decides
+        return self.master_port
+
+    def _prepare_node(self, node: int, workers: int, size: int, port: int, msrun: str, search_path: list[str],
+                      key: bytes, program, wanted: list[str], device_target: str,
+                      local_inputs: list[dict[str, np.ndarray]], input_names: list[str]) -> _NodeRun:
+        run = self._new_run_folder()
+        ranks = list(range(node * workers, (node + 1) * workers))
+        msrun_args = [msrun, f"--worker_num={size}", f"--local_worker_num={workers}", f"--master_port={port}"]
+        if self.nodes > 1:
+            msrun_args += [f"--master_addr={self.master_addr}", f"--node_rank={node}"]
+        msrun_args += ["--join=True", "--tail_worker_log=-2", f"--log_dir={run / 'logs'}",
+                       f"--cluster_time_out={max(int(self.timeout), 1)}",
+                       "python", "-m", "layout_prop.kernels.msrun_worker", str(run)]
+        job = {"program": program, "wanted": wanted, "backend": self.backend, "device_target": device_target,
+               "input_names": input_names, "nodes": self.nodes, "collector": ranks[0]}
+        env = self._prepare_run(run, job, key, {r: local_inputs[r] for r in ranks}, input_names, search_path,
+                                msrun_args)
+        env[worker.NODE_RANK_ENV] = str(node)
+        command = [sys.executable, "-m", "layout_prop.kernels.msrun_guard", str(os.getpid())] + msrun_args
+        return _NodeRun(node, ranks, run, command, env)
+
     def _runs_root(self) -> Path:
         if self.user_runs_root is None:
             root = Path(os.path.realpath(tempfile.gettempdir()))
@@ -299,11 +465,9 @@ class MsrunEngine:
             raise ExecutionError("run-folder-failed", f"cannot create a run folder in {str(root)!r}: {exc.strerror}",
                                  hint="set TMPDIR to a writable folder with free space") from None
         worker.check_private_folder(run)
-        self.run_dir = run
-        self._extra = {"run_dir": str(run), "backend": self.backend}
         return run
 
-    def _prepare_run(self, run: Path, job: dict, key: bytes, local_inputs: list[dict[str, np.ndarray]],
+    def _prepare_run(self, run: Path, job: dict, key: bytes, local_inputs: dict[int, dict[str, np.ndarray]],
                      input_names: list[str], search_path: list[str], msrun_args: list[str]) -> dict[str, str]:
         """Write the run folder; remove it and raise ``run-folder-failed`` if the disk refuses."""
         try:
@@ -312,60 +476,107 @@ class MsrunEngine:
             env = _worker_environment(run, search_path)
             env[worker.JOB_KEY_ENV] = key.hex()
             worker.write_job(run, job, key)
-            for rank, arrays in enumerate(local_inputs):
+            for rank, arrays in local_inputs.items():
                 worker.write_inputs(run, rank, [arrays[name] for name in input_names])
             (run / "command.txt").write_text(shlex.join(msrun_args) + "\n")
         except OSError as exc:
             shutil.rmtree(run, ignore_errors=True)
-            self.run_dir = None
             raise ExecutionError("run-folder-failed", f"cannot write the run folder {str(run)!r}: "
                                  f"{exc.strerror or exc} (removed it)",
                                  hint="free some space, or set TMPDIR to a writable folder with free space") from None
         except BaseException:
             shutil.rmtree(run, ignore_errors=True)
-            self.run_dir = None
             raise
         return env
 
-    def _launch_and_wait(self, command: list[str], env: dict[str, str], run: Path, size: int) -> int:
-        """Start msrun in its own session; wait for it to finish, a worker to fail, or the timeout."""
+    def _launch_and_wait(self, runs: list[_NodeRun]) -> None:
+        """Start every node's msrun in its own session; wait for all to finish, a failure, or the timeout."""
         launched = time.monotonic()
         deadline = launched + self.timeout
+        folders = ", ".join(str(r.run) for r in runs)
+        try:
+            for node_run in runs:
+                self._start(node_run, launched)
+            while True:
+                for node_run in runs:
+                    failure = self._failure(node_run, len(runs) > 1)
+                    if failure is not None:
+                        self._kill_all(runs)
+                        raise ExecutionError("worker-failed", f"{failure}; every other process of the run was "
+                                             f"killed; run folder {folders}",
+                                             hint="read the rank's worker log (and error file) in the run folder's "
+                                             "logs/")
+                if all(r.process.poll() is not None for r in runs):
+                    for node_run in runs:
+                        self._check_finished(node_run, len(runs) > 1)
+                    return
+                if time.monotonic() > deadline:
+                    self._kill_all(runs)
+                    raise ExecutionError("engine-timeout", f"msrun did not finish within the timeout of "
+                                         f"{self.timeout:g} s; {self._unfinished_text(runs)} (killed); "
+                                         f"run folder {folders}",
+                                         hint="raise --timeout, or read the worker logs in the run folder's logs/")
+                time.sleep(_POLL_SECONDS)
+        finally:
+            if any(r.process is not None and (r.process.poll() is None or r.watch.live_pids()) for r in runs):
+                self._kill_all(runs)  # an interrupt or an unexpected error: never leave processes
+
+    def _start(self, node_run: _NodeRun, launched: float) -> None:
+        run = node_run.run
         try:
             with open(run / "msrun.log", "wb") as log:
-                process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+                node_run.process = subprocess.Popen(node_run.command, env=node_run.env, stdout=log,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    start_new_session=True)
         except OSError as exc:
             raise ExecutionError("engine-unavailable", f"cannot start msrun: {exc.strerror or exc}; run folder {run}",
                                  hint="check the MindSpore installation") from None
-        watch = _RunWatch(process.pid, run, size, launched)
-        try:
-            while True:
-                returncode = process.poll()
-                if returncode is not None and returncode < 0:  # its workers die with it (parent-death signal)
-                    self._kill_run(process, run, watch)
-                    raise ExecutionError("worker-failed", f"msrun (pid {process.pid}) was killed by "
-                                         f"{_signal_name(-returncode)}; its scheduler and workers were killed "
-                                         f"with it; run folder {run}", hint="read msrun.log in the run folder")
-                failure = watch.failure()
-                if failure is not None:
-                    self._kill_run(process, run, watch)
-                    raise ExecutionError("worker-failed", f"{failure}; every other process of the run was killed; "
-                                         f"run folder {run}",
-                                         hint="read the rank's worker log (and error file) in the run folder's logs/")
-                if returncode is not None:
-                    return returncode
-                if time.monotonic() > deadline:
-                    self._kill_run(process, run, watch)
-                    missing = _unfinished_ranks(run, size)
-                    raise ExecutionError(
-                        "engine-timeout", f"msrun did not finish within the timeout of {self.timeout:g} s; ranks "
-                        f"{missing} did not finish (killed); run folder {run}",
-                        hint="raise --timeout, or read the worker logs in the run folder's logs/")
-                time.sleep(_POLL_SECONDS)
-        finally:
-            if process.poll() is None or watch.live_pids():  # an interrupt or an unexpected error: never leave processes
-                self._kill_run(process, run, watch)
+        node_run.watch = _RunWatch(node_run.process.pid, run, len(node_run.ranks), launched)
+
+    def _failure(self, node_run: _NodeRun, name_node: bool) -> str | None:
+        """What went wrong on this node, in words (``node K: ...`` when several run here), or None."""
+        where = f"node {node_run.node}: " if name_node else ""
+        returncode = node_run.process.poll()
+        if returncode is not None and returncode < 0:  # its workers die with it (parent-death signal)
+            return (f"{where}msrun (pid {node_run.process.pid}) was killed by {_signal_name(-returncode)}; its "
+                    "scheduler and workers were killed with it")
+        failure = node_run.watch.failure()
+        return f"{where}{failure}" if failure is not None else None
+
+    def _check_finished(self, node_run: _NodeRun, name_node: bool) -> None:
+        """msrun ended by itself: every rank's error record, or msrun's exit code, or nothing to say."""
+        run, returncode = node_run.run, node_run.process.returncode
+        where = f"node {node_run.node}: " if name_node else ""
+        errors = _read_errors(run)
+        if errors:
+            first = min(errors, key=lambda e: (e.get("time", 0.0), str(e.get("rank"))))
+            others = sorted({str(e.get("rank")) for e in errors} - {str(first.get("rank"))})
+            also = f" (ranks {', '.join(others)} failed too)" if others else ""
+            raise ExecutionError("worker-failed", f"{where}rank {first.get('rank')} failed at {first.get('op')}: "
+                                 f"{_one_line(first.get('message', ''))}{also}; run folder {run}",
+                                 hint="read the rank's error file and worker log in the run folder")
+        if returncode != 0:
+            missing = [r for r in node_run.ranks if not worker.done_path(run, r).exists()]
+            raise ExecutionError("worker-failed", f"{where}msrun exited with code {returncode}; ranks {missing} did "
+                                 f"not finish{_log_hint(run)}; run folder {run}",
+                                 hint="read msrun.log and the worker logs in the run folder")
+
+    def _unfinished_text(self, runs: list[_NodeRun]) -> str:
+        parts = []
+        for node_run in runs:
+            missing = [r for r in node_run.ranks if not worker.done_path(node_run.run, r).exists()]
+            where = f" (node {node_run.node})" if self.nodes > 1 else ""
+            if missing:
+                parts.append(f"ranks {missing}{where} did not finish")
+        if self.nodes > 1 and not self.emulated:
+            parts.append("a node that died or never joined stops every node; each node's launcher names its own "
+                         "ranks")
+        return "; ".join(parts) or "every rank finished but msrun did not exit"
+
+    def _kill_all(self, runs: list[_NodeRun]) -> None:
+        for node_run in runs:
+            if node_run.process is not None:
+                self._kill_run(node_run.process, node_run.run, node_run.watch)
 
     @staticmethod
     def _kill_run(process: subprocess.Popen, run: Path, watch: "_RunWatch") -> None:
@@ -382,21 +593,15 @@ class MsrunEngine:
         finally:
             _unblock_signals(blocked)
 
-    def _collect(self, run: Path, size: int, wanted: list[str], returncode: int) -> dict[str, list[np.ndarray]]:
-        errors = _read_errors(run)
-        if errors:
-            first = min(errors, key=lambda e: (e.get("time", 0.0), str(e.get("rank"))))
-            others = sorted({str(e.get("rank")) for e in errors} - {str(first.get("rank"))})
-            also = f" (ranks {', '.join(others)} failed too)" if others else ""
-            raise ExecutionError("worker-failed", f"rank {first.get('rank')} failed at {first.get('op')}: "
-                                 f"{_one_line(first.get('message', ''))}{also}; run folder {run}",
-                                 hint="read the rank's error file and worker log in the run folder")
+    def _collect(self, node_run: _NodeRun, size: int, wanted: list[str],
+                 record: bool = True) -> dict[str, list[np.ndarray]]:
+        """Every rank's wanted local outputs from one node's run folder (and, if ``record``, the timings)."""
+        run = node_run.run
         missing = _unfinished_ranks(run, size)
-        if returncode != 0 or missing:
-            how = (f"msrun was killed by {_signal_name(-returncode)}" if returncode < 0
-                   else f"msrun exited with code {returncode}")
-            raise ExecutionError("worker-failed", f"{how}; ranks {missing} wrote no result{_log_hint(run)}; "
-                                 f"run folder {run}", hint="read msrun.log and the worker logs in the run folder")
+        if missing:
+            raise ExecutionError("worker-failed", f"msrun exited but ranks {missing} wrote no result"
+                                 f"{_log_hint(run)}; run folder {run}",
+                                 hint="read msrun.log and the worker logs in the run folder")
         results: dict[str, list[np.ndarray]] = {value: [] for value in wanted}
         per_rank, impls, emulated = [], {}, {}
         for rank in range(size):
@@ -420,6 +625,8 @@ class MsrunEngine:
             if len(locals_) != size:
                 raise ExecutionError("worker-failed", f"the workers returned no value {value!r}; run folder {run}",
                                      hint="ask only for the program's outputs")
+        if not record:
+            return results
         self._extra.update({"per_rank_seconds": per_rank, "emulated_collectives": list(emulated.values()),
                             "collective_impls": list(impls.values())})
         return results
@@ -573,7 +780,8 @@ class _RunWatch:
                     deaths.append((child, self.ended[pid]))
                 continue
             status = self._msrun_log_status(pid)  # reaped by msrun already
-            if status is None and child.rank is not None and worker.result_info_path(self.run, child.rank).exists():
+            if status is None and child.rank is not None and (worker.done_path(self.run, child.rank).exists()
+                                                               or worker.result_info_path(self.run, child.rank).exists()):
                 status = 0
             if status is None and child.role == "scheduler":
                 status = 0  # msrun logs a scheduler's failure only once every worker has ended: judged by them
@@ -698,7 +906,7 @@ def _signals_end_the_run() -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
-def _end_like_the_signal(signum: int, run: Path) -> None:
+def _end_like_the_signal(signum: int, run: str) -> None:
     """After the run is killed: say so in one line and end by the same signal (its previous handler now)."""
     print(f"layout-prop: {_signal_name(signum)} received: every process of the msrun run was killed; "
           f"run folder {run}", file=sys.stderr, flush=True)
@@ -825,6 +1033,11 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _same_arrays(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+                                    for x, y in zip(a, b))
 
 
 def _unfinished_ranks(run: Path, size: int) -> list[int]:

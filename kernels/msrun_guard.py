@@ -16,12 +16,6 @@ processes behind:
 Only the standard library is imported here: the guard starts in a few milliseconds.
 Elsewhere than Linux the request is not available and :func:`set_parent_death_signal`
 returns False; the launcher's own signal handlers and kill-on-exit still apply.
-
-Examples
---------
->>> import signal
->>> set_parent_death_signal(signal.SIGKILL) in (True, False)
-True
 """
 
 from __future__ import annotations

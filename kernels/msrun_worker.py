@@ -25,6 +25,11 @@ collectives use, and runs the program's ops in order (SPMD: every rank runs ever
 
 It writes ``rank<R>.npz`` (the wanted local outputs) and ``rank<R>.json`` (timings in
 seconds per op kind and in total, and how every collective ran, emulated or native).
+On several nodes (no shared filesystem assumed) every rank's outputs and records travel
+instead over the collective backend (:func:`share_results`: one world all-reduce of
+int32 words, the only collective mccl has everywhere) and the node's first worker (the
+job's ``collector``) writes them all in its node's run folder.  Every worker writes
+``rank<R>.done`` last.
 On any exception it writes ``rank<R>.error.json`` (rank, op, the one-line error, the
 traceback) and exits non-zero.
 
@@ -103,6 +108,7 @@ from .msrun_guard import MSRUN_PID_ENV, die_with_parent
 __all__ = [
     "FAIL_RANK_ENV",
     "PAUSE_ENV",
+    "NODE_RANK_ENV",
     "JOB_KEY_ENV",
     "JOB_FILE",
     "check_private_folder",
@@ -115,6 +121,8 @@ __all__ = [
     "result_info_path",
     "error_path",
     "pid_path",
+    "done_path",
+    "share_results",
     "group_name",
     "encode_words",
     "decode_words",
@@ -136,6 +144,10 @@ FAIL_RANK_ENV = "LAYOUT_PROP_FAIL_RANK"
 
 PAUSE_ENV = "LAYOUT_PROP_PAUSE_AFTER_INIT"
 """Test hook: every worker sleeps this many seconds after ``init()`` (after writing ``rank<R>.paused``)."""
+
+NODE_RANK_ENV = "LAYOUT_PROP_NODE_RANK"
+"""The node rank of an msrun started by the launcher; msrun's scheduler command returns at
+once on a node other than 0 (several nodes emulated on one host: node 0's scheduler serves them)."""
 
 JOB_KEY_ENV = "LAYOUT_PROP_JOB_KEY"
 """The hex secret that keys the job's HMAC; set by the launcher in msrun's environment only."""
@@ -171,6 +183,11 @@ def error_path(run_dir: Path, rank: int | str) -> Path:
 def pid_path(run_dir: Path, pid: int) -> Path:
     """A started worker's pid file (the launcher kills workers by these ids on timeout)."""
     return Path(run_dir) / "pids" / f"{pid}.pid"
+
+
+def done_path(run_dir: Path, rank: int) -> Path:
+    """Written by every worker when it has nothing left to do (on a node, the results may be another rank's)."""
+    return Path(run_dir) / f"rank{rank}.done"
 
 
 def group_name(axis_name: str, ranks: Sequence[int]) -> str:
@@ -525,6 +542,13 @@ class Communicator:
     def _sum_words(self, buffer: np.ndarray, group: GroupInfo) -> np.ndarray:
         return self._native_all_reduce(buffer, "sum", group)
 
+    def world_sum(self, buffer: np.ndarray) -> np.ndarray:
+        """A native sum-all-reduce of an int32 buffer over every rank."""
+        from mindspore.communication import GlobalComm
+
+        world = tuple(range(self.mesh.size))
+        return self._sum_words(buffer, GroupInfo(GlobalComm.WORLD_COMM_GROUP, world, self.rank, True))
+
     # ---------------------------------------------------------------- collectives
     def all_reduce(self, array: np.ndarray, op: str, group: GroupInfo) -> tuple[np.ndarray, bool, str]:
         """``(result, emulated, impl)`` of an all-reduce by ``op`` (sum, avg, max, min)."""
@@ -711,17 +735,71 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def _save_results(run_dir: Path, rank: int, env: dict, wanted: Sequence[str], outputs: dict, info: dict) -> None:
-    arrays = {}
-    for k, value in enumerate(wanted):
+def _wanted_locals(rank: int, env: dict, wanted: Sequence[str], outputs: dict) -> list[np.ndarray]:
+    arrays = []
+    for value in wanted:
         local = outputs.get(value, value)
         if local not in env:
             raise ExecutionError("missing-output", f"rank {rank} has no value {local!r} for output {value!r}",
                                  hint="ask only for the program's outputs")
-        arrays[f"v{k}"] = env[local]
-    _write_atomic(result_arrays_path(run_dir, rank), lambda h: np.savez(h, **arrays), mode="wb")
-    info["outputs"] = list(wanted)
+        arrays.append(env[local])
+    return arrays
+
+
+def _save_results(run_dir: Path, rank: int, arrays: Sequence[np.ndarray], wanted: Sequence[str], info: dict) -> None:
+    named = {f"v{k}": array for k, array in enumerate(arrays)}
+    _write_atomic(result_arrays_path(run_dir, rank), lambda h: np.savez(h, **named), mode="wb")
+    info = dict(info, outputs=list(wanted))
     _write_atomic(result_info_path(run_dir, rank), lambda h: json.dump(info, h, indent=1))
+
+
+def share_results(program, rank: int, wanted: Sequence[str], arrays: Sequence[np.ndarray], info: dict,
+                  world_sum: Callable[[np.ndarray], np.ndarray]) -> tuple[list[list[np.ndarray]], list[dict]]:
+    """Every rank's wanted local outputs and info record, on every rank, through sum-all-reduces.
+
+    Each rank knows every rank's local shapes from the program, so one int32 buffer holds
+    every rank's pieces (as :func:`encode_words`) end to end, each rank filling only its
+    own part; a first all-reduce shares the lengths of the JSON records, which go at the
+    end of the same buffer, one byte a word.  ``world_sum`` is the all-reduce.
+
+    Returns
+    -------
+    (pieces, infos)
+        ``pieces[k][r]`` is rank r's local array of ``wanted[k]``; ``infos[r]`` rank r's record.
+    """
+    size = program.mesh.size
+    record = np.frombuffer(json.dumps(info).encode(), np.uint8)
+    lengths = np.zeros(size, np.int32)
+    lengths[rank] = record.size
+    lengths = world_sum(lengths)
+    layout = []  # (k, r, start, shape, dtype, words per item)
+    start = 0
+    for k, value in enumerate(wanted):
+        spec = program.specs[program.outputs.get(value, value)]
+        dtype = np.dtype(spec.dtype)
+        per_item = encode_words(np.zeros(1, dtype)).shape[-1]
+        for r in range(size):
+            shape = tuple(int(n) for n in spec.local_shape(r))
+            layout.append((k, r, start, shape, dtype, per_item))
+            start += int(np.prod(shape, dtype=np.int64)) * per_item
+    records_start = start
+    buffer = np.zeros(records_start + int(lengths.sum()), np.int32)
+    for k, r, begin, shape, dtype, per_item in layout:
+        if r == rank:
+            words = encode_words(np.asarray(arrays[k]).astype(dtype, copy=False)).reshape(-1)
+            buffer[begin:begin + words.size] = words
+    mine = records_start + int(lengths[:rank].sum())
+    buffer[mine:mine + record.size] = record
+    summed = world_sum(buffer) if buffer.size else buffer
+    pieces: list[list[np.ndarray]] = [[] for _ in wanted]
+    for k, r, begin, shape, dtype, per_item in layout:
+        count = int(np.prod(shape, dtype=np.int64)) * per_item
+        pieces[k].append(decode_words(summed[begin:begin + count].reshape(shape + (per_item,)), dtype))
+    infos, at = [], records_start
+    for r in range(size):
+        infos.append(json.loads(summed[at:at + int(lengths[r])].astype(np.uint8).tobytes().decode()))
+        at += int(lengths[r])
+    return pieces, infos
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -739,6 +817,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mindspore.communication import get_rank, init
 
     if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun runs the command once more as the scheduler
+        if os.environ.get(NODE_RANK_ENV, "0") not in ("", "0"):
+            return 0  # an emulated node on the master's host: node 0's msrun runs the scheduler
         init()
         return 0
     pid_path(run_dir, os.getpid()).write_text(f"{os.getpid()}\n")
@@ -765,7 +845,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds["total"] = time.perf_counter() - started
         info = {"rank": rank, "pid": os.getpid(), "seconds": seconds, "collectives": records,
                 "device": caps.name}
-        _save_results(run_dir, rank, env, job["wanted"], program.outputs, info)
+        wanted = job["wanted"]
+        arrays = _wanted_locals(rank, env, wanted, program.outputs)
+        if job.get("nodes", 1) == 1:
+            _save_results(run_dir, rank, arrays, wanted, info)
+        else:  # no shared filesystem: every rank's results reach every node over the collective backend
+            progress["op"] = "sharing results"
+            pieces, infos = share_results(program, rank, wanted, arrays, info, comm.world_sum)
+            if rank == job["collector"]:
+                for r, record in enumerate(infos):
+                    _save_results(run_dir, r, [piece[r] for piece in pieces], wanted, record)
+        done_path(run_dir, rank).write_text("done\n")
     except BaseException as exc:
         record = {"rank": rank, "op": progress["op"], "message": _one_line(exc), "time": time.time(),
                   "traceback": traceback.format_exc()}

@@ -112,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="mindspore engine: seconds before giving up (default 300, at most a week)")
     r.add_argument("--keep-logs", action="store_true",
                    help="mindspore engine: keep the run folder (worker logs) after a successful run too")
+    r.add_argument("--nodes", type=_positive_int, default=1, help="mindspore engine: machines the run spans")
+    r.add_argument("--node-rank", type=_non_negative_int, default=0, help="mindspore engine: this machine's node")
+    r.add_argument("--master-addr", metavar="HOST", help="mindspore engine: host of msrun's scheduler (--nodes)")
+    r.add_argument("--master-port", type=_positive_int, metavar="P", help="mindspore engine: its port (1024-65535)")
+    r.add_argument("--local-workers", type=_positive_int, metavar="W", help="mindspore engine: workers a node")
+    r.add_argument("--emulate-nodes", type=_positive_int, metavar="N",
+                   help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
     r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
@@ -407,9 +414,19 @@ def _cmd_run(args) -> int:
 
     graph = load_graph(args)
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
-    options = {"timeout": args.timeout, "keep": args.keep_logs} if args.engine == "mindspore" else {}
+    nodes = {"nodes": args.nodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
+             "master_port": args.master_port, "local_workers": args.local_workers, "emulate_nodes": args.emulate_nodes}
+    if args.engine != "mindspore" and (args.nodes != 1 or args.emulate_nodes or args.master_addr):
+        raise SpecError("bad-usage", "--nodes, --emulate-nodes and --master-addr need --engine mindspore",
+                        hint="add --engine mindspore")
+    options = {"timeout": args.timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
     rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
                     reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
+    if rep.extra.get("node_rank"):  # not node 0: node 0 prints the report; the status is the same everywhere
+        summary = {"ok": rep.ok, "node_rank": rep.extra["node_rank"], "nodes": len(rep.extra["nodes"])}
+        print(json.dumps(summary) if args.json else f"node {summary['node_rank']} of {summary['nodes']}: "
+              f"{'matches' if rep.ok else 'does NOT match'} one device (the report is printed on node 0)")
+        return 0 if rep.ok else 1
     if args.json:
         _print_json(rep.to_dict())
     else:
@@ -420,6 +437,8 @@ def _cmd_run(args) -> int:
                   "(without it, run inserts the redistributions that fix them)")
             return 1
         print(f"engine {rep.engine}, {rep.ranks} ranks")
+        for line in rep.extra.get("node_map", []):
+            print(f"  {line}")
         for title, table in (("output", rep.outputs), ("grad", rep.grads)):
             for name, err in table.items():
                 print(f"  {title} {name}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")

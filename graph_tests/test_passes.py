@@ -200,17 +200,21 @@ def test_redistributions_in_json_have_steps_and_bytes(capsys, tmp_path):
     spec.write_text(GRAPHS["chain_all_gather"])
     assert main(["check", str(spec), "--reshard", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    # planned over the whole graph: h (float32 [2, 2, 6, 8], 384 bytes per rank) goes from S(3) to S(2)
+    # by one all-to-all that keeps half of each piece (192 bytes), for both y and z (moved once); the greedy
+    # sweep all-gathered h for y (384 bytes) and sliced y for z
     assert out["redistributions"] == [
-        {"node": "y", "input": "h", "from": ["S(3)"], "to": ["R"],
-         # h is float32 [2, 2, 6, 8] = 768 bytes, 384 per rank: ring all-gather sends the other half
-         "steps": [{"kind": "all-gather", "mesh_axis": "tp", "dim": 3, "bytes_per_rank": 384}],
-         "bytes_per_rank": 384},
-        # z = mul(y, h): y (R) is sliced locally to meet h's S(3)
-        {"node": "z", "input": "y", "from": ["R"], "to": ["S(3)"],
-         "steps": [{"kind": "local-slice", "mesh_axis": "tp", "dim": 3, "bytes_per_rank": 0}],
-         "bytes_per_rank": 0},
+        {"node": "y", "input": "h", "from": ["S(3)"], "to": ["S(2)"],
+         "steps": [{"kind": "all-to-all", "mesh_axis": "tp", "dim": 3, "dst_dim": 2, "bytes_per_rank": 192}],
+         "bytes_per_rank": 192},
+        {"node": "y", "input": "cos", "from": ["R"], "to": ["S(2)"],
+         "steps": [{"kind": "local-slice", "mesh_axis": "tp", "dim": 2, "bytes_per_rank": 0}], "bytes_per_rank": 0},
+        {"node": "y", "input": "sin", "from": ["R"], "to": ["S(2)"],
+         "steps": [{"kind": "local-slice", "mesh_axis": "tp", "dim": 2, "bytes_per_rank": 0}], "bytes_per_rank": 0},
     ]
-    assert out["total_bytes_per_rank"] == 384
+    assert out["total_bytes_per_rank"] == 192
+    assert out["notes"] == ["reshard: chose where to redistribute over the whole graph: 192 bytes per rank "
+                            "(the greedy sweep moves 384)"]
 
 
 def test_propagate_cache_makes_repeated_layers_cache_hits():

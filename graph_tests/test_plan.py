@@ -240,3 +240,41 @@ def test_identical_layers_share_variables():
     solution = solve(graph, backward=False)
     layer = lambda i: [solution.layouts[n.name] for n in graph.inputs() if n.name.startswith(f"l{i}_")]
     assert layer(1) == layer(2) == layer(3)
+
+
+# --------------------------------------------------------------------------- check --reshard and auto, planned
+@pytest.mark.parametrize("w3, w4", [('["S(1)"]', '["S(0)"]'), ("auto", "auto")])
+def test_mlp_check_reshard_is_global_and_runs(tmp_path, capsys, w3, w4):
+    path = tmp_path / "mlp.yaml"
+    path.write_text(_mlp(w3, w4))
+    assert main(["check", str(path), "--reshard", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total_bytes_per_rank"] <= 8192  # one all-reduce of the first layer's P(sum) output, or less
+    assert main(["run", str(path), "--backward"]) == 0
+    assert "matches one device" in capsys.readouterr().out
+
+
+def test_auto_notes_list_every_alternative_weighed(tmp_path, capsys):
+    path = tmp_path / "mlp.yaml"
+    path.write_text(_mlp("auto", "auto"))
+    assert main(["check", str(path), "--reshard", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    notes = {n.split("'")[1]: n for n in data["notes"] if n.startswith("auto layout of")}
+    assert set(notes) == {"w3", "w4"}
+    for name, note in notes.items():
+        assert "alternatives: none" not in note
+        weighed = note.split("alternatives weighed: ")[1].split("; ")
+        layouts = {w.split(":")[0] for w in weighed}
+        assert len(weighed) == 2 and layouts | {note.split(": ")[1].split(" with")[0]} == {"(R)", "(S(0))", "(S(1))"}
+    # each alternative's bytes are what the whole graph costs with that layout held: no less than the choice
+    chosen = int(notes["w3"].split(" with ")[1].split(" bytes")[0])
+    assert all(int(w.split(": ")[1].split(" bytes")[0]) >= chosen for w in notes["w3"].split("weighed: ")[1].split("; "))
+
+
+def test_greedy_result_kept_when_the_solver_is_not_better(tmp_path, capsys):
+    # one op: the rule's own fix is the plan; the global solver is not asked
+    path = tmp_path / "one.yaml"
+    path.write_text("mesh: {shape: [2], names: [tp]}\ninputs:\n  a: {shape: [4], placements: [\"P(sum)\"]}\n"
+                    "  b: {shape: [4]}\nnodes:\n  - {name: c, op: exp, inputs: [a]}\n")
+    assert main(["check", str(path), "--reshard", "--json"]) == 0
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("reshard:")]

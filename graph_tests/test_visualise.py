@@ -176,10 +176,12 @@ def test_svg_draws_inserted_redistributions_with_steps_and_bytes(tmp_path, broke
     inserted = {g.find(SVG + "text").findtext(SVG + "tspan"): g for g in svg_groups(out)
                 if "redistribute" in g.get("class", "")}
     assert set(inserted) == {"y/x", "y/sin"}  # the two nodes reshard inserted, drawn as redistributions
+    # planned over the whole graph: x moves its tp shard from D to S by an all-to-all (S sharded for
+    # y and for z alike), sin is sliced on tp then reduced on dp
     x_move = ["".join(t.itertext()) for t in inserted["y/x"].iter(SVG + "text")]
-    assert x_move == ["y/x", "redistribute → (S(0), R)", "all-gather on tp: 16,384 B", "16,384 B per rank"]
+    assert x_move == ["y/x", "redistribute → (S(0), S(2))", "all-to-all on tp: 8,192 B", "8,192 B per rank"]
     sin_move = ["".join(t.itertext()) for t in inserted["y/sin"].iter(SVG + "text")]
-    assert sin_move[2:] == ["all-reduce(sum) on dp: 4,096 B", "4,096 B per rank"]
+    assert sin_move[2:] == ["local-slice on tp: 0 B", "all-reduce(sum) on dp: 2,048 B", "2,048 B per rank"]
     hexagon = inserted["y/x"].find(SVG + "polygon")
     assert len(hexagon.get("points").split()) == 6
 
@@ -297,7 +299,7 @@ def test_dot_marks_violations_and_redistributions(tmp_path, broken_spec):
     assert plain_text.count(f'color="{VIOLATION_RED}", penwidth=2.0') == 2  # the two violating inputs
     assert "✗ sharded-rotation-dim" in plain_text and "✗ partial-input" in plain_text
     line = next(line for line in resharded.read_text(encoding="utf-8").splitlines() if line.startswith('  "y/x" ['))
-    assert "shape=hexagon" in line and "16,384 B per rank" in line
+    assert "shape=hexagon" in line and "8,192 B per rank" in line  # the all-to-all the global reshard chose
 
 
 # --------------------------------------------------------------------------- (4) tensor_grid

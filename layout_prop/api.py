@@ -138,12 +138,30 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
 
     notes: list[str] = list(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
     propagate = Propagate()
+    plan = _global_choice(graph, reshard, backward)
     completed = Complete(propagate).run(graph)
-    notes.extend(completed.notes)
+    chosen = None
+    if plan is not None:
+        greedy = plan.solve_with(completed.chosen) if completed.chosen else None
+        if completed.chosen and (greedy is None or plan.cost < greedy[1] - 0.5):  # the solver's autos are better
+            for name, placements in plan.layouts().items():
+                graph.node(name).attrs["placements"] = placements
+            propagate.run(graph)
+            notes.extend(plan.notes())
+            chosen = plan.chosen
+        elif greedy is not None:  # the greedy choice is as good: kept, with the alternatives the solver weighed
+            notes.extend(plan.notes(*greedy))
+            chosen = greedy[0]
+        else:
+            notes.extend(completed.notes)
+            chosen = plan.chosen
+    else:
+        notes.extend(completed.notes)
     if not completed.chosen:  # (complete leaves the graph propagated with what it chose)
         propagate.run(graph)
     if verify:
         Verify().run(graph)
+    forward = graph
     if backward:
         from layout_prop.passes.backward import Backward
 
@@ -153,6 +171,18 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     if reshard:
         graph = Reshard(propagate).run(graph).graph
     check = Check().run(graph)
+    if reshard and plan is not None and chosen is not None and any(
+            v.fixable for n in forward.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
+        planned = _planned(forward, plan.strategies(chosen), propagate, backward)
+        if planned is not None:
+            planned_check = Check().run(planned)
+            if planned_check.ok and (not check.ok or planned_check.total_bytes_per_rank < check.total_bytes_per_rank):
+                notes.append(f"reshard: chose where to redistribute over the whole graph: "
+                             f"{planned_check.total_bytes_per_rank} bytes per rank (the greedy sweep moves "
+                             f"{check.total_bytes_per_rank})")
+                graph, check = planned, planned_check
+                if verify:
+                    Verify().run(graph)
     if verify:  # after reshard, a graph that checks clean must also be resolved
         Verify(resolved=reshard and check.ok).run(graph)
     if backend != "numpy":
@@ -160,6 +190,38 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
 
         check.violations.extend(KernelCheck(backend).run(graph))
     return Analysis(graph, check, notes)
+
+
+def _global_choice(graph: Graph, reshard: bool, backward: bool):
+    """The solver's plan of a small graph with ``auto`` inputs or to reshard (None otherwise,
+    or when it cannot plan it: the greedy passes then decide alone)."""
+    from layout_prop.errors import LayoutPropError
+    from layout_prop.passes.plan import GlobalChoice, global_applies
+
+    autos = any(n.attrs.get("placements") == "auto" for n in graph.inputs())
+    if not (autos or reshard) or not global_applies(graph):
+        return None
+    try:
+        return GlobalChoice(graph, backward)
+    except LayoutPropError:
+        return None
+
+
+def _planned(forward: Graph, strategies, propagate, backward: bool) -> Graph | None:
+    """``forward`` with the moves of ``strategies`` (then its backward, resharded greedily)."""
+    from layout_prop.errors import LayoutPropError
+    from layout_prop.passes.plan import realise
+    from layout_prop.passes.reshard import Reshard
+
+    try:
+        graph, _ = realise(forward, strategies, propagate)
+        if backward:
+            from layout_prop.passes.backward import Backward
+
+            graph = Backward(propagate).run(graph).graph
+        return Reshard(propagate).run(graph).graph
+    except LayoutPropError:
+        return None
 
 
 def format_table(analysis: Analysis) -> str:

@@ -64,6 +64,7 @@ Examples
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -562,7 +563,9 @@ class Problem:
                 else:
                     upper[var] = 0.0
         cost = np.array(p["cost"])
-        objective = np.concatenate([p["mem"], np.zeros(total - nvars)]) if minimise_memory else cost
+        mem = np.concatenate([p["mem"], np.zeros(total - nvars)])
+        # ties go to the plan holding less memory (a billionth per byte: below any byte or move)
+        objective = mem if minimise_memory else cost + 1e-9 * mem
         a = coo_matrix((vals, (rows, cols)), shape=(len(lo), total)).tocsr()
         integrality = np.concatenate([np.ones(nvars), np.zeros(total - nvars)])
         res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
@@ -819,29 +822,24 @@ def realise(graph: Graph, strategies: dict[str, Strategy], propagate: Propagate 
         strategy = strategies.get(node.name)
         inputs = list(node.inputs)
         if strategy is not None:
-            plain = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs, dict(node.meta))
-            specs = tuple(value_spec(new, v) for v in inputs)
-            propagate.visit(new, plain, specs)
-            wants = plain.meta[meta.WANTS]
+            free = []
             for i, (value, want) in enumerate(zip(node.inputs, strategy.inputs)):
-                spec = specs[i]
+                spec = value_spec(new, value)
                 if spec.layout == want:
                     continue
-                implicit = wants[i] == want and not plain.meta[meta.VIOLATIONS]
-                if implicit and plan_redistribution(spec, want).is_free:
+                if plan_redistribution(spec, want).is_free:
+                    free.append(i)
                     continue
-                key = (value, want)
-                name = moved.get(key)
-                if name is None:
-                    operand = get_rule(node.op).operand_name(i)
-                    name = _fresh(f"{node.name}/{operand}", graph, new)
-                    move = Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
-                                meta={meta.INSERTED_BY: inserted_by, "for": (node.name, value)})
-                    new.add_node(move)
-                    propagate.visit(new, move)
-                    moved[key] = name
-                    inserted += 1
-                inputs[i] = name
+                inputs[i], added = _move(new, graph, node, i, value, want, moved, propagate, inserted_by)
+                inserted += added
+            if free:  # a free slice stays implicit when the rule asks for it itself (lowering slices)
+                trial = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs, dict(node.meta))
+                propagate.visit(new, trial)
+                if trial.meta[meta.VIOLATIONS] or any(trial.meta[meta.WANTS][i] != strategy.inputs[i] for i in free):
+                    for i in free:
+                        inputs[i], added = _move(new, graph, node, i, node.inputs[i], strategy.inputs[i], moved,
+                                                 propagate, inserted_by)
+                        inserted += added
         copy = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs,
                     {k: v for k, v in node.meta.items()})
         new.add_node(copy)
@@ -850,9 +848,118 @@ def realise(graph: Graph, strategies: dict[str, Strategy], propagate: Propagate 
     return new, inserted
 
 
+def _move(new: Graph, graph: Graph, node: Node, i: int, value: str, want: Layout, moved: dict,
+          propagate: Propagate, inserted_by: str) -> tuple[str, int]:
+    """The value holding ``value`` moved to ``want`` (a new redistribute node, or the one made
+    before for the same move), and how many nodes were added."""
+    key = (value, want)
+    name = moved.get(key)
+    if name is not None:
+        return name, 0
+    operand = get_rule(node.op).operand_name(i)
+    name = _fresh(f"{node.name}/{operand}", graph, new)
+    move = Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
+                meta={meta.INSERTED_BY: inserted_by, "for": (node.name, value)})
+    new.add_node(move)
+    propagate.visit(new, move)
+    moved[key] = name
+    return name, 1
+
+
 def _fresh(base: str, *graphs: Graph) -> str:
     name, i = base, 1
     while any(name in g for g in graphs):
         i += 1
         name = f"{base}{i}"
     return name
+
+
+# --------------------------------------------------------------------------- for check --reshard and auto
+GLOBAL_NODES = 16  # graphs of 2 to this many ops are resharded and completed by the solver in analyze
+GLOBAL_RANKS = 256  # ... on meshes of at most this many ranks (the cost model's work grows with them)
+
+
+def global_applies(graph: Graph) -> bool:
+    """Whether :func:`layout_prop.api.analyze` asks the solver: a graph of 2 to
+    :data:`GLOBAL_NODES` ops (a single op's rule already picks its cheapest fix) on at most
+    :data:`GLOBAL_RANKS` ranks, scipy installed."""
+    if graph.mesh.size > GLOBAL_RANKS or not 2 <= sum(1 for n in graph.nodes if not n.is_input) <= GLOBAL_NODES:
+        return False
+    try:
+        from scipy.optimize import milp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class GlobalChoice:
+    """The solver's view of a graph for ``analyze``: the best ``auto`` layouts with the
+    alternatives it weighed, and each node's strategy for a given choice of them.
+
+    The objective is bytes per rank: the forward's, and the backward's too with ``backward``.
+    """
+
+    def __init__(self, graph: Graph, backward: bool) -> None:
+        self.problem = Problem(graph, backward, "bytes", None, fixed_inputs=False, repeat=REPEAT)
+        self.autos = sorted(self.problem.auto)
+        found = self.problem.solve(None)
+        if found is None:
+            raise LayoutPropError("unplannable", "no assignment of strategies is consistent",
+                                  hint="check the violations without --reshard")
+        self.chosen, self.cost, _ = found
+        self.backward = backward
+
+    def layouts(self, chosen: dict[str, int] | None = None) -> dict[str, tuple[str, ...]]:
+        chosen = chosen or self.chosen
+        return {name: tuple(self._strategy(name, chosen).outputs[0].layout.placement_strs()) for name in self.autos}
+
+    def _strategy(self, name: str, chosen: dict[str, int]) -> Strategy:
+        cls = self.problem.classes[name]
+        return self.problem.strategies[cls][chosen[cls]]
+
+    def _fix(self, layouts: dict[str, Sequence[str]]) -> dict[str, int] | None:
+        fix = {}
+        for name, placements in layouts.items():
+            cls = self.problem.classes[name]
+            for k, s in enumerate(self.problem.strategies[cls]):
+                if s.outputs[0].layout.placement_strs() == list(placements):
+                    fix[cls] = k
+                    break
+            else:
+                return None
+        return fix
+
+    def solve_with(self, layouts: dict[str, Sequence[str]]) -> tuple[dict[str, int], float] | None:
+        """The best choice with the ``auto`` inputs at ``layouts`` (None: not a candidate)."""
+        fix = self._fix(layouts)
+        if fix is None:
+            return None
+        found = self.problem.solve(None, fix=fix)
+        return None if found is None else (found[0], found[1])
+
+    def strategies(self, chosen: dict[str, int]) -> dict[str, Strategy]:
+        return self.problem.solution(chosen, 0.0)
+
+    def notes(self, chosen: dict[str, int] | None = None, cost: float | None = None) -> list[str]:
+        """Per ``auto`` input: the choice (the solver's, or ``chosen`` costing ``cost``) and every
+        alternative weighed, each with the least bytes of the whole graph given it."""
+        chosen = chosen or self.chosen
+        cost = self.cost if cost is None else cost
+        scope = "forward and backward" if self.backward else "forward"
+        notes = []
+        best = self.layouts(chosen)
+        for name in self.autos:
+            cls = self.problem.classes[name]
+            options = []
+            for k, s in enumerate(self.problem.strategies[cls]):
+                if k == chosen[cls]:
+                    continue
+                found = self.problem.solve(None, fix={cls: k})
+                placements = ", ".join(s.outputs[0].layout.placement_strs())
+                options.append((math.inf if found is None else round(found[1]), placements))
+            options.sort()
+            alts = "; ".join(f"({p}): " + ("impossible" if c == math.inf else f"{c} bytes/rank") for c, p in options)
+            notes.append(f"auto layout of {name!r}: ({', '.join(best[name])}) with {round(cost)} bytes/rank of "
+                         f"redistribution ({scope}, the whole graph planned together); alternatives weighed: "
+                         f"{alts or 'none'}")
+        return notes

@@ -278,3 +278,17 @@ def test_greedy_result_kept_when_the_solver_is_not_better(tmp_path, capsys):
                     "  b: {shape: [4]}\nnodes:\n  - {name: c, op: exp, inputs: [a]}\n")
     assert main(["check", str(path), "--reshard", "--json"]) == 0
     assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("reshard:")]
+
+
+def test_plan_benchmark_prints_one_row_per_size():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    done = subprocess.run([sys.executable, "plan.py", "--layers", "1", "2"], cwd=bench, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ") and "layers" not in line]
+    assert [r[0].strip() for r in rows] == ["1", "2"]
+    assert all(float(r[-1]) <= 1.0 for r in rows)  # plan / Megatron bytes per step

@@ -424,6 +424,14 @@ def test_stdout_on_a_full_disk_is_one_line(argv):
     assert "write-failed" in one_error_line(proc.stderr) and "No space left" in proc.stderr
 
 
+@pytest.mark.parametrize("flag", [[], ["--json"]], ids=["table", "json"])
+def test_stdout_closed_before_start_is_not_an_error_either_way(tmp_path, flag):
+    proc = subprocess.run([*console_command(), "check", str(EXAMPLES / "rpe" / "dp_sp.yaml"), *flag],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
+                          env=cli_env(), preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
 def test_stdout_closed_before_start_is_not_an_error(tmp_path):
     proc = subprocess.run([*console_command(), "check", str(EXAMPLES / "rpe" / "dp_sp.yaml")],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,

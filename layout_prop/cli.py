@@ -608,7 +608,9 @@ def _error_line(code: str, message: str, hint: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     stdout, stderr = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Printable(stdout), _Printable(stderr)
+    # a process started with stdout or stderr closed has None there: write to /dev/null instead
+    sys.stdout = _Printable(stdout if stdout is not None else open(os.devnull, "w"))
+    sys.stderr = _Printable(stderr if stderr is not None else open(os.devnull, "w"))
     try:
         try:
             args = _parser().parse_args(argv)

@@ -1086,6 +1086,7 @@ class ReduceRule(OpRule):
     operands = ("x",)
     attr_defaults = {"dims": None, "keepdim": False}
     violation_codes = REDUCE_CODES
+    strided = True  # a reduced strided dim leaves the Partial a shard leaves; a kept one stays strided
     shard_partial = "sum"
     passes: tuple[str, ...] = LINEAR_PARTIALS
     linear_words = "linear"
@@ -1106,6 +1107,10 @@ class ReduceRule(OpRule):
         for axis, p in enumerate(x.layout.placements):
             if isinstance(p, Shard):
                 out_ps.append(Partial(self.shard_partial) if p.dim in dims else Shard(_kept_dim(p.dim, dims, keepdim)))
+                want_ps.append(p)
+            elif isinstance(p, StridedShard):  # a strided shard is a shard for a reduction too
+                out_ps.append(Partial(self.shard_partial) if p.dim in dims else
+                              StridedShard(_kept_dim(p.dim, dims, keepdim), p.split_factor))
                 want_ps.append(p)
             elif isinstance(p, Partial) and p.reduce_op not in self.passes:
                 out_ps.append(Replicate())

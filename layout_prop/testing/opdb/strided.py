@@ -6,8 +6,9 @@ a strided shard meets every other placement: reshape makes and undoes it (uneven
 dims: 10 on 4 ranks is 3, 3, 3, 1; doubly sharded dims), transpose moves it, the
 elementwise ops and sum_to take it like a shard (a Replicate operand is sliced alike for
 free), the norms and softmax keep it off their normalised dims, matmul (where DTensor
-raises "Cannot unflatten") cuts the other operand alike, and the ops that do not know
-it (sum) get it gathered first, a documented ``sharding-mismatch``.
+raises "Cannot unflatten") cuts the other operand alike, the reductions reduce it like
+a shard, and the ops that do not know it (attention, embedding...) get it gathered
+first, a documented ``sharding-mismatch``.
 """
 
 from . import OpRecord, OpSample
@@ -48,5 +49,10 @@ RECORDS = [
     OpRecord("layer_norm", [_strided([(8, 6), (6,), (6,)])], meshes=MESHES, placements=80, id="strided-layer_norm"),
     OpRecord("sum_to", [_strided([(8, 6)], {"shape": [6]}), _strided([(4, 6)], {"shape": [4, 1]})],
              meshes=MESHES, placements="all", backward=False, id="strided-sum_to"),
-    OpRecord("sum", [_strided([(8, 6)], {"dims": [0]})], meshes=MESHES, placements="all", id="strided-sum"),
+    OpRecord("sum", [_strided([(8, 6)], {"dims": [0]}), _strided([(4, 6)], {"dims": [1], "keepdim": True})],
+             meshes=MESHES, placements="all", id="strided-sum"),
+    OpRecord("mean", [_strided([(8, 6)], {"dims": [0]}), _strided([(4, 10)], {"dims": [1]})], meshes=MESHES,
+             placements="all", id="strided-mean"),
+    OpRecord("max", [_strided([(8, 6)], {"dims": [0]}), _strided([(4, 6)], {"dims": [1]})], meshes=MESHES,
+             placements="all", id="strided-max"),
 ]

@@ -11,7 +11,7 @@ data level (a value replaced by a hostile one, a key dropped or added, a list it
 duplicated, an op or a name changed) and at the text level (cut short, a byte inserted, a
 number made 5,000 digits long, an alias bomb or deep nesting spliced in, control
 characters), written as YAML or JSON, and run through ``check`` (with random flags),
-``explain``, ``lower`` and ``run`` in-process through :func:`layout_prop.cli.main`; a few
+``explain``, ``lower``, ``viz`` and ``run`` in-process through :func:`layout_prop.cli.main`; a few
 through the console script in a subprocess with an address-space limit.
 
 Hypothesis is seeded (``derandomize``): every CI run tries the same specs.  The count is
@@ -42,8 +42,8 @@ EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLES = int(os.environ.get("LAYOUT_PROP_FUZZ_EXAMPLES", "2000"))
 #: console-script specs per CI run (about half a second each: interpreter start-up)
 SUBPROCESS_EXAMPLES = max(12, EXAMPLES // 150)
-#: the longest one spec may take in-process (generous: the machine may be loaded)
-SECONDS = 10.0
+#: the longest one spec may take in-process (a hang guard, generous: CI machines may be loaded)
+SECONDS = 30.0
 #: how far one spec may raise the process's peak resident memory (bytes)
 MEMORY = 512 * 2 ** 20
 #: the memory limit a run is allowed in the fuzz (the estimate refuses bigger ones)
@@ -236,7 +236,9 @@ def _commands(draw_flags: list[bool], which: int) -> list[str]:
         return ["lower", "--rank", "0"] + (["--backward"] if draw_flags[1] else [])
     if which == 2:
         return ["explain", "SPEC", "y"] + (["--reshard"] if draw_flags[0] else [])
-    return ["run", "--max-memory", RUN_LIMIT] + (["--backward"] if draw_flags[1] else [])
+    if which == 3:
+        return ["run", "--max-memory", RUN_LIMIT] + (["--backward"] if draw_flags[1] else [])
+    return ["viz", "-o", "OUT"] + (["--reshard"] if draw_flags[0] else []) + (["--tensor", "x"] if draw_flags[2] else [])
 
 
 def _peak_rss() -> int:
@@ -270,14 +272,15 @@ def _seeded(test):
 @_seeded
 @FUZZ_SETTINGS
 @given(text=spec_texts(), flags=st.lists(st.booleans(), min_size=3, max_size=3),
-       which=st.sampled_from([0, 0, 0, 0, 1, 2, 3]))
+       which=st.sampled_from([0, 0, 0, 0, 1, 2, 3, 4]))
 def test_fuzzed_specs_keep_the_exit_code_contract(tmp_path_factory, capsys, text, flags, which):
     folder = tmp_path_factory.getbasetemp() / "fuzz"
     folder.mkdir(exist_ok=True)
     spec = folder / ("spec.json" if text.lstrip().startswith("{") else "spec.yaml")
     spec.write_text(text, encoding="utf-8", errors="surrogatepass")
     command = _commands(flags, which)
-    argv = [command[0], str(spec), *[c for c in command[1:] if c != "SPEC"]]
+    out = folder / "out.svg"
+    argv = [command[0], str(spec), *[str(out) if c == "OUT" else c for c in command[1:] if c != "SPEC"]]
     before = _peak_rss()
     start = time.perf_counter()
     rc = main(argv)

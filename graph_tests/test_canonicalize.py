@@ -287,3 +287,31 @@ def test_the_opset_23_attention_op(causal):
     (attn,) = [n for n in from_onnx(m, plan).nodes if not n.is_input]
     assert (attn.op, attn.attrs["causal"], attn.attrs["scale"]) == ("scaled_dot_product_attention", bool(causal), 0.25)
     assert_same_numbers(m, plan)
+
+
+def test_rms_norm_in_float32_between_casts_as_hugging_face_writes_it():
+    f16, f32 = TensorProto.FLOAT16, TensorProto.FLOAT
+    nodes = [helper.make_node("Cast", ["x"], ["x32"], to=f32),
+             helper.make_node("Pow", ["x32", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq"], ["m"], axes=[-1], keepdims=1),
+             helper.make_node("Add", ["m", "eps"], ["e"]), helper.make_node("Sqrt", ["e"], ["r"]),
+             helper.make_node("Div", ["one", "r"], ["i"]), helper.make_node("Mul", ["x32", "i"], ["n"]),
+             helper.make_node("Cast", ["n"], ["n16"], to=f16), helper.make_node("Mul", ["w", "n16"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", f16, [2, 4, 8])],
+        [helper.make_tensor_value_info("y", f16, [2, 4, 8])],
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two"), numpy_helper.from_array(np.array(1e-6, np.float32),
+                                                                                            "eps"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+         numpy_helper.from_array((1 + 0.1 * np.arange(8)).astype(np.float16), "w")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}}
+    (norm,) = [n for n in from_onnx(m, plan).nodes if not n.is_input]
+    assert (norm.op, norm.inputs, norm.attrs["eps"]) == ("rms_norm", ("x", "w"), 1e-6)
+    x = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float16)
+    (want,) = ReferenceEvaluator(m).run(None, {"x": x})
+    a = analyze(from_onnx(m, plan))
+    (got,) = execute_global(a.graph, {"x": x, "w": (1 + 0.1 * np.arange(8)).astype(np.float16)},
+                            wanted=a.graph.outputs).values()
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)

@@ -412,3 +412,15 @@ def test_unreadable_plans_are_one_line(tmp_path, capsys):
     plan = {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": "R"}, "parameters": {"*": "R"}}
     graph = from_onnx(llama_onnx(), plan)
     assert {n.attrs["placements"] for n in graph.inputs()} == {("R",)}
+
+
+def test_plan_entries_auto_and_tensor_map():
+    plan = copy.deepcopy(LLAMA_PLAN)
+    plan["parameters"] = {"*.attention.wq.weight": "auto", "*.attention.wk.weight": {"tensor_map": [-1, 0]},
+                          "*.attention.wv.weight": {"placements": ["R", "R", "S(1)"]}, **plan["parameters"]}
+    graph = from_onnx(llama_onnx(), plan)
+    assert graph.node("layers.0.attention.wq.weight").attrs["placements"] == "auto"
+    assert graph.node("layers.0.attention.wk.weight").attrs["placements"] == ("R", "R", "S(1)")  # 0 = tp, innermost
+    assert graph.node("layers.0.attention.wv.weight").attrs["placements"] == ("R", "R", "S(1)")
+    a = analyze(graph, reshard=True)
+    assert a.ok and any("layers.0.attention.wq.weight" in note for note in a.notes)  # complete chose its layout

@@ -19,7 +19,8 @@ by the chain only; dead nodes are pruned at the end.  The rewrites, in order:
 ``rms_norm``
     ``w * (x * rsqrt(mean(x**2, -1, keepdim) + eps))`` (``x*x`` for the square;
     ``reciprocal(sqrt(.))``, ``1 / sqrt(.)`` or ``x / sqrt(.)`` for the inverse root;
-    either operand order of the products) -> ``rms_norm(x, w, eps)``.
+    either operand order of the products; computed in float32 between two casts, as
+    Hugging Face's LlamaRMSNorm does for a float16 model) -> ``rms_norm(x, w, eps)``.
 ``rope``
     ``x * cos + rotate(x) * sin`` with rotate-half (``concat(-x[..., D/2:], x[..., :D/2])``)
     -> ``rotary_position_embedding(x, cos, sin, mode=0)``, with the interleaved rotation
@@ -240,6 +241,9 @@ def _rms_norm(g: ModelGraph, v: _View, node: MNode) -> bool:
         return False
     for y in node.inputs:
         w = _other(node, y)
+        down = v.node(y, "cast") if v.only_use(y) else None  # HF: normalised in float32, cast back
+        if down is not None:
+            y = down.inputs[0]
         ynode = v.node(y, ("mul", "div"))
         if ynode is None or not v.only_use(y) or g.const(w) is not None and not g.values[w].weight:
             continue
@@ -269,7 +273,14 @@ def _rms_norm(g: ModelGraph, v: _View, node: MNode) -> bool:
                 continue
             if g.shape(w) != g.shape(x)[-1:]:
                 continue
-            _replace(v, node, "rms_norm", [x, w], {"eps": v.scalar(eps_value), "normalized_ndim": 1},
+            source = x
+            up = v.node(x, "cast")  # x.to(float32) read by the square and the product only
+            if down is not None and up is not None and len(v.uses.get(x, ())) == 2 and x not in v.outputs and \
+                    g.values[up.inputs[0]].dtype == g.values[node.outputs[0]].dtype:
+                source = up.inputs[0]
+            elif down is not None:
+                continue
+            _replace(v, node, "rms_norm", [source, w], {"eps": v.scalar(eps_value), "normalized_ndim": 1},
                      "fused:rms_norm")
             return True
     return False

@@ -431,7 +431,7 @@ class MsrunEngine:
         if self.nodes > 1:
             msrun_args += [f"--master_addr={self.master_addr}", f"--node_rank={node}"]
         msrun_args += ["--join=True", "--tail_worker_log=-2", f"--log_dir={run / 'logs'}",
-                       f"--cluster_time_out={max(int(self.timeout), 1)}",
+                       f"--cluster_time_out={int(self.timeout) + 10}",  # our timeout comes first
                        "python", "-m", "layout_prop.kernels.msrun_worker", str(run)]
         job = {"program": program, "wanted": wanted, "backend": self.backend, "device_target": device_target,
                "input_names": input_names, "nodes": self.nodes, "collector": ranks[0]}
@@ -562,6 +562,7 @@ class MsrunEngine:
                                  hint="read msrun.log and the worker logs in the run folder")
 
     def _unfinished_text(self, runs: list[_NodeRun]) -> str:
+        """Which ranks did not finish; on a real cluster, which other nodes this node waited for."""
         parts = []
         for node_run in runs:
             missing = [r for r in node_run.ranks if not worker.done_path(node_run.run, r).exists()]
@@ -569,8 +570,15 @@ class MsrunEngine:
             if missing:
                 parts.append(f"ranks {missing}{where} did not finish")
         if self.nodes > 1 and not self.emulated:
-            parts.append("a node that died or never joined stops every node; each node's launcher names its own "
-                         "ranks")
+            node_run = runs[0]
+            others = [e for e in self._extra["nodes"] if e["node"] != self.node_rank]
+            names = ", ".join(f"node {e['node']} (ranks {e['ranks'][0]}-{e['ranks'][-1]})" for e in others)
+            names = names if len(others) == 1 else f"one or more of {names}"
+            if not any(worker.joined_path(node_run.run, r).exists() for r in node_run.ranks):
+                parts.append(f"the cluster never formed: {names} never joined {self.master_addr}")
+            else:
+                parts.append(f"they waited for the other nodes: {names} died or stalled (its launcher names the "
+                             "rank)")
         return "; ".join(parts) or "every rank finished but msrun did not exit"
 
     def _kill_all(self, runs: list[_NodeRun]) -> None:

@@ -121,6 +121,7 @@ __all__ = [
     "result_info_path",
     "error_path",
     "pid_path",
+    "joined_path",
     "done_path",
     "share_results",
     "group_name",
@@ -183,6 +184,11 @@ def error_path(run_dir: Path, rank: int | str) -> Path:
 def pid_path(run_dir: Path, pid: int) -> Path:
     """A started worker's pid file (the launcher kills workers by these ids on timeout)."""
     return Path(run_dir) / "pids" / f"{pid}.pid"
+
+
+def joined_path(run_dir: Path, rank: int) -> Path:
+    """Written by a worker once ``init()`` returned, i.e. once every node of the cluster joined."""
+    return Path(run_dir) / f"rank{rank}.joined"
 
 
 def done_path(run_dir: Path, rank: int) -> Path:
@@ -831,6 +837,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress["op"] = "init"
         init()
         rank = _checked_rank(get_rank())
+        joined_path(run_dir, rank).write_text("joined\n")  # the cluster formed: every node is there
         progress["op"] = "start"
         _pause_on_purpose(run_dir, rank)
         _fail_on_purpose(rank)

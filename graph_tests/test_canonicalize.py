@@ -18,7 +18,7 @@ from layout_prop.frontends.onnx import from_onnx, read_onnx  # noqa: E402
 from layout_prop.loader import load_spec  # noqa: E402
 from layout_prop.passes.canonicalize import REWRITES, Canonicalize  # noqa: E402
 from layout_prop.plan import load_plan  # noqa: E402
-from layout_prop.runner import execute_global  # noqa: E402
+from layout_prop.runner import execute_global, run_graph  # noqa: E402
 
 B, N, S, D = 2, 2, 4, 8
 PLAN = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}}
@@ -315,3 +315,29 @@ def test_rms_norm_in_float32_between_casts_as_hugging_face_writes_it():
                             wanted=a.graph.outputs).values()
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_grouped_query_attention_with_repeat_kv():
+    """Hugging Face's repeat_kv (k[:, :, None].expand(B, n_kv, n_rep, S, D).reshape(B, n_kv * n_rep, S, D))
+    before eager attention: the expand becomes copies, the attention fuses, numbers match."""
+    kv = 1
+    shape5 = np.array([B, kv, N // kv, S, D], np.int64)
+    shape4 = np.array([B, N, S, D], np.int64)
+    nodes = []
+    for t in ("k", "v"):
+        nodes += [helper.make_node("Unsqueeze", [t, "two"], [f"{t}5"]),
+                  helper.make_node("Expand", [f"{t}5", "shape5"], [f"{t}x"]),
+                  helper.make_node("Reshape", [f"{t}x", "shape4"], [f"{t}r"])]
+    nodes += [helper.make_node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Mul", ["s", "c"], ["sc"]),
+              helper.make_node("Add", ["sc", "mask"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vr"], ["y"])]
+    inits = [("two", np.array([2])), ("shape5", shape5), ("shape4", shape4), ("c", np.array(D ** -0.5, np.float32)),
+             ("mask", np.triu(np.full((S, S), -np.inf, np.float32), 1))]
+    m = model(nodes, {"q": [B, N, S, D], "k": [B, kv, S, D], "v": [B, kv, S, D]}, [B, N, S, D], inits)
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"q": ["S(0)"], "k": ["S(0)"], "v": ["S(0)"]}}
+    ops = ops_of(m, plan)
+    assert ops["scaled_dot_product_attention"] == 1 and ops["concat"] == 2 and "expand" not in ops
+    assert_same_numbers(m, plan)
+    rep = run_graph(from_onnx(m, plan), backward=True)
+    assert rep.ok, rep.mismatches

@@ -268,6 +268,21 @@ def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] 
             return [("scale", [x], {"factor": c if op == "mul" else 1.0 / c})]
         if op == "mul" and _is_scalar(consts[0]) and model.values[y].dtype in FLOAT_DTYPES:
             return [("scale", [y], {"factor": scalar_value(consts[0])})]
+    if op == "expand":  # numpy broadcasting to the output's shape, by unsqueezes and concats of copies
+        x = node.inputs[0]
+        src, out = model.shape(x), model.shape(node.outputs[0])
+        if src is None or out is None or len(out) < len(src):
+            return None
+        steps: list[tuple[str, list[str], dict]] = []
+        shape = (1,) * (len(out) - len(src)) + tuple(src)
+        for _ in range(len(out) - len(src)):
+            steps.append(("unsqueeze", [x if not steps else "__prev__"], {"dim": 0}))
+        copies = [(d, t) for d, (s_, t) in enumerate(zip(shape, out)) if s_ != t]
+        if any(shape[d] != 1 for d, _ in copies) or int(np.prod([t for _, t in copies] or [1])) > 64:
+            return None  # not a broadcast, or too many copies to spell out
+        for d, t in copies:
+            steps.append(("concat", [x if not steps else "__prev__"] * t, {"axis": d}))
+        return steps or [("identity", [x], {})]
     if op == "pow":
         if _is_scalar(consts[1]) and model.values[node.inputs[0]].dtype in FLOAT_DTYPES:
             return [("pow", [node.inputs[0]], {"exponent": scalar_value(consts[1])})]

@@ -407,20 +407,20 @@ class MsrunEngine:
 
     def _port(self) -> int:
         """The scheduler's port; node 0, when on the scheduler's host, refuses one that is taken."""
-        if self.master_port is None:
-            return _free_port() if self.nodes == 1 or self.emulated else MSRUN_DEFAULT_PORT
+        if self.master_port is None and (self.nodes == 1 or self.emulated):
+            return _free_port()
+        port = self.master_port if self.master_port is not None else MSRUN_DEFAULT_PORT
         if self.node_rank != 0:
-            return self.master_port  # node 0's scheduler may hold it already
+            return port  # node 0's scheduler may hold it already
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
-                sock.bind((self.master_addr, self.master_port))
+                sock.bind((self.master_addr, port))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise ExecutionError("port-in-use", f"port {self.master_port} of {self.master_addr} is already "
-                                         "in use", hint="choose another --master-port (the same on every node)") \
-                        from None
+                    raise ExecutionError("port-in-use", f"port {port} of {self.master_addr} is already in use",
+                                         hint="choose another --master-port (the same on every node)") from None
                 # not this host's address (the scheduler runs elsewhere), or not resolvable here: msrun decides
-        return self.master_port
+        return port
 
     def _prepare_node(self, node: int, workers: int, size: int, port: int, msrun: str, search_path: list[str],
                       key: bytes, program, wanted: list[str], device_target: str,

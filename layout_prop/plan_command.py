@@ -212,7 +212,8 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
 def add_plan_parser(sub) -> None:
     """Register ``layout-prop plan`` on the CLI's subparsers."""
     p = sub.add_parser("plan", help="choose every auto layout with the least communication per training step")
-    p.add_argument("spec", metavar="SPEC", type=Path, help="a YAML or JSON spec with placements: auto inputs")
+    p.add_argument("spec", metavar="SPEC_OR_MODEL", type=Path,
+                   help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
     p.add_argument("--memory-per-rank", metavar="BYTES", help="the memory limit per rank, like 16GiB or 512MiB")
     p.add_argument("--objective", choices=["bytes", "time"], default="bytes",
                    help="minimise bytes per rank per step (default) or modelled time with the mesh's links")
@@ -222,14 +223,18 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--baseline", metavar="SPEC", type=Path, help="compare with this spec's layouts (default: SPEC's own)")
     p.add_argument("-o", "--output", type=Path, help="write the planned spec here (.yaml or .json)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from .frontends.cli import add_model_args
+
+    add_model_args(p)  # a model with its sharding plan (parameters: auto for the ones to choose)
 
 
 def cmd_plan(args) -> int:
+    from .frontends.cli import load_graph
     from .loader import load_spec
     from .passes.plan import InfeasiblePlan
 
     limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
-    graph = load_spec(args.spec)
+    graph = load_graph(args)
     baseline = load_spec(args.baseline) if args.baseline is not None else None
     if baseline is not None and (baseline.mesh != graph.mesh or
                                  [n.name for n in baseline.inputs()] != [n.name for n in graph.inputs()]):

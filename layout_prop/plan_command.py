@@ -204,7 +204,11 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     layouts = {name: list(spec["inputs"][name]["placements"]) for name in spec["inputs"]}
     solver = {"objective": objective, "classes": solution.classes, "strategies": solution.variables,
               "seconds": round(solution.seconds, 3), "modelled_cost": round(solution.cost, 3),
-              "modelled_memory": solution.memory, "moves": moves, "backward": backward}
+              "modelled_memory": solution.memory, "moves": moves, "backward": backward,
+              "optimal": solution.optimal, "gap": solution.gap}
+    if not solution.optimal:
+        notes.append(f"the solver ran out of time ({solution.seconds:.0f} s): the plan is the best found, within "
+                     f"{solution.gap:.1%} of the best bound")
     return PlanReport(spec, layouts, auto, plan, base, baseline_layouts, solver, notes)
 
 

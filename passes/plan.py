@@ -88,6 +88,7 @@ __all__ = ["Problem", "Link", "DEFAULT_LINK", "Strategy", "Solution", "solve", "
 
 OBJECTIVES = ("bytes", "time")
 CAP = 32  # strategies kept per node (module docstring)
+TIME_LIMIT = 20.0  # seconds the ILP solver may search; then the best plan found, its gap reported
 REPEAT = 3  # a name pattern repeated this often (with equal structure) is one class of variables
 
 
@@ -436,6 +437,8 @@ class Solution:
     variables: int
     seconds: float = 0.0
     alternatives: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
+    optimal: bool = True  # proven optimal (else the best found within the time limit)
+    gap: float = 0.0  # the solver's relative gap to the best bound
 
 
 class Problem:
@@ -464,6 +467,8 @@ class Problem:
         self.requires = _requires_grad(graph)
         self.fixed_inputs = fixed_inputs
         self.cap = cap
+        self.time_limit = TIME_LIMIT
+        self.optimal, self.gap = True, 0.0
         self.seeds = self._seeds()
         self.strategies: dict[str, list[Strategy]] = {}
         self._build()
@@ -569,9 +574,14 @@ class Problem:
         a = coo_matrix((vals, (rows, cols)), shape=(len(lo), total)).tocsr()
         integrality = np.concatenate([np.ones(nvars), np.zeros(total - nvars)])
         res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-                   bounds=Bounds(lower, upper), options={"time_limit": 600})
+                   bounds=Bounds(lower, upper), options={"time_limit": self.time_limit})
         if res.x is None:
+            if res.status == 1:  # out of time before any plan was found
+                raise LayoutPropError("plan-timeout", f"the solver found no plan within {self.time_limit:g} s",
+                                      hint="raise the time limit, or give fewer auto inputs")
             return None
+        self.optimal = res.status == 0
+        self.gap = float(getattr(res, "mip_gap", 0.0) or 0.0)
         chosen = {}
         for (cls, k), var in p["index"].items():
             if res.x[var] > 0.5:
@@ -783,7 +793,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     strategies = problem.solution(chosen, value)
     layouts = {n.name: tuple(strategies[n.name].outputs[0].layout.placement_strs()) for n in graph.inputs()}
     variables = sum(len(s) for s in problem.strategies.values())
-    sol = Solution(strategies, layouts, value, memory, objective, len(problem.strategies), variables)
+    sol = Solution(strategies, layouts, value, memory, objective, len(problem.strategies), variables,
+                   optimal=problem.optimal, gap=problem.gap)
     if alternatives:
         for node in graph.inputs():
             if node.attrs.get("placements") != "auto":

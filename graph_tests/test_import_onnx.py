@@ -424,3 +424,12 @@ def test_plan_entries_auto_and_tensor_map():
     assert graph.node("layers.0.attention.wv.weight").attrs["placements"] == ("R", "R", "S(1)")
     a = analyze(graph, reshard=True)
     assert a.ok and any("layers.0.attention.wq.weight" in note for note in a.notes)  # complete chose its layout
+
+
+def test_plan_inputs_may_say_requires_grad():
+    plan = copy.deepcopy(LLAMA_PLAN)
+    plan["inputs"]["cos"] = {"placements": ["R", "S(1)", "R"], "requires_grad": False}
+    graph = from_onnx(llama_onnx(), plan)
+    assert graph.node("cos").attrs["requires_grad"] is False and graph.node("sin").attrs["requires_grad"] is True
+    rep = run_graph(graph, backward=True)
+    assert rep.ok and "cos" not in rep.grads and "sin" in rep.grads

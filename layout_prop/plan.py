@@ -15,8 +15,9 @@ A parameter's entry is a semantic preset (``colwise``, ``rowwise``, ``vocab``,
 ``replicate``, optionally naming the mesh axis: ``colwise(tp)``; ``tp`` by default),
 ``auto``, ``R`` (replicated on every mesh axis), a list of placements (one per mesh
 axis) or a mapping ``{placements: [...]}`` / ``{tensor_map: [...]}``.  An input's entry
-is a list of placements, ``auto``, or a mapping that may also give ``shape`` (for a
-model whose input dims are dynamic) and ``tensor_map``.
+is a list of placements, ``auto``, ``R``, or a mapping that may also give ``shape`` (for a
+model whose input dims are dynamic), ``tensor_map`` and ``requires_grad`` (default: true
+for a floating input).
 
 Presets are resolved from how the parameter is consumed (:class:`ParamUse`): ``colwise``
 shards the dim that becomes the consumer's output features, ``rowwise`` the contracted
@@ -51,7 +52,7 @@ __all__ = ["Plan", "ParamRule", "ParamUse", "load_plan", "resolve_parameters", "
 
 PRESETS = ("colwise", "rowwise", "vocab", "replicate")
 PLAN_KEYS = {"mesh", "inputs", "parameters"}
-INPUT_KEYS = {"shape", "placements", "tensor_map"}
+INPUT_KEYS = {"shape", "placements", "tensor_map", "requires_grad"}
 _PRESET = re.compile(r"^\s*(colwise|rowwise|vocab|replicate)\s*(?:\(\s*([^()\s]+)\s*\))?\s*$")
 
 
@@ -196,6 +197,11 @@ def _input_entry(mesh: DeviceMesh, name: Any, entry: Any) -> dict:
             raise _err("bad-type", f"shape must be a list of sizes, got {shape!r}", f"{path}.shape",
                        "write shape: [2, 8]")
         out["shape"] = list(shape)
+    if "requires_grad" in entry:
+        if not isinstance(entry["requires_grad"], bool):
+            raise _err("bad-type", f"requires_grad must be true or false, got {entry['requires_grad']!r}",
+                       f"{path}.requires_grad", "write requires_grad: false")
+        out["requires_grad"] = entry["requires_grad"]
     if entry.get("placements") == "auto":
         out["placements"] = "auto"
     elif "placements" in entry:

@@ -357,7 +357,7 @@ def apply_plan(spec: dict, weights: list[str], plan: Plan) -> dict:
             raise SpecError("unknown-input", f"the plan names input {name!r}, which the model does not have",
                             path=f"inputs.{name}", hint=f"the model's inputs are {runtime}")
         target = spec["inputs"][sanitize(name)]
-        for key in ("placements", "tensor_map"):
+        for key in ("placements", "tensor_map", "requires_grad"):
             if key in entry:
                 target[key] = entry[key]
     shapes = {w: spec["inputs"][w]["shape"] for w in weights}

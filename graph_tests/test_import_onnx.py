@@ -153,6 +153,8 @@ def test_presets_resolve_through_the_consumer(tmp_path):
     graph = from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]},
                               "parameters": {"fc.weight": "colwise", "fc.bias": "R"}})
     assert graph.node("fc.weight").attrs["placements"] == ("S(0)",)
+    assert [(n.op, n.inputs) for n in graph.nodes if not n.is_input] == [("linear", ("x", "fc.weight", "fc.bias"))]
+    assert run_graph(graph, backward=True).ok
     with pytest.raises(SpecError) as err:
         from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]}, "parameters": {"fc.bias": "colwise"}})
     assert err.value.code == "preset-misfit" and "fc.bias" in err.value.path
@@ -433,3 +435,20 @@ def test_plan_inputs_may_say_requires_grad():
     assert graph.node("cos").attrs["requires_grad"] is False and graph.node("sin").attrs["requires_grad"] is True
     rep = run_graph(graph, backward=True)
     assert rep.ok and "cos" not in rep.grads and "sin" in rep.grads
+
+
+def test_a_general_gemm_computes_what_onnx_computes():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 6)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32), "c")]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "c"], ["y"], transA=1, alpha=2.0, beta=0.5)], "g", [x], [y], inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    graph = from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(1)"]}})
+    assert Counter(n.op for n in graph.nodes if not n.is_input) == {"transpose": 1, "matmul": 1, "scale": 2, "add": 1}
+    feeds = {"x": rng.standard_normal((8, 4)).astype(np.float32)}
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    (got,) = one_device(graph, model, feeds).values()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

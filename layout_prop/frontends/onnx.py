@@ -352,6 +352,10 @@ class _Reader:
 
     def op_Gemm(self, name, ins, outs, a, consts):
         x, w = ins[0], ins[1]
+        bias = ins[2] if len(ins) > 2 and ins[2] else None
+        if a.get("transB", 0) and not a.get("transA", 0) and a.get("alpha", 1.0) == 1.0 and \
+                a.get("beta", 1.0) == 1.0 and (bias is None or len(self.g.shape(bias)) == 1):
+            return self.add("linear", [x, w] + ([bias] if bias else []), outs, {}, "Gemm", name)  # torch's Linear
         if a.get("transA", 0):
             x = self._transpose(x, [1, 0], name)
         out = outs[0]

@@ -50,3 +50,16 @@ class TwoOutputs(nn.Cell):
 
     def construct(self, x):
         return ops.exp(x), ops.neg(x)
+
+
+class DecomposedRMSNorm(nn.Cell):
+    """MindFormers' LlamaRMSNorm written out: square, mean, add eps, rsqrt, mul, mul by the weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.linspace(0.5, 1.5, 16).astype(np.float32)), name="weight")
+        self.square, self.mean, self.rsqrt = ops.Square(), ops.ReduceMean(keep_dims=True), ops.Rsqrt()
+
+    def construct(self, x):
+        factor = self.rsqrt(self.mean(self.square(x), -1) + 1e-5)
+        return (x * factor) * self.weight

@@ -204,3 +204,16 @@ def test_a_cell_returning_a_tuple_has_both_outputs():
     graph = from_cell(TwoOutputs(), ms.Tensor(np.ones((4, 2), np.float32)),
                       plan={"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}})
     assert [graph.producer(v)[0].op for v in graph.outputs] == ["exp", "neg"]
+
+
+def test_mindformers_decomposed_rms_norm_fuses():
+    from .mindspore_cells import DecomposedRMSNorm
+
+    import mindspore as ms
+    import numpy as np
+
+    set_graph_mode()
+    graph = from_cell(DecomposedRMSNorm(), ms.Tensor(np.ones((2, 4, 16), np.float32)),
+                      plan={"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}})
+    (norm,) = [n for n in graph.nodes if not n.is_input]
+    assert (norm.op, norm.inputs, norm.attrs["eps"]) == ("rms_norm", ("x", "weight"), 1e-5)

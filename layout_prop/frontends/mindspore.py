@@ -352,6 +352,11 @@ class _Reader:
             return self.emit(name, "pow", [self.tensor(ins[0]), c], out, shaped, {}, "Pow")
         self.emit(name, "pow", [self.tensor(ins[0]), self.tensor(ins[1])], out, shaped, {}, "Pow")
 
+    def p_Square(self, name, ins, out, shaped):
+        two = self.g.fresh(f"{name}_two")
+        self.g.add_value(Value(two, (), "float32", const=np.array(2.0, np.float32)))
+        self.emit(name, "pow", [self.tensor(ins[0]), two], out, shaped, {}, "Square")
+
     def p_Cast(self, name, ins, out, shaped):
         self.emit(name, "cast", [self.tensor(ins[0])], out, shaped, {"dtype": shaped[1]}, "Cast")
 

@@ -175,7 +175,7 @@ def test_aliases_within_the_limit_are_fine():
 
 
 def test_a_value_that_contains_itself(tmp_path, capsys):
-    check_refuses(tmp_path, capsys, "mesh: &m [*m]\n", "spec-too-large", "contains itself")
+    check_refuses(tmp_path, capsys, "mesh: &m [*m]\n", "spec-too-deep", "contains itself")
 
 
 def test_cut_is_bounded_on_a_shared_nest():

@@ -452,3 +452,15 @@ def test_a_general_gemm_computes_what_onnx_computes():
     (want,) = ReferenceEvaluator(model).run(None, feeds)
     (got,) = one_device(graph, model, feeds).values()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_import_no_fuse_writes_the_decomposed_graph(tmp_path, capsys):
+    model, plan = write(tmp_path, "m.onnx", llama_onnx()), plan_file(tmp_path)
+    out = tmp_path / "unfused.yaml"
+    assert main(["import", str(model), "--plan", str(plan), "--no-fuse", "-o", str(out)]) == 0
+    ops = Counter(nd["op"] for nd in yaml.safe_load(out.read_text())["nodes"])
+    assert ops["pow"] == 2 and ops["reciprocal"] == 2 and ops["sigmoid"] == 1 and ops["batch_matmul"] == 2
+    assert "rms_norm" not in ops and "scaled_dot_product_attention" not in ops
+    capsys.readouterr()
+    assert main(["check", str(out), "--reshard"]) == 0  # every op of the decomposed graph is known
+    assert main(["run", str(out)]) == 0

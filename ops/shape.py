@@ -179,11 +179,6 @@ def _axis_name(layout: Layout, axis: int) -> str:
     return f"{layout.mesh.names[axis]!r}"
 
 
-def _axes_names(layout: Layout, axes: Sequence[int]) -> str:
-    names = [f"{layout.mesh.names[a]!r}" for a in axes]
-    return ("mesh axis " if len(names) == 1 else "mesh axes ") + ", ".join(names)
-
-
 def _replicate_axes(layout: Layout, axes) -> Layout:
     axes = set(axes)
     return layout.with_placements([Replicate() if a in axes else p for a, p in enumerate(layout.placements)])
@@ -293,12 +288,6 @@ def reshape_groups(in_shape: Sequence[int], out_shape: Sequence[int]) -> list[Gr
     return groups
 
 
-def _flat_blocks(shape: Sequence[int], dims: Sequence[int], counts: Sequence[int]) -> list[tuple[int, int]]:
-    """Blocks of the group's flattened extent held by each shard of its outermost dim."""
-    inner = math.prod(shape[d] for d in dims[1:])
-    return [(lo * inner, hi * inner) for lo, hi in shard_blocks(shape[dims[0]], counts)]
-
-
 def _blocks_agree(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
     return all(x == y or (x[0] == x[1] and y[0] == y[1]) for x, y in zip(a, b))
 
@@ -367,10 +356,8 @@ def _axis_through_group(p, axis: int, mesh, gi, go, coords, lin, lout):
     sf_in = p.split_factor if isinstance(p, StridedShard) else 1
     chosen = None
     new_in, new_out = [], []
-    empty = []  # ranks that hold nothing of the group: any cut keeps them empty on both sides
     for r, c in enumerate(coords):
-        if math.prod(lin[r].values()) == 0:
-            empty.append(r)
+        if math.prod(lin[r].values()) == 0:  # holds nothing of the group: any cut keeps it empty on both sides
             new_in.append(0)
             new_out.append(0)
             continue

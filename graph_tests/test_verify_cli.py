@@ -151,3 +151,13 @@ def test_check_does_not_import_networkx_matplotlib_or_mindspore():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_run_with_an_unfixable_violation_does_not_blame_no_reshard(tmp_path, capsys):
+    spec = tmp_path / "bad_mode.yaml"
+    spec.write_text("mesh: {shape: [2], names: [dp]}\ninputs:\n  x: {shape: [2, 2, 4, 8]}\n"
+                    "  cos: {shape: [1, 1, 4, 8]}\n  sin: {shape: [1, 1, 4, 8]}\n"
+                    "nodes:\n  - {name: y, op: rope, inputs: [x, cos, sin], attrs: {mode: 7}}\n")
+    assert main(["run", str(spec)]) == 1
+    out = capsys.readouterr().out
+    assert "nothing was executed: 1 violation(s) that no redistribution fixes" in out and "--no-reshard" not in out

@@ -433,8 +433,11 @@ def _cmd_run(args) -> int:
         if not rep.executed:
             for v in rep.violations:
                 print(f"violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")
-            print(f"nothing was executed: {len(rep.violations)} violation(s) and --no-reshard "
-                  "(without it, run inserts the redistributions that fix them)")
+            if args.no_reshard:
+                why = "and --no-reshard (without it, run inserts the redistributions that fix what they can)"
+            else:
+                why = "that no redistribution fixes"
+            print(f"nothing was executed: {len(rep.violations)} violation(s) {why}")
             return 1
         print(f"engine {rep.engine}, {rep.ranks} ranks")
         for line in rep.extra.get("node_map", []):

@@ -464,3 +464,11 @@ def test_import_no_fuse_writes_the_decomposed_graph(tmp_path, capsys):
     capsys.readouterr()
     assert main(["check", str(out), "--reshard"]) == 0  # every op of the decomposed graph is known
     assert main(["run", str(out)]) == 0
+
+
+def test_a_plan_file_of_any_name(tmp_path, capsys):
+    model = write(tmp_path, "m.onnx", llama_onnx())
+    plan = tmp_path / "megatron.plan"
+    plan.write_text(yaml.safe_dump(LLAMA_PLAN, sort_keys=False))
+    assert main(["check", str(model), "--plan", str(plan), "--reshard"]) == 0
+    one_line_error(capsys, ["check", str(model), "--plan", str(tmp_path / "missing.plan")], "plan-not-found")

@@ -122,7 +122,8 @@ def load_plan(source: str | Path | dict) -> Plan:
         data = source
     else:
         text = str(source)
-        if isinstance(source, Path) or ("\n" not in text and text.endswith((".yaml", ".yml", ".json"))):
+        if isinstance(source, Path) or ("\n" not in text and (text.endswith((".yaml", ".yml", ".json")) or
+                                                               _is_file(text))):
             name = text
             try:
                 text = Path(source).read_text(encoding="utf-8")
@@ -150,6 +151,13 @@ def load_plan(source: str | Path | dict) -> Plan:
                    "write parameters: {\"*.wq.weight\": colwise}")
     rules = tuple(_param_rule(mesh, str(pattern), entry) for pattern, entry in params.items())
     return Plan(mesh, dict(data["mesh"]), parsed_inputs, rules, name)
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _mesh(data: Any) -> DeviceMesh:

@@ -47,7 +47,7 @@ def load_graph(args: argparse.Namespace) -> Graph:
         if plan is None:
             raise SpecError("missing-plan", f"{source!r} is a model: it needs a sharding plan", path=source,
                             hint=f"add --plan PLAN.yaml (see the README's 'Your own model')")
-        return load_model(source, plan, opaque=getattr(args, "opaque", False))
+        return load_model(source, Path(plan), opaque=getattr(args, "opaque", False))  # --plan is always a file
     if plan is not None:
         raise SpecError("unexpected-plan", f"--plan goes with a model (.onnx or .mindir), but {source!r} is a spec",
                         path=source, hint="drop --plan, or give the model file")
@@ -63,7 +63,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..loader import load_spec
     from . import import_spec
 
-    spec, notes = import_spec(args.model, args.plan, opaque=args.opaque, fuse=not args.no_fuse)
+    spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
     load_spec(spec)  # never write a spec that check would refuse
     if args.output is not None and args.output.suffix == ".json":
         text = json.dumps(spec, indent=1)

@@ -292,3 +292,16 @@ def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
     process.kill()
     process.communicate(timeout=30)
     assert wait_until_none_left(tag, limit=5.0) == []
+
+
+def test_a_worker_dead_before_it_was_seen_is_named_from_msruns_log(tmp_path):
+    """msrun's log names the pid; the one rank never seen running Python is the dead one."""
+    from layout_prop.kernels.msrun_engine import _Child, _RunWatch
+
+    watch = _RunWatch(msrun_pid=0, run=tmp_path, ranks=[4, 5], launched=time.monotonic())
+    me = Path(f"/proc/{os.getpid()}/stat").read_text()
+    watch.children[os.getpid()] = _Child(os.getpid(), me[me.rfind(")") + 2:].split()[19], "worker", 4)  # alive
+    assert watch.failure() is None
+    (tmp_path / "msrun.log").write_text("[ERROR] ME(1:1,MainProcess):... Worker process 424242 exit with exception. "
+                                        "Error code: -9.\n")
+    assert watch.failure().startswith("rank 5 (pid 424242) was killed by SIGKILL (signal 9) ")

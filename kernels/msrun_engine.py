@@ -531,7 +531,7 @@ class MsrunEngine:
         except OSError as exc:
             raise ExecutionError("engine-unavailable", f"cannot start msrun: {exc.strerror or exc}; run folder {run}",
                                  hint="check the MindSpore installation") from None
-        node_run.watch = _RunWatch(node_run.process.pid, run, len(node_run.ranks), launched)
+        node_run.watch = _RunWatch(node_run.process.pid, run, node_run.ranks, launched)
 
     def _failure(self, node_run: _NodeRun, name_node: bool) -> str | None:
         """What went wrong on this node, in words (``node K: ...`` when several run here), or None."""
@@ -723,13 +723,16 @@ class _RunWatch:
     A worker's rank is the ``RANK_ID`` msrun puts in its environment (read once it has
     started Python: its command line then differs from msrun's).  A dead worker stays a
     zombie until msrun's next poll (once a second), so its wait status is read from
-    ``/proc/PID/stat``; if msrun reaped it first, from msrun's own log line.
+    ``/proc/PID/stat``; if msrun reaped it first, from msrun's own log line, which also
+    reveals a worker that died before it could be seen running Python (its rank is then
+    the one rank not seen, if only one is missing).
     """
 
-    def __init__(self, msrun_pid: int, run: Path, workers: int, launched: float) -> None:
+    def __init__(self, msrun_pid: int, run: Path, ranks: list[int], launched: float) -> None:
         self.msrun_pid = msrun_pid
         self.run = run
-        self.workers = workers
+        self.ranks = list(ranks)
+        self.workers = len(ranks)
         self.launched = launched
         self.children: dict[int, _Child] = {}
         self.ended: dict[int, int | None] = {}  # pid -> wait status (None: not known)
@@ -764,16 +767,34 @@ class _RunWatch:
             rank = int(rank_id) if role == "worker" and rank_id.isdigit() else None
             self.children[pid] = _Child(pid, fields[19], role, rank)
 
-    def _msrun_log_status(self, pid: int) -> int | None:
+    def _msrun_log_deaths(self) -> dict[int, int]:
+        """``{pid: wait status}`` of the workers msrun logged as failed."""
         try:
             text = (self.run / "msrun.log").read_text(errors="replace")
         except OSError:
-            return None
+            return {}
+        deaths = {}
         for match in _WORKER_DEATH.finditer(text):
-            if int(match.group(1)) == pid:
-                code = int(match.group(2))
-                return -code if code < 0 else code << 8  # as a wait status
-        return None
+            code = int(match.group(2))
+            deaths[int(match.group(1))] = -code if code < 0 else code << 8  # as a wait status
+        return deaths
+
+    def _msrun_log_status(self, pid: int) -> int | None:
+        return self._msrun_log_deaths().get(pid)
+
+    def _unseen_deaths(self) -> list[tuple[_Child, int | None]]:
+        """Workers msrun logged as failed that were never seen running Python."""
+        deaths = []
+        for pid, status in self._msrun_log_deaths().items():
+            if pid in self.children:
+                continue
+            seen = {c.rank for c in self.children.values() if c.role == "worker"}
+            unseen = [r for r in self.ranks if r not in seen]
+            child = _Child(pid, "", "worker", unseen[0] if len(unseen) == 1 else None)
+            self.children[pid] = child
+            self.ended[pid] = status
+            deaths.append((child, status))
+        return deaths
 
     def _poll_deaths(self) -> list[tuple[_Child, int | None]]:
         deaths = []
@@ -797,7 +818,7 @@ class _RunWatch:
                 continue
             self.ended[pid] = status
             deaths.append((child, status))
-        return deaths
+        return deaths + self._unseen_deaths()
 
     def failure(self) -> str | None:
         """What went wrong first, in words, or None while all is well.
@@ -818,7 +839,7 @@ class _RunWatch:
                         | {e.get("rank") for e in errors if isinstance(e.get("rank"), int)})
         if by_signal:
             _, pid, child, status = by_signal[0]
-            text = f"rank {child.rank} (pid {pid}) {_describe_status(status)} {seconds:.1f} s after the launch"
+            text = f"{_who(child)} {_describe_status(status)} {seconds:.1f} s after the launch"
             return text + _also(others, child.rank)
         if errors:
             first = min(errors, key=lambda e: (e.get("time", 0.0), str(e.get("rank"))))
@@ -828,11 +849,17 @@ class _RunWatch:
                                 if c.role == "worker"))
         if worker_deaths:
             rank, pid, status = worker_deaths[0]
-            text = f"rank {rank if rank >= 0 else '?'} (pid {pid}) {_describe_status(status)}{_log_hint(self.run)}"
+            text = f"{_who(self.children[pid])} {_describe_status(status)}{_log_hint(self.run)}"
             return text + _also(others, rank)
         for child, status in deaths:
             return f"msrun's scheduler (pid {child.pid}) {_describe_status(status)}{_log_hint(self.run)}"
         return None
+
+
+def _who(child: _Child) -> str:
+    if child.rank is None:
+        return f"a worker (pid {child.pid}; its rank is not known: it died before it started Python)"
+    return f"rank {child.rank} (pid {child.pid})"
 
 
 def _also(ranks: list[int], blamed: Any) -> str:

@@ -63,3 +63,18 @@ class DecomposedRMSNorm(nn.Cell):
     def construct(self, x):
         factor = self.rsqrt(self.mean(self.square(x), -1) + 1e-5)
         return (x * factor) * self.weight
+
+
+class RepeatKV(nn.Cell):
+    """Grouped-query key/value heads repeated as MindFormers does (reshape, Tile, reshape), and by
+    broadcast_to: (B, 1, S, D) -> (B, 2, S, D) each, added."""
+
+    def __init__(self):
+        super().__init__()
+        self.tile = ops.Tile()
+
+    def construct(self, k):
+        b, n, s, d = k.shape
+        tiled = self.tile(k.reshape(b, n, 1, s * d), (1, 1, 2, 1)).reshape(b, n * 2, s, d)
+        broadcast = ops.broadcast_to(k.reshape(b, n, 1, s, d), (b, n, 2, s, d)).reshape(b, n * 2, s, d)
+        return tiled + broadcast

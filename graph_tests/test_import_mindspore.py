@@ -22,7 +22,7 @@ from layout_prop.frontends.mindspore import from_cell, from_mindir  # noqa: E402
 from layout_prop.frontends.samples import LLAMA_PLAN  # noqa: E402
 from layout_prop.loader import load_spec  # noqa: E402
 from layout_prop.models import llama_spec  # noqa: E402
-from layout_prop.runner import run_graph  # noqa: E402
+from layout_prop.runner import execute_global, run_graph  # noqa: E402
 
 from .mindspore_llama import Model, example_inputs, set_graph_mode  # noqa: E402
 
@@ -217,3 +217,21 @@ def test_mindformers_decomposed_rms_norm_fuses():
                       plan={"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}})
     (norm,) = [n for n in graph.nodes if not n.is_input]
     assert (norm.op, norm.inputs, norm.attrs["eps"]) == ("rms_norm", ("x", "weight"), 1e-5)
+
+
+def test_tile_and_broadcast_to_repeat_kv_heads():
+    from .mindspore_cells import RepeatKV
+
+    import mindspore as ms
+    import numpy as np
+
+    set_graph_mode()
+    k = np.random.default_rng(0).standard_normal((2, 1, 4, 8)).astype(np.float32)
+    graph = from_cell(RepeatKV(), ms.Tensor(k), plan={"mesh": {"shape": [2], "names": ["dp"]},
+                                                      "inputs": {"k": ["S(0)"]}})
+    ops = Counter(n.op for n in graph.nodes if not n.is_input)
+    assert ops["concat"] == 2 and "tile" not in ops and "expand" not in ops
+    a = analyze(graph)
+    (got,) = execute_global(a.graph, {"k": k}, wanted=a.graph.outputs).values()
+    np.testing.assert_allclose(got, 2 * np.repeat(k, 2, axis=1), rtol=1e-6)
+    assert run_graph(graph, backward=True).ok

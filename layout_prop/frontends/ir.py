@@ -244,7 +244,7 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
 
 # decomposed ops the registry does not know (the canonicalisation pass fuses them away)
 # (pow is lowered with its exponent as an attr; sqrt, sigmoid... are layout_prop.frontends.pointwise ops)
-_NOT_LOWERED = {"pow", "where", "expand", "gather", "matmul_nd", "split"}
+_NOT_LOWERED = {"pow", "where", "expand", "tile", "gather", "matmul_nd", "split"}
 
 
 def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] | None:
@@ -283,6 +283,13 @@ def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] 
         for d, t in copies:
             steps.append(("concat", [x if not steps else "__prev__"] * t, {"axis": d}))
         return steps or [("identity", [x], {})]
+    if op == "tile":  # copies side by side along each dim: concatenations of the whole tensor
+        copies = [(d, m) for d, m in enumerate(a["multiples"]) if m != 1]
+        if any(m < 1 for _, m in copies) or int(np.prod([m for _, m in copies] or [1])) > 64:
+            return None
+        steps = [("concat", [node.inputs[0] if k == 0 else "__prev__"] * m, {"axis": d})
+                 for k, (d, m) in enumerate(copies)]
+        return steps or [("identity", [node.inputs[0]], {})]
     if op == "pow":
         if _is_scalar(consts[1]) and model.values[node.inputs[0]].dtype in FLOAT_DTYPES:
             return [("pow", [node.inputs[0]], {"exponent": scalar_value(consts[1])})]

@@ -502,6 +502,16 @@ class _Reader:
         self.g.nodes.append(MNode(name, "split", [x], outs, {"axis": axis, "sizes": [piece[axis]] * n}, "Split"))
         self.tuples[out] = outs
 
+    def p_BroadcastTo(self, name, ins, out, shaped):
+        self.emit(name, "expand", [self.tensor(ins[0])], out, shaped, {}, "BroadcastTo")
+
+    def p_Tile(self, name, ins, out, shaped):
+        x = self.tensor(ins[0])
+        multiples = [int(m) for m in self.const(ins[1])]
+        if len(multiples) != len(self.g.shape(x)):
+            return self.unknown("Tile", name, ins, out, shaped)
+        self.emit(name, "tile", [x], out, shaped, {"multiples": multiples}, "Tile")
+
     def p_Gather(self, name, ins, out, shaped):
         table, ids = self.tensor(ins[0]), self.tensor(ins[1])
         axis = int(self.const(ins[2], 0)) if len(ins) > 2 else 0

@@ -178,8 +178,8 @@ def apply_rule(rule: OpRule, inputs: tuple[TensorSpec, ...], attrs: dict) -> Rul
     --------
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> mesh = DeviceMesh((2,), ("tp",))
-    >>> x = TensorSpec((8, 3), "float32", Layout(mesh, ["_S(0,2)"], 2))
-    >>> res = apply_rule(get_rule("slice"), (x,), get_rule("slice").normalize_attrs({"axis": 1, "stop": 2}))
+    >>> x = TensorSpec((8, 4), "float32", Layout(mesh, ["_S(0,2)"], 2))
+    >>> res = apply_rule(get_rule("swiglu"), (x,), get_rule("swiglu").normalize_attrs({}))
     >>> str(res.outputs[0].layout), [v.code for v in res.violations], str(res.wants[0])
     ('(R)', ['sharding-mismatch'], '(R)')
     """

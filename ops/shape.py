@@ -2,7 +2,9 @@
 
 Every op here moves or selects elements without arithmetic, so a Partial value of any
 reduce op passes through (the reduction commutes with moving elements); concat passes a
-Partial axis only when every operand is the same Partial there.
+Partial axis only when every operand is the same Partial there (or Replicate).  Strided
+shards (``_S(d,k)``) are made and undone by reshape; the other ops keep them, like
+shards, on the dims they do not work along.
 
 The ops and their layout rules
 ------------------------------
@@ -128,7 +130,7 @@ from typing import Sequence
 
 import numpy as np
 
-from layout_prop.errors import OpError, Violation
+from layout_prop.errors import LayoutError, OpError, Violation
 from layout_prop.layout import Layout
 from layout_prop.placement import Partial, Replicate, Shard, StridedShard, shard_dim
 from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
@@ -185,8 +187,22 @@ def _replicate_axes(layout: Layout, axes) -> Layout:
 
 
 def _cutting_axes(layout: Layout, dim: int) -> tuple[int, ...]:
-    """Mesh axes of size > 1 that shard ``dim`` (size-1 axes cut nothing)."""
-    return tuple(a for a in layout.dim_axes(dim) if layout.mesh.shape[a] > 1)
+    """Mesh axes of size > 1 that shard ``dim``, strided or not (size-1 axes cut nothing)."""
+    return tuple(a for a in layout.cut_axes(dim) if layout.mesh.shape[a] > 1)
+
+
+def _fits(shape, layout: Layout) -> bool:
+    """Whether ``layout`` is a layout of a tensor of ``shape`` (strided pieces divide into blocks)."""
+    try:
+        TensorSpec(shape, "float32", layout)
+    except LayoutError:
+        return False
+    return True
+
+
+def _with_dim(p, dim: int):
+    """A shard or strided shard ``p`` moved to tensor dim ``dim``."""
+    return StridedShard(dim, p.split_factor) if isinstance(p, StridedShard) else Shard(dim)
 
 
 def shard_blocks(n: int, counts: Sequence[int]) -> list[tuple[int, int]]:
@@ -559,9 +575,9 @@ class Transpose(_ShapeOpRule):
 # ------------------------------------------------------------------------------ split, chunk, slice
 def _unsharded_axis(x: TensorSpec, axis: int, op: str, pieces: str,
                     operand: str = "x") -> tuple[Layout | None, list[Violation]]:
-    """The want (``axis`` Replicate) and the violations when ``axis`` of ``x`` is sharded."""
+    """The want (``axis`` Replicate) and the violations when ``axis`` of ``x`` is sharded (or strided)."""
     lay = x.layout
-    axes = lay.dim_axes(axis)
+    axes = lay.cut_axes(axis)
     if not axes:
         return None, []
     want = _replicate_axes(lay, axes)
@@ -582,6 +598,7 @@ class _PiecesRule(_ShapeOpRule):
     operands = ("x",)
     attr_synonyms = {"dim": "axis"}
     violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+    strided = True  # the other dims keep any shard, strided ones too
 
     @abstractmethod
     def bounds(self, n: int, attrs: dict) -> tuple[list[tuple[int, int]] | None, str]:
@@ -709,6 +726,7 @@ class Slice(_ShapeOpRule):
     attr_defaults = {"axis": 0, "start": 0, "stop": None}
     attr_synonyms = {"dim": "axis", "end": "stop"}
     violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+    strided = True  # strided shards of the untouched dims stay (the op's own dim: gathered)
 
     def sample_inputs(self):
         return [
@@ -766,6 +784,7 @@ class PadSlice(_ShapeOpRule):
     attr_defaults = {"axis": 0, "start": 0, "size": None}
     attr_synonyms = {"dim": "axis"}
     violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+    strided = True  # strided shards of the untouched dims stay (the op's own dim: gathered)
 
     def sample_inputs(self):
         return [
@@ -820,7 +839,7 @@ def _concat_target(inputs: Sequence[TensorSpec], axis: int) -> Layout:
         if len(partials) == 1 and all(isinstance(p, (Partial, Replicate)) for p in here):
             ps.append(partials.pop())
             continue
-        shard = next((p for p in here if isinstance(p, Shard) and p.dim != axis), None)
+        shard = next((p for p in here if shard_dim(p) is not None and p.dim != axis), None)
         ps.append(shard if shard is not None else Replicate())
     return Layout(mesh, ps, inputs[0].ndim)
 
@@ -833,10 +852,10 @@ def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout) -> 
         name = rule.operand_name(i)
         found = []
         for a, (p, q) in enumerate(zip(t.layout.placements, target.placements)):
-            if p == q or mesh.shape[a] == 1 or (isinstance(p, Replicate) and isinstance(q, (Shard, Partial))):
+            if p == q or mesh.shape[a] == 1 or (isinstance(p, Replicate) and not isinstance(q, Replicate)):
                 continue  # the same, a size-1 mesh axis, or a free local slice or local partial
             axis_text = _axis_name(t.layout, a)
-            if isinstance(p, Shard) and p.dim == axis:
+            if shard_dim(p) == axis:
                 found.append(Violation(
                     "sharded-concat-dim",
                     f"{name} dim {axis} (size {t.shape[axis]}) is sharded {mesh.shape[a]} ways on mesh axis "
@@ -875,6 +894,7 @@ class Concat(_ShapeOpRule):
     attr_defaults = {"axis": 0}
     attr_synonyms = {"dim": "axis"}
     violation_codes = ("sharded-concat-dim", "sharding-mismatch", "partial-input", "invalid-dim", "concat-shape")
+    strided = True  # strided shards of the untouched dims stay (the op's own dim: gathered)
 
     def sample_inputs(self):
         return [
@@ -913,6 +933,10 @@ class Concat(_ShapeOpRule):
         if problems:
             return RuleResult((None,), tuple(problems), ())
         target = _concat_target(inputs, axis)
+        if target.has_strided and not all(_fits(t.shape, target) for t in inputs):
+            # a strided shard from one operand inside another's shard of that dim: no layout holds both
+            target = target.with_placements([Replicate() if isinstance(p, StridedShard) else p
+                                             for p in target.placements])
         wants, violations = [], []
         for i, (t, found) in enumerate(zip(inputs, _concat_axis_violations(self, inputs, axis, target))):
             want = target if target != t.layout else None
@@ -951,6 +975,7 @@ class Unsqueeze(_ShapeOpRule):
     attr_defaults = {"dim": None}
     attr_synonyms = {"axis": "dim"}
     violation_codes = ("invalid-dim",)
+    strided = True  # strided shards of the untouched dims stay (the op's own dim: gathered)
 
     def sample_inputs(self):
         return [_sample([(4, 3)], dim=1), _sample([(5,)], dim=0), _sample([(2, 3, 5)], dim=-1),
@@ -961,7 +986,7 @@ class Unsqueeze(_ShapeOpRule):
         dim = normalize_dim(attrs.get("dim"), x.ndim + 1)
         if dim is None:
             return RuleResult((None,), (_dim_violation("dim", attrs.get("dim"), x.ndim + 1),), ())
-        ps = [Shard(p.dim + (p.dim >= dim)) if isinstance(p, Shard) else p for p in x.layout.placements]
+        ps = [_with_dim(p, p.dim + (p.dim >= dim)) if shard_dim(p) is not None else p for p in x.layout.placements]
         shape = x.shape[:dim] + (1,) + x.shape[dim:]
         return RuleResult((TensorSpec(shape, x.dtype, Layout(x.mesh, ps, x.ndim + 1)),))
 
@@ -1003,6 +1028,7 @@ class Squeeze(_ShapeOpRule):
     attr_defaults = {"dim": None}
     attr_synonyms = {"axis": "dim"}
     violation_codes = ("invalid-dim", "invalid-squeeze")
+    strided = True  # strided shards of the untouched dims stay (the op's own dim: gathered)
 
     def sample_inputs(self):
         return [_sample([(4, 1, 3)], dim=1), _sample([(1, 5, 1)]), _sample([(2, 1, 3, 1)], dim=[1, -1]),
@@ -1015,8 +1041,8 @@ class Squeeze(_ShapeOpRule):
             return RuleResult((None,), (problem,), ())
         ps = []
         for p in x.layout.placements:
-            if isinstance(p, Shard):  # a squeezed dim is sharded only on a size-1 mesh axis: Replicate
-                ps.append(Replicate() if p.dim in dims else Shard(p.dim - sum(d < p.dim for d in dims)))
+            if shard_dim(p) is not None:  # a squeezed dim is sharded only on a size-1 mesh axis: Replicate
+                ps.append(Replicate() if p.dim in dims else _with_dim(p, p.dim - sum(d < p.dim for d in dims)))
             else:
                 ps.append(p)
         shape = tuple(s for d, s in enumerate(x.shape) if d not in dims)

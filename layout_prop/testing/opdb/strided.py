@@ -3,7 +3,8 @@ and the ops that take the strided result, on the meshes DTensor was compared on,
 
 The samples try ``_S(d,2)`` as an operand placement too (``OpSample(strided=True)``), so
 a strided shard meets every other placement: reshape makes and undoes it (uneven inner
-dims: 10 on 4 ranks is 3, 3, 3, 1; doubly sharded dims), transpose moves it, the
+dims: 10 on 4 ranks is 3, 3, 3, 1; doubly sharded dims), transpose, split, slice,
+concat, unsqueeze and squeeze keep it off their own dim, the
 elementwise ops and sum_to take it like a shard (a Replicate operand is sliced alike for
 free), the norms and softmax keep it off their normalised dims, matmul (where DTensor
 raises "Cannot unflatten") cuts the other operand alike, the reductions reduce it like
@@ -29,6 +30,14 @@ RECORDS = [
         _strided([(4, 6, 8)], {"shape": [4, 6, 2, 4]}),  # heads split, two axes on one dim
         _strided([(4, 2, 6)], {"shape": [48]}),  # three dims into one
     ], meshes=MESHES, placements="all", backward=True, id="strided-reshape"),
+    OpRecord("chunk3", [_strided([(4, 6)], {"axis": 1}), _strided([(6, 4)], {"axis": 0})], meshes=MESHES,
+             placements="all", id="strided-chunk3"),  # a qkv split of flattened tokens
+    OpRecord("slice", [_strided([(4, 6)], {"axis": 1, "start": 1, "stop": 5}), _strided([(4, 6)], {"axis": 0})],
+             meshes=MESHES, placements="all", id="strided-slice"),
+    OpRecord("concat", [_strided([(4, 6), (4, 2)], {"axis": 1}), _strided([(4, 6), (2, 6)], {"axis": 0})],
+             meshes=MESHES, placements=120, id="strided-concat"),
+    OpRecord("unsqueeze", [_strided([(4, 6)], {"dim": 1})], meshes=MESHES, placements="all", id="strided-unsqueeze"),
+    OpRecord("squeeze", [_strided([(4, 1, 6)], {"dim": 1})], meshes=MESHES, placements="all", id="strided-squeeze"),
     OpRecord("transpose", [_strided([(4, 6, 2)], {"dims": [1, 2, 0]}), _strided([(8, 3)], {"dim0": 0, "dim1": 1})],
              meshes=MESHES, placements="all", id="strided-transpose"),
     OpRecord("add", [_strided([(8, 6), (6,)]), _strided([(4, 6), (4, 6)]), _strided([(2, 1, 4), (2, 6, 4)])],

@@ -472,3 +472,18 @@ def test_a_plan_file_of_any_name(tmp_path, capsys):
     plan.write_text(yaml.safe_dump(LLAMA_PLAN, sort_keys=False))
     assert main(["check", str(model), "--plan", str(plan), "--reshard"]) == 0
     one_line_error(capsys, ["check", str(model), "--plan", str(tmp_path / "missing.plan")], "plan-not-found")
+
+
+def test_weights_in_an_external_data_file_are_not_read(tmp_path, capsys):
+    path = tmp_path / "external.onnx"
+    onnx.save(llama_onnx(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="weights.bin", size_threshold=1024)  # the weights go to the side file, constants stay
+    (tmp_path / "weights.bin").unlink()  # shapes and dtypes are in the model file; the values are never needed
+    assert moves(load_model(path, LLAMA_PLAN)) == moves(from_onnx(llama_onnx(), LLAMA_PLAN))
+    # every tensor outside, even the axes of an Unsqueeze: the small ones are read from the side file
+    onnx.save(llama_onnx(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="all.bin", size_threshold=0)
+    assert moves(load_model(path, LLAMA_PLAN)) == moves(from_onnx(llama_onnx(), LLAMA_PLAN))
+    (tmp_path / "all.bin").unlink()
+    err = one_line_error(capsys, ["check", str(path), "--plan", str(plan_file(tmp_path))])
+    assert "external data file" in err

@@ -210,10 +210,11 @@ class _Reader:
         for p in graph.parameter:
             name = _user_name(p.name)
             self.alias[p.name] = name
-            self.g.add_value(Value(name, tuple(int(d) for d in p.dims), self.dtype(p.data_type, f"parameter {name!r}"),
-                                   const=_tensor_array(p, self.source) if p.raw_data or p.external_data else
-                                   np.zeros([int(d) for d in p.dims], _DTYPES.get(p.data_type, "float32")),
-                                   weight=True))
+            dtype = self.dtype(p.data_type, f"parameter {name!r}")
+            shape = tuple(int(d) for d in p.dims)
+            # a weight kept outside the file (or not saved) is not read: a zero view of its shape, no memory
+            value = _tensor_array(p, self.source) if p.raw_data else np.broadcast_to(np.zeros((), dtype), shape)
+            self.g.add_value(Value(name, shape, dtype, const=value, weight=True))
         self.taken.update(self.g.values)  # node names never shadow an input or a parameter
         for node in graph.node:
             self.node(node)

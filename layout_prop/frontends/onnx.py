@@ -255,7 +255,12 @@ class _Reader:
         if not all(isinstance(n, str) for n in names):  # proto2 hands out invalid UTF-8 as bytes
             raise _bad(f"{self.source!r} holds names that are not UTF-8 text (a damaged file)", self.source)
         for init in graph.initializer:
-            self.const_value(init.name, self.onnx.numpy_helper.to_array(init), weight=True)
+            if init.data_location == self.onnx.TensorProto.EXTERNAL:  # weights in a side file: not read
+                dtype = np.dtype(self.onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
+                array = np.broadcast_to(np.zeros((), dtype), tuple(int(d) for d in init.dims))  # no memory
+            else:
+                array = self.onnx.numpy_helper.to_array(init)
+            self.const_value(init.name, array, weight=True)
         initializers = {t.name for t in graph.initializer}
         for inp in graph.input:
             if inp.name not in initializers:
@@ -547,12 +552,39 @@ class _Reader:
                  "RotaryEmbedding", name)
 
 
+SMALL_EXTERNAL = 1024  # bytes: an externally stored tensor this small is read (shapes, axes, scalars, eps);
+# onnx.save puts tensors under this size (its default threshold) in the model file anyway
+
+
+def _load_small_external_tensors(model, source: str) -> None:
+    """Read the small tensors of an external data file (shape inference and folding need them);
+    weights stay unread (only their shapes and dtypes are used)."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    base = str(Path(source).parent) if source != "<model>" else "."
+    for init in model.graph.initializer:
+        if init.data_location != _onnx().TensorProto.EXTERNAL:
+            continue
+        itemsize = np.dtype(_onnx().helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        if int(np.prod(init.dims)) * itemsize > SMALL_EXTERNAL:
+            continue
+        try:
+            load_external_data_for_tensor(init, base)
+        except Exception as exc:  # OSError, or onnx's ValidationError for a missing file
+            why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            raise _bad(f"constant {init.name!r} is stored in an external data file that cannot be read ({why})", source,
+                       "keep the model's external data files beside it") from None
+        init.data_location = _onnx().TensorProto.DEFAULT
+        del init.external_data[:]
+
+
 def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
     """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet)."""
     onnx = _onnx()
     model, source = _load(path_or_model)
     model_copy = onnx.ModelProto()
     model_copy.CopyFrom(model)
+    _load_small_external_tensors(model_copy, source)
     _fix_input_shapes(model_copy, plan, source)
     try:
         inferred = onnx.shape_inference.infer_shapes(model_copy, strict_mode=True, data_prop=True)

@@ -87,7 +87,18 @@ __all__ = ["Problem", "Link", "DEFAULT_LINK", "Strategy", "Solution", "solve", "
            "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan"]
 
 OBJECTIVES = ("bytes", "time")
-CAP = 32  # strategies kept per node (module docstring)
+CAP = 32  # strategies kept per node on a mesh of at most 2 axes of more than one rank (module docstring)
+CAP_MANY_AXES = 16  # ... on a mesh of 3 or more: the pairs of strategies grow as the square
+
+
+def default_cap(mesh) -> int:
+    """How many strategies a node keeps on ``mesh``.
+
+    >>> from layout_prop import DeviceMesh
+    >>> default_cap(DeviceMesh((2, 1, 4), ("dp", "sp", "tp"))), default_cap(DeviceMesh((2, 2, 2), ("dp", "sp", "tp")))
+    (32, 16)
+    """
+    return CAP if sum(1 for n in mesh.shape if n > 1) <= 2 else CAP_MANY_AXES
 TIME_LIMIT = 20.0  # seconds the ILP solver may search; then the best plan found, its gap reported
 REPEAT = 3  # a name pattern repeated this often (with equal structure) is one class of variables
 
@@ -750,7 +761,7 @@ def _requires_grad(graph: Graph) -> dict[str, bool]:
 
 
 def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
-          optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = CAP,
+          optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = None,
           alternatives: bool = False) -> Solution:
     """Choose every ``auto`` input's layout and every node's strategy (module docstring).
 
@@ -768,6 +779,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
         ``adam`` counts two states per parameter in the memory model.
     repeat : int
         Nodes repeated this often alike share their variables.
+    cap : int, optional
+        Strategies kept per node (default :func:`default_cap`).
     alternatives : bool
         Also solve with each ``auto`` input held at each of its other layouts, and keep
         those optima (``Solution.alternatives``).
@@ -780,7 +793,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     import time
 
     start = time.perf_counter()
-    problem = Problem(graph, backward, objective, optimizer, fixed_inputs=False, repeat=repeat, cap=cap)
+    problem = Problem(graph, backward, objective, optimizer, fixed_inputs=False, repeat=repeat,
+                      cap=cap or default_cap(graph.mesh))
     found = problem.solve(memory_limit)
     if found is None:
         least = problem.solve(None, minimise_memory=True)
@@ -911,7 +925,8 @@ class GlobalChoice:
     """
 
     def __init__(self, graph: Graph, backward: bool) -> None:
-        self.problem = Problem(graph, backward, "bytes", None, fixed_inputs=False, repeat=REPEAT)
+        self.problem = Problem(graph, backward, "bytes", None, fixed_inputs=False, repeat=REPEAT,
+                               cap=default_cap(graph.mesh))
         self.autos = sorted(self.problem.auto)
         found = self.problem.solve(None)
         if found is None:

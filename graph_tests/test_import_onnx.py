@@ -225,7 +225,7 @@ def _unknown_ops_model():
              helper.make_node("Add", ["e", "one"], ["a"], name="/mlp/Add"),
              helper.make_node("Mul", ["x", "a"], ["m"], name="/mlp/Mul"),
              helper.make_node("Mul", ["m", "half"], ["r"], name="/mlp/Mul_1"),
-             helper.make_node("Relu", ["r"], ["q"], name="/mlp/Relu"),
+             helper.make_node("Abs", ["r"], ["q"], name="/mlp/Abs"),
              helper.make_node("HardSigmoid", ["q"], ["y"], name="/mlp/Hard_1")]
     return helper.make_model(helper.make_graph(nodes, "g", [x], [y], consts),
                              opset_imports=[helper.make_opsetid("", 17)])
@@ -235,7 +235,7 @@ def test_unknown_ops_are_listed_on_one_line(tmp_path, capsys):
     model = write(tmp_path, "unknown.onnx", _unknown_ops_model())
     plan = plan_file(tmp_path, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": ["S(0)"]}})
     err = one_line_error(capsys, ["check", str(model), "--plan", str(plan)], "unknown-op")
-    assert "HardSigmoid (x2, first mlp/Hard)" in err and "Relu (x1, first mlp/Relu)" in err and "--opaque" in err
+    assert "HardSigmoid (x2, first mlp/Hard)" in err and "Abs (x1, first mlp/Abs)" in err and "--opaque" in err
 
 
 def test_opaque_ops_are_barriers(tmp_path, capsys):
@@ -245,10 +245,10 @@ def test_opaque_ops_are_barriers(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert [n for n in report["notes"] if "opaque" in n] == [
         f"node {name} ({op}) is opaque: its inputs are gathered to Replicate, its output is Replicate"
-        for name, op in (("mlp/Hard", "HardSigmoid"), ("mlp/Relu", "Relu"), ("mlp/Hard_1", "HardSigmoid"))]
-    # HardSigmoid's output is Replicate; x * (h + 1) is sharded like x again, so Relu gathers it too
+        for name, op in (("mlp/Hard", "HardSigmoid"), ("mlp/Abs", "Abs"), ("mlp/Hard_1", "HardSigmoid"))]
+    # HardSigmoid's output is Replicate; x * (h + 1) is sharded like x again, so Abs gathers it too
     assert [(v["node"], v["code"]) for v in report["violations"]] == [("mlp/Hard", "opaque-input"),
-                                                                      ("mlp/Relu", "opaque-input")]
+                                                                      ("mlp/Abs", "opaque-input")]
     assert report["tensors"]["mlp/Hard_1"]["placements"] == ["R"]
     assert main(["check", str(model), "--plan", str(plan), "--opaque", "--reshard", "--json"]) == 0
     steps = [s["kind"] for r in json.loads(capsys.readouterr().out)["redistributions"] for s in r["steps"]]

@@ -336,6 +336,7 @@ class _Reader:
     p_Reciprocal = _simple("reciprocal", "Reciprocal", 1)
     p_SiLU = _simple("silu", "SiLU", 1)
     p_Sigmoid = _simple("sigmoid", "Sigmoid", 1)
+    p_ReLU = _simple("relu", "ReLU", 1)
     p_Tanh = _simple("tanh", "Tanh", 1)
     p_Erf = _simple("erf", "Erf", 1)
 

@@ -337,6 +337,7 @@ class _Reader:
     op_Erf = _simple("erf", "Erf")
     op_Tanh = _simple("tanh", "Tanh")
     op_Sigmoid = _simple("sigmoid", "Sigmoid")
+    op_Relu = _simple("relu", "Relu")
     op_Identity = _simple("identity", "Identity")
     op_MatMul = _simple("matmul_nd", "MatMul")
     op_Where = _simple("where", "Where")

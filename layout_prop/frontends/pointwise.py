@@ -1,5 +1,5 @@
 """Pointwise ops that imported models use on their own: ``sqrt``, ``rsqrt``, ``reciprocal``,
-``sigmoid``, ``tanh``, ``erf`` and ``pow(x, exponent)``.
+``sigmoid``, ``tanh``, ``erf``, ``relu`` and ``pow(x, exponent)``.
 
 Each is elementwise and not linear: any sharding of x passes through (the output keeps x's
 layout), a Partial x is ``partial-input`` (reduce it first), as for ``exp`` or ``silu``.  Each
@@ -8,6 +8,7 @@ has a numpy kernel and a gradient rule built from existing ops:
 - ``sqrt``: ``dy * 0.5 / y``; ``rsqrt``: ``dy * -0.5 * y**3``; ``reciprocal``: ``-dy * y**2``
 - ``sigmoid``: ``dy * (y - y**2)``; ``tanh``: ``dy - dy * y**2``
 - ``erf``: ``dy * 2/sqrt(pi) * exp(-x**2)``; ``pow``: ``dy * p * x**(p - 1)``
+- ``relu``: ``relu_grad(dy, x) = dy * (x > 0)``, an op of its own, linear in dy
 
 They are registered by importing this module (the importers do; so does the command line
 before it loads a spec), under these names unless the registry already has an op of the
@@ -143,6 +144,26 @@ class Pow(_Unary):
         return g.op("mul", [dy, g.op("scale", [g.op("pow", [x], {"exponent": p - 1.0})], {"factor": p})])
 
 
+class Relu(_Unary):
+    """``max(x, 0)``; gradient ``relu_grad(dy, x) = dy * (x > 0)``."""
+
+    name = "relu"
+    aliases = ("Relu", "ReLU")
+
+    def grad(self, g, x, y, dy, attrs):
+        return g.op("relu_grad", [dy, x])
+
+
+class ReluGrad(PointwiseRule):
+    """``relu_grad(dy, x) = dy * (x > 0)``: linear in dy (a Partial dy passes with x Replicate)."""
+
+    name = "relu_grad"
+    operands = ("dy", "x")
+    partial_mode = "first"
+    differentiable = False
+    linear_note = "is linear in dy only"
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=np.result_type(x, np.float32))
 
@@ -158,12 +179,14 @@ def _kernels() -> dict:
         "sigmoid": floating(lambda x: 1.0 / (1.0 + np.exp(-x))),
         "tanh": floating(np.tanh),
         "erf": floating(_erf),
+        "relu": floating(lambda x: np.maximum(x, 0)),
+        "relu_grad": lambda dy, x: np.asarray(np.where(np.asarray(x) > 0, dy, np.zeros_like(dy))),
         "pow": lambda x, exponent: np.asarray(np.power(np.asarray(x, dtype=np.result_type(x, np.float32)),
                                                        np.asarray(exponent, dtype=np.result_type(x, np.float32)))),
     }
 
 
-POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow")
+POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow", "relu", "relu_grad")
 
 def _taken(cls) -> bool:
     """Whether the registry already knows the op's name or an alias (a built-in wins; a re-import
@@ -180,7 +203,7 @@ def _taken(cls) -> bool:
     return False
 
 
-for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow):
+for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow, Relu, ReluGrad):
     if not _taken(_cls):
         register_op(_cls)
         if _cls.name not in KERNELS:

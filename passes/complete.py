@@ -7,6 +7,12 @@ the fewest violations, then the fewest bytes of redistribution over the whole gr
 then the smallest local pieces of the inputs (memory), then the fewest moves wins.  The choice and each
 alternative with its cost are reported as notes.  Inputs are completed in input order.
 
+This is greedy (one input at a time, each scored by the graph's wants as they stand).  On
+graphs of 2 to :data:`~layout_prop.passes.plan.GLOBAL_NODES` ops,
+:func:`layout_prop.api.analyze` also solves every ``auto`` input together with the solver of
+:mod:`layout_prop.passes.plan`, takes its layouts when they cost strictly fewer bytes, and
+notes every alternative the solver weighed with the whole graph's bytes given it.
+
 Examples
 --------
 >>> from layout_prop.loader import load_spec

@@ -8,6 +8,13 @@ slices stay implicit (lowering slices locally).  A value moved to the same layou
 several consumers is moved once.  Violations that no redistribution can fix (a bad
 mode, shapes that do not broadcast) remain.
 
+This sweep is greedy: each node's moves are chosen when it is reached.  On graphs of 2 to
+:data:`~layout_prop.passes.plan.GLOBAL_NODES` ops, :func:`layout_prop.api.analyze` (so
+``check --reshard``, ``run``, ``lower``, ``viz``) also asks the solver of
+:mod:`layout_prop.passes.plan` where to redistribute over the whole graph, and keeps its
+plan when it moves strictly fewer bytes than this sweep; larger graphs keep the sweep (its
+speed is what ``benchmarks/propagate.py`` measures).
+
 Examples
 --------
 >>> from layout_prop import DeviceMesh

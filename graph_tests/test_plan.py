@@ -292,3 +292,45 @@ def test_plan_benchmark_prints_one_row_per_size():
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ") and "layers" not in line]
     assert [r[0].strip() for r in rows] == ["1", "2"]
     assert all(float(r[-1]) <= 1.0 for r in rows)  # plan / Megatron bytes per step
+
+
+# --------------------------------------------------------------------------- property: never worse, always right
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PLACEMENTS = ["R", "S(0)", "S(1)", "P(sum)"]
+
+
+@st.composite
+def _small_graphs(draw):
+    mesh = draw(st.sampled_from([[4], [2, 2]]))
+    names = ["a", "b"][:len(mesh)]
+    pick = lambda: [draw(st.sampled_from(_PLACEMENTS)) for _ in mesh]  # noqa: E731
+    lines = [f"mesh: {{shape: {mesh}, names: {names}}}", "inputs:",
+             f"  x: {{shape: [8, 8], placements: {pick()}}}"]
+    nodes, value = [], "x"
+    for i in range(draw(st.integers(2, 4))):
+        op = draw(st.sampled_from(["gelu", "add", "matmul", "mul"]))
+        if op == "gelu":
+            nodes.append(f"  - {{name: n{i}, op: gelu, inputs: [{value}]}}")
+        else:
+            lines.append(f"  w{i}: {{shape: [8, 8], placements: {pick()}}}")
+            nodes.append(f"  - {{name: n{i}, op: {op}, inputs: [{value}, w{i}]}}")
+        value = f"n{i}"
+    return "\n".join(lines + ["nodes:"] + nodes + [f"outputs: [{value}]"]).replace("'", '"')
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_small_graphs())
+def test_global_reshard_never_moves_more_than_the_greedy_sweep_and_runs_right(text):
+    from layout_prop.passes.propagate import Propagate
+    from layout_prop.passes.reshard import Reshard
+    from layout_prop.passes.check import Check
+
+    greedy = Check().run(Reshard(Propagate()).run(load_spec(text)).graph)
+    planned = analyze(load_spec(text), reshard=True)
+    if greedy.ok:
+        assert planned.ok
+        assert planned.check.total_bytes_per_rank <= greedy.total_bytes_per_rank
+    if planned.ok:
+        assert run_graph(load_spec(text), backward=True).ok

@@ -138,7 +138,8 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
 
     notes: list[str] = list(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
     propagate = Propagate()
-    plan = _global_choice(graph, reshard, backward)
+    autos = any(n.attrs.get("placements") == "auto" for n in graph.inputs())
+    plan = _global_choice(graph, backward) if autos else None  # asked before complete fills the autos
     completed = Complete(propagate).run(graph)
     chosen = None
     if plan is not None:
@@ -159,6 +160,9 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
         notes.extend(completed.notes)
     if not completed.chosen:  # (complete leaves the graph propagated with what it chose)
         propagate.run(graph)
+    if plan is None and reshard and any(v.fixable for n in graph.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
+        plan = _global_choice(graph, backward)  # only when there is something to fix
+        chosen = None if plan is None else plan.chosen
     if verify:
         Verify().run(graph)
     forward = graph
@@ -192,14 +196,13 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     return Analysis(graph, check, notes)
 
 
-def _global_choice(graph: Graph, reshard: bool, backward: bool):
-    """The solver's plan of a small graph with ``auto`` inputs or to reshard (None otherwise,
-    or when it cannot plan it: the greedy passes then decide alone)."""
+def _global_choice(graph: Graph, backward: bool):
+    """The solver's plan of a small graph (None for a larger one, or when it cannot plan it:
+    the greedy passes then decide alone)."""
     from layout_prop.errors import LayoutPropError
     from layout_prop.passes.plan import GlobalChoice, global_applies
 
-    autos = any(n.attrs.get("placements") == "auto" for n in graph.inputs())
-    if not (autos or reshard) or not global_applies(graph):
+    if not global_applies(graph):
         return None
     try:
         return GlobalChoice(graph, backward)

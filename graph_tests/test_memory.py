@@ -114,3 +114,13 @@ def test_bad_optimizer_is_unusable_input(tmp_path, capsys):
     path.write_text(json.dumps(llama_spec(1)))
     assert main(["check", str(path), "--optimizer", "lion"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_run_json_reports_the_memory_check_reports(tmp_path, capsys):
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(llama_spec(1)))
+    assert main(["check", str(path), "--reshard", "--backward", "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)["memory_per_rank"]
+    assert main(["run", str(path), "--backward", "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)["memory_per_rank"]
+    assert ran == checked and ran["includes_backward"] and ran["total"] > 0

@@ -353,6 +353,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     analysis = analyze(graph, reshard=reshard, backward=backward, verify=verify)
     g = analysis.graph
     report = RunReport(ok=False, engine=engine, ranks=g.mesh.size, notes=list(analysis.notes))
+    report.extra["memory_per_rank"] = analysis.memory().to_dict()  # the training step's bytes per rank
     if not analysis.ok:
         report.violations = [v.to_dict() for v in analysis.check.violations]
         report.executed = False

@@ -136,7 +136,9 @@ class PlanReport:
 
         s = self.solver
         lines = [f"plan: objective {s['objective']}, {s['classes']} node classes, {s['strategies']} strategies, "
-                 f"solved in {s['seconds']:.2f} s (modelled {s['modelled_cost']:g} per step)"]
+                 f"solved in {s['seconds']:.2f} s (modelled {s['modelled_cost']:g} "
+                 f"{'bytes per rank' if s['objective'] == 'bytes' else 'us'} per step"
+                 f"{'' if s['optimal'] else ', not proven optimal'})"]
         rows = [("input", "layout", "baseline", "")]
         for name, layout in self.layouts.items():
             base = self.baseline_layouts.get(name)

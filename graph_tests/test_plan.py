@@ -42,7 +42,7 @@ def _moves(plan):
 def _brute_force(graph, backward, objective):
     """The least cost over every assignment of the candidate strategies: each value's move to a
     layout counted once however many consumers read it there, each consumer's gradient moved back."""
-    problem = Problem(graph, backward, objective, None, fixed_inputs=False, repeat=3)
+    problem = Problem(graph, backward, objective, None, repeat=3)
     g = problem.graph
     links = [links_of(graph)[n] for n in g.mesh.names]
     names = [n.name for n in g.topo_order()]
@@ -100,8 +100,8 @@ def test_time_and_bytes_objectives_differ_on_slow_links():
     ).replace('placements: ["S(1)"], requires_grad', 'placements: ["S(1)", "S(0)"], requires_grad'))
     by_bytes = solve(graph, objective="bytes")
     by_time = solve(graph, objective="time")
-    assert by_time.cost < _cost_of(Problem(graph, True, "time", None, False, 3), by_bytes)
-    assert by_bytes.cost < _cost_of(Problem(graph, True, "bytes", None, False, 3), by_time)
+    assert by_time.cost < _cost_of(Problem(graph, True, "time", None, repeat=3), by_bytes)
+    assert by_bytes.cost < _cost_of(Problem(graph, True, "bytes", None, repeat=3), by_time)
 
 
 def _cost_of(problem, solution):
@@ -233,7 +233,7 @@ def test_identical_layers_share_variables():
     for node in graph.inputs():
         if node.name.startswith("l"):
             node.attrs["placements"] = "auto"
-    problem = Problem(graph, False, "bytes", None, False, 3)
+    problem = Problem(graph, False, "bytes", None, repeat=3)
     per_layer = sum(1 for n in graph.nodes if n.name.startswith("l1_"))
     classes = set(problem.classes.values())
     assert len(classes) < len(graph.nodes) - 2 * per_layer  # layers 1..3 (at least) share their classes

@@ -456,7 +456,7 @@ class Problem:
     """The candidate strategies of every node class of a graph, and the program over them."""
 
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
-                 fixed_inputs: bool, repeat: int, cap: int | None = None) -> None:
+                 repeat: int = REPEAT, cap: int | None = None) -> None:
         if objective not in OBJECTIVES:
             raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
         links = links_of(graph)
@@ -476,7 +476,6 @@ class Problem:
         self.rules = _Rules(self.propagate)
         self.classes = node_classes(graph, repeat, self.auto)
         self.requires = _requires_grad(graph)
-        self.fixed_inputs = fixed_inputs
         self.cap = cap
         self.time_limit = TIME_LIMIT
         self.optimal, self.gap = True, 0.0
@@ -743,7 +742,8 @@ class Problem:
             return None
         return self.price(fwd), self.price(bwd)
 
-    def solution(self, chosen: dict[str, int], value: float) -> dict[str, Strategy]:
+    def solution(self, chosen: dict[str, int]) -> dict[str, Strategy]:
+        """Each node's strategy under ``chosen`` (class -> strategy index)."""
         return {n.name: self.strategies[self.classes[n.name]][chosen[self.classes[n.name]]]
                 for n in self.graph.topo_order()}
 
@@ -793,7 +793,7 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     import time
 
     start = time.perf_counter()
-    problem = Problem(graph, backward, objective, optimizer, fixed_inputs=False, repeat=repeat,
+    problem = Problem(graph, backward, objective, optimizer, repeat=repeat,
                       cap=cap or default_cap(graph.mesh))
     found = problem.solve(memory_limit)
     if found is None:
@@ -804,7 +804,7 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     chosen, value, memory = found
     if objective == "bytes":
         value = float(round(value))  # without the tie-breaking thousandths
-    strategies = problem.solution(chosen, value)
+    strategies = problem.solution(chosen)
     layouts = {n.name: tuple(strategies[n.name].outputs[0].layout.placement_strs()) for n in graph.inputs()}
     variables = sum(len(s) for s in problem.strategies.values())
     sol = Solution(strategies, layouts, value, memory, objective, len(problem.strategies), variables,
@@ -925,7 +925,7 @@ class GlobalChoice:
     """
 
     def __init__(self, graph: Graph, backward: bool) -> None:
-        self.problem = Problem(graph, backward, "bytes", None, fixed_inputs=False, repeat=REPEAT,
+        self.problem = Problem(graph, backward, "bytes", None, repeat=REPEAT,
                                cap=default_cap(graph.mesh))
         self.autos = sorted(self.problem.auto)
         found = self.problem.solve(None)
@@ -964,7 +964,7 @@ class GlobalChoice:
         return None if found is None else (found[0], found[1])
 
     def strategies(self, chosen: dict[str, int]) -> dict[str, Strategy]:
-        return self.problem.solution(chosen, 0.0)
+        return self.problem.solution(chosen)
 
     def notes(self, chosen: dict[str, int] | None = None, cost: float | None = None) -> list[str]:
         """Per ``auto`` input: the choice (the solver's, or ``chosen`` costing ``cost``) and every

@@ -188,7 +188,8 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
         while plan["memory_per_rank"]["total"] > memory_limit and rounds < 3:  # the model was low: tighten it
             rounds += 1
             limit -= plan["memory_per_rank"]["total"] - memory_limit
-            solution = solve(graph, backward=backward, objective=objective, memory_limit=limit, optimizer=optimizer)
+            solution = solve(graph, backward=backward, objective=objective, memory_limit=limit, optimizer=optimizer,
+                             problem=solution.problem)
             planned = graph.copy_structure()
             for node in planned.inputs():
                 node.attrs["placements"] = solution.layouts[node.name]

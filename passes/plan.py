@@ -450,6 +450,7 @@ class Solution:
     alternatives: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
     optimal: bool = True  # proven optimal (else the best found within the time limit)
     gap: float = 0.0  # the solver's relative gap to the best bound
+    problem: Any = field(default=None, repr=False)  # the Problem solved (to solve again under another limit)
 
 
 class Problem:
@@ -762,7 +763,7 @@ def _requires_grad(graph: Graph) -> dict[str, bool]:
 
 def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
           optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = None,
-          alternatives: bool = False) -> Solution:
+          alternatives: bool = False, problem: "Problem | None" = None) -> Solution:
     """Choose every ``auto`` input's layout and every node's strategy (module docstring).
 
     Parameters
@@ -784,6 +785,9 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     alternatives : bool
         Also solve with each ``auto`` input held at each of its other layouts, and keep
         those optima (``Solution.alternatives``).
+    problem : Problem, optional
+        A problem built before for this graph and these settings (``Solution.problem``):
+        solving it again under another memory limit skips building it.
 
     Raises
     ------
@@ -793,8 +797,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     import time
 
     start = time.perf_counter()
-    problem = Problem(graph, backward, objective, optimizer, repeat=repeat,
-                      cap=cap or default_cap(graph.mesh))
+    if problem is None:
+        problem = Problem(graph, backward, objective, optimizer, repeat=repeat, cap=cap or default_cap(graph.mesh))
     found = problem.solve(memory_limit)
     if found is None:
         least = problem.solve(None, minimise_memory=True)
@@ -808,7 +812,7 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     layouts = {n.name: tuple(strategies[n.name].outputs[0].layout.placement_strs()) for n in graph.inputs()}
     variables = sum(len(s) for s in problem.strategies.values())
     sol = Solution(strategies, layouts, value, memory, objective, len(problem.strategies), variables,
-                   optimal=problem.optimal, gap=problem.gap)
+                   optimal=problem.optimal, gap=problem.gap, problem=problem)
     if alternatives:
         for node in graph.inputs():
             if node.attrs.get("placements") != "auto":

@@ -6,6 +6,8 @@ and transpose, ``ops.rotary_position_embedding`` on q and k, causal attention
 (``w1``, ``w3``, ``w2``), with Meta's parameter names (``layers.0.attention.wq.weight``).
 """
 
+import contextlib
+
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
@@ -79,5 +81,17 @@ def example_inputs(batch=2, seq=8, hidden=32, heads=4, seed=0):
             Tensor(rng.standard_normal((1, seq, d)).astype(np.float32)))
 
 
-def set_graph_mode():
+@contextlib.contextmanager
+def graph_mode():
+    """MindSpore's GRAPH_MODE on CPU inside the block, the mode before it restored after.
+
+    A mode left set leaks into every later test of the session: GRAPH_MODE compiles
+    ``mindspore.grad`` of the RPE kernels, whose shape checks raise ``OpError``, which
+    MindSpore's graph parser refuses.
+    """
+    before = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    try:
+        yield
+    finally:
+        ms.set_context(mode=before)

@@ -24,7 +24,7 @@ from layout_prop.loader import load_spec  # noqa: E402
 from layout_prop.models import llama_spec  # noqa: E402
 from layout_prop.runner import execute_global, run_graph  # noqa: E402
 
-from .mindspore_llama import Model, example_inputs, set_graph_mode  # noqa: E402
+from .mindspore_llama import Model, example_inputs, graph_mode  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama_block.mindir"
 
@@ -38,9 +38,15 @@ def moves(graph):
             for s in r["steps"]]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _graph_mode():
+    """Every test here exports in GRAPH_MODE (where shard() strategies are kept); later modules get the mode back."""
+    with graph_mode():
+        yield
+
+
 @pytest.fixture(scope="module")
 def block():
-    set_graph_mode()
     return from_cell(Model(), *example_inputs(), plan=PLAN)
 
 
@@ -88,7 +94,6 @@ def test_rowwise_q_gives_what_the_hand_written_spec_gives():
 
 
 def test_from_cell_removes_its_temporary_folder(tmp_path, monkeypatch):
-    set_graph_mode()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     from_cell(Model(), *example_inputs(), plan=PLAN)
     assert list(tmp_path.iterdir()) == []
@@ -126,7 +131,6 @@ def test_malformed_mindir_files_are_one_line(tmp_path, capsys):
 def test_shard_strategies_are_compared_with_the_plan(tmp_path):
     from .mindspore_cells import ShardedMatMul
 
-    set_graph_mode()
     import mindspore as ms
     import numpy as np
 
@@ -148,7 +152,6 @@ def test_a_mix_of_primitives_imports_and_matches_one_device():
     import mindspore as ms
     import numpy as np
 
-    set_graph_mode()
     ids = ms.Tensor(np.zeros((2, 8), np.int32))
     plan = {"mesh": {"shape": [2, 2], "names": ["dp", "tp"]}, "inputs": {"ids": ["S(0)", "R"]},
             "parameters": {"tok.embedding_table": "vocab", "fc.weight": "colwise", "fc.bias": ["R", "S(0)"],
@@ -180,7 +183,6 @@ def test_flash_attention_score_is_causal_attention():
     import mindspore as ms
     import numpy as np
 
-    set_graph_mode()
     q = ms.Tensor(np.ones((2, 4, 8, 8), np.float32))
     plan = {"mesh": {"shape": [2], "names": ["sp"]}, "inputs": {name: ["S(2)"] for name in "qkv"}}
     graph = from_cell(FlashAttention(), q, q, q, plan=plan)
@@ -200,7 +202,6 @@ def test_a_cell_returning_a_tuple_has_both_outputs():
     import mindspore as ms
     import numpy as np
 
-    set_graph_mode()
     graph = from_cell(TwoOutputs(), ms.Tensor(np.ones((4, 2), np.float32)),
                       plan={"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}})
     assert [graph.producer(v)[0].op for v in graph.outputs] == ["exp", "neg"]
@@ -212,7 +213,6 @@ def test_mindformers_decomposed_rms_norm_fuses():
     import mindspore as ms
     import numpy as np
 
-    set_graph_mode()
     graph = from_cell(DecomposedRMSNorm(), ms.Tensor(np.ones((2, 4, 16), np.float32)),
                       plan={"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {"x": ["S(0)"]}})
     (norm,) = [n for n in graph.nodes if not n.is_input]
@@ -225,7 +225,6 @@ def test_tile_and_broadcast_to_repeat_kv_heads():
     import mindspore as ms
     import numpy as np
 
-    set_graph_mode()
     k = np.random.default_rng(0).standard_normal((2, 1, 4, 8)).astype(np.float32)
     graph = from_cell(RepeatKV(), ms.Tensor(k), plan={"mesh": {"shape": [2], "names": ["dp"]},
                                                       "inputs": {"k": ["S(0)"]}})

@@ -47,8 +47,10 @@ EXAMPLES = sorted((ROOT / "examples" / "rpe").glob("*.yaml"))
 DP_TP_SP = ROOT / "examples" / "rpe" / "dp_tp_sp.yaml"
 SVG = "{http://www.w3.org/2000/svg}"
 
-# x shards RPE's rotation dim and sin is Partial: two violations; --reshard inserts an
-# all-gather of x on tp and an all-reduce of sin on dp; z then needs a free local slice of y.
+# x shards RPE's rotation dim and sin is Partial: two violations.  The greedy fix (what
+# check without --reshard proposes) gathers x on tp and all-reduces sin on dp; --reshard's
+# whole-graph plan instead moves x's tp split to the sequence dim (all-to-all) and slices
+# cos and sin to match.
 BROKEN = """
 mesh: {shape: [2, 2], names: [dp, tp]}
 inputs:
@@ -574,10 +576,12 @@ def test_picking_an_item_shows_its_spec_and_redistribution_in_the_panel(chromium
     assert console == []
     panel = dom[dom.index('<div id="details"'):dom.index("</aside>")]
     assert f'data-showing="{node_id}"' in panel
-    for text in ("<h3>y/x</h3>", "<th>placements</th><td>(S(0), R)</td>",
-                 "<th>local shape (rank 0)</th><td>[2, 4, 16, 64]</td>",
-                 "<th>step 1</th><td>all-gather on tp, dim 3: 16,384 B per rank</td>",
-                 "<th>bytes per rank</th><td>16,384</td>"):
+    # The whole-graph plan moves x's tp split from the rotation dim to the sequence dim: an
+    # all-to-all of half of x's 2*4*16*32 float32 piece (8,192 B), where gathering it would move 16,384.
+    for text in ("<h3>y/x</h3>", "<th>placements</th><td>(S(0), S(2))</td>",
+                 "<th>local shape (rank 0)</th><td>[2, 4, 8, 64]</td>",
+                 "<th>step 1</th><td>all-to-all on tp, dim 3 -&gt; 2: 8,192 B per rank</td>",
+                 "<th>bytes per rank</th><td>8,192</td>"):
         assert text in panel
 
     plain = tmp_path / "plain.html"

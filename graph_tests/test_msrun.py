@@ -18,6 +18,7 @@ the cann backend refusing to start without Ascend, and msrun missing.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -97,10 +98,15 @@ def test_dp_b_mode0_on_2_ranks(tmp_path):
     """Scenario 2 (B on dp) forward and backward; y moved S(0) -> S(2) needs an all-to-all (emulated)."""
     graph = scenario("dp_b", 0, [{"name": "y_s2", "op": "redistribute", "inputs": ["y"],
                                   "attrs": {"placements": ["S(2)"]}}])
+    states = []
     report = run_graph(graph, engine="mindspore", backend="mindspore", backward=True, timeout=TIMEOUT,
-                       run_dir=tmp_path, keep=True)
+                       run_dir=tmp_path, keep=True, progress=states.append)
     assert report.ok, report.mismatches
     assert report.ranks == 2 and sorted(report.grads) == ["cos", "sin", "x"] and "all-reduce" in native_kinds(report)
+    # the progress line's states, polled while msrun ran: the ranks joined, then finished
+    counts = [tuple(map(int, re.match(r"2 ranks: (\d) joined, (\d) done, \d+s \(timeout 2m 00s\)$", s).groups()))
+              for s in states]
+    assert counts[0] == (0, 0) and max(counts)[0] == 2 and counts == sorted(counts)
     assert set(report.outputs) == {"y", "y_s2"}
     assert emulated_kinds(report) == {"all-to-all"}
     run = Path(report.extra["run_dir"])  # kept on request: the logs and results are there

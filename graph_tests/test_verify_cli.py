@@ -95,6 +95,17 @@ def test_progress_draws_on_a_terminal_and_erases_itself():
     assert stream.getvalue().endswith("\r")
 
 
+def test_progress_under_the_command_lines_escaping_stderr_keeps_its_carriage_return():
+    """The CLI wraps stderr to escape control characters: the line must still redraw in place
+    (a raw \\r), while a control character in a user's name is escaped."""
+    from layout_prop.cli import _Printable
+
+    stream = _Tty()
+    bar = Progress(0, "verify \x1b[31mop", stream=_Printable(stream), interval=0.0)
+    bar.show("2 ranks: 1 joined")
+    assert stream.getvalue() == "\rverify \\x1b[31mop: 2 ranks: 1 joined"
+
+
 def test_progress_is_silent_on_pipes_and_files():
     stream = io.StringIO()
     with Progress(10, "x", stream=stream, interval=0.0) as bar:

@@ -85,11 +85,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from layout_prop.errors import ExecutionError, LayoutPropError
+from layout_prop.progress import format_seconds
 
 from . import msrun_worker as worker
 from .collectives import scatter_global
@@ -253,6 +254,9 @@ class MsrunEngine:
     emulate_nodes : int, optional
         Start that many nodes on this machine, each through its own msrun (master
         127.0.0.1, a free port), as that many machines would: for tests.
+    progress : callable, optional
+        Called with a one-line state (``8 ranks: 8 joined, 3 done, 14s (timeout 5m
+        00s)``) on every poll while msrun runs; the command line draws it on a terminal.
     """
 
     name = "mindspore"
@@ -260,7 +264,7 @@ class MsrunEngine:
     def __init__(self, backend: str = "mindspore", timeout: float = 300.0, run_dir: str | os.PathLike | None = None,
                  keep: bool = False, nodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
                  master_port: int | None = None, local_workers: int | None = None,
-                 emulate_nodes: int | None = None) -> None:
+                 emulate_nodes: int | None = None, progress: Callable[[str], None] | None = None) -> None:
         if backend not in BACKENDS:
             raise ExecutionError("backend-unavailable", f"the mindspore engine has no kernel backend {backend!r}",
                                  hint="use --backend mindspore, cann or numpy")
@@ -294,6 +298,7 @@ class MsrunEngine:
         self.master_port = master_port
         self.local_workers = local_workers
         self.run_dir: Path | None = None
+        self.progress = progress
         self._extra: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ public API
@@ -516,10 +521,20 @@ class MsrunEngine:
                                          f"{self.timeout:g} s; {self._unfinished_text(runs)} (killed); "
                                          f"run folder {folders}",
                                          hint="raise --timeout, or read the worker logs in the run folder's logs/")
+                if self.progress is not None:
+                    self.progress(self._progress_text(runs, launched))
                 time.sleep(_POLL_SECONDS)
         finally:
             if any(r.process is not None and (r.process.poll() is None or r.watch.live_pids()) for r in runs):
                 self._kill_all(runs)  # an interrupt or an unexpected error: never leave processes
+
+    def _progress_text(self, runs: list[_NodeRun], launched: float) -> str:
+        """``8 ranks: 8 joined, 3 done, 14s (timeout 5m 00s)``: how far this launcher's ranks are."""
+        ranks = [(r.run, rank) for r in runs for rank in r.ranks]
+        joined = sum(worker.joined_path(run, rank).exists() for run, rank in ranks)
+        done = sum(worker.done_path(run, rank).exists() for run, rank in ranks)
+        return (f"{len(ranks)} ranks: {joined} joined, {done} done, {format_seconds(time.monotonic() - launched)} "
+                f"(timeout {format_seconds(self.timeout)})")
 
     def _start(self, node_run: _NodeRun, launched: float) -> None:
         run = node_run.run

@@ -420,8 +420,13 @@ def _cmd_run(args) -> int:
         raise SpecError("bad-usage", "--nodes, --emulate-nodes and --master-addr need --engine mindspore",
                         hint="add --engine mindspore")
     options = {"timeout": args.timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
-    rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
-                    reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
+    from .progress import Progress
+
+    with Progress(0, "msrun", enabled=False if args.json else None) as bar:  # drawn only on a terminal
+        if args.engine == "mindspore":
+            options["progress"] = bar.show
+        rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
+                        reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
     if rep.extra.get("node_rank"):  # not node 0: node 0 prints the report; the status is the same everywhere
         summary = {"ok": rep.ok, "node_rank": rep.extra["node_rank"], "nodes": len(rep.extra["nodes"])}
         print(json.dumps(summary) if args.json else f"node {summary['node_rank']} of {summary['nodes']}: "
@@ -562,6 +567,11 @@ class _Printable:
 
     def __init__(self, stream) -> None:
         self._stream = stream
+
+    @property
+    def unescaped_stream(self):
+        """The stream itself, for a progress line that escapes its own text but draws with ``\\r``."""
+        return self._stream
 
     def write(self, text: str) -> int:
         if self._stream is not None:

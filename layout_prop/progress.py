@@ -20,6 +20,8 @@ import sys
 import time
 from typing import TextIO
 
+from .errors import printable
+
 __all__ = ["Progress", "format_seconds"]
 
 
@@ -52,7 +54,9 @@ class Progress:
                  interval: float = 0.2) -> None:
         self.total = total
         self.label = label
-        self.stream = sys.stderr if stream is None else stream
+        stream = sys.stderr if stream is None else stream
+        # the command line escapes control characters on stderr; the line needs its \r raw
+        self.stream = getattr(stream, "unescaped_stream", stream)
         if enabled is None:
             isatty = getattr(self.stream, "isatty", None)
             enabled = bool(isatty and isatty())
@@ -74,6 +78,25 @@ class Progress:
         self._last_draw = now
         self._draw(self.line(now))
 
+    def show(self, text: str) -> None:
+        """Draw ``label: text`` in place of the counts (work whose progress is a state, not a count).
+
+        Redrawn at most every ``interval`` seconds, like :meth:`update`.
+
+        >>> import io
+        >>> stream = io.StringIO()
+        >>> p = Progress(0, "msrun", stream=stream, enabled=True)
+        >>> p.show("4/8 ranks joined"); stream.getvalue()
+        '\\rmsrun: 4/8 ranks joined'
+        """
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last_draw < self.interval:
+            return
+        self._last_draw = now
+        self._draw(f"{self.label}: {text}")
+
     def line(self, now: float | None = None) -> str:
         """The text of the progress line."""
         elapsed = max((time.monotonic() if now is None else now) - self.start, 1e-9)
@@ -87,6 +110,7 @@ class Progress:
         return text
 
     def _draw(self, text: str) -> None:
+        text = printable(text)  # an op or value name from the user's input: never raw control characters
         pad = " " * max(self._width - len(text), 0)
         self._width = len(text)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import json
 import os
 import sys
@@ -551,6 +552,9 @@ COMMANDS = {"plan": _cmd_plan, "import": cmd_import, "ops": _cmd_ops, "viz": _cm
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)
 EXIT_BROKEN_PIPE = 141
 
+#: the collector's thresholds while a command runs (Python's default is (700, 10, 10))
+GC_THRESHOLD = (50_000, 20, 20)
+
 
 class _OutputFailed(BaseException):
     """Writing to stdout or stderr failed: a BaseException, so that no command's own error
@@ -621,6 +625,11 @@ def _error_line(code: str, message: str, hint: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     stdout, stderr = sys.stdout, sys.stderr
+    threshold = gc.get_threshold()
+    # A command builds graphs of 10^4 to 10^5 objects that live until it ends; with Python's
+    # default thresholds the collector walks them again and again (check of a 10,000-node spec
+    # 1.5 to 2 times slower).  Collect rarely, never not at all (cycles are still freed).
+    gc.set_threshold(*GC_THRESHOLD)
     # a process started with stdout or stderr closed has None there: write to /dev/null instead
     sys.stdout = _Printable(stdout if stdout is not None else open(os.devnull, "w"))
     sys.stderr = _Printable(stderr if stderr is not None else open(os.devnull, "w"))
@@ -646,6 +655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         sys.stdout, sys.stderr = stdout, stderr
+        gc.set_threshold(*threshold)
 
 
 def _run(args) -> int:

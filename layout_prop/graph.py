@@ -252,11 +252,13 @@ class Graph:
         return [n for n in self._nodes.values() if n.is_input]
 
     def has_value(self, value: str) -> bool:
-        try:
-            self.producer(value)
-        except GraphError:
-            return False
-        return True
+        """Whether some node produces ``value`` (what :meth:`producer` finds, without raising)."""
+        node = self._nodes.get(value)
+        if node is not None and node.num_outputs == 1:
+            return True
+        name, index = split_value(value)
+        node = self._nodes.get(name)
+        return node is not None and node.num_outputs != 1 and 0 <= index < node.num_outputs and value != name
 
     def producer(self, value: str) -> tuple[Node, int]:
         """The node that produces ``value`` and the output index."""

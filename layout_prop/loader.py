@@ -520,6 +520,8 @@ def _order(nodes, g: Graph) -> list:
             raise SpecError("undefined-value",
                             f"input {j} of node {cut(nd['name'])} is {cut(value)}, which is not defined",
                             path=f"nodes[{i}].inputs[{j}]", node=nd["name"], input=value, hint=hint)
+    if all(d < i for i, _, _ in nodes for d in deps[i]):  # as written: every value defined before its use
+        return list(nodes)
     # Depth-first, deps in index order, iteratively: a long chain given in reverse order
     # must not hit Python's recursion limit, and no closure may keep the spec alive in a cycle.
     nodes_by = {i: nd for i, nd, _ in nodes}

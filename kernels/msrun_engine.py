@@ -848,8 +848,13 @@ class _RunWatch:
         seconds = time.monotonic() - self.launched
         by_signal = sorted((c.rank if c.rank is not None else -1, c.pid, c, s) for c, s in deaths
                            if c.role == "worker" and s is not None and s & 0x7F)
-        # an outside kill (SIGKILL, SIGTERM, ...) before a rank's own abort seen in the same poll
-        by_signal.sort(key=lambda item: (item[3] & 0x7F not in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT),))
+        # The worker msrun logged as failed first: msrun logs the first dead worker it finds,
+        # then SIGKILLs every other one, so on a loaded machine one poll can see the victims'
+        # SIGKILLs next to the death that caused them.  Then an outside kill (SIGKILL,
+        # SIGTERM, ...) before a rank's own abort seen in the same poll.
+        first_logged = self._msrun_log_deaths() if len(by_signal) > 1 else {}
+        by_signal.sort(key=lambda item: (item[1] not in first_logged,
+                                         item[3] & 0x7F not in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)))
         others = sorted({c.rank for c, _ in deaths if c.rank is not None}
                         | {e.get("rank") for e in errors if isinstance(e.get("rank"), int)})
         if by_signal:

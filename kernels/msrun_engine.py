@@ -115,6 +115,8 @@ _POLL_SECONDS = 0.1
 _VANISHED_GRACE_SECONDS = 1.0
 _WORKER_MODULE = b"layout_prop.kernels.msrun_worker"
 _WORKER_DEATH = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+#: MindSpore's scheduler, when a node (worker) of the cluster stops sending heartbeats
+_NODE_TIMED_OUT = re.compile(r"The node: \S+ is timed out[^\n]*")
 
 
 def check_timeout(value: Any) -> float:
@@ -507,6 +509,14 @@ class MsrunEngine:
                     failure = self._failure(node_run, len(runs) > 1)
                     if failure is not None:
                         self._kill_all(runs)
+                        lost = self._lost_node_line(runs)
+                        if lost is not None:
+                            raise ExecutionError(
+                                "node-lost", f"msrun's scheduler lost a worker of another node "
+                                f"({_one_line(lost)[:200]}): {self._other_nodes_text()} died or stalled (its "
+                                f"launcher names the rank); MindSpore then ended this node's workers ({failure}); "
+                                f"every other process of the run was killed; run folder {folders}",
+                                hint="read the other node's error line, or its run folder's logs/")
                         raise ExecutionError("worker-failed", f"{failure}; every other process of the run was "
                                              f"killed; run folder {folders}",
                                              hint="read the rank's worker log (and error file) in the run folder's "
@@ -586,15 +596,38 @@ class MsrunEngine:
                 parts.append(f"ranks {missing}{where} did not finish")
         if self.nodes > 1 and not self.emulated:
             node_run = runs[0]
-            others = [e for e in self._extra["nodes"] if e["node"] != self.node_rank]
-            names = ", ".join(f"node {e['node']} (ranks {e['ranks'][0]}-{e['ranks'][-1]})" for e in others)
-            names = names if len(others) == 1 else f"one or more of {names}"
+            names = self._other_nodes_text()
             if not any(worker.joined_path(node_run.run, r).exists() for r in node_run.ranks):
                 parts.append(f"the cluster never formed: {names} never joined {self.master_addr}")
             else:
                 parts.append(f"they waited for the other nodes: {names} died or stalled (its launcher names the "
                              "rank)")
         return "; ".join(parts) or "every rank finished but msrun did not exit"
+
+    def _other_nodes_text(self) -> str:
+        """``node 1 (ranks 2-3)``, or ``one or more of node 1 (...), node 2 (...)``: the nodes not run here."""
+        others = [e for e in self._extra["nodes"] if e["node"] != self.node_rank]
+        names = ", ".join(f"node {e['node']} (ranks {e['ranks'][0]}-{e['ranks'][-1]})" for e in others)
+        return names if len(others) == 1 else f"one or more of {names}"
+
+    def _lost_node_line(self, runs: list[_NodeRun]) -> str | None:
+        """On node 0 of a real cluster: the scheduler's log line saying a worker timed out, if it has one.
+
+        When a worker of another node dies, MindSpore's scheduler (on node 0) notices its
+        missing heartbeats about 30 s later, and this node's workers are then ended with
+        SIGTERM: what this launcher sees first is that SIGTERM, not its cause.
+        """
+        if self.nodes == 1 or self.emulated:
+            return None
+        for node_run in runs:
+            try:
+                text = (node_run.run / "logs" / "scheduler.log").read_text(errors="replace")
+            except OSError:
+                continue
+            found = _NODE_TIMED_OUT.search(text)
+            if found:
+                return found.group(0)
+        return None
 
     def _kill_all(self, runs: list[_NodeRun]) -> None:
         for node_run in runs:

@@ -141,6 +141,10 @@ def test_strided_shard_flows_through_elementwise_and_transpose_and_back():
     assert [tensors[v]["placements"] for v in ("y", "z", "s", "t", "e", "u", "out")] == [
         ["_S(0,2)"], ["_S(0,2)"], ["_S(0,2)"], ["_S(1,2)"], ["_S(1,2)"], ["_S(0,2)"], ["S(1)"]]
     assert tensors["t"]["tensor_map"] is None  # MindSpore's tensor_map has no strided shard
+    from layout_prop.api import format_table
+
+    row = next(line for line in format_table(analysis).splitlines() if line.startswith("t "))
+    assert row.split()[4:6] == ["none", "(strided)"] and "None" not in row
     assert_free_and_exact(spec, ["S(1)"])
 
 

@@ -233,7 +233,8 @@ def format_table(analysis: Analysis) -> str:
     rows = [("value", "shape", "dtype", "placements", "tensor_map", "local shape")]
     for name, t in rep["tensors"].items():
         rows.append((name, str(t["shape"]), t["dtype"], "(" + ", ".join(t["placements"]) + ")",
-                     str(t["tensor_map"]), str(t["local_shape"])))
+                     # a strided shard has no MindSpore tensor_map (JSON null)
+                     "none (strided)" if t["tensor_map"] is None else str(t["tensor_map"]), str(t["local_shape"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     mesh = rep["mesh"]
     lines = ["mesh " + " x ".join(f"{n}={s}" for n, s in zip(mesh["names"], mesh["shape"]))]

@@ -144,7 +144,7 @@ def test_strided_shard_flows_through_elementwise_and_transpose_and_back():
     from layout_prop.api import format_table
 
     row = next(line for line in format_table(analysis).splitlines() if line.startswith("t "))
-    assert row.split()[4:6] == ["none", "(strided)"] and "None" not in row
+    assert row.split()[4:7] == ["(_S(1,2))", "none", "(strided)"] and "None" not in row
     assert_free_and_exact(spec, ["S(1)"])
 
 

@@ -7,6 +7,9 @@ a few tests launch it:
   extended by one node whose redistribution needs a collective that mccl on CPU lacks
   (all-to-all, all-gather on a sub-group, reduce-scatter), so that every run goes
   through an AllReduce-based emulation as well as the native all-reduce of the backward;
+  the 4-rank one also by the lowered ``local`` ops (a ``local-partial``, a local slice to a
+  strided shard) and a gather of a strided shard (their exactness against the simulator,
+  without msrun: ``test_msrun_local_ops.py``);
 - a worker failing on purpose (``LAYOUT_PROP_FAIL_RANK``) and a timeout: typed errors,
   within the time bound, no process left behind (killed workers, signals and a hostile
   temp folder: ``test_msrun_safety.py``).
@@ -116,18 +119,38 @@ def test_dp_b_mode0_on_2_ranks(tmp_path):
 
 def test_dp_sp_mode1_float64_on_4_ranks(tmp_path):
     """Scenario 5 (dp x sp) in float64: the all-reduce of float64 (no mccl kernel) and an
-    all-gather on the dp sub-groups (mccl gathers on the world group only) are emulated."""
-    graph = scenario("dp_sp", 1, [{"name": "y_rep", "op": "redistribute", "inputs": ["y"],
-                                   "attrs": {"placements": ["R", "S(2)"]}}], dtype="float64")
+    all-gather on the dp sub-groups (mccl gathers on the world group only) are emulated.
+
+    Also the lowered ``local`` ops and a strided gather: y (B, N, S, D) with S on sp, viewed
+    as (B, N*S, D), is the strided shard ``_S(1,4)``; a replicated g is sliced to it locally,
+    the product gathered on the sp sub-groups; cos, added to a partial sum over dp, becomes
+    its terms by a ``local-partial`` (and its gradient too, in the backward)."""
+    extra = [{"name": "y_rep", "op": "redistribute", "inputs": ["y"], "attrs": {"placements": ["R", "S(2)"]}},
+             {"name": "m", "op": "reshape", "inputs": ["y"], "attrs": {"shape": [4, 64, 64]}},
+             {"name": "s", "op": "mul", "inputs": ["m", "g"]},
+             {"name": "s_rows", "op": "redistribute", "inputs": ["s"], "attrs": {"placements": ["S(0)", "R"]}},
+             {"name": "c", "op": "add", "inputs": ["cos", "bias"]}]
+    inputs = {"g": {"shape": [1, 64, 64], "placements": ["R", "R"], "requires_grad": False},
+              "bias": {"shape": [1, 1, 16, 64], "placements": ["P(sum)", "S(2)"], "requires_grad": False}}
+    graph = scenario("dp_sp", 1, extra, inputs, dtype="float64")
+    program = Lower().run(analyze(graph, backward=True, reshard=True).graph).program
+    local = {(op.op, str(op.specs[0].layout)) for op in program.ops if op.kind == "local"}
+    assert {("local-slice", "(R, _S(1,4))"), ("local-partial", "(P(sum), S(2))")} <= local
     report = run_graph(graph, engine="mindspore", backend="mindspore", backward=True, timeout=TIMEOUT,
                        run_dir=tmp_path)
     assert report.ok, report.mismatches
     assert sorted(report.grads) == ["cos", "sin", "x"]
+    assert set(report.outputs) == {"y", "y_rep", "m", "s", "s_rows", "c"}
     assert list(tmp_path.iterdir()) == []  # removed after success
     assert emulated_kinds(report) == {"all-gather", "all-reduce"}
     gathers = [c for c in report.extra["emulated_collectives"] if c["kind"] == "all-gather"]
     assert sorted(gathers[0]["groups"]) == [[0, 2], [1, 3]]
-    assert all(g < 1e-12 for g in (report.grads["cos"]["max_rel_err"], report.outputs["y_rep"]["max_rel_err"]))
+    strided = next(c for c in report.extra["emulated_collectives"] if c["value"] == "s_rows")
+    assert sorted(strided["groups"]) == [[0, 1], [2, 3]]
+    assert strided["impl"].endswith(", then the 4 blocks of each piece put in block order")
+    assert all("local" in seconds for seconds in report.extra["per_rank_seconds"])
+    errors = [report.grads["cos"]] + [report.outputs[name] for name in ("y_rep", "s_rows", "c")]
+    assert all(e["max_rel_err"] < 1e-12 for e in errors), errors
 
 
 def test_dp_tp_sp_mode3_on_8_ranks(tmp_path):

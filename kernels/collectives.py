@@ -68,6 +68,11 @@ __all__ = [
     "all_to_all",
     "local_slice",
     "local_partial",
+    "gathered",
+    "sliced",
+    "partial_term",
+    "local_step",
+    "step_split_factor",
     "apply_step",
     "apply_plan",
     "DONATING_STEPS",
@@ -480,15 +485,42 @@ def all_gather(arrays: Sequence[np.ndarray], dim: int, split_factor: int = 1) ->
     [0, 1, 2, 3, 4, 5, 6, 7]
     """
     arrays = _check_group(arrays, "all-gather")
+    return _shared(gathered(arrays, dim, split_factor), len(arrays))
+
+
+def gathered(pieces: Sequence[np.ndarray], dim: int, split_factor: int = 1) -> np.ndarray:
+    """The result of an all-gather of ``pieces`` (one per rank, in group order) along ``dim``.
+
+    Plain pieces are concatenated.  With ``split_factor`` k (the source is a strided
+    shard ``_S(dim,k)``) each piece is cut into its k equal blocks, and block b of every
+    piece, in group order, makes block b of the result.  The msrun workers call this on
+    the pieces their all-gather brought, so both engines order the result alike.
+
+    Returns
+    -------
+    numpy.ndarray
+        A new array.
+
+    Raises
+    ------
+    ExecutionError
+        ``shape-mismatch`` when the pieces disagree on another dim, or a piece does not
+        divide into ``split_factor`` blocks.
+
+    Examples
+    --------
+    >>> gathered([np.array([0, 1, 4, 5]), np.array([2, 6])], 0, 2).tolist()   # _S(0,2) of 7 on 2 ranks
+    [0, 1, 2, 4, 5, 6]
+    """
+    pieces = list(pieces)
     if split_factor > 1:
-        arrays = [piece for block in zip(*[_blocks(a, dim, split_factor) for a in arrays]) for piece in block]
+        pieces = [part for block in zip(*[_blocks(p, dim, split_factor) for p in pieces]) for part in block]
     try:
-        full = np.concatenate(arrays, axis=dim)
+        return np.concatenate(pieces, axis=dim)
     except ValueError as exc:
         raise ExecutionError("shape-mismatch", f"all-gather along dim {dim} of shapes "
-                             f"{[list(a.shape) for a in arrays]}: {exc}",
+                             f"{[list(p.shape) for p in pieces]}: {exc}",
                              hint="pieces must agree on every dim but the gathered one") from None
-    return _shared(full, len(arrays))
 
 
 def _shared(value: np.ndarray, n: int) -> list[np.ndarray]:
@@ -577,10 +609,22 @@ def local_slice(arrays: Sequence[np.ndarray], dim: int, split_factor: int = 1) -
     """
     arrays = _check_group(arrays, "local-slice")
     n = len(arrays)
+    return [_read_only(sliced(a, dim, n, k, split_factor)) for k, a in enumerate(arrays)]
+
+
+def sliced(array: np.ndarray, dim: int, n: int, index: int, split_factor: int = 1) -> np.ndarray:
+    """What rank ``index`` of a group of ``n`` keeps of ``array`` in a local slice along ``dim``.
+
+    Chunk ``index`` of ``n`` (``torch.chunk``), a view; with ``split_factor`` s (the
+    target is a strided shard ``_S(dim,s)``) chunk ``index`` of each of the s equal blocks
+    of ``dim``, in block order, a new array.  One rank's part of :func:`local_slice`.
+
+    >>> sliced(np.arange(7), 0, 2, 1).tolist(), sliced(np.arange(6), 0, 2, 0, 2).tolist()
+    ([4, 5, 6], [0, 1, 3, 4])
+    """
     if split_factor > 1:
-        return [_read_only(np.concatenate([_chunks(b, dim, n)[k] for b in _blocks(a, dim, split_factor)], axis=dim))
-                for k, a in enumerate(arrays)]
-    return [_read_only(_chunks(a, dim, n)[k]) for k, a in enumerate(arrays)]
+        return np.concatenate([_chunks(b, dim, n)[index] for b in _blocks(array, dim, split_factor)], axis=dim)
+    return _chunks(array, dim, n)[index]
 
 
 def _blocks(array: np.ndarray, dim: int, k: int) -> list[np.ndarray]:
@@ -606,19 +650,31 @@ def local_partial(arrays: Sequence[np.ndarray], op: str) -> list[np.ndarray]:
     """
     _check_op(op)
     arrays = _check_group(arrays, f"local-partial({op})")
-    if op != "sum":
-        return [_read_only(a) for a in arrays]
-    return [_read_only(arrays[0])] + [np.zeros_like(a) for a in arrays[1:]]
+    terms = [partial_term(a, op, k) for k, a in enumerate(arrays)]
+    return [_read_only(t) if t is a else t for t, a in zip(terms, arrays)]  # the kept arrays, not to be written
+
+
+def partial_term(array: np.ndarray, op: str, index: int) -> np.ndarray:
+    """Rank ``index``'s term of a ``P(op)`` made from its replica ``array`` (one rank's part of
+    :func:`local_partial`): ``array`` itself, or new zeros for ``sum`` on every rank but index 0.
+
+    >>> partial_term(np.array([1.5]), "sum", 1).tolist(), partial_term(np.array([1.5]), "max", 1).tolist()
+    ([0.0], [1.5])
+    """
+    _check_op(op)
+    if op == "sum" and index > 0:
+        return np.zeros_like(array)
+    return array
 
 
 # --------------------------------------------------------------------------- plans
 def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -> list[np.ndarray]:
     if step.kind == "local-slice":
-        return local_slice(arrays, step.dim, _split_factor(step.dst, step.mesh_axis))
+        return local_slice(arrays, step.dim, step_split_factor(step))
     if step.kind == "local-partial":
         return local_partial(arrays, step.reduce_op)
     if step.kind == "all-gather":
-        return all_gather(arrays, step.dim, _split_factor(step.src, step.mesh_axis))
+        return all_gather(arrays, step.dim, step_split_factor(step))
     if step.kind == "all-reduce":
         return all_reduce(arrays, step.reduce_op, into_first=into_first)
     if step.kind == "reduce-scatter":
@@ -629,10 +685,51 @@ def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -
                          hint="steps are local-slice, local-partial, all-gather, all-reduce, reduce-scatter, all-to-all")
 
 
-def _split_factor(spec: TensorSpec, axis: int) -> int:
-    """The split factor of a strided shard on ``axis`` of ``spec`` (1 for anything else)."""
-    p = spec.layout.placements[axis]
+def step_split_factor(step: Step) -> int:
+    """The split factor of the strided shard that ``step`` slices into (a ``local-slice``) or
+    gathers from (any other step) on its mesh axis; 1 when that placement is not strided.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> from layout_prop.redistribute import plan_redistribution
+    >>> x = TensorSpec((8,), "float32", Layout(DeviceMesh((2,), ("tp",)), ["R"], 1))
+    >>> step = plan_redistribution(x, Layout(x.mesh, ["_S(0,4)"], 1)).steps[0]
+    >>> step.kind, step_split_factor(step)
+    ('local-slice', 4)
+    """
+    spec = step.dst if step.kind == "local-slice" else step.src
+    p = spec.layout.placements[step.mesh_axis]
     return p.split_factor if isinstance(p, StridedShard) else 1
+
+
+def local_step(step: Step, array: np.ndarray, index: int) -> np.ndarray:
+    """One rank's result of a step that needs no communication, from its own ``array``.
+
+    ``index`` is the rank's position in its group on ``step.mesh_axis``.  A
+    ``local-slice`` keeps :func:`sliced` (a strided target included), a
+    ``local-partial`` :func:`partial_term`: what :func:`apply_step` gives that rank.  The
+    msrun workers, which hold one rank each, run these steps with it.
+
+    Raises
+    ------
+    ExecutionError
+        ``unknown-step`` for a step that communicates.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> from layout_prop.redistribute import plan_redistribution
+    >>> x = TensorSpec((6,), "float64", Layout(DeviceMesh((2,), ("tp",)), ["R"], 1))
+    >>> step = plan_redistribution(x, Layout(x.mesh, ["_S(0,2)"], 1)).steps[0]
+    >>> local_step(step, np.arange(6.0), 1).tolist()
+    [2.0, 5.0]
+    """
+    n = step.src.mesh.shape[step.mesh_axis]
+    if step.kind == "local-slice":
+        return sliced(array, step.dim, n, index, step_split_factor(step))
+    if step.kind == "local-partial":
+        return partial_term(array, step.reduce_op, index)
+    raise ExecutionError("unknown-step", f"{step.kind!r} is not a local step: it communicates",
+                         hint="local steps are local-slice and local-partial")
 
 
 def apply_step(step: Step, locals_: Sequence, donatable: Collection[int] = ()) -> list[np.ndarray]:

@@ -20,7 +20,10 @@ collectives use, and runs the program's ops in order (SPMD: every rank runs ever
 - ``kernel``: the backend's MindSpore kernel table
   (:mod:`layout_prop.kernels.mindspore_backend`) on MindSpore tensors, with the rank's
   localised attrs ``op.attrs[rank]`` (backend ``numpy``: the numpy reference table);
-- ``slice``: the rank's ``torch.chunk`` piece, locally;
+- ``slice`` and ``local``: the steps that need no communication, on the rank's own array
+  (:func:`layout_prop.kernels.collectives.local_step`, the simulator's own arithmetic): a
+  ``torch.chunk`` piece, a chunk of each block for a strided shard ``_S(d,k)``, or a
+  ``local-partial`` (zeros on every rank of the group but its first for ``P(sum)``);
 - ``collective``: :class:`Communicator`, on the rank's group of the step's mesh axis.
 
 It writes ``rank<R>.npz`` (the wanted local outputs) and ``rank<R>.json`` (timings in
@@ -50,7 +53,9 @@ functions) have no CPU kernel, nor does the new ``all_gather_into_tensor``.  So 
   otherwise *emulated*: each rank writes its piece, as int32 words, at its ``torch.chunk``
   offset into a zero buffer of the gathered shape and a native int32 sum-all-reduce
   completes it (:func:`gather_buffer`, :func:`gather_result`), bit-exact for uneven and
-  empty pieces and any dtype;
+  empty pieces and any dtype; a strided shard ``_S(d,k)`` is gathered so too, then each
+  rank's piece is cut into its k blocks and put in block order
+  (:func:`layout_prop.kernels.collectives.gathered`, as the simulator does);
 - reduce-scatter: *emulated*: an all-reduce (as above) then the rank's chunk;
 - all-to-all: *emulated*: an all-gather along the concat dim, then the rank's chunk
   along the split dim (:func:`chunk`).
@@ -102,7 +107,7 @@ import numpy as np
 
 from layout_prop.errors import ExecutionError
 
-from .collectives import reduce_terms
+from .collectives import gathered, local_step, reduce_terms, step_split_factor
 from .msrun_guard import MSRUN_PID_ENV, die_with_parent
 
 __all__ = [
@@ -136,6 +141,8 @@ __all__ = [
     "DeviceCaps",
     "CPU_CAPS",
     "ASCEND_CAPS",
+    "GroupInfo",
+    "plan_groups",
     "Communicator",
     "main",
 ]
@@ -476,6 +483,34 @@ class GroupInfo:
         return len(self.ranks)
 
 
+def plan_groups(program, rank: int, world_name: str) -> dict[int, GroupInfo]:
+    """``rank``'s group on every mesh axis that a collective of ``program`` uses, by axis.
+
+    The axes come in increasing order (every rank creates its groups in that order); a
+    group of every rank is named ``world_name``, any other :func:`group_name`.
+
+    >>> from layout_prop.loader import load_spec
+    >>> from layout_prop.api import analyze
+    >>> from layout_prop.passes.lower import Lower
+    >>> g = analyze(load_spec('''
+    ... mesh: {shape: [2, 2], names: [dp, tp]}
+    ... inputs: {x: {shape: [4], placements: ["S(0)", "R"]}}
+    ... nodes: [{name: y, op: redistribute, inputs: [x], attrs: {placements: [R, R]}}]
+    ... ''')).graph
+    >>> plan_groups(Lower().run(g).program, 3, "world")
+    {0: GroupInfo(name='lp_dp_1_3', ranks=(1, 3), index=1, is_world=False)}
+    """
+    mesh = program.mesh
+    world = tuple(range(mesh.size))
+    groups: dict[int, GroupInfo] = {}
+    for axis in sorted({op.step.mesh_axis for op in program.collectives}):
+        ranks = tuple(int(r) for r in mesh.group(rank, axis))
+        is_world = ranks == world
+        name = world_name if is_world else group_name(mesh.names[axis], ranks)
+        groups[axis] = GroupInfo(name, ranks, ranks.index(rank), is_world)
+    return groups
+
+
 class Communicator:
     """Runs planned collective steps for one rank with MindSpore, native or emulated.
 
@@ -500,19 +535,10 @@ class Communicator:
         self.rank = rank
         self.caps = caps
         self.mesh = program.mesh
-        world = tuple(range(self.mesh.size))
-        self.groups: dict[int, GroupInfo] = {}
-        axes = sorted({op.step.mesh_axis for op in program.collectives})
-        for axis in axes:  # the same order on every rank
-            ranks = tuple(int(r) for r in self.mesh.group(rank, axis))
-            is_world = ranks == world
-            if is_world:
-                name = GlobalComm.WORLD_COMM_GROUP
-            else:
-                name = group_name(self.mesh.names[axis], ranks)
-                if len(ranks) > 1:
-                    create_group(name, list(ranks))
-            self.groups[axis] = GroupInfo(name, ranks, ranks.index(rank), is_world)
+        self.groups = plan_groups(program, rank, GlobalComm.WORLD_COMM_GROUP)
+        for group in self.groups.values():  # the same order on every rank
+            if not group.is_world and group.size > 1:
+                create_group(group.name, list(group.ranks))
 
     # ---------------------------------------------------------------- native primitives
     def _tensor(self, array: np.ndarray):
@@ -570,8 +596,22 @@ class Communicator:
         summed = self._sum_words(terms_buffer(array, group.index, group.size), group)
         return terms_result(summed, dtype, op), True, "terms gathered by all_reduce(sum) of int32 words, reduced locally"
 
-    def all_gather(self, array: np.ndarray, dim: int, sizes: Sequence[int], group: GroupInfo):
-        """``(result, emulated, impl)`` of an all-gather along ``dim``; ``sizes`` are the pieces' sizes."""
+    def all_gather(self, array: np.ndarray, dim: int, sizes: Sequence[int], group: GroupInfo,
+                   split_factor: int = 1):
+        """``(result, emulated, impl)`` of an all-gather along ``dim``; ``sizes`` are the pieces' sizes.
+
+        With ``split_factor`` k the pieces are strided shards ``_S(dim,k)``: once gathered
+        in group order, they are put in block order (:func:`~layout_prop.kernels.collectives.gathered`).
+        """
+        result, emulated, impl = self._gather_in_group_order(array, dim, sizes, group)
+        if split_factor > 1 and group.size > 1:
+            pieces = np.split(result, chunk_offsets(sizes)[1:], axis=dim)
+            result = gathered(pieces, dim, split_factor)
+            impl = f"{impl}, then the {split_factor} blocks of each piece put in block order"
+        return result, emulated, impl
+
+    def _gather_in_group_order(self, array: np.ndarray, dim: int, sizes: Sequence[int], group: GroupInfo):
+        """``(result, emulated, impl)``: the pieces concatenated along ``dim`` in group order."""
         if group.size == 1:
             return array.copy(), False, "group of one: copy"
         gathered_shape = list(array.shape)
@@ -616,7 +656,7 @@ class Communicator:
         if step.kind == "all-reduce":
             result, emulated, impl = self.all_reduce(array, step.reduce_op, group)
         elif step.kind == "all-gather":
-            result, emulated, impl = self.all_gather(array, step.dim, sizes, group)
+            result, emulated, impl = self.all_gather(array, step.dim, sizes, group, step_split_factor(step))
         elif step.kind == "reduce-scatter":
             result, emulated, impl = self.reduce_scatter(array, step.reduce_op, step.dim, group)
         elif step.kind == "all-to-all":
@@ -680,7 +720,7 @@ def run_rank(program, rank: int, inputs: dict[str, np.ndarray], backend: str, co
     ``progress["op"]`` names the op being run, for the error report.
     """
     env: dict[str, np.ndarray] = {}
-    seconds = {"input": 0.0, "kernel": 0.0, "slice": 0.0, "collective": 0.0}
+    seconds = {"input": 0.0, "kernel": 0.0, "slice": 0.0, "local": 0.0, "collective": 0.0}
     records: list[dict] = []
     for op in program.ops:
         progress["op"] = f"{op.kind} {op.name!r} ({op.op})"
@@ -693,16 +733,15 @@ def run_rank(program, rank: int, inputs: dict[str, np.ndarray], backend: str, co
             _check_shape(op.name, env[op.name], op.specs[0], rank, "input")
         elif op.kind == "kernel":
             _run_kernel(op, rank, backend, env)
-        elif op.kind == "slice":
-            step = op.step
-            group = program.mesh.group(rank, step.mesh_axis)
-            env[op.outputs[0]] = chunk(env[op.inputs[0]], step.dim, len(group), list(group).index(rank))
+        elif op.kind in ("slice", "local"):  # no communication: the simulator's arithmetic on this rank's array
+            index = list(program.mesh.group(rank, op.step.mesh_axis)).index(rank)
+            env[op.outputs[0]] = np.array(local_step(op.step, env[op.inputs[0]], index), copy=True)
         elif op.kind == "collective":
             env[op.outputs[0]], record = comm.run_step(op, env[op.inputs[0]])
             records.append(record)
         else:
             raise ExecutionError("unknown-op-kind", f"unknown local op kind {op.kind!r}",
-                                 hint="local ops are input, kernel, slice, collective")
+                                 hint="local ops are input, kernel, slice, local, collective")
         for value, spec in zip(op.outputs, op.specs):
             _check_shape(value, env[value], spec, rank, f"{op.kind} {op.name!r}")
         seconds[op.kind] += time.perf_counter() - start

@@ -107,10 +107,12 @@ def main() -> None:
         rows = [header]
         for fmt, out in cases:
             startup = min(times[1, fmt, out])
-            net = [max(min(times[n, fmt, out]) - startup, 1e-9) for n in args.sizes]
-            row = [fmt, out, *[f"{t:.3f}" for t in net], *[f"{1e6 * t / n:.1f}" for t, n in zip(net, args.sizes)]]
+            # a net time at or below 0 is lost in the start-up's noise: "n/a", never a made-up ratio
+            net = [min(times[n, fmt, out]) - startup for n in args.sizes]
+            row = [fmt, out, *[f"{t:.3f}" for t in net],
+                   *[f"{1e6 * t / n:.1f}" if t > 0 else "n/a" for t, n in zip(net, args.sizes)]]
             if len(args.sizes) > 1:
-                row.append(f"{net[-1] / net[0]:.1f}")
+                row.append(f"{net[-1] / net[0]:.1f}" if net[0] > 0 and net[-1] > 0 else "n/a")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         for i, row in enumerate(rows):

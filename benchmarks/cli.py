@@ -112,7 +112,7 @@ def main() -> None:
             row = [fmt, out, *[f"{t:.3f}" for t in net],
                    *[f"{1e6 * t / n:.1f}" if t > 0 else "n/a" for t, n in zip(net, args.sizes)]]
             if len(args.sizes) > 1:
-                row.append(f"{net[-1] / net[0]:.1f}" if net[0] > 0 and net[-1] > 0 else "n/a")
+                row.append(f"{net[-1] / net[0]:.3g}" if net[0] > 0 and net[-1] > 0 else "n/a")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         for i, row in enumerate(rows):

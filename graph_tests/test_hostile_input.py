@@ -353,6 +353,95 @@ def test_an_op_that_exits_while_running_keeps_the_contract(capsys):
     assert rc == 2 and "unexpected-exit" in one_error_line(err)
 
 
+ODD_OP = '''
+import os
+from layout_prop import OpRule, RuleResult, TensorSpec, register_kernel, register_op
+from layout_prop.testing import OpSample
+
+class Odd(BaseException):  # neither an Exception nor SystemExit / KeyboardInterrupt
+    def __str__(self):
+        if os.environ.get("ODD_STR") == "raises":
+            raise RuntimeError("no message for you")
+        return "odd " + os.environ["ODD_WHERE"]
+
+@register_op
+class OddOp(OpRule):
+    name = "odd_op"
+    operands = ("x",)
+
+    def infer_layout(self, inputs, attrs):
+        if os.environ["ODD_WHERE"] == "rule":
+            raise Odd()
+        return RuleResult((TensorSpec(inputs[0].shape, inputs[0].dtype, inputs[0].layout),), (), ())
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        return (g.op("odd_op", [cotangents[0]]),)
+
+    def sample_inputs(self):
+        return [OpSample([(4, 4)], {})]
+
+def odd_op(x):
+    if os.environ["ODD_WHERE"] == "kernel":
+        raise Odd()
+    return x
+
+register_kernel("odd_op", odd_op)
+'''
+
+
+def _odd_plugin(folder: Path) -> None:
+    """An installed op plugin (an entry point in ``layout_prop.ops``) whose op raises a BaseException."""
+    (folder / "odd_plugin.py").write_text(ODD_OP)
+    info = folder / "odd_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odd-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[layout_prop.ops]\nodd = odd_plugin\n")
+
+
+@pytest.mark.parametrize("command,where,message", [
+    (["check"], "rule", "check was stopped by Odd: odd rule, which is not an Exception"),
+    (["run"], "rule", "run was stopped by Odd: odd rule"),
+    (["run"], "kernel", "run was stopped by Odd: odd kernel"),
+    (["run", "--backward"], "kernel", "run was stopped by Odd: odd kernel"),
+    (["lower", "--rank", "0"], "rule", "lower was stopped by Odd: odd rule"),
+    (["explain"], "rule", "explain was stopped by Odd: odd rule"),
+    (["run"], "str-raises", "run was stopped by Odd: <its message cannot be shown>"),
+], ids=["check-rule", "run-rule", "run-kernel", "run-backward-kernel", "lower-rule", "explain-rule", "str-raises"])
+def test_a_plugin_op_raising_a_base_exception_keeps_the_contract(tmp_path, command, where, message):
+    # review of issue 14: a BaseException that is not an Exception escaped as a traceback
+    _odd_plugin(tmp_path)
+    spec = tmp_path / "odd.yaml"
+    spec.write_text("mesh: {shape: [2]}\ninputs: {x: {shape: [4, 4], placements: ['S(0)']}}\n"
+                    "nodes: [{name: y, op: odd_op, inputs: [x]}]\noutputs: [y]\n")
+    env = cli_env()
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    env["ODD_WHERE"] = "kernel" if where == "str-raises" else where
+    if where == "str-raises":
+        env["ODD_STR"] = "raises"
+    argv = [*command[:1], str(spec), *command[1:]] + (["y"] if command == ["explain"] else [])
+    proc = subprocess.run([*console_command(), *argv], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc.stderr)
+    assert line.startswith("layout-prop: error: unexpected-exception: ") and message in line, line
+
+
+def test_verify_module_raising_a_base_exception_keeps_the_contract(tmp_path, capsys, monkeypatch):
+    module = tmp_path / "odd_module.py"
+    module.write_text(ODD_OP.replace('"odd_op"', '"odd_module_op"'))
+    monkeypatch.setenv("ODD_WHERE", "kernel")
+    try:
+        rc = main(["verify", "odd_module_op", "--module", str(module)])
+    finally:
+        from layout_prop import registry
+        from layout_prop.kernels.numpy_backend import KERNELS
+
+        registry._RULES.pop("odd_module_op", None)
+        KERNELS.pop("odd_module_op", None)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert "unexpected-exception: verify was stopped by Odd: odd kernel" in one_error_line(err)
+
+
 def test_help_says_that_modules_and_entry_points_run_code(capsys):
     for argv in (["--help"], ["verify", "--help"]):
         assert main(argv) == 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import LayoutPropError, SpecError, cut, printable
+from .errors import LayoutPropError, SpecError, cut, describe, printable
 from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
 
 __all__ = ["main"]
@@ -338,8 +338,7 @@ def _import_module_file(path: Path) -> None:
     except LayoutPropError:
         raise
     except BaseException as exc:  # SystemExit(7) or KeyboardInterrupt from the user's file too: exit 2, one line
-        said = f": {cut(str(exc), 300)[1:-1]}" if str(exc) else ""
-        raise OpError("module-failed", f"importing {cut(str(path))} failed: {type(exc).__name__}{said}",
+        raise OpError("module-failed", f"importing {cut(str(path))} failed: {describe(exc)}",
                       hint="run the file with python to see the full error") from None
 
 
@@ -615,12 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout = _Printable(stdout if stdout is not None else open(os.devnull, "w"))
     sys.stderr = _Printable(stderr if stderr is not None else open(os.devnull, "w"))
     try:
-        try:
-            args = _parser().parse_args(argv)
-        except SystemExit as done:  # --help, --version, or a bad flag (already reported on one line)
-            code = done.code if isinstance(done.code, int) else 0 if done.code is None else 2
-        else:
-            code = _run(args)
+        parsed = _guarded("layout-prop", lambda: _parse(argv))
+        code = parsed if isinstance(parsed, int) else _run(parsed)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not after main returned
         return code
     except _OutputFailed as failed:  # stdout closed by its reader (| head), on a full disk (> /dev/full), or gone
@@ -638,9 +633,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout, sys.stderr = stdout, stderr
 
 
-def _run(args) -> int:
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit code of ``--help``, ``--version`` or a bad flag (already reported)."""
     try:
-        return COMMANDS[args.command](args)
+        return _parser().parse_args(argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
+
+
+def _run(args) -> int:
+    return _guarded(args.command, lambda: COMMANDS[args.command](args))
+
+
+def _guarded(what: str, work):
+    """``work()``, with every exception it may raise turned into an exit code and at most one
+    stderr line: whatever an op's rule, kernel or plugin raises (any BaseException, even
+    one that is neither an Exception nor SystemExit), never a traceback.  Only a failed
+    write of the output itself goes on, to :func:`main`."""
+    try:
+        return work()
+    except _OutputFailed:
+        raise
     except LayoutPropError as err:
         print(_error_text(err), file=sys.stderr)
         return 2
@@ -652,19 +665,27 @@ def _run(args) -> int:
                     "an op's rule or kernel must raise an error, not exit; fix the op module")
         return 2
     except MemoryError:
-        _error_line("out-of-memory", f"{args.command} ran out of memory",
+        _error_line("out-of-memory", f"{what} ran out of memory",
                     "use smaller shapes or fewer ranks (a run estimates its memory first: see --max-memory)")
         return 2
     except RecursionError:
-        _error_line("too-deep", f"{args.command} recursed too deeply",
+        _error_line("too-deep", f"{what} recursed too deeply",
                     "the graph or a value nests too deeply; please report the spec")
         return 2
     except Exception as exc:  # a bug: one line that says so (LAYOUT_PROP_DEBUG=1 shows the traceback)
         if os.environ.get("LAYOUT_PROP_DEBUG"):
             raise
-        _error_line("internal-error", f"{type(exc).__name__}: {cut(str(exc), 300)[1:-1]}",
+        _error_line("internal-error", describe(exc),
                     "this is a bug in layout-prop; please report it with the spec "
                     "(LAYOUT_PROP_DEBUG=1 shows the traceback)")
+        return 2
+    except BaseException as exc:  # noqa: B036 (GeneratorExit, or a class of an op's own derived from BaseException)
+        if os.environ.get("LAYOUT_PROP_DEBUG"):
+            raise
+        _error_line("unexpected-exception", f"{what} was stopped by {describe(exc)}, which is not an Exception "
+                    "(raised by an op's rule or kernel, or a plugin)",
+                    "an op's code must raise an Exception (an OpError for a use it refuses), not a BaseException; "
+                    "LAYOUT_PROP_DEBUG=1 shows the traceback")
         return 2
 
 

@@ -564,6 +564,47 @@ def test_gen_refuses_a_layer_count_it_cannot_write(layers, capsys):
     assert out == "" and "bad-usage" in one_error_line(err) and len(err) < 400
 
 
+DIGITS = "9" * 400
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["run", "SPEC", "--max-memory", DIGITS], "bad-usage: argument --max-memory: "),
+    (["run", "SPEC", "--max-memory", DIGITS + ".5G"], "over the limit 1152921504606846976 bytes"),
+    (["run", "SPEC", "--max-memory", "2048P"], "over the limit"),
+    (["run", "SPEC", "--max-memory", "1." + "0" * 5000 + "1K"], "run-too-large"),  # 1 KiB: too small a limit
+    (["plan", "SPEC", "--memory-per-rank", DIGITS + "GiB"], "bad-value: memory per rank"),
+    (["plan", "SPEC", "--memory-per-rank", "0." + "0" * 5000 + "1"], "is not positive"),
+    (["verify", "add", "--jobs", DIGITS], "bad-usage: argument --jobs: <an integer of 1329 bits> is not a number"),
+    (["verify", "add", "--jobs", "100000"], "not a number of processes in 1..256"),
+    (["run", "SPEC", "--engine", "mindspore", "--nodes", DIGITS], "argument --nodes: <an integer"),
+    (["run", "SPEC", "--engine", "mindspore", "--local-workers", DIGITS], "argument --local-workers"),
+    (["run", "SPEC", "--engine", "mindspore", "--emulate-nodes", "70000"], "not a count in 1..65536"),
+    (["run", "SPEC", "--engine", "mindspore", "--node-rank", DIGITS], "argument --node-rank"),
+    (["run", "SPEC", "--engine", "mindspore", "--master-port", DIGITS], "argument --master-port"),
+    (["run", "SPEC", "--rtol", DIGITS], "argument --rtol"),
+    (["run", "SPEC", "--timeout", DIGITS], "argument --timeout"),
+    (["lower", "SPEC", "--rank", DIGITS[:300]], "invalid-rank: rank <an integer of 997 bits>"),
+], ids=lambda v: "-".join(v)[:40] if isinstance(v, list) else None)
+def test_absurd_flag_values_are_one_line(capsys, argv, fragment):
+    # review of issue 14: --max-memory with 400 digits was an OverflowError traceback
+    argv = [str(EXAMPLES / "rpe" / "dp_sp.yaml") if a == "SPEC" else a for a in argv]
+    start = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - start < 10
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert out == "" and fragment in line and len(line) < 500, line
+
+
+def test_size_flags_are_exact():
+    from layout_prop.cli import _memory_size
+    from layout_prop.plan_command import parse_bytes
+
+    assert _memory_size("1.5T") == 3 * 2 ** 39 and _memory_size("0.5K") == 512 and _memory_size("1024P") == 2 ** 60
+    assert _memory_size("00000000000000000000000000000000000000008G") == 8 * 2 ** 30
+    assert parse_bytes("16GiB") == 2 ** 34 and parse_bytes(".5KiB") == 512 and parse_bytes("1.5 KB") == 1500
+
+
 def test_a_huge_bad_argument_is_cut_in_the_usage_error(capsys):
     assert main(["lower", "spec.yaml", "--rank", "9" * 5000]) == 2
     line = one_error_line(capsys.readouterr().err)

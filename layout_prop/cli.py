@@ -112,12 +112,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="mindspore engine: seconds before giving up (default 300, at most a week)")
     r.add_argument("--keep-logs", action="store_true",
                    help="mindspore engine: keep the run folder (worker logs) after a successful run too")
-    r.add_argument("--nodes", type=_positive_int, default=1, help="mindspore engine: machines the run spans")
-    r.add_argument("--node-rank", type=_non_negative_int, default=0, help="mindspore engine: this machine's node")
+    r.add_argument("--nodes", type=_count_arg, default=1, help="mindspore engine: machines the run spans")
+    r.add_argument("--node-rank", type=_node_rank_arg, default=0, help="mindspore engine: this machine's node")
     r.add_argument("--master-addr", metavar="HOST", help="mindspore engine: host of msrun's scheduler (--nodes)")
-    r.add_argument("--master-port", type=_positive_int, metavar="P", help="mindspore engine: its port (1024-65535)")
-    r.add_argument("--local-workers", type=_positive_int, metavar="W", help="mindspore engine: workers a node")
-    r.add_argument("--emulate-nodes", type=_positive_int, metavar="N",
+    r.add_argument("--master-port", type=_port_arg, metavar="P", help="mindspore engine: its port (1024-65535)")
+    r.add_argument("--local-workers", type=_count_arg, metavar="W", help="mindspore engine: workers a node")
+    r.add_argument("--emulate-nodes", type=_count_arg, metavar="N",
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
@@ -149,8 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--samples", type=_samples_arg, default="all",
                     help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
     ve.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data")
-    ve.add_argument("--jobs", type=_positive_int, default=1,
-                    help="processes to check combinations in (default 1; the counts are the same)")
+    ve.add_argument("--jobs", type=_jobs_arg, default=1,
+                    help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
     add_model_args(_add_viz_parser(sub))
@@ -227,6 +227,38 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bounded_int(text: str, low: int, high: int, what: str) -> int:
+    value = _non_negative_int(text)
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{cut(value, 60)} is not {what} in {low}..{high}")
+    return value
+
+
+def _count_arg(text: str) -> int:
+    """--nodes, --local-workers, --emulate-nodes: at least 1, at most a mesh's ranks."""
+    from .mesh import MAX_RANKS
+
+    return _bounded_int(text, 1, MAX_RANKS, "a count")
+
+
+def _node_rank_arg(text: str) -> int:
+    from .mesh import MAX_RANKS
+
+    return _bounded_int(text, 0, MAX_RANKS - 1, "a node rank")
+
+
+def _port_arg(text: str) -> int:
+    return _bounded_int(text, 1024, 65535, "a port")
+
+
+#: the most processes ``verify --jobs`` starts
+MAX_JOBS = 256
+
+
+def _jobs_arg(text: str) -> int:
+    return _bounded_int(text, 1, MAX_JOBS, "a number of processes")
+
+
 #: the most layers ``gen`` writes (about 230,000 nodes, 30 s; the spec stays under the loader's 64 MiB as JSON)
 MAX_LAYERS = 10_000
 
@@ -242,9 +274,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number of seconds") from None
     if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in (0, 604800]")
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)[1:-1]} is not a number of seconds in (0, 604800]")
     return value
 
 
@@ -252,25 +284,39 @@ def _tolerance(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number") from None
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)[1:-1]} is not a finite number >= 0")
     return value
 
 
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
+#: the largest size a flag such as --max-memory takes (2^60 bytes, an exbibyte)
+MAX_SIZE = 2 ** 60
 
 
 def _memory_size(text: str) -> int:
-    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units)."""
+    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units), at most :data:`MAX_SIZE`.
+
+    Computed exactly (a fraction, not a float): 400 digits are refused as over the limit,
+    never an overflow.
+    """
     import re
+    from fractions import Fraction
 
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGTP]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 512M, 8G or 1.5T")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a size like 4096, 512M, 8G or 1.5T")
+    whole, _, fraction = m.group(1).partition(".")
+    whole = whole.lstrip("0") or "0"
+    if len(whole) > 30:  # far past the limit (and never a float overflow)
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_SIZE} bytes (1024P)")
+    # digits past the 30th after the point cannot change a whole number of bytes
+    size = int(Fraction(f"{whole}.{fraction[:30] or '0'}") * _UNITS[m.group(2).upper()])
     if size < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a positive size")
+    if size > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_SIZE} bytes (1024P)")
     return size
 
 

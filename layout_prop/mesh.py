@@ -124,7 +124,7 @@ class DeviceMesh:
     def check_rank(self, rank: int) -> None:
         """Raise ``invalid-rank`` unless ``0 <= rank < size``."""
         if not 0 <= rank < self._size:
-            raise LayoutError("invalid-rank", f"rank {rank} is outside the mesh of {self._size} ranks",
+            raise LayoutError("invalid-rank", f"rank {cut(rank)} is outside the mesh of {self._size} ranks",
                               hint=f"use a rank in 0..{self._size - 1}")
 
     def rank(self, coords) -> int:

@@ -145,6 +145,146 @@ def test_a_pipe_is_read(tmp_path):
     assert "no violations" in proc.stdout
 
 
+class _Unblocker:
+    """If the command under test is still stuck opening or reading a named pipe after
+    ``after`` seconds (the old code waited forever for a writer), open the pipe for
+    writing and close it, so that a failing test ends instead of hanging."""
+
+    def __init__(self, fifo: Path, after: float = 8.0) -> None:
+        import threading
+
+        self.fifo, self.done = fifo, threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(after,), daemon=True)
+
+    def _run(self, after: float) -> None:
+        if self.done.wait(after):
+            return
+        while not self.done.is_set():
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+                return
+            except OSError:  # no reader yet
+                time.sleep(0.05)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_without_a_writer_is_refused_not_waited_for(tmp_path, capsys, monkeypatch):
+    # review of issue 14: `mkfifo f; layout-prop check f` hung forever
+    from layout_prop import loader
+
+    monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    start = time.perf_counter()
+    with _Unblocker(fifo):
+        rc = main(["check", str(fifo)])
+    elapsed = time.perf_counter() - start
+    _, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert rc == 2 and "spec-not-found" in line and "is a pipe that no process writes to (waited 0.5 s)" in line
+    assert 0.5 <= elapsed < 5
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_is_read_once_a_writer_comes_however_slow(tmp_path, capsys, monkeypatch):
+    import threading
+
+    from layout_prop import loader
+
+    monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    text = (EXAMPLES / "rpe" / "dp_sp.yaml").read_bytes()
+
+    def writer():  # comes within the wait, then takes longer than it to write (a slow generator)
+        time.sleep(0.2)
+        with open(fifo, "wb") as f:
+            time.sleep(1.0)
+            f.write(text[:100])
+            f.flush()
+            time.sleep(0.7)
+            f.write(text[100:])
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    with _Unblocker(fifo):
+        rc = main(["check", str(fifo)])
+    thread.join()
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "" and "no violations" in out
+
+
+def test_process_substitution_and_endless_pipes(tmp_path):
+    # <(...) is a pipe: read like a file, with the same cap; `yes` never ends: refused at the cap
+    from layout_prop.loader import read_file_bytes
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"mesh: {shape: [2]}\n")
+    os.close(write_end)
+    try:
+        assert read_file_bytes(f"/dev/fd/{read_end}", 100, what="spec", missing="m", too_large="t",
+                               hint="h") == b"mesh: {shape: [2]}\n"
+    finally:
+        os.close(read_end)
+    yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        with pytest.raises(SpecError) as info:
+            read_file_bytes(f"/proc/{os.getpid()}/fd/{yes.stdout.fileno()}", 2 ** 20, what="spec",
+                            missing="m", too_large="spec-too-large", hint="h")
+        assert info.value.code == "spec-too-large" and "larger than 1048576 bytes" in info.value.message
+    finally:
+        yes.kill()
+        yes.wait()
+        yes.stdout.close()
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom"])
+@pytest.mark.parametrize("suffix", [".onnx", ".mindir"])
+def test_a_model_that_is_a_device_is_refused_without_reading_it(tmp_path, capsys, target, suffix):
+    # review of issue 14: `layout-prop import /dev/zero` (a link named .onnx) read 11 GB
+    if not os.path.exists(target):
+        pytest.skip(f"no {target}")
+    model = tmp_path / f"model{suffix}"
+    model.symlink_to(target)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("mesh: {shape: [2], names: [tp]}\n")
+    start = time.perf_counter()
+    for argv in (["import", str(model), "--plan", str(plan)], ["check", str(model), "--plan", str(plan)]):
+        assert main(argv) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert "model-not-found" in line and "is a device, not a model file" in line, line
+    assert time.perf_counter() - start < 5
+
+
+def test_a_plan_that_is_a_device_is_refused(tmp_path, capsys):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not read")
+    assert main(["check", str(model), "--plan", "/dev/zero"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "plan-not-found" in line and "is a device, not a plan file" in line
+
+
+def test_a_model_past_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
+    from layout_prop import frontends
+
+    monkeypatch.setattr(frontends, "MAX_MODEL_BYTES", 1000)
+    model = tmp_path / "big.onnx"
+    model.write_bytes(b"\0" * 1001)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("mesh: {shape: [2], names: [tp]}\n")
+    assert main(["import", str(model), "--plan", str(plan)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "model-too-large" in line and "is larger than 1000 bytes (1001 bytes)" in line
+
+
 # --------------------------------------------------------------------------- YAML aliases
 LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))

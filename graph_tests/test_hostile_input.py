@@ -391,6 +391,62 @@ def test_a_tensor_over_the_size_limit_reports_the_limit(tmp_path, capsys):
     assert "broadcast" not in line
 
 
+def _dims_spec(mesh_axes: int, rank: int, op: str = "neg", attrs: str = "{}") -> str:
+    """A spec whose mesh has ``mesh_axes`` axes (the last two of size 2) and whose input has
+    ``rank`` dims (the last two of size 4, sharded on the last two mesh axes, strided by a reshape)."""
+    mesh = [1] * (mesh_axes - 2) + [2, 2]
+    placements = ["R"] * (mesh_axes - 2) + [f"S({rank - 2})", f"S({rank - 1})"]
+    return json.dumps({"mesh": {"shape": mesh}, "inputs": {"x": {"shape": [1] * (rank - 2) + [4, 4],
+                                                                "placements": placements}},
+                       "nodes": [{"name": "y", "op": op, "inputs": ["x"], "attrs": json.loads(attrs)}],
+                       "outputs": ["y"]})
+
+
+@pytest.mark.parametrize("mesh_axes,rank,code,fragment", [
+    (33, 4, "too-many-dims at mesh.shape", "has 33 axes, over the limit 32"),
+    (2, 32, "too-many-dims at inputs.x.shape", "has 32 dims, over the limit 31"),
+    (2, 200_000, "too-many-dims at inputs.x.shape", "has 200000 dims, over the limit 31"),
+    (2, 30, "too-many-dims at node 'z'", "a tensor of 32 dims, over the limit 31"),  # an op's output
+], ids=["mesh-33", "rank-32", "rank-200000", "unsqueezed-to-32"])
+def test_too_many_dims_or_mesh_axes(tmp_path, capsys, mesh_axes, rank, code, fragment):
+    # review of issue 14: a 33-axis mesh was an internal error in run (numpy's 32-dim limit); a
+    # [1] * 200000 shape a 6 MB message and a broadcast-shape violation on a one-input op
+    op, attrs = ("unsqueeze", '{"dim": 0}') if rank == 30 else ("neg", "{}")
+    if rank == 30:  # unsqueeze twice: 30 -> 31 -> 32 dims
+        spec = json.loads(_dims_spec(mesh_axes, rank, op, attrs))
+        spec["nodes"].append({"name": "z", "op": "unsqueeze", "inputs": ["y"], "attrs": {"dim": 0}})
+        spec["outputs"] = ["z"]
+        text = json.dumps(spec)
+    else:
+        text = _dims_spec(mesh_axes, rank, op, attrs)
+    for command in ("check", "run"):
+        spec = tmp_path / "dims.json"
+        spec.write_text(text)
+        start = time.perf_counter()
+        assert main([command, str(spec)]) == 2
+        assert time.perf_counter() - start < 10
+        out, err = capsys.readouterr()
+        line = one_error_line(err)
+        assert out == "" and f"error: {code}: " in line and fragment in line and len(line) < 400, line
+        assert "broadcast" not in line
+
+
+def test_the_most_dims_and_mesh_axes_run(tmp_path, capsys):
+    # at the limits (a 32-axis mesh, 31-dim tensors, strided shards through a reshape), every
+    # command works: numpy's ravel_multi_index took only 31 axes
+    spec = tmp_path / "most.json"
+    spec.write_text(_dims_spec(32, 31, "reshape", json.dumps({"shape": [1] * 29 + [2, 8]})))
+    assert main(["run", str(spec), "--backward"]) == 0, capsys.readouterr().err
+    assert "matches one device" in capsys.readouterr().out
+    from layout_prop.mesh import DeviceMesh
+
+    mesh = DeviceMesh([1] * 30 + [2, 2])
+    assert [mesh.rank(mesh.coords(r)) for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(LayoutError) as info:
+        DeviceMesh([1] * 33)
+    assert info.value.code == "too-many-dims"
+
+
 # --------------------------------------------------------------------------- control characters
 HOSTILE_NAME = "x\x1b[31mred\x07\nline\u202e"
 

@@ -37,7 +37,7 @@ import yaml
 from .errors import GraphError, LayoutPropError, SpecError, cut, printable
 from .graph import Graph, Node, split_value
 from .layout import Layout
-from .mesh import MAX_RANKS, DeviceMesh
+from .mesh import MAX_MESH_AXES, MAX_RANKS, MAX_TENSOR_RANK, DeviceMesh
 from .placement import parse_placement
 from .registry import get_rule
 from .spec import TensorSpec, check_dtype
@@ -433,8 +433,16 @@ def _int_list(value: Any, path: str, what: str, minimum: int, maximum: int = MAX
     return value
 
 
+def _check_dim_count(value: Any, limit: int, path: str, what: str, unit: str) -> None:
+    """``too-many-dims`` for a list longer than ``limit`` (checked before its items are)."""
+    if isinstance(value, list) and len(value) > limit:
+        raise _err("too-many-dims", f"{what} {cut(value)} has {len(value)} {unit}, over the limit {limit}", path,
+                   f"use at most {limit} {unit} (what numpy can index); drop or merge {unit} of size 1")
+
+
 def _mesh(data: Any) -> DeviceMesh:
     _check_keys(data, MESH_KEYS, {"shape"}, "mesh")
+    _check_dim_count(data["shape"], MAX_MESH_AXES, "mesh.shape", "mesh shape", "axes")
     shape = _int_list(data["shape"], "mesh.shape", "mesh shape", 1, MAX_RANKS)
     if not shape:
         raise _err("bad-value", "mesh shape is empty", "mesh.shape", "give at least one mesh axis")
@@ -458,6 +466,7 @@ def _mesh(data: Any) -> DeviceMesh:
 
 def _input(g: Graph, name: str, data: Any, path: str) -> None:
     _check_keys(data, INPUT_KEYS, {"shape"}, path)
+    _check_dim_count(data["shape"], MAX_TENSOR_RANK, f"{path}.shape", "shape", "dims")
     shape = _int_list(data["shape"], f"{path}.shape", "shape", 0)
     elements = 1
     for size in shape:

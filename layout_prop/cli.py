@@ -541,13 +541,9 @@ def _cmd_gen(args) -> int:
     if args.output is None:
         print(text, end="")
     else:
-        from .output import write_text_atomic
+        from .output import write_output
 
-        try:
-            write_text_atomic(args.output, text)  # a full disk leaves no truncated spec
-        except OSError as exc:
-            raise SpecError("write-failed", f"cannot write {cut(str(args.output))}: {exc.strerror or exc}",
-                            hint="choose a folder that exists and is writable, on a disk with space") from None
+        write_output(args.output, text)  # atomic: a full disk leaves no truncated spec
         print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
     return 0
 

@@ -288,8 +288,6 @@ def _write(spec: dict, path: Path) -> None:
                 return True
 
         text = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, default_flow_style=None, width=120)
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise SpecError("write-failed", f"cannot write {str(path)!r}: {exc.strerror}",
-                        hint="choose a folder that exists and is writable") from None
+    from .output import write_output
+
+    write_output(path, text)  # atomic: a full disk leaves the old file, never a truncated plan

@@ -680,6 +680,30 @@ def test_stdout_closed_by_its_reader_exits_quietly(argv):
     assert proc.returncode == EXIT_BROKEN_PIPE
 
 
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("argv", [["gen", "llama", "--layers", "200"],
+                                  ["gen", "llama", "--layers", "200", "-o", "/dev/stdout"],
+                                  ["check", "BIG", "--json"]], ids=["gen", "gen-o-dev-stdout", "check-json"])
+def test_a_reader_that_leaves_after_a_few_bytes_gives_141(tmp_path, argv, unbuffered):
+    # review of issue 14: `layout-prop check big.yaml --json | head -c 10` exited 0 with the
+    # output lost when stdout was unbuffered (PYTHONUNBUFFERED=1, as in many containers): the
+    # text wrapper ignored the pipe's short write; and `-o /dev/stdout` was write-failed (2)
+    if "BIG" in argv:
+        assert main(["gen", "llama", "--layers", "20", "-o", str(tmp_path / "big.yaml")]) == 0
+        argv = [str(tmp_path / "big.yaml") if a == "BIG" else a for a in argv]
+    env = cli_env()
+    env["PYTHONUNBUFFERED"] = unbuffered
+    proc = subprocess.Popen([*console_command(), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        first = proc.stdout.read(10)  # the output is far larger than a pipe holds (64 KiB)
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert len(first) == 10
+    assert err == b"" and proc.returncode == EXIT_BROKEN_PIPE, (proc.returncode, err)
+
+
 def test_broken_pipe_in_the_middle_of_the_output(monkeypatch, capsys):
     import io
 

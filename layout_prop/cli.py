@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from typing import Sequence
 from . import __version__
 from .errors import LayoutPropError, SpecError, cut, describe, printable
 from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
+from .output import OutputFailed
 
 __all__ = ["main"]
 
@@ -588,26 +590,36 @@ COMMANDS = {"plan": _cmd_plan, "import": cmd_import, "ops": _cmd_ops, "viz": _cm
 EXIT_BROKEN_PIPE = 141
 
 
-class _OutputFailed(BaseException):
-    """Writing to stdout or stderr failed: a BaseException, so that no command's own error
-    handling mistakes it for a failure of its work."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error)
-        self.error = error
+#: writing stdout or stderr (or a pipe given with -o) failed: see :class:`layout_prop.output.OutputFailed`
+_OutputFailed = OutputFailed
 
 
 class _Printable:
     """A text stream that escapes control characters (:func:`printable`, line breaks kept);
-    it drops the text when the process has no such stream (started with it closed)."""
+    it drops the text when the process has no such stream (started with it closed).
+
+    When the stream is unbuffered (``python -u``, ``PYTHONUNBUFFERED=1``), its text wrapper
+    writes straight to the file and ignores a short write: a pipe whose reader leaves
+    while a large output is written would take part of it and report success, and the
+    rest would be lost with exit 0.  The text is then written to the file here, until
+    every byte is taken or the write fails."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        buffer = getattr(stream, "buffer", None)
+        self._raw = buffer if isinstance(buffer, io.RawIOBase) else None
 
     def write(self, text: str) -> int:
         if self._stream is not None:
+            out = printable(text, newlines=True)
             try:
-                self._stream.write(printable(text, newlines=True))
+                if self._raw is None:
+                    self._stream.write(out)
+                else:
+                    self._stream.flush()
+                    if os.linesep != "\n":
+                        out = out.replace("\n", os.linesep)
+                    _write_fully(self._raw, out.encode(self._stream.encoding or "utf-8", self._stream.errors or "strict"))
             except OSError as exc:
                 raise _OutputFailed(exc) from None
         return len(text)
@@ -625,6 +637,21 @@ class _Printable:
 
 #: the longest error line printed: a message that quotes a long value is cut in its middle
 MAX_ERROR_LINE = 1000
+
+
+def _write_fully(raw: io.RawIOBase, data: bytes) -> None:
+    """Write every byte of ``data`` to an unbuffered file, however many writes it takes."""
+    view = memoryview(data)
+    while view:
+        written = raw.write(view)
+        if written is None:  # a non-blocking file that is full for now: wait until it takes more
+            import select
+
+            select.select([], [raw.fileno()], [])
+            continue
+        if written <= 0:
+            raise OSError(errno.EIO, "the output took no bytes")
+        view = view[written:]
 
 
 def _error_text(err: LayoutPropError) -> str:

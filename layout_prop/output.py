@@ -144,7 +144,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path, in_place = _target(path)
     if in_place:
-        yield path
+        try:
+            yield path
+        except BrokenPipeError as exc:  # a pipe whose reader went away: ends the command as stdout's would
+            raise OutputFailed(exc) from None
         return
     tmp = _new_temporary(path.parent, path.name)
     try:

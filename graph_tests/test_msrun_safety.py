@@ -156,6 +156,44 @@ def test_bad_timeouts_exit_2_with_one_line(value):
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize("mesh,flags,started", [
+    ("[256, 256]", [], "65536 msrun worker processes on this machine (65536 workers)"),
+    ("[257]", [], "257 msrun worker processes"),
+    ("[2, 256]", ["--emulate-nodes", "2"], "512 msrun worker processes on this machine (2 emulated nodes x 256 "
+     "workers)"),
+], ids=["65536", "257", "emulated-512"])
+def test_too_many_workers_are_refused_before_anything_starts(tmp_path, monkeypatch, capsys, mesh, flags, started):
+    # review of issue 14: a 65,536-rank mesh would have started 65,536 msrun workers
+    from layout_prop.cli import main
+    from layout_prop.kernels import msrun_engine
+
+    def never(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(msrun_engine.subprocess, "Popen", never)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    spec = tmp_path / "big.yaml"
+    spec.write_text(f"mesh: {{shape: {mesh}}}\ninputs: {{x: {{shape: [4, 4]}}}}\n"
+                    "nodes: [{name: y, op: neg, inputs: [x]}]\noutputs: [y]\n")
+    start = time.perf_counter()
+    assert main(["run", str(spec), "--engine", "mindspore", *flags]) == 2
+    assert time.perf_counter() - start < 5  # before the analysis of the mesh's ranks, too
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and out == ""
+    assert lines[0].startswith(f"layout-prop: error: too-many-workers: the run would start {started}")
+    assert "over the limit 256 (hint: span machines with --nodes N" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.yaml"]  # no run folder
+
+
+def test_the_worker_limit_counts_this_machines_workers_only():
+    engine = MsrunEngine(nodes=256, node_rank=3, master_addr="10.0.0.1")
+    assert engine.check_workers(65536) == 256  # 256 machines of 256 workers: each starts its own
+    with pytest.raises(ExecutionError) as info:
+        MsrunEngine(nodes=128, node_rank=3, master_addr="10.0.0.1").check_workers(65536)
+    assert info.value.code == "too-many-workers"
+
+
 def _small_files_only():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
     resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))

@@ -43,7 +43,8 @@ its workers through the parent-death signal.
 
 Failures are typed :class:`~layout_prop.errors.ExecutionError`\\ s, one line each:
 ``engine-unavailable`` (no msrun), ``backend-unavailable`` (cann without Ascend),
-``bad-timeout``, ``bad-nodes``, ``bad-node-rank``, ``bad-port``, ``port-in-use``,
+``bad-timeout``, ``bad-nodes``, ``bad-node-rank``, ``bad-port``, ``too-many-workers`` (over
+:data:`MAX_LOCAL_WORKERS` processes on this machine), ``port-in-use``,
 ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout`` (the
 processes are killed; names the ranks that did not finish), ``worker-failed`` (the
 failing rank, its op and error or its signal, the run folder).  The engine never waits
@@ -94,7 +95,7 @@ from layout_prop.errors import ExecutionError, LayoutPropError
 from . import msrun_worker as worker
 from .collectives import scatter_global
 
-__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "check_timeout",
+__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "MAX_LOCAL_WORKERS", "check_timeout",
            "check_runs_root", "check_cann_program", "check_kernels"]
 
 RUN_PREFIX = "layout-prop-run-"
@@ -108,6 +109,12 @@ workers (MindSpore collectives, numpy kernels: separates collective from kernel 
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 """The longest timeout accepted (a week)."""
+
+MAX_LOCAL_WORKERS = 256
+"""The most msrun workers one launcher starts on its machine (every node's, when emulated):
+one process per rank, each importing MindSpore (a few hundred MiB), so a 65,536-rank mesh
+would otherwise start 65,536 processes.  An Ascend server holds 8 or 16 NPUs; larger meshes
+span machines (``--nodes``), or run on the simulator."""
 
 _POLL_SECONDS = 0.1
 #: A worker that vanished (msrun reaped it) without a result gets this long for msrun's log line.
@@ -335,7 +342,7 @@ class MsrunEngine:
             device_target = "Ascend"
         check_kernels(program, self.backend)
         size = program.mesh.size
-        workers = self._workers_per_node(size)
+        workers = self.check_workers(size)
         search_path = _search_path()
         msrun = shutil.which("msrun", path=os.pathsep.join(search_path))
         if msrun is None:
@@ -397,12 +404,27 @@ class MsrunEngine:
                 "emulated_collectives": [], "collective_impls": [], "launcher_seconds": None, **self._extra}
 
     # ------------------------------------------------------------------ steps
-    def _workers_per_node(self, size: int) -> int:
+    def check_workers(self, size: int) -> int:
+        """The workers each node starts for a mesh of ``size`` ranks, checked before anything starts.
+
+        Raises
+        ------
+        ExecutionError
+            ``bad-nodes`` when nodes x workers is not the mesh size; ``too-many-workers``
+            when this launcher would start more than :data:`MAX_LOCAL_WORKERS` processes.
+        """
         workers = self.local_workers if self.local_workers is not None else max(size // self.nodes, 1)
         if self.nodes * workers != size:
             raise ExecutionError("bad-nodes", f"{self.nodes} node(s) x {workers} worker(s) = {self.nodes * workers} "
                                  f"ranks, but the mesh has {size}",
                                  hint="choose --nodes and --local-workers whose product is the mesh size")
+        here = workers * (self.nodes if self.emulated else 1)
+        if here > MAX_LOCAL_WORKERS:
+            where = f"{self.nodes} emulated nodes x {workers} workers" if self.emulated else f"{workers} workers"
+            raise ExecutionError("too-many-workers", f"the run would start {here} msrun worker processes on this "
+                                 f"machine ({where}), over the limit {MAX_LOCAL_WORKERS}",
+                                 hint=f"span machines with --nodes N (at most {MAX_LOCAL_WORKERS} workers each), "
+                                 "or run the mesh on the simulator (--engine sim)")
         return workers
 
     def _port(self) -> int:

@@ -111,6 +111,52 @@ def test_sticky_world_writable_temp_folder_is_accepted_only_as_the_system_defaul
         check_runs_root(sticky, user_given=True)
 
 
+@pytest.mark.parametrize("user_given", [True, False], ids=["run_dir", "TMPDIR"])
+def test_a_folder_above_the_runs_root_that_others_can_write_is_refused(tmp_path, user_given):
+    # review of issue 14: only the last component was checked; whoever can write to a folder
+    # above it (without the sticky bit) can rename the runs root away and put theirs there
+    open_folder = tmp_path / "open"
+    runs = open_folder / "mine" / "runs"
+    runs.mkdir(parents=True, mode=0o700)
+    (open_folder / "mine").chmod(0o700)
+    open_folder.chmod(0o777)
+    with pytest.raises(ExecutionError) as info:
+        check_runs_root(runs, user_given=user_given)
+    assert info.value.code == "unsafe-run-dir"
+    assert (f"the folder '{open_folder}' above it has mode 777: others can write to it (no sticky bit), so others "
+            "could move it") in info.value.message
+    open_folder.chmod(0o1777)  # sticky, as /tmp: nobody can move our folder out of it
+    check_runs_root(runs, user_given=user_given)
+    open_folder.chmod(0o775)
+    os.chown(open_folder, -1, os.getegid() + 1)  # writable by a group that is not ours
+    with pytest.raises(ExecutionError) as info:
+        check_runs_root(runs, user_given=user_given)
+    assert f"group {os.getegid() + 1} can write to it" in info.value.message
+    os.chown(open_folder, -1, os.getegid())
+    check_runs_root(runs, user_given=user_given)  # our own group (a user private group)
+
+
+@as_root
+def test_a_folder_or_link_above_the_runs_root_owned_by_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    runs = theirs / "runs"
+    runs.mkdir(parents=True, mode=0o700)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(ExecutionError) as info:
+        check_runs_root(runs)
+    assert f"the folder '{theirs}' above it belongs to uid {OTHER_UID}" in info.value.message
+    os.chown(theirs, 0, 0)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    link = shared / "tmp"  # a link planted in a sticky folder, leading to a folder that looks fine
+    link.symlink_to(theirs)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    with pytest.raises(ExecutionError) as info:
+        check_runs_root(link / "runs")
+    assert f"the symbolic link '{link}' above it belongs to uid {OTHER_UID}" in info.value.message
+
+
 def test_job_with_a_wrong_hmac_is_never_unpickled(tmp_path):
     run = Path(tempfile.mkdtemp(dir=tmp_path))
     marker = tmp_path / "pwned"

@@ -150,7 +150,12 @@ def check_runs_root(root: Path, user_given: bool = True) -> None:
     A folder given by the user must be a real folder (not a symbolic link), owned by this
     user, and not writable by group or others.  The system temp folder (``user_given``
     False) may be owned by root and writable by all if it has the sticky bit, as ``/tmp``
-    has: :func:`tempfile.mkdtemp` then makes a folder there that only we can use.
+    has: :func:`tempfile.mkdtemp` then makes a folder there that only we can use.  Either
+    way, no folder above it may let another user move it and put theirs in its place
+    (:func:`_unsafe_ancestor`: owned by this user or root, writable by others only with
+    the sticky bit), as ssh's StrictModes requires of the folders above ``~/.ssh``.  The
+    workers do not repeat this: they check their own run folder (ours, mode 0700) and the
+    job's HMAC, which another user cannot forge.
 
     Raises
     ------
@@ -181,6 +186,48 @@ def check_runs_root(root: Path, user_given: bool = True) -> None:
     if problem:
         raise ExecutionError("unsafe-run-dir", f"refusing to make run folders in {str(root)!r}: it {problem}",
                              hint="use a private folder of yours (chmod 700), or the default temp folder")
+    problem = _unsafe_ancestor(root)
+    if problem:
+        raise ExecutionError("unsafe-run-dir", f"refusing to make run folders in {str(root)!r}: {problem}, so "
+                             "others could move it and put their own folder in its place",
+                             hint="use a folder whose every parent is owned by you or root and writable by others "
+                             "only with the sticky bit (as /tmp), or the default temp folder")
+
+
+def _unsafe_ancestor(root: Path) -> str | None:
+    """Why a folder above ``root`` lets another user swap ``root`` (None if none does), as ssh's
+    StrictModes checks the folders above ``~/.ssh``.
+
+    Every folder from ``/`` down to ``root``'s parent (the real folders, and every symbolic
+    link on the way as written) must be owned by this user or root; a folder may be writable
+    by others only with the sticky bit (``/tmp``), and by its group only with the sticky bit
+    or when the group is this user's own (a user private group).
+    """
+    me = os.geteuid()
+    absolute = Path(os.path.abspath(root))
+    for link in absolute.parents:  # a link on the way: only its folder's owner could have made it, or anyone in /tmp
+        try:
+            info = os.lstat(link)
+        except OSError:
+            continue
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (me, 0):
+            return f"the symbolic link {str(link)!r} above it belongs to uid {info.st_uid}"
+    real = Path(os.path.realpath(absolute.parent))
+    for folder in (real, *real.parents):
+        try:
+            info = os.stat(folder)
+        except OSError as exc:
+            return f"the folder {str(folder)!r} above it cannot be read ({exc.strerror})"
+        mode = stat.S_IMODE(info.st_mode)
+        sticky = bool(mode & stat.S_ISVTX)
+        if info.st_uid not in (me, 0):
+            return f"the folder {str(folder)!r} above it belongs to uid {info.st_uid}"
+        if mode & stat.S_IWOTH and not sticky:
+            return f"the folder {str(folder)!r} above it has mode {mode:o}: others can write to it (no sticky bit)"
+        if mode & stat.S_IWGRP and not sticky and info.st_gid != os.getegid():
+            return (f"the folder {str(folder)!r} above it has mode {mode:o}: group {info.st_gid} can write to it "
+                    "(no sticky bit)")
+    return None
 
 
 MSRUN_DEFAULT_PORT = 8118

@@ -5,9 +5,10 @@ another local user could plant the pickled job its workers load; a worker killed
 made it wait for the whole timeout, a late one was blamed on the wrong rank, and SIGTERM
 left msrun, its scheduler, the workers and a ``tail -f`` per worker running.
 
-Fast tests (no msrun) first: the run folder checks, the job's HMAC, the ``--timeout``
-values, a disk that refuses the job.  Then the msrun runs (2 or 8 ranks, each a few
-seconds to half a minute on 2 cores): the planted folder left unused, a worker killed
+Fast tests (no msrun) first: the run folder checks (the folders above it too), the job's
+HMAC, the ``--timeout`` values, the worker limit, a disk that refuses the job, the removal
+of stale run folders.  Then the msrun runs (2 or 8 ranks, each a few seconds to half a
+minute on 2 cores): the planted folder left unused, a worker killed
 early and one killed late (named with rank and signal within 30 s), SIGTERM, SIGKILL of
 msrun and of ``layout-prop``.  Every msrun test lists the run's processes by an
 environment tag (see :mod:`graph_tests.msrun_support`) and requires none left.
@@ -15,6 +16,7 @@ environment tag (see :mod:`graph_tests.msrun_support`) and requires none left.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import resource
@@ -32,7 +34,8 @@ mindspore = pytest.importorskip("mindspore")
 from layout_prop.api import analyze  # noqa: E402
 from layout_prop.errors import ExecutionError  # noqa: E402
 from layout_prop.kernels import msrun_worker  # noqa: E402
-from layout_prop.kernels.msrun_engine import MsrunEngine, check_runs_root  # noqa: E402
+from layout_prop.kernels.msrun_engine import (LAUNCHER_FILE, RUN_PREFIX, MsrunEngine, check_runs_root,  # noqa: E402
+                                              remove_stale_runs)
 from layout_prop.kernels.msrun_worker import PAUSE_ENV, check_private_folder, read_job, write_job  # noqa: E402
 from layout_prop.loader import load_spec  # noqa: E402
 from layout_prop.passes.lower import Lower  # noqa: E402
@@ -155,6 +158,74 @@ def test_a_folder_or_link_above_the_runs_root_owned_by_another_user_is_refused(t
     with pytest.raises(ExecutionError) as info:
         check_runs_root(link / "runs")
     assert f"the symbolic link '{link}' above it belongs to uid {OTHER_UID}" in info.value.message
+
+
+def _run_folder(root: Path, launcher: dict | None) -> Path:
+    """A run folder as the launcher makes it, recording ``launcher`` (None: a kept failed run's)."""
+    import json
+
+    run = Path(tempfile.mkdtemp(prefix=RUN_PREFIX + "20250101-000000-", dir=root))
+    (run / "logs").mkdir()
+    (run / "logs" / "worker_0.log").write_text("log\n")
+    if launcher is not None:
+        (run / LAUNCHER_FILE).write_text(json.dumps(launcher))
+    return run
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_later_run_removes_the_folders_of_launchers_killed_by_sigkill_and_nothing_else(tmp_path):
+    # review of issue 14: a SIGKILL of layout-prop left its run folder behind for ever
+    from layout_prop.kernels.msrun_engine import _boot_id, _start_time
+
+    me = {"pid": os.getpid(), "start": _start_time(os.getpid()), "boot": _boot_id()}
+    stale = _run_folder(tmp_path, {**me, "pid": _dead_pid()})
+    rebooted = _run_folder(tmp_path, {**me, "boot": "another-boot"})  # this pid, but before a restart
+    reused = _run_folder(tmp_path, {**me, "start": "1"})  # this pid, but another process's start time
+    running = _run_folder(tmp_path, me)  # a launcher that still runs (this test)
+    failed = _run_folder(tmp_path, None)  # a failed run's folder, kept for its logs
+    opened = _run_folder(tmp_path, {**me, "pid": _dead_pid()})
+    opened.chmod(0o755)  # not made by mkdtemp: not clearly ours
+    other_name = tmp_path / "my-own-folder"
+    other_name.mkdir(mode=0o700)
+    (other_name / LAUNCHER_FILE).write_text('{"pid": %d}' % _dead_pid())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    link = tmp_path / (RUN_PREFIX + "link")
+    link.symlink_to(outside)
+    os.symlink(tmp_path / "nowhere", tmp_path / (RUN_PREFIX + "dangling"))
+    linked_marker = _run_folder(tmp_path, None)
+    (linked_marker / LAUNCHER_FILE).symlink_to(stale / LAUNCHER_FILE)  # a marker that is a link: not ours
+    removed = remove_stale_runs(tmp_path)
+    assert sorted(removed) == sorted([stale, rebooted, reused])
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left == {running.name, failed.name, opened.name, other_name.name, "outside", link.name,
+                    RUN_PREFIX + "dangling", linked_marker.name}
+    assert (outside / "precious").exists()
+    # and the engine does it before it makes its own run folder
+    stale = _run_folder(tmp_path, {**me, "pid": _dead_pid()})
+    run = MsrunEngine(run_dir=tmp_path)._new_run_folder()
+    assert not stale.exists() and run.exists()
+    assert json.loads((run / LAUNCHER_FILE).read_text()) == me
+
+
+@as_root
+def test_another_users_stale_run_folder_is_never_removed(tmp_path):
+    theirs = _run_folder(tmp_path, {"pid": _dead_pid()})
+    os.chown(theirs / LAUNCHER_FILE, OTHER_UID, OTHER_UID)
+    mixed = _run_folder(tmp_path, {"pid": _dead_pid()})
+    for path in (theirs, mixed):
+        os.chown(path, OTHER_UID, OTHER_UID)
+    os.chown(mixed / LAUNCHER_FILE, 0, 0)
+    ours_with_their_marker = _run_folder(tmp_path, {"pid": _dead_pid()})
+    os.chown(ours_with_their_marker / LAUNCHER_FILE, OTHER_UID, OTHER_UID)
+    assert remove_stale_runs(tmp_path) == []
+    assert theirs.exists() and mixed.exists() and ours_with_their_marker.exists()
 
 
 def test_job_with_a_wrong_hmac_is_never_unpickled(tmp_path):
@@ -349,6 +420,8 @@ def test_sigterm_to_layout_prop_ends_every_process_of_the_run(tmp_path):
     assert stderr.strip().splitlines() == [f"layout-prop: SIGTERM received: every process of the msrun run was "
                                            f"killed; run folder {run}"]
     assert wait_until_none_left(tag) == []
+    assert not (run / LAUNCHER_FILE).exists()  # kept for the user: never taken for a stale run
+    assert remove_stale_runs(tmp_path) == [] and run.exists()
 
 
 def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
@@ -367,6 +440,7 @@ def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
     assert line.startswith(f"layout-prop: error: worker-failed: msrun (pid {msrun[0]}) was killed by SIGKILL; ")
     assert "\n" not in line
     assert wait_until_none_left(tag) == []
+    assert not (next((tmp_path / "a").iterdir()) / LAUNCHER_FILE).exists()  # a failed run's folder: kept
     # SIGKILL to layout-prop itself: nothing can catch it; the parent-death signal ends msrun and its workers
     tag = new_tag()
     (tmp_path / "b").mkdir()
@@ -376,6 +450,10 @@ def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
     process.kill()
     process.communicate(timeout=30)
     assert wait_until_none_left(tag, limit=5.0) == []
+    # its folder is left (nothing ran to remove it); the next run of this user removes it
+    run = next((tmp_path / "b").iterdir())
+    assert (run / LAUNCHER_FILE).exists()
+    assert remove_stale_runs(tmp_path / "b") == [run] and not run.exists()
 
 
 def test_a_worker_dead_before_it_was_seen_is_named_from_msruns_log(tmp_path):

@@ -95,11 +95,18 @@ from layout_prop.errors import ExecutionError, LayoutPropError
 from . import msrun_worker as worker
 from .collectives import scatter_global
 
-__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "MAX_LOCAL_WORKERS", "check_timeout",
+__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "MAX_LOCAL_WORKERS", "LAUNCHER_FILE", "check_timeout", "remove_stale_runs",
            "check_runs_root", "check_cann_program", "check_kernels"]
 
 RUN_PREFIX = "layout-prop-run-"
 """Run folders are ``<system temp dir or run_dir>/layout-prop-run-<timestamp>-<random>``."""
+
+LAUNCHER_FILE = "launcher.json"
+"""In a run folder while its launcher runs: the launcher's pid, start time and boot id.  The
+launcher removes it whenever it ends a run itself (success, failure, a signal); a folder
+that still has it after its launcher died (SIGKILL, the OOM killer, a power cut) is stale,
+and the next run of the same user in the same runs root removes it
+(:func:`remove_stale_runs`)."""
 
 RPE_OPS = ("rotary_position_embedding", "rotary_position_embedding_grad")
 
@@ -192,6 +199,94 @@ def check_runs_root(root: Path, user_given: bool = True) -> None:
                              "others could move it and put their own folder in its place",
                              hint="use a folder whose every parent is owned by you or root and writable by others "
                              "only with the sticky bit (as /tmp), or the default temp folder")
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/PID/stat`` field 22), or None."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _write_launcher_file(run: Path) -> None:
+    """Record this launcher in its new run folder (a new file of ours, never a followed link)."""
+    record = {"pid": os.getpid(), "start": _start_time(os.getpid()), "boot": _boot_id()}
+    fd = os.open(run / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(record, handle)
+
+
+def _forget_launcher(runs) -> None:
+    for node_run in runs:
+        try:
+            (node_run.run / LAUNCHER_FILE).unlink()
+        except OSError:
+            pass
+
+
+def _launcher_alive(record: dict) -> bool:
+    """Whether the launcher a run folder records still runs (the same boot, pid and start time)."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return True  # not a record we wrote: keep the folder
+    boot = _boot_id()
+    if record.get("boot") and boot and record["boot"] != boot:
+        return False  # the machine restarted since
+    if Path("/proc/self/stat").exists():
+        start = _start_time(pid)
+        return start is not None and (record.get("start") is None or start == record["start"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_runs(root: Path) -> list[Path]:
+    """Remove the run folders in ``root`` whose launcher died without ending its run (SIGKILL).
+
+    Only folders that are clearly ours are touched: named ``layout-prop-run-*``, a real
+    folder (not a link) owned by this user with mode 0700 (as :func:`tempfile.mkdtemp`
+    makes it), holding :data:`LAUNCHER_FILE` (a regular file of ours) that names a launcher
+    that no longer runs.  A folder kept by a failed run has no such file and stays, as does
+    every folder of another user or of a launcher still running.  Returns what was removed;
+    never raises.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for entry in entries:
+        if not entry.name.startswith(RUN_PREFIX):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or stat.S_IMODE(info.st_mode) & 0o077:
+                continue
+            fd = os.open(os.path.join(entry.path, LAUNCHER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                marker = os.fstat(fd)
+                if not stat.S_ISREG(marker.st_mode) or marker.st_uid != me:
+                    continue
+                record = json.loads(os.read(fd, 4096) or b"{}")
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and not _launcher_alive(record):
+            shutil.rmtree(entry.path, ignore_errors=True)  # never follows links inside (fd-based on Linux)
+            removed.append(Path(entry.path))
+    return removed
 
 
 def _unsafe_ancestor(root: Path) -> str | None:
@@ -418,19 +513,23 @@ class MsrunEngine:
         self.run_dir = report.run
         self._extra.update({"run_dir": str(report.run), "run_dirs": [str(r.run) for r in runs]})
         try:
-            with _signals_end_the_run():
-                self._launch_and_wait(runs)
-        except _Terminated as stop:
-            _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
-            raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
-                                 f"of the run was killed; run folder {report.run}", hint="run it again") from None
-        results = self._collect(report, size, wanted)
-        for other in runs[1:]:  # emulated nodes: each node's collector received the same results
-            theirs = self._collect(other, size, wanted, record=False)
-            if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
-                raise ExecutionError("internal-error", f"node {other.node} received other results than node "
-                                     f"{report.node}; run folders {report.run}, {other.run}",
-                                     hint="please report this: the collective gather of the results is wrong")
+            try:
+                with _signals_end_the_run():
+                    self._launch_and_wait(runs)
+            except _Terminated as stop:
+                _forget_launcher(runs)  # the folder is kept for the user, not stale: before this process ends
+                _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
+                raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
+                                     f"of the run was killed; run folder {report.run}", hint="run it again") from None
+            results = self._collect(report, size, wanted)
+            for other in runs[1:]:  # emulated nodes: each node's collector received the same results
+                theirs = self._collect(other, size, wanted, record=False)
+                if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
+                    raise ExecutionError("internal-error", f"node {other.node} received other results than node "
+                                         f"{report.node}; run folders {report.run}, {other.run}",
+                                         hint="please report this: the collective gather of the results is wrong")
+        finally:  # a run this launcher ends itself, well or not, is never stale (a failed run's folder is kept)
+            _forget_launcher(runs)
         self._extra["launcher_seconds"] = time.perf_counter() - started
         if not self.keep:
             for made in runs:
@@ -527,6 +626,7 @@ class MsrunEngine:
 
     def _new_run_folder(self) -> Path:
         root = self._runs_root()
+        remove_stale_runs(root)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         try:
             run = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{stamp}-", dir=root))  # new, random, mode 0700
@@ -534,6 +634,13 @@ class MsrunEngine:
             raise ExecutionError("run-folder-failed", f"cannot create a run folder in {str(root)!r}: {exc.strerror}",
                                  hint="set TMPDIR to a writable folder with free space") from None
         worker.check_private_folder(run)
+        try:
+            _write_launcher_file(run)
+        except OSError as exc:
+            shutil.rmtree(run, ignore_errors=True)
+            raise ExecutionError("run-folder-failed", f"cannot write the run folder {str(run)!r}: "
+                                 f"{exc.strerror or exc} (removed it)",
+                                 hint="free some space, or set TMPDIR to a writable folder with free space") from None
         return run
 
     def _prepare_run(self, run: Path, job: dict, key: bytes, local_inputs: dict[int, dict[str, np.ndarray]],

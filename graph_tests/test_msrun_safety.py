@@ -8,7 +8,7 @@ left msrun, its scheduler, the workers and a ``tail -f`` per worker running.
 Fast tests (no msrun) first: the run folder checks (the folders above it too), the job's
 HMAC, the ``--timeout`` values, the worker limit, a disk that refuses the job, the removal
 of stale run folders.  Then the msrun runs (2 or 8 ranks, each a few seconds to half a
-minute on 2 cores): the planted folder left unused, a worker killed
+minute on 2 cores): planted run folders and jobs left unused, a worker killed
 early and one killed late (named with rank and signal within 30 s), SIGTERM, SIGKILL of
 msrun and of ``layout-prop``.  Every msrun test lists the run's processes by an
 environment tag (see :mod:`graph_tests.msrun_support`) and requires none left.
@@ -330,27 +330,43 @@ def test_disk_refusing_the_job_exits_2_and_leaves_no_folder(tmp_path):
 
 
 # --------------------------------------------------------------------------- msrun runs
-def test_planted_shared_folder_is_not_used_and_success_leaves_nothing(tmp_path, monkeypatch):
-    """The old fixed folder, planted by another user with a job and a python shim, is never touched."""
+def test_planted_run_folders_and_jobs_are_not_used_and_success_leaves_nothing(tmp_path, monkeypatch):
+    """What another local user can plant today, in the runs root: run folders named as the
+    launcher names them, even the very name it will try first (the timestamp and the random
+    part guessed), open to all and holding a forged job, forged inputs, a python shim and a
+    launcher record; and the old fixed folder.  The run makes its own new folder beside them
+    (mkdtemp never takes an existing name), touches none of them, and leaves nothing."""
+    import itertools
+
+    from layout_prop.kernels import msrun_engine
+
     tag = new_tag()
     monkeypatch.setenv(TAG_ENV, tag)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(msrun_engine.time, "strftime", lambda fmt, *when: "20250101-000000")
+    names = tempfile._get_candidate_names()
+    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: itertools.chain(["guessed1"], names))
     marker = tmp_path / "pwned"
-    planted = tmp_path / "layout-prop-runs"
-    for folder in (planted, planted / f"python-shim-{os.getpid()}"):
-        folder.mkdir()
-        folder.chmod(0o777)
-    (planted / msrun_worker.JOB_FILE).write_bytes(pickle.dumps(Planted(marker)))
-    (planted / f"python-shim-{os.getpid()}" / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    guessed = tmp_path / f"{RUN_PREFIX}20250101-000000-guessed1"  # the launcher's first candidate
+    other = tmp_path / f"{RUN_PREFIX}20250101-000000-abcdefgh"
+    old = tmp_path / "layout-prop-runs"
+    for planted in (guessed, other, old):
+        for folder in (planted, planted / "inputs", planted / "logs", planted / f"python-shim-{os.getpid()}"):
+            folder.mkdir()
+            folder.chmod(0o777)
+        (planted / msrun_worker.JOB_FILE).write_bytes(b"\0" * 32 + pickle.dumps(Planted(marker)))  # a forged MAC
+        (planted / "inputs" / "rank0.npz").write_bytes(b"forged")
+        (planted / LAUNCHER_FILE).write_text('{"pid": %d}' % _dead_pid())  # "stale": yet not ours to remove
+        (planted / f"python-shim-{os.getpid()}" / "python").write_text(f"#!/bin/sh\ntouch {marker}\n")
     if os.geteuid() == 0:
-        for path in (planted, *planted.rglob("*")):
-            os.chown(path, OTHER_UID, OTHER_UID)
-    before = sorted((p, p.stat().st_mtime_ns) for p in planted.rglob("*"))
+        for planted in (guessed, other, old):
+            for path in (planted, *planted.rglob("*")):
+                os.chown(path, OTHER_UID, OTHER_UID)
+    before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
     report = run_graph(load_spec(EXAMPLES / "dp_b.yaml"), engine="mindspore", timeout=120)
     assert report.ok, report.mismatches
-    assert report.extra["run_dir"] is None  # removed after success
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["layout-prop-runs"]  # nothing else, nothing left
-    assert sorted((p, p.stat().st_mtime_ns) for p in planted.rglob("*")) == before
+    assert report.extra["run_dir"] is None  # its own folder, removed after success
+    assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before  # nothing touched or left
     assert not marker.exists()
     assert wait_until_none_left(tag) == []
 

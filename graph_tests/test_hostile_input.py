@@ -800,7 +800,7 @@ DIGITS = "9" * 400
     (["run", "SPEC", "--engine", "mindspore", "--local-workers", DIGITS], "argument --local-workers"),
     (["run", "SPEC", "--engine", "mindspore", "--emulate-nodes", "70000"], "not a count in 1..65536"),
     (["run", "SPEC", "--engine", "mindspore", "--node-rank", DIGITS], "argument --node-rank"),
-    (["run", "SPEC", "--engine", "mindspore", "--master-port", DIGITS], "argument --master-port"),
+    (["run", "SPEC", "--engine", "mindspore", "--master-port", DIGITS], "bad-port: --master-port <an integer"),
     (["run", "SPEC", "--rtol", DIGITS], "argument --rtol"),
     (["run", "SPEC", "--timeout", DIGITS], "argument --timeout"),
     (["lower", "SPEC", "--rank", DIGITS[:300]], "invalid-rank: rank <an integer of 997 bits>"),

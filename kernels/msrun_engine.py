@@ -90,7 +90,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from layout_prop.errors import ExecutionError, LayoutPropError
+from layout_prop.errors import ExecutionError, LayoutPropError, cut
 
 from . import msrun_worker as worker
 from .collectives import scatter_global
@@ -423,18 +423,18 @@ class MsrunEngine:
                                      "--node-rank or --master-addr", hint="drop those, or drop --emulate-nodes")
             nodes = emulate_nodes
         if int(nodes) < 1:
-            raise ExecutionError("bad-nodes", f"the node count must be at least 1, got {nodes}", hint="--nodes 2")
+            raise ExecutionError("bad-nodes", f"the node count must be at least 1, got {cut(nodes)}", hint="--nodes 2")
         if not 0 <= int(node_rank) < int(nodes):
-            raise ExecutionError("bad-node-rank", f"--node-rank {node_rank} is not a node of {nodes} "
-                                 f"(0 to {int(nodes) - 1})", hint="number the nodes 0, 1, ... nodes - 1")
+            raise ExecutionError("bad-node-rank", f"--node-rank {cut(node_rank)} is not a node of {cut(nodes)} "
+                                 f"(0 to {cut(int(nodes) - 1)})", hint="number the nodes 0, 1, ... nodes - 1")
         if nodes > 1 and emulate_nodes is None and not master_addr:
-            raise ExecutionError("bad-nodes", f"{nodes} nodes need --master-addr (the host of msrun's scheduler)",
+            raise ExecutionError("bad-nodes", f"{cut(nodes)} nodes need --master-addr (the host of msrun's scheduler)",
                                  hint="give the same --master-addr HOST on every node")
         if master_port is not None and not 1024 <= int(master_port) <= 65535:
-            raise ExecutionError("bad-port", f"--master-port {master_port} is not in 1024..65535",
+            raise ExecutionError("bad-port", f"--master-port {cut(master_port)} is not in 1024..65535",
                                  hint="msrun's default is 8118")
         if local_workers is not None and int(local_workers) < 1:
-            raise ExecutionError("bad-nodes", f"--local-workers must be at least 1, got {local_workers}",
+            raise ExecutionError("bad-nodes", f"--local-workers must be at least 1, got {cut(local_workers)}",
                                  hint="the workers a node starts, e.g. 8")
         self.nodes = int(nodes)
         self.node_rank = int(node_rank)
@@ -561,8 +561,8 @@ class MsrunEngine:
         """
         workers = self.local_workers if self.local_workers is not None else max(size // self.nodes, 1)
         if self.nodes * workers != size:
-            raise ExecutionError("bad-nodes", f"{self.nodes} node(s) x {workers} worker(s) = {self.nodes * workers} "
-                                 f"ranks, but the mesh has {size}",
+            raise ExecutionError("bad-nodes", f"{cut(self.nodes)} node(s) x {cut(workers)} worker(s) = "
+                                 f"{cut(self.nodes * workers)} ranks, but the mesh has {size}",
                                  hint="choose --nodes and --local-workers whose product is the mesh size")
         here = workers * (self.nodes if self.emulated else 1)
         if here > MAX_LOCAL_WORKERS:

@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--nodes", type=_count_arg, default=1, help="mindspore engine: machines the run spans")
     r.add_argument("--node-rank", type=_node_rank_arg, default=0, help="mindspore engine: this machine's node")
     r.add_argument("--master-addr", metavar="HOST", help="mindspore engine: host of msrun's scheduler (--nodes)")
-    r.add_argument("--master-port", type=_port_arg, metavar="P", help="mindspore engine: its port (1024-65535)")
+    r.add_argument("--master-port", type=_positive_int, metavar="P", help="mindspore engine: its port (1024-65535)")
     r.add_argument("--local-workers", type=_count_arg, metavar="W", help="mindspore engine: workers a node")
     r.add_argument("--emulate-nodes", type=_count_arg, metavar="N",
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
@@ -247,10 +247,6 @@ def _node_rank_arg(text: str) -> int:
     from .mesh import MAX_RANKS
 
     return _bounded_int(text, 0, MAX_RANKS - 1, "a node rank")
-
-
-def _port_arg(text: str) -> int:
-    return _bounded_int(text, 1024, 65535, "a port")
 
 
 #: the most processes ``verify --jobs`` starts

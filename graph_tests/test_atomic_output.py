@@ -143,3 +143,121 @@ def test_output_to_dev_stdout_is_written_in_place(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("mesh:")
     assert not any(p.name.startswith(".stdout.") for p in Path("/dev").iterdir())
+
+
+# --------------------------------------------------------------------------- review of issue 14
+SMALL_PLAN = """mesh: {shape: [2], names: [tp]}
+inputs:
+  x:  {shape: [8, 16], requires_grad: false}
+  w1: {shape: [16, 32], placements: auto}
+  w2: {shape: [32, 16], placements: auto}
+nodes:
+  - {name: h, op: matmul, inputs: [x, w1]}
+  - {name: a, op: gelu, inputs: [h]}
+  - {name: y, op: matmul, inputs: [a, w2]}
+outputs: [y]
+"""
+
+
+@pytest.mark.parametrize("command", ["import", "plan"])
+def test_import_and_plan_outputs_are_atomic(tmp_path, command):
+    # `import -o` and `plan -o` wrote with Path.write_text: a full disk left a truncated spec
+    if command == "import":
+        pytest.importorskip("onnx")
+        argv = ["import", str(EXAMPLES / "llama_block.onnx"), "--plan", str(EXAMPLES / "llama_plan.yaml"),
+                "-o", "out.yaml"]
+    else:
+        (tmp_path / "in.yaml").write_text(SMALL_PLAN)
+        argv = ["plan", "in.yaml", "-o", "out.yaml"]
+    (tmp_path / "out.yaml").write_text("old")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_with_file_size_limit(argv, 256, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "write-failed" in one_error_line(proc.stderr)
+    assert (tmp_path / "out.yaml").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temporary file left
+    proc = run_with_file_size_limit(argv, resource.RLIM_INFINITY, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out.yaml").read_text().startswith("mesh:")
+
+
+def test_a_symbolic_link_is_written_through(tmp_path):
+    # the link stays a link to the real file, which is replaced beside itself (as editors do)
+    real_folder, link_folder = tmp_path / "real", tmp_path / "links"
+    real_folder.mkdir()
+    link_folder.mkdir()
+    real = real_folder / "spec.yaml"
+    real.write_text("old")
+    real.chmod(0o640)
+    link = link_folder / "spec.yaml"
+    link.symlink_to(Path("..") / "real" / "spec.yaml")  # a relative link
+    chain = link_folder / "chain.yaml"
+    chain.symlink_to(link)  # a chain of two links
+    write_text_atomic(chain, "new")
+    assert link.is_symlink() and chain.is_symlink() and os.readlink(chain) == str(link)
+    assert real.read_text() == "new" and stat.S_IMODE(real.stat().st_mode) == 0o640
+    assert sorted(p.name for p in real_folder.iterdir()) == ["spec.yaml"]
+    assert sorted(p.name for p in link_folder.iterdir()) == ["chain.yaml", "spec.yaml"]
+    dangling = link_folder / "new.yaml"  # a link to a file not written yet: the file is made
+    dangling.symlink_to(real_folder / "made.yaml")
+    write_text_atomic(dangling, "made")
+    assert dangling.is_symlink() and (real_folder / "made.yaml").read_text() == "made"
+
+
+def test_gen_writes_through_a_link(tmp_path, capsys):
+    real = tmp_path / "real.yaml"
+    real.write_text("old")
+    (tmp_path / "link.yaml").symlink_to(real)
+    assert main(["gen", "llama", "-o", str(tmp_path / "link.yaml")]) == 0
+    assert (tmp_path / "link.yaml").is_symlink() and real.read_text().startswith("mesh:")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link owned by another user needs root")
+def test_another_users_link_in_a_shared_folder_is_not_followed(tmp_path, capsys):
+    # /tmp/out.yaml planted by another user as a link to one of your files: refused, as the
+    # kernel's protected_symlinks refuses it; your file is untouched
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    trap = shared / "out.yaml"
+    trap.symlink_to(victim)
+    os.lchown(trap, 12345, 12345)
+    with pytest.raises(PermissionError):
+        write_text_atomic(trap, "overwritten")
+    assert main(["gen", "llama", "-o", str(trap)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "write-failed" in line and "refusing to follow the symbolic link" in line and "uid 12345" in line
+    assert victim.read_text() == "precious" and trap.is_symlink()
+    os.lchown(trap, os.geteuid(), os.getegid())  # your own link there is followed
+    write_text_atomic(trap, "yours")
+    assert victim.read_text() == "yours"
+
+
+def test_the_process_umask_is_never_changed(tmp_path, monkeypatch):
+    # the mode of a new file was computed by setting the umask to 0 for a moment, which
+    # another thread creating a file in that moment would have suffered
+    def no_umask(mask):
+        raise AssertionError("os.umask called")
+
+    saved = os.umask(0o027)
+    try:
+        monkeypatch.setattr(os, "umask", no_umask)
+        write_text_atomic(tmp_path / "new.txt", "a")
+        assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o640  # what open() gives under 027
+    finally:
+        monkeypatch.undo()
+        os.umask(saved)
+
+
+def test_dev_stdout_to_a_file_is_written_in_place(tmp_path):
+    # /dev/stdout is a link to /proc/self/fd/1, which leads to the file stdout goes to: the
+    # file is written through it, and /dev/stdout is never replaced (as root, it could be)
+    with open(tmp_path / "out.yaml", "w") as out:
+        proc = subprocess.run([*console_command(), "gen", "llama", "-o", "/dev/stdout"], stdout=out,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out.yaml").read_text().startswith("mesh:")
+    assert os.path.islink("/dev/stdout")
+    assert not any(p.name.startswith(".stdout.") for p in Path("/dev").iterdir())

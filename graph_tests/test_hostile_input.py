@@ -145,6 +145,146 @@ def test_a_pipe_is_read(tmp_path):
     assert "no violations" in proc.stdout
 
 
+class _Unblocker:
+    """If the command under test is still stuck opening or reading a named pipe after
+    ``after`` seconds (the old code waited forever for a writer), open the pipe for
+    writing and close it, so that a failing test ends instead of hanging."""
+
+    def __init__(self, fifo: Path, after: float = 8.0) -> None:
+        import threading
+
+        self.fifo, self.done = fifo, threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(after,), daemon=True)
+
+    def _run(self, after: float) -> None:
+        if self.done.wait(after):
+            return
+        while not self.done.is_set():
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+                return
+            except OSError:  # no reader yet
+                time.sleep(0.05)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_without_a_writer_is_refused_not_waited_for(tmp_path, capsys, monkeypatch):
+    # review of issue 14: `mkfifo f; layout-prop check f` hung forever
+    from layout_prop import loader
+
+    monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    start = time.perf_counter()
+    with _Unblocker(fifo):
+        rc = main(["check", str(fifo)])
+    elapsed = time.perf_counter() - start
+    _, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert rc == 2 and "spec-not-found" in line and "is a pipe that no process writes to (waited 0.5 s)" in line
+    assert 0.5 <= elapsed < 5
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_named_pipe_is_read_once_a_writer_comes_however_slow(tmp_path, capsys, monkeypatch):
+    import threading
+
+    from layout_prop import loader
+
+    monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    text = (EXAMPLES / "rpe" / "dp_sp.yaml").read_bytes()
+
+    def writer():  # comes within the wait, then takes longer than it to write (a slow generator)
+        time.sleep(0.2)
+        with open(fifo, "wb") as f:
+            time.sleep(1.0)
+            f.write(text[:100])
+            f.flush()
+            time.sleep(0.7)
+            f.write(text[100:])
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    with _Unblocker(fifo):
+        rc = main(["check", str(fifo)])
+    thread.join()
+    out, err = capsys.readouterr()
+    assert rc == 0 and err == "" and "no violations" in out
+
+
+def test_process_substitution_and_endless_pipes(tmp_path):
+    # <(...) is a pipe: read like a file, with the same cap; `yes` never ends: refused at the cap
+    from layout_prop.loader import read_file_bytes
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"mesh: {shape: [2]}\n")
+    os.close(write_end)
+    try:
+        assert read_file_bytes(f"/dev/fd/{read_end}", 100, what="spec", missing="m", too_large="t",
+                               hint="h") == b"mesh: {shape: [2]}\n"
+    finally:
+        os.close(read_end)
+    yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    try:
+        with pytest.raises(SpecError) as info:
+            read_file_bytes(f"/proc/{os.getpid()}/fd/{yes.stdout.fileno()}", 2 ** 20, what="spec",
+                            missing="m", too_large="spec-too-large", hint="h")
+        assert info.value.code == "spec-too-large" and "larger than 1048576 bytes" in info.value.message
+    finally:
+        yes.kill()
+        yes.wait()
+        yes.stdout.close()
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom"])
+@pytest.mark.parametrize("suffix", [".onnx", ".mindir"])
+def test_a_model_that_is_a_device_is_refused_without_reading_it(tmp_path, capsys, target, suffix):
+    # review of issue 14: `layout-prop import /dev/zero` (a link named .onnx) read 11 GB
+    if not os.path.exists(target):
+        pytest.skip(f"no {target}")
+    model = tmp_path / f"model{suffix}"
+    model.symlink_to(target)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("mesh: {shape: [2], names: [tp]}\n")
+    start = time.perf_counter()
+    for argv in (["import", str(model), "--plan", str(plan)], ["check", str(model), "--plan", str(plan)]):
+        assert main(argv) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert "model-not-found" in line and "is a device, not a model file" in line, line
+    assert time.perf_counter() - start < 5
+
+
+def test_a_plan_that_is_a_device_is_refused(tmp_path, capsys):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"not read")
+    assert main(["check", str(model), "--plan", "/dev/zero"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "plan-not-found" in line and "is a device, not a plan file" in line
+
+
+def test_a_model_past_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
+    from layout_prop import frontends
+
+    monkeypatch.setattr(frontends, "MAX_MODEL_BYTES", 1000)
+    model = tmp_path / "big.onnx"
+    model.write_bytes(b"\0" * 1001)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("mesh: {shape: [2], names: [tp]}\n")
+    assert main(["import", str(model), "--plan", str(plan)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "model-too-large" in line and "is larger than 1000 bytes (1001 bytes)" in line
+
+
 # --------------------------------------------------------------------------- YAML aliases
 LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
     f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))
@@ -251,6 +391,62 @@ def test_a_tensor_over_the_size_limit_reports_the_limit(tmp_path, capsys):
     assert "broadcast" not in line
 
 
+def _dims_spec(mesh_axes: int, rank: int, op: str = "neg", attrs: str = "{}") -> str:
+    """A spec whose mesh has ``mesh_axes`` axes (the last two of size 2) and whose input has
+    ``rank`` dims (the last two of size 4, sharded on the last two mesh axes, strided by a reshape)."""
+    mesh = [1] * (mesh_axes - 2) + [2, 2]
+    placements = ["R"] * (mesh_axes - 2) + [f"S({rank - 2})", f"S({rank - 1})"]
+    return json.dumps({"mesh": {"shape": mesh}, "inputs": {"x": {"shape": [1] * (rank - 2) + [4, 4],
+                                                                "placements": placements}},
+                       "nodes": [{"name": "y", "op": op, "inputs": ["x"], "attrs": json.loads(attrs)}],
+                       "outputs": ["y"]})
+
+
+@pytest.mark.parametrize("mesh_axes,rank,code,fragment", [
+    (33, 4, "too-many-dims at mesh.shape", "has 33 axes, over the limit 32"),
+    (2, 32, "too-many-dims at inputs.x.shape", "has 32 dims, over the limit 31"),
+    (2, 200_000, "too-many-dims at inputs.x.shape", "has 200000 dims, over the limit 31"),
+    (2, 30, "too-many-dims at node 'z'", "a tensor of 32 dims, over the limit 31"),  # an op's output
+], ids=["mesh-33", "rank-32", "rank-200000", "unsqueezed-to-32"])
+def test_too_many_dims_or_mesh_axes(tmp_path, capsys, mesh_axes, rank, code, fragment):
+    # review of issue 14: a 33-axis mesh was an internal error in run (numpy's 32-dim limit); a
+    # [1] * 200000 shape a 6 MB message and a broadcast-shape violation on a one-input op
+    op, attrs = ("unsqueeze", '{"dim": 0}') if rank == 30 else ("neg", "{}")
+    if rank == 30:  # unsqueeze twice: 30 -> 31 -> 32 dims
+        spec = json.loads(_dims_spec(mesh_axes, rank, op, attrs))
+        spec["nodes"].append({"name": "z", "op": "unsqueeze", "inputs": ["y"], "attrs": {"dim": 0}})
+        spec["outputs"] = ["z"]
+        text = json.dumps(spec)
+    else:
+        text = _dims_spec(mesh_axes, rank, op, attrs)
+    for command in ("check", "run"):
+        spec = tmp_path / "dims.json"
+        spec.write_text(text)
+        start = time.perf_counter()
+        assert main([command, str(spec)]) == 2
+        assert time.perf_counter() - start < 10
+        out, err = capsys.readouterr()
+        line = one_error_line(err)
+        assert out == "" and f"error: {code}: " in line and fragment in line and len(line) < 400, line
+        assert "broadcast" not in line
+
+
+def test_the_most_dims_and_mesh_axes_run(tmp_path, capsys):
+    # at the limits (a 32-axis mesh, 31-dim tensors, strided shards through a reshape), every
+    # command works: numpy's ravel_multi_index took only 31 axes
+    spec = tmp_path / "most.json"
+    spec.write_text(_dims_spec(32, 31, "reshape", json.dumps({"shape": [1] * 29 + [2, 8]})))
+    assert main(["run", str(spec), "--backward"]) == 0, capsys.readouterr().err
+    assert "matches one device" in capsys.readouterr().out
+    from layout_prop.mesh import DeviceMesh
+
+    mesh = DeviceMesh([1] * 30 + [2, 2])
+    assert [mesh.rank(mesh.coords(r)) for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(LayoutError) as info:
+        DeviceMesh([1] * 33)
+    assert info.value.code == "too-many-dims"
+
+
 # --------------------------------------------------------------------------- control characters
 HOSTILE_NAME = "x\x1b[31mred\x07\nline\u202e"
 
@@ -353,6 +549,95 @@ def test_an_op_that_exits_while_running_keeps_the_contract(capsys):
     assert rc == 2 and "unexpected-exit" in one_error_line(err)
 
 
+ODD_OP = '''
+import os
+from layout_prop import OpRule, RuleResult, TensorSpec, register_kernel, register_op
+from layout_prop.testing import OpSample
+
+class Odd(BaseException):  # neither an Exception nor SystemExit / KeyboardInterrupt
+    def __str__(self):
+        if os.environ.get("ODD_STR") == "raises":
+            raise RuntimeError("no message for you")
+        return "odd " + os.environ["ODD_WHERE"]
+
+@register_op
+class OddOp(OpRule):
+    name = "odd_op"
+    operands = ("x",)
+
+    def infer_layout(self, inputs, attrs):
+        if os.environ["ODD_WHERE"] == "rule":
+            raise Odd()
+        return RuleResult((TensorSpec(inputs[0].shape, inputs[0].dtype, inputs[0].layout),), (), ())
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        return (g.op("odd_op", [cotangents[0]]),)
+
+    def sample_inputs(self):
+        return [OpSample([(4, 4)], {})]
+
+def odd_op(x):
+    if os.environ["ODD_WHERE"] == "kernel":
+        raise Odd()
+    return x
+
+register_kernel("odd_op", odd_op)
+'''
+
+
+def _odd_plugin(folder: Path) -> None:
+    """An installed op plugin (an entry point in ``layout_prop.ops``) whose op raises a BaseException."""
+    (folder / "odd_plugin.py").write_text(ODD_OP)
+    info = folder / "odd_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odd-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[layout_prop.ops]\nodd = odd_plugin\n")
+
+
+@pytest.mark.parametrize("command,where,message", [
+    (["check"], "rule", "check was stopped by Odd: odd rule, which is not an Exception"),
+    (["run"], "rule", "run was stopped by Odd: odd rule"),
+    (["run"], "kernel", "run was stopped by Odd: odd kernel"),
+    (["run", "--backward"], "kernel", "run was stopped by Odd: odd kernel"),
+    (["lower", "--rank", "0"], "rule", "lower was stopped by Odd: odd rule"),
+    (["explain"], "rule", "explain was stopped by Odd: odd rule"),
+    (["run"], "str-raises", "run was stopped by Odd: <its message cannot be shown>"),
+], ids=["check-rule", "run-rule", "run-kernel", "run-backward-kernel", "lower-rule", "explain-rule", "str-raises"])
+def test_a_plugin_op_raising_a_base_exception_keeps_the_contract(tmp_path, command, where, message):
+    # review of issue 14: a BaseException that is not an Exception escaped as a traceback
+    _odd_plugin(tmp_path)
+    spec = tmp_path / "odd.yaml"
+    spec.write_text("mesh: {shape: [2]}\ninputs: {x: {shape: [4, 4], placements: ['S(0)']}}\n"
+                    "nodes: [{name: y, op: odd_op, inputs: [x]}]\noutputs: [y]\n")
+    env = cli_env()
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    env["ODD_WHERE"] = "kernel" if where == "str-raises" else where
+    if where == "str-raises":
+        env["ODD_STR"] = "raises"
+    argv = [*command[:1], str(spec), *command[1:]] + (["y"] if command == ["explain"] else [])
+    proc = subprocess.run([*console_command(), *argv], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc.stderr)
+    assert line.startswith("layout-prop: error: unexpected-exception: ") and message in line, line
+
+
+def test_verify_module_raising_a_base_exception_keeps_the_contract(tmp_path, capsys, monkeypatch):
+    module = tmp_path / "odd_module.py"
+    module.write_text(ODD_OP.replace('"odd_op"', '"odd_module_op"'))
+    monkeypatch.setenv("ODD_WHERE", "kernel")
+    try:
+        rc = main(["verify", "odd_module_op", "--module", str(module)])
+    finally:
+        from layout_prop import registry
+        from layout_prop.kernels.numpy_backend import KERNELS
+
+        registry._RULES.pop("odd_module_op", None)
+        KERNELS.pop("odd_module_op", None)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert "unexpected-exception: verify was stopped by Odd: odd kernel" in one_error_line(err)
+
+
 def test_help_says_that_modules_and_entry_points_run_code(capsys):
     for argv in (["--help"], ["verify", "--help"]):
         assert main(argv) == 0
@@ -393,6 +678,30 @@ def test_stdout_closed_by_its_reader_exits_quietly(argv):
         os.close(write_end)
     assert proc.stderr == ""
     assert proc.returncode == EXIT_BROKEN_PIPE
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+@pytest.mark.parametrize("argv", [["gen", "llama", "--layers", "200"],
+                                  ["gen", "llama", "--layers", "200", "-o", "/dev/stdout"],
+                                  ["check", "BIG", "--json"]], ids=["gen", "gen-o-dev-stdout", "check-json"])
+def test_a_reader_that_leaves_after_a_few_bytes_gives_141(tmp_path, argv, unbuffered):
+    # review of issue 14: `layout-prop check big.yaml --json | head -c 10` exited 0 with the
+    # output lost when stdout was unbuffered (PYTHONUNBUFFERED=1, as in many containers): the
+    # text wrapper ignored the pipe's short write; and `-o /dev/stdout` was write-failed (2)
+    if "BIG" in argv:
+        assert main(["gen", "llama", "--layers", "20", "-o", str(tmp_path / "big.yaml")]) == 0
+        argv = [str(tmp_path / "big.yaml") if a == "BIG" else a for a in argv]
+    env = cli_env()
+    env["PYTHONUNBUFFERED"] = unbuffered
+    proc = subprocess.Popen([*console_command(), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        first = proc.stdout.read(10)  # the output is far larger than a pipe holds (64 KiB)
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert len(first) == 10
+    assert err == b"" and proc.returncode == EXIT_BROKEN_PIPE, (proc.returncode, err)
 
 
 def test_broken_pipe_in_the_middle_of_the_output(monkeypatch, capsys):
@@ -473,6 +782,47 @@ def test_gen_refuses_a_layer_count_it_cannot_write(layers, capsys):
     assert time.perf_counter() - start < 5
     out, err = capsys.readouterr()
     assert out == "" and "bad-usage" in one_error_line(err) and len(err) < 400
+
+
+DIGITS = "9" * 400
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["run", "SPEC", "--max-memory", DIGITS], "bad-usage: argument --max-memory: "),
+    (["run", "SPEC", "--max-memory", DIGITS + ".5G"], "over the limit 1152921504606846976 bytes"),
+    (["run", "SPEC", "--max-memory", "2048P"], "over the limit"),
+    (["run", "SPEC", "--max-memory", "1." + "0" * 5000 + "1K"], "run-too-large"),  # 1 KiB: too small a limit
+    (["plan", "SPEC", "--memory-per-rank", DIGITS + "GiB"], "bad-value: memory per rank"),
+    (["plan", "SPEC", "--memory-per-rank", "0." + "0" * 5000 + "1"], "is not positive"),
+    (["verify", "add", "--jobs", DIGITS], "bad-usage: argument --jobs: <an integer of 1329 bits> is not a number"),
+    (["verify", "add", "--jobs", "100000"], "not a number of processes in 1..256"),
+    (["run", "SPEC", "--engine", "mindspore", "--nodes", DIGITS], "argument --nodes: <an integer"),
+    (["run", "SPEC", "--engine", "mindspore", "--local-workers", DIGITS], "argument --local-workers"),
+    (["run", "SPEC", "--engine", "mindspore", "--emulate-nodes", "70000"], "not a count in 1..65536"),
+    (["run", "SPEC", "--engine", "mindspore", "--node-rank", DIGITS], "argument --node-rank"),
+    (["run", "SPEC", "--engine", "mindspore", "--master-port", DIGITS], "bad-port: --master-port <an integer"),
+    (["run", "SPEC", "--rtol", DIGITS], "argument --rtol"),
+    (["run", "SPEC", "--timeout", DIGITS], "argument --timeout"),
+    (["lower", "SPEC", "--rank", DIGITS[:300]], "invalid-rank: rank <an integer of 997 bits>"),
+], ids=lambda v: "-".join(v)[:40] if isinstance(v, list) else None)
+def test_absurd_flag_values_are_one_line(capsys, argv, fragment):
+    # review of issue 14: --max-memory with 400 digits was an OverflowError traceback
+    argv = [str(EXAMPLES / "rpe" / "dp_sp.yaml") if a == "SPEC" else a for a in argv]
+    start = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - start < 10
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert out == "" and fragment in line and len(line) < 500, line
+
+
+def test_size_flags_are_exact():
+    from layout_prop.cli import _memory_size
+    from layout_prop.plan_command import parse_bytes
+
+    assert _memory_size("1.5T") == 3 * 2 ** 39 and _memory_size("0.5K") == 512 and _memory_size("1024P") == 2 ** 60
+    assert _memory_size("00000000000000000000000000000000000000008G") == 8 * 2 ** 30
+    assert parse_bytes("16GiB") == 2 ** 34 and parse_bytes(".5KiB") == 512 and parse_bytes("1.5 KB") == 1500
 
 
 def test_a_huge_bad_argument_is_cut_in_the_usage_error(capsys):

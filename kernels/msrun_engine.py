@@ -43,7 +43,8 @@ its workers through the parent-death signal.
 
 Failures are typed :class:`~layout_prop.errors.ExecutionError`\\ s, one line each:
 ``engine-unavailable`` (no msrun), ``backend-unavailable`` (cann without Ascend),
-``bad-timeout``, ``bad-nodes``, ``bad-node-rank``, ``bad-port``, ``port-in-use``,
+``bad-timeout``, ``bad-nodes``, ``bad-node-rank``, ``bad-port``, ``too-many-workers`` (over
+:data:`MAX_LOCAL_WORKERS` processes on this machine), ``port-in-use``,
 ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout`` (the
 processes are killed; names the ranks that did not finish), ``worker-failed`` (the
 failing rank, its op and error or its signal, the run folder).  The engine never waits
@@ -89,17 +90,24 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from layout_prop.errors import ExecutionError, LayoutPropError
+from layout_prop.errors import ExecutionError, LayoutPropError, cut
 from layout_prop.progress import format_seconds
 
 from . import msrun_worker as worker
 from .collectives import scatter_global
 
-__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "check_timeout",
+__all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "MAX_LOCAL_WORKERS", "LAUNCHER_FILE", "check_timeout", "remove_stale_runs",
            "check_runs_root", "check_cann_program", "check_kernels"]
 
 RUN_PREFIX = "layout-prop-run-"
 """Run folders are ``<system temp dir or run_dir>/layout-prop-run-<timestamp>-<random>``."""
+
+LAUNCHER_FILE = "launcher.json"
+"""In a run folder while its launcher runs: the launcher's pid, start time and boot id.  The
+launcher removes it whenever it ends a run itself (success, failure, a signal); a folder
+that still has it after its launcher died (SIGKILL, the OOM killer, a power cut) is stale,
+and the next run of the same user in the same runs root removes it
+(:func:`remove_stale_runs`)."""
 
 RPE_OPS = ("rotary_position_embedding", "rotary_position_embedding_grad")
 
@@ -109,6 +117,12 @@ workers (MindSpore collectives, numpy kernels: separates collective from kernel 
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 """The longest timeout accepted (a week)."""
+
+MAX_LOCAL_WORKERS = 256
+"""The most msrun workers one launcher starts on its machine (every node's, when emulated):
+one process per rank, each importing MindSpore (a few hundred MiB), so a 65,536-rank mesh
+would otherwise start 65,536 processes.  An Ascend server holds 8 or 16 NPUs; larger meshes
+span machines (``--nodes``), or run on the simulator."""
 
 _POLL_SECONDS = 0.1
 #: A worker that vanished (msrun reaped it) without a result gets this long for msrun's log line.
@@ -146,7 +160,12 @@ def check_runs_root(root: Path, user_given: bool = True) -> None:
     A folder given by the user must be a real folder (not a symbolic link), owned by this
     user, and not writable by group or others.  The system temp folder (``user_given``
     False) may be owned by root and writable by all if it has the sticky bit, as ``/tmp``
-    has: :func:`tempfile.mkdtemp` then makes a folder there that only we can use.
+    has: :func:`tempfile.mkdtemp` then makes a folder there that only we can use.  Either
+    way, no folder above it may let another user move it and put theirs in its place
+    (:func:`_unsafe_ancestor`: owned by this user or root, writable by others only with
+    the sticky bit), as ssh's StrictModes requires of the folders above ``~/.ssh``.  The
+    workers do not repeat this: they check their own run folder (ours, mode 0700) and the
+    job's HMAC, which another user cannot forge.
 
     Raises
     ------
@@ -177,6 +196,136 @@ def check_runs_root(root: Path, user_given: bool = True) -> None:
     if problem:
         raise ExecutionError("unsafe-run-dir", f"refusing to make run folders in {str(root)!r}: it {problem}",
                              hint="use a private folder of yours (chmod 700), or the default temp folder")
+    problem = _unsafe_ancestor(root)
+    if problem:
+        raise ExecutionError("unsafe-run-dir", f"refusing to make run folders in {str(root)!r}: {problem}, so "
+                             "others could move it and put their own folder in its place",
+                             hint="use a folder whose every parent is owned by you or root and writable by others "
+                             "only with the sticky bit (as /tmp), or the default temp folder")
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/PID/stat`` field 22), or None."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _write_launcher_file(run: Path) -> None:
+    """Record this launcher in its new run folder (a new file of ours, never a followed link)."""
+    record = {"pid": os.getpid(), "start": _start_time(os.getpid()), "boot": _boot_id()}
+    fd = os.open(run / LAUNCHER_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(record, handle)
+
+
+def _forget_launcher(runs) -> None:
+    for node_run in runs:
+        try:
+            (node_run.run / LAUNCHER_FILE).unlink()
+        except OSError:
+            pass
+
+
+def _launcher_alive(record: dict) -> bool:
+    """Whether the launcher a run folder records still runs (the same boot, pid and start time)."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return True  # not a record we wrote: keep the folder
+    boot = _boot_id()
+    if record.get("boot") and boot and record["boot"] != boot:
+        return False  # the machine restarted since
+    if Path("/proc/self/stat").exists():
+        start = _start_time(pid)
+        return start is not None and (record.get("start") is None or start == record["start"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_runs(root: Path) -> list[Path]:
+    """Remove the run folders in ``root`` whose launcher died without ending its run (SIGKILL).
+
+    Only folders that are clearly ours are touched: named ``layout-prop-run-*``, a real
+    folder (not a link) owned by this user with mode 0700 (as :func:`tempfile.mkdtemp`
+    makes it), holding :data:`LAUNCHER_FILE` (a regular file of ours) that names a launcher
+    that no longer runs.  A folder kept by a failed run has no such file and stays, as does
+    every folder of another user or of a launcher still running.  Returns what was removed;
+    never raises.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for entry in entries:
+        if not entry.name.startswith(RUN_PREFIX):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != me or stat.S_IMODE(info.st_mode) & 0o077:
+                continue
+            fd = os.open(os.path.join(entry.path, LAUNCHER_FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                marker = os.fstat(fd)
+                if not stat.S_ISREG(marker.st_mode) or marker.st_uid != me:
+                    continue
+                record = json.loads(os.read(fd, 4096) or b"{}")
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and not _launcher_alive(record):
+            shutil.rmtree(entry.path, ignore_errors=True)  # never follows links inside (fd-based on Linux)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def _unsafe_ancestor(root: Path) -> str | None:
+    """Why a folder above ``root`` lets another user swap ``root`` (None if none does), as ssh's
+    StrictModes checks the folders above ``~/.ssh``.
+
+    Every folder from ``/`` down to ``root``'s parent (the real folders, and every symbolic
+    link on the way as written) must be owned by this user or root; a folder may be writable
+    by others only with the sticky bit (``/tmp``), and by its group only with the sticky bit
+    or when the group is this user's own (a user private group).
+    """
+    me = os.geteuid()
+    absolute = Path(os.path.abspath(root))
+    for link in absolute.parents:  # a link on the way: only its folder's owner could have made it, or anyone in /tmp
+        try:
+            info = os.lstat(link)
+        except OSError:
+            continue
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in (me, 0):
+            return f"the symbolic link {str(link)!r} above it belongs to uid {info.st_uid}"
+    real = Path(os.path.realpath(absolute.parent))
+    for folder in (real, *real.parents):
+        try:
+            info = os.stat(folder)
+        except OSError as exc:
+            return f"the folder {str(folder)!r} above it cannot be read ({exc.strerror})"
+        mode = stat.S_IMODE(info.st_mode)
+        sticky = bool(mode & stat.S_ISVTX)
+        if info.st_uid not in (me, 0):
+            return f"the folder {str(folder)!r} above it belongs to uid {info.st_uid}"
+        if mode & stat.S_IWOTH and not sticky:
+            return f"the folder {str(folder)!r} above it has mode {mode:o}: others can write to it (no sticky bit)"
+        if mode & stat.S_IWGRP and not sticky and info.st_gid != os.getegid():
+            return (f"the folder {str(folder)!r} above it has mode {mode:o}: group {info.st_gid} can write to it "
+                    "(no sticky bit)")
+    return None
 
 
 MSRUN_DEFAULT_PORT = 8118
@@ -280,18 +429,18 @@ class MsrunEngine:
                                      "--node-rank or --master-addr", hint="drop those, or drop --emulate-nodes")
             nodes = emulate_nodes
         if int(nodes) < 1:
-            raise ExecutionError("bad-nodes", f"the node count must be at least 1, got {nodes}", hint="--nodes 2")
+            raise ExecutionError("bad-nodes", f"the node count must be at least 1, got {cut(nodes)}", hint="--nodes 2")
         if not 0 <= int(node_rank) < int(nodes):
-            raise ExecutionError("bad-node-rank", f"--node-rank {node_rank} is not a node of {nodes} "
-                                 f"(0 to {int(nodes) - 1})", hint="number the nodes 0, 1, ... nodes - 1")
+            raise ExecutionError("bad-node-rank", f"--node-rank {cut(node_rank)} is not a node of {cut(nodes)} "
+                                 f"(0 to {cut(int(nodes) - 1)})", hint="number the nodes 0, 1, ... nodes - 1")
         if nodes > 1 and emulate_nodes is None and not master_addr:
-            raise ExecutionError("bad-nodes", f"{nodes} nodes need --master-addr (the host of msrun's scheduler)",
+            raise ExecutionError("bad-nodes", f"{cut(nodes)} nodes need --master-addr (the host of msrun's scheduler)",
                                  hint="give the same --master-addr HOST on every node")
         if master_port is not None and not 1024 <= int(master_port) <= 65535:
-            raise ExecutionError("bad-port", f"--master-port {master_port} is not in 1024..65535",
+            raise ExecutionError("bad-port", f"--master-port {cut(master_port)} is not in 1024..65535",
                                  hint="msrun's default is 8118")
         if local_workers is not None and int(local_workers) < 1:
-            raise ExecutionError("bad-nodes", f"--local-workers must be at least 1, got {local_workers}",
+            raise ExecutionError("bad-nodes", f"--local-workers must be at least 1, got {cut(local_workers)}",
                                  hint="the workers a node starts, e.g. 8")
         self.nodes = int(nodes)
         self.node_rank = int(node_rank)
@@ -342,7 +491,7 @@ class MsrunEngine:
             device_target = "Ascend"
         check_kernels(program, self.backend)
         size = program.mesh.size
-        workers = self._workers_per_node(size)
+        workers = self.check_workers(size)
         search_path = _search_path()
         msrun = shutil.which("msrun", path=os.pathsep.join(search_path))
         if msrun is None:
@@ -371,19 +520,23 @@ class MsrunEngine:
         self.run_dir = report.run
         self._extra.update({"run_dir": str(report.run), "run_dirs": [str(r.run) for r in runs]})
         try:
-            with _signals_end_the_run():
-                self._launch_and_wait(runs)
-        except _Terminated as stop:
-            _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
-            raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
-                                 f"of the run was killed; run folder {report.run}", hint="run it again") from None
-        results = self._collect(report, size, wanted)
-        for other in runs[1:]:  # emulated nodes: each node's collector received the same results
-            theirs = self._collect(other, size, wanted, record=False)
-            if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
-                raise ExecutionError("internal-error", f"node {other.node} received other results than node "
-                                     f"{report.node}; run folders {report.run}, {other.run}",
-                                     hint="please report this: the collective gather of the results is wrong")
+            try:
+                with _signals_end_the_run():
+                    self._launch_and_wait(runs)
+            except _Terminated as stop:
+                _forget_launcher(runs)  # the folder is kept for the user, not stale: before this process ends
+                _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
+                raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
+                                     f"of the run was killed; run folder {report.run}", hint="run it again") from None
+            results = self._collect(report, size, wanted)
+            for other in runs[1:]:  # emulated nodes: each node's collector received the same results
+                theirs = self._collect(other, size, wanted, record=False)
+                if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
+                    raise ExecutionError("internal-error", f"node {other.node} received other results than node "
+                                         f"{report.node}; run folders {report.run}, {other.run}",
+                                         hint="please report this: the collective gather of the results is wrong")
+        finally:  # a run this launcher ends itself, well or not, is never stale (a failed run's folder is kept)
+            _forget_launcher(runs)
         self._extra["launcher_seconds"] = time.perf_counter() - started
         if not self.keep:
             for made in runs:
@@ -404,12 +557,27 @@ class MsrunEngine:
                 "emulated_collectives": [], "collective_impls": [], "launcher_seconds": None, **self._extra}
 
     # ------------------------------------------------------------------ steps
-    def _workers_per_node(self, size: int) -> int:
+    def check_workers(self, size: int) -> int:
+        """The workers each node starts for a mesh of ``size`` ranks, checked before anything starts.
+
+        Raises
+        ------
+        ExecutionError
+            ``bad-nodes`` when nodes x workers is not the mesh size; ``too-many-workers``
+            when this launcher would start more than :data:`MAX_LOCAL_WORKERS` processes.
+        """
         workers = self.local_workers if self.local_workers is not None else max(size // self.nodes, 1)
         if self.nodes * workers != size:
-            raise ExecutionError("bad-nodes", f"{self.nodes} node(s) x {workers} worker(s) = {self.nodes * workers} "
-                                 f"ranks, but the mesh has {size}",
+            raise ExecutionError("bad-nodes", f"{cut(self.nodes)} node(s) x {cut(workers)} worker(s) = "
+                                 f"{cut(self.nodes * workers)} ranks, but the mesh has {size}",
                                  hint="choose --nodes and --local-workers whose product is the mesh size")
+        here = workers * (self.nodes if self.emulated else 1)
+        if here > MAX_LOCAL_WORKERS:
+            where = f"{self.nodes} emulated nodes x {workers} workers" if self.emulated else f"{workers} workers"
+            raise ExecutionError("too-many-workers", f"the run would start {here} msrun worker processes on this "
+                                 f"machine ({where}), over the limit {MAX_LOCAL_WORKERS}",
+                                 hint=f"span machines with --nodes N (at most {MAX_LOCAL_WORKERS} workers each), "
+                                 "or run the mesh on the simulator (--engine sim)")
         return workers
 
     def _port(self) -> int:
@@ -465,6 +633,7 @@ class MsrunEngine:
 
     def _new_run_folder(self) -> Path:
         root = self._runs_root()
+        remove_stale_runs(root)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         try:
             run = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{stamp}-", dir=root))  # new, random, mode 0700
@@ -472,6 +641,13 @@ class MsrunEngine:
             raise ExecutionError("run-folder-failed", f"cannot create a run folder in {str(root)!r}: {exc.strerror}",
                                  hint="set TMPDIR to a writable folder with free space") from None
         worker.check_private_folder(run)
+        try:
+            _write_launcher_file(run)
+        except OSError as exc:
+            shutil.rmtree(run, ignore_errors=True)
+            raise ExecutionError("run-folder-failed", f"cannot write the run folder {str(run)!r}: "
+                                 f"{exc.strerror or exc} (removed it)",
+                                 hint="free some space, or set TMPDIR to a writable folder with free space") from None
         return run
 
     def _prepare_run(self, run: Path, job: dict, key: bytes, local_inputs: dict[int, dict[str, np.ndarray]],

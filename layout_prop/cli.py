@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import gc
+import io
 import json
 import os
 import sys
@@ -19,8 +20,9 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import LayoutPropError, SpecError, cut, printable
+from .errors import LayoutPropError, SpecError, cut, describe, printable
 from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
+from .output import OutputFailed
 
 __all__ = ["main"]
 
@@ -113,12 +115,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="mindspore engine: seconds before giving up (default 300, at most a week)")
     r.add_argument("--keep-logs", action="store_true",
                    help="mindspore engine: keep the run folder (worker logs) after a successful run too")
-    r.add_argument("--nodes", type=_positive_int, default=1, help="mindspore engine: machines the run spans")
-    r.add_argument("--node-rank", type=_non_negative_int, default=0, help="mindspore engine: this machine's node")
+    r.add_argument("--nodes", type=_count_arg, default=1, help="mindspore engine: machines the run spans")
+    r.add_argument("--node-rank", type=_node_rank_arg, default=0, help="mindspore engine: this machine's node")
     r.add_argument("--master-addr", metavar="HOST", help="mindspore engine: host of msrun's scheduler (--nodes)")
     r.add_argument("--master-port", type=_positive_int, metavar="P", help="mindspore engine: its port (1024-65535)")
-    r.add_argument("--local-workers", type=_positive_int, metavar="W", help="mindspore engine: workers a node")
-    r.add_argument("--emulate-nodes", type=_positive_int, metavar="N",
+    r.add_argument("--local-workers", type=_count_arg, metavar="W", help="mindspore engine: workers a node")
+    r.add_argument("--emulate-nodes", type=_count_arg, metavar="N",
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
@@ -150,8 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--samples", type=_samples_arg, default="all",
                     help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
     ve.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data")
-    ve.add_argument("--jobs", type=_positive_int, default=1,
-                    help="processes to check combinations in (default 1; the counts are the same)")
+    ve.add_argument("--jobs", type=_jobs_arg, default=1,
+                    help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
     add_model_args(_add_viz_parser(sub))
@@ -228,6 +230,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _bounded_int(text: str, low: int, high: int, what: str) -> int:
+    value = _non_negative_int(text)
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{cut(value, 60)} is not {what} in {low}..{high}")
+    return value
+
+
+def _count_arg(text: str) -> int:
+    """--nodes, --local-workers, --emulate-nodes: at least 1, at most a mesh's ranks."""
+    from .mesh import MAX_RANKS
+
+    return _bounded_int(text, 1, MAX_RANKS, "a count")
+
+
+def _node_rank_arg(text: str) -> int:
+    from .mesh import MAX_RANKS
+
+    return _bounded_int(text, 0, MAX_RANKS - 1, "a node rank")
+
+
+#: the most processes ``verify --jobs`` starts
+MAX_JOBS = 256
+
+
+def _jobs_arg(text: str) -> int:
+    return _bounded_int(text, 1, MAX_JOBS, "a number of processes")
+
+
 #: the most layers ``gen`` writes (about 230,000 nodes, 30 s; the spec stays under the loader's 64 MiB as JSON)
 MAX_LAYERS = 10_000
 
@@ -243,9 +273,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number of seconds") from None
     if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in (0, 604800]")
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)[1:-1]} is not a number of seconds in (0, 604800]")
     return value
 
 
@@ -253,25 +283,39 @@ def _tolerance(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number") from None
     if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)[1:-1]} is not a finite number >= 0")
     return value
 
 
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
+#: the largest size a flag such as --max-memory takes (2^60 bytes, an exbibyte)
+MAX_SIZE = 2 ** 60
 
 
 def _memory_size(text: str) -> int:
-    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units)."""
+    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units), at most :data:`MAX_SIZE`.
+
+    Computed exactly (a fraction, not a float): 400 digits are refused as over the limit,
+    never an overflow.
+    """
     import re
+    from fractions import Fraction
 
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGTP]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 4096, 512M, 8G or 1.5T")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a size like 4096, 512M, 8G or 1.5T")
+    whole, _, fraction = m.group(1).partition(".")
+    whole = whole.lstrip("0") or "0"
+    if len(whole) > 30:  # far past the limit (and never a float overflow)
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_SIZE} bytes (1024P)")
+    # digits past the 30th after the point cannot change a whole number of bytes
+    size = int(Fraction(f"{whole}.{fraction[:30] or '0'}") * _UNITS[m.group(2).upper()])
     if size < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a positive size")
+    if size > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_SIZE} bytes (1024P)")
     return size
 
 
@@ -339,8 +383,7 @@ def _import_module_file(path: Path) -> None:
     except LayoutPropError:
         raise
     except BaseException as exc:  # SystemExit(7) or KeyboardInterrupt from the user's file too: exit 2, one line
-        said = f": {cut(str(exc), 300)[1:-1]}" if str(exc) else ""
-        raise OpError("module-failed", f"importing {cut(str(path))} failed: {type(exc).__name__}{said}",
+        raise OpError("module-failed", f"importing {cut(str(path))} failed: {describe(exc)}",
                       hint="run the file with python to see the full error") from None
 
 
@@ -502,13 +545,9 @@ def _cmd_gen(args) -> int:
     if args.output is None:
         print(text, end="")
     else:
-        from .output import write_text_atomic
+        from .output import write_output
 
-        try:
-            write_text_atomic(args.output, text)  # a full disk leaves no truncated spec
-        except OSError as exc:
-            raise SpecError("write-failed", f"cannot write {cut(str(args.output))}: {exc.strerror or exc}",
-                            hint="choose a folder that exists and is writable, on a disk with space") from None
+        write_output(args.output, text)  # atomic: a full disk leaves no truncated spec
         print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
     return 0
 
@@ -556,21 +595,24 @@ EXIT_BROKEN_PIPE = 141
 GC_THRESHOLD = (50_000, 20, 20)
 
 
-class _OutputFailed(BaseException):
-    """Writing to stdout or stderr failed: a BaseException, so that no command's own error
-    handling mistakes it for a failure of its work."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(error)
-        self.error = error
+#: writing stdout or stderr (or a pipe given with -o) failed: see :class:`layout_prop.output.OutputFailed`
+_OutputFailed = OutputFailed
 
 
 class _Printable:
     """A text stream that escapes control characters (:func:`printable`, line breaks kept);
-    it drops the text when the process has no such stream (started with it closed)."""
+    it drops the text when the process has no such stream (started with it closed).
+
+    When the stream is unbuffered (``python -u``, ``PYTHONUNBUFFERED=1``), its text wrapper
+    writes straight to the file and ignores a short write: a pipe whose reader leaves
+    while a large output is written would take part of it and report success, and the
+    rest would be lost with exit 0.  The text is then written to the file here, until
+    every byte is taken or the write fails."""
 
     def __init__(self, stream) -> None:
         self._stream = stream
+        buffer = getattr(stream, "buffer", None)
+        self._raw = buffer if isinstance(buffer, io.RawIOBase) else None
 
     @property
     def unescaped_stream(self):
@@ -579,8 +621,15 @@ class _Printable:
 
     def write(self, text: str) -> int:
         if self._stream is not None:
+            out = printable(text, newlines=True)
             try:
-                self._stream.write(printable(text, newlines=True))
+                if self._raw is None:
+                    self._stream.write(out)
+                else:
+                    self._stream.flush()
+                    if os.linesep != "\n":
+                        out = out.replace("\n", os.linesep)
+                    _write_fully(self._raw, out.encode(self._stream.encoding or "utf-8", self._stream.errors or "strict"))
             except OSError as exc:
                 raise _OutputFailed(exc) from None
         return len(text)
@@ -598,6 +647,21 @@ class _Printable:
 
 #: the longest error line printed: a message that quotes a long value is cut in its middle
 MAX_ERROR_LINE = 1000
+
+
+def _write_fully(raw: io.RawIOBase, data: bytes) -> None:
+    """Write every byte of ``data`` to an unbuffered file, however many writes it takes."""
+    view = memoryview(data)
+    while view:
+        written = raw.write(view)
+        if written is None:  # a non-blocking file that is full for now: wait until it takes more
+            import select
+
+            select.select([], [raw.fileno()], [])
+            continue
+        if written <= 0:
+            raise OSError(errno.EIO, "the output took no bytes")
+        view = view[written:]
 
 
 def _error_text(err: LayoutPropError) -> str:
@@ -634,12 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout = _Printable(stdout if stdout is not None else open(os.devnull, "w"))
     sys.stderr = _Printable(stderr if stderr is not None else open(os.devnull, "w"))
     try:
-        try:
-            args = _parser().parse_args(argv)
-        except SystemExit as done:  # --help, --version, or a bad flag (already reported on one line)
-            code = done.code if isinstance(done.code, int) else 0 if done.code is None else 2
-        else:
-            code = _run(args)
+        parsed = _guarded("layout-prop", lambda: _parse(argv))
+        code = parsed if isinstance(parsed, int) else _run(parsed)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not after main returned
         return code
     except _OutputFailed as failed:  # stdout closed by its reader (| head), on a full disk (> /dev/full), or gone
@@ -658,9 +718,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.set_threshold(*threshold)
 
 
-def _run(args) -> int:
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit code of ``--help``, ``--version`` or a bad flag (already reported)."""
     try:
-        return COMMANDS[args.command](args)
+        return _parser().parse_args(argv)
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
+
+
+def _run(args) -> int:
+    return _guarded(args.command, lambda: COMMANDS[args.command](args))
+
+
+def _guarded(what: str, work):
+    """``work()``, with every exception it may raise turned into an exit code and at most one
+    stderr line: whatever an op's rule, kernel or plugin raises (any BaseException, even
+    one that is neither an Exception nor SystemExit), never a traceback.  Only a failed
+    write of the output itself goes on, to :func:`main`."""
+    try:
+        return work()
+    except _OutputFailed:
+        raise
     except LayoutPropError as err:
         print(_error_text(err), file=sys.stderr)
         return 2
@@ -672,19 +750,27 @@ def _run(args) -> int:
                     "an op's rule or kernel must raise an error, not exit; fix the op module")
         return 2
     except MemoryError:
-        _error_line("out-of-memory", f"{args.command} ran out of memory",
+        _error_line("out-of-memory", f"{what} ran out of memory",
                     "use smaller shapes or fewer ranks (a run estimates its memory first: see --max-memory)")
         return 2
     except RecursionError:
-        _error_line("too-deep", f"{args.command} recursed too deeply",
+        _error_line("too-deep", f"{what} recursed too deeply",
                     "the graph or a value nests too deeply; please report the spec")
         return 2
     except Exception as exc:  # a bug: one line that says so (LAYOUT_PROP_DEBUG=1 shows the traceback)
         if os.environ.get("LAYOUT_PROP_DEBUG"):
             raise
-        _error_line("internal-error", f"{type(exc).__name__}: {cut(str(exc), 300)[1:-1]}",
+        _error_line("internal-error", describe(exc),
                     "this is a bug in layout-prop; please report it with the spec "
                     "(LAYOUT_PROP_DEBUG=1 shows the traceback)")
+        return 2
+    except BaseException as exc:  # noqa: B036 (GeneratorExit, or a class of an op's own derived from BaseException)
+        if os.environ.get("LAYOUT_PROP_DEBUG"):
+            raise
+        _error_line("unexpected-exception", f"{what} was stopped by {describe(exc)}, which is not an Exception "
+                    "(raised by an op's rule or kernel, or a plugin)",
+                    "an op's code must raise an Exception (an OpError for a use it refuses), not a BaseException; "
+                    "LAYOUT_PROP_DEBUG=1 shows the traceback")
         return 2
 
 

@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "printable",
     "cut",
+    "describe",
     "LayoutPropError",
     "SpecError",
     "LayoutError",
@@ -114,6 +115,35 @@ def cut(value: Any, limit: int = CUT_LENGTH) -> str:
         quote = text[0] if text[:1] in ("'", '"') else ""
         text = text[:limit - 3 - len(quote)] + "..." + quote
     return text
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """``TypeName: message`` of any exception, on one line and at most about ``limit`` characters.
+
+    Safe on exceptions from code we do not control (an op plugin, a ``--module`` file):
+    a ``__str__`` that raises, or a message of megabytes, still gives a short line.
+
+    >>> describe(ValueError("bad\\nvalue"))
+    'ValueError: bad\\\\nvalue'
+    >>> class Odd(BaseException):
+    ...     def __str__(self):
+    ...         raise RuntimeError("no")
+    >>> describe(Odd())
+    'Odd: <its message cannot be shown>'
+    """
+    name = printable(str(getattr(type(exc), "__name__", "exception")))[:100]
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: B036 (a hostile __str__ may raise anything, even SystemExit)
+        message = "<its message cannot be shown>"
+    if not isinstance(message, str):
+        message = "<its message cannot be shown>"
+    if not message:
+        return name
+    text = printable(message[:limit * 4])
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"{name}: {text}"
 
 
 class LayoutPropError(Exception):

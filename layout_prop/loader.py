@@ -37,12 +37,12 @@ import yaml
 from .errors import GraphError, LayoutPropError, SpecError, cut, printable
 from .graph import Graph, Node, split_value
 from .layout import Layout
-from .mesh import MAX_RANKS, DeviceMesh
+from .mesh import MAX_MESH_AXES, MAX_RANKS, MAX_TENSOR_RANK, DeviceMesh
 from .placement import parse_placement
 from .registry import get_rule
 from .spec import TensorSpec, check_dtype
 
-__all__ = ["load_spec", "parse_spec", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
+__all__ = ["load_spec", "parse_spec", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
 
 #: the largest spec file read (a 100,000-node generated spec is about 15 MiB of JSON)
 MAX_SPEC_BYTES = 64 * 2 ** 20
@@ -247,29 +247,154 @@ def load_spec(source: str | Path | dict) -> Graph:
 def read_spec_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:
     """The text of a spec file: at most ``limit`` bytes of UTF-8 (``spec-too-large`` past it).
 
-    Regular files, pipes and ``/dev/stdin`` are read; a device (``/dev/zero``, a terminal)
-    or a folder is refused before reading, so nothing unbounded is ever read.
+    Regular files and pipes (``/dev/stdin``, ``<(...)``, a named pipe) are read, see
+    :func:`read_file_bytes`; a device (``/dev/zero``, a terminal), a folder or a socket is
+    refused before reading, so nothing unbounded is ever read.
     """
-    shown = cut(str(path))
-    where = str(path)
-    try:
-        with open(path, "rb") as f:
-            mode = os.fstat(f.fileno()).st_mode
-            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-                raise SpecError("spec-not-found", f"{shown} is a device, not a spec file", path=where,
-                                hint="give the path of a YAML or JSON spec file")
-            raw = f.read(limit + 1)
-    except OSError as exc:
-        raise SpecError("spec-not-found", f"cannot read {shown}: {exc.strerror}", path=where,
-                        hint="give the path of a YAML or JSON spec file") from None
-    if len(raw) > limit:
-        raise SpecError("spec-too-large", f"{shown} is larger than {limit} bytes", path=where,
-                        hint=f"a spec is at most {limit // 2 ** 20} MiB; check that this is a spec file")
+    raw = read_file_bytes(path, limit, what="spec", missing="spec-not-found", too_large="spec-too-large",
+                          hint="give the path of a YAML or JSON spec file")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError("spec-syntax", f"{shown} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        path=where, hint="save the spec as UTF-8 YAML or JSON") from None
+        raise SpecError("spec-syntax", f"{cut(str(path))} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+                        path=str(path), hint="save the spec as UTF-8 YAML or JSON") from None
+
+
+#: how long a pipe that no process holds open for writing is waited for (a named pipe made
+#: with ``mkfifo`` and never written): then it is refused instead of waiting forever
+PIPE_WRITER_WAIT_SECONDS = 10.0
+_POLL_SECONDS = 0.2
+
+
+def _not_a_file(mode: int) -> str | None:
+    """What a file of this mode is, if it is neither a regular file nor a pipe."""
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_file_bytes(path: str | Path, limit: int, *, what: str, missing: str, too_large: str, hint: str) -> bytes:
+    """At most ``limit`` bytes of the file at ``path``, never an unbounded read nor an endless wait.
+
+    The one way the tool reads a file a user names (specs, plans, models):
+
+    - a regular file (or a symbolic link to one) is read, and refused past ``limit``
+      bytes (``too_large``) before more than ``limit + 1`` bytes are read;
+    - a pipe is read the same way: ``/dev/stdin``, process substitution
+      (``layout-prop check <(gen ...)``) or a named pipe.  It is read until its writers
+      close it, as ``cat`` reads it, however long a writer takes; but a pipe that no
+      process holds open for writing (a ``mkfifo`` nobody writes to) is refused
+      (``missing``) after :data:`PIPE_WRITER_WAIT_SECONDS`, never waited for forever;
+    - a device (``/dev/zero``, ``/dev/urandom``, a terminal), a folder or a socket is
+      refused (``missing``) from its ``stat``, before it is opened.
+
+    The file is opened with ``O_NONBLOCK`` (opening a named pipe does not wait for a
+    writer; opening a device cannot block) and checked again with ``fstat``: a file
+    swapped between the two is refused too.
+
+    Raises
+    ------
+    SpecError
+        ``missing`` or ``too_large``, naming the path (cut) and the limit.
+    """
+    shown, where = cut(str(path)), str(path)
+
+    def refuse(code: str, message: str) -> SpecError:
+        return SpecError(code, message, path=where, hint=hint)
+
+    try:
+        before = os.stat(path)  # follows symbolic links, as opening does
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise refuse(missing, f"cannot read {shown}: {getattr(exc, 'strerror', None) or exc}") from None
+    kind = _not_a_file(before.st_mode)
+    if kind:
+        raise refuse(missing, f"{shown} is {kind}, not a {what} file")
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise refuse(missing, f"cannot read {shown}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if _not_a_file(info.st_mode) or (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
+            raise refuse(missing, f"{shown} changed while it was opened")
+        if stat.S_ISREG(info.st_mode):
+            if info.st_size > limit:  # refused without reading (files under /proc say 0 and are read)
+                raise refuse(too_large, f"{shown} is larger than {limit} bytes ({info.st_size} bytes)")
+            os.set_blocking(fd, True)
+            data = _read_regular(fd, limit, info.st_size)
+        else:
+            data = _read_pipe(fd, limit, lambda: refuse(missing, f"{shown} is a pipe that no process writes to "
+                                                                  f"(waited {PIPE_WRITER_WAIT_SECONDS:g} s)"))
+    except OSError as exc:
+        raise refuse(missing, f"cannot read {shown}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise refuse(too_large, f"{shown} is larger than {limit} bytes")
+    return data
+
+
+def _read_regular(fd: int, limit: int, size: int) -> bytes:
+    """Up to ``limit + 1`` bytes of a regular file of ``size`` bytes (it may grow or shrink meanwhile)."""
+    parts, total = [], 0
+    while total <= limit:
+        want = min(max(size + 1 - total, 2 ** 16), limit + 1 - total)
+        piece = os.read(fd, want)
+        if not piece:
+            break
+        parts.append(piece)
+        total += len(piece)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _read_pipe(fd: int, limit: int, no_writer) -> bytes:
+    """Up to ``limit + 1`` bytes of a pipe opened with ``O_NONBLOCK``, until its writers close it.
+
+    ``poll`` says when there is data or every writer has gone; meanwhile a read that
+    ends at once (rather than "would block") means that no process has the pipe open for
+    writing: after :data:`PIPE_WRITER_WAIT_SECONDS` of that, ``no_writer()`` is raised.
+    """
+    import select
+    import time
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    parts: list[bytes] = []
+    total = 0
+    alone_since = None
+    while total <= limit:
+        if poller.poll(int(_POLL_SECONDS * 1000)):
+            try:
+                piece = os.read(fd, min(2 ** 20, limit + 1 - total))
+            except BlockingIOError:
+                continue
+            if not piece:
+                break  # every writer closed it: the end
+            parts.append(piece)
+            total += len(piece)
+            alone_since = None
+            continue
+        try:  # nothing to read: is there a writer at all?
+            piece = os.read(fd, min(2 ** 20, limit + 1 - total))
+        except BlockingIOError:  # a writer holds it open and has not written yet: wait, as cat does
+            alone_since = None
+            continue
+        if piece:
+            parts.append(piece)
+            total += len(piece)
+            continue
+        # no writer, and none ever seen (a named pipe, whose poll reports no hang-up before its first writer)
+        alone_since = alone_since if alone_since is not None else time.monotonic()
+        if time.monotonic() - alone_since >= PIPE_WRITER_WAIT_SECONDS:
+            raise no_writer()
+    return b"".join(parts)
 
 
 def _is_path(text: str) -> bool:
@@ -308,8 +433,16 @@ def _int_list(value: Any, path: str, what: str, minimum: int, maximum: int = MAX
     return value
 
 
+def _check_dim_count(value: Any, limit: int, path: str, what: str, unit: str) -> None:
+    """``too-many-dims`` for a list longer than ``limit`` (checked before its items are)."""
+    if isinstance(value, list) and len(value) > limit:
+        raise _err("too-many-dims", f"{what} {cut(value)} has {len(value)} {unit}, over the limit {limit}", path,
+                   f"use at most {limit} {unit} (what numpy can index); drop or merge {unit} of size 1")
+
+
 def _mesh(data: Any) -> DeviceMesh:
     _check_keys(data, MESH_KEYS, {"shape"}, "mesh")
+    _check_dim_count(data["shape"], MAX_MESH_AXES, "mesh.shape", "mesh shape", "axes")
     shape = _int_list(data["shape"], "mesh.shape", "mesh shape", 1, MAX_RANKS)
     if not shape:
         raise _err("bad-value", "mesh shape is empty", "mesh.shape", "give at least one mesh axis")
@@ -333,6 +466,7 @@ def _mesh(data: Any) -> DeviceMesh:
 
 def _input(g: Graph, name: str, data: Any, path: str) -> None:
     _check_keys(data, INPUT_KEYS, {"shape"}, path)
+    _check_dim_count(data["shape"], MAX_TENSOR_RANK, f"{path}.shape", "shape", "dims")
     shape = _int_list(data["shape"], f"{path}.shape", "shape", 0)
     elements = 1
     for size in shape:

@@ -28,12 +28,18 @@ import numpy as np
 
 from .errors import LayoutError, cut
 
-__all__ = ["DeviceMesh", "MAX_RANKS"]
+__all__ = ["DeviceMesh", "MAX_RANKS", "MAX_MESH_AXES", "MAX_TENSOR_RANK"]
 
 #: the most ranks a mesh may have (2^16). Analysis (check, explain, viz, lower) takes time
 #: linear in the rank count (the cost model visits every rank group of a redistribution's
 #: mesh axis): a few seconds per redistribution at this limit; execution runs every rank.
 MAX_RANKS = 2 ** 16
+#: the most axes a mesh may have: numpy 1.x's limit on an array's dims (32; MindSpore needs
+#: numpy < 2), which the executors reach (the array of a mesh's ranks has one dim per axis)
+MAX_MESH_AXES = 32
+#: the most dims a tensor may have: numpy 1.x indexes an array with at most 31 index arrays,
+#: and a rank's piece of a strided shard is indexed with one per dim
+MAX_TENSOR_RANK = 31
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,10 @@ class DeviceMesh:
         names = tuple(names)
         if not shape:
             raise LayoutError("invalid-mesh", "a mesh needs at least one axis", hint="give a shape such as [2, 2]")
+        if len(shape) > MAX_MESH_AXES:
+            raise LayoutError("too-many-dims", f"mesh {cut(list(shape))} has {len(shape)} axes, over the limit "
+                              f"{MAX_MESH_AXES}", hint=f"use a mesh of at most {MAX_MESH_AXES} axes (axes of size 1 "
+                              "can be dropped)")
         for i, size in enumerate(shape):
             if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
                 raise LayoutError(
@@ -124,7 +134,7 @@ class DeviceMesh:
     def check_rank(self, rank: int) -> None:
         """Raise ``invalid-rank`` unless ``0 <= rank < size``."""
         if not 0 <= rank < self._size:
-            raise LayoutError("invalid-rank", f"rank {rank} is outside the mesh of {self._size} ranks",
+            raise LayoutError("invalid-rank", f"rank {cut(rank)} is outside the mesh of {self._size} ranks",
                               hint=f"use a rank in 0..{self._size - 1}")
 
     def rank(self, coords) -> int:
@@ -133,7 +143,10 @@ class DeviceMesh:
         if len(coords) != self.ndim or any(not 0 <= c < s for c, s in zip(coords, self.shape)):
             raise LayoutError("invalid-rank", f"coordinates {list(coords)} are outside the mesh {list(self.shape)}",
                               hint=f"give {self.ndim} coordinates, each below its axis size")
-        return int(np.ravel_multi_index(coords, self.shape))
+        rank = 0
+        for c, size in zip(coords, self.shape):  # row-major (numpy's ravel_multi_index stops short of 32 axes)
+            rank = rank * size + int(c)
+        return rank
 
     @cached_property
     def _groups(self) -> tuple[tuple[tuple[int, ...], ...], ...]:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .errors import LayoutPropError, SpecError
+from .errors import LayoutPropError, SpecError, cut
 from .layout import Layout
 from .mesh import DeviceMesh
 from .placement import parse_placement
@@ -125,11 +125,15 @@ def load_plan(source: str | Path | dict) -> Plan:
         if isinstance(source, Path) or ("\n" not in text and (text.endswith((".yaml", ".yml", ".json")) or
                                                                _is_file(text))):
             name = text
+            from .loader import MAX_SPEC_BYTES, read_file_bytes
+
+            raw = read_file_bytes(Path(source), MAX_SPEC_BYTES, what="plan", missing="plan-not-found",
+                                  too_large="spec-too-large", hint="give the path of a YAML or JSON sharding plan")
             try:
-                text = Path(source).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise _err("plan-not-found", f"cannot read plan {name!r}: {getattr(exc, 'strerror', None) or exc}",
-                           "plan", "give the path of a YAML or JSON sharding plan") from None
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _err("plan-not-found", f"cannot read plan {cut(name)}: not UTF-8 text ({exc.reason} at byte "
+                           f"{exc.start})", "plan", "give the path of a YAML or JSON sharding plan") from None
         data = parse_spec(text, name)
     if not isinstance(data, dict):
         raise _err("bad-type", f"a plan is a mapping, got {type(data).__name__}", "plan",

@@ -48,19 +48,32 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+#: the largest memory per rank taken (2^60 bytes)
+MAX_BYTES = 2 ** 60
+
+
 def parse_bytes(text: str) -> int:
     """``16GiB`` -> 17179869184; units B, KB, MB, GB, TB (powers of 1000), KiB... (of 1024).
 
     >>> parse_bytes("16GiB"), parse_bytes("1.5 KB"), parse_bytes("4096")
     (17179869184, 1500, 4096)
     """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if m is None or m.group(2).lower() not in _UNITS:
-        raise SpecError("bad-value", f"cannot read {text!r} as an amount of memory",
+    from fractions import Fraction
+
+    from .errors import cut
+
+    m = re.fullmatch(r"\s*([0-9]*)(?:\.([0-9]+))?\s*([a-zA-Z]*)\s*", str(text))
+    if m is None or not (m.group(1) or m.group(2)) or m.group(3).lower() not in _UNITS:
+        raise SpecError("bad-value", f"cannot read {cut(str(text), 60)} as an amount of memory",
                         hint="write it like 16GiB, 512MiB, 2GB or a number of bytes")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    whole, fraction = m.group(1).lstrip("0") or "0", (m.group(2) or "0")[:30]  # exact, never a float overflow
+    value = 0 if len(whole) > 30 else int(Fraction(f"{whole}.{fraction}") * _UNITS[m.group(3).lower()])
+    if len(whole) > 30 or value > MAX_BYTES:
+        raise SpecError("bad-value", f"memory per rank {cut(str(text), 60)} is over the limit {MAX_BYTES} bytes "
+                        "(1024 PiB)", hint="give the memory of one device, like 64GiB")
     if value <= 0:
-        raise SpecError("bad-value", f"memory per rank {text!r} is not positive", hint="give a positive amount")
+        raise SpecError("bad-value", f"memory per rank {cut(str(text), 60)} is not positive",
+                        hint="give a positive amount")
     return value
 
 
@@ -275,8 +288,6 @@ def _write(spec: dict, path: Path) -> None:
                 return True
 
         text = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, default_flow_style=None, width=120)
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise SpecError("write-failed", f"cannot write {str(path)!r}: {exc.strerror}",
-                        hint="choose a folder that exists and is writable") from None
+    from .output import write_output
+
+    write_output(path, text)  # atomic: a full disk leaves the old file, never a truncated plan

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from abc import ABC, abstractmethod
 from typing import Any, Protocol, Sequence
 
-from .errors import GraphError, LayoutPropError, OpError, Violation
+from .errors import GraphError, LayoutPropError, OpError, Violation, describe
 from .layout import Layout
 from .spec import TensorSpec
 
@@ -259,7 +259,7 @@ def _load_builtin_ops() -> None:
             ep.load()
         except BaseException as exc:  # a broken plugin (even one that calls exit()): say which one, exit 2
             raise OpError("plugin-failed", f"loading op plugin {ep.name!r} ({ep.value}) failed: "
-                          f"{type(exc).__name__}: {exc}", hint="fix or uninstall that package") from exc
+                          f"{describe(exc)}", hint="fix or uninstall that package") from exc
 
 
 def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRule:

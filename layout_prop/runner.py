@@ -350,6 +350,12 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     from layout_prop.kernels.collectives import assemble
     from layout_prop.passes.lower import Lower
 
+    engine_obj = None
+    if engine == "mindspore":  # its options and its worker count, before any work (a mesh of 65,536 ranks
+        from layout_prop.kernels.msrun_engine import MsrunEngine  # would start as many processes)
+
+        engine_obj = MsrunEngine(backend=backend, **engine_options)
+        engine_obj.check_workers(graph.mesh.size)
     analysis = analyze(graph, reshard=reshard, backward=backward, verify=verify)
     g = analysis.graph
     report = RunReport(ok=False, engine=engine, ranks=g.mesh.size, notes=list(analysis.notes))
@@ -373,10 +379,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
             raise ExecutionError("backend-unavailable", f"the simulator runs the numpy kernels, not {backend!r}",
                                  hint="use --engine mindspore for the mindspore and cann backends")
         local = Simulator().execute(program, inputs, rng, wanted=list(g.outputs))
-    elif engine == "mindspore":
-        from layout_prop.kernels.msrun_engine import MsrunEngine
-
-        engine_obj = MsrunEngine(backend=backend, **engine_options)
+    elif engine_obj is not None:
         local = engine_obj.execute(program, inputs, rng, wanted=list(g.outputs))
         report.extra.update(engine_obj.report_extra())
     else:

@@ -37,7 +37,7 @@ import numpy as np
 
 from .errors import LayoutError
 from .layout import Layout
-from .mesh import DeviceMesh
+from .mesh import MAX_TENSOR_RANK, DeviceMesh
 from .placement import StridedShard
 
 __all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "check_dtype"]
@@ -121,6 +121,9 @@ class TensorSpec:
 
     def __init__(self, shape, dtype, layout: Layout) -> None:
         shape = tuple(int(s) for s in shape)
+        if len(shape) > MAX_TENSOR_RANK:  # a spec's inputs are checked by the loader; this is an op's output
+            raise LayoutError("too-many-dims", f"a tensor of {len(shape)} dims, over the limit {MAX_TENSOR_RANK}",
+                              hint=f"keep tensors to at most {MAX_TENSOR_RANK} dims (what numpy can index)")
         if any(s < 0 for s in shape):
             raise LayoutError("invalid-shape", f"shape {list(shape)} has a negative size",
                               hint="sizes are non-negative integers")

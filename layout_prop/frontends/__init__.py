@@ -18,9 +18,26 @@ from ..graph import Graph
 from ..plan import Plan, load_plan
 from .ir import ModelGraph, apply_plan, compare_declared, to_spec
 
-__all__ = ["load_model", "import_spec", "build_spec", "build_graph", "is_model_path", "MODEL_SUFFIXES"]
+__all__ = ["load_model", "import_spec", "build_spec", "build_graph", "is_model_path", "read_model_bytes",
+           "MODEL_SUFFIXES", "MAX_MODEL_BYTES"]
 
 MODEL_SUFFIXES = (".onnx", ".mindir")
+
+#: the largest model file read: 2 GiB, protobuf's limit for one message (ONNX and MindIR
+#: are protobuf files; a larger ONNX model keeps its weights in external data files, which
+#: are not read, except tensors of at most 1 KiB that shape inference needs)
+MAX_MODEL_BYTES = 2 ** 31
+
+
+def read_model_bytes(path: str | Path, hint: str) -> bytes:
+    """The bytes of a model file, as the spec loader reads a spec (a regular file or a pipe,
+    never a device; see :func:`layout_prop.loader.read_file_bytes`), at most
+    :data:`MAX_MODEL_BYTES` (``model-too-large`` past it, ``model-not-found`` for what
+    cannot be read)."""
+    from ..loader import read_file_bytes
+
+    return read_file_bytes(path, MAX_MODEL_BYTES, what="model", missing="model-not-found",
+                           too_large="model-too-large", hint=hint)
 
 
 def is_model_path(path: str | Path) -> bool:

@@ -78,10 +78,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.output is None:
         print(text, end="")
         return 0
-    try:
-        args.output.write_text(text)
-    except OSError as exc:
-        raise SpecError("write-failed", f"cannot write {str(args.output)!r}: {exc.strerror}",
-                        hint="choose a folder that exists and is writable") from None
+    from ..output import write_output
+
+    write_output(args.output, text)  # atomic: a full disk leaves the old file, never a truncated spec
     print(f"wrote {args.output} ({len(spec['inputs'])} inputs, {len(spec['nodes'])} nodes)", file=sys.stderr)
     return 0

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import SpecError
 from ..graph import Graph
 from ..plan import Plan, load_plan
+from . import read_model_bytes
 from .ir import MNode, ModelGraph, Value
 
 __all__ = ["from_cell", "from_mindir", "read_mindir"]
@@ -568,11 +569,7 @@ def read_mindir(path: str | Path) -> ModelGraph:
     """Read a ``.mindir`` file into a :class:`ModelGraph` (no canonicalisation yet)."""
     schema = _schema()
     source = str(path)
-    try:
-        data = Path(source).read_bytes()
-    except OSError as exc:
-        raise SpecError("model-not-found", f"cannot read {source!r}: {exc.strerror}", path=source,
-                        hint="give the path of a .mindir file") from None
+    data = read_model_bytes(source, "give the path of a .mindir file")
     model = schema.ModelProto()
     try:
         model.ParseFromString(data)

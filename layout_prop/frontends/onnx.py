@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import SpecError
 from ..graph import Graph
 from ..plan import Plan, load_plan
+from . import read_model_bytes
 from .ir import MNode, ModelGraph, Value
 
 __all__ = ["from_onnx", "read_onnx"]
@@ -47,11 +48,7 @@ def _load(path_or_model: Any) -> tuple[Any, str]:
     if isinstance(path_or_model, onnx.ModelProto):
         return path_or_model, "<model>"
     source = str(path_or_model)
-    try:
-        data = Path(source).read_bytes()
-    except OSError as exc:
-        raise SpecError("model-not-found", f"cannot read {source!r}: {exc.strerror}", path=source,
-                        hint="give the path of an .onnx file") from None
+    data = read_model_bytes(source, "give the path of an .onnx file")
     try:
         model = onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf's DecodeError and friends: truncated or not ONNX

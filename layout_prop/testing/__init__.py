@@ -382,7 +382,8 @@ def _check_in_processes(specs: list[dict], documented: frozenset, backward: bool
     chunks = [specs[i:i + _CHUNK] for i in range(0, len(specs), _CHUNK)]
     done = 0
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    # a forked pool starts all its processes at once: never more than there are chunks
+    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(chunks))), mp_context=context) as pool:
         for chunk, (status, value) in zip(chunks, pool.map(_check_chunk, [(c, documented, backward, seed)
                                                                            for c in chunks])):
             if status == "error":

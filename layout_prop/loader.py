@@ -108,10 +108,10 @@ def _not_json(constant: str):
 
 
 def _json_mapping(pairs: list) -> dict:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
         raise ValueError("a key written twice")  # YAML reports it with its position
-    return dict(pairs)
+    return mapping
 
 
 def parse_spec(text: str, source: str = "<spec>") -> dict:

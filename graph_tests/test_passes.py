@@ -217,6 +217,29 @@ def test_redistributions_in_json_have_steps_and_bytes(capsys, tmp_path):
                             "(the greedy sweep moves 384)"]
 
 
+UNEVEN_NON_ASCII = """
+mesh: {shape: [3, 2], names: [dp, tp]}
+inputs:
+  "x\u00e9": {shape: [10, 7, 5], placements: ["S(0)", "S(1)"]}
+  w: {shape: [5, 6], placements: [R, "S(1)"]}
+nodes:
+  - {name: "y\u4e2d", op: matmul, inputs: ["x\u00e9", w]}
+  - {name: z, op: add, inputs: ["y\u4e2d", "y\u4e2d"]}
+outputs: [z]
+"""
+
+
+@pytest.mark.parametrize("reshard, backward", [(False, False), (True, False), (True, True)])
+def test_report_json_is_the_report_dumped_byte_for_byte(reshard, backward):
+    # check --json writes report_json(), which encodes each distinct spec and plan once: the same text
+    from layout_prop.models import llama_spec
+
+    sources = [GRAPHS[name] for name in sorted(GRAPHS)] + [UNEVEN_NON_ASCII, llama_spec(2, seq=9)]
+    for source in sources:
+        analysis = analyze(load_spec(source), reshard=reshard, backward=backward)
+        assert analysis.report_json() == json.dumps(analysis.report(), separators=(",", ":"), allow_nan=False)
+
+
 def test_propagate_cache_makes_repeated_layers_cache_hits():
     layers = "\n".join(
         f"  - {{name: y{i}, op: rope, inputs: [{'x' if i == 0 else f'y{i - 1}'}, cos, sin]}}" for i in range(50))

@@ -24,8 +24,11 @@ Examples
 from __future__ import annotations
 
 import gc
+import json
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from json.encoder import encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii)
 from typing import Any
 
 from . import meta
@@ -48,6 +51,10 @@ class Analysis:
         return self.check.ok
 
     def tensors(self) -> dict[str, Any]:
+        return {name: spec.to_dict() for name, spec in self._tensor_specs().items()}
+
+    def _tensor_specs(self) -> dict[str, Any]:
+        """The spec of every value ``tensors`` reports, by its name there."""
         out = {}
         for node in self.graph.topo_order():
             inserted = node.meta.get(meta.INSERTED_BY)
@@ -59,20 +66,47 @@ class Analysis:
                 if spec is None:
                     continue
                 name = f"grad:{node.meta[meta.GRAD_OF]}" if node.meta.get(meta.GRAD_OF) else value
-                out[name] = spec.to_dict()
+                out[name] = spec
         return out
 
     def report(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "mesh": self.graph.mesh.to_dict(),
-            "tensors": self.tensors(),
-            "violations": [v.to_dict() for v in self.check.violations],
-            "redistributions": [r.to_dict() for r in self.check.redistributions],
-            "total_bytes_per_rank": self.check.total_bytes_per_rank,
-            "memory_per_rank": self.memory().to_dict(),
-            "notes": list(self.notes),
-        }
+        out = self._report_head()
+        out["tensors"] = self.tensors()
+        out["violations"] = [v.to_dict() for v in self.check.violations]
+        out["redistributions"] = [r.to_dict() for r in self.check.redistributions]
+        out.update(self._report_tail())
+        return out
+
+    def _report_head(self) -> dict[str, Any]:
+        return {"ok": self.ok, "mesh": self.graph.mesh.to_dict()}
+
+    def _report_tail(self) -> dict[str, Any]:
+        return {"total_bytes_per_rank": self.check.total_bytes_per_rank,
+                "memory_per_rank": self.memory().to_dict(), "notes": list(self.notes)}
+
+    def report_json(self) -> str:
+        """:meth:`report` as compact JSON, byte for byte ``json.dumps(report(), separators=(",", ":"),
+        allow_nan=False)`` (ValueError on a NaN, as there), written faster on a large graph: each
+        distinct spec and plan is encoded once, not once per tensor or move.
+
+        >>> from layout_prop.loader import load_spec
+        >>> a = analyze(load_spec("mesh: {shape: [2]}\\ninputs: {x: {shape: [4]}}\\nnodes: []"))
+        >>> a.report_json() == json.dumps(a.report(), separators=(",", ":"), allow_nan=False)
+        True
+        """
+        dumps = partial(json.dumps, separators=(",", ":"), allow_nan=False)
+        texts: dict[int, tuple] = {}  # id of a spec -> (the spec, its text): uniqued specs are shared objects
+        tensors = []
+        for name, spec in self._tensor_specs().items():
+            known = texts.get(id(spec))
+            if known is None:
+                known = texts[id(spec)] = (spec, dumps(spec.to_dict()))
+            tensors.append(f"{encode_basestring_ascii(name)}:{known[1]}")
+        plans: dict[int, tuple] = {}
+        moves = [r.to_json(plans) for r in self.check.redistributions]
+        return (f'{dumps(self._report_head())[:-1]},"tensors":{{{",".join(tensors)}}},'
+                f'"violations":{dumps([v.to_dict() for v in self.check.violations])},'
+                f'"redistributions":[{",".join(moves)}],{dumps(self._report_tail())[1:]}')
 
     def memory(self):
         """The bytes every rank holds (:class:`~layout_prop.passes.memory.Memory`), computed once."""
@@ -229,38 +263,51 @@ def _planned(forward: Graph, strategies, propagate, backward: bool) -> Graph | N
 
 def format_table(analysis: Analysis) -> str:
     """A table a person reads at a glance: values, violations, redistributions with bytes."""
-    rep = analysis.report()
-    rows = [("value", "shape", "dtype", "placements", "tensor_map", "local shape")]
-    for name, t in rep["tensors"].items():
-        rows.append((name, str(t["shape"]), t["dtype"], "(" + ", ".join(t["placements"]) + ")",
-                     # a strided shard has no MindSpore tensor_map (JSON null)
-                     "none (strided)" if t["tensor_map"] is None else str(t["tensor_map"]), str(t["local_shape"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    mesh = rep["mesh"]
-    lines = ["mesh " + " x ".join(f"{n}={s}" for n, s in zip(mesh["names"], mesh["shape"]))]
-    for k, r in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    specs = analysis._tensor_specs()
+    columns: dict[int, tuple] = {}  # id of a spec -> (the spec, its columns): each distinct spec written once
+    for spec in specs.values():
+        if id(spec) not in columns:
+            t = spec.to_dict()
+            columns[id(spec)] = (spec, (str(t["shape"]), t["dtype"], "(" + ", ".join(t["placements"]) + ")",
+                                        # a strided shard has no MindSpore tensor_map (JSON null)
+                                        "none (strided)" if t["tensor_map"] is None else str(t["tensor_map"]),
+                                        str(t["local_shape"])))
+    header = ("value", "shape", "dtype", "placements", "tensor_map", "local shape")
+    widths = [max([len(header[0]), *map(len, specs)])] + [
+        max([len(header[i]), *(len(cols[i - 1]) for _, cols in columns.values())]) for i in range(1, len(header))]
+    rests = {key: "  ".join(c.ljust(w) for c, w in zip(cols, widths[1:])).rstrip()  # the row after its name
+             for key, (_, cols) in columns.items()}
+    mesh = analysis.graph.mesh
+    lines = ["mesh " + " x ".join(f"{n}={s}" for n, s in zip(mesh.names, mesh.shape))]
+    lines.append("  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip())
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend(f"{name.ljust(widths[0])}  {rests[id(spec)]}" for name, spec in specs.items())
     lines.append("")
-    if rep["violations"]:
-        lines.append(f"{len(rep['violations'])} violation(s):")
-        for v in rep["violations"]:
+    violations = [v.to_dict() for v in analysis.check.violations]
+    if violations:
+        lines.append(f"{len(violations)} violation(s):")
+        for v in violations:
             lines.append(f"  [{v['code']}] {v['node']} ({v['op']}), input {v['input']} ({v['operand']}): "
                          f"{v['message']}")
             lines.append(f"      fix: {v['hint']}")
     else:
         lines.append("no violations")
-    if rep["redistributions"]:
+    moves = analysis.check.redistributions
+    if moves:
         lines.append("")
         lines.append("redistributions:")
-        for r in rep["redistributions"]:
-            steps = ", ".join(f"{s['kind']}({s['mesh_axis']})" for s in r["steps"]) or "none"
-            lines.append(f"  {r['input']} -> {r['node']}: ({', '.join(r['from'])}) -> ({', '.join(r['to'])}) "
-                         f"by {steps}: {r['bytes_per_rank']} bytes/rank")
-        lines.append(f"  total: {rep['total_bytes_per_rank']} bytes per rank")
+        plans: dict[int, tuple] = {}  # id of a plan -> (the plan, its text): many moves share one plan
+        for move in moves:
+            known = plans.get(id(move.plan))
+            if known is None:
+                r = move.plan.to_dict()
+                steps = ", ".join(f"{s['kind']}({s['mesh_axis']})" for s in r["steps"]) or "none"
+                known = plans[id(move.plan)] = (move.plan, f"({', '.join(r['from'])}) -> ({', '.join(r['to'])}) "
+                                                           f"by {steps}: {r['bytes_per_rank']} bytes/rank")
+            lines.append(f"  {move.input} -> {move.node}: {known[1]}")
+        lines.append(f"  total: {analysis.check.total_bytes_per_rank} bytes per rank")
     lines.append("")
     lines.append(analysis.memory().format())
-    for note in rep["notes"]:
+    for note in analysis.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

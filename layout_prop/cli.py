@@ -447,7 +447,14 @@ def _cmd_check(args) -> int:
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward, backend=args.backend)
     analysis.optimizer = args.optimizer
     if args.json:
-        _print_json(analysis.report())
+        try:  # on one line: the same text, each distinct spec and plan encoded once
+            text = None if sys.stdout.isatty() else analysis.report_json()
+        except ValueError:  # a NaN or an infinity somewhere: _print_json writes null there
+            text = None
+        if text is not None:
+            print(text)
+        else:
+            _print_json(analysis.report())
     else:
         print(format_table(analysis))
     return 0 if analysis.ok else 1

@@ -40,6 +40,9 @@ __all__ = [
 _CONTROL = "\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 _CONTROL_ALL = re.compile(f"[\n{_CONTROL}]")
 _CONTROL_BUT_NEWLINE = re.compile(f"[{_CONTROL}]")
+#: the ASCII characters that are not in _CONTROL, without and with the line break
+_PLAIN_ASCII = bytes(range(0x20, 0x7f))
+_PLAIN_ASCII_NEWLINE = _PLAIN_ASCII + b"\n"
 
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -67,6 +70,8 @@ def printable(text: str, *, newlines: bool = False) -> str:
     >>> printable("line 1\\nline 2", newlines=True)
     'line 1\\nline 2'
     """
+    if text.isascii() and not text.encode("ascii").translate(None, _PLAIN_ASCII_NEWLINE if newlines else _PLAIN_ASCII):
+        return text  # nothing to escape (found in C: a fifth of the pattern's time on a long report)
     pattern = _CONTROL_BUT_NEWLINE if newlines else _CONTROL_ALL
     return pattern.sub(_escape_char, text)
 

@@ -193,11 +193,13 @@ class Graph:
                 raise GraphError("duplicate-name", f"node {node.name!r} would define value {value!r}, which "
                                  f"already exists", node=node.name,
                                  hint="names with ':' clash with the values of multi-output nodes; rename it")
+        nodes = self._nodes
         for i, value in enumerate(node.inputs):
-            if not self.has_value(value):
+            producer = nodes.get(value)  # the common value: a single-output node's (has_value, inlined)
+            if (producer is None or producer.num_outputs != 1) and not self.has_value(value):
                 raise GraphError("undefined-value", f"input {i} of {node.name!r} refers to undefined value {value!r}",
                                  node=node.name, input=value, hint="define a value before using it")
-        self._nodes[node.name] = node
+        nodes[node.name] = node
         self._uses = self._nx = None  # indexes rebuilt on demand
         return node.outputs
 

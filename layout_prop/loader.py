@@ -39,7 +39,7 @@ from .graph import Graph, Node, split_value
 from .layout import Layout
 from .mesh import MAX_MESH_AXES, MAX_RANKS, MAX_TENSOR_RANK, DeviceMesh
 from .placement import parse_placement
-from .registry import get_rule
+from .registry import OpRule, get_rule
 from .spec import TensorSpec, check_dtype
 
 __all__ = ["load_spec", "parse_spec", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
@@ -61,6 +61,7 @@ TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
 MESH_KEYS = {"shape", "names", "links"}
 INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
 NODE_KEYS = {"name", "op", "inputs", "attrs"}
+NODE_REQUIRED = {"name", "op"}
 
 
 def _err(code: str, message: str, path: str, hint: str) -> SpecError:
@@ -107,10 +108,10 @@ def _not_json(constant: str):
 
 
 def _json_mapping(pairs: list) -> dict:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
         raise ValueError("a key written twice")  # YAML reports it with its position
-    return dict(pairs)
+    return mapping
 
 
 def parse_spec(text: str, source: str = "<spec>") -> dict:
@@ -406,6 +407,8 @@ def _is_path(text: str) -> bool:
 
 
 def _check_keys(obj: Any, allowed: set, required: set, path: str) -> None:
+    if type(obj) is dict and allowed.issuperset(obj) and obj.keys() >= required:  # the common case, in C
+        return
     if not isinstance(obj, dict):
         raise _err("bad-type", f"expected a mapping, got {type(obj).__name__} {cut(obj)}", path,
                    "write a mapping such as {key: value}")
@@ -547,7 +550,14 @@ RESERVED_CHARS = (":", "@", "#")  # value indexes, and the names lowering gives 
 RESERVED_PREFIXES = ("grad:", "grad/", "cotangent/")  # the names the backward pass gives its values
 
 
+#: a name that passes every check of :func:`_check_name` at once (no control or reserved character,
+#: so no reserved prefix either), when it is at most MAX_NAME long
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
 def _check_name(name: Any, path: str) -> str:
+    if type(name) is str and len(name) <= MAX_NAME and _PLAIN_NAME.fullmatch(name):  # the common name
+        return name
     if not isinstance(name, str) or not name:
         raise _err("bad-name", f"name {cut(name)} is not a non-empty string", path, "name values like x, q_rot, l0_h")
     if _UNPRINTABLE.search(name):
@@ -570,9 +580,11 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
                    "write nodes as a list of {name, op, inputs, attrs}")
     seen: dict[str, int] = {}
     out = []
+    rules: dict[str, tuple] = {}  # op -> (rule, its arity, whether it checks attrs as OpRule does), once per op
+    checked: set[tuple] = set()  # (op, attr names) that passed OpRule's check, with no null value
     for i, nd in enumerate(data):
         path = f"nodes[{i}]"
-        _check_keys(nd, NODE_KEYS, {"name", "op"}, path)
+        _check_keys(nd, NODE_KEYS, NODE_REQUIRED, path)
         name = _check_name(nd["name"], f"{path}.name")
         if name in defined or name in seen:
             raise _err("duplicate-name", f"name {cut(name)} is defined twice", f"{path}.name",
@@ -580,10 +592,14 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
         seen[name] = i
         if not isinstance(nd["op"], str):
             raise _err("bad-type", f"op must be a string, got {cut(nd['op'])}", f"{path}.op", "write op: add")
-        try:
-            rule = get_rule(nd["op"], node=name)
-        except LayoutPropError as err:
-            raise SpecError(err.code, err.message, path=f"{path}.op", node=name, hint=err.hint) from None
+        known = rules.get(nd["op"])
+        if known is None:
+            try:
+                rule = get_rule(nd["op"], node=name)
+            except LayoutPropError as err:
+                raise SpecError(err.code, err.message, path=f"{path}.op", node=name, hint=err.hint) from None
+            known = rules[nd["op"]] = (rule, rule.arity(), type(rule).normalize_attrs is OpRule.normalize_attrs)
+        rule, (low, high), plain = known
         inputs = nd.get("inputs", [])
         if not isinstance(inputs, list) or not all(isinstance(v, str) for v in inputs):
             raise _err("bad-type", f"inputs must be a list of value names, got {cut(inputs)}", f"{path}.inputs",
@@ -592,18 +608,26 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
         if not isinstance(attrs, dict):
             raise _err("bad-type", f"attrs must be a mapping, got {cut(attrs)}", f"{path}.attrs",
                        "write attrs: {mode: 0}")
-        _check_attr_values(attrs, f"{path}.attrs")
-        try:
-            attrs = rule.normalize_attrs(attrs, name)
-        except LayoutPropError as err:
-            raise SpecError(err.code, err.message, path=f"{path}.attrs", node=name, hint=err.hint) from None
-        low, high = rule.arity()
+        if attrs:
+            _check_attr_values(attrs, f"{path}.attrs")
+        # OpRule's check depends on the attr names only when no value is null: each set of names is checked once
+        key = (nd["op"], tuple(attrs)) if plain and None not in attrs.values() else None
+        if key is None or key not in checked:
+            try:
+                rule.normalize_attrs(attrs, name)
+            except LayoutPropError as err:
+                raise SpecError(err.code, err.message, path=f"{path}.attrs", node=name, hint=err.hint) from None
+            if key is not None:
+                checked.add(key)
         if len(inputs) < low or (high is not None and len(inputs) > high):
             raise SpecError("bad-arity", f"op {rule.name!r} takes {rule.arity_text()}, got {len(inputs)}",
                             path=f"{path}.inputs", node=name, hint=f"give {rule.name} {rule.arity_text()}")
         out.append((i, {"name": name, "op": rule.name, "inputs": inputs, "attrs": nd.get("attrs", {}) or {}},
                     rule))
     return out
+
+
+_SCALARS = frozenset((int, float, bool, type(None)))
 
 
 def _check_attr_values(attrs: dict, path: str) -> None:
@@ -618,12 +642,13 @@ def _check_attr_values(attrs: dict, path: str) -> None:
                 if not isinstance(key, str):
                     raise _err("bad-attr", f"attribute key {cut(key)} is of type {type(key).__name__}, not a string",
                                where, "write attribute names as strings")
-                stack.append((item, f"{where}.{printable(key[:100])}"))
+                if type(item) not in _SCALARS:  # (a number, a boolean or null is fine as it is)
+                    stack.append((item, f"{where}.{printable(key[:100])}"))
         elif isinstance(value, list):
             if len(value) > MAX_ATTR_ITEMS:
                 raise _err("bad-attr", f"attribute value {cut(value)} has {len(value)} items, over the limit "
                            f"{MAX_ATTR_ITEMS}", where, "attributes are a few numbers or names")
-            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value))
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(value) if type(item) not in _SCALARS)
         elif isinstance(value, str) and len(value) > MAX_ATTR_ITEMS:
             raise _err("bad-attr", f"attribute value {cut(value)} is {len(value)} characters long, over the limit "
                        f"{MAX_ATTR_ITEMS}", where, "attributes are a few numbers or names")
@@ -638,14 +663,16 @@ def _order(nodes, g: Graph) -> list:
     for i, nd, rule in nodes:
         for k in range(rule.num_outputs):
             producers[nd["name"] if rule.num_outputs == 1 else f"{nd['name']}:{k}"] = i
-    deps: dict[int, set[int]] = {}
+    inputs = {node.name for node in g.inputs()}  # the values g holds so far (inputs: one value each)
+    in_order = True  # as written: every value defined before its use (the common case: no deps to sort)
     for i, nd, rule in nodes:
-        deps[i] = set()
         for j, value in enumerate(nd["inputs"]):
-            if g.has_value(value):
+            if value in inputs:
                 continue
-            if value in producers:
-                deps[i].add(producers[value])
+            producer = producers.get(value)
+            if producer is not None:
+                if producer >= i:
+                    in_order = False
                 continue
             base, _ = split_value(value)
             hint = "define the value as an input or a node before using it"
@@ -654,8 +681,9 @@ def _order(nodes, g: Graph) -> list:
             raise SpecError("undefined-value",
                             f"input {j} of node {cut(nd['name'])} is {cut(value)}, which is not defined",
                             path=f"nodes[{i}].inputs[{j}]", node=nd["name"], input=value, hint=hint)
-    if all(d < i for i, _, _ in nodes for d in deps[i]):  # as written: every value defined before its use
+    if in_order:
         return list(nodes)
+    deps = {i: {producers[value] for value in nd["inputs"] if value not in inputs} for i, nd, _ in nodes}
     # Depth-first, deps in index order, iteratively: a long chain given in reverse order
     # must not hit Python's recursion limit, and no closure may keep the spec alive in a cycle.
     nodes_by = {i: nd for i, nd, _ in nodes}

@@ -23,7 +23,9 @@ Examples
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii)
 from typing import Any
 
 from layout_prop import meta
@@ -50,6 +52,16 @@ class Redistribution:
         d = {"node": self.node, "input": self.input}
         d.update(self.plan.to_dict())
         return d
+
+    def to_json(self, plans: dict[int, tuple]) -> str:
+        """``to_dict()`` as compact JSON (``json.dumps(to_dict(), separators=(",", ":"))``); ``plans``
+        remembers each plan's text by identity, for the many moves that share one plan."""
+        known = plans.get(id(self.plan))
+        if known is None:
+            known = plans[id(self.plan)] = (self.plan, json.dumps(self.plan.to_dict(), separators=(",", ":"),
+                                                                  allow_nan=False))
+        return f'{{"node":{encode_basestring_ascii(self.node)},"input":{encode_basestring_ascii(self.input)},' \
+               f'{known[1][1:]}'
 
 
 @dataclass

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 
 from layout_prop import meta
@@ -56,7 +56,7 @@ from layout_prop.spec import TensorSpec
 
 from .propagate import value_spec
 
-__all__ = ["Lower", "LocalOp", "Program", "LowerResult"]
+__all__ = ["Lower", "LocalOp", "Program", "LowerResult", "local_ops"]
 
 #: The local op kind of each step that needs no communication.
 _LOCAL_OP_KIND = {"local-slice": "slice", "local-partial": "local"}
@@ -179,7 +179,8 @@ class Lower:
     ----------
     localize : bool
         Give every kernel op its per-rank attrs (default).  ``False`` leaves ``attrs`` empty:
-        the ops, values and specs only, for analyses that execute nothing (memory).
+        the ops, values and specs only, for analyses that execute nothing (the memory pass
+        reads :func:`local_ops` instead, without building a program).
     """
 
     name = "lower"
@@ -189,80 +190,156 @@ class Lower:
 
     def run(self, graph: Graph) -> LowerResult:
         prog = Program(graph.mesh)
-        for node in graph.topo_order():
-            if node.is_input:
-                spec = node.meta[meta.SPECS][0]
-                prog.add(LocalOp(node.name, "input", "input", (), (node.name,), (spec,), source=node.name))
+        size = graph.mesh.size
+        for name, kind, op, inputs, outputs, specs, step, source, node, rule, in_specs in local_ops(graph):
+            if node is None:
+                # an identity kernel (a redistribute node with no step) holds an empty dict per rank
+                attrs = tuple({} for _ in range(size)) if kind == "kernel" else ()
+                prog.add(LocalOp(name, kind, op, inputs, outputs, specs, attrs, step=step, source=source))
                 continue
-            violations = node.meta.get(meta.VIOLATIONS, ())
-            if violations or any(s is None for s in node.meta[meta.SPECS]):
-                v = violations[0] if violations else None
-                raise ExecutionError(
-                    "unresolved-violation",
-                    f"node {node.name!r} cannot be lowered: {v if v else 'its inputs are unusable'}",
-                    node=node.name, hint="fix the violations first, or let run apply --reshard")
-            if node.op == "redistribute":
-                self._redistribute(prog, graph, node)
-                continue
-            args = []
-            rule = get_rule(node.op)
-            in_specs = []
-            for i, (value, want) in enumerate(zip(node.inputs, node.meta.get(meta.WANTS, ()))):
-                src = value_spec(graph, value)
-                if want is None or want == src.layout:
-                    args.append(value)
-                    in_specs.append(src)
-                    continue
-                plan = plan_redistribution(src, want)
-                if not plan.is_free:
-                    raise ExecutionError("unresolved-violation", f"input {value!r} of {node.name!r} needs "
-                                         f"communication ({src.layout} -> {want})", node=node.name, input=value,
-                                         hint="run the reshard pass first")
-                args.append(self._steps(prog, value, plan.steps, self._fresh(prog, f"{value}@{node.name}"),
-                                        node.name))
-                in_specs.append(plan.dst)
-            out_specs = node.meta[meta.SPECS]
             attrs = node.meta[meta.ATTRS]
             if not self.localize:
                 per_rank = ()
             elif type(rule).localize is OpRule.localize:  # the same attrs on every rank: one dict, shared
-                per_rank = (dict(attrs),) * graph.mesh.size
+                per_rank = (dict(attrs),) * size
             else:
-                per_rank = tuple(rule.localize(attrs, tuple(in_specs), out_specs, r) for r in range(graph.mesh.size))
-            prog.add(LocalOp(node.name, "kernel", rule.name, tuple(args), node.outputs, out_specs, per_rank,
-                             source=node.name))
+                if in_specs is None:  # no input was sliced: the kernel reads the values as they are
+                    in_specs = tuple(value_spec(graph, value) for value in inputs)
+                per_rank = tuple(rule.localize(attrs, in_specs, specs, r) for r in range(size))
+            prog.add(LocalOp(name, kind, op, inputs, outputs, specs, per_rank, source=source))
         prog.outputs = {v: v for v in graph.outputs}
         return LowerResult(prog)
 
-    def _redistribute(self, prog: Program, graph: Graph, node) -> None:
-        src = value_spec(graph, node.inputs[0])
-        dst = node.meta[meta.SPECS][0]
-        plan = plan_redistribution(src, dst.layout)
-        if not plan.steps:
-            attrs = tuple({} for _ in range(graph.mesh.size))
-            prog.add(LocalOp(node.name, "kernel", "identity", node.inputs, (node.name,), (dst,), attrs,
-                             source=node.name))
-            return
-        self._steps(prog, node.inputs[0], plan.steps, node.name, node.name)
 
-    @staticmethod
-    def _fresh(prog: Program, base: str) -> str:
-        """A local value name no op of the program uses yet."""
-        name, i = base, 1
-        while name in prog.specs:
-            i += 1
-            name = f"{base}.{i}"
-        return name
+def local_ops(graph: Graph) -> Iterator[tuple]:
+    """The ops of ``graph``'s lowered program, in order, as plain tuples: what :class:`Lower`
+    makes its :class:`LocalOp` of, and what analyses that only walk the program (memory) read
+    without building a program.
 
-    @staticmethod
-    def _steps(prog: Program, value: str, steps, final: str, source: str) -> str:
-        current = value
-        for k, step in enumerate(steps):
-            name = final if k == len(steps) - 1 else Lower._fresh(prog, f"{final}#{k}")
-            kind = _LOCAL_OP_KIND.get(step.kind, "collective")
-            if kind == "slice" and step.dst.layout.has_strided and not step.dst.layout.placements[step.mesh_axis]\
-                    .is_shard():
-                kind = "local"  # a strided slice keeps several ranges: not the plain chunk of a "slice" op
-            prog.add(LocalOp(name, kind, step.kind, (current,), (name,), (step.dst,), step=step, source=source))
-            current = name
-        return current
+    Each is ``(name, kind, op, inputs, outputs, specs, step, source, node, rule, in_specs)``;
+    ``node`` and ``rule`` are set for the kernel op of a graph node (None for inputs, steps and
+    the identity of a redistribute node without steps), ``in_specs`` when its inputs were
+    sliced first (None: the kernel reads its inputs as they are).
+
+    Raises ``ExecutionError`` (``unresolved-violation``) as :class:`Lower` does.
+    """
+    defined: set[str] = set()  # every local value so far (the fresh names of slices and steps avoid them)
+    env: dict[str, TensorSpec] = {}  # the spec of every graph value so far (value_spec, without the lookups)
+    rules: dict[str, OpRule] = {}  # op -> rule, looked up once per op
+    moves: dict[tuple[int, int], tuple] = {}  # (id of a spec, id of a wanted layout) -> (spec, layout, plan)
+    for node in graph.topo_order():
+        m = node.meta
+        out_specs = m[meta.SPECS]
+        if node.is_input:
+            defined.add(node.name)
+            env[node.name] = out_specs[0]
+            yield node.name, "input", "input", (), (node.name,), (out_specs[0],), None, node.name, None, None, None
+            continue
+        violations = m.get(meta.VIOLATIONS, ())
+        if violations or _has_none(out_specs):
+            v = violations[0] if violations else None
+            raise ExecutionError(
+                "unresolved-violation",
+                f"node {node.name!r} cannot be lowered: {v if v else 'its inputs are unusable'}",
+                node=node.name, hint="fix the violations first, or let run apply --reshard")
+        if node.op == "redistribute":
+            src = _spec_of(env, graph, node.inputs[0])
+            dst = out_specs[0]
+            plan = plan_redistribution(src, dst.layout)
+            if not plan.steps:
+                yield node.name, "kernel", "identity", node.inputs, (node.name,), (dst,), None, node.name, None, \
+                    None, None
+            else:
+                yield from _steps(defined, node.inputs[0], plan.steps, node.name, node.name)
+            defined.add(node.name)
+            env[node.name] = dst
+            continue
+        rule = rules.get(node.op)
+        if rule is None:
+            rule = rules[node.op] = get_rule(node.op)
+        wants = m.get(meta.WANTS, ())
+        args = in_specs = None  # None while every input is read as it is
+        if len(wants) != len(node.inputs):
+            args, in_specs = [], []
+        for i, (value, want) in enumerate(zip(node.inputs, wants)):
+            src = env.get(value)
+            if src is None:
+                src = value_spec(graph, value)  # (which raises for a value no node makes)
+            if want is None or want is src.layout or want == src.layout:
+                if args is not None:
+                    args.append(value)
+                    in_specs.append(src)
+                continue
+            move = moves.get((id(src), id(want)))  # specs and layouts are uniqued: mostly the same objects
+            if move is None:  # (both held in the entry, so that their ids stay theirs)
+                plan = plan_redistribution(src, want)
+                move = moves[id(src), id(want)] = (src, want, plan, plan.is_free)
+            plan = move[2]
+            if not move[3]:
+                raise ExecutionError("unresolved-violation", f"input {value!r} of {node.name!r} needs "
+                                     f"communication ({src.layout} -> {want})", node=node.name, input=value,
+                                     hint="run the reshard pass first")
+            if args is None:  # the first input to slice: the ones before it are read as they are
+                args = list(node.inputs[:i])
+                in_specs = [_spec_of(env, graph, v) for v in args]
+            local = f"{value}@{node.name}"
+            if local in defined:
+                local = _fresh(defined, local)
+            if len(plan.steps) == 1:  # the common move: one local slice
+                step = plan.steps[0]
+                defined.add(local)
+                yield local, _kind(step), step.kind, (value,), (local,), (step.dst,), step, node.name, None, None, \
+                    None
+            else:
+                local = yield from _steps(defined, value, plan.steps, local, node.name)  # no steps: value itself
+            args.append(local)
+            in_specs.append(plan.dst)
+        yield node.name, "kernel", rule.name, node.inputs if args is None else tuple(args), node.outputs, \
+            out_specs, None, node.name, node, rule, None if in_specs is None else tuple(in_specs)
+        if len(out_specs) == 1:
+            defined.add(node.name)
+            env[node.name] = out_specs[0]
+        else:
+            defined.update(node.outputs)
+            env.update(zip(node.outputs, out_specs))
+
+
+def _has_none(specs: tuple) -> bool:
+    for spec in specs:  # identity only: ``None in specs`` would call TensorSpec.__eq__ on each
+        if spec is None:
+            return True
+    return False
+
+
+def _kind(step: Step) -> str:
+    """The local op kind of a plan's step."""
+    kind = _LOCAL_OP_KIND.get(step.kind, "collective")
+    if kind == "slice" and step.dst.layout.has_strided and not step.dst.layout.placements[step.mesh_axis].is_shard():
+        kind = "local"  # a strided slice keeps several ranges: not the plain chunk of a "slice" op
+    return kind
+
+
+def _spec_of(env: dict, graph: Graph, value: str) -> TensorSpec:
+    spec = env.get(value)
+    return value_spec(graph, value) if spec is None else spec  # (which raises for a value no node makes)
+
+
+def _fresh(defined: set[str], base: str) -> str:
+    """A local value name no op of the program uses yet."""
+    name, i = base, 1
+    while name in defined:
+        i += 1
+        name = f"{base}.{i}"
+    return name
+
+
+def _steps(defined: set[str], value: str, steps, final: str, source: str):
+    """Yield one local op per step of a plan from ``value`` to ``final``; returns ``final``."""
+    current = value
+    for k, step in enumerate(steps):
+        name = final if k == len(steps) - 1 else _fresh(defined, f"{final}#{k}")
+        kind = _kind(step)
+        defined.add(name)
+        yield name, kind, step.kind, (current,), (name,), (step.dst,), step, source, None, None, None
+        current = name
+    return current

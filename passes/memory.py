@@ -41,11 +41,11 @@ Examples
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from layout_prop import meta
 from layout_prop.errors import LayoutPropError, SpecError
-from layout_prop.graph import Graph, last_uses
+from layout_prop.graph import Graph
 
 __all__ = ["Memory", "MemoryReport", "RankMemory", "OPTIMIZERS", "optimizer_states_per_parameter"]
 
@@ -155,31 +155,33 @@ class Memory:
         grads = {n.name for n in graph.nodes if n.meta.get(meta.GRAD_OF)}
         steps, lowered = _steps(graph)
         persistent = {n.name for n in params} | grads
-        keep = set(graph.outputs)
-        dying = last_uses(steps, keep)
+        last = _last_uses(steps, set(graph.outputs))
         # ranks whose pieces have the same bytes in every spec have the same memory: walk the
-        # program once per such class of ranks (once in all when every shard is even)
-        specs = {spec: None for step in steps for spec in step.specs if spec is not None}  # equal specs once
-        specs.update((n.meta[meta.SPECS][0], None) for n in params)
+        # program once per such class of ranks (once in all when every shard is even).  Specs
+        # are keyed by identity (uniqued specs are mostly one object; equal ones have equal bytes)
+        specs = {id(spec): spec for _, _, out_specs in steps for spec in out_specs if spec is not None}
+        specs.update((id(n.meta[meta.SPECS][0]), n.meta[meta.SPECS][0]) for n in params)
         classes: dict[tuple, list[int]] = {}
         for rank in range(graph.mesh.size):
-            classes.setdefault(tuple(spec.local_nbytes(rank) for spec in specs), []).append(rank)
+            classes.setdefault(tuple(spec.local_nbytes(rank) for spec in specs.values()), []).append(rank)
         by_rank: dict[int, RankMemory] = {}
         for members in classes.values():
             rank = members[0]
-            p = sum(n.meta[meta.SPECS][0].local_nbytes(rank) for n in params)
+            nbytes = {key: spec.local_nbytes(rank) for key, spec in specs.items()}
+            p = sum(nbytes[id(n.meta[meta.SPECS][0])] for n in params)
+            # a value is alive from the op that makes it to its last use: freed[i], the bytes that die at op i
+            freed = [0] * (len(steps) + 1)
             live = peak = 0
-            sizes: dict[str, int] = {}
-            for index, step in enumerate(steps):
-                for value, spec in zip(step.outputs, step.specs):
-                    if value in persistent or spec is None:
+            for index, (_, outputs, out_specs) in enumerate(steps):
+                for value, spec in zip(outputs, out_specs):
+                    if spec is None or value in persistent:
                         continue
-                    sizes[value] = spec.local_nbytes(rank)
-                    live += sizes[value]
+                    size = nbytes[id(spec)]
+                    live += size
+                    freed[last[value]] += size
                 if live > peak:
                     peak = live
-                for value in dying.get(index, ()):
-                    live -= sizes.pop(value, 0)
+                live -= freed[index]
             for member in members:
                 by_rank[member] = RankMemory(member, p, p, self.states * p, peak)
         ranks = [by_rank[r] for r in range(graph.mesh.size)]
@@ -187,23 +189,34 @@ class Memory:
         return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
 
 
-@dataclass(frozen=True)
-class _Step:
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    specs: tuple
-
-
-def _steps(graph: Graph) -> tuple[Sequence, bool]:
-    """The lowered program's ops when the graph lowers, else the graph's nodes (as steps)."""
-    from .lower import Lower
+def _steps(graph: Graph) -> tuple[list[tuple], bool]:
+    """``(inputs, outputs, specs)`` of every op of the lowered program when the graph lowers
+    (the program's ops, not built: :func:`~layout_prop.passes.lower.local_ops`), else of the
+    graph's nodes."""
+    from .lower import local_ops
 
     if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
         try:
-            return Lower(localize=False).run(graph).program.ops, True
+            return [(op[3], op[4], op[5]) for op in local_ops(graph)], True
         except LayoutPropError:
             pass
-    return [_Step(n.inputs, n.outputs, tuple(n.meta.get(meta.SPECS, ()))) for n in graph.topo_order()], False
+    return [(n.inputs, n.outputs, tuple(n.meta.get(meta.SPECS, ()))) for n in graph.topo_order()], False
+
+
+def _last_uses(steps: list[tuple], keep: set[str]) -> dict[str, int]:
+    """Value -> the index of the last step that reads or makes it (``len(steps)`` for the
+    values in ``keep``, which stay to the end): :func:`~layout_prop.graph.last_uses` by value."""
+    last: dict[str, int] = {}
+    for index, (inputs, outputs, _) in enumerate(steps):
+        for value in inputs:
+            last[value] = index
+        for value in outputs:
+            last[value] = index
+    end = len(steps)
+    for value in keep:
+        if value in last:
+            last[value] = end
+    return last
 
 
 def _is_cotangent(name: str) -> bool:

@@ -203,6 +203,18 @@ class Graph:
         self._uses = self._nx = None  # indexes rebuilt on demand
         return node.outputs
 
+    def extend_checked(self, nodes: Iterable[Node]) -> None:
+        """Append op nodes that the caller has already checked as :meth:`add_node` would.
+
+        For a builder that checks a whole list at once (the spec loader): the nodes come
+        in order, their names and values are new and distinct, and every input is a value
+        defined before it.  Nothing is checked again here; :meth:`lint` checks the result.
+        """
+        table = self._nodes
+        for node in nodes:
+            table[node.name] = node
+        self._uses = self._nx = None
+
     @property
     def nx(self) -> "nx.MultiDiGraph":
         """The networkx view: a node per graph node (data ``node``), an edge per use.

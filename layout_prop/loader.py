@@ -574,12 +574,17 @@ def _check_name(name: Any, path: str) -> str:
     return name
 
 
-def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
+def _nodes(data: Any, defined: set[str]) -> tuple[list[tuple[int, Node]], bool]:
+    """Every node of the spec, checked on its own, as ``(index, Node)``, and whether they come in
+    order (every input an input of the graph or an output of a node written before: the common
+    case, in which :func:`_order` has nothing to sort and nothing to report)."""
     if not isinstance(data, list):
         raise _err("bad-type", f"nodes must be a list, got {type(data).__name__}", "nodes",
                    "write nodes as a list of {name, op, inputs, attrs}")
     seen: dict[str, int] = {}
     out = []
+    values = set(defined)  # the values defined so far, while the nodes come in order
+    in_order = True
     rules: dict[str, tuple] = {}  # op -> (rule, its arity, whether it checks attrs as OpRule does), once per op
     checked: set[tuple] = set()  # (op, attr names) that passed OpRule's check, with no null value
     for i, nd in enumerate(data):
@@ -590,18 +595,19 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
             raise _err("duplicate-name", f"name {cut(name)} is defined twice", f"{path}.name",
                        "give every input and node a distinct name")
         seen[name] = i
-        if not isinstance(nd["op"], str):
-            raise _err("bad-type", f"op must be a string, got {cut(nd['op'])}", f"{path}.op", "write op: add")
-        known = rules.get(nd["op"])
+        op = nd["op"]
+        known = rules.get(op) if type(op) is str else None
         if known is None:
+            if not isinstance(op, str):
+                raise _err("bad-type", f"op must be a string, got {cut(op)}", f"{path}.op", "write op: add")
             try:
-                rule = get_rule(nd["op"], node=name)
+                rule = get_rule(op, node=name)
             except LayoutPropError as err:
                 raise SpecError(err.code, err.message, path=f"{path}.op", node=name, hint=err.hint) from None
-            known = rules[nd["op"]] = (rule, rule.arity(), type(rule).normalize_attrs is OpRule.normalize_attrs)
+            known = rules[op] = (rule, rule.arity(), type(rule).normalize_attrs is OpRule.normalize_attrs)
         rule, (low, high), plain = known
         inputs = nd.get("inputs", [])
-        if not isinstance(inputs, list) or not all(isinstance(v, str) for v in inputs):
+        if type(inputs) is not list or not _all_str(inputs):
             raise _err("bad-type", f"inputs must be a list of value names, got {cut(inputs)}", f"{path}.inputs",
                        "write inputs: [x, cos, sin]")
         attrs = nd.get("attrs", {}) or {}
@@ -611,7 +617,7 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
         if attrs:
             _check_attr_values(attrs, f"{path}.attrs")
         # OpRule's check depends on the attr names only when no value is null: each set of names is checked once
-        key = (nd["op"], tuple(attrs)) if plain and None not in attrs.values() else None
+        key = (op, tuple(attrs)) if plain and None not in attrs.values() else None
         if key is None or key not in checked:
             try:
                 rule.normalize_attrs(attrs, name)
@@ -622,9 +628,23 @@ def _nodes(data: Any, defined: set[str]) -> list[tuple[int, dict, Any]]:
         if len(inputs) < low or (high is not None and len(inputs) > high):
             raise SpecError("bad-arity", f"op {rule.name!r} takes {rule.arity_text()}, got {len(inputs)}",
                             path=f"{path}.inputs", node=name, hint=f"give {rule.name} {rule.arity_text()}")
-        out.append((i, {"name": name, "op": rule.name, "inputs": inputs, "attrs": nd.get("attrs", {}) or {}},
-                    rule))
-    return out
+        node = Node(name, rule.name, tuple(inputs), dict(attrs), rule.num_outputs)
+        if in_order:
+            if values.issuperset(inputs):
+                values.update(node.outputs)
+            else:
+                in_order = False
+        out.append((i, node))
+    return out, in_order
+
+
+def _all_str(items: list) -> bool:
+    """Whether every item is a string (``str.join`` checks it in C)."""
+    try:
+        "".join(items)
+    except TypeError:
+        return False
+    return True
 
 
 _SCALARS = frozenset((int, float, bool, type(None)))
@@ -657,16 +677,13 @@ def _check_attr_values(attrs: dict, path: str) -> None:
                        "write numbers, strings, booleans, lists and mappings (no !!set, dates or binary)")
 
 
-def _order(nodes, g: Graph) -> list:
+def _order(nodes: list[tuple[int, Node]], g: Graph) -> list[tuple[int, Node]]:
     """Order nodes so every value is defined before use; report undefined values and cycles."""
-    producers = {}
-    for i, nd, rule in nodes:
-        for k in range(rule.num_outputs):
-            producers[nd["name"] if rule.num_outputs == 1 else f"{nd['name']}:{k}"] = i
+    producers = {value: i for i, node in nodes for value in node.outputs}
     inputs = {node.name for node in g.inputs()}  # the values g holds so far (inputs: one value each)
-    in_order = True  # as written: every value defined before its use (the common case: no deps to sort)
-    for i, nd, rule in nodes:
-        for j, value in enumerate(nd["inputs"]):
+    in_order = True  # as written: every value defined before its use (no deps to sort)
+    for i, node in nodes:
+        for j, value in enumerate(node.inputs):
             if value in inputs:
                 continue
             producer = producers.get(value)
@@ -679,17 +696,17 @@ def _order(nodes, g: Graph) -> list:
             if base in producers or base in g:
                 hint = f"{cut(base)} has several outputs: name one as {base}:0, {base}:1, ..."
             raise SpecError("undefined-value",
-                            f"input {j} of node {cut(nd['name'])} is {cut(value)}, which is not defined",
-                            path=f"nodes[{i}].inputs[{j}]", node=nd["name"], input=value, hint=hint)
+                            f"input {j} of node {cut(node.name)} is {cut(value)}, which is not defined",
+                            path=f"nodes[{i}].inputs[{j}]", node=node.name, input=value, hint=hint)
     if in_order:
         return list(nodes)
-    deps = {i: {producers[value] for value in nd["inputs"] if value not in inputs} for i, nd, _ in nodes}
+    deps = {i: {producers[value] for value in node.inputs if value not in inputs} for i, node in nodes}
     # Depth-first, deps in index order, iteratively: a long chain given in reverse order
     # must not hit Python's recursion limit, and no closure may keep the spec alive in a cycle.
-    nodes_by = {i: nd for i, nd, _ in nodes}
+    nodes_by = {i: node for i, node in nodes}
     state: dict[int, int] = {}  # 1: on the current path, 2: placed
     done: list[int] = []
-    for root, _, _ in nodes:
+    for root, _ in nodes:
         if state.get(root) == 2:
             continue
         state[root] = 1
@@ -701,9 +718,9 @@ def _order(nodes, g: Graph) -> list:
                     continue
                 if state.get(d) == 1:
                     on_path = [k for k, _ in path]
-                    names = [nodes_by[k]["name"] for k in on_path[on_path.index(d):]] + [nodes_by[d]["name"]]
+                    names = [nodes_by[k].name for k in on_path[on_path.index(d):]] + [nodes_by[d].name]
                     raise SpecError("cycle", f"nodes form a cycle: {' -> '.join(names)}", path=f"nodes[{d}]",
-                                    node=nodes_by[d]["name"], hint="a value cannot depend on itself; break the loop")
+                                    node=nodes_by[d].name, hint="a value cannot depend on itself; break the loop")
                 state[d] = 1
                 path.append((d, iter(sorted(deps[d]))))
                 break
@@ -711,8 +728,8 @@ def _order(nodes, g: Graph) -> list:
                 path.pop()
                 state[i] = 2
                 done.append(i)
-    by_index = {i: (i, nd, rule) for i, nd, rule in nodes}
-    return [by_index[i] for i in done]
+    by_index = dict(nodes)
+    return [(i, by_index[i]) for i in done]
 
 
 def _build(data: dict) -> Graph:
@@ -729,12 +746,15 @@ def _build(data: dict) -> Graph:
     for name, spec in inputs.items():
         _check_name(name, f"inputs.{name}")
         _input(g, name, spec, f"inputs.{name}")
-    nodes = _nodes(data["nodes"], set(inputs))
-    for i, nd, rule in _order(nodes, g):
-        try:
-            g.add_node(Node(nd["name"], nd["op"], tuple(nd["inputs"]), dict(nd["attrs"]), rule.num_outputs))
-        except GraphError as err:
-            raise SpecError(err.code, err.message, path=f"nodes[{i}]", node=nd["name"], hint=err.hint) from None
+    nodes, in_order = _nodes(data["nodes"], set(inputs))
+    if in_order:  # names distinct and every input defined before its use: checked above, node by node
+        g.extend_checked(node for _, node in nodes)
+    else:
+        for i, node in _order(nodes, g):
+            try:
+                g.add_node(node)
+            except GraphError as err:
+                raise SpecError(err.code, err.message, path=f"nodes[{i}]", node=node.name, hint=err.hint) from None
     outputs = data.get("outputs")
     if outputs is None:
         used = {v for n in g.nodes for v in n.inputs}

@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from layout_prop import meta
 from layout_prop.api import analyze
@@ -124,3 +126,23 @@ def test_run_json_reports_the_memory_check_reports(tmp_path, capsys):
     assert main(["run", str(path), "--backward", "--json"]) == 0
     ran = json.loads(capsys.readouterr().out)["memory_per_rank"]
     assert ran == checked and ran["includes_backward"] and ran["total"] > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 4), st.integers(0, 3)), max_size=40),
+       st.lists(st.integers(0, 2 ** 40), min_size=4, max_size=4), st.booleans())
+def test_peak_is_the_most_bytes_alive_at_one_op(values, nbytes, huge):
+    """The vectorised peak (and the Python one, for totals past int64) against a count of the
+    bytes alive at every op: a value made at op b and last used at op b + extra is alive at
+    ops b..b + extra."""
+    from layout_prop.passes.memory import _Walk
+
+    if huge:
+        nbytes = [n * 2 ** 40 for n in nbytes]  # past int64 once summed: the Python integers path
+    values = sorted(values)
+    walk = _Walk([], set(), [])
+    walk.born = [b for b, _, _ in values]
+    walk.last = [b + extra for b, extra, _ in values]
+    walk.spec = [k for _, _, k in values]
+    expected = max([sum(nbytes[k] for b, extra, k in values if b <= i <= b + extra) for i in range(12)] + [0])
+    assert walk.peak(tuple(nbytes)) == expected

@@ -43,6 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from layout_prop import meta
 from layout_prop.errors import LayoutPropError, SpecError
 from layout_prop.graph import Graph
@@ -153,35 +155,20 @@ class Memory:
         """Every rank's memory for ``graph`` (propagated; resharded if it is to be lowered)."""
         params = [n for n in graph.inputs() if n.attrs.get("requires_grad") and not _is_cotangent(n.name)]
         grads = {n.name for n in graph.nodes if n.meta.get(meta.GRAD_OF)}
-        steps, lowered = _steps(graph)
         persistent = {n.name for n in params} | grads
-        last = _last_uses(steps, set(graph.outputs))
+        walk, lowered = _walk(graph, persistent)
         # ranks whose pieces have the same bytes in every spec have the same memory: walk the
         # program once per such class of ranks (once in all when every shard is even).  Specs
         # are keyed by identity (uniqued specs are mostly one object; equal ones have equal bytes)
-        specs = {id(spec): spec for _, _, out_specs in steps for spec in out_specs if spec is not None}
-        specs.update((id(n.meta[meta.SPECS][0]), n.meta[meta.SPECS][0]) for n in params)
+        param_keys = [walk.key(n.meta[meta.SPECS][0]) for n in params]
+        specs = list(walk.specs.values())
         classes: dict[tuple, list[int]] = {}
         for rank in range(graph.mesh.size):
-            classes.setdefault(tuple(spec.local_nbytes(rank) for spec in specs.values()), []).append(rank)
+            classes.setdefault(tuple(spec.local_nbytes(rank) for spec in specs), []).append(rank)
         by_rank: dict[int, RankMemory] = {}
-        for members in classes.values():
-            rank = members[0]
-            nbytes = {key: spec.local_nbytes(rank) for key, spec in specs.items()}
-            p = sum(nbytes[id(n.meta[meta.SPECS][0])] for n in params)
-            # a value is alive from the op that makes it to its last use: freed[i], the bytes that die at op i
-            freed = [0] * (len(steps) + 1)
-            live = peak = 0
-            for index, (_, outputs, out_specs) in enumerate(steps):
-                for value, spec in zip(outputs, out_specs):
-                    if spec is None or value in persistent:
-                        continue
-                    size = nbytes[id(spec)]
-                    live += size
-                    freed[last[value]] += size
-                if live > peak:
-                    peak = live
-                live -= freed[index]
+        for nbytes, members in classes.items():
+            p = sum(nbytes[k] for k in param_keys)
+            peak = walk.peak(nbytes)
             for member in members:
                 by_rank[member] = RankMemory(member, p, p, self.states * p, peak)
         ranks = [by_rank[r] for r in range(graph.mesh.size)]
@@ -189,34 +176,108 @@ class Memory:
         return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
 
 
-def _steps(graph: Graph) -> tuple[list[tuple], bool]:
-    """``(inputs, outputs, specs)`` of every op of the lowered program when the graph lowers
-    (the program's ops, not built: :func:`~layout_prop.passes.lower.local_ops`), else of the
+def _walk(graph: Graph, persistent: set[str]) -> tuple["_Walk", bool]:
+    """The program memory is counted over, and whether it is the lowered program (the ops
+    of :func:`~layout_prop.passes.lower.local_ops`, not built: when the graph lowers) or the
     graph's nodes."""
     from .lower import local_ops
 
     if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
         try:
-            return [(op[3], op[4], op[5]) for op in local_ops(graph)], True
+            return _Walk(((op[3], op[4], op[5]) for op in local_ops(graph)), persistent, graph.outputs), True
         except LayoutPropError:
             pass
-    return [(n.inputs, n.outputs, tuple(n.meta.get(meta.SPECS, ()))) for n in graph.topo_order()], False
+    nodes = ((n.inputs, n.outputs, n.meta.get(meta.SPECS, ())) for n in graph.topo_order())
+    return _Walk(nodes, persistent, graph.outputs), False
 
 
-def _last_uses(steps: list[tuple], keep: set[str]) -> dict[str, int]:
-    """Value -> the index of the last step that reads or makes it (``len(steps)`` for the
-    values in ``keep``, which stay to the end): :func:`~layout_prop.graph.last_uses` by value."""
-    last: dict[str, int] = {}
-    for index, (inputs, outputs, _) in enumerate(steps):
-        for value in inputs:
-            last[value] = index
+class _Walk:
+    """The values of a program that count as activations, from one pass over its ops.
+
+    ``ops`` are ``(inputs, outputs, specs)`` in order.  A value counts unless it is in
+    ``persistent`` or has no spec; it is alive from the op that makes it (``born``) to the
+    last op that reads it (``last``; the end, ``len(ops)``, for the graph's ``outputs``,
+    which stay), as the simulator keeps it.  ``spec`` is the index of its spec in
+    ``specs`` (distinct specs by identity, in order of first use).
+    """
+
+    def __init__(self, ops, persistent: set[str], outputs: list[str]) -> None:
+        self.specs: dict[int, Any] = {}  # id of a spec -> the spec
+        keys: dict[int, int] = {}  # id of a spec -> its index in specs
+        born: list[int] = []
+        values: list[str] = []
+        spec: list[int] = []
+        last: dict[str, int] = {}
+        index = -1
+        for index, (inputs, outputs_of_op, specs) in enumerate(ops):
+            for value in inputs:
+                last[value] = index
+            for value, s in zip(outputs_of_op, specs):
+                last[value] = index
+                if s is not None and value not in persistent:
+                    k = keys.get(id(s))
+                    if k is None:
+                        k = keys[id(s)] = len(keys)
+                        self.specs[id(s)] = s
+                    born.append(index)
+                    values.append(value)
+                    spec.append(k)
+        self._keys = keys
+        end = index + 1
         for value in outputs:
-            last[value] = index
-    end = len(steps)
-    for value in keep:
-        if value in last:
-            last[value] = end
-    return last
+            if value in last:
+                last[value] = end
+        self.born = born
+        self.last = [last[value] for value in values]
+        self.spec = spec
+
+    def key(self, spec) -> int:
+        """The index of ``spec`` in ``specs`` (added when no value of the walk has it)."""
+        k = self._keys.get(id(spec))
+        if k is None:
+            k = self._keys[id(spec)] = len(self._keys)
+            self.specs[id(spec)] = spec
+        return k
+
+    def peak(self, nbytes: tuple[int, ...]) -> int:
+        """The most bytes alive at once when spec ``k``'s values take ``nbytes[k]`` bytes.
+
+        The bytes alive at op ``i``, after it makes its values, are those of the values
+        made at or before ``i`` and last used at or after ``i``: the values made up to
+        ``i`` minus those last used before ``i``.  Only ops that make a value can be a
+        peak.  Counted in int64 with numpy when the total fits, in Python otherwise.
+
+        >>> w = _Walk([((), ("a",), ("A",)), (("a",), ("b",), ("B",)), (("b",), ("c",), ("A",))], set(), ["c"])
+        >>> w.peak((10, 1)), w.peak((1, 10)), w.peak((0, 0))
+        (11, 11, 0)
+        """
+        if not self.born:
+            return 0
+        if max(nbytes) * len(self.born) >= 2 ** 62:  # int64 could overflow: Python's integers
+            return _peak_python(self.born, self.last, [nbytes[k] for k in self.spec])
+        born = np.asarray(self.born, dtype=np.int64)
+        sizes = np.asarray(nbytes, dtype=np.int64)[np.asarray(self.spec, dtype=np.intp)]
+        last = np.asarray(self.last, dtype=np.int64)
+        steps = np.unique(born)  # (born is in order)
+        made = np.cumsum(sizes)[np.searchsorted(born, steps, side="right") - 1]
+        order = np.argsort(last, kind="stable")
+        dead = np.concatenate(([0], np.cumsum(sizes[order])))[np.searchsorted(last[order], steps, side="left")]
+        return max(0, int((made - dead).max()))
+
+
+def _peak_python(born: list[int], last: list[int], sizes: list[int]) -> int:
+    """:meth:`_Walk.peak` op by op in Python integers (for totals past int64)."""
+    freed = [0] * (max(last) + 2)
+    made: dict[int, int] = {}
+    for step, end, size in zip(born, last, sizes):
+        made[step] = made.get(step, 0) + size
+        freed[end] += size
+    live = peak = 0
+    for index in range(len(freed)):
+        live += made.get(index, 0)
+        peak = max(peak, live)
+        live -= freed[index]
+    return peak
 
 
 def _is_cotangent(name: str) -> bool:

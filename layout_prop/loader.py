@@ -126,7 +126,7 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
     data = None
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text, object_pairs_hook=_json_mapping, parse_constant=_not_json)
+            data = _parse_json(text, source)
         except (ValueError, RecursionError):  # YAML reports where (nesting too deep, digits too many)
             pass
     from_json = data is not None
@@ -135,10 +135,33 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
     if not isinstance(data, dict):
         raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
                         hint="a spec is a mapping with mesh, inputs, nodes and outputs")
-    if from_json:
-        _check_depth(data, source)  # JSON has no aliases: only the depth to check, in C-speed comprehensions
-    else:
+    if not from_json:  # (JSON's depth is checked as it is read)
         _check_structure(data, source)
+    return data
+
+
+def _parse_json(text: str, source: str) -> Any:
+    """JSON text as Python values: ValueError on malformed JSON, a ``NaN``/``Infinity`` or a key
+    written twice in one object; ``spec-too-deep`` past :data:`MAX_DEPTH`.
+
+    Keys written twice are found without a Python call per object in the common case:
+    every ``:`` of JSON text outside a string separates a key from its value, so when the
+    text has no more ``:`` than the parsed objects have keys, none was written twice (a
+    ``:`` inside a string only makes the count larger, an escaped one is not a ``:`` of the
+    text; when the counts differ, the text is parsed again with a hook that compares each
+    object's size with its pairs).
+
+    >>> _parse_json('{"a": {"b": 1, "c": "x:y"}}', "s")
+    {'a': {'b': 1, 'c': 'x:y'}}
+    >>> _parse_json('{"a": 1, "a": 2}', "s")
+    Traceback (most recent call last):
+    ...
+    ValueError: a key written twice
+    """
+    data = json.loads(text, parse_constant=_not_json)
+    keys = _check_depth(data, source)  # JSON has no aliases: only the depth to check, in C-speed comprehensions
+    if text.count(":") != keys:
+        data = json.loads(text, object_pairs_hook=_json_mapping, parse_constant=_not_json)
     return data
 
 
@@ -171,15 +194,18 @@ def _too_deep(source: str) -> SpecError:
                      hint="a spec needs a few levels; check the brackets and the aliases")
 
 
-def _check_depth(data: dict, source: str) -> None:
+def _check_depth(data: Any, source: str) -> int:
     """Refuse nesting deeper than :data:`MAX_DEPTH` in a tree (no shared values): one list
-    comprehension per level (50 ms on a 72,000-node spec)."""
-    level: list = [data]
-    for _ in range(MAX_DEPTH):
+    comprehension per level (50 ms on a 72,000-node spec).  Returns how many keys its
+    mappings hold in all."""
+    level: list = [data] if type(data) is list or type(data) is dict else []
+    keys = 0
+    for _ in range(MAX_DEPTH + 1):
+        if not level:
+            return keys
+        keys += sum([len(c) for c in level if type(c) is dict])
         level = [v for c in level for v in (c.values() if type(c) is dict else c)
                  if type(v) is list or type(v) is dict]
-        if not level:
-            return
     raise _too_deep(source)
 
 

@@ -600,6 +600,10 @@ def _check_name(name: Any, path: str) -> str:
     return name
 
 
+_NO_INPUTS: list = []
+_NO_ATTRS: dict = {}  # (never changed: each node's attrs are a copy)
+
+
 def _nodes(data: Any, defined: set[str]) -> tuple[list[tuple[int, Node]], bool]:
     """Every node of the spec, checked on its own, as ``(index, Node)``, and whether they come in
     order (every input an input of the graph or an output of a node written before: the common
@@ -613,47 +617,50 @@ def _nodes(data: Any, defined: set[str]) -> tuple[list[tuple[int, Node]], bool]:
     in_order = True
     rules: dict[str, tuple] = {}  # op -> (rule, its arity, whether it checks attrs as OpRule does), once per op
     checked: set[tuple] = set()  # (op, attr names) that passed OpRule's check, with no null value
+    keys_and_names = _keys_and_names_fine(data, defined)
     for i, nd in enumerate(data):
-        path = f"nodes[{i}]"
-        _check_keys(nd, NODE_KEYS, NODE_REQUIRED, path)
-        name = _check_name(nd["name"], f"{path}.name")
-        if name in defined or name in seen:
-            raise _err("duplicate-name", f"name {cut(name)} is defined twice", f"{path}.name",
-                       "give every input and node a distinct name")
-        seen[name] = i
+        # each check takes its common case first, in C; the path of a mistake is written only for one
+        if not keys_and_names:
+            _check_keys(nd, NODE_KEYS, NODE_REQUIRED, f"nodes[{i}]")
+            name = _check_name(nd["name"], f"nodes[{i}].name")
+            if name in defined or name in seen:
+                raise _err("duplicate-name", f"name {cut(name)} is defined twice", f"nodes[{i}].name",
+                           "give every input and node a distinct name")
+            seen[name] = i
+        name = nd["name"]
         op = nd["op"]
         known = rules.get(op) if type(op) is str else None
         if known is None:
             if not isinstance(op, str):
-                raise _err("bad-type", f"op must be a string, got {cut(op)}", f"{path}.op", "write op: add")
+                raise _err("bad-type", f"op must be a string, got {cut(op)}", f"nodes[{i}].op", "write op: add")
             try:
                 rule = get_rule(op, node=name)
             except LayoutPropError as err:
-                raise SpecError(err.code, err.message, path=f"{path}.op", node=name, hint=err.hint) from None
+                raise SpecError(err.code, err.message, path=f"nodes[{i}].op", node=name, hint=err.hint) from None
             known = rules[op] = (rule, rule.arity(), type(rule).normalize_attrs is OpRule.normalize_attrs)
         rule, (low, high), plain = known
-        inputs = nd.get("inputs", [])
+        inputs = nd.get("inputs", _NO_INPUTS)
         if type(inputs) is not list or not _all_str(inputs):
-            raise _err("bad-type", f"inputs must be a list of value names, got {cut(inputs)}", f"{path}.inputs",
+            raise _err("bad-type", f"inputs must be a list of value names, got {cut(inputs)}", f"nodes[{i}].inputs",
                        "write inputs: [x, cos, sin]")
-        attrs = nd.get("attrs", {}) or {}
-        if not isinstance(attrs, dict):
-            raise _err("bad-type", f"attrs must be a mapping, got {cut(attrs)}", f"{path}.attrs",
+        attrs = nd.get("attrs") or _NO_ATTRS
+        if type(attrs) is not dict:
+            raise _err("bad-type", f"attrs must be a mapping, got {cut(attrs)}", f"nodes[{i}].attrs",
                        "write attrs: {mode: 0}")
-        if attrs:
-            _check_attr_values(attrs, f"{path}.attrs")
+        if attrs and not (_SCALARS.issuperset(map(type, attrs.values())) and _all_str(attrs)):
+            _check_attr_values(attrs, f"nodes[{i}].attrs")  # (numbers, booleans and nulls under string keys pass)
         # OpRule's check depends on the attr names only when no value is null: each set of names is checked once
         key = (op, tuple(attrs)) if plain and None not in attrs.values() else None
         if key is None or key not in checked:
             try:
                 rule.normalize_attrs(attrs, name)
             except LayoutPropError as err:
-                raise SpecError(err.code, err.message, path=f"{path}.attrs", node=name, hint=err.hint) from None
+                raise SpecError(err.code, err.message, path=f"nodes[{i}].attrs", node=name, hint=err.hint) from None
             if key is not None:
                 checked.add(key)
         if len(inputs) < low or (high is not None and len(inputs) > high):
             raise SpecError("bad-arity", f"op {rule.name!r} takes {rule.arity_text()}, got {len(inputs)}",
-                            path=f"{path}.inputs", node=name, hint=f"give {rule.name} {rule.arity_text()}")
+                            path=f"nodes[{i}].inputs", node=name, hint=f"give {rule.name} {rule.arity_text()}")
         node = Node(name, rule.name, tuple(inputs), dict(attrs), rule.num_outputs)
         if in_order:
             if values.issuperset(inputs):
@@ -662,6 +669,25 @@ def _nodes(data: Any, defined: set[str]) -> tuple[list[tuple[int, Node]], bool]:
                 in_order = False
         out.append((i, node))
     return out, in_order
+
+
+#: names that each pass :func:`_check_name` at once, one per line
+_PLAIN_NAMES = re.compile(r"[A-Za-z0-9_.\-]+(?:\n[A-Za-z0-9_.\-]+)*")
+
+
+def _keys_and_names_fine(data: list, defined: set[str]) -> bool:
+    """Whether every node is a mapping with known keys, a name and an op, and the names are
+    plain (:func:`_check_name`), at most MAX_NAME long, distinct and not the graph's inputs:
+    the checks :func:`_nodes` makes node by node, made at once over the whole list in C."""
+    if set(map(type, data)) != {dict} or not all(map(NODE_KEYS.issuperset, data)) \
+            or not all(map(NODE_REQUIRED.issubset, map(dict.keys, data))):
+        return False
+    names = [nd["name"] for nd in data]
+    if not _all_str(names) or max(map(len, names)) > MAX_NAME:
+        return False
+    lines = "\n".join(names)  # (a name with a newline in it would look like two)
+    return (lines.count("\n") == len(names) - 1 and _PLAIN_NAMES.fullmatch(lines) is not None
+            and len(set(names)) == len(names) and defined.isdisjoint(names))
 
 
 def _all_str(items: list) -> bool:

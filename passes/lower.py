@@ -227,22 +227,24 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
     env: dict[str, TensorSpec] = {}  # the spec of every graph value so far (value_spec, without the lookups)
     rules: dict[str, OpRule] = {}  # op -> rule, looked up once per op
     moves: dict[tuple[int, int], tuple] = {}  # (id of a spec, id of a wanted layout) -> (spec, layout, plan)
+    specs_key, violations_key, wants_key = meta.SPECS, meta.VIOLATIONS, meta.WANTS
     for node in graph.topo_order():
         m = node.meta
-        out_specs = m[meta.SPECS]
-        if node.is_input:
+        out_specs = m[specs_key]
+        op = node.op
+        if op == "input":
             defined.add(node.name)
             env[node.name] = out_specs[0]
             yield node.name, "input", "input", (), (node.name,), (out_specs[0],), None, node.name, None, None, None
             continue
-        violations = m.get(meta.VIOLATIONS, ())
-        if violations or _has_none(out_specs):
+        violations = m.get(violations_key, ())
+        if violations or (out_specs[0] is None if len(out_specs) == 1 else _has_none(out_specs)):
             v = violations[0] if violations else None
             raise ExecutionError(
                 "unresolved-violation",
                 f"node {node.name!r} cannot be lowered: {v if v else 'its inputs are unusable'}",
                 node=node.name, hint="fix the violations first, or let run apply --reshard")
-        if node.op == "redistribute":
+        if op == "redistribute":
             src = _spec_of(env, graph, node.inputs[0])
             dst = out_specs[0]
             plan = plan_redistribution(src, dst.layout)
@@ -254,10 +256,10 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
             defined.add(node.name)
             env[node.name] = dst
             continue
-        rule = rules.get(node.op)
+        rule = rules.get(op)
         if rule is None:
-            rule = rules[node.op] = get_rule(node.op)
-        wants = m.get(meta.WANTS, ())
+            rule = rules[op] = get_rule(op)
+        wants = m.get(wants_key, ())
         args = in_specs = None  # None while every input is read as it is
         if len(wants) != len(node.inputs):
             args, in_specs = [], []

@@ -40,6 +40,7 @@ Examples
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,11 +185,15 @@ def _walk(graph: Graph, persistent: set[str]) -> tuple["_Walk", bool]:
 
     if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
         try:
-            return _Walk(((op[3], op[4], op[5]) for op in local_ops(graph)), persistent, graph.outputs), True
+            return _Walk(map(_VALUES_AND_SPECS, local_ops(graph)), persistent, graph.outputs), True
         except LayoutPropError:
             pass
     nodes = ((n.inputs, n.outputs, n.meta.get(meta.SPECS, ())) for n in graph.topo_order())
     return _Walk(nodes, persistent, graph.outputs), False
+
+
+#: (inputs, outputs, specs) of an op of :func:`~layout_prop.passes.lower.local_ops`
+_VALUES_AND_SPECS = operator.itemgetter(3, 4, 5)
 
 
 class _Walk:

@@ -56,17 +56,23 @@ class Analysis:
     def _tensor_specs(self) -> dict[str, Any]:
         """The spec of every value ``tensors`` reports, by its name there."""
         out = {}
+        inserted_by, grad_of, specs_key = meta.INSERTED_BY, meta.GRAD_OF, meta.SPECS
         for node in self.graph.topo_order():
-            inserted = node.meta.get(meta.INSERTED_BY)
-            if inserted == "reshard" or (inserted == "backward" and not node.meta.get(meta.GRAD_OF)):
+            m = node.meta
+            inserted = m.get(inserted_by)
+            if inserted is not None and (inserted == "reshard" or (inserted == "backward" and not m.get(grad_of))):
                 continue  # moves are listed under redistributions; backward intermediates are internal
-            if node.is_input and node.name.startswith("cotangent/"):
+            if node.op == "input" and node.name.startswith("cotangent/"):
                 continue
-            for value, spec in zip(node.outputs, node.meta.get(meta.SPECS, ())):
-                if spec is None:
-                    continue
-                name = f"grad:{node.meta[meta.GRAD_OF]}" if node.meta.get(meta.GRAD_OF) else value
-                out[name] = spec
+            grad = m.get(grad_of)
+            specs = m.get(specs_key, ())
+            if len(specs) == 1 and not grad:  # the common node: one value, under its own name
+                if specs[0] is not None:
+                    out[node.outputs[0]] = specs[0]
+                continue
+            for value, spec in zip(node.outputs, specs):
+                if spec is not None:
+                    out[f"grad:{grad}" if grad else value] = spec
         return out
 
     def report(self) -> dict[str, Any]:

@@ -165,7 +165,90 @@ def _parse_json(text: str, source: str) -> Any:
     return data
 
 
+_MISSING = object()
+
+
+def _parse_yaml_fast(text: str) -> Any:
+    """The YAML text as Python values, built from libyaml's events without PyYAML's
+    composer and constructor; ``_MISSING`` for anything but the common case.
+
+    The common case is one document of mappings, sequences and scalars without tags,
+    anchors, aliases, merge keys, keys that are not scalars or keys written twice.  Each
+    distinct plain scalar is resolved and constructed once, by the same loader
+    :func:`_parse_yaml` uses (so ``1e-6``, ``0x10``, ``yes`` or ``~`` read the same);
+    quoted and block scalars are strings, as the resolver makes them.  Anything else, and
+    any error, gives ``_MISSING``: then :func:`_parse_yaml` reads the text and reports
+    what it finds where.
+
+    >>> _parse_yaml_fast("a: [1, '2', x]\\nb: {c: 1e-6, d: ~}")
+    {'a': [1, '2', 'x'], 'b': {'c': 1e-06, 'd': None}}
+    >>> _parse_yaml_fast("a: &x [1]\\nb: *x") is _MISSING
+    True
+    """
+    loader = _UniqueKeyLoader(text)
+    try:
+        return _build_from_events(loader)
+    except Exception:  # (a malformed text, an int of 5,000 digits...): the full loader reports it
+        return _MISSING
+    finally:
+        loader.dispose()
+
+
+def _build_from_events(loader) -> Any:
+    events = yaml.events
+    get = loader.get_event
+    if type(get()) is not events.StreamStartEvent or type(get()) is not events.DocumentStartEvent:
+        return _MISSING
+    scalar, mapping, sequence = events.ScalarEvent, events.MappingStartEvent, events.SequenceStartEvent
+    ends = (events.MappingEndEvent, events.SequenceEndEvent)
+    plain: dict[str, Any] = {}  # a plain scalar's text -> its value
+    stack: list[tuple] = []
+    container: Any = None  # the mapping or sequence being read (None: the document itself)
+    key: Any = _MISSING  # the mapping's key waiting for its value
+    while True:
+        event = get()
+        kind = type(event)
+        if kind is scalar:
+            if event.anchor is not None or event.tag is not None:
+                return _MISSING
+            item = event.value
+            if event.implicit[0]:  # plain: resolved (int, float, bool, null, date...) as the loader does
+                known = plain.get(item, _MISSING)
+                if known is _MISSING:  # (a merge key '<<' has no constructor: it raises, and the loader reads it)
+                    node = yaml.ScalarNode(loader.resolve(yaml.ScalarNode, item, (True, False)), item)
+                    known = plain[item] = loader.construct_object(node, deep=True)
+                item = known
+            elif not event.implicit[1]:
+                return _MISSING
+        elif kind is mapping or kind is sequence:
+            if event.anchor is not None or event.tag is not None:
+                return _MISSING
+            stack.append((container, key))
+            container, key = ({} if kind is mapping else []), _MISSING
+            continue
+        elif kind in ends:
+            item = container
+            container, key = stack.pop()
+        else:  # an alias
+            return _MISSING
+        if container is None:  # the document's value: then only its end and the stream's
+            return item if type(get()) is events.DocumentEndEvent and type(get()) is events.StreamEndEvent \
+                else _MISSING
+        if type(container) is list:
+            container.append(item)
+        elif key is _MISSING:
+            if kind is not scalar or item in container:  # a key that is a mapping or a sequence, or one written twice
+                return _MISSING
+            key = item
+        else:
+            container[key] = item
+            key = _MISSING
+
+
 def _parse_yaml(text: str, source: str) -> Any:
+    data = _parse_yaml_fast(text)
+    if data is not _MISSING:
+        return data
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except RecursionError:  # PyYAML's pure-Python parser (without libyaml) recurses per level

@@ -60,3 +60,18 @@ def test_a_key_written_twice_is_refused_anywhere_and_only_then(pairs, escape):
         assert err.value.code == "spec-syntax" and "twice" in str(err.value)
     else:
         assert parse_spec(text) == _python(top)
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_the_depth_limit_is_the_same_for_json_and_yaml(fmt):
+    """The top mapping is level 1: lists nested MAX_DEPTH - 1 deep under it are read, one more is not."""
+    from layout_prop.loader import MAX_DEPTH
+
+    def text(lists):
+        nested = "[" * lists + "]" * lists
+        return f'{{"a": {nested}}}' if fmt == "json" else f"a: {nested}\n"
+
+    assert parse_spec(text(MAX_DEPTH - 1))["a"] is not None
+    with pytest.raises(SpecError) as err:
+        parse_spec(text(MAX_DEPTH))
+    assert err.value.code == "spec-too-deep"

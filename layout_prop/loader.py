@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import operator
+from itertools import chain, compress, repeat
 import os
 import re
 import stat
@@ -278,18 +279,28 @@ def _too_deep(source: str) -> SpecError:
 
 
 def _check_depth(data: Any, source: str) -> int:
-    """Refuse nesting deeper than :data:`MAX_DEPTH` in a tree (no shared values): one list
-    comprehension per level (50 ms on a 72,000-node spec).  Returns how many keys its
-    mappings hold in all."""
-    level: list = [data] if type(data) is list or type(data) is dict else []
+    """Refuse nesting deeper than :data:`MAX_DEPTH` in a tree (no shared values), a few passes
+    in C per level.  Returns how many keys its mappings hold in all.
+
+    >>> _check_depth({"a": [1, {"b": 2}], "c": {}}, "s")
+    3
+    """
+    level: list = [data] if type(data) in _CONTAINERS else []
     keys = 0
     for _ in range(MAX_DEPTH + 1):
         if not level:
             return keys
-        keys += sum([len(c) for c in level if type(c) is dict])
-        level = [v for c in level for v in (c.values() if type(c) is dict else c)
-                 if type(v) is list or type(v) is dict]
+        # the next level, in C: the values of the mappings and the items of the lists that are containers
+        types = list(map(type, level))
+        dicts = list(compress(level, map(operator.is_, types, repeat(dict))))
+        keys += sum(map(len, dicts))
+        below = list(chain(chain.from_iterable(map(dict.values, dicts)),
+                           chain.from_iterable(compress(level, map(operator.is_, types, repeat(list))))))
+        level = list(compress(below, map(_CONTAINERS.__contains__, map(type, below))))
     raise _too_deep(source)
+
+
+_CONTAINERS = frozenset((list, dict))
 
 
 def _check_structure(data: dict, source: str) -> None:

@@ -207,34 +207,33 @@ class _Walk:
     """
 
     def __init__(self, ops, persistent: set[str], outputs: list[str]) -> None:
-        self.specs: dict[int, Any] = {}  # id of a spec -> the spec
-        keys: dict[int, int] = {}  # id of a spec -> its index in specs
         born: list[int] = []
         values: list[str] = []
-        spec: list[int] = []
-        last: dict[str, int] = {}
+        objs: list = []  # the spec of each counted value
+        read: dict[str, int] = {}  # value -> the last op that reads it
         index = -1
-        for index, (inputs, outputs_of_op, specs) in enumerate(ops):
+        for index, (inputs, made, specs) in enumerate(ops):
             for value in inputs:
-                last[value] = index
-            for value, s in zip(outputs_of_op, specs):
-                last[value] = index
-                if s is not None and value not in persistent:
-                    k = keys.get(id(s))
-                    if k is None:
-                        k = keys[id(s)] = len(keys)
-                        self.specs[id(s)] = s
+                read[value] = index
+            if len(made) == 1:  # the common op: one value
+                if specs[0] is not None and made[0] not in persistent:
+                    born.append(index)
+                    values.append(made[0])
+                    objs.append(specs[0])
+                continue
+            for value, spec in zip(made, specs):
+                if spec is not None and value not in persistent:
                     born.append(index)
                     values.append(value)
-                    spec.append(k)
-        self._keys = keys
+                    objs.append(spec)
         end = index + 1
-        for value in outputs:
-            if value in last:
-                last[value] = end
+        kept = set(outputs)
+        ids = list(map(id, objs))
+        self._keys = {key: k for k, key in enumerate(dict.fromkeys(ids))}  # id of a spec -> its index in specs
+        self.specs: dict[int, Any] = dict(zip(ids, objs))  # id of a spec -> the spec, in that order
         self.born = born
-        self.last = [last[value] for value in values]
-        self.spec = spec
+        self.last = [end if value in kept else read.get(value, made_at) for value, made_at in zip(values, born)]
+        self.spec = list(map(self._keys.__getitem__, ids))
 
     def key(self, spec) -> int:
         """The index of ``spec`` in ``specs`` (added when no value of the walk has it)."""

@@ -100,6 +100,10 @@ class Analysis:
         >>> a.report_json() == json.dumps(a.report(), separators=(",", ":"), allow_nan=False)
         True
         """
+        with paused_gc():
+            return self._report_json()
+
+    def _report_json(self) -> str:
         dumps = partial(json.dumps, separators=(",", ":"), allow_nan=False)
         texts: dict[int, tuple] = {}  # id of a spec -> (the spec, its text): uniqued specs are shared objects
         tensors = []
@@ -120,7 +124,8 @@ class Analysis:
 
         cached = getattr(self, "_memory", None)
         if cached is None or cached[0] != self.optimizer:
-            cached = (self.optimizer, Memory(self.optimizer).run(self.graph))
+            with paused_gc():
+                cached = (self.optimizer, Memory(self.optimizer).run(self.graph))
             self._memory = cached
         return cached[1]
 
@@ -269,6 +274,11 @@ def _planned(forward: Graph, strategies, propagate, backward: bool) -> Graph | N
 
 def format_table(analysis: Analysis) -> str:
     """A table a person reads at a glance: values, violations, redistributions with bytes."""
+    with paused_gc():
+        return _format_table(analysis)
+
+
+def _format_table(analysis: Analysis) -> str:
     specs = analysis._tensor_specs()
     columns: dict[int, tuple] = {}  # id of a spec -> (the spec, its columns): each distinct spec written once
     for spec in specs.values():

@@ -600,6 +600,11 @@ EXIT_BROKEN_PIPE = 141
 
 #: the collector's thresholds while a command runs (Python's default is (700, 10, 10))
 GC_THRESHOLD = (50_000, 20, 20)
+#: commands that analyse one graph and end: they run without the cyclic collector (their
+#: objects live until the process exits and form no cycles worth collecting; the collector
+#: only walked them, 1.5 to 2 us a node of a 10,000-node check).  The rest (run, plan,
+#: verify, demo: many graphs or arrays, minutes long) collect with GC_THRESHOLD.
+UNCOLLECTED_COMMANDS = frozenset({"check", "explain", "lower", "viz", "gen", "import", "ops"})
 
 
 #: writing stdout or stderr (or a pipe given with -o) failed: see :class:`layout_prop.output.OutputFailed`
@@ -696,7 +701,7 @@ def _error_line(code: str, message: str, hint: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     stdout, stderr = sys.stdout, sys.stderr
-    threshold = gc.get_threshold()
+    threshold, collecting = gc.get_threshold(), gc.isenabled()
     # A command builds graphs of 10^4 to 10^5 objects that live until it ends; with Python's
     # default thresholds the collector walks them again and again (check of a 10,000-node spec
     # 1.5 to 2 times slower).  Collect rarely, never not at all (cycles are still freed).
@@ -706,6 +711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stderr = _Printable(stderr if stderr is not None else open(os.devnull, "w"))
     try:
         parsed = _guarded("layout-prop", lambda: _parse(argv))
+        if not isinstance(parsed, int) and parsed.command in UNCOLLECTED_COMMANDS:
+            gc.disable()
         code = parsed if isinstance(parsed, int) else _run(parsed)
         sys.stdout.flush()  # a full disk or a closed pipe shows here, not after main returned
         return code
@@ -723,6 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         sys.stdout, sys.stderr = stdout, stderr
         gc.set_threshold(*threshold)
+        if collecting:
+            gc.enable()
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:

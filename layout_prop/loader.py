@@ -356,13 +356,16 @@ def _check_structure(data: dict, source: str) -> None:
 
 def load_spec(source: str | Path | dict) -> Graph:
     """Load a spec from a path, a YAML/JSON string or an already parsed dict."""
-    if isinstance(source, dict):
-        return _build(source)
-    if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and (
-            source.endswith((".yaml", ".yml", ".json")) or _is_path(source))):
-        path = Path(source)
-        return _build(parse_spec(read_spec_text(path), str(path)))
-    return _build(parse_spec(source))
+    from .api import paused_gc
+
+    with paused_gc():  # many small objects that live on, no cycles worth collecting mid-load (as analyze does)
+        if isinstance(source, dict):
+            return _build(source)
+        if isinstance(source, Path) or (isinstance(source, str) and "\n" not in source and (
+                source.endswith((".yaml", ".yml", ".json")) or _is_path(source))):
+            path = Path(source)
+            return _build(parse_spec(read_spec_text(path), str(path)))
+        return _build(parse_spec(source))
 
 
 def read_spec_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:

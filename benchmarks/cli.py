@@ -5,7 +5,8 @@ chains of RotaryPositionEmbedding blocks (an RPE, a scale and a residual add per
 on a dp x tp x sp mesh of 8 ranks) written as JSON and as YAML, with text and ``--json``
 output, and prints for each: the best wall time of ``--repeat`` runs (sizes interleaved),
 the start-up (``check`` of a one-node spec of the same format) subtracted, microseconds per
-node, and the ratio time(10N) / time(N) measured in the same run.  The runs may cache
+node, the ratio time(10N) / time(N) measured in the same run, and the cost of one more node
+between the smallest and the largest size (start-up and fixed costs cancel there).  The runs may cache
 compiled modules (``PYTHONDONTWRITEBYTECODE`` is dropped from their environment), as an
 installed tool does, and one untimed run comes first.  Then the start-up
 itself (``--help``; ``check`` of a one-node spec) and, with ``--large``, a generated Llama
@@ -97,9 +98,12 @@ def main() -> None:
         times: dict[tuple, list[float]] = {}
         for fmt in ("json", "yaml"):  # once untimed: the compiled modules cached, the files in the page cache
             timed(["check", str(files[1, fmt])])
-        for _ in range(args.repeat):  # interleaved: every case and size once per round
-            for fmt, out in cases:
+        small = {1, args.sizes[0]}  # the start-up and the smallest size: 3 times the runs (their net is a
+        for round_ in range(3 * args.repeat):  # difference of two times of about 0.2 s: noise shows most there)
+            for fmt, out in cases:  # interleaved: every case and size once per round
                 for n in [1, *args.sizes]:
+                    if round_ >= args.repeat and n not in small:
+                        continue
                     flags = ["--json"] if out == "json" else []
                     times.setdefault((n, fmt, out), []).append(timed(["check", str(files[n, fmt]), *flags])[0])
         help_time = best(["--help"], args.repeat)
@@ -111,6 +115,7 @@ def main() -> None:
                   *[f"us/node at {n:,}" for n in args.sizes]]
         if len(args.sizes) > 1:
             header.append(f"time({args.sizes[-1]:,}) / time({args.sizes[0]:,})")
+            header.append(f"us/node from {args.sizes[0]:,} to {args.sizes[-1]:,}")
         rows = [header]
         for fmt, out in cases:
             startup = min(times[1, fmt, out])
@@ -120,13 +125,16 @@ def main() -> None:
                    *[f"{1e6 * t / n:.1f}" if t > 0 else "n/a" for t, n in zip(net, args.sizes)]]
             if len(args.sizes) > 1:
                 row.append(f"{net[-1] / net[0]:.3g}" if net[0] > 0 and net[-1] > 0 else "n/a")
+                # the cost of one more node, start-up and fixed costs cancelled
+                row.append(f"{1e6 * (net[-1] - net[0]) / (args.sizes[-1] - args.sizes[0]):.1f}")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         for i, row in enumerate(rows):
             print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
             if i == 0:
                 print("  ".join("-" * w for w in widths))
-        print("(times are best of", args.repeat, "runs with the start-up of the same format and output subtracted)")
+        print(f"(times are best of {args.repeat} runs, {3 * args.repeat} for the start-up and {args.sizes[0]:,} nodes, "
+              "with the start-up of the same format and output subtracted)")
 
         if args.large:
             big = folder / "llama.json"

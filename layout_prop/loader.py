@@ -130,14 +130,20 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
             data = _parse_json(text, source)
         except (ValueError, RecursionError):  # YAML reports where (nesting too deep, digits too many)
             pass
-    from_json = data is not None
+    checked = data is not None  # (JSON's depth is checked as it is read)
     if data is None:
-        data = _parse_yaml(text, source)
+        data = _parse_yaml_fast(text)  # a tree (no aliases): only its depth to check
+        if data is not _MISSING:
+            if isinstance(data, dict):
+                _check_depth(data, source)
+            checked = True
+        else:
+            data = _parse_yaml(text, source)
     if not isinstance(data, dict):
         raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
                         hint="a spec is a mapping with mesh, inputs, nodes and outputs")
-    if not from_json:  # (JSON's depth is checked as it is read)
-        _check_structure(data, source)
+    if not checked:
+        _check_structure(data, source)  # the depth, and aliases that expand past a size
     return data
 
 
@@ -247,9 +253,8 @@ def _build_from_events(loader) -> Any:
 
 
 def _parse_yaml(text: str, source: str) -> Any:
-    data = _parse_yaml_fast(text)
-    if data is not _MISSING:
-        return data
+    """YAML text read by PyYAML's loader (libyaml's parser when PyYAML has it): every
+    construct, and every error reported with its position."""
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except RecursionError:  # PyYAML's pure-Python parser (without libyaml) recurses per level

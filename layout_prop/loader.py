@@ -207,16 +207,18 @@ def _build_from_events(loader) -> Any:
     if type(get()) is not events.StreamStartEvent or type(get()) is not events.DocumentStartEvent:
         return _MISSING
     scalar, mapping, sequence = events.ScalarEvent, events.MappingStartEvent, events.SequenceStartEvent
-    ends = (events.MappingEndEvent, events.SequenceEndEvent)
+    mapping_end, sequence_end, document_end = events.MappingEndEvent, events.SequenceEndEvent, events.DocumentEndEvent
     plain: dict[str, Any] = {}  # a plain scalar's text -> its value
     stack: list[tuple] = []
-    container: Any = None  # the mapping or sequence being read (None: the document itself)
+    document: list = []  # holds the document's value
+    container: Any = document  # the mapping or sequence being read
+    in_list = True  # whether it is a sequence
     key: Any = _MISSING  # the mapping's key waiting for its value
     while True:
         event = get()
         kind = type(event)
         if kind is scalar:
-            if event.anchor is not None or event.tag is not None:
+            if event.tag is not None or event.anchor is not None:  # (an anchor written twice is an error there)
                 return _MISSING
             item = event.value
             if event.implicit[0]:  # plain: resolved (int, float, bool, null, date...) as the loader does
@@ -228,20 +230,20 @@ def _build_from_events(loader) -> Any:
             elif not event.implicit[1]:
                 return _MISSING
         elif kind is mapping or kind is sequence:
-            if event.anchor is not None or event.tag is not None:
+            if event.tag is not None or event.anchor is not None:
                 return _MISSING
-            stack.append((container, key))
-            container, key = ({} if kind is mapping else []), _MISSING
+            stack.append((container, in_list, key))
+            in_list = kind is sequence
+            container, key = ([] if in_list else {}), _MISSING
             continue
-        elif kind in ends:
+        elif kind is mapping_end or kind is sequence_end:
             item = container
-            container, key = stack.pop()
+            container, in_list, key = stack.pop()
+        elif kind is document_end:  # then only the stream's end
+            return document[0] if type(get()) is events.StreamEndEvent else _MISSING
         else:  # an alias
             return _MISSING
-        if container is None:  # the document's value: then only its end and the stream's
-            return item if type(get()) is events.DocumentEndEvent and type(get()) is events.StreamEndEvent \
-                else _MISSING
-        if type(container) is list:
+        if in_list:
             container.append(item)
         elif key is _MISSING:
             if kind is not scalar or item in container:  # a key that is a mapping or a sequence, or one written twice

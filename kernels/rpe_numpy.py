@@ -73,10 +73,15 @@ MODE_NAMES: dict[int, str] = {0: "half", 1: "interleave", 2: "quarter", 3: "inte
 
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
 
-#: Bytes of ``x`` processed per block by :func:`rpe_forward`; with the output, cos, the
-#: signed sin and the permuted scratch block the working set stays well inside a per-core
-#: L2 cache (64 KiB does as well on a 2 MiB L2; 256 KiB is clearly slower).
-DEFAULT_BLOCK_BYTES = 128 * 1024
+#: Bytes of ``x`` processed per block by :func:`rpe_forward`.  With the blocks in memory
+#: order, longer blocks keep the one memory-bound pass per block streaming for longer and
+#: cut the per-call overhead; that outweighs the in-cache passes spilling from a 1 MiB L2
+#: to L3 (working set about five blocks).  On the 64 MiB float32 benchmark (2-core AMD
+#: EPYC, 2026-12-04) mode 0 at 512 KiB was 0.00 to 0.08 (mostly about 0.04) of the copy
+#: bandwidth above 128 KiB, at D = 64 and 128 and S = 300, 1024 and 4096; 256 KiB to
+#: 1 MiB were close to each other, 64 KiB and 2 MiB slower.  No per-D choice: 512 KiB
+#: was as good as any other size, within the noise, at both D.
+DEFAULT_BLOCK_BYTES = 512 * 1024
 
 ModeLike = Union[int, str]
 _MODE_HELP = ", ".join(f"{number} ({name})" for number, name in MODE_NAMES.items())
@@ -371,8 +376,9 @@ def _blocks(shape: tuple[int, ...], itemsize: int, block_bytes: int) -> tuple[tu
     blocks follow each other in memory: one unbroken stream for the hardware prefetcher
     (walking chunk by chunk instead, to keep the rows of a (1, 1, S, D) cos / sin in the
     cache, jumps by a whole (S, D) slab between blocks: 0 to 6% slower on the 64 MiB
-    benchmark at 128 KiB blocks, and it kept larger blocks from paying off).  The last dim (the rotation dim) is never cut.  The tuples depend
-    on the shape only and are cached, so a call does not rebuild them.
+    benchmark at 128 KiB blocks, and it kept larger blocks from paying off).  The last
+    dim (the rotation dim) is never cut.  The tuples depend on the shape only and are
+    cached, so a call does not rebuild them.
 
     Examples
     --------

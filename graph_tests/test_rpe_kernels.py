@@ -180,6 +180,37 @@ def test_fast_path_equals_reference_path_exactly(case, block_bytes, full_size_si
     assert result is out
     np.testing.assert_array_equal(out, rpe_forward_reference(x, cos, sin, mode))
 
+@st.composite
+def blocked_cases(draw):
+    """(mode, x_shape, cos_shape, dtype, seed, block_bytes) for every path of the blocked
+    loop: head dims up to 128 with and without a take plan, 2-D to 4-D x with size-1 and
+    odd dims, cos of any rank (broadcast or as large as x, so that sin is signed once or
+    block by block), and blocks of a few rows plus a part row, so that the last block of
+    a walked row is shorter and blocks span several outer indices."""
+    mode = draw(st.sampled_from(MODES))
+    head_dim = draw(st.sampled_from([4, 8, 12, 16, 24, 32, 64, 128]))  # multiples of 4: every mode
+    leading = draw(st.lists(st.sampled_from([1, 2, 3, 5, 7]), min_size=1, max_size=3))
+    x_shape = tuple(leading) + (head_dim,)
+    cos_rank = draw(st.integers(1, len(x_shape)))
+    cos_leading = tuple(draw(st.sampled_from([1, size])) for size in x_shape[len(x_shape) - cos_rank : -1])
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+    row_bytes = head_dim * max(dtype.itemsize, 4)  # float16 is blocked as float32
+    block_bytes = draw(st.integers(1, 11)) * row_bytes + draw(st.integers(0, row_bytes - 1))
+    return mode, x_shape, cos_leading + (head_dim,), dtype, draw(st.integers(0, 2**32 - 1)), block_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(blocked_cases())
+def test_blocked_forward_matches_the_definition_on_every_path(case):
+    """Blocked fast path: bit for bit the reference path, and close to the literal formula."""
+    mode, x_shape, cos_shape, dtype, seed, block_bytes = case
+    x, cos, sin = make_inputs(x_shape, cos_shape, dtype, seed)
+    out = np.full(x_shape, np.nan, dtype)
+    result = rpe_forward(x, cos, sin, mode, out=out, block_bytes=block_bytes)
+    assert result is out
+    np.testing.assert_array_equal(out, rpe_forward_reference(x, cos, sin, mode))
+    np.testing.assert_allclose(out.astype(np.float64), reference_forward(x, cos, sin, mode), **TOLERANCES[dtype])
+
 
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_on_strided_views_and_mode_names(mode):

@@ -85,7 +85,7 @@ def best(args: list[str], repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="nodes (default 1000 10000)")
-    parser.add_argument("--repeat", type=int, default=5, help="runs per case; the best counts (default 5)")
+    parser.add_argument("--repeat", type=int, default=7, help="runs per case; the best counts (default 7)")
     parser.add_argument("--large", action="store_true", help="also check a generated Llama of about 100,000 nodes")
     parser.add_argument("--large-layers", type=int, default=3125, help="its layers (default 3125)")
     args = parser.parse_args()
@@ -98,12 +98,10 @@ def main() -> None:
         times: dict[tuple, list[float]] = {}
         for fmt in ("json", "yaml"):  # once untimed: the compiled modules cached, the files in the page cache
             timed(["check", str(files[1, fmt])])
-        small = {1, args.sizes[0]}  # the start-up and the smallest size: 3 times the runs (their net is a
-        for round_ in range(3 * args.repeat):  # difference of two times of about 0.2 s: noise shows most there)
+        # the same number of runs for every size: the best of more runs is lower, which would bias a difference
+        for _ in range(args.repeat):
             for fmt, out in cases:  # interleaved: every case and size once per round
                 for n in [1, *args.sizes]:
-                    if round_ >= args.repeat and n not in small:
-                        continue
                     flags = ["--json"] if out == "json" else []
                     times.setdefault((n, fmt, out), []).append(timed(["check", str(files[n, fmt]), *flags])[0])
         help_time = best(["--help"], args.repeat)
@@ -133,8 +131,7 @@ def main() -> None:
             print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
             if i == 0:
                 print("  ".join("-" * w for w in widths))
-        print(f"(times are best of {args.repeat} runs, {3 * args.repeat} for the start-up and {args.sizes[0]:,} nodes, "
-              "with the start-up of the same format and output subtracted)")
+        print(f"(times are best of {args.repeat} runs with the start-up of the same format and output subtracted)")
 
         if args.large:
             big = folder / "llama.json"

@@ -105,13 +105,11 @@ class Analysis:
 
     def _report_json(self) -> str:
         dumps = partial(json.dumps, separators=(",", ":"), allow_nan=False)
-        texts: dict[int, tuple] = {}  # id of a spec -> (the spec, its text): uniqued specs are shared objects
-        tensors = []
-        for name, spec in self._tensor_specs().items():
-            known = texts.get(id(spec))
-            if known is None:
-                known = texts[id(spec)] = (spec, dumps(spec.to_dict()))
-            tensors.append(f"{encode_basestring_ascii(name)}:{known[1]}")
+        specs = self._tensor_specs()
+        ids = list(map(id, specs.values()))
+        # each distinct spec (uniqued specs are shared objects) written once, then every tensor in C
+        texts = {key: dumps(spec.to_dict()) for key, spec in dict(zip(ids, specs.values())).items()}
+        tensors = map("{}:{}".format, map(encode_basestring_ascii, specs), map(texts.__getitem__, ids))
         plans: dict[int, tuple] = {}
         moves = [r.to_json(plans) for r in self.check.redistributions]
         return (f'{dumps(self._report_head())[:-1]},"tensors":{{{",".join(tensors)}}},'

@@ -704,7 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     threshold, collecting = gc.get_threshold(), gc.isenabled()
     # A command builds graphs of 10^4 to 10^5 objects that live until it ends; with Python's
     # default thresholds the collector walks them again and again (check of a 10,000-node spec
-    # 1.5 to 2 times slower).  Collect rarely, never not at all (cycles are still freed).
+    # 1.5 to 2 times slower).  Collect rarely (cycles are still freed), or not at all in the
+    # commands that analyse one graph and end (UNCOLLECTED_COMMANDS).
     gc.set_threshold(*GC_THRESHOLD)
     # a process started with stdout or stderr closed has None there: write to /dev/null instead
     sys.stdout = _Printable(stdout if stdout is not None else open(os.devnull, "w"))

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 import operator
-from itertools import chain, compress, repeat
 import os
 import re
 import stat
+from itertools import chain, compress, repeat
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +166,7 @@ def _parse_json(text: str, source: str) -> Any:
     ValueError: a key written twice
     """
     data = json.loads(text, parse_constant=_not_json)
-    keys = _check_depth(data, source)  # JSON has no aliases: only the depth to check, in C-speed comprehensions
+    keys = _check_depth(data, source)  # JSON has no aliases: only the depth to check
     if text.count(":") != keys:
         data = json.loads(text, object_pairs_hook=_json_mapping, parse_constant=_not_json)
     return data

@@ -263,7 +263,7 @@ class Graph:
         return list(self._nodes.values())
 
     def inputs(self) -> list[Node]:
-        return [n for n in self._nodes.values() if n.is_input]
+        return [n for n in self._nodes.values() if n.op == "input"]  # (is_input, without a call per node)
 
     def has_value(self, value: str) -> bool:
         """Whether some node produces ``value`` (what :meth:`producer` finds, without raising)."""

@@ -155,9 +155,10 @@ class Memory:
     def run(self, graph: Graph) -> MemoryReport:
         """Every rank's memory for ``graph`` (propagated; resharded if it is to be lowered)."""
         params = [n for n in graph.inputs() if n.attrs.get("requires_grad") and not _is_cotangent(n.name)]
-        grads = {n.name for n in graph.nodes if n.meta.get(meta.GRAD_OF)}
+        nodes = graph.nodes
+        grads = {n.name for n in nodes if n.meta.get(meta.GRAD_OF)}
         persistent = {n.name for n in params} | grads
-        walk, lowered = _walk(graph, persistent)
+        walk, lowered = _walk(graph, nodes, persistent)
         # ranks whose pieces have the same bytes in every spec have the same memory: walk the
         # program once per such class of ranks (once in all when every shard is even).  Specs
         # are keyed by identity (uniqued specs are mostly one object; equal ones have equal bytes)
@@ -173,23 +174,23 @@ class Memory:
             for member in members:
                 by_rank[member] = RankMemory(member, p, p, self.states * p, peak)
         ranks = [by_rank[r] for r in range(graph.mesh.size)]
-        backward = any(n.meta.get(meta.INSERTED_BY) == "backward" for n in graph.nodes)
+        backward = any(n.meta.get(meta.INSERTED_BY) == "backward" for n in nodes)
         return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
 
 
-def _walk(graph: Graph, persistent: set[str]) -> tuple["_Walk", bool]:
+def _walk(graph: Graph, nodes: list, persistent: set[str]) -> tuple["_Walk", bool]:
     """The program memory is counted over, and whether it is the lowered program (the ops
     of :func:`~layout_prop.passes.lower.local_ops`, not built: when the graph lowers) or the
-    graph's nodes."""
+    graph's ``nodes`` (its nodes in order, listed once by the caller)."""
     from .lower import local_ops
 
-    if not any(n.meta.get(meta.VIOLATIONS) for n in graph.nodes):
+    if not any(n.meta.get(meta.VIOLATIONS) for n in nodes):
         try:
             return _Walk(map(_VALUES_AND_SPECS, local_ops(graph)), persistent, graph.outputs), True
         except LayoutPropError:
             pass
-    nodes = ((n.inputs, n.outputs, n.meta.get(meta.SPECS, ())) for n in graph.topo_order())
-    return _Walk(nodes, persistent, graph.outputs), False
+    ops = ((n.inputs, n.outputs, n.meta.get(meta.SPECS, ())) for n in nodes)
+    return _Walk(ops, persistent, graph.outputs), False
 
 
 #: (inputs, outputs, specs) of an op of :func:`~layout_prop.passes.lower.local_ops`

@@ -5,16 +5,16 @@ chains of RotaryPositionEmbedding blocks (an RPE, a scale and a residual add per
 on a dp x tp x sp mesh of 8 ranks) written as JSON and as YAML, with text and ``--json``
 output, and prints for each: the best wall time of ``--repeat`` runs (sizes interleaved),
 the start-up (``check`` of a one-node spec of the same format) subtracted, microseconds per
-node, the ratio time(10N) / time(N) measured in the same run, and the cost of one more node
-between the smallest and the largest size (start-up and fixed costs cancel there).  The runs may cache
-compiled modules (``PYTHONDONTWRITEBYTECODE`` is dropped from their environment), as an
-installed tool does, and one untimed run comes first.  Then the start-up
+node, the ratio time(10N) / time(N) measured in the same run, and the cost of one more
+node between the smallest and the largest size (start-up and fixed costs cancel there).  The
+runs may cache compiled modules (``PYTHONDONTWRITEBYTECODE`` is dropped from their
+environment), as an installed tool does, and one untimed run comes first.  Then the start-up
 itself (``--help``; ``check`` of a one-node spec) and, with ``--large``, a generated Llama
 model of about 100,000 nodes (``gen llama --layers 3125``: 23 nodes and 9 weights a layer;
 320 layers make about 10,000) checked with ``--reshard --json``: wall time and the peak
 memory of the process.
 
-Run: ``python benchmarks/cli.py [--sizes 1000 10000] [--repeat 5] [--large]``.
+Run: ``python benchmarks/cli.py [--sizes 1000 10000] [--repeat 7] [--large]``.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -156,9 +157,11 @@ class Memory:
         """Every rank's memory for ``graph`` (propagated; resharded if it is to be lowered)."""
         params = [n for n in graph.inputs() if n.attrs.get("requires_grad") and not _is_cotangent(n.name)]
         nodes = graph.nodes
-        grads = {n.name for n in nodes if n.meta.get(meta.GRAD_OF)}
+        metas = [n.meta for n in nodes]  # (each read below with map in C, not a Python loop per node)
+        grads = {n.name for n in compress(nodes, map(dict.get, metas, repeat(meta.GRAD_OF)))}
         persistent = {n.name for n in params} | grads
-        walk, lowered = _walk(graph, nodes, persistent)
+        lowerable = not any(map(dict.get, metas, repeat(meta.VIOLATIONS)))
+        walk, lowered = _walk(graph, nodes, persistent, lowerable)
         # ranks whose pieces have the same bytes in every spec have the same memory: walk the
         # program once per such class of ranks (once in all when every shard is even).  Specs
         # are keyed by identity (uniqued specs are mostly one object; equal ones have equal bytes)
@@ -174,17 +177,18 @@ class Memory:
             for member in members:
                 by_rank[member] = RankMemory(member, p, p, self.states * p, peak)
         ranks = [by_rank[r] for r in range(graph.mesh.size)]
-        backward = any(n.meta.get(meta.INSERTED_BY) == "backward" for n in nodes)
+        backward = "backward" in map(dict.get, metas, repeat(meta.INSERTED_BY))
         return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
 
 
-def _walk(graph: Graph, nodes: list, persistent: set[str]) -> tuple["_Walk", bool]:
+def _walk(graph: Graph, nodes: list, persistent: set[str], lowerable: bool) -> tuple["_Walk", bool]:
     """The program memory is counted over, and whether it is the lowered program (the ops
     of :func:`~layout_prop.passes.lower.local_ops`, not built: when the graph lowers) or the
-    graph's ``nodes`` (its nodes in order, listed once by the caller)."""
+    graph's ``nodes`` (its nodes in order, listed once by the caller); a graph with
+    violations is not ``lowerable``."""
     from .lower import local_ops
 
-    if not any(n.meta.get(meta.VIOLATIONS) for n in nodes):
+    if lowerable:
         try:
             return _Walk(map(_VALUES_AND_SPECS, local_ops(graph)), persistent, graph.outputs), True
         except LayoutPropError:

@@ -290,32 +290,24 @@ def _tolerance(text: str) -> float:
 
 
 _UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
-#: the largest size a flag such as --max-memory takes (2^60 bytes, an exbibyte)
-MAX_SIZE = 2 ** 60
 
 
 def _memory_size(text: str) -> int:
-    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units), at most :data:`MAX_SIZE`.
-
-    Computed exactly (a fraction, not a float): 400 digits are refused as over the limit,
-    never an overflow.
-    """
+    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units), at most
+    :data:`~layout_prop.plan_command.MAX_BYTES`, computed exactly: 400 digits are refused as
+    over the limit, never an overflow."""
     import re
-    from fractions import Fraction
+
+    from .plan_command import MAX_BYTES, exact_bytes
 
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGTP]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not m:
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a size like 4096, 512M, 8G or 1.5T")
-    whole, _, fraction = m.group(1).partition(".")
-    whole = whole.lstrip("0") or "0"
-    if len(whole) > 30:  # far past the limit (and never a float overflow)
-        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_SIZE} bytes (1024P)")
-    # digits past the 30th after the point cannot change a whole number of bytes
-    size = int(Fraction(f"{whole}.{fraction[:30] or '0'}") * _UNITS[m.group(2).upper()])
+    size = exact_bytes(m.group(1), _UNITS[m.group(2).upper()])
+    if size is None:
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_BYTES} bytes (1024P)")
     if size < 1:
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a positive size")
-    if size > MAX_SIZE:
-        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_SIZE} bytes (1024P)")
     return size
 
 

@@ -48,8 +48,26 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-#: the largest memory per rank taken (2^60 bytes)
+#: the largest amount of memory a flag takes (2^60 bytes, 1024 PiB): --memory-per-rank, --max-memory
 MAX_BYTES = 2 ** 60
+
+
+def exact_bytes(number: str, factor: int) -> int | None:
+    """``number`` (digits, optionally a point and more digits) times ``factor``, rounded down,
+    computed exactly (a fraction, never a float that overflows); None past :data:`MAX_BYTES`.
+
+    >>> exact_bytes("1.5", 1024), exact_bytes("0.", 8), exact_bytes("9" * 400, 1)
+    (1536, 0, None)
+    """
+    from fractions import Fraction
+
+    whole, _, fraction = number.partition(".")
+    whole = whole.lstrip("0") or "0"
+    if len(whole) > 30:  # far past the limit
+        return None
+    # digits past the 30th after the point cannot change a whole number of bytes
+    value = int(Fraction(f"{whole}.{fraction[:30] or '0'}") * factor)
+    return None if value > MAX_BYTES else value
 
 
 def parse_bytes(text: str) -> int:
@@ -58,17 +76,14 @@ def parse_bytes(text: str) -> int:
     >>> parse_bytes("16GiB"), parse_bytes("1.5 KB"), parse_bytes("4096")
     (17179869184, 1500, 4096)
     """
-    from fractions import Fraction
-
     from .errors import cut
 
-    m = re.fullmatch(r"\s*([0-9]*)(?:\.([0-9]+))?\s*([a-zA-Z]*)\s*", str(text))
-    if m is None or not (m.group(1) or m.group(2)) or m.group(3).lower() not in _UNITS:
+    m = re.fullmatch(r"\s*([0-9]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if m is None or not m.group(1) or m.group(2).lower() not in _UNITS:
         raise SpecError("bad-value", f"cannot read {cut(str(text), 60)} as an amount of memory",
                         hint="write it like 16GiB, 512MiB, 2GB or a number of bytes")
-    whole, fraction = m.group(1).lstrip("0") or "0", (m.group(2) or "0")[:30]  # exact, never a float overflow
-    value = 0 if len(whole) > 30 else int(Fraction(f"{whole}.{fraction}") * _UNITS[m.group(3).lower()])
-    if len(whole) > 30 or value > MAX_BYTES:
+    value = exact_bytes(m.group(1), _UNITS[m.group(2).lower()])
+    if value is None:
         raise SpecError("bad-value", f"memory per rank {cut(str(text), 60)} is over the limit {MAX_BYTES} bytes "
                         "(1024 PiB)", hint="give the memory of one device, like 64GiB")
     if value <= 0:

@@ -28,7 +28,7 @@ from .errors import GraphError, LayoutPropError, OpError, Violation, describe
 from .layout import Layout
 from .spec import TensorSpec
 
-__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "registered_ops", "GradBuilder", "apply_rule"]
+__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder", "apply_rule"]
 
 _RULES: dict[str, "OpRule"] = {}
 _ALIASES: dict[str, str] = {}
@@ -274,6 +274,17 @@ def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRul
             f"known ops: {', '.join(sorted(_RULES))}"
         raise OpError("unknown-op", f"unknown op {op!r}", node=node, path=path, hint=hint)
     return rule
+
+
+def is_registered(op: str) -> bool:
+    """Whether ``op`` is an op's name or alias (:func:`get_rule` without its error: no hint
+    is searched for, which costs about 1 ms a name).
+
+    >>> is_registered("mul"), is_registered("Mul"), is_registered("no_such_op")
+    (True, True, False)
+    """
+    _load_builtin_ops()
+    return op in _RULES or op in _ALIASES
 
 
 def registered_ops() -> dict[str, OpRule]:

@@ -191,16 +191,9 @@ POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow",
 def _taken(cls) -> bool:
     """Whether the registry already knows the op's name or an alias (a built-in wins; a re-import
     of this module is a no-op)."""
-    from ..errors import OpError
-    from ..registry import get_rule
+    from ..registry import is_registered
 
-    for name in (cls.name, *cls.aliases):
-        try:
-            get_rule(name)
-            return True
-        except OpError:
-            pass
-    return False
+    return any(is_registered(name) for name in (cls.name, *cls.aliases))
 
 
 for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow, Relu, ReluGrad):

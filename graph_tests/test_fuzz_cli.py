@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st

@@ -9,7 +9,7 @@ import pytest
 
 from layout_prop.cli import main
 from layout_prop.progress import Progress
-from layout_prop.testing import OpSample, combination_specs, verify_op
+from layout_prop.testing import combination_specs, verify_op
 
 
 def _strict(text: str):

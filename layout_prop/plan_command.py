@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import LayoutPropError, SpecError
+from .errors import SpecError
 from .graph import Graph
 
 __all__ = ["plan_spec", "PlanReport", "graph_to_spec", "measure", "parse_bytes", "add_plan_parser", "cmd_plan"]
@@ -196,7 +196,6 @@ class PlanReport:
 def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
               optimizer: str | None = None, baseline: Graph | None = None) -> PlanReport:
     """Solve ``graph`` (a loaded spec), realise the plan and measure it and the baseline."""
-    from .passes.memory import Memory
     from .passes.plan import links_of, realise, solve
 
     links = links_of(graph)

@@ -117,7 +117,7 @@ from typing import Iterator, Sequence, Union
 from .errors import LayoutError
 from .layout import Layout
 from .mesh import DeviceMesh
-from .placement import Partial, Placement, Replicate, Shard, StridedShard, shard_dim
+from .placement import Partial, Placement, Replicate, StridedShard, shard_dim
 from .spec import TensorSpec, chunk_bounds
 
 __all__ = [

@@ -97,7 +97,7 @@ def _check_strided(shape: tuple[int, ...], layout: Layout) -> None:
                 "invalid-layout",
                 f"{p} on mesh axis {mesh.names[axis]!r}: the piece of dim {p.dim} (size {shape[p.dim]}) it cuts "
                 f"has {bad[0]} elements on some rank, which do not divide into {p.split_factor} blocks",
-                hint=f"a strided shard _S(d,k) needs the piece of dim d it cuts to be a multiple of k")
+                hint="a strided shard _S(d,k) needs the piece of dim d it cuts to be a multiple of k")
 
 
 def _only(layout: Layout, axes: Sequence[int]) -> Layout:

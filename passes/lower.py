@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator
-
+from typing import TYPE_CHECKING, Any, Iterator
 
 from layout_prop import meta
 from layout_prop.errors import ExecutionError
@@ -55,6 +54,9 @@ from layout_prop.registry import OpRule, get_rule
 from layout_prop.spec import TensorSpec
 
 from .propagate import value_spec
+
+if TYPE_CHECKING:  # networkx is imported where a program is turned into a networkx graph
+    import networkx
 
 __all__ = ["Lower", "LocalOp", "Program", "LowerResult", "local_ops"]
 

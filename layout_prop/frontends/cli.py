@@ -46,7 +46,7 @@ def load_graph(args: argparse.Namespace) -> Graph:
     if is_model_path(source):
         if plan is None:
             raise SpecError("missing-plan", f"{source!r} is a model: it needs a sharding plan", path=source,
-                            hint=f"add --plan PLAN.yaml (see the README's 'Your own model')")
+                            hint="add --plan PLAN.yaml (see the README's 'Your own model')")
         return load_model(source, Path(plan), opaque=getattr(args, "opaque", False))  # --plan is always a file
     if plan is not None:
         raise SpecError("unexpected-plan", f"--plan goes with a model (.onnx or .mindir), but {source!r} is a spec",

@@ -272,6 +272,34 @@ def test_a_plan_that_is_a_device_is_refused(tmp_path, capsys):
     assert "plan-not-found" in line and "is a device, not a plan file" in line
 
 
+@pytest.mark.parametrize("content, code", [
+    (b"mesh: {shape: [2], names: [dp]}\nparameters: {a: \xff}\n", "plan-syntax"),  # not UTF-8
+    (b"mesh: {shape: [2], names: [dp]\n", "plan-syntax"),  # not YAML
+    (b"mesh: {shape: [2], names: [dp]}\nmesh: {shape: [4], names: [tp]}\n", "plan-syntax"),  # a key twice
+    (b"parameters: " + b"[" * 100 + b"]" * 100 + b"\n", "plan-too-deep"),
+], ids=["not-utf8", "not-yaml", "key-twice", "too-deep"])
+def test_an_unreadable_plan_is_said_to_be_a_plan(tmp_path, content, code):
+    from layout_prop.plan import load_plan
+
+    path = tmp_path / "plan.yaml"
+    path.write_bytes(content)
+    with pytest.raises(SpecError) as excinfo:
+        load_plan(path)
+    assert excinfo.value.code == code and excinfo.value.hint
+
+
+def test_a_plan_past_the_size_limit_is_a_plan_too_large(tmp_path, monkeypatch):
+    import layout_prop.loader as loader
+    from layout_prop.plan import load_plan
+
+    monkeypatch.setattr(loader, "MAX_SPEC_BYTES", 1024)
+    path = tmp_path / "plan.yaml"
+    path.write_text("mesh: {shape: [2], names: [dp]}\n" + "#" * 2000 + "\n")
+    with pytest.raises(SpecError) as excinfo:
+        load_plan(path)
+    assert excinfo.value.code == "plan-too-large"
+
+
 def test_a_model_past_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
     from layout_prop import frontends
 

@@ -404,7 +404,7 @@ def test_unreadable_plans_are_one_line(tmp_path, capsys):
     one_line_error(capsys, ["check", str(model), "--plan", str(tmp_path / "none.yaml")], "plan-not-found")
     bad = tmp_path / "bad.yaml"
     bad.write_text("mesh: {shape: [2, 2, 2]\n")
-    one_line_error(capsys, ["check", str(model), "--plan", str(bad)], "spec-syntax")
+    one_line_error(capsys, ["check", str(model), "--plan", str(bad)], "plan-syntax")
     for plan, code in (({"mesh": {"shape": [2]}, "layers": 3}, "unknown-key"), ({"inputs": {}}, "missing-key"),
                        ({"mesh": {"shape": [2]}, "parameters": ["*"]}, "bad-type"),
                        ({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [2, 8, 32], "layout": "R"}}},

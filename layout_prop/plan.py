@@ -112,8 +112,9 @@ def load_plan(source: str | Path | dict) -> Plan:
     Raises
     ------
     SpecError
-        ``plan-not-found``, ``spec-syntax``, ``unknown-key``, ``bad-type``, ``bad-plan``,
-        ``unknown-mesh-axis`` with the entry's path and a hint.
+        ``plan-not-found``, ``plan-too-large``, ``plan-syntax`` (also not UTF-8),
+        ``plan-too-deep``, ``unknown-key``, ``bad-type``, ``bad-plan``, ``unknown-mesh-axis``
+        with the entry's path and a hint.
     """
     from .loader import parse_spec
 
@@ -128,13 +129,19 @@ def load_plan(source: str | Path | dict) -> Plan:
             from .loader import MAX_SPEC_BYTES, read_file_bytes
 
             raw = read_file_bytes(Path(source), MAX_SPEC_BYTES, what="plan", missing="plan-not-found",
-                                  too_large="spec-too-large", hint="give the path of a YAML or JSON sharding plan")
+                                  too_large="plan-too-large", hint="give the path of a YAML or JSON sharding plan")
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise _err("plan-not-found", f"cannot read plan {cut(name)}: not UTF-8 text ({exc.reason} at byte "
+                raise _err("plan-syntax", f"cannot read plan {cut(name)}: not UTF-8 text ({exc.reason} at byte "
                            f"{exc.start})", "plan", "give the path of a YAML or JSON sharding plan") from None
-        data = parse_spec(text, name)
+        try:
+            data = parse_spec(text, name)
+        except SpecError as err:  # the spec reader's codes (spec-syntax, spec-too-deep...) said of a plan
+            if not err.code.startswith("spec-"):
+                raise
+            raise SpecError("plan-" + err.code[len("spec-"):], err.message, path=err.path, node=err.node,
+                            input=err.input, hint=err.hint) from None
     if not isinstance(data, dict):
         raise _err("bad-type", f"a plan is a mapping, got {type(data).__name__}", "plan",
                    "write mesh, inputs and parameters")

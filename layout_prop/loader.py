@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from .block_yaml import read_block_yaml
 from .errors import GraphError, LayoutPropError, SpecError, cut, printable
 from .graph import Graph, Node, split_value
 from .layout import Layout
@@ -102,6 +103,10 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyam
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789"))
+#: the first characters of the plain scalars the loader may read as something else than a
+#: string; None when a resolver is tried whatever the first character (PyYAML's are not)
+_IMPLICIT_FIRST = None if None in _UniqueKeyLoader.yaml_implicit_resolvers else \
+    frozenset(_UniqueKeyLoader.yaml_implicit_resolvers)
 
 
 def _not_json(constant: str):
@@ -176,7 +181,8 @@ _MISSING = object()
 
 
 def _parse_yaml_fast(text: str) -> Any:
-    """The YAML text as Python values, built from libyaml's events without PyYAML's
+    """The YAML text as Python values, read line by line (:mod:`layout_prop.block_yaml`:
+    the plain block YAML of generated specs) or built from libyaml's events without PyYAML's
     composer and constructor; ``_MISSING`` for anything but the common case.
 
     The common case is one document of mappings, sequences and scalars without tags,
@@ -194,11 +200,29 @@ def _parse_yaml_fast(text: str) -> Any:
     """
     loader = _UniqueKeyLoader(text)
     try:
-        return _build_from_events(loader)
+        data = read_block_yaml(text, lambda plain: _plain_scalar(loader, plain))  # one match a line
+        return _build_from_events(loader) if data is None else data
     except Exception:  # (a malformed text, an int of 5,000 digits...): the full loader reports it
         return _MISSING
     finally:
         loader.dispose()
+
+
+def _plain_scalar(loader, text: str) -> Any:
+    """A plain scalar's value, resolved (int, float, bool, null, date...) and constructed as
+    ``loader`` does (a merge key '<<' has no constructor: it raises, and the loader reads it).
+
+    A text whose first character starts none of the loader's implicit types is the string
+    itself, as the resolver and ``construct_yaml_str`` make it, without making a node.
+
+    >>> loader = _UniqueKeyLoader("")
+    >>> [_plain_scalar(loader, t) for t in ("rope0", "no", "1e-6", "0x10", "~", "S(0)")]
+    ['rope0', False, 1e-06, 16, None, 'S(0)']
+    """
+    if text and _IMPLICIT_FIRST is not None and text[0] not in _IMPLICIT_FIRST and type(loader) is _UniqueKeyLoader:
+        return text
+    return loader.construct_object(yaml.ScalarNode(loader.resolve(yaml.ScalarNode, text, (True, False)), text),
+                                   deep=True)
 
 
 def _build_from_events(loader) -> Any:
@@ -223,9 +247,8 @@ def _build_from_events(loader) -> Any:
             item = event.value
             if event.implicit[0]:  # plain: resolved (int, float, bool, null, date...) as the loader does
                 known = plain.get(item, _MISSING)
-                if known is _MISSING:  # (a merge key '<<' has no constructor: it raises, and the loader reads it)
-                    node = yaml.ScalarNode(loader.resolve(yaml.ScalarNode, item, (True, False)), item)
-                    known = plain[item] = loader.construct_object(node, deep=True)
+                if known is _MISSING:
+                    known = plain[item] = _plain_scalar(loader, item)
                 item = known
             elif not event.implicit[1]:
                 return _MISSING

@@ -3,10 +3,13 @@
 Runs the real ``layout-prop`` CLI (``python -m layout_prop.cli``) as a subprocess on
 chains of RotaryPositionEmbedding blocks (an RPE, a scale and a residual add per block,
 on a dp x tp x sp mesh of 8 ranks) written as JSON and as YAML, with text and ``--json``
-output, and prints for each: the best wall time of ``--repeat`` runs (sizes interleaved),
-the start-up (``check`` of a one-node spec of the same format) subtracted, microseconds per
-node, the ratio time(10N) / time(N) measured in the same run, and the cost of one more
-node between the smallest and the largest size (start-up and fixed costs cancel there).  The
+output, and prints for each: the net time of a size, the median over ``--repeat`` rounds of
+its wall time minus that of the start-up (``check`` of a one-node spec of the same format)
+run just before it in the same round (sizes interleaved; a paired difference cancels the
+machine's slow drift, and a median is not biased by the number of runs as a best-of
+difference is), microseconds per node, the ratio time(10N) / time(N) measured in the same
+run, and the cost of one more node between the smallest and the largest size (start-up and
+fixed costs cancel there).  The
 runs may cache compiled modules (``PYTHONDONTWRITEBYTECODE`` is dropped from their
 environment), as an installed tool does, and one untimed run comes first.  Then the start-up
 itself (``--help``; ``check`` of a one-node spec) and, with ``--large``, a generated Llama
@@ -14,7 +17,7 @@ model of about 100,000 nodes (``gen llama --layers 3125``: 23 nodes and 9 weight
 320 layers make about 10,000) checked with ``--reshard --json``: wall time and the peak
 memory of the process.
 
-Run: ``python benchmarks/cli.py [--sizes 1000 10000] [--repeat 7] [--large]``.
+Run: ``python benchmarks/cli.py [--sizes 1000 10000] [--repeat 11] [--large]``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,7 +89,8 @@ def best(args: list[str], repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="nodes (default 1000 10000)")
-    parser.add_argument("--repeat", type=int, default=7, help="runs per case; the best counts (default 7)")
+    parser.add_argument("--repeat", type=int, default=11, help="rounds; the median of each size's net times "
+                        "counts (default 11)")
     parser.add_argument("--large", action="store_true", help="also check a generated Llama of about 100,000 nodes")
     parser.add_argument("--large-layers", type=int, default=3125, help="its layers (default 3125)")
     args = parser.parse_args()
@@ -98,7 +103,6 @@ def main() -> None:
         times: dict[tuple, list[float]] = {}
         for fmt in ("json", "yaml"):  # once untimed: the compiled modules cached, the files in the page cache
             timed(["check", str(files[1, fmt])])
-        # the same number of runs for every size: the best of more runs is lower, which would bias a difference
         for _ in range(args.repeat):
             for fmt, out in cases:  # interleaved: every case and size once per round
                 for n in [1, *args.sizes]:
@@ -116,9 +120,10 @@ def main() -> None:
             header.append(f"us/node from {args.sizes[0]:,} to {args.sizes[-1]:,}")
         rows = [header]
         for fmt, out in cases:
-            startup = min(times[1, fmt, out])
-            # a net time at or below 0 is lost in the start-up's noise: "n/a", never a made-up ratio
-            net = [min(times[n, fmt, out]) - startup for n in args.sizes]
+            # each round's time minus the start-up's of the same round; a net time at or below 0 is
+            # lost in the start-up's noise: "n/a", never a made-up ratio
+            net = [statistics.median(t - t1 for t, t1 in zip(times[n, fmt, out], times[1, fmt, out]))
+                   for n in args.sizes]
             row = [fmt, out, *[f"{t:.3f}" for t in net],
                    *[f"{1e6 * t / n:.1f}" if t > 0 else "n/a" for t, n in zip(net, args.sizes)]]
             if len(args.sizes) > 1:
@@ -131,7 +136,8 @@ def main() -> None:
             print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
             if i == 0:
                 print("  ".join("-" * w for w in widths))
-        print(f"(times are best of {args.repeat} runs with the start-up of the same format and output subtracted)")
+        print(f"(net times: the median over {args.repeat} rounds of a run's time minus the start-up's, a one-node "
+              "check of the same format and output, in the same round)")
 
         if args.large:
             big = folder / "llama.json"

@@ -821,7 +821,8 @@ def entry() -> None:
 
     _HARD_EXIT = False
     code = main()
-    if _HARD_EXIT and atexit._ncallbacks() == 0 and _flushed():
+    # (atexit._ncallbacks is CPython's; elsewhere the handlers are taken to be there)
+    if _HARD_EXIT and getattr(atexit, "_ncallbacks", lambda: 1)() == 0 and _flushed():
         os._exit(code)
     sys.exit(code)
 

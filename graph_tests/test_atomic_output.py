@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import resource
-import shutil
 import stat
 import subprocess
 import sys
@@ -21,13 +20,9 @@ from layout_prop import output
 from layout_prop.cli import main
 from layout_prop.output import atomic_path, write_text_atomic
 
+from .cli_support import console_command
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def console_command() -> list[str]:
-    bindir = os.path.dirname(sys.executable)
-    exe = shutil.which("layout-prop", path=bindir) or shutil.which("layout-prop")
-    return [exe] if exe else [sys.executable, "-m", "layout_prop.cli"]
 
 
 def run_with_file_size_limit(argv: list[str], limit: int, cwd: Path) -> subprocess.CompletedProcess:

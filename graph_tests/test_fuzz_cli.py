@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from layout_prop.cli import main
+
+from .cli_support import console_command as _console_command
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 #: in-process specs per CI run (about 10 ms each); more with LAYOUT_PROP_FUZZ_EXAMPLES
@@ -289,10 +290,6 @@ def test_fuzzed_specs_keep_the_exit_code_contract(tmp_path_factory, capsys, text
 
 
 # --------------------------------------------------------------------------- the console script
-def _console_command() -> list[str]:
-    bindir = os.path.dirname(sys.executable)
-    exe = shutil.which("layout-prop", path=bindir) or shutil.which("layout-prop")
-    return [exe] if exe else [sys.executable, "-m", "layout_prop.cli"]
 
 
 def _limit_memory() -> None:

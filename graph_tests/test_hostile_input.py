@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from layout_prop.cli import EXIT_BROKEN_PIPE, main
 from layout_prop.errors import LayoutError, SpecError, cut, printable
 from layout_prop.loader import ALIAS_FACTOR, ALIAS_SLACK, MAX_DEPTH, MAX_ELEMENTS, load_spec, parse_spec
 from layout_prop.mesh import MAX_RANKS, DeviceMesh
+
+from .cli_support import cli_env, console_command
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -677,16 +678,6 @@ def test_help_says_that_modules_and_entry_points_run_code(capsys):
 
 
 # --------------------------------------------------------------------------- stdout closed or full
-def console_command() -> list[str]:
-    bindir = os.path.dirname(sys.executable)
-    exe = shutil.which("layout-prop", path=bindir) or shutil.which("layout-prop")
-    return [exe] if exe else [sys.executable, "-m", "layout_prop.cli"]
-
-
-def cli_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return env
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

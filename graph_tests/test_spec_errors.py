@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from layout_prop import __version__
 from layout_prop.cli import main
 from layout_prop.errors import LayoutPropError, SpecError
 from layout_prop.loader import load_spec
+
+from .cli_support import console_command
 
 FILE = object()  # the expected path is the spec file's own path
 
@@ -391,11 +392,6 @@ def test_bad_usage_exits_2_with_one_line(argv, capsys):
 
 
 # --------------------------------------------------------------------------- the real console script
-def console_command() -> list[str]:
-    """The installed ``layout-prop`` next to this interpreter, else ``python -m layout_prop.cli``."""
-    bindir = os.path.dirname(sys.executable)
-    exe = shutil.which("layout-prop", path=bindir) or shutil.which("layout-prop")
-    return [exe] if exe else [sys.executable, "-m", "layout_prop.cli"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -84,7 +84,7 @@ def test_specs_shaped_like_gen_output_are_read_here(value, flow):
 
 
 _words = st.sampled_from(["a", "b", "k", "x1", "S(0)", "-1", "1", "2.5", "1e-6", "yes", "no", "~", "null", "0x1F",
-                           "a-b", "_", "-", "a b", "#x", "'q'", "[x]", "a:b", "2001-12-14", ""])
+                           "a-b", "_", "-", "a b", "#x", "'q'", "[x]", "a:b", "2001-12-14", "", "k" * 1025])
 _trees = st.recursive(_words, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                       st.lists(st.tuples(_words, inner), max_size=3)), max_leaves=10)
 
@@ -143,6 +143,16 @@ def test_written_blocks_read_as_the_loader_reads_them_or_are_deferred(tree, step
                                   "a:\n  - x\n  b: 1\n", "a: |\n  x\n", "a:\n  y\n", "1: a\ntrue: b\n", "a: 99" + "9" * 5000 + "\n"])
 def test_what_the_reader_leaves_to_the_loader(text):
     assert read(text) is None
+
+
+@pytest.mark.parametrize("length", [1, 1023, 1024, 1025, 5000])
+@pytest.mark.parametrize("form", ["{k}: 1\n", "a: {{{k}: 1}}\n", "a:\n- {k}: 1\n", "a: [{k}]\n", "a: {k}\n"],
+                         ids=["key", "flow-key", "entry-key", "flow-item", "value"])
+def test_keys_past_libyamls_length_are_left_to_the_loader(form, length):
+    # libyaml reads an implicit key of at most 1,024 characters (a longer one is an error there)
+    text = form.format(k="k" * length)
+    read_here = agrees(text)
+    assert read_here == (length <= 1024 or "{k}:" not in form), (form, length)
 
 
 def test_sequences_at_their_keys_column_and_nested_entries():

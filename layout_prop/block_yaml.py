@@ -13,7 +13,8 @@ Read through libyaml's events, such a spec costs about 17 Python event objects a
 here, one regular-expression match a line.  Only that shape is read: a text with a
 comment, a quote, a tag, an anchor or alias, a block scalar, a tab, a carriage return, a
 document marker, a trailing space, a multi-line scalar, a nested flow collection, a plain
-scalar with a character outside ``[A-Za-z0-9_.()/+~-]`` or anything else gives None, and
+scalar with a character outside ``[A-Za-z0-9_.()/+~-]``, a key longer than libyaml reads
+(:data:`MAX_KEY`) or anything else gives None, and
 the caller reads it with the YAML loader, which also reports every error.  What is read
 is what the loader reads: each plain scalar (key or value) becomes its value through
 ``scalar``, which the caller makes from the same loader's resolver and constructor, and a
@@ -45,6 +46,10 @@ _VALUE = rf"(?:({PLAIN})|\[((?:{PLAIN}(?:, {PLAIN})*)?)\]|\{{((?:{PLAIN}: {PLAIN
 _LINE = re.compile(rf"( *)(- )?(?:({PLAIN}):(?: +{_VALUE})?|{_VALUE})")
 
 
+#: the longest implicit key libyaml reads (YAML's limit on a key written without "? ")
+MAX_KEY = 1024
+
+
 class _Outside(Exception):
     """The text is not in the shape read here."""
 
@@ -73,6 +78,8 @@ def _value(plain: str | None, items: str | None, pairs: str | None, value_of: Ca
     if pairs:
         for pair in pairs.split(", "):
             key, _, item = pair.partition(": ")
+            if len(key) > MAX_KEY:
+                raise _Outside
             key = value_of(key)
             if key in mapping:
                 raise _Outside
@@ -134,6 +141,8 @@ def _read(text: str, scalar: Callable[[str], Any]) -> dict:
             column, container, in_list = at + 2, entry, False
             blocks.append((column, entry, False))
         elif key is None:  # a line that is neither a key nor an entry (a multi-line scalar...)
+            raise _Outside
+        if len(key) > MAX_KEY:
             raise _Outside
         k = value_of(key)
         if k in container:

@@ -155,6 +155,12 @@ def test_keys_past_libyamls_length_are_left_to_the_loader(form, length):
     assert read_here == (length <= 1024 or "{k}:" not in form), (form, length)
 
 
+@pytest.mark.parametrize("depth", [10, 499, 500, 998, 999, 1200])
+def test_deep_nesting_is_left_to_the_loader_before_libyaml_refuses_it(depth):
+    text = "".join(" " * i + f"k{i}:\n" for i in range(depth))
+    assert agrees(text) == (depth <= 500)
+
+
 def test_sequences_at_their_keys_column_and_nested_entries():
     text = "a:\n- x\n- k: 1\n  l:\n  - 2\n  m: {}\nb:\n  c: [1, y]\nd:\n"
     assert agrees(text)

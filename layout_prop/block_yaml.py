@@ -14,7 +14,7 @@ here, one regular-expression match a line.  Only that shape is read: a text with
 comment, a quote, a tag, an anchor or alias, a block scalar, a tab, a carriage return, a
 document marker, a trailing space, a multi-line scalar, a nested flow collection, a plain
 scalar with a character outside ``[A-Za-z0-9_.()/+~-]``, a key longer than libyaml reads
-(:data:`MAX_KEY`) or anything else gives None, and
+(:data:`MAX_KEY`), nesting deeper than :data:`MAX_BLOCKS` or anything else gives None, and
 the caller reads it with the YAML loader, which also reports every error.  What is read
 is what the loader reads: each plain scalar (key or value) becomes its value through
 ``scalar``, which the caller makes from the same loader's resolver and constructor, and a
@@ -48,6 +48,9 @@ _LINE = re.compile(rf"( *)(- )?(?:({PLAIN}):(?: +{_VALUE})?|{_VALUE})")
 
 #: the longest implicit key libyaml reads (YAML's limit on a key written without "? ")
 MAX_KEY = 1024
+#: the most blocks open at once read here: libyaml refuses 1,000 nested collections, and a
+#: text that nests deeper than this is left to it (a spec needs a few levels)
+MAX_BLOCKS = 500
 
 
 class _Outside(Exception):
@@ -119,6 +122,8 @@ def _read(text: str, scalar: Callable[[str], Any]) -> dict:
         at = len(indent)
         if pending is not _Outside:  # (its value stays null unless this line opens its block)
             if at > column or (dash and at == column):
+                if len(blocks) >= MAX_BLOCKS:
+                    raise _Outside
                 block: Any = [] if dash else {}
                 container[pending] = block
                 blocks.append((at, block, bool(dash)))

@@ -47,7 +47,8 @@ def agrees(text: str) -> bool:
 # scalars the loader resolves in surprising ways (YAML 1.1) and scalars it must quote
 _SCALARS = ["yes", "No", "on", "OFF", "y", "n", "~", "null", "Null", "true", "False", "0x1F", "0o17", "017", "0b101",
             "1_000", "1e-6", "2E+3", "1.0e-06", "+1", "-1", "-0", "+.5", "-.inf", "2001-12-14", "S(0)", "P(sum)",
-            "_S(1,2)", "a-b", "x/y", "f(x)", "~x", "-x", "--", "-", "a b", "a:b", "1:30", ".5", "=", "<<", "", "#", "é"]
+            "_S(1,2)", "a-b", "x/y", "f(x)", "~x", "-x", "--", "-", "a b", "a:b", "1:30", ".5", "=", "<<", "", "#",
+            "é"]
 _plain = st.one_of(st.sampled_from(_SCALARS), st.text(string.ascii_letters + string.digits + "_-.()", max_size=6))
 _keys = st.one_of(_plain, st.integers(-3, 3), st.booleans())
 _leaf = st.one_of(_plain, st.integers(), st.floats(allow_nan=False), st.booleans(), st.none())
@@ -140,7 +141,8 @@ def test_written_blocks_read_as_the_loader_reads_them_or_are_deferred(tree, step
 @pytest.mark.parametrize("text", ["a: 1 # c\n", "a: 'x'\n", "a: 1\na: 2\n", "a: {k: 1, k: 2}\n", "a: -\n",
                                   "a:\n\t- x\n", "a: 1\r\nb: 2\r\n", "", "\n\n", "- a\n", "a: x\n  y\n", "a: 1 \n",
                                   "a: [1, [2]]\n", "a: &x 1\nb: *x\n", "---\na: 1\n", "a: 1\n...\n", "  a: 1\n",
-                                  "a:\n  - x\n  b: 1\n", "a: |\n  x\n", "a:\n  y\n", "1: a\ntrue: b\n", "a: 99" + "9" * 5000 + "\n"])
+                                  "a:\n  - x\n  b: 1\n", "a: |\n  x\n", "a:\n  y\n", "1: a\ntrue: b\n",
+                                  "a: 99" + "9" * 5000 + "\n"])
 def test_what_the_reader_leaves_to_the_loader(text):
     assert read(text) is None
 

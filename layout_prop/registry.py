@@ -28,7 +28,8 @@ from .errors import GraphError, LayoutPropError, OpError, Violation, describe
 from .layout import Layout
 from .spec import TensorSpec
 
-__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder", "apply_rule"]
+__all__ = ["OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder",
+           "apply_rule"]
 
 _RULES: dict[str, "OpRule"] = {}
 _ALIASES: dict[str, str] = {}

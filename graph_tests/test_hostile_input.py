@@ -301,6 +301,20 @@ def test_a_plan_past_the_size_limit_is_a_plan_too_large(tmp_path, monkeypatch):
     assert excinfo.value.code == "plan-too-large"
 
 
+@pytest.mark.parametrize("value", ["x:\u00b2", "x:\u0663", "x:" + "9" * 5001, "x:" + "0" * 19 + "1"],
+                         ids=["superscript", "arabic-digit", "5001-digits", "19-digits"])
+def test_an_input_named_like_an_output_index_that_is_none_is_undefined(tmp_path, capsys, value):
+    # found by the fuzz test (seed 7, 12,000 specs): int() of the digits after the colon raised
+    # (more than 4,300 digits, or a superscript digit), which came out as an internal error
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"mesh": {"shape": [2], "names": ["dp"]},
+                                "inputs": {"x": {"shape": [4], "placements": ["R"]}},
+                                "nodes": [{"name": "y", "op": "add", "inputs": [value, "x"]}]}))
+    assert main(["check", str(spec)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "undefined-value" in line and len(line) <= 1000, line
+
+
 def test_a_model_past_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
     from layout_prop import frontends
 

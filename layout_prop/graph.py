@@ -99,11 +99,23 @@ def value_name(node: str, index: int, num_outputs: int) -> str:
     return node if num_outputs == 1 else f"{node}:{index}"
 
 
+#: the most digits an output index is written with (a longer run of digits names no output)
+MAX_INDEX_DIGITS = 18
+
+
 def split_value(value: str) -> tuple[str, int]:
-    """``"qkv:1"`` -> ``("qkv", 1)``; ``"x"`` -> ``("x", 0)``."""
+    """``"qkv:1"`` -> ``("qkv", 1)``; ``"x"`` -> ``("x", 0)``.
+
+    Only ASCII digits, at most :data:`MAX_INDEX_DIGITS` of them, are an index: ``"x:²"`` or a
+    colon followed by thousands of digits is a name (that no node defines), not a crash in
+    ``int()``.
+
+    >>> split_value("qkv:1"), split_value("x"), split_value("x:²"), split_value("x:" + "9" * 30)[1]
+    (('qkv', 1), ('x', 0), ('x:²', 0), 0)
+    """
     if ":" in value:
         head, _, tail = value.rpartition(":")
-        if tail.isdigit():
+        if tail.isascii() and tail.isdigit() and len(tail) <= MAX_INDEX_DIGITS:
             return head, int(tail)
     return value, 0
 

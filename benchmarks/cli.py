@@ -9,13 +9,12 @@ run just before it in the same round (sizes interleaved; a paired difference can
 machine's slow drift, and a median is not biased by the number of runs as a best-of
 difference is), microseconds per node, the ratio time(10N) / time(N) measured in the same
 run, and the cost of one more node between the smallest and the largest size (start-up and
-fixed costs cancel there).  The
-runs may cache compiled modules (``PYTHONDONTWRITEBYTECODE`` is dropped from their
-environment), as an installed tool does, and one untimed run comes first.  Then the start-up
-itself (``--help``; ``check`` of a one-node spec) and, with ``--large``, a generated Llama
-model of about 100,000 nodes (``gen llama --layers 3125``: 23 nodes and 9 weights a layer;
-320 layers make about 10,000) checked with ``--reshard --json``: wall time and the peak
-memory of the process.
+fixed costs cancel there).  The runs may cache compiled modules (``PYTHONDONTWRITEBYTECODE``
+is dropped from their environment), as an installed tool does, and one untimed run comes
+first.  Then the start-up itself (``--help``; ``check`` of a one-node spec) and, with
+``--large``, a generated Llama model of about 100,000 nodes (``gen llama --layers 3125``: 23
+nodes and 9 weights a layer; 320 layers make about 10,000) checked with ``--reshard
+--json``: wall time and the peak memory of the process.
 
 Run: ``python benchmarks/cli.py [--sizes 1000 10000] [--repeat 11] [--large]``.
 """

@@ -65,10 +65,11 @@ def test_one_graph_commands_skip_the_teardown_with_the_same_output(argv):
 
 def test_a_file_written_by_gen_is_whole(tmp_path):
     proc = run_entry(["gen", "llama", "--layers", "3", "-o", "spec.json"], cwd=tmp_path)
-    assert proc.returncode == 0 and "torn down" not in proc.stderr
-    code, expected = in_process(["gen", "llama", "--layers", "3"])
+    assert proc.returncode == 0 and "torn down" not in proc.stderr and "wrote spec.json" in proc.stderr
+    code, _ = in_process(["gen", "llama", "--layers", "3", "-o", str(tmp_path / "same.json")])
+    assert code == 0
+    assert (tmp_path / "spec.json").read_bytes() == (tmp_path / "same.json").read_bytes()
     assert json.loads((tmp_path / "spec.json").read_text())["nodes"]  # complete JSON
-    assert code == 0 and "wrote spec.json" in proc.stderr
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["check", "no-such-spec.yaml"], ["check", "--reshrad"]],

@@ -315,6 +315,22 @@ def test_an_input_named_like_an_output_index_that_is_none_is_undefined(tmp_path,
     assert "undefined-value" in line and len(line) <= 1000, line
 
 
+@pytest.mark.parametrize("text, where", [
+    ("{factor: .nan}", "attrs.factor"), ("{factor: -.inf}", "attrs.factor"), ("{factor: 1e999}", "attrs.factor"),
+    ("{factor: [1.0, .inf]}", "attrs.factor[1]"), ("{factor: {a: .nan}}", "attrs.factor.a"),
+], ids=["nan", "minus-inf", "overflow", "in-a-list", "in-a-mapping"])
+def test_attributes_that_are_not_finite_are_refused_in_yaml_as_in_json(tmp_path, capsys, text, where):
+    # found by a new-user audit: YAML's .nan passed (JSON's NaN was refused), and lower --json and
+    # plan -o then wrote NaN, which strict JSON cannot hold
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("mesh: {shape: [2], names: [dp]}\ninputs:\n  x: {shape: [4], placements: [R]}\n"
+                    f"nodes:\n- {{name: y, op: scale, inputs: [x], attrs: {text}}}\n")
+    for argv in (["check", str(spec)], ["lower", str(spec), "--rank", "0", "--json"]):
+        assert main(argv) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert "bad-attr" in line and where in line and "not a finite number" in line, line
+
+
 def test_a_model_past_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
     from layout_prop import frontends
 

@@ -346,7 +346,9 @@ def test_norm_grad_partial_cotangent():
      "rms_norm's normalized_ndim=0 is not in 1..3 (x has shape [4, 6, 8])"),
     ((8,), {"normalized_ndim": 4}, "invalid-attr",
      "rms_norm's normalized_ndim=4 is not in 1..3 (x has shape [4, 6, 8])"),
-    ((8,), {"eps": -1.0}, "invalid-attr", "rms_norm's eps=-1.0 is not a non-negative number"),
+    ((8,), {"eps": -1.0}, "invalid-attr", "rms_norm's eps=-1.0 is not a finite non-negative number"),
+    ((8,), {"eps": float("nan")}, "invalid-attr", "rms_norm's eps=nan is not a finite non-negative number"),
+    ((8,), {"eps": float("inf")}, "invalid-attr", "rms_norm's eps=inf is not a finite non-negative number"),
 ])
 def test_norm_invalid_shapes_and_attrs(w_shape, attrs, code, message):
     res = infer("rms_norm", spec(X3, ["R", "R"]), spec(w_shape, ["R", "R"]), **attrs)

@@ -25,6 +25,7 @@ layout_prop.errors.SpecError: bad-placement at inputs.x.placements[0]: cannot pa
 from __future__ import annotations
 
 import json
+import math
 import operator
 import os
 import re
@@ -775,7 +776,7 @@ def _nodes(data: Any, defined: set[str]) -> tuple[list[tuple[int, Node]], bool]:
             raise _err("bad-type", f"attrs must be a mapping, got {cut(attrs)}", f"nodes[{i}].attrs",
                        "write attrs: {mode: 0}")
         if attrs and not (_SCALARS.issuperset(map(type, attrs.values())) and _all_str(attrs)):
-            _check_attr_values(attrs, f"nodes[{i}].attrs")  # (numbers, booleans and nulls under string keys pass)
+            _check_attr_values(attrs, f"nodes[{i}].attrs")  # (integers, booleans and nulls under string keys pass)
         # OpRule's check depends on the attr names only when no value is null: each set of names is checked once
         key = (op, tuple(attrs)) if plain and None not in attrs.values() else None
         if key is None or key not in checked:
@@ -826,13 +827,15 @@ def _all_str(items: list) -> bool:
     return True
 
 
-_SCALARS = frozenset((int, float, bool, type(None)))
+#: attribute values that need no check (a float does: NaN and the infinities are refused)
+_SCALARS = frozenset((int, bool, type(None)))
 
 
 def _check_attr_values(attrs: dict, path: str) -> None:
-    """Attribute names are strings; values are what JSON can write: numbers, strings, booleans,
-    null, lists of them and mappings with string keys (never a YAML ``!!set``, a timestamp or
-    binary data, which rules cannot compare or hash)."""
+    """Attribute names are strings; values are what JSON can write: finite numbers, strings,
+    booleans, null, lists of them and mappings with string keys (never a YAML ``!!set``, a
+    timestamp, binary data, ``.nan`` or ``.inf``, which rules cannot compare, hash or compute
+    with)."""
     stack = [(attrs, path)]
     while stack:
         value, where = stack.pop()
@@ -841,7 +844,7 @@ def _check_attr_values(attrs: dict, path: str) -> None:
                 if not isinstance(key, str):
                     raise _err("bad-attr", f"attribute key {cut(key)} is of type {type(key).__name__}, not a string",
                                where, "write attribute names as strings")
-                if type(item) not in _SCALARS:  # (a number, a boolean or null is fine as it is)
+                if type(item) not in _SCALARS:  # (an integer, a boolean or null is fine as it is)
                     stack.append((item, f"{where}.{printable(key[:100])}"))
         elif isinstance(value, list):
             if len(value) > MAX_ATTR_ITEMS:
@@ -851,6 +854,9 @@ def _check_attr_values(attrs: dict, path: str) -> None:
         elif isinstance(value, str) and len(value) > MAX_ATTR_ITEMS:
             raise _err("bad-attr", f"attribute value {cut(value)} is {len(value)} characters long, over the limit "
                        f"{MAX_ATTR_ITEMS}", where, "attributes are a few numbers or names")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise _err("bad-attr", f"attribute value {value} is not a finite number", where,
+                       "write a finite number: JSON has no NaN or infinity, and rules cannot compute with them")
         elif value is not None and not isinstance(value, (bool, int, float, str)):
             raise _err("bad-attr", f"attribute value {cut(value)} is of type {type(value).__name__}", where,
                        "write numbers, strings, booleans, lists and mappings (no !!set, dates or binary)")

@@ -569,8 +569,8 @@ def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpe
         violations.append(_bad_attr(f"{op}'s normalized_ndim={k!r} is not in 1..{x.ndim} (x has shape "
                                     f"{list(x.shape)})", f"normalise over 1..{x.ndim} trailing dims of x"))
     eps = attrs["eps"]
-    if not _is_number(eps) or eps < 0:
-        violations.append(_bad_attr(f"{op}'s eps={eps!r} is not a non-negative number", "use eps like 1e-6"))
+    if not _is_number(eps) or not eps >= 0 or eps == float("inf"):  # (NaN compares false)
+        violations.append(_bad_attr(f"{op}'s eps={eps!r} is not a finite non-negative number", "use eps like 1e-6"))
     if violations:
         return None, [None] * (1 + len(params)), violations, False
     dims = tuple(range(x.ndim - k, x.ndim))

@@ -585,6 +585,16 @@ def test_a_module_that_exits_keeps_the_contract(tmp_path, capsys, body, fragment
     assert "module-failed" in line and fragment in line
 
 
+@pytest.mark.parametrize("name", ["mod.txt", "spec.yaml", "noext"])
+def test_a_module_whose_name_python_cannot_import_is_one_line(tmp_path, capsys, name):
+    # found by a new-user audit: importlib gives no spec for such a name, an internal error here
+    module = tmp_path / name
+    module.write_text("x = 1\n")
+    assert main(["verify", "add", "--module", str(module)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "module-failed" in line and "not a Python file name" in line, line
+
+
 def test_a_module_that_exits_keeps_the_contract_in_the_console_script(tmp_path):
     module = tmp_path / "exits.py"
     module.write_text("raise SystemExit(7)\n")

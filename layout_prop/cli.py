@@ -368,6 +368,9 @@ def _import_module_file(path: Path) -> None:
     if not path.is_file():
         raise OpError("module-not-found", f"no Python file at {str(path)!r}", hint="give the path of a .py file")
     spec = importlib.util.spec_from_file_location(f"layout_prop_user_{path.stem}", path)
+    if spec is None or spec.loader is None:  # (Python imports files whose name ends in .py)
+        raise OpError("module-failed", f"cannot import {cut(str(path))}: not a Python file name",
+                      hint="give the path of a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:

@@ -20,11 +20,16 @@ from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import LayoutPropError, SpecError, cut, describe, printable
+from .errors import CUT_LENGTH, LayoutPropError, SpecError, cut, describe, printable
 from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
 from .output import OutputFailed
 
 __all__ = ["main"]
+
+
+#: the longest argparse message printed: its own words (about 40 characters) and at most
+#: CUT_LENGTH of the bad value it quotes
+_MAX_USAGE_MESSAGE = CUT_LENGTH + 40
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,8 +37,9 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = _choice_suggestion(message) or f"see {self.prog} --help"
-        if len(message) > MAX_ERROR_LINE // 2:  # argparse quotes the whole bad argument
-            message = message[:MAX_ERROR_LINE // 4] + " ... " + message[-MAX_ERROR_LINE // 4:]
+        if len(message) > _MAX_USAGE_MESSAGE:  # argparse quotes the whole bad argument: its middle goes
+            keep = (_MAX_USAGE_MESSAGE - 5) // 2
+            message = message[:keep] + " ... " + message[-keep:]
         print(printable(f"layout-prop: error: bad-usage: {message} (hint: {hint})"), file=sys.stderr)
         raise SystemExit(2)
 
@@ -43,7 +49,10 @@ class _Parser(argparse.ArgumentParser):
             command = self._command_parser(getattr(ns, "command", None))
             close = _closest_flag(command, extras[0])
             hint = f"did you mean {close}?" if close else f"see {command.prog} --help"
-            print(printable(f"layout-prop: error: bad-usage: unrecognized arguments: {' '.join(extras)} "
+            words = " ".join(extras)
+            if len(words) > CUT_LENGTH:
+                words = words[:CUT_LENGTH - 3] + "..."
+            print(printable(f"layout-prop: error: bad-usage: unrecognized arguments: {words} "
                             f"(hint: {hint})"), file=sys.stderr)
             raise SystemExit(2)
         return ns

@@ -63,3 +63,12 @@ def test_ops_command_unknown_op_is_one_line_exit_2(name, capsys):
     assert main(["ops", name]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown-op" in err
+
+
+@pytest.mark.parametrize("argv", [["ops", "rope", "--markdown"], ["ops", "--json", "--markdown"]],
+                         ids=["name", "json"])
+def test_markdown_with_a_name_or_json_is_a_usage_error(capsys, argv):
+    # found by a new-user audit: NAME or --json was dropped without a word
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "bad-usage" in err and "--markdown" in err

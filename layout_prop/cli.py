@@ -566,6 +566,9 @@ def _cmd_gen(args) -> int:
 def _cmd_ops(args) -> int:
     from .opref import format_entry, format_reference, op_entry, op_reference, render_markdown
 
+    if args.markdown and (args.json or args.name is not None):
+        raise SpecError("bad-usage", "--markdown writes the whole reference as Markdown: it takes no NAME and "
+                        "no --json", hint="drop NAME and --json, or drop --markdown")
     if args.markdown:
         print(render_markdown(), end="")
     elif args.name is not None:

@@ -77,11 +77,15 @@ def test_unusable_node_flags_exit_2_with_one_line(flags, code):
     assert done.stdout == ""
 
 
-def test_node_flags_need_the_mindspore_engine():
-    done = cli("run", str(EXAMPLES / "dp_tp.yaml"), "--emulate-nodes", "2")
+@pytest.mark.parametrize("flags", [["--emulate-nodes", "2"], ["--master-port", "99999"], ["--node-rank", "5"],
+                                   ["--local-workers", "2"]], ids=["emulate", "port", "node-rank", "workers"])
+def test_node_flags_need_the_mindspore_engine(flags):
+    # the last three ran on the simulator as if they were not there (found by a new-user audit)
+    done = cli("run", str(EXAMPLES / "dp_tp.yaml"), *flags)
     assert done.returncode == 2
-    assert done.stderr.strip() == ("layout-prop: error: bad-usage: --nodes, --emulate-nodes and --master-addr need "
-                                   "--engine mindspore (hint: add --engine mindspore)")
+    assert done.stderr.strip() == ("layout-prop: error: bad-usage: --nodes, --emulate-nodes, --master-addr, "
+                                   "--master-port, --node-rank and --local-workers need --engine mindspore "
+                                   "(hint: add --engine mindspore)")
 
 
 def test_a_port_in_use_on_the_master_exits_2(tmp_path):

@@ -471,9 +471,10 @@ def _cmd_run(args) -> int:
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
     nodes = {"nodes": args.nodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
              "master_port": args.master_port, "local_workers": args.local_workers, "emulate_nodes": args.emulate_nodes}
-    if args.engine != "mindspore" and (args.nodes != 1 or args.emulate_nodes or args.master_addr):
-        raise SpecError("bad-usage", "--nodes, --emulate-nodes and --master-addr need --engine mindspore",
-                        hint="add --engine mindspore")
+    if args.engine != "mindspore" and (args.nodes != 1 or args.emulate_nodes or args.master_addr or args.node_rank
+                                       or args.master_port is not None or args.local_workers is not None):
+        raise SpecError("bad-usage", "--nodes, --emulate-nodes, --master-addr, --master-port, --node-rank and "
+                        "--local-workers need --engine mindspore", hint="add --engine mindspore")
     options = {"timeout": args.timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
     from .progress import Progress
 

@@ -331,6 +331,21 @@ def test_attributes_that_are_not_finite_are_refused_in_yaml_as_in_json(tmp_path,
         assert "bad-attr" in line and where in line and "not a finite number" in line, line
 
 
+@pytest.mark.parametrize("text, code, words", [
+    ("", "spec-syntax", "holds nothing, not a mapping"), ("- 1\n", "spec-syntax", "holds a list, not a mapping"),
+    ('{"a":' * 3000 + "1" + "}" * 3000, "spec-too-deep", "more than 64 deep"),
+    ("a:\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(1100)), "spec-too-deep", "more than 64 deep"),
+], ids=["empty", "list", "json-3000-deep", "yaml-1100-deep"])
+def test_specs_that_are_no_mapping_or_too_deep_say_so_in_words(tmp_path, capsys, text, code, words):
+    # found by a new-user audit: "holds a NoneType", and JSON nested past libyaml's 1,000 levels
+    # came out as spec-syntax ("exceeded maximum nesting depth") instead of spec-too-deep
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    assert main(["check", str(spec)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert code in line and words in line, line
+
+
 def test_a_model_past_the_size_limit_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
     from layout_prop import frontends
 

@@ -46,7 +46,7 @@ CASES = [
          "spec-syntax", FILE, ("line 1, column 58", "','"), filename="spec.json"),
     Case("top-level-list", "- mesh\n- inputs\n", "spec-syntax", FILE, ("list",)),
     Case("top-level-scalar", "just a string\n", "spec-syntax", FILE, ("str",)),
-    Case("empty-file", "", "spec-syntax", FILE, ("NoneType",)),
+    Case("empty-file", "", "spec-syntax", FILE, ("holds nothing",)),
     # YAML would silently keep the last of two equal keys, dropping an input
     Case("duplicate-input-key",
          "mesh: {shape: [2]}\ninputs:\n  x: {shape: [4]}\n  x: {shape: [8]}\nnodes: []\n",

@@ -146,7 +146,8 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
         else:
             data = _parse_yaml(text, source)
     if not isinstance(data, dict):
-        raise SpecError("spec-syntax", f"{source} holds a {type(data).__name__}, not a mapping", path=source,
+        what = "nothing" if data is None else f"a {_YAML_KINDS.get(type(data), type(data).__name__)}"
+        raise SpecError("spec-syntax", f"{source} holds {what}, not a mapping", path=source,
                         hint="a spec is a mapping with mesh, inputs, nodes and outputs")
     if not checked:
         _check_structure(data, source)  # the depth, and aliases that expand past a size
@@ -179,6 +180,8 @@ def _parse_json(text: str, source: str) -> Any:
 
 
 _MISSING = object()
+#: what a spec that is not a mapping holds, in YAML's words
+_YAML_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def _parse_yaml_fast(text: str) -> Any:
@@ -290,6 +293,8 @@ def _parse_yaml(text: str, source: str) -> Any:
         raise SpecError("spec-syntax", f"{source} has a number that cannot be read: {cut(str(exc), 120)}",
                         path=source, hint="write sizes and dims as ordinary integers") from None
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(getattr(exc, "problem", "")):  # libyaml's limit (1,000 levels)
+            raise _too_deep(source) from None
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         lines = text.splitlines()

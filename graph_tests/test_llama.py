@@ -86,7 +86,7 @@ def test_32_layer_generated_llama_checks_and_simulates(tmp_path, capsys):
     assert len(rep.grads) == 1 + 32 * 9
 
 
-@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+@pytest.mark.parametrize("suffix", [".json", ".yaml", ".JSON"])
 def test_a_generated_spec_file_checks_clean(tmp_path, capsys, suffix):
     # gen writes eps as 1e-06 in JSON, which PyYAML alone read as the string '1e-06' (invalid-attr)
     path = tmp_path / f"llama{suffix}"
@@ -95,6 +95,18 @@ def test_a_generated_spec_file_checks_clean(tmp_path, capsys, suffix):
     assert main(["check", str(path), "--reshard", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
     assert load_spec(path).node("l1_h").attrs["eps"] == 1e-6
+    # the format follows the suffix, in any case (a new-user audit found .JSON written as YAML)
+    assert path.read_text().startswith("{") == (suffix.lower() == ".json")
+
+
+@pytest.mark.parametrize("dtype, code", [("float16", 0), ("float64", 0), ("int32", 2), ("bool", 2)])
+def test_gen_writes_only_dtypes_its_model_can_run(tmp_path, capsys, dtype, code):
+    # an integer Llama could not run (the audit: run exited 1 with invalid-dtype): gen refuses it
+    path = tmp_path / "llama.json"
+    assert main(["gen", "llama", "--dtype", dtype, "-o", str(path)]) == code
+    if code == 0:
+        capsys.readouterr()
+        assert main(["check", str(path), "--reshard"]) == 0
 
 
 def test_gen_rejects_a_bad_mesh(capsys):

@@ -183,7 +183,8 @@ def _parser() -> argparse.ArgumentParser:
     ge.add_argument("--heads", type=_positive_int, default=4, help="attention heads; hidden / heads is the head dim "
                     "(default 4)")
     ge.add_argument("--ffn", type=_positive_int, default=64, help="MLP inner size (default 64)")
-    ge.add_argument("--dtype", default="float32", help="dtype of every tensor (default float32)")
+    ge.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"],
+                    help="dtype of every tensor (default float32; RoPE, softmax and the norms need floats)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 
     op = sub.add_parser("ops", help="the op reference: every op, or one op in full (generated from the registry)")
@@ -546,7 +547,7 @@ def _cmd_gen(args) -> int:
     spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
                       heads=args.heads, ffn=args.ffn, dtype=args.dtype)
     load_spec(spec)  # never write a spec that check would refuse
-    if args.output is not None and args.output.suffix == ".json":
+    if args.output is not None and args.output.suffix.lower() == ".json":
         text = json.dumps(spec, indent=1)
     else:
         class _NoAliases(yaml.SafeDumper):

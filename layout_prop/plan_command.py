@@ -294,7 +294,7 @@ def cmd_plan(args) -> int:
 def _write(spec: dict, path: Path) -> None:
     import yaml
 
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         text = json.dumps(spec, indent=1)
     else:
         class _NoAliases(yaml.SafeDumper):

@@ -65,7 +65,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
     load_spec(spec)  # never write a spec that check would refuse
-    if args.output is not None and args.output.suffix == ".json":
+    if args.output is not None and args.output.suffix.lower() == ".json":
         text = json.dumps(spec, indent=1)
     else:
         class _NoAliases(yaml.SafeDumper):

@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default="numpy",
                    help="the kernel backend whose constraints to check (default numpy)")
     c.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
-                   help="count the optimizer's states in memory per rank (adam: 2 per parameter)")
+                   help="count the optimizer's states in memory per rank (adam: 2 per parameter; default none, as "
+                        "sgd)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_args(c)
 
@@ -124,11 +125,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="mindspore engine: seconds before giving up (default 300, at most a week)")
     r.add_argument("--keep-logs", action="store_true",
                    help="mindspore engine: keep the run folder (worker logs) after a successful run too")
-    r.add_argument("--nodes", type=_count_arg, default=1, help="mindspore engine: machines the run spans")
-    r.add_argument("--node-rank", type=_node_rank_arg, default=0, help="mindspore engine: this machine's node")
+    r.add_argument("--nodes", type=_count_arg, default=1,
+                   help="mindspore engine: machines the run spans (default 1)")
+    r.add_argument("--node-rank", type=_node_rank_arg, default=0,
+                   help="mindspore engine: this machine's node (default 0)")
     r.add_argument("--master-addr", metavar="HOST", help="mindspore engine: host of msrun's scheduler (--nodes)")
-    r.add_argument("--master-port", type=_positive_int, metavar="P", help="mindspore engine: its port (1024-65535)")
-    r.add_argument("--local-workers", type=_count_arg, metavar="W", help="mindspore engine: workers a node")
+    r.add_argument("--master-port", type=_positive_int, metavar="P",
+                   help="mindspore engine: its port (1024-65535; default a free one on one machine, msrun's 8118 "
+                        "across machines)")
+    r.add_argument("--local-workers", type=_count_arg, metavar="W",
+                   help="mindspore engine: workers a node (default the mesh's ranks over --nodes)")
     r.add_argument("--emulate-nodes", type=_count_arg, metavar="N",
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
@@ -160,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--backward", action="store_true", help="also compare gradients")
     ve.add_argument("--samples", type=_samples_arg, default="all",
                     help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
-    ve.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data")
+    ve.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
     ve.add_argument("--jobs", type=_jobs_arg, default=1,
                     help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")

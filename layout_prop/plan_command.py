@@ -248,11 +248,12 @@ def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="choose every auto layout with the least communication per training step")
     p.add_argument("spec", metavar="SPEC_OR_MODEL", type=Path,
                    help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
-    p.add_argument("--memory-per-rank", metavar="BYTES", help="the memory limit per rank, like 16GiB or 512MiB")
+    p.add_argument("--memory-per-rank", metavar="BYTES", help="the memory limit per rank, like 16GiB or 512MiB "
+                   "(default none)")
     p.add_argument("--objective", choices=["bytes", "time"], default="bytes",
                    help="minimise bytes per rank per step (default) or modelled time with the mesh's links")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
-                   help="count the optimizer's states in memory (adam: 2 per parameter)")
+                   help="count the optimizer's states in memory (adam: 2 per parameter; default none, as sgd)")
     p.add_argument("--forward-only", action="store_true", help="plan for inference: the forward's moves only")
     p.add_argument("--baseline", metavar="SPEC", type=Path, help="compare with this spec's layouts (default: SPEC's own)")
     p.add_argument("-o", "--output", type=Path, help="write the planned spec here (.yaml or .json)")

@@ -360,3 +360,15 @@ def test_plan_takes_a_model_with_auto_parameters(tmp_path, capsys):
     assert (data["layouts"]["w1"], data["layouts"]["w2"]) == (["S(1)"], ["S(0)"])
     assert data["plan"]["forward_bytes_per_rank"] == 0
     assert run_graph(load_spec(out), backward=True).ok
+
+
+def test_the_plan_table_has_a_heading_over_every_column(tmp_path, capsys):
+    # a new-user audit found the column of "auto" marks without a heading
+    spec = tmp_path / "auto.yaml"
+    spec.write_text("mesh: {shape: [2], names: [dp]}\ninputs:\n  x: {shape: [4, 8], placements: [S(0)]}\n"
+                    "  w: {shape: [8, 8], placements: auto}\nnodes:\n  - {name: y, op: matmul, inputs: [x, w]}\n")
+    assert main(["plan", str(spec)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, rule = lines[1], lines[2]
+    assert header.split() == ["input", "layout", "baseline", "declared"]
+    assert len(rule.split()) == 4 and any(line.split()[-1] == "auto" for line in lines[3:5])

@@ -167,7 +167,7 @@ class PlanReport:
                  f"solved in {s['seconds']:.2f} s (modelled {s['modelled_cost']:g} "
                  f"{'bytes per rank' if s['objective'] == 'bytes' else 'us'} per step"
                  f"{'' if s['optimal'] else ', not proven optimal'})"]
-        rows = [("input", "layout", "baseline", "")]
+        rows = [("input", "layout", "baseline", "declared")]
         for name, layout in self.layouts.items():
             base = self.baseline_layouts.get(name)
             rows.append((name, "(" + ", ".join(layout) + ")", "(" + ", ".join(base) + ")" if base else "-",

@@ -137,13 +137,16 @@ def test_a_spec_file_past_the_size_limit(tmp_path):
     assert excinfo.value.code == "spec-too-large" and "1024 bytes" in excinfo.value.message
 
 
-def test_a_pipe_is_read(tmp_path):
-    # process substitution and /dev/stdin are pipes, not devices: read (with the same cap)
+@pytest.mark.parametrize("argv", [["check", "/dev/stdin"], ["check", "-"], ["explain", "-", "y"]],
+                         ids=["dev-stdin", "dash", "explain-dash"])
+def test_a_pipe_is_read(tmp_path, argv):
+    # process substitution and /dev/stdin are pipes, not devices: read (with the same cap); "-"
+    # is standard input, as Unix tools read it (a new-user audit found "spec-not-found at -")
     text = (EXAMPLES / "rpe" / "dp_sp.yaml").read_text()
-    proc = subprocess.run([*console_command(), "check", "/dev/stdin"], input=text, capture_output=True,
+    proc = subprocess.run([*console_command(), *argv], input=text, capture_output=True,
                           text=True, timeout=120, env=cli_env())
     assert proc.returncode == 0, proc.stderr
-    assert "no violations" in proc.stdout
+    assert ("no violations" if argv[0] == "check" else "rotary_position_embedding(x, cos, sin)") in proc.stdout
 
 
 class _Unblocker:

@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.required = True
 
     c = sub.add_parser("check", help="propagate layouts and report every layout and violation")
-    c.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
+    c.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
     c.add_argument("--reshard", action="store_true", help="insert the cheapest redistributions that fix violations")
     c.add_argument("--backward", action="store_true", help="also build the gradient graph (grad:NAME values)")
     c.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default="numpy",
@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     add_model_args(c)
 
     r = sub.add_parser("run", help="lower, execute every rank, and compare with one device")
-    r.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
+    r.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
     r.add_argument("--engine", choices=["sim", "mindspore"], default="sim", help="execution engine (default sim)")
     r.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default=None,
                    help="kernel backend (default: numpy on sim, mindspore on the mindspore engine)")
@@ -145,10 +145,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_args(r)
 
-    sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed)")
+    sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed; writes "
+                   "./layout-prop-demo.html)")
 
     ex = sub.add_parser("explain", help="why a value has its layout: the chain of rules back to the inputs")
-    ex.add_argument("spec", metavar="SPEC", type=Path, help="a YAML or JSON spec file")
+    ex.add_argument("spec", metavar="SPEC", type=Path, help="a YAML or JSON spec file (- reads standard input)")
     ex.add_argument("value", metavar="NAME", help="a value name (node, node:i, an input, or grad:INPUT)")
     ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
     ex.add_argument("--backward", action="store_true", help="include the gradient graph")
@@ -199,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     op.add_argument("--markdown", action="store_true", help="print the built-in ops as docs/ops.md is written")
 
     lo = sub.add_parser("lower", help="print one rank's local subgraph")
-    lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
+    lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
     lo.add_argument("--rank", type=int, required=True, help="the rank to print")
     lo.add_argument("--backward", action="store_true", help="lower the joint forward and backward graph")
     lo.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
@@ -215,7 +216,7 @@ def _add_viz_parser(subparsers) -> argparse.ArgumentParser:
         description="Draw the propagated graph: layers left to right, placements and local shapes on the edges, "
                     "redistributions with their steps and bytes, violations in red. With --tensor, draw which "
                     "ranks hold which block of one value instead.")
-    viz.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file")
+    viz.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
     viz.add_argument("-o", "--output", required=True, metavar="FILE",
                      help="the picture to write; its extension picks the format: .html (interactive, "
                           "self-contained), .svg, .png (needs matplotlib) or .dot (Graphviz text)")

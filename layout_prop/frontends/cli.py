@@ -36,8 +36,8 @@ def add_import_parser(sub) -> argparse.ArgumentParser:
 
 
 def load_graph(args: argparse.Namespace) -> Graph:
-    """The graph a command analyses: ``args.spec`` loaded as a spec, or imported as a model
-    with ``args.plan`` when it is an ``.onnx`` / ``.mindir`` file."""
+    """The graph a command analyses: ``args.spec`` loaded as a spec (``-``: standard input), or
+    imported as a model with ``args.plan`` when it is an ``.onnx`` / ``.mindir`` file."""
     from ..loader import load_spec
     from . import is_model_path, load_model
 
@@ -53,7 +53,7 @@ def load_graph(args: argparse.Namespace) -> Graph:
                         path=source, hint="drop --plan, or give the model file")
     from . import pointwise as _pointwise  # noqa: F401  (a spec written by 'import' may hold sqrt, opaque...)
 
-    return load_spec(Path(source))
+    return load_spec(Path("/dev/stdin") if source == "-" else Path(source))  # "-": stdin, as Unix tools read it
 
 
 def cmd_import(args: argparse.Namespace) -> int:

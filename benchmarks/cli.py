@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="also check a generated Llama of about 100,000 nodes")
     parser.add_argument("--large-layers", type=int, default=3125, help="its layers (default 3125)")
     args = parser.parse_args()
+    if args.repeat < 1 or min(args.sizes) < 2:
+        parser.error("--repeat must be at least 1 and every size at least 2 nodes")
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

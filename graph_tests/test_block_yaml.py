@@ -39,8 +39,9 @@ def agrees(text: str) -> bool:
     got = read(text)
     if got is None:
         return False
-    assert load(text) == ("ok", got), text
-    assert repr(got) == repr(load(text)[1]), text
+    expected = load(text)
+    assert expected == ("ok", got), text
+    assert repr(got) == repr(expected[1]), text
     return True
 
 
@@ -134,7 +135,7 @@ def test_written_blocks_read_as_the_loader_reads_them_or_are_deferred(tree, step
     _emit(tree, lines, 0, step, at_key, flow, space)
     if change and lines:  # a line indented otherwise, or with a comment or a stray character
         k = where % len(lines)
-        lines[k] = change + lines[k] if change.strip() in ("", "x") and change != "x" else lines[k] + change
+        lines[k] = change + lines[k] if not change.strip() else lines[k] + change  # spaces go in front
     agrees("\n".join(lines) + "\n")
 
 

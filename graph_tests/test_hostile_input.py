@@ -912,7 +912,7 @@ def test_a_huge_bad_argument_is_cut_in_the_usage_error(capsys, argv):
     assert main(argv) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "bad-usage" in line and len(line) < 400, line
-    assert max(len(run) for run in line.replace(".", " ").replace("'", " ").split()) <= 200, line
+    assert line.count("9") <= 200, line  # every quoted character of the value is a 9
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

@@ -27,9 +27,8 @@ from .output import OutputFailed
 __all__ = ["main"]
 
 
-#: the longest argparse message printed: its own words (about 40 characters) and at most
-#: CUT_LENGTH of the bad value it quotes
-_MAX_USAGE_MESSAGE = CUT_LENGTH + 40
+#: the longest argparse message printed (so that the bad value it quotes is cut to CUT_LENGTH)
+_MAX_USAGE_MESSAGE = CUT_LENGTH
 
 
 class _Parser(argparse.ArgumentParser):

@@ -212,7 +212,7 @@ def _parse_yaml_fast(text: str) -> Any:
         loader.dispose()
 
 
-def _plain_scalar(loader, text: str) -> Any:
+def _plain_scalar(loader: _UniqueKeyLoader, text: str) -> Any:
     """A plain scalar's value, resolved (int, float, bool, null, date...) and constructed as
     ``loader`` does (a merge key '<<' has no constructor: it raises, and the loader reads it).
 
@@ -223,7 +223,7 @@ def _plain_scalar(loader, text: str) -> Any:
     >>> [_plain_scalar(loader, t) for t in ("rope0", "no", "1e-6", "0x10", "~", "S(0)")]
     ['rope0', False, 1e-06, 16, None, 'S(0)']
     """
-    if text and _IMPLICIT_FIRST is not None and text[0] not in _IMPLICIT_FIRST and type(loader) is _UniqueKeyLoader:
+    if text and _IMPLICIT_FIRST is not None and text[0] not in _IMPLICIT_FIRST:
         return text
     return loader.construct_object(yaml.ScalarNode(loader.resolve(yaml.ScalarNode, text, (True, False)), text),
                                    deep=True)

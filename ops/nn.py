@@ -116,6 +116,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import numbers
 from typing import Sequence
 
@@ -569,7 +570,7 @@ def _norm_analysis(op: str, x: TensorSpec, params: Sequence[tuple[str, TensorSpe
         violations.append(_bad_attr(f"{op}'s normalized_ndim={k!r} is not in 1..{x.ndim} (x has shape "
                                     f"{list(x.shape)})", f"normalise over 1..{x.ndim} trailing dims of x"))
     eps = attrs["eps"]
-    if not _is_number(eps) or not eps >= 0 or eps == float("inf"):  # (NaN compares false)
+    if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
         violations.append(_bad_attr(f"{op}'s eps={eps!r} is not a finite non-negative number", "use eps like 1e-6"))
     if violations:
         return None, [None] * (1 + len(params)), violations, False

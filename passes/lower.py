@@ -269,13 +269,14 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
             src = env.get(value)
             if src is None:
                 src = value_spec(graph, value)  # (which raises for a value no node makes)
-            move = None if want is None or want is src.layout else moves.get((id(src), id(want)))
-            if move is None and want is not None and want is not src.layout:
-                # specs and layouts are uniqued: mostly the same objects, compared once a pair
-                # (both held in the entry, so that their ids stay theirs)
-                plan = None if want == src.layout else plan_redistribution(src, want)
-                move = moves[id(src), id(want)] = (src, want, plan, plan is None or plan.is_free)
-            if move is None or move[2] is None:  # read as it is
+            if want is None or want is src.layout:
+                move = None
+            else:  # specs and layouts are uniqued: mostly the same objects, compared once a pair
+                move = moves.get((id(src), id(want)))
+                if move is None:  # (both held in the entry, so that their ids stay theirs)
+                    plan = None if want == src.layout else plan_redistribution(src, want)
+                    move = moves[id(src), id(want)] = (src, want, plan, plan is None or plan.is_free)
+            if move is None or move[2] is None:  # read as it is (an equal layout: no plan)
                 if args is not None:
                     args.append(value)
                     in_specs.append(src)

@@ -472,7 +472,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from .runner import run_graph
+    from .runner import format_nonfinite, run_graph
 
     graph = load_graph(args)
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
@@ -523,7 +523,12 @@ def _cmd_run(args) -> int:
             print(f"  violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")
         for m in rep.mismatches:
             print(f"  MISMATCH {m}")
-        print("matches one device" if rep.ok else "does NOT match one device")
+        result = "matches one device" if rep.ok else "does NOT match one device"
+        if rep.nonfinite:  # compare counts NaN == NaN and equal infinities as agreement: say where it did
+            result += ", counting NaN and inf as equal where both have them:"
+        print(result)
+        for item in rep.nonfinite:
+            print(f"  {format_nonfinite(item)}")
     return 0 if rep.ok else 1
 
 

@@ -38,7 +38,8 @@ from .errors import ExecutionError, LayoutPropError
 from .graph import Graph, last_uses
 
 __all__ = ["RunReport", "run_graph", "MemoryEstimate", "estimate_run_memory", "check_run_memory",
-           "available_memory", "execute_global", "random_inputs", "TOLERANCES", "compare"]
+           "available_memory", "execute_global", "random_inputs", "TOLERANCES", "compare", "count_nonfinite",
+           "format_nonfinite"]
 
 TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "int32": 0.0, "int64": 0.0, "bool": 0.0}
 #: when the ranks run other kernels than the numpy reference (MindSpore, CANN), results differ by
@@ -54,6 +55,10 @@ class RunReport:
     ranks: int
     outputs: dict[str, dict[str, float]] = field(default_factory=dict)
     grads: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the outputs and gradients whose reference holds NaN or inf (:func:`count_nonfinite`), which
+    #: :func:`compare` counts as equal where the ranks have the same: ``{"kind": "output" or "grad",
+    #: "name", "elements", "nan", "inf", "alike"}``
+    nonfinite: list[dict[str, Any]] = field(default_factory=list)
     collectives: list[dict[str, Any]] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
@@ -64,7 +69,8 @@ class RunReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready and strict: an error that is not a finite number (a shape mismatch) is ``null``."""
         d = {"ok": self.ok, "executed": self.executed, "engine": self.engine, "ranks": self.ranks,
-             "outputs": _finite(self.outputs), "grads": _finite(self.grads), "collectives": self.collectives,
+             "outputs": _finite(self.outputs), "grads": _finite(self.grads), "nonfinite": self.nonfinite,
+             "collectives": self.collectives,
              "mismatches": self.mismatches, "violations": self.violations, "notes": self.notes}
         d.update(self.extra)
         return d
@@ -185,6 +191,47 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, spec, rtol: float | Non
                  if all(i in spec.dim_indices(d, spec.mesh.coords(r)) for d, i in enumerate(index))), None)
     return errors, (f"{name}: relative error {max_rel:.3g} > {tol:g}; first differing index {list(index)} "
                     f"(held by rank {rank}): got {g64[index].item()!r}, expected {r64[index].item()!r}")
+
+
+def count_nonfinite(got: np.ndarray, ref: np.ndarray) -> dict[str, int] | None:
+    """How many elements of ``ref`` are NaN or inf, and at how many of them ``got`` is the
+    same (NaN, or the same infinity: what :func:`compare` counts as agreement); None when
+    every element of ``ref`` is finite.  Counts only, so that a report stays strict JSON.
+
+    >>> count_nonfinite(np.array([np.nan, np.inf, 1.0]), np.array([np.nan, np.inf, 1.0]))
+    {'elements': 3, 'nan': 1, 'inf': 1, 'alike': 2}
+    >>> count_nonfinite(np.array([0.0, -np.inf]), np.array([np.nan, np.inf]))
+    {'elements': 2, 'nan': 1, 'inf': 1, 'alike': 0}
+    >>> count_nonfinite(np.array([1, 2]), np.array([1, 2])) is None
+    True
+    """
+    if ref.dtype.kind not in "fc":
+        return None
+    bad = ~np.isfinite(ref)
+    if not bad.any():
+        return None
+    nan = int(np.count_nonzero(np.isnan(ref)))
+    total = int(np.count_nonzero(bad))
+    alike = 0
+    if got.shape == ref.shape:
+        g, r = got[bad], ref[bad]
+        alike = int(np.count_nonzero((g == r) | (np.isnan(g) & np.isnan(r))))
+    return {"elements": int(ref.size), "nan": nan, "inf": total - nan, "alike": alike}
+
+
+def format_nonfinite(item: dict[str, Any]) -> str:
+    """One line of :attr:`RunReport.nonfinite`.
+
+    >>> format_nonfinite({"kind": "output", "name": "y", "elements": 32, "nan": 12, "inf": 0, "alike": 12})
+    'output y: 12 of 32 elements are NaN or inf (12 NaN) on one device and alike on the ranks, compared as equal'
+    """
+    total = item["nan"] + item["inf"]
+    kinds = ", ".join(f"{n} {what}" for n, what in ((item["nan"], "NaN"), (item["inf"], "inf")) if n)
+    head = (f"{item['kind']} {item['name']}: {total} of {item['elements']} elements are NaN or inf ({kinds}) "
+            "on one device")
+    if item["alike"] == total:
+        return head + " and alike on the ranks, compared as equal"
+    return head + f"; the ranks have the same at {item['alike']} of them"
 
 
 @dataclass(frozen=True)
@@ -400,6 +447,9 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         errors, problem = compare(value, got, reference[value], spec, rtol if rtol is not None else loosest)
         primal = grad_of.get(value)
         (report.grads if primal else report.outputs)[primal or value] = errors
+        counts = count_nonfinite(got, reference[value])
+        if counts is not None:
+            report.nonfinite.append({"kind": "grad" if primal else "output", "name": primal or value, **counts})
         if problem:
             report.mismatches.append(problem)
     report.ok = not report.mismatches

@@ -534,6 +534,16 @@ class TestGraph:
         assert g.node("x").attrs == {"shape": (4, 8), "dtype": "float32", "placements": ("R",),
                                      "requires_grad": True}
 
+    def test_integer_inputs_default_to_no_gradient(self):
+        g = Graph(DeviceMesh((2,), ("tp",)))
+        g.input("ids", shape=(4,), dtype="int64")
+        g.input("mask", shape=(4,), dtype="bool", requires_grad=False)
+        g.input("h", shape=(4,), dtype="float16")
+        assert [n.attrs["requires_grad"] for n in g.inputs()] == [False, False, True]
+        with pytest.raises(GraphError) as info:
+            g.input("pos", shape=(4,), dtype="int32", requires_grad=True)
+        assert info.value.code == "bad-value" and "int32" in info.value.message and info.value.hint
+
     def test_edge_per_use(self):
         g = small_graph()
         edges = sorted((u, v, k, d["value"]) for u, v, k, d in g.nx.edges(keys=True, data=True))

@@ -146,3 +146,33 @@ def test_peak_is_the_most_bytes_alive_at_one_op(values, nbytes, huge):
     walk.spec = [k for _, _, k in values]
     expected = max([sum(nbytes[k] for b, extra, k in values if b <= i <= b + extra) for i in range(12)] + [0])
     assert walk.peak(tuple(nbytes)) == expected
+
+
+def test_integer_and_bool_inputs_take_no_gradient(tmp_path, capsys):
+    """Token ids and masks are not parameters: by default they get no gradient, no memory for
+    one and no collective for one (the default was true for every dtype: an int32 input got
+    an integer gradient, all-gathered, and was counted twice in the memory)."""
+    spec = ("mesh: {shape: [2], names: [tp]}\n"
+            "inputs:\n"
+            "  ids: {shape: [3, 4], dtype: int32}\n"
+            "  w: {shape: [7, 8], placements: [S(1)]}\n"
+            "  m: {shape: [3, 4, 8], dtype: int32}\n"
+            "  keep: {shape: [3, 4, 8], dtype: bool}\n"
+            "nodes:\n"
+            "  - {name: e, op: embedding, inputs: [ids, w]}\n"
+            "  - {name: y, op: mul, inputs: [e, m]}\n"
+            "  - {name: z, op: mul, inputs: [y, keep]}\n")
+    graph = load_spec(spec)
+    assert {n.name: n.attrs["requires_grad"] for n in graph.inputs()} == {
+        "ids": False, "w": True, "m": False, "keep": False}
+    g = analyze(graph, reshard=True, backward=True).graph
+    grads = {n.meta[meta.GRAD_OF] for n in g.nodes if meta.GRAD_OF in n.meta}
+    assert grads == {"w"}
+    report = Memory().run(g).max
+    assert report.parameters == report.gradients == 7 * 8 * 4 // 2  # w's half on each rank, nothing else
+    path = tmp_path / "emb.yaml"
+    path.write_text(spec)
+    assert main(["run", str(path), "--backward", "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["ok"] is True and ran["executed"] is True
+    assert sorted(ran["grads"]) == ["w"]

@@ -125,6 +125,10 @@ CASES = [
          "bad-type", "inputs.x.shape", ("'4x4'",)),
     Case("requires-grad-not-bool", "mesh: {shape: [2]}\ninputs:\n  x: {shape: [4], requires_grad: 'no'}\nnodes: []\n",
          "bad-type", "inputs.x.requires_grad", ("'no'",)),
+    # torch refuses a gradient for an integer tensor too; token ids and masks default to none
+    Case("integer-requires-grad",
+         "mesh: {shape: [2]}\ninputs:\n  ids: {shape: [4], dtype: int64, requires_grad: true}\nnodes: []\n",
+         "bad-value", "inputs.ids.requires_grad", ("int64", "requires_grad: true"), hint="default to false"),
     Case("unknown-input-key", "mesh: {shape: [2]}\ninputs:\n  x: {shape: [4], layout: [R]}\nnodes: []\n",
          "unknown-key", "inputs.x.layout", ("layout",), hint="tensor_map"),
     Case("input-without-shape", "mesh: {shape: [2]}\ninputs:\n  x: {dtype: float32}\nnodes: []\n",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .errors import GraphError
 from .mesh import DeviceMesh
+from .spec import FLOAT_DTYPES
 
 if TYPE_CHECKING:  # networkx is imported where the view is built: not on the command line's hot path
     import networkx as nx
@@ -175,9 +176,20 @@ class Graph:
         shape: Iterable[int] | None = None,
         dtype: str = "float32",
         placements: Iterable | str | None = None,
-        requires_grad: bool = True,
+        requires_grad: bool | None = None,
     ) -> str:
-        """Add a graph input; ``placements`` is a list of placements or ``"auto"``."""
+        """Add a graph input; ``placements`` is a list of placements or ``"auto"``.
+
+        ``requires_grad`` defaults to true for the floating dtypes and false for the others;
+        an integer or bool input cannot take a gradient (``bad-value``).
+        """
+        floating = dtype in FLOAT_DTYPES
+        if requires_grad is None:
+            requires_grad = floating
+        elif requires_grad and not floating:
+            raise GraphError("bad-value", f"input {name!r} has dtype {dtype} and requires_grad true; only floating "
+                             "inputs take a gradient", node=name,
+                             hint="leave requires_grad out (integer and bool inputs default to false)")
         attrs = {
             "shape": tuple(shape) if shape is not None else None,
             "dtype": dtype,

@@ -43,7 +43,7 @@ from .layout import Layout
 from .mesh import MAX_MESH_AXES, MAX_RANKS, MAX_TENSOR_RANK, DeviceMesh
 from .placement import parse_placement
 from .registry import OpRule, get_rule
-from .spec import TensorSpec, check_dtype
+from .spec import FLOAT_DTYPES, TensorSpec, check_dtype
 
 __all__ = ["load_spec", "parse_spec", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
 
@@ -644,10 +644,15 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
     if "placements" in data and "tensor_map" in data:
         raise _err("conflicting-keys", "both placements and tensor_map are given", path,
                    "give exactly one of placements (per mesh axis) and tensor_map (per tensor dim)")
-    requires_grad = data.get("requires_grad", True)
+    floating = dtype in FLOAT_DTYPES
+    requires_grad = data.get("requires_grad", floating)  # token ids and masks take no gradient
     if not isinstance(requires_grad, bool):
         raise _err("bad-type", f"requires_grad must be true or false, got {cut(requires_grad)}",
                    f"{path}.requires_grad", "write requires_grad: false")
+    if requires_grad and not floating:
+        raise _err("bad-value", f"input of dtype {dtype} has requires_grad: true; only floating inputs take a "
+                   "gradient", f"{path}.requires_grad", "leave requires_grad out (integer and bool inputs default "
+                   "to false) or give the input a float dtype")
     placements: Any
     if "tensor_map" in data:
         tm = data["tensor_map"]

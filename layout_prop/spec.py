@@ -40,9 +40,11 @@ from .layout import Layout
 from .mesh import MAX_TENSOR_RANK, DeviceMesh
 from .placement import StridedShard
 
-__all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "check_dtype"]
+__all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "FLOAT_DTYPES", "check_dtype"]
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+#: the dtypes that take a gradient (an integer or bool input, such as token ids or a mask, does not)
+FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def check_dtype(dtype) -> str:

@@ -147,7 +147,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed; writes "
                    "./layout-prop-demo.html)")
 
-    ex = sub.add_parser("explain", help="why a value has its layout: the chain of rules back to the inputs")
+    ex = sub.add_parser("explain", help="why a value has its layout: the chain of rules back to the inputs",
+                        description="Why a value has its layout: the chain of rules back to the declared inputs, "
+                                    "with the violations on the way. Exits 0 once the explanation is printed, "
+                                    "violations or not (check exits 1 on them).")
     ex.add_argument("spec", metavar="SPEC", type=Path, help="a YAML or JSON spec file (- reads standard input)")
     ex.add_argument("value", metavar="NAME", help="a value name (node, node:i, an input, or grad:INPUT)")
     ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
@@ -214,7 +217,8 @@ def _add_viz_parser(subparsers) -> argparse.ArgumentParser:
         "viz", help="draw the graph (or one tensor's sharding grid) as HTML, SVG, PNG or DOT",
         description="Draw the propagated graph: layers left to right, placements and local shapes on the edges, "
                     "redistributions with their steps and bytes, violations in red. With --tensor, draw which "
-                    "ranks hold which block of one value instead.")
+                    "ranks hold which block of one value instead. Exits 0 once the file is written, violations or not "
+                    "(check exits 1 on them).")
     viz.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
     viz.add_argument("-o", "--output", required=True, metavar="FILE",
                      help="the picture to write; its extension picks the format: .html (interactive, "

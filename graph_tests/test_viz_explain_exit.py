@@ -1,0 +1,81 @@
+"""Which commands gate on violations, as the README's exit-code paragraph and ``--help`` say.
+
+``check``, ``lower`` and ``run`` (``--no-reshard``) exit 1 on a spec with violations;
+``viz`` and ``explain`` are asked to show them, so they exit 0 once their output is
+written in full, with the violations in it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from layout_prop.cli import _parser, main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+#: x shards RPE's rotation dim and sin is Partial: violations
+BROKEN = """\
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x:   {shape: [4, 4, 16, 64], placements: ["S(0)", "S(3)"]}
+  cos: {shape: [1, 1, 16, 64], placements: [R, R]}
+  sin: {shape: [1, 1, 16, 64], placements: ["P(sum)", R]}
+nodes:
+  - {name: y, op: rotary_position_embedding, inputs: [x, cos, sin], attrs: {mode: 0}}
+outputs: [y]
+"""
+
+
+@pytest.fixture
+def broken(tmp_path):
+    spec = tmp_path / "broken.yaml"
+    spec.write_text(BROKEN)
+    return spec
+
+
+@pytest.mark.parametrize("argv", [["check"], ["lower", "--rank", "0", "--no-reshard"], ["run", "--no-reshard"]],
+                         ids=["check", "lower", "run"])
+def test_the_gates_exit_1_on_violations(broken, capsys, argv):
+    assert main([argv[0], str(broken), *argv[1:]]) == 1
+    captured = capsys.readouterr()
+    assert "sharded-rotation-dim" in captured.out + captured.err
+
+
+def test_viz_writes_the_violations_and_exits_0(broken, tmp_path, capsys):
+    out = tmp_path / "broken.svg"
+    assert main(["viz", str(broken), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    count = int(re.search(r"(\d+) violations\)", printed).group(1))
+    assert count > 0
+    assert "sharded-rotation-dim" in out.read_text()
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_explain_shows_the_violations_and_exits_0(broken, capsys, json_flag):
+    assert main(["explain", str(broken), "y", *json_flag]) == 0
+    assert "sharded-rotation-dim" in capsys.readouterr().out
+
+
+def _exit_paragraph() -> str:
+    text = README.read_text()
+    start = text.index("Exit codes")
+    return " ".join(text[start:text.index("\n\n", start)].split())
+
+
+def test_the_readme_says_which_commands_gate():
+    paragraph = _exit_paragraph()
+    assert "everywhere" not in paragraph.split("**2**")[0]  # not "1 on violations everywhere"
+    for command in ("check", "run", "lower"):
+        assert f"`{command}`" in paragraph
+    assert ("`viz` and `explain` are asked to show violations, not to judge them: they exit **0** once their "
+            "output is written, violations or not") in paragraph
+
+
+@pytest.mark.parametrize("command", ["viz", "explain"])
+def test_help_says_so(command):
+    sub = next(a for a in _parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    text = " ".join(sub.choices[command].format_help().split())
+    assert "violations or not (check exits 1 on them)" in text

@@ -180,16 +180,12 @@ class Graph:
     ) -> str:
         """Add a graph input; ``placements`` is a list of placements or ``"auto"``.
 
-        ``requires_grad`` defaults to true for the floating dtypes and false for the others;
-        an integer or bool input cannot take a gradient (``bad-value``).
+        ``requires_grad`` defaults to true for the floating dtypes and false for the others
+        (token ids, masks).  Passes that cut a graph into pieces set it as the flow of
+        gradients decides; the spec loader refuses it on an integer input.
         """
-        floating = dtype in FLOAT_DTYPES
         if requires_grad is None:
-            requires_grad = floating
-        elif requires_grad and not floating:
-            raise GraphError("bad-value", f"input {name!r} has dtype {dtype} and requires_grad true; only floating "
-                             "inputs take a gradient", node=name,
-                             hint="leave requires_grad out (integer and bool inputs default to false)")
+            requires_grad = dtype in FLOAT_DTYPES
         attrs = {
             "shape": tuple(shape) if shape is not None else None,
             "dtype": dtype,

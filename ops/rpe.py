@@ -29,7 +29,7 @@ from layout_prop.errors import Violation
 from layout_prop.layout import Layout
 from layout_prop.placement import Partial, Replicate, Shard
 from layout_prop.registry import OpRule, RuleResult, register_op
-from layout_prop.spec import TensorSpec
+from layout_prop.spec import FLOAT_DTYPES, TensorSpec
 
 from .common import axes_label, free_or_violation, without_partial
 
@@ -40,7 +40,6 @@ INPUT_LAYOUTS = {4: ("BNSD", "BSND", "SBND"), 3: ("TND",)}
 OPERANDS = ("x", "cos", "sin")
 VIOLATION_CODES = ("partial-input", "sharded-rotation-dim", "broadcast-shape", "sharding-mismatch", "invalid-mode",
                    "invalid-head-dim", "invalid-rank", "invalid-input-layout", "invalid-dtype")
-FLOAT_DTYPES = ("float16", "float32", "float64")
 
 
 def _check_attrs(x: TensorSpec, attrs: dict) -> list[Violation]:

@@ -1,8 +1,10 @@
 """The ``layout-prop`` command line.
 
-Exit codes everywhere: 0 ok, 1 violations or a numerical mismatch, 2 unusable input (a
-bad spec, an unknown op, a bad flag) with one line on stderr and never a traceback; 141
-(as a Unix tool killed by SIGPIPE) and no message when the reader of stdout goes away.
+Exit codes: 0 ok; 1 when the answer is no (violations in check, run, lower and plan, a
+numerical mismatch in run, a wrong op in verify; viz and explain exit 0 once their output
+is written); 2 unusable input (a bad spec, an unknown op, a bad flag) with one line on
+stderr and never a traceback; 141 (as a Unix tool killed by SIGPIPE) and no message when
+the reader of stdout goes away.
 Everything printed goes through :func:`layout_prop.errors.printable`: control characters
 from a spec are escaped, never written raw to the terminal.
 """

@@ -417,7 +417,10 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
     inputs = random_inputs(g, seed)
-    reference = execute_global(g, inputs, wanted=list(g.outputs))
+    # numpy's floating-point warnings (sqrt of a negative...) would be printed with a line of our
+    # code; a NaN or inf in an output is reported with its count instead (count_nonfinite)
+    with np.errstate(all="ignore"):
+        reference = execute_global(g, inputs, wanted=list(g.outputs))
     rng = np.random.default_rng(seed + 1)
     if engine == "sim":
         from layout_prop.kernels.simulator import Simulator
@@ -425,7 +428,8 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         if backend != "numpy":
             raise ExecutionError("backend-unavailable", f"the simulator runs the numpy kernels, not {backend!r}",
                                  hint="use --engine mindspore for the mindspore and cann backends")
-        local = Simulator().execute(program, inputs, rng, wanted=list(g.outputs))
+        with np.errstate(all="ignore"):
+            local = Simulator().execute(program, inputs, rng, wanted=list(g.outputs))
     elif engine_obj is not None:
         local = engine_obj.execute(program, inputs, rng, wanted=list(g.outputs))
         report.extra.update(engine_obj.report_extra())

@@ -135,6 +135,8 @@ def test_a_spec_file_past_the_size_limit(tmp_path):
     with pytest.raises(SpecError) as excinfo:
         read_spec_text(spec, limit=1024)
     assert excinfo.value.code == "spec-too-large" and "1024 bytes" in excinfo.value.message
+    # the file was found: the hint says what the limit is, not to give a spec file's path
+    assert excinfo.value.hint.startswith("check the path: a spec file is read up to 1024 bytes")
 
 
 @pytest.mark.parametrize("argv", [["check", "/dev/stdin"], ["check", "-"], ["explain", "-", "y"]],

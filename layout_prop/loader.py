@@ -466,6 +466,11 @@ def read_file_bytes(path: str | Path, limit: int, *, what: str, missing: str, to
     shown, where = cut(str(path)), str(path)
 
     def refuse(code: str, message: str) -> SpecError:
+        if code == too_large:  # (``hint`` says what to give; this file was found, and is too big)
+            example = " (a 100,000-node spec is about 15 MB)" if what == "spec" else ""
+            size = f"{limit / 2 ** 20:g} MiB" if limit >= 2 ** 20 else f"{limit} bytes"
+            return SpecError(code, message, path=where,
+                             hint=f"check the path: a {what} file is read up to {size}{example}")
         return SpecError(code, message, path=where, hint=hint)
 
     try:

@@ -79,3 +79,11 @@ def test_help_says_so(command):
     sub = next(a for a in _parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     text = " ".join(sub.choices[command].format_help().split())
     assert "violations or not (check exits 1 on them)" in text
+
+
+def test_explain_of_a_mistyped_name_suggests_the_closest(broken, capsys):
+    assert main(["explain", str(broken), "yy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown-value" in err and "did you mean 'y'?" in err
+    assert main(["explain", str(broken), "qqqq"]) == 2  # nothing close: how values are named, and one of them
+    assert "node output" in capsys.readouterr().err

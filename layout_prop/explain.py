@@ -29,6 +29,7 @@ z = neg(y) -> (S(2))   [rule neg in layout_prop.ops.elementwise]
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from . import meta
@@ -48,9 +49,25 @@ def explain(graph: Graph, value: str) -> dict[str, Any]:
                              hint="run with --backward, and name an input that requires a gradient")
         value = name
     if not graph.has_value(value):
-        raise GraphError("unknown-value", f"no value named {value!r}", input=value,
-                         hint="name a graph input or a node output (node:i for multi-output ops)")
+        raise GraphError("unknown-value", f"no value named {value!r}", input=value, hint=_name_hint(graph, value))
     return _explain(graph, value, set())
+
+
+def _name_hint(graph: Graph, value: str) -> str:
+    """The value of ``graph`` whose name is closest to ``value`` (a typo), else how values are named.
+
+    >>> from layout_prop.graph import Graph
+    >>> from layout_prop.mesh import DeviceMesh
+    >>> g = Graph(DeviceMesh((2,), ("dp",)))
+    >>> _ = g.input("l0_query", shape=(4,)); _ = g.op("l0_key", "neg", ["l0_query"])
+    >>> _name_hint(g, "l0_qeury"), _name_hint(g, "zzz")
+    ("did you mean 'l0_query'?", 'name a graph input or a node output (node:i for multi-output ops), e.g. l0_query')
+    """
+    names = [v for node in graph.nodes for v in node.outputs if not v.startswith(("grad/", "cotangent/"))]
+    close = difflib.get_close_matches(value, names, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "name a graph input or a node output (node:i for multi-output ops)" + (f", e.g. {names[0]}" if names else "")
 
 
 def _layout(spec) -> str | None:

@@ -555,11 +555,8 @@ def _cmd_lower(args) -> int:
 
 
 def _cmd_gen(args) -> int:
-    import yaml
-
+    from .loader import dump_yaml, load_spec
     from .models import llama_spec, parse_mesh_arg
-
-    from .loader import load_spec
 
     spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
                       heads=args.heads, ffn=args.ffn, dtype=args.dtype)
@@ -567,11 +564,7 @@ def _cmd_gen(args) -> int:
     if args.output is not None and args.output.suffix.lower() == ".json":
         text = json.dumps(spec, indent=1)
     else:
-        class _NoAliases(yaml.SafeDumper):
-            def ignore_aliases(self, data):  # shared lists stay written out, no &anchors
-                return True
-
-        text = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, default_flow_style=None, width=120)
+        text = dump_yaml(spec)
     if args.output is None:
         print(text, end="")
     else:

@@ -45,7 +45,7 @@ from .placement import parse_placement
 from .registry import OpRule, get_rule
 from .spec import FLOAT_DTYPES, TensorSpec, check_dtype
 
-__all__ = ["load_spec", "parse_spec", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
+__all__ = ["load_spec", "parse_spec", "dump_yaml", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
 
 #: the largest spec file read (a 100,000-node generated spec is about 15 MiB of JSON)
 MAX_SPEC_BYTES = 64 * 2 ** 20
@@ -100,10 +100,33 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyam
         return super().construct_mapping(node, deep=deep)
 
 
-# floats with an exponent and no dot (1e-6, 2E+3), which YAML 1.1's float pattern misses
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+class _SpecDumper(yaml.SafeDumper):
+    """The YAML writer of :func:`dump_yaml`: no anchors, and the loader's resolvers."""
+
+    def ignore_aliases(self, data):  # shared lists stay written out, no &anchors
+        return True
+
+
+# floats with an exponent and no dot (1e-6, 2E+3), which YAML 1.1's float pattern misses; the
+# dumper knows them too, so that it quotes a string such as "1e3" (a name) instead of writing
+# it plain, which the loader would read back as the number 1000.0
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+for _resolving in (_UniqueKeyLoader, _SpecDumper):
+    _resolving.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def dump_yaml(spec: dict) -> str:
+    """``spec`` as the block YAML that ``gen``, ``import`` and ``plan`` write, read back equal.
+
+    >>> print(dump_yaml({"inputs": {"1e3": {"shape": [4]}}, "attrs": {"eps": 1e-06}}), end="")
+    inputs:
+      '1e3':
+        shape: [4]
+    attrs: {eps: 1.0e-06}
+    >>> parse_spec(dump_yaml({"1e3": "2E5"}))
+    {'1e3': '2E5'}
+    """
+    return yaml.dump(spec, Dumper=_SpecDumper, sort_keys=False, default_flow_style=None, width=120)
 #: the first characters of the plain scalars the loader may read as something else than a
 #: string; None when a resolver is tried whatever the first character (PyYAML's are not)
 _IMPLICIT_FIRST = None if None in _UniqueKeyLoader.yaml_implicit_resolvers else \

@@ -293,16 +293,12 @@ def cmd_plan(args) -> int:
 
 
 def _write(spec: dict, path: Path) -> None:
-    import yaml
+    from .loader import dump_yaml
 
     if path.suffix.lower() == ".json":
         text = json.dumps(spec, indent=1)
     else:
-        class _NoAliases(yaml.SafeDumper):
-            def ignore_aliases(self, data):
-                return True
-
-        text = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, default_flow_style=None, width=120)
+        text = dump_yaml(spec)
     from .output import write_output
 
     write_output(path, text)  # atomic: a full disk leaves the old file, never a truncated plan

@@ -58,9 +58,7 @@ def load_graph(args: argparse.Namespace) -> Graph:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``layout-prop import MODEL --plan PLAN [-o SPEC]``: exit 0 with the spec written."""
-    import yaml
-
-    from ..loader import load_spec
+    from ..loader import dump_yaml, load_spec
     from . import import_spec
 
     spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
@@ -68,11 +66,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.suffix.lower() == ".json":
         text = json.dumps(spec, indent=1)
     else:
-        class _NoAliases(yaml.SafeDumper):
-            def ignore_aliases(self, data):
-                return True
-
-        text = yaml.dump(spec, Dumper=_NoAliases, sort_keys=False, default_flow_style=None, width=120)
+        text = dump_yaml(spec)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.output is None:

@@ -538,6 +538,22 @@ def test_printable_escapes_every_control_character():
     assert printable("tab\there") == "tab\\there"
 
 
+#: invisible characters that make two names look alike or reorder a line, a lone surrogate (no
+#: encoding can write it: printing it was an internal error) and the noncharacters XML refuses
+INVISIBLE = ["\u200b", "\u200d", "\u200e", "\u200f", "\u061c", "\u2060", "\ufeff", "\ud800", "\udfff",
+             "\ufffe", "\uffff", "\U000e0041"]
+
+
+@pytest.mark.parametrize("char", INVISIBLE, ids=[f"U+{ord(c):04X}" for c in INVISIBLE])
+def test_invisible_characters_are_escaped_and_refused_in_names(tmp_path, capsys, char):
+    assert printable(f"y{char}") == f"y\\{'U%08x' % ord(char) if ord(char) > 0xffff else 'u%04x' % ord(char)}"
+    text = json.dumps({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4]}},
+                       "nodes": [{"name": "y", "op": "neg", "inputs": ["x"]},
+                                 {"name": f"y{char}", "op": "neg", "inputs": ["x"]}]})
+    line = check_refuses(tmp_path, capsys, text, "bad-name")
+    assert char not in line and "nodes[1].name" in line
+
+
 @pytest.mark.parametrize("where", ["input", "node", "mesh-axis", "output"])
 def test_control_characters_in_names_are_refused_and_escaped(tmp_path, capsys, where):
     name = json.dumps(HOSTILE_NAME)

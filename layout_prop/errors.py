@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CONTROL_CHARS",
     "printable",
     "cut",
     "describe",
@@ -35,9 +36,16 @@ __all__ = [
 
 
 #: characters that must not reach a terminal raw: C0 and C1 controls (ESC starts escape
-#: sequences, BEL rings, CR and newlines rewrite lines), the Unicode line separators and the
-#: bidirectional overrides that reorder what is shown
-_CONTROL = "\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+#: sequences, BEL rings, CR and newlines rewrite lines), the Unicode line separators, every
+#: bidirectional control (the marks U+061C, U+200E, U+200F, the embeddings, overrides and
+#: isolates) that reorder what is shown, the invisible ones that make two names look alike
+#: (zero-width space and joiners U+200B-U+200D, U+2060, U+FEFF, the tag characters), lone
+#: surrogates (which no terminal or file encoding can write) and the noncharacters U+FFFE and
+#: U+FFFF (not allowed in XML: an SVG holding one does not open).  Names holding any of them
+#: are refused by the loader (``bad-name``).
+CONTROL_CHARS = ("\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060"
+                 "\u2066-\u2069\ud800-\udfff\ufeff\ufffe\uffff\U000e0000-\U000e007f")
+_CONTROL = CONTROL_CHARS
 _CONTROL_ALL = re.compile(f"[\n{_CONTROL}]")
 _CONTROL_BUT_NEWLINE = re.compile(f"[{_CONTROL}]")
 #: the ASCII characters that are not in _CONTROL, without and with the line break
@@ -53,7 +61,9 @@ def _escape_char(match: re.Match) -> str:
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def printable(text: str, *, newlines: bool = False) -> str:

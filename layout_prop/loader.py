@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from .block_yaml import read_block_yaml
-from .errors import GraphError, LayoutPropError, SpecError, cut, printable
+from .errors import CONTROL_CHARS, GraphError, LayoutPropError, SpecError, cut, printable
 from .graph import Graph, Node, split_value
 from .layout import Layout
 from .mesh import MAX_MESH_AXES, MAX_RANKS, MAX_TENSOR_RANK, DeviceMesh
@@ -642,8 +642,8 @@ def _mesh(data: Any) -> DeviceMesh:
                    "write names like [dp, tp]")
     for i, name in enumerate(names or ()):
         if _UNPRINTABLE.search(name):
-            raise _err("bad-name", f"mesh axis name {cut(name)} has a control character", f"mesh.names[{i}]",
-                       "name axes with printable characters, like dp, tp, sp")
+            raise _err("bad-name", f"mesh axis name {cut(name)} has a control or invisible character",
+                       f"mesh.names[{i}]", "name axes with printable characters, like dp, tp, sp")
         if len(name) > MAX_NAME:
             raise _err("bad-name", f"mesh axis name {cut(name, 60)} is {len(name)} characters long, over the limit "
                        f"{MAX_NAME}", f"mesh.names[{i}]", "use short axis names like dp, tp, sp")
@@ -737,7 +737,7 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
 
 
 #: control characters (see :func:`layout_prop.errors.printable`): never in a name
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE = re.compile(f"[\n{CONTROL_CHARS}]")
 RESERVED_CHARS = (":", "@", "#")  # value indexes, and the names lowering gives local slices and steps
 RESERVED_PREFIXES = ("grad:", "grad/", "cotangent/")  # the names the backward pass gives its values
 
@@ -753,7 +753,7 @@ def _check_name(name: Any, path: str) -> str:
     if not isinstance(name, str) or not name:
         raise _err("bad-name", f"name {cut(name)} is not a non-empty string", path, "name values like x, q_rot, l0_h")
     if _UNPRINTABLE.search(name):
-        raise _err("bad-name", f"name {cut(name)} has a control character", path,
+        raise _err("bad-name", f"name {cut(name)} has a control or invisible character", path,
                    "name values with printable characters, like x, q_rot, l0_h")
     if len(name) > MAX_NAME:
         raise _err("bad-name", f"name {cut(name, 60)} is {len(name)} characters long, over the limit {MAX_NAME}",

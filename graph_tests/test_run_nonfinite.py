@@ -114,3 +114,15 @@ def test_counts_where_the_ranks_differ():
     assert format_nonfinite({"kind": "grad", "name": "w", **counts}) == (
         "grad w: 4 of 5 elements are NaN or inf (2 NaN, 2 inf) on one device; the ranks have the same at 2 of them")
     assert count_nonfinite(np.ones(3, np.float32), np.ones(3, np.float32)) is None
+
+
+def test_numpy_runtime_warnings_do_not_reach_stderr(tmp_path, capsys):
+    """A 0-size normalised dim makes numpy warn "Mean of empty slice" (a RuntimeWarning, not a
+    floating-point error); it was printed with a line of the kernels."""
+    spec = tmp_path / "empty.json"
+    spec.write_text(json.dumps({"mesh": {"shape": [2], "names": ["tp"]},
+                                "inputs": {"x": {"shape": [2, 0], "placements": ["S(0)"]},
+                                           "w": {"shape": [0], "placements": ["R"]}},
+                                "nodes": [{"name": "y", "op": "rms_norm", "inputs": ["x", "w"]}], "outputs": ["y"]}))
+    code, out = _run(["run", str(spec), "--backward"], capsys)
+    assert code == 0 and out.endswith("matches one device\n")

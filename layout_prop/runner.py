@@ -26,8 +26,9 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import math
-
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -377,6 +378,16 @@ def check_run_memory(graph: Graph, program, max_memory: int | None = None) -> Me
     return estimate
 
 
+@contextlib.contextmanager
+def _quiet_numerics():
+    """No numpy warning while kernels run: a floating-point one (sqrt of a negative) or a
+    RuntimeWarning such as "Mean of empty slice" would be printed with a line of our code; a
+    NaN or inf in an output is reported with its count instead (:func:`count_nonfinite`)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
               seed: int = 0, reshard: bool = True, rtol: float | None = None, verify: bool = False,
               max_memory: int | None = None, check_memory: bool = True, **engine_options) -> RunReport:
@@ -417,9 +428,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
     inputs = random_inputs(g, seed)
-    # numpy's floating-point warnings (sqrt of a negative...) would be printed with a line of our
-    # code; a NaN or inf in an output is reported with its count instead (count_nonfinite)
-    with np.errstate(all="ignore"):
+    with _quiet_numerics():
         reference = execute_global(g, inputs, wanted=list(g.outputs))
     rng = np.random.default_rng(seed + 1)
     if engine == "sim":
@@ -428,7 +437,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         if backend != "numpy":
             raise ExecutionError("backend-unavailable", f"the simulator runs the numpy kernels, not {backend!r}",
                                  hint="use --engine mindspore for the mindspore and cann backends")
-        with np.errstate(all="ignore"):
+        with _quiet_numerics():
             local = Simulator().execute(program, inputs, rng, wanted=list(g.outputs))
     elif engine_obj is not None:
         local = engine_obj.execute(program, inputs, rng, wanted=list(g.outputs))

@@ -7,6 +7,7 @@ written in full, with the violations in it.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -87,3 +88,25 @@ def test_explain_of_a_mistyped_name_suggests_the_closest(broken, capsys):
     assert err.count("\n") == 1 and "unknown-value" in err and "did you mean 'y'?" in err
     assert main(["explain", str(broken), "qqqq"]) == 2  # nothing close: how values are named, and one of them
     assert "node output" in capsys.readouterr().err
+
+
+def test_explain_walks_back_a_bounded_depth_on_a_long_chain(tmp_path, capsys):
+    """A chain of 1,000 ops nested deeper than Python's recursion limit (too-deep, exit 2): explain
+    walks back --depth producers (default 100) and marks where it stopped."""
+    nodes = [{"name": f"v{i}", "op": "relu", "inputs": [f"v{i - 1}" if i else "x"]} for i in range(1000)]
+    spec = tmp_path / "chain.json"
+    spec.write_text(json.dumps({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4], "placements": ["S(0)"]}},
+                                "nodes": nodes}))
+    assert main(["explain", str(spec), "v999"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 101 and lines[0].startswith("v999 = relu(v998)")
+    assert lines[-1].strip().startswith("v899 (as x) = relu(...)") and "explain v899" in lines[-1]
+    assert main(["explain", str(spec), "v999", "--depth", "300", "--json"]) == 0
+    tree, levels = json.loads(capsys.readouterr().out), 0
+    while "inputs" in tree:
+        tree, levels = tree["inputs"][0]["from"], levels + 1
+    assert levels == 300 and tree == {"value": "v699", "op": "relu", "placements": "(S(0))", "more": True}
+    assert main(["explain", str(spec), "v999", "--depth", "301"]) == 2
+    assert "from 1 to 300" in capsys.readouterr().err
+    assert main(["explain", str(spec), "v5", "--depth", "300"]) == 0  # a short chain reaches the input
+    assert capsys.readouterr().out.splitlines()[-1].strip() == "x: graph input, declared (S(0))"

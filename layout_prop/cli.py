@@ -158,6 +158,9 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
     ex.add_argument("--backward", action="store_true", help="include the gradient graph")
     ex.add_argument("--json", action="store_true", help="print the derivation as JSON")
+    ex.add_argument("--depth", type=_positive_int, default=100, metavar="N",
+                    help="producers to walk back, at most 300 (default 100); a value further up is marked, to be "
+                         "explained on its own")
     add_model_args(ex)
 
     ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination",
@@ -452,7 +455,7 @@ def _cmd_explain(args) -> int:
     from .explain import explain, format_explanation
 
     analysis = analyze(load_graph(args), reshard=args.reshard, backward=args.backward)
-    tree = explain(analysis.graph, args.value)
+    tree = explain(analysis.graph, args.value, args.depth)
     _print_json(tree) if args.json else print(format_explanation(tree))
     return 0
 

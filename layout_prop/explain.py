@@ -40,8 +40,22 @@ from .registry import get_rule
 __all__ = ["explain", "format_explanation"]
 
 
-def explain(graph: Graph, value: str) -> dict[str, Any]:
-    """The derivation tree of ``value``'s layout in a propagated graph (a JSON-able dict)."""
+#: how many producers :func:`explain` walks back by default, and at most: the tree nests one
+#: level per op (a chain of 1,000 ops was deeper than Python's recursion limit allows), and
+#: the rules that decided a layout are the nearest ones
+DEFAULT_DEPTH = 100
+MAX_DEPTH = 300
+
+
+def explain(graph: Graph, value: str, depth: int = DEFAULT_DEPTH) -> dict[str, Any]:
+    """The derivation tree of ``value``'s layout in a propagated graph (a JSON-able dict).
+
+    Walks back ``depth`` producers (1 to :data:`MAX_DEPTH`); a value further up is a leaf
+    with ``"more": true``, to be explained on its own.
+    """
+    if not 1 <= depth <= MAX_DEPTH:
+        raise GraphError("bad-value", f"explain depth {depth} is out of range",
+                         hint=f"give a depth from 1 to {MAX_DEPTH}, and explain a value further up on its own")
     if value.startswith("grad:"):
         name = f"grad/{value[5:]}"
         if name not in graph:
@@ -50,7 +64,7 @@ def explain(graph: Graph, value: str) -> dict[str, Any]:
         value = name
     if not graph.has_value(value):
         raise GraphError("unknown-value", f"no value named {value!r}", input=value, hint=_name_hint(graph, value))
-    return _explain(graph, value, set())
+    return _explain(graph, value, set(), depth)
 
 
 def _name_hint(graph: Graph, value: str) -> str:
@@ -74,13 +88,15 @@ def _layout(spec) -> str | None:
     return str(spec.layout) if spec is not None else None
 
 
-def _explain(graph: Graph, value: str, seen: set) -> dict[str, Any]:
+def _explain(graph: Graph, value: str, seen: set, depth: int) -> dict[str, Any]:
     node, index = graph.producer(value)
     spec = node.meta[meta.SPECS][index]
     if node.is_input:
         return {"value": value, "op": "input", "placements": _layout(spec), "declared": True}
     if value in seen:
         return {"value": value, "op": node.op, "placements": _layout(spec), "see_above": True}
+    if depth == 0:
+        return {"value": value, "op": node.op, "placements": _layout(spec), "more": True}
     seen.add(value)
     rule = get_rule(node.op)
     wants = node.meta.get(meta.WANTS, ())
@@ -93,7 +109,7 @@ def _explain(graph: Graph, value: str, seen: set) -> dict[str, Any]:
         entry = {"value": inp, "operand": rule.operand_name(i), "placements": _layout(in_spec),
                  "wanted": str(want) if want is not None else None,
                  "violations": [v.to_dict() for v in violations if v.input == inp],
-                 "from": _explain(graph, inp, seen)}
+                 "from": _explain(graph, inp, seen, depth - 1)}
         inputs.append(entry)
     return {"value": value, "op": rule.name, "rule": f"{rule.name} in {type(rule).__module__}",
             "placements": _layout(spec), "inputs": inputs,
@@ -114,6 +130,9 @@ def format_explanation(tree: dict[str, Any], indent: int = 0, use: dict | None =
         return f"{pad}{label}: graph input, declared {tree['placements']}{suffix}"
     if tree.get("see_above"):
         return f"{pad}{label} = {tree['op']}(...) -> {tree['placements']} (derived above){suffix}"
+    if tree.get("more"):
+        return (f"{pad}{label} = {tree['op']}(...) -> {tree['placements']}{suffix} (further up: "
+                f"explain {tree['value']}, or a larger --depth)")
     args = ", ".join(i["value"] for i in tree["inputs"])
     lines = [f"{pad}{label} = {tree['op']}({args}) -> {tree['placements']}{suffix}   [rule {tree['rule']}]"]
     for v in tree["violations"]:

@@ -172,9 +172,15 @@ def layer_norm_grad(dy, x, weight, bias, eps=1e-5, normalized_ndim=1):
 
 
 # ------------------------------------------------------------------------ softmax
+def _max(x, axis):
+    """The max along ``axis`` kept as a dim; -inf along a size-0 axis (whose softmax is empty,
+    and attention over no keys gives zeros), where numpy's max has no identity."""
+    return np.max(x, axis=axis, keepdims=True, initial=-np.inf)
+
+
 def softmax(x, axis=-1):
     x = _f(x)
-    shifted = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    shifted = np.exp(x - _max(x, axis))
     return shifted / np.sum(shifted, axis=axis, keepdims=True)
 
 
@@ -185,7 +191,7 @@ def softmax_grad(dy, y, axis=-1):
 
 def log_softmax(x, axis=-1):
     x = _f(x)
-    shifted = x - np.max(x, axis=axis, keepdims=True)
+    shifted = x - _max(x, axis)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 

@@ -954,6 +954,10 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
     dims = ATTENTION_LAYOUTS.get(attrs["layout"])
     if dims is not None:
         violations += _attention_shape_violations(q, k, v, dims)
+        if not violations and q.shape[dims["D"]] == 0 and attrs["scale"] is None:
+            violations.append(Violation("invalid-shape", f"q's head dim D is 0 (q {list(q.shape)}): the default "
+                                        "scale 1/sqrt(D) is undefined", "give q and k a head dim of at least 1, "
+                                        "or an explicit scale", operand="q"))
     if violations:
         return None, (None, None), [None, None, None], violations, dims
     q_fixed, issues = _whole_dims(q, "q", [dims["D"]], "sharded-head-dim", ATTENTION_OP,

@@ -76,8 +76,18 @@ RECORDS = [
     OpRecord("softmax_grad", [OpSample([(4, 5), (4, 5)]), OpSample([(5, 3), (5, 3)], {"axis": 0})], placements=60),
     OpRecord("log_softmax_grad", [OpSample([(4, 5), (4, 5)]), OpSample([(5, 3), (5, 3)], {"axis": 0})],
              placements=60),
+    # a size-0 softmax axis is an empty softmax (numpy's max of nothing raised in the kernel)
+    OpRecord("softmax", [OpSample([(0, 4)], {"axis": 0}), OpSample([(3, 0)])], placements=20, id="softmax-size-0"),
+    OpRecord("log_softmax", [OpSample([(0, 4)], {"axis": 0}), OpSample([(3, 0)])], placements=20,
+             id="log_softmax-size-0"),
     # ---------------------------------------------------------------- attention
     OpRecord("scaled_dot_product_attention", _ATTENTION, placements=80, id="attention"),
+    # no keys: zeros; head dim 0: fine with a scale, invalid-shape without (1/sqrt(0))
+    OpRecord("scaled_dot_product_attention", [
+        OpSample([(1, 2, 4, 4), (1, 2, 0, 4), (1, 2, 0, 4)], {"causal": True}),
+        OpSample([(1, 2, 3, 0), (1, 2, 3, 0), (1, 2, 3, 2)], {"scale": 0.5}),
+        OpSample([(1, 2, 3, 0), (1, 2, 3, 0), (1, 2, 3, 2)]),
+    ], placements=20, id="attention-size-0"),
     OpRecord("scaled_dot_product_attention_grad", [
         OpSample([(2, 2, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4)], {"causal": True}),
         OpSample([(3, 5, 2, 3), (3, 5, 2, 4), (3, 3, 2, 4), (3, 3, 2, 3)], {"layout": "BSND"}),

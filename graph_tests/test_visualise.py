@@ -156,6 +156,21 @@ def test_png_of_a_tensor_grid(tmp_path):
     assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
+def test_a_png_too_large_to_draw_is_refused_before_drawing(tmp_path):
+    """A chain of 1,000 ops is drawn in one row 295,000 pixels wide: as a PNG (130 million pixels)
+    it is refused at once; the same graph as SVG is written."""
+    nodes = [{"name": f"v{i}", "op": "relu", "inputs": [f"v{i - 1}" if i else "x"]} for i in range(1000)]
+    spec = tmp_path / "chain.json"
+    spec.write_text(json.dumps({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4]}}, "nodes": nodes}))
+    out = tmp_path / "chain.png"
+    with pytest.raises(VizError) as err:
+        viz(spec, "-o", out)
+    assert err.value.code == "picture-too-large" and err.value.path == str(out) and ".svg" in err.value.hint
+    assert "over the limit of 100 million" in err.value.message
+    assert not out.exists() and list(tmp_path.iterdir()) == [spec]  # no temporary file left either
+    assert viz(spec, "-o", tmp_path / "chain.svg") == 0
+
+
 # --------------------------------------------------------------------------- (2) SVG: well formed, every node
 @pytest.mark.parametrize("flags", FLAG_SETS, ids=lambda f: "+".join(f) or "plain")
 @pytest.mark.parametrize("name", [p.stem for p in EXAMPLES] + ["broken"])

@@ -15,7 +15,7 @@ from .dot import graph_dot, grid_dot
 from .graph_layout import draw_graph
 from .grid import Grid, draw_grid, tensor_grid
 from .html_page import scene_html
-from .png import _matplotlib, scene_png
+from .png import _matplotlib, check_png_size, scene_png
 from .scene import FORMATS, Scene, VizError
 from .svg import scene_svg
 
@@ -104,6 +104,7 @@ def _write_scene(scene: Scene, path: Path, fmt: str) -> None:
     if fmt == "png":
         from layout_prop.output import atomic_path
 
+        check_png_size(scene, path)  # (before the temporary file, so that the error names the file asked for)
         try:
             with atomic_path(path) as tmp:
                 scene_png(scene, tmp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .scene import HATCH_COLOUR, Scene, Shape, Text, VizError, text_width
@@ -19,14 +20,32 @@ def _matplotlib():
     return Figure, FigureCanvasAgg, patches
 
 
+#: the most pixels a PNG may have: Agg draws into an RGBA buffer of 4 bytes a pixel (400 MB
+#: here), and the layered layout of a long chain is very wide (1,000 chained ops: 130 million
+#: pixels, 3,000: 400 million, 26 s and 2 GB); vector formats have no such cost
+MAX_PNG_PIXELS = 100_000_000
+
+
+def check_png_size(scene: Scene, path: str | Path, *, scale: float = 1.5) -> None:
+    """Raise ``picture-too-large`` (naming ``path``) when the PNG of ``scene`` would have more
+    than :data:`MAX_PNG_PIXELS` pixels."""
+    width, height = math.ceil(scene.width * scale), math.ceil(scene.height * scale)
+    if width * height > MAX_PNG_PIXELS:
+        raise VizError("picture-too-large", f"the PNG would be {width} x {height} pixels, over the limit of "
+                       f"{MAX_PNG_PIXELS // 1_000_000} million", path=str(path),
+                       hint="write .svg or .html (vector pictures of any size), or draw one tensor with --tensor")
+
+
 def scene_png(scene: Scene, path: str | Path, *, scale: float = 1.5) -> None:
     """Draw the scene with matplotlib (Agg, no window) into a PNG file.
 
     Raises
     ------
     VizError
-        ``png-unavailable`` when matplotlib is not installed.
+        ``png-unavailable`` when matplotlib is not installed; ``picture-too-large`` when
+        the picture would have more than :data:`MAX_PNG_PIXELS` pixels.
     """
+    check_png_size(scene, path, scale=scale)
     Figure, FigureCanvasAgg, patches = _matplotlib()
     from matplotlib import rc_context
 

@@ -78,14 +78,16 @@ def test_unusable_node_flags_exit_2_with_one_line(flags, code):
 
 
 @pytest.mark.parametrize("flags", [["--emulate-nodes", "2"], ["--master-port", "99999"], ["--node-rank", "5"],
-                                   ["--local-workers", "2"]], ids=["emulate", "port", "node-rank", "workers"])
-def test_node_flags_need_the_mindspore_engine(flags):
-    # the last three ran on the simulator as if they were not there (found by a new-user audit)
+                                   ["--local-workers", "2"], ["--timeout", "5"], ["--keep-logs"]],
+                         ids=["emulate", "port", "node-rank", "workers", "timeout", "keep-logs"])
+def test_engine_flags_need_the_mindspore_engine(flags):
+    # all but the first ran on the simulator as if they were not there (found by new-user audits)
     done = cli("run", str(EXAMPLES / "dp_tp.yaml"), *flags)
     assert done.returncode == 2
-    assert done.stderr.strip() == ("layout-prop: error: bad-usage: --nodes, --emulate-nodes, --master-addr, "
-                                   "--master-port, --node-rank and --local-workers need --engine mindspore "
-                                   "(hint: add --engine mindspore)")
+    assert done.stderr.strip() == ("layout-prop: error: bad-usage: --timeout, --keep-logs, --nodes, --emulate-nodes, "
+                                   "--master-addr, --master-port, --node-rank and --local-workers need --engine "
+                                   "mindspore (the simulator runs in this process) (hint: add --engine mindspore, or "
+                                   "drop them)")
 
 
 def test_a_port_in_use_on_the_master_exits_2(tmp_path):

@@ -474,7 +474,8 @@ def test_bad_dims_are_typed_errors(dims, message):
         tensor_grid(make_spec((4, 6, 10, 8), *MESH_222, ["S(0)", "S(1)", "S(2)"]), dims)
     assert err.value.code == "bad-dims"
     assert err.value.message == message
-    assert err.value.hint == "give one or two distinct dims in -4..3, such as --dims 0,1"
+    assert err.value.hint == ("give one or two distinct dims in -4..3, such as --dims 0,1 "
+                              "(a negative first dim as --dims=-1,0)")
 
 
 # --------------------------------------------------------------------------- the tensor view end to end

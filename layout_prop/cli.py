@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--backward", action="store_true", help="also run the backward and compare gradients")
     r.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
-    r.add_argument("--timeout", type=_seconds, default=300.0,
+    r.add_argument("--timeout", type=_seconds, default=None,
                    help="mindspore engine: seconds before giving up (default 300, at most a week)")
     r.add_argument("--keep-logs", action="store_true",
                    help="mindspore engine: keep the run folder (worker logs) after a successful run too")
@@ -234,7 +234,8 @@ def _add_viz_parser(subparsers) -> argparse.ArgumentParser:
                      help="draw one value's sharding grid instead: an input, a node output (name:i), or grad:NAME "
                           "with --backward")
     viz.add_argument("--dims", metavar="D0,D1",
-                     help="with --tensor: the dims drawn as rows and columns (default: the sharded ones)")
+                     help="with --tensor: the dims drawn as rows and columns (default: the sharded ones); write a "
+                          "list that starts with a negative dim as --dims=-1,0")
     return viz
 
 
@@ -488,10 +489,13 @@ def _cmd_run(args) -> int:
     nodes = {"nodes": args.nodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
              "master_port": args.master_port, "local_workers": args.local_workers, "emulate_nodes": args.emulate_nodes}
     if args.engine != "mindspore" and (args.nodes != 1 or args.emulate_nodes or args.master_addr or args.node_rank
-                                       or args.master_port is not None or args.local_workers is not None):
-        raise SpecError("bad-usage", "--nodes, --emulate-nodes, --master-addr, --master-port, --node-rank and "
-                        "--local-workers need --engine mindspore", hint="add --engine mindspore")
-    options = {"timeout": args.timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
+                                       or args.master_port is not None or args.local_workers is not None
+                                       or args.timeout is not None or args.keep_logs):
+        raise SpecError("bad-usage", "--timeout, --keep-logs, --nodes, --emulate-nodes, --master-addr, --master-port, "
+                        "--node-rank and --local-workers need --engine mindspore (the simulator runs in this "
+                        "process)", hint="add --engine mindspore, or drop them")
+    timeout = 300.0 if args.timeout is None else args.timeout
+    options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
     from .progress import Progress
 
     with Progress(0, "msrun", enabled=False if args.json else None) as bar:  # drawn only on a terminal

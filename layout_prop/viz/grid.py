@@ -159,8 +159,8 @@ def _choose_dims(spec: TensorSpec, dims: Sequence[int] | None) -> tuple[int | No
         chosen.sort()
     else:
         chosen = list(dims)
-        hint = (f"give one or two distinct dims in {-ndim}..{ndim - 1}, such as --dims 0,{min(1, ndim - 1)}"
-                if ndim else "a scalar has no dims to choose")
+        hint = (f"give one or two distinct dims in {-ndim}..{ndim - 1}, such as --dims 0,{min(1, ndim - 1)} "
+                f"(a negative first dim as --dims=-1,0)" if ndim else "a scalar has no dims to choose")
         where = f"for a tensor of shape {list(spec.shape)}"
         if not chosen or len(chosen) > 2 or (ndim and len(chosen) > ndim):
             raise VizError("bad-dims", f"dims {chosen} {where}: give one or two", hint=hint)

@@ -487,3 +487,119 @@ def test_weights_in_an_external_data_file_are_not_read(tmp_path, capsys):
     (tmp_path / "all.bin").unlink()
     err = one_line_error(capsys, ["check", str(path), "--plan", str(plan_file(tmp_path))])
     assert "external data file" in err
+
+
+# ------------------------------------------------------------------------ hostile models
+TP = {"mesh": {"shape": [2], "names": ["tp"]}}
+
+
+def _tiny(nodes, inputs, outputs, inits=(), opset=17):
+    """A model from (name, shape) inputs and outputs (float32; a shape of None is left to inference)."""
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs]
+    model = helper.make_model(helper.make_graph(nodes, "g", info, outs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _external(name, dims, location, dtype=TensorProto.FLOAT, length=None):
+    """A tensor whose data is in the file ``location`` (relative to the model, as onnx.save writes it)."""
+    t = TensorProto(name=name, data_type=dtype, dims=dims, data_location=TensorProto.EXTERNAL)
+    t.external_data.add(key="location", value=location)
+    if length is not None:
+        t.external_data.add(key="length", value=str(length))
+    return t
+
+
+def _scaled_by_external(models, location, name="m.onnx"):
+    """x * c, c a Constant whose float32 scalar is in the file ``location``."""
+    const = helper.make_node("Constant", [], ["c"], value=_external("cval", [], location, length=4))
+    return write(models, name, _tiny([const, helper.make_node("Mul", ["x", "c"], ["y"])], [("x", [4])], [("y", [4])]))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """The current folder, holding a secret, and a separate folder of models."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "models").mkdir()
+    (tmp_path / "home" / "secret.bin").write_bytes(b"SECR" * 4)
+    monkeypatch.chdir(tmp_path / "home")
+    return tmp_path / "home"
+
+
+def test_a_constant_in_external_data_is_read_beside_the_model_never_from_the_current_folder(tmp_path, capsys, home):
+    """A Constant's value in external data follows the initializers' rule: at most 1 KiB, read
+    from beside the model (secret.bin is in the current folder, not beside the model)."""
+    plan, models = plan_file(tmp_path, TP), tmp_path / "models"
+    out = tmp_path / "leak.yaml"
+    err = one_line_error(capsys, ["import", str(_scaled_by_external(models, "secret.bin")), "--plan", str(plan),
+                                  "-o", str(out)])
+    assert "'c' (Constant)" in err and "external data file that cannot be read" in err and not out.exists()
+    (models / "two.bin").write_bytes(np.float32(2.5).tobytes())  # beside the model it is read, as an initializer is
+    assert main(["import", str(_scaled_by_external(models, "two.bin")), "--plan", str(plan), "-o", str(out)]) == 0
+    assert [(n["op"], n["attrs"]) for n in yaml.safe_load(out.read_text())["nodes"]] == [("scale", {"factor": 2.5})]
+
+
+def test_a_constant_in_external_data_at_an_absolute_path_is_bad_model(tmp_path, capsys, home):
+    model = _scaled_by_external(tmp_path / "models", str(home / "secret.bin"))
+    err = one_line_error(capsys, ["import", str(model), "--plan", str(plan_file(tmp_path, TP))])
+    assert "'c' (Constant)" in err and "absolute path" in err
+
+
+def test_constant_of_shapes_value_in_external_data_follows_the_same_rule(tmp_path, capsys, home):
+    value = _external("v", [1], "secret.bin", TensorProto.INT64, length=8)
+    model = _tiny([helper.make_node("ConstantOfShape", ["s"], ["k"], value=value),
+                   helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
+                   helper.make_node("Add", ["x", "kf"], ["y"])], [("x", [4])], [("y", [4])], [_i64("s", [4])])
+    err = one_line_error(capsys, ["import", str(write(tmp_path / "models", "cos.onnx", model)), "--plan",
+                                  str(plan_file(tmp_path, TP))])
+    assert "attribute 'value' of node 'k' (ConstantOfShape)" in err and "external data file" in err
+
+
+def test_a_model_in_memory_has_no_folder_to_read_external_data_from(tmp_path, home):
+    model = onnx.load(str(_scaled_by_external(tmp_path / "models", "secret.bin")), load_external_data=False)
+    with pytest.raises(SpecError) as caught:
+        from_onnx(model, TP)  # not read from the current folder
+    assert caught.value.code == "bad-model" and "in memory" in caught.value.message
+
+
+def test_a_constant_over_1_kib_in_external_data_is_never_read_nor_folded(tmp_path):
+    """As a weight in external data: only its shape and dtype are used (the file need not exist)."""
+    big = helper.make_node("Constant", [], ["c"], value=_external("cval", [512], "absent.bin"))
+    graph = from_onnx(_tiny([big, helper.make_node("Add", ["x", "c"], ["y"])], [("x", [512])], [("y", [512])]), TP)
+    assert [n.op for n in graph.nodes if not n.is_input] == ["add"]
+    assert graph.node("c").attrs["requires_grad"] is False
+
+
+def _i64(name, value):
+    return numpy_helper.from_array(np.array(value, np.int64), name)
+
+
+def _hostile(case):
+    mm = helper.make_node("MatMul", ["x", "w"], ["y"])
+    if case == "short":  # 3 floats for dims [4, 4]
+        w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], float_data=[0.0] * 3)
+        return _tiny([mm], [("x", [2, 4])], [("y", [2, 4])], [w])
+    if case == "odd":  # 7 bytes of float32
+        w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], raw_data=b"\0" * 7)
+        return _tiny([mm], [("x", [2, 4])], [("y", [2, 4])], [w])
+    if case == "missing":
+        return _tiny([helper.make_node("Add", ["x", "nope"], ["y"])], [("x", [4])], [("y", [4])])
+    if case == "gather0":  # a constant index on a dim of size 0
+        return _tiny([helper.make_node("Gather", ["x", "i"], ["y"], axis=0)], [("x", [0, 4])], [("y", None)],
+                     [_i64("i", 0)])
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(np.ones(1, np.float32), "v"), _i64("i", [0]), [2])
+    return _tiny([helper.make_node("Constant", [], ["c"], sparse_value=sparse),
+                  helper.make_node("Add", ["x", "c"], ["y"])], [("x", [2])], [("y", [2])])
+
+
+@pytest.mark.parametrize("case, code, named", [
+    ("short", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4]"),
+    ("odd", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4]"),
+    ("sparse", "unknown-op", "node 'c' (Constant) holds a sparse_value"),
+])
+def test_hostile_models_are_one_coded_line_naming_the_value(tmp_path, capsys, case, code, named):
+    model = write(tmp_path, f"{case}.onnx", _hostile(case))
+    err = one_line_error(capsys, ["import", str(model), "--plan", str(plan_file(tmp_path, TP))], code)
+    assert named in err

@@ -12,6 +12,8 @@ Needs the ``onnx`` package (``pip install 'layout-prop[onnx]'``).
 
 from __future__ import annotations
 
+import math
+import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -74,6 +76,115 @@ def _dtype(elem_type: int, what: str, source: str) -> str:
         raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=source,
                         hint="export the model in float32 (or float16/float64)")
     return name
+
+
+# ----------------------------------------------------------------------------- tensors
+SMALL_EXTERNAL = 1024  # bytes: an externally stored tensor this small is read (shapes, axes, scalars, eps);
+# onnx.save puts tensors under this size (its default threshold) in the model file anyway
+
+
+def _tensor_dtype(tensor, what: str, source: str) -> np.dtype:
+    try:
+        return np.dtype(_onnx().helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except Exception:
+        raise _bad(f"{what} has data type {tensor.data_type}, which ONNX does not define", source) from None
+
+
+def _tensor_dims(tensor, what: str, source: str) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in tensor.dims)
+    if any(d < 0 for d in dims):
+        raise _bad(f"{what} has negative dims {list(dims)}", source)
+    return dims
+
+
+def _read_external(tensor, base: str | None, what: str, source: str) -> None:
+    """The one rule for a tensor whose data is in an external data file, whatever holds it
+    (an initializer, a ``Constant``'s ``value``, ``ConstantOfShape``'s ``value``, any tensor
+    attribute): a tensor of at most :data:`SMALL_EXTERNAL` bytes is read, exactly its bytes,
+    from a regular file beside the model (``base``, the model's folder; onnx refuses absolute
+    paths, ``..``, links and devices), into the tensor itself; a larger one is never read
+    (only its shape and dtype are used). A model given in memory has no folder: its small
+    external tensors are refused rather than looked for in the current folder."""
+    onnx = _onnx()
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return
+    dims = _tensor_dims(tensor, what, source)
+    size = math.prod(dims) * _tensor_dtype(tensor, what, source).itemsize
+    if size > SMALL_EXTERNAL:
+        return
+    if base is None:
+        raise _bad(f"{what} is stored in an external data file, and a model given in memory has no folder "
+                   "to find it in", source, "pass the model's path instead (its external data files are read "
+                   "from beside it), or load it with onnx.load, which reads them")
+    entries = {e.key: e.value for e in tensor.external_data}
+    if "length" in entries and entries["length"].strip() != str(size):
+        raise _bad(f"{what} is stored in an external data file with length {entries['length'][:40]!r}, but its "
+                   f"dims {list(dims)} take {size} bytes", source, "re-export the model (its external data is damaged)")
+    del tensor.external_data[:]
+    for key, value in entries.items():
+        if key != "length":
+            tensor.external_data.add(key=key, value=value)
+    tensor.external_data.add(key="length", value=str(size))  # read exactly these bytes, never the whole file
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    try:
+        with warnings.catch_warnings():  # onnx warns of unknown keys: no line on stderr
+            warnings.simplefilter("ignore")
+            load_external_data_for_tensor(tensor, base)
+    except Exception as exc:  # OSError, ValueError, or onnx's ValidationError (absolute, outside, a link...)
+        why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise _bad(f"{what} is stored in an external data file that cannot be read ({why})"[:600], source,
+                   "keep the model's external data files beside it") from None
+
+
+def _tensor_array(tensor, what: str, source: str) -> tuple[np.ndarray, bool]:
+    """A tensor's value, and whether its data was read: a tensor still in an external data file
+    (over :data:`SMALL_EXTERNAL` bytes, see :func:`_read_external`) is a read-only array of zeros
+    of its shape that takes no memory, and is never read; a tensor whose data does not fit its
+    dims and data type is ``bad-model``."""
+    onnx = _onnx()
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        dims, dtype = _tensor_dims(tensor, what, source), _tensor_dtype(tensor, what, source)
+        return np.broadcast_to(np.zeros((), dtype), dims), False
+    try:
+        return onnx.numpy_helper.to_array(tensor), True
+    except Exception as exc:  # 3 floats for dims [4, 4], 7 bytes of raw data, negative dims...
+        dims, dtype = _tensor_dims(tensor, what, source), _tensor_dtype(tensor, what, source)
+        why = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        raise _bad(f"{what} has data that does not fit its dims {list(dims)} and data type {dtype} ({why})"[:600],
+                   source) from None
+
+
+def _tensors(graph, where: str = ""):
+    """Every tensor a graph holds, with what to call it: its initializers and each tensor
+    attribute of its nodes (as its type says, as the reader takes it), in subgraphs too."""
+    kinds = _onnx().AttributeProto
+    tensor, tensors, subgraph, subgraphs = kinds.TENSOR, kinds.TENSORS, kinds.GRAPH, kinds.GRAPHS
+    for init in graph.initializer:
+        yield init, f"initializer {init.name!r}{where}"
+    for node in graph.node:
+        for attr in node.attribute:
+            kind = attr.type
+            if kind not in (tensor, tensors, subgraph, subgraphs):
+                continue
+            name = node.name or (node.output[0] if node.output else "?")
+            what = f"attribute {attr.name!r} of node {name!r} ({node.op_type}){where}"
+            if kind == tensor:
+                yield attr.t, what
+            elif kind == tensors:
+                for k, t in enumerate(attr.tensors):
+                    yield t, f"{what} [{k}]"
+            else:
+                for sub in [attr.g] if kind == subgraph else attr.graphs:
+                    yield from _tensors(sub, f" in a subgraph of node {name!r}")
+
+
+def _read_small_external_data(model, source: str) -> None:
+    """:func:`_read_external` on every tensor of the model (shape inference and folding need
+    the small ones; weights stay unread, only their shapes and dtypes are used)."""
+    base = str(Path(source).parent) if source != "<model>" else None
+    for tensor, what in _tensors(model.graph):
+        _read_external(tensor, base, what, source)
 
 
 def _fix_input_shapes(model, plan: Plan | None, source: str) -> None:
@@ -154,7 +265,9 @@ def _fold_table() -> dict[str, Callable]:
         return np.triu(c[0], k) if a.get("upper", 1) else np.tril(c[0], k)
 
     def const_of_shape(c, a):
-        value = onnx.numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+        value = a["value"] if "value" in a else np.zeros(1, np.float32)  # a tensor attr: read by attrs()
+        if value.size != 1:
+            raise ValueError(f"its value has {value.size} elements, not one")
         return np.full([int(s) for s in c[0]], value.reshape(-1)[0], dtype=value.dtype)
 
     def gather(c, a):
@@ -207,6 +320,7 @@ class _Reader:
         self.g = ModelGraph("onnx")
         self.fold = _fold_table()
         self.count = 0
+        self.unread: set[str] = set()  # constants whose data stays in an external file: never folded
 
     # values ---------------------------------------------------------------
     def value_info(self, info, what: str) -> None:
@@ -223,16 +337,28 @@ class _Reader:
             dims.append(int(d.dim_value))
         self.g.add_value(Value(info.name, tuple(dims), _dtype(t.elem_type, f"{what} {info.name!r}", self.source)))
 
-    def const_value(self, name: str, array: np.ndarray, weight: bool = False) -> None:
+    def const_value(self, name: str, array: np.ndarray, weight: bool = False, read: bool = True) -> None:
         array = np.asarray(array)
         dtype = str(array.dtype)
         if dtype not in ("float16", "float32", "float64", "int32", "int64", "bool"):
             dtype = "int64" if np.issubdtype(array.dtype, np.integer) else "float32"
-            array = array.astype(dtype)
+            # an unread tensor stays an array of zeros that takes no memory
+            array = array.astype(dtype) if read else np.broadcast_to(np.zeros((), dtype), array.shape)
+        if not read:
+            self.unread.add(name)
         self.g.add_value(Value(name, tuple(array.shape), dtype, const=array, weight=weight))
 
-    def attrs(self, node) -> dict:
-        return {a.name: self.onnx.helper.get_attribute_value(a) for a in node.attribute}
+    def attrs(self, node, name: str) -> dict:
+        """A node's attributes as Python values; a tensor attribute as its numpy value
+        (:func:`_tensor_array`: the same rule as initializers)."""
+        out = {}
+        for attr in node.attribute:
+            if attr.type == self.onnx.AttributeProto.TENSOR:
+                out[attr.name] = _tensor_array(attr.t, f"attribute {attr.name!r} of node {name!r} ({node.op_type})",
+                                               self.source)[0]
+            else:
+                out[attr.name] = self.onnx.helper.get_attribute_value(attr)
+        return out
 
     def new_value(self, base: str, shape, dtype: str) -> str:
         name = self.g.fresh(base)
@@ -252,12 +378,8 @@ class _Reader:
         if not all(isinstance(n, str) for n in names):  # proto2 hands out invalid UTF-8 as bytes
             raise _bad(f"{self.source!r} holds names that are not UTF-8 text (a damaged file)", self.source)
         for init in graph.initializer:
-            if init.data_location == self.onnx.TensorProto.EXTERNAL:  # weights in a side file: not read
-                dtype = np.dtype(self.onnx.helper.tensor_dtype_to_np_dtype(init.data_type))
-                array = np.broadcast_to(np.zeros((), dtype), tuple(int(d) for d in init.dims))  # no memory
-            else:
-                array = self.onnx.numpy_helper.to_array(init)
-            self.const_value(init.name, array, weight=True)
+            array, read = _tensor_array(init, f"initializer {init.name!r}", self.source)  # weights: not read
+            self.const_value(init.name, array, weight=True, read=read)
         initializers = {t.name for t in graph.initializer}
         for inp in graph.input:
             if inp.name not in initializers:
@@ -272,19 +394,16 @@ class _Reader:
         return self.g
 
     def node(self, node) -> None:
-        op, a = node.op_type, self.attrs(node)
+        op = node.op_type
         ins = list(node.input)
         outs = list(node.output)
-        name = node.name or outs[0]
-        if op == "Constant":
-            key = next(iter(a))
-            value = a[key]
-            array = self.onnx.numpy_helper.to_array(value) if key == "value" else np.asarray(value)
-            self.const_value(outs[0], array)
-            return
+        name = node.name or (outs[0] if outs else op)
+        if op == "Constant" and node.domain in ("", "ai.onnx"):
+            return self.constant(node, name, outs)
+        a = self.attrs(node, name)
         if node.domain not in ("", "ai.onnx", "com.microsoft"):
             return self.unknown(node, ins, outs, a)
-        consts = [self.g.const(v) if v else None for v in ins]
+        consts = [self.g.const(v) if v and v not in self.unread else None for v in ins]
         if op == "Shape" and self.g.shape(ins[0]) is not None:
             shape = np.array(self.g.shape(ins[0]), np.int64)
             start, end = a.get("start", 0), a.get("end", None)
@@ -311,6 +430,25 @@ class _Reader:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # a constant of the wrong kind
             raise _bad(f"cannot read node {name!r} ({op}): its inputs or attributes are not what {op} takes "
                        f"({type(exc).__name__}: {exc})", self.source) from None
+
+    def constant(self, node, name: str, outs: list[str]) -> None:
+        what = f"node {name!r} (Constant)"
+        if len(node.attribute) != 1 or len(outs) != 1:
+            raise _bad(f"{what} has {len(node.attribute)} attributes and {len(outs)} outputs (one of each)",
+                       self.source)
+        attr = node.attribute[0]
+        if attr.name == "value" and attr.type == self.onnx.AttributeProto.TENSOR:
+            array, read = _tensor_array(attr.t, f"the value of {what}", self.source)
+            return self.const_value(outs[0], array, read=read)
+        if attr.name == "sparse_value":
+            raise SpecError("unknown-op", f"{what} holds a sparse_value, which the importer does not read",
+                            path=self.source, hint="store the constant dense (value=...)")
+        if attr.name in ("value_string", "value_strings"):
+            raise SpecError("unsupported-dtype", f"{what} holds strings ({attr.name})", path=self.source,
+                            hint="the importer reads numeric and boolean tensors only")
+        if attr.name not in ("value_float", "value_floats", "value_int", "value_ints"):
+            raise _bad(f"{what} has attribute {attr.name!r}, which Constant does not take", self.source)
+        self.const_value(outs[0], np.asarray(self.onnx.helper.get_attribute_value(attr)))
 
     def unknown(self, node, ins, outs, a) -> None:
         self.add(f"unmapped:{node.op_type}", [v for v in ins if v], [o for o in outs if o], {}, node.op_type,
@@ -550,39 +688,13 @@ class _Reader:
                  "RotaryEmbedding", name)
 
 
-SMALL_EXTERNAL = 1024  # bytes: an externally stored tensor this small is read (shapes, axes, scalars, eps);
-# onnx.save puts tensors under this size (its default threshold) in the model file anyway
-
-
-def _load_small_external_tensors(model, source: str) -> None:
-    """Read the small tensors of an external data file (shape inference and folding need them);
-    weights stay unread (only their shapes and dtypes are used)."""
-    from onnx.external_data_helper import load_external_data_for_tensor
-
-    base = str(Path(source).parent) if source != "<model>" else "."
-    for init in model.graph.initializer:
-        if init.data_location != _onnx().TensorProto.EXTERNAL:
-            continue
-        itemsize = np.dtype(_onnx().helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
-        if int(np.prod(init.dims)) * itemsize > SMALL_EXTERNAL:
-            continue
-        try:
-            load_external_data_for_tensor(init, base)
-        except Exception as exc:  # OSError, or onnx's ValidationError for a missing file
-            why = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-            raise _bad(f"constant {init.name!r} is stored in an external data file that cannot be read ({why})", source,
-                       "keep the model's external data files beside it") from None
-        init.data_location = _onnx().TensorProto.DEFAULT
-        del init.external_data[:]
-
-
 def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
     """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet)."""
     onnx = _onnx()
     model, source = _load(path_or_model)
     model_copy = onnx.ModelProto()
     model_copy.CopyFrom(model)
-    _load_small_external_tensors(model_copy, source)
+    _read_small_external_data(model_copy, source)
     _fix_input_shapes(model_copy, plan, source)
     try:
         inferred = onnx.shape_inference.infer_shapes(model_copy, strict_mode=True, data_prop=True)

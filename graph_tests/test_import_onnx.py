@@ -597,9 +597,51 @@ def _hostile(case):
 @pytest.mark.parametrize("case, code, named", [
     ("short", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4]"),
     ("odd", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4]"),
+    ("missing", "bad-model", "node 'y' (Add) reads 'nope', which no graph input"),
+    ("gather0", "bad-model", "node 'y' (Gather) has index 0, out of range for dim 0 of 'x' (size 0)"),
     ("sparse", "unknown-op", "node 'c' (Constant) holds a sparse_value"),
 ])
 def test_hostile_models_are_one_coded_line_naming_the_value(tmp_path, capsys, case, code, named):
     model = write(tmp_path, f"{case}.onnx", _hostile(case))
     err = one_line_error(capsys, ["import", str(model), "--plan", str(plan_file(tmp_path, TP))], code)
     assert named in err
+
+
+@pytest.mark.parametrize("index, axis", [(7, 0), ([-5], 1), (3, 0), ([0, -4], 0)])
+def test_gather_indices_out_of_range_are_bad_model(tmp_path, capsys, index, axis):
+    """ONNX's indices lie in [-s, s-1]; numpy's take would wrap 7 on a dim of 3 (or -5 on 4) to a valid one."""
+    model = _tiny([helper.make_node("Gather", ["x", "i"], ["y"], axis=axis)], [("x", [3, 4])], [("y", None)],
+                  [_i64("i", index)])
+    plan = plan_file(tmp_path, TP)
+    err = one_line_error(capsys, ["import", str(write(tmp_path, "g.onnx", model)), "--plan", str(plan)])
+    bad = np.array(index).reshape(-1)[-1]
+    assert f"node 'y' (Gather) has index {bad}, out of range for dim {axis} of 'x' (size {[3, 4][axis]})" in err
+    if axis == 1:
+        graph = from_onnx(_tiny([helper.make_node("Gather", ["x", "i"], ["y"], axis=1)], [("x", [3, 4])],
+                                [("y", None)], [_i64("i", [-4])]), TP)  # the first column: in range
+        assert [(n.op, n.attrs) for n in graph.nodes if not n.is_input] == [
+            ("slice", {"axis": 1, "start": 0, "stop": 1})]
+
+
+_ONES = numpy_helper.from_array(np.ones(2, np.float32), "x")
+
+
+@pytest.mark.parametrize("model, message", [
+    (_tiny([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Sigmoid", ["x"], ["y"])], [("x", [2])],
+           [("y", [2])]), "node 'y' (Sigmoid) writes 'y', which node 'y' (Relu) already defines"),
+    (_tiny([helper.make_node("Add", ["x", "x"], ["y"])], [("x", [2]), ("x", [2])], [("y", [2])]),
+     "graph input 'x' is listed twice"),
+    (_tiny([helper.make_node("Relu", ["x"], ["x"])], [("x", [2])], [("x", [2])]),
+     "writes 'x', which a graph input already defines"),
+    (_tiny([helper.make_node("Add", ["x", "x"], ["y"])], [("x", [2])], [("y", [2])], [_ONES, _ONES]),
+     "initializer 'x' is defined twice"),
+], ids=["two-nodes", "two-inputs", "node-over-input", "two-initializers"])
+def test_a_value_defined_twice_is_bad_model(tmp_path, capsys, model, message):
+    plan = plan_file(tmp_path, TP)
+    err = one_line_error(capsys, ["import", str(write(tmp_path, "m.onnx", model)), "--plan", str(plan)])
+    assert message in err
+
+
+def test_an_input_an_initializer_gives_a_default_is_one_value(tmp_path, capsys):
+    defaulted = _tiny([helper.make_node("Add", ["x", "x"], ["y"])], [("x", [2])], [("y", [2])], [_ONES])
+    assert main(["import", str(write(tmp_path, "m.onnx", defaulted)), "--plan", str(plan_file(tmp_path, TP))]) == 0

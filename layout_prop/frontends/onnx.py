@@ -320,6 +320,7 @@ class _Reader:
         self.g = ModelGraph("onnx")
         self.fold = _fold_table()
         self.count = 0
+        self.defined: dict[str, Any] = {}  # ONNX value name -> what defines it (each value is defined once)
         self.unread: set[str] = set()  # constants whose data stays in an external file: never folded
 
     # values ---------------------------------------------------------------
@@ -377,11 +378,20 @@ class _Reader:
             names += [node.name, node.op_type, node.domain, *node.input, *node.output]
         if not all(isinstance(n, str) for n in names):  # proto2 hands out invalid UTF-8 as bytes
             raise _bad(f"{self.source!r} holds names that are not UTF-8 text (a damaged file)", self.source)
+        hint = "an ONNX graph defines each value once; re-export the model"
         for init in graph.initializer:
+            if init.name in self.defined:
+                raise _bad(f"initializer {init.name!r} is defined twice", self.source, hint)
+            self.defined[init.name] = "an initializer"
             array, read = _tensor_array(init, f"initializer {init.name!r}", self.source)  # weights: not read
             self.const_value(init.name, array, weight=True, read=read)
         initializers = {t.name for t in graph.initializer}
+        listed: set[str] = set()
         for inp in graph.input:
+            if inp.name in listed:
+                raise _bad(f"graph input {inp.name!r} is listed twice", self.source, hint)
+            listed.add(inp.name)
+            self.defined.setdefault(inp.name, "a graph input")  # an input may give an initializer's default
             if inp.name not in initializers:
                 self.value_info(inp, "input")
                 self.g.inputs.append(inp.name)
@@ -398,6 +408,21 @@ class _Reader:
         ins = list(node.input)
         outs = list(node.output)
         name = node.name or (outs[0] if outs else op)
+        defined = self.defined
+        for v in ins:
+            if v and v not in defined:
+                raise _bad(f"node {name!r} ({op}) reads {v!r}, which no graph input, initializer or earlier node "
+                           "defines", self.source, "an ONNX graph defines each value before its use; re-export the "
+                           "model")
+        for out in outs:
+            if out:
+                if out in defined:
+                    first = defined[out]
+                    first = first if isinstance(first, str) else \
+                        f"node {first.name or first.output[0]!r} ({first.op_type})"
+                    raise _bad(f"node {name!r} ({op}) writes {out!r}, which {first} already defines",
+                               self.source, "an ONNX graph defines each value once; re-export the model")
+                defined[out] = node
         if op == "Constant" and node.domain in ("", "ai.onnx"):
             return self.constant(node, name, outs)
         a = self.attrs(node, name)
@@ -612,10 +637,23 @@ class _Reader:
     def op_Gather(self, name, ins, outs, a, consts):
         data, idx = ins
         value = self.g.values[data]
+        rank, axis = len(value.shape), int(a.get("axis", 0))
+        if not -rank <= axis < rank:
+            raise _bad(f"node {name!r} (Gather) has axis {axis}, out of range for {data!r} of rank {rank}",
+                       self.source, f"ONNX Gather's axis lies in [-{rank}, {rank - 1}]")
+        if consts[1] is not None and consts[1].size:  # ONNX: indices lie in [-s, s-1]; numpy would wrap them
+            size = value.shape[axis]
+            low, high = int(consts[1].min()), int(consts[1].max())
+            if low < -size or high >= size:
+                bad = low if low < -size else high
+                raise _bad(f"node {name!r} (Gather) has index {bad}, out of range for dim {axis % rank} of {data!r} "
+                           f"(size {size})", self.source,
+                           f"ONNX Gather's indices lie in [-{size}, {size - 1}]" if size else
+                           "a dim of size 0 has no index")
         if int(a.get("axis", 0)) == 0 and value.weight and len(value.shape) == 2 and consts[1] is None:
             return self.add("embedding", [idx, data], outs, {}, "Gather", name)
         if consts[1] is not None and consts[1].size == 1:  # x[..., i, ...]: a slice, then a squeeze
-            axis = int(a.get("axis", 0)) % len(value.shape)
+            axis = axis % rank
             i = int(consts[1].reshape(())) % value.shape[axis]
             cut = list(value.shape)
             cut[axis] = 1

@@ -645,3 +645,38 @@ def test_a_value_defined_twice_is_bad_model(tmp_path, capsys, model, message):
 def test_an_input_an_initializer_gives_a_default_is_one_value(tmp_path, capsys):
     defaulted = _tiny([helper.make_node("Add", ["x", "x"], ["y"])], [("x", [2])], [("y", [2])], [_ONES])
     assert main(["import", str(write(tmp_path, "m.onnx", defaulted)), "--plan", str(plan_file(tmp_path, TP))]) == 0
+
+
+_BIG = 17_000_000  # over the 2^24 elements a folded constant may hold
+
+
+@pytest.mark.parametrize("nodes, inits, message", [
+    ([helper.make_node("ConstantOfShape", ["s"], ["k"], name="fill")], [_i64("s", [5000, 5000])],
+     "'fill' (ConstantOfShape) would give shape [5000, 5000] (25,000,000 elements)"),
+    ([helper.make_node("Expand", ["one", "s"], ["k"], name="grow")], [_i64("one", [[1]]), _i64("s", [5000, 5000])],
+     "'grow' (Expand) would give shape [5000, 5000]"),
+    ([helper.make_node("Range", ["a", "b", "d"], ["k"], name="r")], [_i64("a", 0), _i64("b", _BIG), _i64("d", 1)],
+     f"'r' (Range) would give shape [{_BIG}]"),  # refused before onnx's data propagation computes it
+], ids=["ConstantOfShape", "Expand", "Range"])
+def test_constant_folding_is_bounded(tmp_path, capsys, nodes, inits, message):
+    """A folded constant holds at most MAX_FOLD_ELEMENTS: a bigger one is refused before it is allocated."""
+    model = _tiny(nodes + [helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
+                           helper.make_node("Add", ["x", "kf"], ["y"])], [("x", [1, 1])], [("y", None)], inits)
+    err = one_line_error(capsys, ["import", str(write(tmp_path, "m.onnx", model)), "--plan",
+                                  str(plan_file(tmp_path, TP))], "too-large")
+    assert message in err and "over the 16,777,216 (2^24) elements a folded constant may hold" in err
+
+
+@pytest.mark.parametrize("nodes, inits, message", [
+    ([helper.make_node("Range", ["a", "b", "d"], ["k"], name="r")], [_i64("a", 0), _i64("b", 10), _i64("d", 0)],
+     "'r' (Range): its delta is 0"),
+    ([helper.make_node("Div", ["n", "z"], ["k"], name="q")], [_i64("n", [4]), _i64("z", [0])],
+     "'q' (Div): an integer division by zero"),
+], ids=["Range-step-0", "integer-Div-by-0"])
+def test_folding_what_numpy_only_warns_about_is_bad_model(tmp_path, capsys, recwarn, nodes, inits, message):
+    model = _tiny(nodes + [helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
+                           helper.make_node("Add", ["x", "kf"], ["y"])], [("x", [1])], [("y", None)], inits)
+    err = one_line_error(capsys, ["import", str(write(tmp_path, "m.onnx", model)), "--plan",
+                                  str(plan_file(tmp_path, TP))])
+    assert message in err
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]  # no warning line on stderr

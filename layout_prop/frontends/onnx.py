@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import SpecError, cut as cut_text
 from ..graph import Graph
 from ..plan import Plan, load_plan
 from . import read_model_bytes
@@ -237,6 +237,61 @@ def _slice_np(x, consts, attrs):
     return x[tuple(index)]
 
 
+#: the most elements a folded constant may hold (at most 128 MiB of int64): shapes, indices,
+#: small tables and masks up to 4096 x 4096; a node that would fold to more is refused
+#: (``too-large``) before anything is allocated
+MAX_FOLD_ELEMENTS = 2 ** 24
+
+_BROADCASTING = {"Where", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Add", "Sub",
+                 "Mul", "Div", "Pow", "Max", "Min"}
+
+
+def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        sizes = {s[i - rank + len(s)] for s in shapes if i - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {[list(s) for s in shapes]} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _fold_shape(op: str, c: list, a: dict) -> tuple[int, ...]:
+    """The shape folding ``op`` gives, from its inputs' shapes (and shape inputs) alone, nothing
+    allocated: ValueError for inputs the op cannot take."""
+    def dims(v) -> tuple[int, ...]:
+        out = tuple(int(d) for d in np.asarray(v).reshape(-1))
+        if any(d < 0 for d in out):
+            raise ValueError(f"negative dims {list(out)}")
+        return out
+
+    given = [np.asarray(x) for x in c if x is not None]
+    if op == "ConstantOfShape":
+        return dims(c[0])
+    if op == "Expand":
+        return _broadcast([given[0].shape, dims(c[1])])
+    if op == "Range":
+        start, limit, delta = (np.asarray(x).reshape(()).item() for x in c[:3])
+        if delta == 0:
+            raise ValueError("its delta is 0")
+        if all(isinstance(x, int) for x in (start, limit, delta)):
+            return (max(-((start - limit) // delta), 0),)
+        return (max(math.ceil((limit - start) / delta), 0),)  # inf or nan: OverflowError, ValueError
+    if op == "Gather":
+        data, index = given
+        axis = int(a.get("axis", 0))
+        if not -data.ndim <= axis < data.ndim:
+            raise ValueError(f"axis {axis} is out of range for rank {data.ndim}")
+        axis %= data.ndim
+        return data.shape[:axis] + index.shape + data.shape[axis + 1:]
+    if op == "Concat":
+        return (sum(x.size for x in given),)  # the count is what matters
+    if op in _BROADCASTING:
+        return _broadcast([x.shape for x in given])
+    return max((x.shape for x in given), key=math.prod, default=())  # never more than an input
+
+
 def _fold_table() -> dict[str, Callable]:
     onnx = _onnx()
 
@@ -270,6 +325,13 @@ def _fold_table() -> dict[str, Callable]:
             raise ValueError(f"its value has {value.size} elements, not one")
         return np.full([int(s) for s in c[0]], value.reshape(-1)[0], dtype=value.dtype)
 
+    def div(c, a):
+        if np.issubdtype(c[0].dtype, np.integer):
+            if np.any(np.asarray(c[1]) == 0):
+                raise ValueError("an integer division by zero")
+            return c[0] // c[1]
+        return c[0] / c[1]
+
     def gather(c, a):
         return np.take(c[0], c[1], axis=a.get("axis", 0))
 
@@ -298,7 +360,7 @@ def _fold_table() -> dict[str, Callable]:
         "Add": lambda c, a: c[0] + c[1],
         "Sub": lambda c, a: c[0] - c[1],
         "Mul": lambda c, a: c[0] * c[1],
-        "Div": lambda c, a: (c[0] // c[1]) if np.issubdtype(c[0].dtype, np.integer) else c[0] / c[1],
+        "Div": div,
         "Neg": lambda c, a: -c[0],
         "Sqrt": lambda c, a: np.sqrt(c[0]),
         "Pow": lambda c, a: np.power(c[0], c[1]),
@@ -437,10 +499,17 @@ class _Reader:
         weights_in = any(v and self.g.values[v].weight and self.g.values[v].dtype.startswith("float")
                          and self.g.values[v].const.size > 1 for v in ins)
         if op in self.fold and all(c is not None for v, c in zip(ins, consts) if v) and not weights_in:
+            args = [c if v else None for v, c in zip(ins, consts)]
             try:
-                result = self.fold[op]([c if v else None for v, c in zip(ins, consts)], a)
+                shape = _fold_shape(op, args, a)
+                if math.prod(shape) <= MAX_FOLD_ELEMENTS:
+                    with np.errstate(all="ignore"):  # inf and nan are values; no warning line on stderr
+                        result = self.fold[op](args, a)
             except Exception as exc:
-                raise _bad(f"cannot evaluate constant node {name!r} ({op}): {exc}", self.source) from None
+                why = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+                raise _bad(f"cannot evaluate constant node {name!r} ({op}): {why}", self.source) from None
+            if math.prod(shape) > MAX_FOLD_ELEMENTS:
+                raise _too_large(name, op, shape, self.source)
             self.const_value(outs[0], result)
             return
         for out in outs:
@@ -726,6 +795,43 @@ class _Reader:
                  "RotaryEmbedding", name)
 
 
+def _too_large(name: str, op: str, shape: tuple[int, ...], source: str) -> SpecError:
+    return SpecError("too-large", f"folding constant node {name!r} ({op}) would give shape {cut_text(list(shape))} "
+                     f"({math.prod(shape):,} elements), over the {MAX_FOLD_ELEMENTS:,} (2^24) elements a folded "
+                     "constant may hold", path=source,
+                     hint="constant subgraphs give shapes, indices and masks; check the model, or give smaller "
+                          "example shapes in the plan")
+
+
+def _check_ranges(model, source: str) -> None:
+    """Refuse a ``Range`` whose bounds are constants and that would give more than
+    :data:`MAX_FOLD_ELEMENTS` values before shape inference runs: onnx's data propagation
+    computes a Range's values itself, and would hold billions of them."""
+    onnx = _onnx()
+    graph = model.graph
+    ranges = [n for n in graph.node if n.op_type == "Range" and n.domain in ("", "ai.onnx") and len(n.input) == 3]
+    if not ranges:
+        return
+    tensors = {t.name: (t, f"initializer {t.name!r}") for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and len(n.output) == 1 and len(n.attribute) == 1 and \
+                n.attribute[0].type == onnx.AttributeProto.TENSOR:
+            tensors[n.output[0]] = (n.attribute[0].t, f"the value of node {n.name or n.output[0]!r} (Constant)")
+    for n in ranges:
+        found = [tensors.get(v) for v in n.input]
+        if any(f is None or f[0].data_location == onnx.TensorProto.EXTERNAL or len(f[0].dims) > 1 for f in found):
+            continue  # computed bounds: checked when the node is folded
+        args = [_tensor_array(t, what, source)[0] for t, what in found]
+        name = n.name or n.output[0]
+        try:
+            shape = _fold_shape("Range", args, {})
+        except Exception as exc:
+            why = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+            raise _bad(f"cannot evaluate constant node {name!r} (Range): {why}", source) from None
+        if math.prod(shape) > MAX_FOLD_ELEMENTS:
+            raise _too_large(name, "Range", shape, source)
+
+
 def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
     """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet)."""
     onnx = _onnx()
@@ -734,6 +840,7 @@ def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
     model_copy.CopyFrom(model)
     _read_small_external_data(model_copy, source)
     _fix_input_shapes(model_copy, plan, source)
+    _check_ranges(model_copy, source)
     try:
         inferred = onnx.shape_inference.infer_shapes(model_copy, strict_mode=True, data_prop=True)
     except Exception as exc:

@@ -128,6 +128,33 @@ def test_malformed_mindir_files_are_one_line(tmp_path, capsys):
     assert err.value.code == "model-not-found"
 
 
+def test_another_format_named_mindir_is_bad_model_naming_the_format(tmp_path, capsys):
+    """Other protobuf files may parse as MindIR (an ONNX model does, with nodes): they are refused
+    as not MindIR, not read as a graph without inputs."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from layout_prop.frontends.mindspore import _schema
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"mesh": {"shape": [2], "names": ["tp"]}}))
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "xy")
+    onnx_model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    onnx_as_mindir = tmp_path / "relu.mindir"
+    onnx.save(onnx_model, str(onnx_as_mindir))
+    assert main(["import", str(onnx_as_mindir), "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad-model" in err and "ONNX" in err and "file_format='MINDIR'" in err, err
+    unversioned = _schema().ModelProto()
+    unversioned.ParseFromString(EXAMPLE.read_bytes())
+    unversioned.ClearField("ir_version")
+    path = tmp_path / "unversioned.mindir"
+    path.write_bytes(unversioned.SerializeToString())
+    assert main(["import", str(path), "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad-model" in err and "no ir_version" in err, err
+
+
 def test_shard_strategies_are_compared_with_the_plan(tmp_path):
     from .mindspore_cells import ShardedMatMul
 

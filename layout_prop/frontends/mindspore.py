@@ -570,11 +570,18 @@ def read_mindir(path: str | Path) -> ModelGraph:
     schema = _schema()
     source = str(path)
     data = read_model_bytes(source, "give the path of a .mindir file")
+    if data[:1] == b"\x08":  # field 1 as a number: ONNX's ir_version (MindIR's field 1 is its ir_version text)
+        raise _bad(f"{source!r} is not a MindIR model: it starts as an ONNX model does", source,
+                   "a .mindir file is what mindspore.export(..., file_format='MINDIR') writes; "
+                   "name an ONNX model .onnx")
     model = schema.ModelProto()
     try:
         model.ParseFromString(data)
     except Exception as exc:
         raise _bad(f"{source!r} is not a MindIR model ({type(exc).__name__})", source) from None
+    if not model.ir_version:  # every MindIR file names its IR version; other protobuf files may parse
+        raise _bad(f"{source!r} is not a MindIR model (no ir_version: another format)", source,
+                   "a .mindir file is what mindspore.export(..., file_format='MINDIR') writes")
     if not model.HasField("graph") or not model.graph.node:
         raise _bad(f"{source!r} is not a MindIR model (no graph: a truncated file or another format)", source)
     return _Reader(model, source).read()

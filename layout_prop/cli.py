@@ -140,9 +140,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
+    from .sizes import GRAMMAR as SIZE_GRAMMAR  # --max-memory's grammar, the same as plan --memory-per-rank's
+
     r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
-                   help="refuse a run whose estimated memory exceeds SIZE (bytes, or 512M, 8G, 1.5T; default: "
-                        "the memory available now)")
+                   help="refuse a run whose estimated memory exceeds SIZE (like 4096, 512M, 8GB, 1.5TiB; default: "
+                        f"the memory available now); {SIZE_GRAMMAR}")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_args(r)
 
@@ -315,26 +317,13 @@ def _tolerance(text: str) -> float:
     return value
 
 
-_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40, "P": 2 ** 50}
-
-
 def _memory_size(text: str) -> int:
-    """``4096``, ``512M``, ``8G``, ``1.5TiB`` -> bytes (binary units), at most
-    :data:`~layout_prop.plan_command.MAX_BYTES`, computed exactly: 400 digits are refused as
-    over the limit, never an overflow."""
-    import re
+    """``run --max-memory``: ``4096``, ``512M``, ``8G``, ``1.5TiB``, ``3MB`` -> bytes, in the one
+    size grammar of :mod:`layout_prop.sizes` (the same as ``plan --memory-per-rank``); refused
+    with ``bad-usage``, the grammar as the hint."""
+    from .sizes import parse_size
 
-    from .plan_command import MAX_BYTES, exact_bytes
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGTP]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a size like 4096, 512M, 8G or 1.5T")
-    size = exact_bytes(m.group(1), _UNITS[m.group(2).upper()])
-    if size is None:
-        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is over the limit {MAX_BYTES} bytes (1024P)")
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a positive size")
-    return size
+    return parse_size(text, code="bad-usage", label="argument --max-memory: size")
 
 
 def _mesh_arg(text: str) -> tuple[int, ...]:

@@ -33,7 +33,6 @@ Examples
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,52 +43,18 @@ from .graph import Graph
 
 __all__ = ["plan_spec", "PlanReport", "graph_to_spec", "measure", "parse_bytes", "add_plan_parser", "cmd_plan"]
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-#: the largest amount of memory a flag takes (2^60 bytes, 1024 PiB): --memory-per-rank, --max-memory
-MAX_BYTES = 2 ** 60
-
-
-def exact_bytes(number: str, factor: int) -> int | None:
-    """``number`` (digits, optionally a point and more digits) times ``factor``, rounded down,
-    computed exactly (a fraction, never a float that overflows); None past :data:`MAX_BYTES`.
-
-    >>> exact_bytes("1.5", 1024), exact_bytes("0.", 8), exact_bytes("9" * 400, 1)
-    (1536, 0, None)
-    """
-    from fractions import Fraction
-
-    whole, _, fraction = number.partition(".")
-    whole = whole.lstrip("0") or "0"
-    if len(whole) > 30:  # far past the limit
-        return None
-    # digits past the 30th after the point cannot change a whole number of bytes
-    value = int(Fraction(f"{whole}.{fraction[:30] or '0'}") * factor)
-    return None if value > MAX_BYTES else value
+from .sizes import GRAMMAR as SIZE_GRAMMAR
+from .sizes import parse_size
 
 
 def parse_bytes(text: str) -> int:
-    """``16GiB`` -> 17179869184; units B, KB, MB, GB, TB (powers of 1000), KiB... (of 1024).
+    """``--memory-per-rank``: ``16GiB`` -> 17179869184, in the one size grammar of
+    :mod:`layout_prop.sizes` (the same as ``run --max-memory``); refused with ``bad-value``.
 
-    >>> parse_bytes("16GiB"), parse_bytes("1.5 KB"), parse_bytes("4096")
-    (17179869184, 1500, 4096)
+    >>> parse_bytes("16GiB"), parse_bytes("1.5 KB"), parse_bytes("4096"), parse_bytes("3MB"), parse_bytes("512M")
+    (17179869184, 1500, 4096, 3000000, 536870912)
     """
-    from .errors import cut
-
-    m = re.fullmatch(r"\s*([0-9]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if m is None or not m.group(1) or m.group(2).lower() not in _UNITS:
-        raise SpecError("bad-value", f"cannot read {cut(str(text), 60)} as an amount of memory",
-                        hint="write it like 16GiB, 512MiB, 2GB or a number of bytes")
-    value = exact_bytes(m.group(1), _UNITS[m.group(2).lower()])
-    if value is None:
-        raise SpecError("bad-value", f"memory per rank {cut(str(text), 60)} is over the limit {MAX_BYTES} bytes "
-                        "(1024 PiB)", hint="give the memory of one device, like 64GiB")
-    if value <= 0:
-        raise SpecError("bad-value", f"memory per rank {cut(str(text), 60)} is not positive",
-                        hint="give a positive amount")
-    return value
+    return parse_size(text, code="bad-value", label="memory per rank (--memory-per-rank)")
 
 
 def _plain(value: Any) -> Any:
@@ -248,8 +213,8 @@ def add_plan_parser(sub) -> None:
     p = sub.add_parser("plan", help="choose every auto layout with the least communication per training step")
     p.add_argument("spec", metavar="SPEC_OR_MODEL", type=Path,
                    help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
-    p.add_argument("--memory-per-rank", metavar="BYTES", help="the memory limit per rank, like 16GiB or 512MiB "
-                   "(default none)")
+    p.add_argument("--memory-per-rank", metavar="SIZE", help="the memory limit per rank, like 16GiB, 512M or 2GB "
+                   f"(default none); {SIZE_GRAMMAR}")
     p.add_argument("--objective", choices=["bytes", "time"], default="bytes",
                    help="minimise bytes per rank per step (default) or modelled time with the mesh's links")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,

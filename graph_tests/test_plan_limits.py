@@ -1,0 +1,121 @@
+"""The planner's limits: mesh links within bounds (every time figure finite), a memory limit
+honoured as measured and reported as given, and one grammar for the memory-size flags."""
+
+import json
+import math
+import re
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from layout_prop.cli import _memory_size, main
+from layout_prop.errors import SpecError
+from layout_prop.loader import load_spec
+from layout_prop.plan_command import parse_bytes, plan_spec
+from layout_prop.sizes import GRAMMAR, MAX_BYTES, UNITS, parse_size
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+# the audit's spec: two matmuls on a 2 x 2 mesh, the weights to plan
+AUTO = """
+mesh: {shape: [2, 2], names: [dp, tp]LINKS}
+inputs:
+  x: {shape: [4, 8], placements: ["S(0)", R], requires_grad: false}
+  w: {shape: [8, 16], placements: auto}
+  w2: {shape: [16, 8], placements: auto}
+nodes:
+  - {name: h, op: matmul, inputs: [x, w]}
+  - {name: y, op: matmul, inputs: [h, w2]}
+outputs: [y]
+"""
+
+
+def _spec(tmp_path, links=None):
+    path = tmp_path / "auto.yaml"
+    path.write_text(AUTO.replace("LINKS", f", links: {links}" if links else ""))
+    return path
+
+
+def _strict_json(text):
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _one_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- F15: one size grammar
+SIZES = [("4096", 4096), ("3MB", 3_000_000), ("3mb", 3_000_000), ("3MiB", 3 * 2 ** 20), ("3M", 3 * 2 ** 20),
+         ("512M", 512 * 2 ** 20), ("8G", 8 * 2 ** 30), ("1.5T", 3 * 2 ** 39), ("1P", 2 ** 50), ("1024P", 2 ** 60),
+         ("1PiB", 2 ** 50), ("1pb", 10 ** 15), ("64KB", 64_000), ("64k", 65_536), (" 2 GiB ", 2 ** 31),
+         (".5KiB", 512), ("1.5 KB", 1500), ("10B", 10), ("1.9", 1)]
+
+
+@pytest.mark.parametrize("text, size", SIZES)
+def test_both_flags_read_a_size_alike(text, size):
+    assert _memory_size(text) == parse_bytes(text) == parse_size(text) == size
+
+
+BAD_SIZES = [("0", "is not positive: it is zero"), ("0KiB", "is not positive: it is zero"),
+             ("-1", "is not positive: it is negative"), ("-5G", "is not positive: it is negative"),
+             ("0.5", "less than one byte"), ("0.0001KB", "less than one byte"),
+             ("inf", "is not a finite number"), ("NaN", "is not a finite number"), ("-Infinity", "not a finite"),
+             ("1e9", "has an exponent"), ("1025P", "over the limit 1152921504606846976 bytes"),
+             ("9" * 400, "over the limit"), ("1Q", "unknown unit 'Q'"), ("PiB", "is not a size like"),
+             ("", "is not a size like"), ("+5", "has a sign")]
+
+
+@pytest.mark.parametrize("text, problem", BAD_SIZES)
+def test_bad_sizes_are_one_line_with_the_flag_the_value_and_the_grammar(tmp_path, capsys, text, problem):
+    path = _spec(tmp_path)
+    for argv, head in ((["run", str(path), f"--max-memory={text}"], "bad-usage: argument --max-memory: size"),
+                       (["plan", str(path), f"--memory-per-rank={text}"],
+                        "bad-value: memory per rank (--memory-per-rank)")):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        line = _one_line(err)
+        assert out == "" and head in line and problem in line and f"(hint: {GRAMMAR})" in line, line
+        assert repr(text)[:20] in line or "..." in line, line
+
+
+_NUMBERS = st.one_of(st.integers(0, 10 ** 20).map(str),
+                     st.tuples(st.integers(0, 10 ** 6), st.text("0123456789", max_size=70))
+                     .map(lambda t: f"{t[0]}.{t[1]}"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_NUMBERS, st.sampled_from(sorted(UNITS)), st.sampled_from([str.lower, str.upper, str.title]),
+       st.sampled_from(["", " "]))
+def test_the_grammar_is_exact(number, unit, case, space):
+    text = f"{number}{space}{case(unit)}"
+    value = Fraction(number) * UNITS[unit]
+    if value == 0 or int(value) < 1 or int(value) > MAX_BYTES:
+        for parse in (parse_size, parse_bytes):
+            with pytest.raises(SpecError):
+                parse(text)
+        with pytest.raises(SpecError) as err:
+            _memory_size(text)
+        assert err.value.code == "bad-usage" and err.value.hint == GRAMMAR
+    else:
+        assert _memory_size(text) == parse_bytes(text) == int(value)
+
+
+def _flat(text):
+    return re.sub(r"\s+", "", text)
+
+
+def test_the_readme_and_both_helps_state_the_same_grammar(capsys):
+    for command in ("run", "plan"):
+        assert main([command, "--help"]) == 0
+        assert _flat(GRAMMAR) in _flat(capsys.readouterr().out), command
+    readme = README.read_text()
+    assert _flat(GRAMMAR) in _flat(readme)
+    assert "| `--max-memory`, `--memory-per-rank` | at most 2^60 bytes (`1024P`)" in readme

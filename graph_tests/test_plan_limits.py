@@ -119,3 +119,35 @@ def test_the_readme_and_both_helps_state_the_same_grammar(capsys):
     readme = README.read_text()
     assert _flat(GRAMMAR) in _flat(readme)
     assert "| `--max-memory`, `--memory-per-rank` | at most 2^60 bytes (`1024P`)" in readme
+
+
+# ----------------------------------------------------------------------------- F2: links
+@pytest.mark.parametrize("links, where, shown", [
+    ("{dp: {GBps: 1e-320}, tp: {GBps: 1e-320}}", "mesh.links.dp.GBps", "1e-320"),
+    ("{dp: {GBps: 1e-300, latency_us: 1e300}}", "mesh.links.dp.GBps", "1e-300"),
+    ("{tp: {latency_us: 1e300}}", "mesh.links.tp.latency_us", "1e+300"),
+    ("{tp: {GBps: 1e7}}", "mesh.links.tp.GBps", "10000000.0"),
+    ("{tp: {GBps: 1" + "0" * 400 + "}}", "mesh.links.tp.GBps", "<an integer of"),
+    ("{tp: {GBps: .nan}}", "mesh.links.tp.GBps", "nan"),
+    ("{tp: {latency_us: -1}}", "mesh.links.tp.latency_us", "-1"),
+])
+@pytest.mark.parametrize("command", [["plan", "--json"], ["plan", "--objective", "time"], ["check"]])
+def test_links_whose_costs_are_not_finite_floats_are_refused(tmp_path, capsys, links, where, shown, command):
+    path = _spec(tmp_path, links)
+    assert main([command[0], str(path), *command[1:]]) == 2
+    out, err = capsys.readouterr()
+    line = _one_line(err)
+    assert out == "" and f"bad-value at {where}:" in line and shown in line, line
+    assert "GBps is a number in [1e-06, 1e+06]" in line and "latency_us one in [0, 1e+09]" in line, line
+
+
+@pytest.mark.parametrize("links", ["{dp: {GBps: 1e-6, latency_us: 1e9}, tp: {GBps: 1e-6, latency_us: 1e9}}",
+                                   "{dp: {GBps: 1e6, latency_us: 0}, tp: {GBps: 1e-6, latency_us: 0}}"])
+@pytest.mark.parametrize("objective", ["bytes", "time"])
+def test_links_at_the_bounds_give_finite_times(tmp_path, capsys, links, objective):
+    path = _spec(tmp_path, links)
+    assert main(["plan", str(path), "--objective", objective, "--json"]) == 0
+    data = _strict_json(capsys.readouterr().out)
+    for figure in (data["plan"]["time_us_per_step"], data["baseline"]["time_us_per_step"],
+                   data["solver"]["modelled_cost"]):
+        assert isinstance(figure, float) and math.isfinite(figure)

@@ -72,7 +72,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from layout_prop import meta
-from layout_prop.errors import LayoutPropError, SpecError
+from layout_prop.errors import LayoutPropError, SpecError, cut
 from layout_prop.graph import Graph, Node, attrs_key
 from layout_prop.layout import Layout
 from layout_prop.placement import Partial, Replicate, Shard
@@ -113,6 +113,14 @@ class Link:
 
 DEFAULT_LINK = Link(GBps=100.0, latency_us=5.0)
 
+#: the figures a link may have, (low, high) inclusive.  A link slower than 1 kB/s or faster
+#: than 1 PB/s, or a latency over 1000 s a hop, is a typing error; within the bounds every
+#: cost is a finite float, and for tensors up to a terabyte far below the 1e20 that HiGHS
+#: takes for an infinite cost: one move of 1 TB at 1e-6 GB/s is 1e15 us, its latency at most
+#: 2 * 65,535 hops * 1e9 us.  (A subnormal GBps such as 1e-320 made bytes / GBps infinite,
+#: and GBps 1e-300 with 1e300 us of latency left the solver without a solution.)
+LINK_BOUNDS = {"GBps": (1e-6, 1e6), "latency_us": (0.0, 1e9)}
+
 
 def parse_links(data: Any, mesh) -> dict[str, Link]:
     """The ``links`` of a spec's mesh (``{tp: {GBps: 196, latency_us: 2}}``), checked.
@@ -139,11 +147,14 @@ def parse_links(data: Any, mesh) -> dict[str, Link]:
                             hint="write {GBps: 196, latency_us: 2}")
         gbps = link.get("GBps", DEFAULT_LINK.GBps)
         latency = link.get("latency_us", DEFAULT_LINK.latency_us)
-        for key, value, low in (("GBps", gbps, 0.0), ("latency_us", latency, 0.0)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low \
-                    or value == float("inf") or (key == "GBps" and value == 0):
-                raise SpecError("bad-value", f"{key} of {axis!r} is {value!r}", path=f"{path}.{key}",
-                                hint="GBps is a positive number, latency_us a number >= 0")
+        for key, value in (("GBps", gbps), ("latency_us", latency)):
+            low, high = LINK_BOUNDS[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise SpecError("bad-value", f"{key} of {axis!r} is {cut(value)}, outside [{low:g}, {high:g}]",
+                                path=f"{path}.{key}", hint=f"GBps is a number in [{LINK_BOUNDS['GBps'][0]:g}, "
+                                f"{LINK_BOUNDS['GBps'][1]:g}] (GB/s; 25 for a PCIe link, 900 for NVLink), latency_us "
+                                f"one in [{LINK_BOUNDS['latency_us'][0]:g}, {LINK_BOUNDS['latency_us'][1]:g}] "
+                                "(microseconds per hop)")
         out[axis] = Link(float(gbps), float(latency))
     return out
 

@@ -186,11 +186,11 @@ def test_infeasible_memory_limit_exits_1_with_the_least_memory(tmp_path, capsys)
     assert main(["plan", str(path), "--memory-per-rank", "1KiB", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     least = data["least_memory_per_rank"]
-    assert data["ok"] is False and least > 1024
-    # the least memory is a real plan's: with it as the limit the plan succeeds, one byte less does not
-    assert solve(load_spec(path.read_text()), memory_limit=least).memory <= least
+    assert data["ok"] is False and least > 1024 and data["memory_limit"] == 1024
+    # the least memory is a real plan's, measured: with it as the limit the plan succeeds, one byte less does not
+    assert plan_spec(load_spec(path.read_text()), memory_limit=least).plan["memory_per_rank"]["total"] <= least
     assert main(["plan", str(path), "--memory-per-rank", str(least - 1)]) == 1
-    assert "smallest any plan needs" in capsys.readouterr().err
+    assert f"raise --memory-per-rank to at least {least}" in capsys.readouterr().err
 
 
 def test_plan_command_writes_a_spec_check_accepts(tmp_path, capsys):

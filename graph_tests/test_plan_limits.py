@@ -151,3 +151,61 @@ def test_links_at_the_bounds_give_finite_times(tmp_path, capsys, links, objectiv
     for figure in (data["plan"]["time_us_per_step"], data["baseline"]["time_us_per_step"],
                    data["solver"]["modelled_cost"]):
         assert isinstance(figure, float) and math.isfinite(figure)
+
+
+# ----------------------------------------------------------------------------- F6: the memory limit
+@pytest.mark.parametrize("given, limit", [("672", 672), ("1KB", 1000), ("1100", 1100), ("1KiB", 1024)])
+def test_a_limit_no_plan_fits_is_reported_as_given(tmp_path, capsys, given, limit):
+    path = _spec(tmp_path)
+    assert main(["plan", str(path), "--memory-per-rank", given, "--json"]) == 1
+    data = _strict_json(capsys.readouterr().out)
+    assert data["ok"] is False and data["error"] == "memory-limit"
+    assert data["memory_limit"] == limit and data["least_memory_per_rank"] > limit
+    assert f"({limit} bytes)" in data["message"] or f"{limit} bytes per rank" in data["message"]
+    assert main(["plan", str(path), "--memory-per-rank", given]) == 1
+    err = _one_line(capsys.readouterr().err)
+    least = int(re.search(r"raise --memory-per-rank to at least (\d+)", err).group(1))
+    assert least == data["least_memory_per_rank"] and f"{limit} bytes" in err
+
+
+def test_the_least_memory_named_is_a_plan_that_fits(tmp_path, capsys):
+    path = _spec(tmp_path)
+    assert main(["plan", str(path), "--memory-per-rank", "1100", "--json"]) == 1
+    least = _strict_json(capsys.readouterr().out)["least_memory_per_rank"]
+    assert main(["plan", str(path), "--memory-per-rank", str(least), "--json"]) == 0
+    data = _strict_json(capsys.readouterr().out)
+    assert data["ok"] and data["plan"]["memory_per_rank"]["total"] <= least
+    assert main(["plan", str(path), "--memory-per-rank", str(least - 1)]) == 1
+
+
+@pytest.mark.parametrize("limit", [700, 1100, 1152, 1200, 1500, 2000, 4000])
+def test_a_plan_reported_holds_at_most_the_limit_as_measured(tmp_path, limit):
+    graph = load_spec(_spec(tmp_path))
+    try:
+        report = plan_spec(graph, memory_limit=limit)
+    except SpecError:
+        raise
+    except Exception as err:  # InfeasiblePlan: the user's limit, and a least memory above it
+        assert err.code == "memory-limit" and err.limit == limit and err.least > limit and err.measured
+        return
+    assert report.plan["ok"] and report.plan["memory_per_rank"]["total"] <= limit
+
+
+def test_a_solver_stopped_before_any_bound_still_prints_strict_json(tmp_path, capsys, monkeypatch):
+    from layout_prop.passes.plan import Problem
+
+    solve = Problem.solve
+
+    def stopped(self, *args, **kwargs):  # as HiGHS stopped by its time limit with no dual bound: gap inf
+        found = solve(self, *args, **kwargs)
+        self.optimal, self.gap = False, math.inf
+        return found
+
+    monkeypatch.setattr(Problem, "solve", stopped)
+    path = _spec(tmp_path)
+    assert main(["plan", str(path), "--json"]) == 0
+    data = _strict_json(capsys.readouterr().out)
+    assert data["solver"]["optimal"] is False and data["solver"]["gap"] is None
+    assert any("no bound proven yet" in note for note in data["notes"])
+    assert main(["plan", str(path)]) == 0
+    assert "not proven optimal" in capsys.readouterr().out

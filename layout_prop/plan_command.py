@@ -33,6 +33,7 @@ Examples
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,51 +161,132 @@ class PlanReport:
 
 def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
               optimizer: str | None = None, baseline: Graph | None = None) -> PlanReport:
-    """Solve ``graph`` (a loaded spec), realise the plan and measure it and the baseline."""
-    from .passes.plan import links_of, realise, solve
+    """Solve ``graph`` (a loaded spec), realise the plan and measure it and the baseline.
+
+    With ``memory_limit`` the plan returned holds at most that many bytes per rank as
+    measured (:func:`measure`), never only by the model; :class:`InfeasiblePlan` (with the
+    given limit, and the measured memory of the least plan found) when none does.
+    """
+    from .passes.plan import links_of
 
     links = links_of(graph)
     base_graph = baseline if baseline is not None else graph
     auto = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
-    solution = solve(graph, backward=backward, objective=objective, memory_limit=memory_limit, optimizer=optimizer)
-    planned = graph.copy_structure()
-    for node in planned.inputs():
-        node.attrs["placements"] = solution.layouts[node.name]
-    realised, moves = realise(planned, solution.strategies)
+    notes: list[str] = []
+    if memory_limit is None:
+        solution, realised, moves, plan = _attempt(graph, backward, objective, None, optimizer, links, None)
+    else:
+        solution, realised, moves, plan = _fit(graph, backward, objective, memory_limit, optimizer, links, notes)
     spec = graph_to_spec(realised, links if graph.meta.get("links") else None)
-    notes = []
-    plan = measure(realised, optimizer, links)
-    if memory_limit is not None:
-        rounds = 0
-        limit = memory_limit
-        while plan["memory_per_rank"]["total"] > memory_limit and rounds < 3:  # the model was low: tighten it
-            rounds += 1
-            limit -= plan["memory_per_rank"]["total"] - memory_limit
-            solution = solve(graph, backward=backward, objective=objective, memory_limit=limit, optimizer=optimizer,
-                             problem=solution.problem)
-            planned = graph.copy_structure()
-            for node in planned.inputs():
-                node.attrs["placements"] = solution.layouts[node.name]
-            realised, moves = realise(planned, solution.strategies)
-            spec = graph_to_spec(realised, links if graph.meta.get("links") else None)
-            plan = measure(realised, optimizer, links)
-        if plan["memory_per_rank"]["total"] > memory_limit:
-            notes.append(f"the plan holds {plan['memory_per_rank']['total']} bytes per rank, above the limit: the "
-                         f"memory model underestimates this graph")
     base = measure(base_graph, optimizer, links)
     from .api import analyze
 
     completed = analyze(base_graph.copy_structure())
     baseline_layouts = {n.name: list(n.meta["specs"][0].layout.placement_strs()) for n in completed.graph.inputs()}
     layouts = {name: list(spec["inputs"][name]["placements"]) for name in spec["inputs"]}
+    gap = solution.gap if math.isfinite(solution.gap) else None  # HiGHS's gap is infinite before it has a bound
     solver = {"objective": objective, "classes": solution.classes, "strategies": solution.variables,
               "seconds": round(solution.seconds, 3), "modelled_cost": round(solution.cost, 3),
               "modelled_memory": solution.memory, "moves": moves, "backward": backward,
-              "optimal": solution.optimal, "gap": solution.gap}
+              "optimal": solution.optimal, "gap": gap}
     if not solution.optimal:
-        notes.append(f"the solver ran out of time ({solution.seconds:.0f} s): the plan is the best found, within "
-                     f"{solution.gap:.1%} of the best bound")
+        notes.append(f"the solver ran out of time ({solution.seconds:.0f} s): the plan is the best found, " +
+                     (f"within {gap:.1%} of the best bound" if gap is not None else "with no bound proven yet"))
     return PlanReport(spec, layouts, auto, plan, base, baseline_layouts, solver, notes)
+
+
+def _attempt(graph: Graph, backward: bool, objective: str, model_limit: int | None, optimizer: str | None,
+             links: dict, problem, least_memory: bool = False):
+    """Solve under ``model_limit`` (the memory model's), realise the plan and measure it:
+    (solution, realised graph, moves inserted, measured figures)."""
+    from .passes.plan import realise, solve
+
+    solution = solve(graph, backward=backward, objective=objective, memory_limit=model_limit, optimizer=optimizer,
+                     problem=problem, least_memory=least_memory)
+    planned = graph.copy_structure()
+    for node in planned.inputs():
+        node.attrs["placements"] = solution.layouts[node.name]
+    realised, moves = realise(planned, solution.strategies)
+    return solution, realised, moves, measure(realised, optimizer, links)
+
+
+#: times the model's limit is tightened after a plan measured over the user's limit
+TIGHTEN_ROUNDS = 3
+#: plans on the ladder of modelled memory tried when tightening found none within the limit
+LADDER = 6
+
+
+def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: str | None, links: dict,
+         notes: list[str]):
+    """The cheapest plan found whose measured memory per rank is at most ``limit``.
+
+    The program's memory constraint is a model, and the memory pass measures something else:
+
+    - the model counts every forward value's local bytes once, as if all were alive when the
+      backward starts; the memory pass walks each rank's lowered program and holds a value
+      only from the op that makes it to its last use (the model is high there);
+    - the model leaves out what the backward makes (cotangents, intermediate gradients) and
+      the buffers of every redistribution (a collective's result next to its input), which
+      the memory pass counts (the model is low there);
+    - the model counts rank 0's shards, the memory pass the busiest rank (uneven shards).
+
+    Liveness (a peak over the program's order, per rank, of values that exist or not
+    depending on the strategies chosen) is not linear in the choices, so the model stays an
+    estimate, and every plan is measured before it is reported.  A plan over ``limit`` is
+    solved again with the model's limit tightened below its modelled memory by the excess,
+    up to :data:`TIGHTEN_ROUNDS` times.  Then a ladder of plans is measured, chosen without
+    regard to ``limit``: the plan of least modelled memory, the cheapest plan, and the
+    cheapest under :data:`LADDER` modelled limits between the two; the cheapest plan within
+    ``limit`` is returned.  When no plan tried fits, :class:`InfeasiblePlan` names ``limit``
+    as given and the least measured memory of the plans tried (over ``limit``, and held by a
+    plan the planner built): the least the search found, not a proof that nothing between
+    the two fits.
+    """
+    from .passes.plan import InfeasiblePlan
+
+    problem = None
+    tried: dict = {}  # the plans measured: their strategies -> (measured memory, found)
+
+    def remember(found) -> int:
+        solution, _, _, plan = found
+        held = plan["memory_per_rank"]["total"]
+        tried[tuple(solution.strategies[n] for n in sorted(solution.strategies))] = (held, found)
+        return held
+
+    model_limit: int | None = limit
+    for _ in range(1 + TIGHTEN_ROUNDS):
+        try:
+            found = _attempt(graph, backward, objective, model_limit, optimizer, links, problem)
+        except InfeasiblePlan as err:  # the model puts every plan over: a plan of the ladder may still fit
+            problem = err.problem
+            break
+        problem = found[0].problem
+        held = remember(found)
+        if held <= limit:
+            return found
+        model_limit = found[0].memory - (held - limit)  # the model was low by the excess: ask that much less
+        if model_limit < 0:
+            break
+    over = sorted({held for held, _ in tried.values()})
+    least = _attempt(graph, backward, objective, None, optimizer, links, problem, least_memory=True)
+    remember(least)
+    cheapest = _attempt(graph, backward, objective, None, optimizer, links, problem)
+    remember(cheapest)
+    low, high = least[0].memory, cheapest[0].memory
+    for k in range(1, LADDER + 1):
+        step = low + (high - low) * k // (LADDER + 1)
+        if low < step < high:
+            remember(_attempt(graph, backward, objective, step, optimizer, links, problem))
+    fitting = [found for held, found in tried.values() if held <= limit]
+    if not fitting:
+        smallest = min(held for held, _ in tried.values())
+        raise InfeasiblePlan(limit, smallest, problem, measured=True)
+    found = min(fitting, key=lambda f: (f[0].cost, f[3]["memory_per_rank"]["total"]))
+    why = (f"the cheaper plans the model allowed measured over it ({', '.join(map(str, over))} bytes)" if over else
+           "the model put every plan over the limit")
+    notes.append(f"the memory model is an estimate ({found[0].memory} bytes per rank for this plan): this plan "
+                 f"measures {found[3]['memory_per_rank']['total']} bytes, within the limit of {limit}; {why}")
+    return found
 
 
 # --------------------------------------------------------------------------- command line

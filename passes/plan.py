@@ -33,8 +33,9 @@ model counts):
 The memory limit is a linear constraint: parameters (inputs that require a gradient)
 count their local bytes times 2 (the gradient) plus the optimizer's states, every other
 input and every op output its local bytes (forward values are alive when the backward
-starts).  That is an estimate; the planner then measures the plan with the memory pass,
-and tightens the limit by the difference and solves again when it was too low.
+starts).  That is an estimate (liveness is not linear in the choices);
+:func:`layout_prop.plan_command.plan_spec` measures every plan with the memory pass and
+reports one only when it measures within the limit (its ``_fit`` says how it searches).
 
 Identical layers are solved once: op nodes that repeat at least 3 times with the same
 name up to a number (``l3_q`` and ``l7_q``, ``layers.3.q``), the same op, attrs and input
@@ -435,15 +436,28 @@ def node_classes(graph: Graph, repeat: int = REPEAT, auto: Iterable[str] = ()) -
 
 # --------------------------------------------------------------------------- the program
 class InfeasiblePlan(LayoutPropError):
-    """No plan fits the memory limit; ``least`` is the smallest memory any plan needs."""
+    """No plan fits the memory limit ``limit`` (bytes per rank, as the user gave it).
 
-    def __init__(self, limit: int, least: int) -> None:
+    ``least`` is the memory of the plan holding the least: by the memory model (raised by
+    :func:`solve`, ``measured`` false), or as the memory pass measures the realised plan
+    (raised by :func:`layout_prop.plan_command.plan_spec`, ``measured`` true: the least of the
+    plans it tried, each over ``limit``).  ``problem`` is the program solved, to solve it again.
+    """
+
+    def __init__(self, limit: int, least: int, problem: "Problem | None" = None, measured: bool = False) -> None:
         from .memory import format_bytes
 
-        self.limit, self.least = limit, least
-        super().__init__("memory-limit", f"no plan fits in {format_bytes(limit)} per rank: the smallest any plan "
-                         f"needs is {format_bytes(least)} ({least} bytes) by the planner's estimate",
-                         hint=f"raise --memory-per-rank to at least {least}, or use a larger mesh")
+        self.limit, self.least, self.problem, self.measured = limit, least, problem, measured
+        given = f"{limit} bytes per rank" if limit < 1024 else f"{format_bytes(limit)} ({limit} bytes) per rank"
+        if measured:
+            message = (f"no plan the planner tried fits in {given}: the least memory of those it tried is "
+                       f"{format_bytes(least)} ({least} bytes) per rank, as check --reshard --backward measures it")
+            hint = f"raise --memory-per-rank to at least {least}, or use a larger mesh"
+        else:
+            message = (f"no plan fits in {given}: the smallest any plan needs is {format_bytes(least)} ({least} "
+                       "bytes) by the planner's memory model")
+            hint = f"raise the limit to at least {least}, or use a larger mesh"
+        super().__init__("memory-limit", message, hint=hint)
 
 
 @dataclass
@@ -774,7 +788,7 @@ def _requires_grad(graph: Graph) -> dict[str, bool]:
 
 def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
           optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = None,
-          alternatives: bool = False, problem: "Problem | None" = None) -> Solution:
+          alternatives: bool = False, problem: "Problem | None" = None, least_memory: bool = False) -> Solution:
     """Choose every ``auto`` input's layout and every node's strategy (module docstring).
 
     Parameters
@@ -799,6 +813,9 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     problem : Problem, optional
         A problem built before for this graph and these settings (``Solution.problem``):
         solving it again under another memory limit skips building it.
+    least_memory : bool
+        Choose the plan holding the least memory by the memory model (the cheapest of those),
+        whatever ``memory_limit`` says.
 
     Raises
     ------
@@ -810,12 +827,15 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     start = time.perf_counter()
     if problem is None:
         problem = Problem(graph, backward, objective, optimizer, repeat=repeat, cap=cap or default_cap(graph.mesh))
-    found = problem.solve(memory_limit)
+    found = None if least_memory else problem.solve(memory_limit)
     if found is None:
         least = problem.solve(None, minimise_memory=True)
         if least is None:
             raise LayoutPropError("unplannable", "no assignment of strategies is consistent", hint="report this graph")
-        raise InfeasiblePlan(memory_limit, least[2])
+        if not least_memory:
+            raise InfeasiblePlan(memory_limit, least[2], problem)
+        found = problem.solve(least[2]) or least  # the cheapest plan of that memory
+        memory_limit = least[2]  # (for the alternatives)
     chosen, value, memory = found
     if objective == "bytes":
         value = float(round(value))  # without the tie-breaking thousandths

@@ -80,8 +80,9 @@ nodes:
     assert "matches one device" in capsys.readouterr().out
 
 
+# KB is a power of 1000, KiB and K alone of 1024 (layout_prop.sizes, one grammar with plan --memory-per-rank)
 @pytest.mark.parametrize("text,size", [("4096", 4096), ("512M", 512 * 2 ** 20), ("8g", 8 * 2 ** 30),
-                                       ("1.5T", int(1.5 * 2 ** 40)), ("2GiB", 2 * 2 ** 30), ("64KB", 64 * 1024)])
+                                       ("1.5T", int(1.5 * 2 ** 40)), ("2GiB", 2 * 2 ** 30), ("64KB", 64_000)])
 def test_memory_sizes(text, size):
     assert _memory_size(text) == size
 

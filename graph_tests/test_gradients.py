@@ -27,6 +27,8 @@ for record in all_records():
     if not rule.differentiable or "dtype" in rule.attr_defaults:  # a cast rounds whatever the step
         continue
     sample = record.samples[0]
+    if all(0 in shape for shape in sample.shapes):  # no input has an element to nudge
+        continue
     CASES.append(pytest.param(record.op, sample, id=record.name))
 
 

@@ -192,7 +192,8 @@ def softmax_grad(dy, y, axis=-1):
 def log_softmax(x, axis=-1):
     x = _f(x)
     shifted = x - _max(x, axis)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    with np.errstate(divide="ignore"):  # the log of an empty sum is -inf (a size-0 axis: the result is empty)
+        return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 
 def log_softmax_grad(dy, y, axis=-1):

@@ -45,7 +45,8 @@ from .placement import parse_placement
 from .registry import OpRule, get_rule
 from .spec import FLOAT_DTYPES, TensorSpec, check_dtype
 
-__all__ = ["load_spec", "parse_spec", "dump_yaml", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH", "MAX_ELEMENTS"]
+__all__ = ["load_spec", "parse_spec", "dump_yaml", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH",
+           "MAX_ELEMENTS"]
 
 #: the largest spec file read (a 100,000-node generated spec is about 15 MiB of JSON)
 MAX_SPEC_BYTES = 64 * 2 ** 20
@@ -127,6 +128,8 @@ def dump_yaml(spec: dict) -> str:
     {'1e3': '2E5'}
     """
     return yaml.dump(spec, Dumper=_SpecDumper, sort_keys=False, default_flow_style=None, width=120)
+
+
 #: the first characters of the plain scalars the loader may read as something else than a
 #: string; None when a resolver is tried whatever the first character (PyYAML's are not)
 _IMPLICIT_FIRST = None if None in _UniqueKeyLoader.yaml_implicit_resolvers else \
@@ -736,7 +739,7 @@ def _input(g: Graph, name: str, data: Any, path: str) -> None:
     g.input(name, shape=shape, dtype=dtype, placements=placements, requires_grad=requires_grad)
 
 
-#: control characters (see :func:`layout_prop.errors.printable`): never in a name
+#: control and invisible characters (:data:`layout_prop.errors.CONTROL_CHARS`): never in a name
 _UNPRINTABLE = re.compile(f"[\n{CONTROL_CHARS}]")
 RESERVED_CHARS = (":", "@", "#")  # value indexes, and the names lowering gives local slices and steps
 RESERVED_PREFIXES = ("grad:", "grad/", "cotangent/")  # the names the backward pass gives its values

@@ -454,6 +454,30 @@ def test_a_general_gemm_computes_what_onnx_computes():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,placements", [
+    ((4, 8), (8,), ["S(0)"]), ((8,), (8, 6), ["R"]), ((8,), (8,), ["R"]), ((3, 4, 8), (8,), ["S(1)"]),
+    ((8,), (2, 8, 5), ["R"])], ids=["matrix-vector", "vector-matrix", "dot", "batch-vector", "vector-batch"])
+def test_a_matmul_with_a_vector_computes_what_onnx_computes(x_shape, w_shape, placements):
+    """A 1-D operand of MatMul (numpy's rule: a row on the left, a column on the right, its dim
+    dropped) imported as matmul_nd, which takes 2-D and up: check then said invalid-rank."""
+    out_shape = np.matmul(np.empty(x_shape), np.empty(w_shape)).shape  # numpy's rule, which ONNX follows
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "w")
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    graph = from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]}, "inputs": {"x": placements}})
+    assert analyze(graph).ok
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    (want,) = ReferenceEvaluator(model).run(None, feeds)
+    (got,) = one_device(graph, model, feeds).values()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    rep = run_graph(graph, backward=True)
+    assert rep.ok, rep.mismatches
+
+
 def test_import_no_fuse_writes_the_decomposed_graph(tmp_path, capsys):
     model, plan = write(tmp_path, "m.onnx", llama_onnx()), plan_file(tmp_path)
     out = tmp_path / "unfused.yaml"

@@ -568,7 +568,33 @@ class _Reader:
     op_Sigmoid = _simple("sigmoid", "Sigmoid")
     op_Relu = _simple("relu", "Relu")
     op_Identity = _simple("identity", "Identity")
-    op_MatMul = _simple("matmul_nd", "MatMul")
+    def op_MatMul(self, name, ins, outs, a, consts):
+        """numpy's matmul: a 1-D operand is a row on the left, a column on the right, and that
+        dim is dropped from the result; ``matmul_nd`` takes 2-D and up, so the vector is
+        unsqueezed and the product squeezed."""
+        x, w = ins[0], ins[1]
+        x_shape, w_shape = tuple(self.g.shape(x)), tuple(self.g.shape(w))
+        if len(x_shape) >= 2 and len(w_shape) >= 2:
+            return self.add("matmul_nd", [x, w], outs, {}, "MatMul", name)
+        out = outs[0]
+        if len(x_shape) == 1:
+            x_shape = (1,) + x_shape
+            x = self._unsqueeze(x, x_shape, 0, f"{name}_row")
+        if len(w_shape) == 1:
+            w_shape = w_shape + (1,)
+            w = self._unsqueeze(w, w_shape, 1, f"{name}_column")
+        batch = tuple(np.broadcast_shapes(x_shape[:-2], w_shape[:-2]))
+        product = self.new_value(f"{out}_mm", batch + (x_shape[-2], w_shape[-1]), self.g.values[out].dtype)
+        self.add("matmul_nd", [x, w], [product], {}, "MatMul", name)
+        rank = len(batch) + 2
+        dropped = ([rank - 2] if len(self.g.shape(ins[0])) == 1 else []) + \
+            ([rank - 1] if len(self.g.shape(ins[1])) == 1 else [])
+        self.add("squeeze", [product], [out], {"dims": dropped}, "MatMul", f"{name}_drop")
+
+    def _unsqueeze(self, value: str, shape: tuple[int, ...], dim: int, name: str) -> str:
+        new = self.new_value(f"{value}_{dim}", shape, self.g.values[value].dtype)
+        self.add("unsqueeze", [value], [new], {"dims": [dim]}, "MatMul", name)
+        return new
     op_Where = _simple("where", "Where")
     op_Expand = _simple("expand", "Expand")
 

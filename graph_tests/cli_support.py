@@ -1,4 +1,4 @@
-"""How the tests run the installed console script as a user would."""
+"""How the tests run the installed console script as a user would, and the specs they feed it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,14 @@ def console_command() -> list[str]:
     bindir = os.path.dirname(sys.executable)
     exe = shutil.which("layout-prop", path=bindir) or shutil.which("layout-prop")
     return [exe] if exe else [sys.executable, "-m", "layout_prop.cli"]
+
+
+def relu_chain(length: int, placements: tuple[str, ...] = ("R",)) -> dict:
+    """A spec of ``length`` chained relus ``v0 .. v{length-1}`` from a 4 x 4 input ``x`` on 2 ranks
+    (a graph as deep as it is long: what recursion limits and one-row drawings meet)."""
+    nodes = [{"name": f"v{i}", "op": "relu", "inputs": [f"v{i - 1}" if i else "x"]} for i in range(length)]
+    return {"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4], "placements": list(placements)}},
+            "nodes": nodes}
 
 
 def cli_env() -> dict[str, str]:

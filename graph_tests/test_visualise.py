@@ -42,6 +42,8 @@ from layout_prop.viz import (
 )
 from layout_prop.viz.scene import VIOLATION_RED
 
+from .cli_support import relu_chain
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples" / "rpe").glob("*.yaml"))
 DP_TP_SP = ROOT / "examples" / "rpe" / "dp_tp_sp.yaml"
@@ -159,9 +161,8 @@ def test_png_of_a_tensor_grid(tmp_path):
 def test_a_png_too_large_to_draw_is_refused_before_drawing(tmp_path):
     """A chain of 1,000 ops is drawn in one row 295,000 pixels wide: as a PNG (130 million pixels)
     it is refused at once; the same graph as SVG is written."""
-    nodes = [{"name": f"v{i}", "op": "relu", "inputs": [f"v{i - 1}" if i else "x"]} for i in range(1000)]
     spec = tmp_path / "chain.json"
-    spec.write_text(json.dumps({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4]}}, "nodes": nodes}))
+    spec.write_text(json.dumps(relu_chain(1000)))
     out = tmp_path / "chain.png"
     with pytest.raises(VizError) as err:
         viz(spec, "-o", out)

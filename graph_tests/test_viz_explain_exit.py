@@ -15,6 +15,8 @@ import pytest
 
 from layout_prop.cli import _parser, main
 
+from .cli_support import relu_chain
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 #: x shards RPE's rotation dim and sin is Partial: violations
@@ -93,10 +95,8 @@ def test_explain_of_a_mistyped_name_suggests_the_closest(broken, capsys):
 def test_explain_walks_back_a_bounded_depth_on_a_long_chain(tmp_path, capsys):
     """A chain of 1,000 ops nested deeper than Python's recursion limit (too-deep, exit 2): explain
     walks back --depth producers (default 100) and marks where it stopped."""
-    nodes = [{"name": f"v{i}", "op": "relu", "inputs": [f"v{i - 1}" if i else "x"]} for i in range(1000)]
     spec = tmp_path / "chain.json"
-    spec.write_text(json.dumps({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4], "placements": ["S(0)"]}},
-                                "nodes": nodes}))
+    spec.write_text(json.dumps(relu_chain(1000, ("S(0)",))))
     assert main(["explain", str(spec), "v999"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 101 and lines[0].startswith("v999 = relu(v998)")

@@ -29,17 +29,13 @@ from .output import OutputFailed
 __all__ = ["main"]
 
 
-#: the longest argparse message printed (so that the bad value it quotes is cut to CUT_LENGTH)
-_MAX_USAGE_MESSAGE = CUT_LENGTH
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag on one line, with the closest known flag, and exits 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         hint = _choice_suggestion(message) or f"see {self.prog} --help"
-        if len(message) > _MAX_USAGE_MESSAGE:  # argparse quotes the whole bad argument: its middle goes
-            keep = (_MAX_USAGE_MESSAGE - 5) // 2
+        if len(message) > CUT_LENGTH:  # argparse quotes the whole bad argument: its middle goes
+            keep = (CUT_LENGTH - 5) // 2
             message = message[:keep] + " ... " + message[-keep:]
         print(printable(f"layout-prop: error: bad-usage: {message} (hint: {hint})"), file=sys.stderr)
         raise SystemExit(2)
@@ -160,9 +156,11 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
     ex.add_argument("--backward", action="store_true", help="include the gradient graph")
     ex.add_argument("--json", action="store_true", help="print the derivation as JSON")
-    ex.add_argument("--depth", type=_positive_int, default=100, metavar="N",
-                    help="producers to walk back, at most 300 (default 100); a value further up is marked, to be "
-                         "explained on its own")
+    from .explain import DEFAULT_DEPTH, MAX_DEPTH
+
+    ex.add_argument("--depth", type=_positive_int, default=DEFAULT_DEPTH, metavar="N",
+                    help=f"producers to walk back, at most {MAX_DEPTH} (default {DEFAULT_DEPTH}); a value further "
+                         "up is marked, to be explained on its own")
     add_model_args(ex)
 
     ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination",
@@ -551,16 +549,13 @@ def _cmd_lower(args) -> int:
 
 
 def _cmd_gen(args) -> int:
-    from .loader import dump_yaml, load_spec
+    from .loader import format_spec, load_spec
     from .models import llama_spec, parse_mesh_arg
 
     spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
                       heads=args.heads, ffn=args.ffn, dtype=args.dtype)
     load_spec(spec)  # never write a spec that check would refuse
-    if args.output is not None and args.output.suffix.lower() == ".json":
-        text = json.dumps(spec, indent=1)
-    else:
-        text = dump_yaml(spec)
+    text = format_spec(spec, args.output)
     if args.output is None:
         print(text, end="")
     else:

@@ -45,10 +45,9 @@ __all__ = [
 #: are refused by the loader (``bad-name``).
 CONTROL_CHARS = ("\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060"
                  "\u2066-\u2069\ud800-\udfff\ufeff\ufffe\uffff\U000e0000-\U000e007f")
-_CONTROL = CONTROL_CHARS
-_CONTROL_ALL = re.compile(f"[\n{_CONTROL}]")
-_CONTROL_BUT_NEWLINE = re.compile(f"[{_CONTROL}]")
-#: the ASCII characters that are not in _CONTROL, without and with the line break
+_CONTROL_ALL = re.compile(f"[\n{CONTROL_CHARS}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[{CONTROL_CHARS}]")
+#: the ASCII characters that are not in CONTROL_CHARS, without and with the line break
 _PLAIN_ASCII = bytes(range(0x20, 0x7f))
 _PLAIN_ASCII_NEWLINE = _PLAIN_ASCII + b"\n"
 

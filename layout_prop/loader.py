@@ -45,7 +45,7 @@ from .placement import parse_placement
 from .registry import OpRule, get_rule
 from .spec import FLOAT_DTYPES, TensorSpec, check_dtype
 
-__all__ = ["load_spec", "parse_spec", "dump_yaml", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH",
+__all__ = ["load_spec", "parse_spec", "dump_yaml", "format_spec", "read_spec_text", "read_file_bytes", "MAX_SPEC_BYTES", "MAX_DEPTH",
            "MAX_ELEMENTS"]
 
 #: the largest spec file read (a 100,000-node generated spec is about 15 MiB of JSON)
@@ -128,6 +128,20 @@ def dump_yaml(spec: dict) -> str:
     {'1e3': '2E5'}
     """
     return yaml.dump(spec, Dumper=_SpecDumper, sort_keys=False, default_flow_style=None, width=120)
+
+
+def format_spec(spec: dict, path: Path | None = None) -> str:
+    """The text ``gen``, ``import`` and ``plan`` write for ``spec`` to ``path``: JSON when its
+    suffix is ``.json`` in any case, else block YAML (:func:`dump_yaml`; also with no path).
+
+    >>> format_spec({"nodes": []}, Path("x.JSON")) == json.dumps({"nodes": []}, indent=1)
+    True
+    >>> format_spec({"nodes": []})
+    'nodes: []\\n'
+    """
+    if path is not None and path.suffix.lower() == ".json":
+        return json.dumps(spec, indent=1)
+    return dump_yaml(spec)
 
 
 #: the first characters of the plain scalars the loader may read as something else than a

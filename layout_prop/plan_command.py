@@ -340,12 +340,9 @@ def cmd_plan(args) -> int:
 
 
 def _write(spec: dict, path: Path) -> None:
-    from .loader import dump_yaml
-
-    if path.suffix.lower() == ".json":
-        text = json.dumps(spec, indent=1)
-    else:
-        text = dump_yaml(spec)
+    from .loader import format_spec
     from .output import write_output
+
+    text = format_spec(spec, path)
 
     write_output(path, text)  # atomic: a full disk leaves the old file, never a truncated plan

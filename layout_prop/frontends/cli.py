@@ -4,7 +4,6 @@ wherever a command takes a spec (:func:`load_graph`, the one place commands load
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -58,15 +57,12 @@ def load_graph(args: argparse.Namespace) -> Graph:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """``layout-prop import MODEL --plan PLAN [-o SPEC]``: exit 0 with the spec written."""
-    from ..loader import dump_yaml, load_spec
+    from ..loader import format_spec, load_spec
     from . import import_spec
 
     spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
     load_spec(spec)  # never write a spec that check would refuse
-    if args.output is not None and args.output.suffix.lower() == ".json":
-        text = json.dumps(spec, indent=1)
-    else:
-        text = dump_yaml(spec)
+    text = format_spec(spec, args.output)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.output is None:

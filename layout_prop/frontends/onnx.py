@@ -78,6 +78,11 @@ def _dtype(elem_type: int, what: str, source: str) -> str:
     return name
 
 
+def _first_line(exc: Exception) -> str:
+    """What an exception says, on one line (its class name when it says nothing)."""
+    return (str(exc).splitlines() or [""])[0] or type(exc).__name__
+
+
 # ----------------------------------------------------------------------------- tensors
 SMALL_EXTERNAL = 1024  # bytes: an externally stored tensor this small is read (shapes, axes, scalars, eps);
 # onnx.save puts tensors under this size (its default threshold) in the model file anyway
@@ -132,7 +137,7 @@ def _read_external(tensor, base: str | None, what: str, source: str) -> None:
             warnings.simplefilter("ignore")
             load_external_data_for_tensor(tensor, base)
     except Exception as exc:  # OSError, ValueError, or onnx's ValidationError (absolute, outside, a link...)
-        why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        why = getattr(exc, "strerror", None) or _first_line(exc)
         raise _bad(f"{what} is stored in an external data file that cannot be read ({why})"[:600], source,
                    "keep the model's external data files beside it") from None
 
@@ -150,7 +155,7 @@ def _tensor_array(tensor, what: str, source: str) -> tuple[np.ndarray, bool]:
         return onnx.numpy_helper.to_array(tensor), True
     except Exception as exc:  # 3 floats for dims [4, 4], 7 bytes of raw data, negative dims...
         dims, dtype = _tensor_dims(tensor, what, source), _tensor_dtype(tensor, what, source)
-        why = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        why = _first_line(exc)
         raise _bad(f"{what} has data that does not fit its dims {list(dims)} and data type {dtype} ({why})"[:600],
                    source) from None
 
@@ -506,7 +511,7 @@ class _Reader:
                     with np.errstate(all="ignore"):  # inf and nan are values; no warning line on stderr
                         result = self.fold[op](args, a)
             except Exception as exc:
-                why = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+                why = _first_line(exc)
                 raise _bad(f"cannot evaluate constant node {name!r} ({op}): {why}", self.source) from None
             if math.prod(shape) > MAX_FOLD_ELEMENTS:
                 raise _too_large(name, op, shape, self.source)
@@ -568,6 +573,9 @@ class _Reader:
     op_Sigmoid = _simple("sigmoid", "Sigmoid")
     op_Relu = _simple("relu", "Relu")
     op_Identity = _simple("identity", "Identity")
+    op_Where = _simple("where", "Where")
+    op_Expand = _simple("expand", "Expand")
+
     def op_MatMul(self, name, ins, outs, a, consts):
         """numpy's matmul: a 1-D operand is a row on the left, a column on the right, and that
         dim is dropped from the result; ``matmul_nd`` takes 2-D and up, so the vector is
@@ -576,27 +584,24 @@ class _Reader:
         x_shape, w_shape = tuple(self.g.shape(x)), tuple(self.g.shape(w))
         if len(x_shape) >= 2 and len(w_shape) >= 2:
             return self.add("matmul_nd", [x, w], outs, {}, "MatMul", name)
-        out = outs[0]
+        out, dropped = outs[0], []
+        batch = tuple(np.broadcast_shapes(x_shape[:-2], w_shape[:-2]))
         if len(x_shape) == 1:
             x_shape = (1,) + x_shape
             x = self._unsqueeze(x, x_shape, 0, f"{name}_row")
+            dropped.append(len(batch))  # the row's dim of the product
         if len(w_shape) == 1:
             w_shape = w_shape + (1,)
             w = self._unsqueeze(w, w_shape, 1, f"{name}_column")
-        batch = tuple(np.broadcast_shapes(x_shape[:-2], w_shape[:-2]))
+            dropped.append(len(batch) + 1)  # the column's
         product = self.new_value(f"{out}_mm", batch + (x_shape[-2], w_shape[-1]), self.g.values[out].dtype)
         self.add("matmul_nd", [x, w], [product], {}, "MatMul", name)
-        rank = len(batch) + 2
-        dropped = ([rank - 2] if len(self.g.shape(ins[0])) == 1 else []) + \
-            ([rank - 1] if len(self.g.shape(ins[1])) == 1 else [])
         self.add("squeeze", [product], [out], {"dims": dropped}, "MatMul", f"{name}_drop")
 
     def _unsqueeze(self, value: str, shape: tuple[int, ...], dim: int, name: str) -> str:
         new = self.new_value(f"{value}_{dim}", shape, self.g.values[value].dtype)
         self.add("unsqueeze", [value], [new], {"dims": [dim]}, "MatMul", name)
         return new
-    op_Where = _simple("where", "Where")
-    op_Expand = _simple("expand", "Expand")
 
     def op_Gelu(self, name, ins, outs, a, consts):
         self.add("gelu" if a.get("approximate", b"none") in (b"tanh", "tanh") else "unmapped:Gelu", ins, outs, {},
@@ -852,7 +857,7 @@ def _check_ranges(model, source: str) -> None:
         try:
             shape = _fold_shape("Range", args, {})
         except Exception as exc:
-            why = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+            why = _first_line(exc)
             raise _bad(f"cannot evaluate constant node {name!r} (Range): {why}", source) from None
         if math.prod(shape) > MAX_FOLD_ELEMENTS:
             raise _too_large(name, "Range", shape, source)

@@ -20,9 +20,9 @@ import time
 import numpy as np
 
 from layout_prop.api import analyze
-from layout_prop.kernels.msrun_engine import MsrunEngine
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
+from layout_prop.engines.msrun_engine import MsrunEngine
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import random_inputs
 

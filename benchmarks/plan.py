@@ -17,10 +17,10 @@ import argparse
 import time
 
 from layout_prop.api import clear_caches
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
-from layout_prop.plan_command import graph_to_spec, measure, parse_bytes
-from layout_prop.passes.plan import realise, solve
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
+from layout_prop.commands.plan import graph_to_spec, measure, parse_bytes
+from layout_prop.planner.solver import realise, solve
 
 MESH = (("dp", 2), ("sp", 1), ("tp", 4))
 

@@ -1,6 +1,6 @@
 """Propagation benchmark: propagate + check + reshard over graphs of N nodes.
 
-Builds generated Llama graphs (``layout_prop.models.llama_spec``: 23 nodes and 9 weights
+Builds generated Llama graphs (``layout_prop.frontends.generate.llama_spec``: 23 nodes and 9 weights
 a layer, Megatron TP + SP on a dp x sp x tp mesh of 8 ranks, so reshard inserts 6
 redistributions a layer) and, with ``--graph rpe``, chains of RotaryPositionEmbedding
 blocks (RPE, a scale, a residual add).  It prints, for each size: the time of
@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from layout_prop.api import clear_caches, paused_gc
-from layout_prop.graph import Graph
-from layout_prop.loader import load_spec
-from layout_prop.mesh import DeviceMesh
-from layout_prop.models import llama_spec
+from layout_prop.api import clear_caches
+from layout_prop.core.graph import paused_gc
+from layout_prop.core.graph import Graph
+from layout_prop.io.loader import load_spec
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.frontends.generate import llama_spec
 from layout_prop.passes.check import Check
 from layout_prop.passes.propagate import Propagate
 from layout_prop.passes.reshard import Reshard

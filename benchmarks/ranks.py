@@ -15,7 +15,7 @@ import argparse
 import time
 
 from layout_prop.api import analyze, clear_caches, format_table
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 
 
 def spec(ranks: int) -> str:

@@ -34,13 +34,13 @@ import time
 import numpy as np
 
 from layout_prop.api import analyze
-from layout_prop.kernels.collectives import scatter_global
-from layout_prop.kernels.simulator import Simulator
+from layout_prop.engines.collectives import scatter_global
+from layout_prop.engines.simulator import Simulator
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import execute_global, random_inputs
 
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
 
 from propagate import build  # noqa: E402  (benchmarks/ is the working folder)
 

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 TAG_ENV = "LAYOUT_PROP_TEST_TAG"
-WORKER_MODULE = b"layout_prop.kernels.msrun_worker"
+WORKER_MODULE = b"layout_prop.engines.msrun_worker"
 
 
 def new_tag() -> str:

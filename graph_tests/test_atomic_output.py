@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from layout_prop import output
+from layout_prop.io import output
 from layout_prop.cli import main
-from layout_prop.output import atomic_path, write_text_atomic
+from layout_prop.io.output import atomic_path, write_text_atomic
 
 from .cli_support import console_command
 

@@ -10,10 +10,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop import loader
-from layout_prop.block_yaml import read_block_yaml
+from layout_prop.io import loader
+from layout_prop.io.block_yaml import read_block_yaml
 from layout_prop.cli import main
-from layout_prop.models import llama_spec
+from layout_prop.frontends.generate import llama_spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -15,9 +15,9 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 from layout_prop.api import analyze  # noqa: E402
 from layout_prop.frontends.ir import MNode, ModelGraph, Value, apply_plan, sanitize, to_spec  # noqa: E402
 from layout_prop.frontends.onnx import from_onnx, read_onnx  # noqa: E402
-from layout_prop.loader import load_spec  # noqa: E402
-from layout_prop.passes.canonicalize import REWRITES, Canonicalize  # noqa: E402
-from layout_prop.plan import load_plan  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+from layout_prop.frontends.canonicalize import REWRITES, Canonicalize  # noqa: E402
+from layout_prop.io.plan_file import load_plan  # noqa: E402
 from layout_prop.runner import execute_global, run_graph  # noqa: E402
 
 B, N, S, D = 2, 2, 4, 8
@@ -224,7 +224,7 @@ def test_fusion_does_not_change_what_check_reports():
 
 def test_read_onnx_keeps_the_decomposed_ops_until_canonicalize():
     from layout_prop.frontends.samples import LLAMA_PLAN, llama_onnx
-    from layout_prop.plan import load_plan
+    from layout_prop.io.plan_file import load_plan
 
     g = read_onnx(llama_onnx(), load_plan(LLAMA_PLAN))
     before = Counter(n.op for n in g.nodes)

@@ -21,7 +21,7 @@ def test_single_graph_commands_run_without_the_collector_and_restore_it(tmp_path
         seen["enabled"], seen["threshold"] = gc.isenabled(), gc.get_threshold()
         return 0
 
-    monkeypatch.setitem(cli.COMMANDS, command, record)
+    monkeypatch.setattr(f"layout_prop.commands.{cli.COMMANDS[command]}.run", record)
     before = gc.get_threshold()
     assert gc.isenabled()
     assert cli.main([command, str(spec), *flags]) == 0

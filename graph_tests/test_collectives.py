@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from layout_prop import DeviceMesh, ExecutionError, Layout, LayoutError, TensorSpec
-from layout_prop.kernels.collectives import (
+from layout_prop.engines.collectives import (
     all_gather,
     all_reduce,
     all_to_all,
@@ -26,8 +26,8 @@ from layout_prop.kernels.collectives import (
     scatter_global,
     split_terms,
 )
-from layout_prop.placement import Partial, Shard, StridedShard
-from layout_prop.redistribute import enumerate_plans, plan_redistribution
+from layout_prop.core.placement import Partial, Shard, StridedShard
+from layout_prop.core.redistribute import enumerate_plans, plan_redistribution
 
 
 # --------------------------------------------------------------------------- independent references

@@ -27,9 +27,9 @@ from layout_prop import (
     TensorSpec,
     parse_placement,
 )
-from layout_prop.errors import SpecError
-from layout_prop.graph import Graph, Node
-from layout_prop.loader import load_spec
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph, Node
+from layout_prop.io.loader import load_spec
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -642,7 +642,7 @@ class TestGraph:
         assert [n.name for n in g.copy_structure().topo_order()] == expected
 
     def test_spec_floats_with_an_exponent_are_numbers_as_in_json(self):
-        from layout_prop.loader import parse_spec
+        from layout_prop.io.loader import parse_spec
 
         text = "a: {eps: 1e-6, big: 2E+3, neg: -1.5e-3, plain: 3, dotted: 1.0e-06, quoted: '1e-6', name: e1}"
         assert parse_spec(text)["a"] == {"eps": 1e-6, "big": 2000.0, "neg": -1.5e-3, "plain": 3, "dotted": 1e-6,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from layout_prop.api import analyze
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import run_graph
 

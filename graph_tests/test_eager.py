@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from layout_prop import DeviceMesh
-from layout_prop.dtensor import DTensor, distribute
-from layout_prop.eager import DistributedOp, rotary_position_embedding, rotary_position_embedding_grad
-from layout_prop.errors import OpError
+from layout_prop.engines.dtensor import DTensor, distribute
+from layout_prop.engines.eager import DistributedOp, rotary_position_embedding, rotary_position_embedding_grad
+from layout_prop.core.errors import OpError
 from layout_prop.kernels.rpe_numpy import rpe_backward, rpe_forward
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rpe"
@@ -25,7 +25,7 @@ def _load(name):
     placements = {}
     for key, entry in data["inputs"].items():
         if "tensor_map" in entry:
-            from layout_prop.layout import Layout
+            from layout_prop.core.layout import Layout
 
             placements[key] = list(Layout.from_tensor_map(mesh, entry["tensor_map"]).placements)
         else:

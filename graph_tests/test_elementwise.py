@@ -9,8 +9,8 @@ import pytest
 from layout_prop import OpRule, RuleResult, register_kernel, register_op
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.errors import ExecutionError, LayoutPropError
-from layout_prop.loader import load_spec
+from layout_prop.core.errors import ExecutionError, LayoutPropError
+from layout_prop.io.loader import load_spec
 from layout_prop.runner import run_graph
 
 

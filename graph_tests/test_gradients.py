@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layout_prop import meta
+from layout_prop.core import meta
 from layout_prop.api import analyze
-from layout_prop.loader import load_spec
-from layout_prop.registry import get_rule
+from layout_prop.io.loader import load_spec
+from layout_prop.core.registry import get_rule
 from layout_prop.runner import execute_global, random_inputs
 from layout_prop.testing import single_op_spec
 from layout_prop.testing.opdb import all_records

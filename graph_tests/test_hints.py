@@ -12,9 +12,9 @@ import re
 import pytest
 
 from layout_prop.api import analyze
-from layout_prop.errors import LayoutPropError
-from layout_prop.loader import load_spec
-from layout_prop.registry import get_rule
+from layout_prop.core.errors import LayoutPropError
+from layout_prop.io.loader import load_spec
+from layout_prop.core.registry import get_rule
 from layout_prop.testing import combination_specs
 from layout_prop.testing.opdb import all_records
 

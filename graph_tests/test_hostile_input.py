@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from layout_prop.cli import EXIT_BROKEN_PIPE, main
-from layout_prop.errors import LayoutError, SpecError, cut, printable
-from layout_prop.loader import ALIAS_FACTOR, ALIAS_SLACK, MAX_DEPTH, MAX_ELEMENTS, load_spec, parse_spec
-from layout_prop.mesh import MAX_RANKS, DeviceMesh
+from layout_prop.core.errors import LayoutError, SpecError, cut, printable
+from layout_prop.io.loader import ALIAS_FACTOR, ALIAS_SLACK, MAX_DEPTH, MAX_ELEMENTS, load_spec, parse_spec
+from layout_prop.core.mesh import MAX_RANKS, DeviceMesh
 
 from .cli_support import cli_env, console_command
 
@@ -127,7 +127,7 @@ def test_dev_zero_is_refused_without_reading_it(capsys):
 
 
 def test_a_spec_file_past_the_size_limit(tmp_path):
-    from layout_prop.loader import read_spec_text
+    from layout_prop.io.loader import read_spec_text
 
     spec = tmp_path / "big.yaml"
     spec.write_text(SMALL + "nodes: []\ndescription: '" + "x" * 2000 + "'\n")
@@ -184,7 +184,7 @@ class _Unblocker:
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_a_named_pipe_without_a_writer_is_refused_not_waited_for(tmp_path, capsys, monkeypatch):
     # review of issue 14: `mkfifo f; layout-prop check f` hung forever
-    from layout_prop import loader
+    from layout_prop.io import loader
 
     monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
     fifo = tmp_path / "spec.yaml"
@@ -203,7 +203,7 @@ def test_a_named_pipe_without_a_writer_is_refused_not_waited_for(tmp_path, capsy
 def test_a_named_pipe_is_read_once_a_writer_comes_however_slow(tmp_path, capsys, monkeypatch):
     import threading
 
-    from layout_prop import loader
+    from layout_prop.io import loader
 
     monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
     fifo = tmp_path / "spec.yaml"
@@ -230,7 +230,7 @@ def test_a_named_pipe_is_read_once_a_writer_comes_however_slow(tmp_path, capsys,
 
 def test_process_substitution_and_endless_pipes(tmp_path):
     # <(...) is a pipe: read like a file, with the same cap; `yes` never ends: refused at the cap
-    from layout_prop.loader import read_file_bytes
+    from layout_prop.io.loader import read_file_bytes
 
     read_end, write_end = os.pipe()
     os.write(write_end, b"mesh: {shape: [2]}\n")
@@ -285,7 +285,7 @@ def test_a_plan_that_is_a_device_is_refused(tmp_path, capsys):
     (b"parameters: " + b"[" * 100 + b"]" * 100 + b"\n", "plan-too-deep"),
 ], ids=["not-utf8", "not-yaml", "key-twice", "too-deep"])
 def test_an_unreadable_plan_is_said_to_be_a_plan(tmp_path, content, code):
-    from layout_prop.plan import load_plan
+    from layout_prop.io.plan_file import load_plan
 
     path = tmp_path / "plan.yaml"
     path.write_bytes(content)
@@ -295,8 +295,8 @@ def test_an_unreadable_plan_is_said_to_be_a_plan(tmp_path, content, code):
 
 
 def test_a_plan_past_the_size_limit_is_a_plan_too_large(tmp_path, monkeypatch):
-    import layout_prop.loader as loader
-    from layout_prop.plan import load_plan
+    import layout_prop.io.loader as loader
+    from layout_prop.io.plan_file import load_plan
 
     monkeypatch.setattr(loader, "MAX_SPEC_BYTES", 1024)
     path = tmp_path / "plan.yaml"
@@ -517,7 +517,7 @@ def test_the_most_dims_and_mesh_axes_run(tmp_path, capsys):
     spec.write_text(_dims_spec(32, 31, "reshape", json.dumps({"shape": [1] * 29 + [2, 8]})))
     assert main(["run", str(spec), "--backward"]) == 0, capsys.readouterr().err
     assert "matches one device" in capsys.readouterr().out
-    from layout_prop.mesh import DeviceMesh
+    from layout_prop.core.mesh import DeviceMesh
 
     mesh = DeviceMesh([1] * 30 + [2, 2])
     assert [mesh.rank(mesh.coords(r)) for r in range(4)] == [0, 1, 2, 3]
@@ -589,17 +589,18 @@ def test_control_characters_in_values_never_reach_the_terminal(tmp_path, capsys)
 def test_stdout_is_escaped_too(capsys):
     # a table row or message that carries a control character (here printed by a command
     # through the same stream) is escaped on the way out, line breaks kept
-    from layout_prop import cli
 
     def noisy(args):
         print("table\x1b[2J row\nnext\a line")
         return 0
 
-    cli.COMMANDS["demo"], saved = noisy, cli.COMMANDS["demo"]
+    from layout_prop.commands import demo
+
+    demo.run, saved = noisy, demo.run
     try:
         assert main(["demo"]) == 0
     finally:
-        cli.COMMANDS["demo"] = saved
+        demo.run = saved
     out, _ = capsys.readouterr()
     assert out == "table\\x1b[2J row\nnext\\x07 line\n"
 
@@ -640,16 +641,17 @@ def test_a_module_that_exits_keeps_the_contract_in_the_console_script(tmp_path):
 
 
 def test_an_op_that_exits_while_running_keeps_the_contract(capsys):
-    from layout_prop import cli
 
     def exits(args):
         raise SystemExit(7)
 
-    cli.COMMANDS["demo"], saved = exits, cli.COMMANDS["demo"]
+    from layout_prop.commands import demo
+
+    demo.run, saved = exits, demo.run
     try:
         rc = main(["demo"])
     finally:
-        cli.COMMANDS["demo"] = saved
+        demo.run = saved
     _, err = capsys.readouterr()
     assert rc == 2 and "unexpected-exit" in one_error_line(err)
 
@@ -733,7 +735,7 @@ def test_verify_module_raising_a_base_exception_keeps_the_contract(tmp_path, cap
     try:
         rc = main(["verify", "odd_module_op", "--module", str(module)])
     finally:
-        from layout_prop import registry
+        from layout_prop.core import registry
         from layout_prop.kernels.numpy_backend import KERNELS
 
         registry._RULES.pop("odd_module_op", None)
@@ -857,12 +859,12 @@ def test_long_attr_values_and_names_are_refused_with_a_cut_value(tmp_path, capsy
 
 def test_an_error_line_is_cut_to_its_limit(monkeypatch, capsys):
     from layout_prop import cli
-    from layout_prop.errors import OpError
+    from layout_prop.core.errors import OpError
 
     def long_message(args):
         raise OpError("bad-attr", "value " + "[1, " * 50_000 + "] is wrong", node="y", hint="write it shorter")
 
-    monkeypatch.setitem(cli.COMMANDS, "demo", long_message)
+    monkeypatch.setattr("layout_prop.commands.demo.run", long_message)
     assert main(["demo"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert len(line) <= cli.MAX_ERROR_LINE
@@ -913,7 +915,7 @@ def test_absurd_flag_values_are_one_line(capsys, argv, fragment):
 
 def test_size_flags_are_exact():
     from layout_prop.cli import _memory_size
-    from layout_prop.plan_command import parse_bytes
+    from layout_prop.commands.plan import parse_bytes
 
     assert _memory_size("1.5T") == 3 * 2 ** 39 and _memory_size("0.5K") == 512 and _memory_size("1024P") == 2 ** 60
     assert _memory_size("00000000000000000000000000000000000000008G") == 8 * 2 ** 30

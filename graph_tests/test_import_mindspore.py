@@ -17,11 +17,11 @@ pytest.importorskip("mindspore")
 
 from layout_prop.api import analyze  # noqa: E402
 from layout_prop.cli import main  # noqa: E402
-from layout_prop.errors import SpecError  # noqa: E402
+from layout_prop.core.errors import SpecError  # noqa: E402
 from layout_prop.frontends.mindspore import from_cell, from_mindir  # noqa: E402
 from layout_prop.frontends.samples import LLAMA_PLAN  # noqa: E402
-from layout_prop.loader import load_spec  # noqa: E402
-from layout_prop.models import llama_spec  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+from layout_prop.frontends.generate import llama_spec  # noqa: E402
 from layout_prop.runner import execute_global, run_graph  # noqa: E402
 
 from .mindspore_llama import Model, example_inputs, graph_mode  # noqa: E402

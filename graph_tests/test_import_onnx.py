@@ -18,13 +18,13 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from layout_prop.api import analyze  # noqa: E402
 from layout_prop.cli import main  # noqa: E402
-from layout_prop.errors import LayoutPropError, OpError, SpecError  # noqa: E402
+from layout_prop.core.errors import LayoutPropError, OpError, SpecError  # noqa: E402
 from layout_prop.frontends import load_model  # noqa: E402
 from layout_prop.frontends.ir import sanitize  # noqa: E402
 from layout_prop.frontends.onnx import from_onnx  # noqa: E402
 from layout_prop.frontends.samples import LLAMA_PLAN, llama_onnx  # noqa: E402
-from layout_prop.loader import load_spec  # noqa: E402
-from layout_prop.models import llama_spec  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+from layout_prop.frontends.generate import llama_spec  # noqa: E402
 from layout_prop.runner import execute_global, run_graph  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import pytest
 import layout_prop.frontends.pointwise  # noqa: F401  (registers the ops)
 from layout_prop.api import analyze
 from layout_prop.kernels.numpy_backend import KERNELS
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 from layout_prop.runner import execute_global, run_graph
 
 CASES = [("sqrt", {}, np.sqrt), ("rsqrt", {}, lambda x: 1 / np.sqrt(x)), ("reciprocal", {}, lambda x: 1 / x),

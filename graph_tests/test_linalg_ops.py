@@ -16,15 +16,16 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from layout_prop import DeviceMesh, Layout, TensorSpec, meta
+from layout_prop import DeviceMesh, Layout, TensorSpec
+from layout_prop.core import meta
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.errors import LayoutPropError
+from layout_prop.core.errors import LayoutPropError
 from layout_prop.kernels import linalg_numpy as K
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 from layout_prop.passes.backward import Backward
 from layout_prop.passes.propagate import value_spec
-from layout_prop.registry import get_rule
+from layout_prop.core.registry import get_rule
 from layout_prop.runner import execute_global, run_graph
 
 TP = DeviceMesh((2,), ("tp",))

@@ -12,9 +12,9 @@ import yaml
 
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.explain import explain
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
+from layout_prop.commands.explain import explain
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
 from layout_prop.passes.verify import Verify
 from layout_prop.runner import run_graph
 

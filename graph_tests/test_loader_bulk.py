@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop import loader
-from layout_prop.errors import LayoutPropError
+from layout_prop.io import loader
+from layout_prop.core.errors import LayoutPropError
 
 _names = st.sampled_from(["x", "y", "a", "b.c", "d-1", "", "e f", "g:1", "h\n", "a\nb", "x" * 300, 7, None])
 _ops = st.sampled_from(["add", "mul", "relu", "no_such_op", 3])

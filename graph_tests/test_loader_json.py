@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop.errors import SpecError
-from layout_prop.loader import parse_spec
+from layout_prop.core.errors import SpecError
+from layout_prop.io.loader import parse_spec
 
 # keys and strings with colons in them, written plainly or escaped (\u003a), so that the count
 # of ':' in the text differs from the count of pairs
@@ -65,7 +65,7 @@ def test_a_key_written_twice_is_refused_anywhere_and_only_then(pairs, escape):
 @pytest.mark.parametrize("fmt", ["json", "yaml"])
 def test_the_depth_limit_is_the_same_for_json_and_yaml(fmt):
     """The top mapping is level 1: lists nested MAX_DEPTH - 1 deep under it are read, one more is not."""
-    from layout_prop.loader import MAX_DEPTH
+    from layout_prop.io.loader import MAX_DEPTH
 
     def text(lists):
         nested = "[" * lists + "]" * lists

@@ -4,7 +4,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop import loader
+from layout_prop.io import loader
 
 # scalars YAML 1.1 resolves in surprising ways, and the constructs the fast reader leaves to the loader
 _TRICKY = ["yes", "No", "on", "OFF", "~", "null", "", "0x1F", "0o17", "017", "1_000", "1:30", "-1:30:00", "1e-6",

@@ -8,18 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layout_prop import meta
+from layout_prop.core import meta
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.errors import ExecutionError
+from layout_prop.core.errors import ExecutionError
 from layout_prop.kernels import numpy_backend
-from layout_prop.layout import Layout
-from layout_prop.loader import load_spec
+from layout_prop.core.layout import Layout
+from layout_prop.io.loader import load_spec
 from layout_prop.passes.lower import Lower
-from layout_prop.placement import Partial, Replicate, Shard
-from layout_prop.registry import OpRule, RuleResult, register_op
+from layout_prop.core.placement import Partial, Replicate, Shard
+from layout_prop.core.registry import OpRule, RuleResult, register_op
 from layout_prop.runner import execute_global, run_graph
-from layout_prop.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rpe"
 
@@ -149,7 +149,7 @@ def test_mismatch_names_the_output_rank_and_index():
 
 
 def test_replicated_outputs_that_disagree_are_reported_not_averaged():
-    from layout_prop.kernels.collectives import assemble
+    from layout_prop.engines.collectives import assemble
 
     spec = TensorSpec((3,), "float64", Layout(load_spec(EXAMPLES / "dp_b.yaml").mesh, [Replicate()], 1))
     with pytest.raises(ExecutionError) as info:
@@ -194,7 +194,7 @@ def test_equal_infinities_and_nans_agree_and_a_nan_against_a_number_does_not():
 
 
 def test_execute_global_with_wanted_drops_the_rest_and_keeps_the_values():
-    from layout_prop.models import llama_spec
+    from layout_prop.frontends.generate import llama_spec
     from layout_prop.runner import random_inputs
 
     g = analyze(load_spec(llama_spec(1)), backward=True).graph

@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop import meta
+from layout_prop.core import meta
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.kernels import simulator as simulator_module
-from layout_prop.kernels.simulator import Simulator
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
+from layout_prop.engines import simulator as simulator_module
+from layout_prop.engines.simulator import Simulator
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.passes.memory import Memory
 from layout_prop.runner import random_inputs

@@ -36,12 +36,12 @@ from hypothesis import strategies as st
 mindspore = pytest.importorskip("mindspore")
 
 from layout_prop.api import analyze  # noqa: E402
-from layout_prop.errors import ExecutionError  # noqa: E402
-from layout_prop.kernels import collectives  # noqa: E402
-from layout_prop.kernels import msrun_engine  # noqa: E402
+from layout_prop.core.errors import ExecutionError  # noqa: E402
+from layout_prop.engines import collectives  # noqa: E402
+from layout_prop.engines import msrun_engine  # noqa: E402
 from layout_prop.kernels.mindspore_backend import CANN_KERNELS, KERNELS as MS_KERNELS, to_numpy  # noqa: E402
-from layout_prop.kernels.msrun_engine import MsrunEngine, check_cann_program  # noqa: E402
-from layout_prop.kernels.msrun_worker import (  # noqa: E402
+from layout_prop.engines.msrun_engine import MsrunEngine, check_cann_program  # noqa: E402
+from layout_prop.engines.msrun_worker import (  # noqa: E402
     FAIL_RANK_ENV,
     chunk,
     error_path,
@@ -52,7 +52,7 @@ from layout_prop.kernels.msrun_worker import (  # noqa: E402
 )
 from layout_prop.kernels.numpy_backend import KERNELS as NUMPY_KERNELS  # noqa: E402
 from layout_prop.kernels.rpe_cann import cann_available  # noqa: E402
-from layout_prop.loader import load_spec  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
 from layout_prop.passes.lower import Lower  # noqa: E402
 from layout_prop.runner import random_inputs, run_graph  # noqa: E402
 
@@ -442,8 +442,8 @@ def test_mindspore_kernels_match_numpy():
 
 def test_llama_block_on_4_msrun_workers_forward_and_backward():
     """The Llama block (Megatron TP + SP, RPE, causal attention) on 4 MindSpore workers, dp=1 sp=2 tp=2."""
-    from layout_prop.loader import load_spec
-    from layout_prop.models import llama_spec
+    from layout_prop.io.loader import load_spec
+    from layout_prop.frontends.generate import llama_spec
 
     spec = llama_spec(1, mesh=(("dp", 1), ("sp", 2), ("tp", 2)))
     rep = run_graph(load_spec(spec), engine="mindspore", backward=True, seed=0, timeout=400)

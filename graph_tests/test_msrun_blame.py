@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from layout_prop.kernels.msrun_engine import _Child, _RunWatch  # noqa: E402
+from layout_prop.engines.msrun_engine import _Child, _RunWatch  # noqa: E402
 
 PIDS = {1: 4101, 2: 4102, 4: 4104}  # rank -> pid of a worker that is not running
 

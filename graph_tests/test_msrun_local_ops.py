@@ -1,7 +1,7 @@
 """The msrun worker's op loop against the simulator, without msrun: local ops and strided gathers.
 
-Every rank runs :func:`layout_prop.kernels.msrun_worker.run_rank` in a thread of this
-process, with the worker's own :class:`~layout_prop.kernels.msrun_worker.Communicator`
+Every rank runs :func:`layout_prop.engines.msrun_worker.run_rank` in a thread of this
+process, with the worker's own :class:`~layout_prop.engines.msrun_worker.Communicator`
 (its native-or-emulated choices, its buffer arithmetic, its strided block order) whose
 two MindSpore primitives, the native AllReduce and AllGather, are replaced by an
 exchange between the threads (:class:`ThreadCommunicator`).  Kernels are the numpy
@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layout_prop.api import analyze
-from layout_prop.errors import ExecutionError
-from layout_prop.kernels.collectives import reduce_terms
-from layout_prop.kernels.msrun_engine import _scatter_inputs
-from layout_prop.kernels.msrun_worker import CPU_CAPS, Communicator, plan_groups, run_rank
-from layout_prop.kernels.simulator import Simulator
-from layout_prop.loader import load_spec
+from layout_prop.core.errors import ExecutionError
+from layout_prop.engines.collectives import reduce_terms
+from layout_prop.engines.msrun_engine import _scatter_inputs
+from layout_prop.engines.msrun_worker import CPU_CAPS, Communicator, plan_groups, run_rank
+from layout_prop.engines.simulator import Simulator
+from layout_prop.io.loader import load_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import random_inputs
 
@@ -111,7 +111,7 @@ def assert_worker_matches_simulator(spec: dict, seed: int = 0):
     every value of every rank must be the same bits.  Returns the program and the records.
 
     Except after an all-reduce by ``avg``: the worker's native one is ``sum / n``, the
-    simulator's ``t0 + sum(t_k - t0) / n`` (:func:`~layout_prop.kernels.collectives.reduce_terms`),
+    simulator's ``t0 + sum(t_k - t0) / n`` (:func:`~layout_prop.engines.collectives.reduce_terms`),
     equal up to rounding only; those values (and the values computed from them) are compared
     within a float tolerance.
     """

@@ -24,11 +24,11 @@ import pytest
 
 mindspore = pytest.importorskip("mindspore")
 
-from layout_prop.errors import ExecutionError  # noqa: E402
-from layout_prop.kernels.msrun_engine import format_node_map, node_map  # noqa: E402
-from layout_prop.loader import load_spec  # noqa: E402
-from layout_prop.mesh import DeviceMesh  # noqa: E402
-from layout_prop.models import llama_spec  # noqa: E402
+from layout_prop.core.errors import ExecutionError  # noqa: E402
+from layout_prop.engines.msrun_engine import format_node_map, node_map  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+from layout_prop.core.mesh import DeviceMesh  # noqa: E402
+from layout_prop.frontends.generate import llama_spec  # noqa: E402
 from layout_prop.runner import run_graph  # noqa: E402
 
 from .msrun_support import TAG_ENV, WorkerKiller, new_tag, wait_until_none_left  # noqa: E402
@@ -194,11 +194,11 @@ def test_share_results_gives_every_rank_every_piece_bit_for_bit():
 
     import numpy as np
 
-    from layout_prop.kernels.msrun_worker import share_results
-    from layout_prop.layout import Layout
+    from layout_prop.engines.msrun_worker import share_results
+    from layout_prop.core.layout import Layout
     from layout_prop.passes.lower import Program
-    from layout_prop.placement import Replicate, Shard
-    from layout_prop.spec import TensorSpec
+    from layout_prop.core.placement import Replicate, Shard
+    from layout_prop.core.spec import TensorSpec
 
     mesh = DeviceMesh((3,), ("dp",))
     specs = {"y": TensorSpec((4, 2), "float32", Layout(mesh, (Shard(0),), 2)),  # pieces of 2, 2, 0 rows

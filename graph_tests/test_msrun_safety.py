@@ -32,12 +32,17 @@ import pytest
 mindspore = pytest.importorskip("mindspore")
 
 from layout_prop.api import analyze  # noqa: E402
-from layout_prop.errors import ExecutionError  # noqa: E402
-from layout_prop.kernels import msrun_worker  # noqa: E402
-from layout_prop.kernels.msrun_engine import (LAUNCHER_FILE, RUN_PREFIX, MsrunEngine, check_runs_root,  # noqa: E402
-                                              remove_stale_runs)
-from layout_prop.kernels.msrun_worker import PAUSE_ENV, check_private_folder, read_job, write_job  # noqa: E402
-from layout_prop.loader import load_spec  # noqa: E402
+from layout_prop.core.errors import ExecutionError  # noqa: E402
+from layout_prop.engines import msrun_worker  # noqa: E402
+from layout_prop.engines.msrun_engine import (  # noqa: E402
+    LAUNCHER_FILE,
+    RUN_PREFIX,
+    MsrunEngine,
+    check_runs_root,
+    remove_stale_runs,
+)
+from layout_prop.engines.msrun_worker import PAUSE_ENV, check_private_folder, read_job, write_job  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
 from layout_prop.passes.lower import Lower  # noqa: E402
 from layout_prop.runner import random_inputs, run_graph  # noqa: E402
 
@@ -180,7 +185,7 @@ def _dead_pid() -> int:
 
 def test_a_later_run_removes_the_folders_of_launchers_killed_by_sigkill_and_nothing_else(tmp_path):
     # review of issue 14: a SIGKILL of layout-prop left its run folder behind for ever
-    from layout_prop.kernels.msrun_engine import _boot_id, _start_time
+    from layout_prop.engines.msrun_engine import _boot_id, _start_time
 
     me = {"pid": os.getpid(), "start": _start_time(os.getpid()), "boot": _boot_id()}
     stale = _run_folder(tmp_path, {**me, "pid": _dead_pid()})
@@ -282,7 +287,7 @@ def test_bad_timeouts_exit_2_with_one_line(value):
 def test_too_many_workers_are_refused_before_anything_starts(tmp_path, monkeypatch, capsys, mesh, flags, started):
     # review of issue 14: a 65,536-rank mesh would have started 65,536 msrun workers
     from layout_prop.cli import main
-    from layout_prop.kernels import msrun_engine
+    from layout_prop.engines import msrun_engine
 
     def never(*args, **kwargs):
         raise AssertionError("a process was started")
@@ -338,7 +343,7 @@ def test_planted_run_folders_and_jobs_are_not_used_and_success_leaves_nothing(tm
     (mkdtemp never takes an existing name), touches none of them, and leaves nothing."""
     import itertools
 
-    from layout_prop.kernels import msrun_engine
+    from layout_prop.engines import msrun_engine
 
     tag = new_tag()
     monkeypatch.setenv(TAG_ENV, tag)
@@ -474,7 +479,7 @@ def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
 
 def test_a_worker_dead_before_it_was_seen_is_named_from_msruns_log(tmp_path):
     """msrun's log names the pid; the one rank never seen running Python is the dead one."""
-    from layout_prop.kernels.msrun_engine import _Child, _RunWatch
+    from layout_prop.engines.msrun_engine import _Child, _RunWatch
 
     watch = _RunWatch(msrun_pid=0, run=tmp_path, ranks=[4, 5], launched=time.monotonic())
     me = Path(f"/proc/{os.getpid()}/stat").read_text()

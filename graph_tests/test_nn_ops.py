@@ -14,11 +14,11 @@ import pytest
 from layout_prop import DeviceMesh, Layout, TensorSpec
 from layout_prop.api import analyze
 from layout_prop.kernels import nn_numpy
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 from layout_prop.ops import nn
 from layout_prop.passes.backward import Backward
 from layout_prop.passes.propagate import Propagate
-from layout_prop.registry import get_rule, registered_ops
+from layout_prop.core.registry import get_rule, registered_ops
 from layout_prop.runner import execute_global, run_graph
 
 DP_TP = DeviceMesh((2, 2), ("dp", "tp"))

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from layout_prop.cli import main
-from layout_prop.opref import op_entry, op_reference, render_markdown
-from layout_prop.registry import get_rule, registered_ops
+from layout_prop.commands.ops import op_entry, op_reference, render_markdown
+from layout_prop.core.registry import get_rule, registered_ops
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "ops.md"
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from layout_prop import Layout, OpRule, RuleResult, meta, register_op
-from layout_prop.errors import GraphError, OpError, Violation
+from layout_prop import Layout, OpRule, RuleResult, register_op
+from layout_prop.core import meta
+from layout_prop.core.errors import GraphError, OpError, Violation
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.graph import Graph, Node
-from layout_prop.loader import load_spec
+from layout_prop.core.graph import Graph, Node
+from layout_prop.io.loader import load_spec
 from layout_prop.passes.check import Check
 from layout_prop.passes.complete import Complete
 from layout_prop.passes.lower import Lower
@@ -232,7 +233,7 @@ outputs: [z]
 @pytest.mark.parametrize("reshard, backward", [(False, False), (True, False), (True, True)])
 def test_report_json_is_the_report_dumped_byte_for_byte(reshard, backward):
     # check --json writes report_json(), which encodes each distinct spec and plan once: the same text
-    from layout_prop.models import llama_spec
+    from layout_prop.frontends.generate import llama_spec
 
     sources = [GRAPHS[name] for name in sorted(GRAPHS)] + [UNEVEN_NON_ASCII, llama_spec(2, seq=9)]
     for source in sources:
@@ -268,7 +269,7 @@ def _propagated(graph):
 @pytest.mark.parametrize("source", sorted(GRAPHS) + ["llama"])
 def test_reshard_incremental_propagation_equals_a_full_one(source):
     """Reshard re-propagates only what its new nodes can change; a fresh full pass must agree."""
-    from layout_prop.models import llama_spec
+    from layout_prop.frontends.generate import llama_spec
 
     spec = llama_spec(3) if source == "llama" else GRAPHS[source]
     g = load_spec(spec)
@@ -410,7 +411,7 @@ def test_equal_specs_from_separate_propagations_are_one_object_and_not_kept_aliv
     import gc
     import weakref
 
-    from layout_prop.models import llama_spec
+    from layout_prop.frontends.generate import llama_spec
 
     a, b = load_spec(llama_spec(1)), load_spec(llama_spec(1))
     Propagate().run(a)
@@ -422,7 +423,7 @@ def test_equal_specs_from_separate_propagations_are_one_object_and_not_kept_aliv
             assert x is y, node.name
     spec = a.node("x").meta[meta.SPECS][0]
     probe = weakref.ref(spec)
-    from layout_prop.redistribute import clear_caches as clear_planner
+    from layout_prop.core.redistribute import clear_caches as clear_planner
 
     del a, b, node, x, y, spec
     clear_planner()  # the planner's remembered plans hold specs too; the uniquing table is left as it is

@@ -10,14 +10,15 @@ import yaml
 
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.errors import LayoutPropError
-from layout_prop.layout import Layout
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
-from layout_prop.passes.plan import Problem, _price, links_of, realise, solve
-from layout_prop.plan_command import measure, parse_bytes, plan_spec
-from layout_prop.placement import Replicate
-from layout_prop.redistribute import plan_redistribution
+from layout_prop.core.errors import LayoutPropError
+from layout_prop.core.layout import Layout
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
+from layout_prop.core.links import links_of
+from layout_prop.planner.solver import Problem, _price, realise, solve
+from layout_prop.commands.plan import measure, parse_bytes, plan_spec
+from layout_prop.core.placement import Replicate
+from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.runner import run_graph
 
 FOUR_OPS = """

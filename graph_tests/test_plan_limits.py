@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layout_prop.cli import _memory_size, main
-from layout_prop.errors import SpecError
-from layout_prop.loader import load_spec
-from layout_prop.plan_command import parse_bytes, plan_spec
-from layout_prop.sizes import GRAMMAR, MAX_BYTES, UNITS, parse_size
+from layout_prop.core.errors import SpecError
+from layout_prop.io.loader import load_spec
+from layout_prop.commands.plan import parse_bytes, plan_spec
+from layout_prop.io.sizes import GRAMMAR, MAX_BYTES, UNITS, parse_size
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -192,7 +192,7 @@ def test_a_plan_reported_holds_at_most_the_limit_as_measured(tmp_path, limit):
 
 
 def test_a_solver_stopped_before_any_bound_still_prints_strict_json(tmp_path, capsys, monkeypatch):
-    from layout_prop.passes.plan import Problem
+    from layout_prop.planner.solver import Problem
 
     solve = Problem.solve
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from layout_prop import DeviceMesh, Layout, LayoutError, TensorSpec
-from layout_prop.placement import Partial, Shard, StridedShard
-from layout_prop.redistribute import Plan, enumerate_plans, plan_redistribution, redistribution_cost
+from layout_prop.core.placement import Partial, Shard, StridedShard
+from layout_prop.core.redistribute import Redistribution, enumerate_plans, plan_redistribution, redistribution_cost
 
 
 def spec(shape, placements, mesh, dtype="float32") -> TensorSpec:
@@ -27,7 +27,7 @@ def lay(mesh, placements, ndim) -> Layout:
     return Layout(mesh, placements, ndim)
 
 
-def summary(plan: Plan) -> list[tuple]:
+def summary(plan: Redistribution) -> list[tuple]:
     """(kind, mesh axis name, bytes) per step."""
     return [(s.kind, s.mesh_axis_name, s.bytes_per_rank) for s in plan.steps]
 
@@ -245,7 +245,7 @@ class TestLocalPartial:
     @pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
     @pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
     def test_terms_reduce_to_the_value_exactly(self, op, dtype):
-        from layout_prop.kernels.collectives import apply_plan, assemble, scatter_global
+        from layout_prop.engines.collectives import apply_plan, assemble, scatter_global
 
         rng = np.random.default_rng(3)
         value = (rng.standard_normal((5, 3)) * 4).astype(dtype)
@@ -261,7 +261,7 @@ class TestLocalPartial:
             np.testing.assert_array_equal(assemble(out, plan.dst), value)  # exact: no rounding anywhere
 
     def test_sum_terms_are_the_value_once_and_zeros(self):
-        from layout_prop.kernels.collectives import apply_plan
+        from layout_prop.engines.collectives import apply_plan
 
         src = spec((2,), ["R"], MESH4)
         out = apply_plan(plan_redistribution(src, lay(MESH4, ["P(sum)"], 1)), [np.array([1.5, -2.0])] * 4)

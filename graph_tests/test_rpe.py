@@ -15,13 +15,13 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from layout_prop import meta
+from layout_prop.core import meta
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.errors import ExecutionError, LayoutPropError
-from layout_prop.kernels.collectives import assemble
-from layout_prop.kernels.simulator import Simulator
-from layout_prop.loader import load_spec
+from layout_prop.core.errors import ExecutionError, LayoutPropError
+from layout_prop.engines.collectives import assemble
+from layout_prop.engines.simulator import Simulator
+from layout_prop.io.loader import load_spec
 from layout_prop.passes.lower import Lower
 from layout_prop.passes.verify import Verify
 from layout_prop.runner import execute_global, random_inputs, run_graph

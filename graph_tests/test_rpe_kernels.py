@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop.errors import ExecutionError, OpError
+from layout_prop.core.errors import ExecutionError, OpError
 from layout_prop.kernels import rpe_cann, rpe_mindspore, rpe_numpy
 from layout_prop.kernels.rpe_cann import cann_available, check_cann_constraints
 from layout_prop.kernels.rpe_mindspore import rpe_forward_ms

@@ -14,12 +14,11 @@ import tracemalloc
 
 import pytest
 
-from layout_prop import cli
 from layout_prop.api import analyze
 from layout_prop.cli import _memory_size, main
-from layout_prop.errors import ExecutionError
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec, parse_mesh_arg
+from layout_prop.core.errors import ExecutionError
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec, parse_mesh_arg
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import available_memory, check_run_memory, estimate_run_memory, run_graph
 
@@ -80,7 +79,7 @@ nodes:
     assert "matches one device" in capsys.readouterr().out
 
 
-# KB is a power of 1000, KiB and K alone of 1024 (layout_prop.sizes, one grammar with plan --memory-per-rank)
+# KB is a power of 1000, KiB and K alone of 1024 (layout_prop.io.sizes, one grammar with plan --memory-per-rank)
 @pytest.mark.parametrize("text,size", [("4096", 4096), ("512M", 512 * 2 ** 20), ("8g", 8 * 2 ** 30),
                                        ("1.5T", int(1.5 * 2 ** 40)), ("2GiB", 2 * 2 ** 30), ("64KB", 64_000)])
 def test_memory_sizes(text, size):
@@ -120,7 +119,7 @@ def test_a_memory_error_that_slips_through_is_one_line(monkeypatch, capsys):
     def exhausted(args):
         raise MemoryError()
 
-    monkeypatch.setitem(cli.COMMANDS, "demo", exhausted)
+    monkeypatch.setattr("layout_prop.commands.demo.run", exhausted)
     assert main(["demo"]) == 2
     assert "out-of-memory" in one_error_line(capsys.readouterr().err)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from layout_prop.api import analyze
 from layout_prop.cli import main
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 from layout_prop.runner import random_inputs
 
 #: sqrt of normal draws is NaN where they are negative; x / (x - x) is inf everywhere

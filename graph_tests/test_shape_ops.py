@@ -16,19 +16,20 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from layout_prop import LayoutError, meta
+from layout_prop import LayoutError
+from layout_prop.core import meta
 from layout_prop.api import analyze
-from layout_prop.graph import Graph
+from layout_prop.core.graph import Graph
 from layout_prop.kernels.numpy_backend import KERNELS
-from layout_prop.layout import Layout
-from layout_prop.loader import load_spec
-from layout_prop.mesh import DeviceMesh
+from layout_prop.core.layout import Layout
+from layout_prop.io.loader import load_spec
+from layout_prop.core.mesh import DeviceMesh
 from layout_prop.ops.shape import SPLIT_VARIANTS, reshape_groups, resolve_shape, shard_blocks
 from layout_prop.passes.backward import Backward
 from layout_prop.passes.lower import Lower
-from layout_prop.registry import get_rule, registered_ops
+from layout_prop.core.registry import get_rule, registered_ops
 from layout_prop.runner import execute_global, run_graph
-from layout_prop.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec
 
 DP_TP = DeviceMesh((2, 2), ("dp", "tp"))
 TP = DeviceMesh((2,), ("tp",))
@@ -731,7 +732,7 @@ def test_aliases_take_their_frameworks_attr_names(alias, attrs, canonical, norma
 
 
 def test_both_spellings_of_an_attr_are_refused():
-    from layout_prop.errors import OpError
+    from layout_prop.core.errors import OpError
 
     with pytest.raises(OpError) as info:
         get_rule("concat").normalize_attrs({"axis": 0, "dim": 1})

@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 from layout_prop import DeviceMesh, ExecutionError, Layout, TensorSpec
 from layout_prop.api import analyze
-from layout_prop.kernels import simulator
-from layout_prop.kernels.collectives import apply_step, may_overlap_itself, reduce_terms
-from layout_prop.kernels.simulator import Simulator
-from layout_prop.loader import load_spec
-from layout_prop.models import llama_spec
+from layout_prop.engines import simulator
+from layout_prop.engines.collectives import apply_step, may_overlap_itself, reduce_terms
+from layout_prop.engines.simulator import Simulator
+from layout_prop.io.loader import load_spec
+from layout_prop.frontends.generate import llama_spec
 from layout_prop.passes.lower import LocalOp, Lower, Program
-from layout_prop.redistribute import plan_redistribution
+from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.runner import random_inputs, run_graph
 
 try:  # numpy's exact (exponential-time) self-overlap test, a private helper of its own test suite

@@ -19,8 +19,8 @@ import pytest
 
 from layout_prop import __version__
 from layout_prop.cli import main
-from layout_prop.errors import LayoutPropError, SpecError
-from layout_prop.loader import load_spec
+from layout_prop.core.errors import LayoutPropError, SpecError
+from layout_prop.io.loader import load_spec
 
 from .cli_support import console_command
 

@@ -12,7 +12,7 @@ from hypothesis import given
 
 from layout_prop import Layout, OpRule, RuleResult, Shard, TensorSpec, register_kernel, register_op
 from layout_prop.cli import main
-from layout_prop.loader import load_spec
+from layout_prop.io.loader import load_spec
 from layout_prop.runner import run_graph
 from layout_prop.testing import OpSample, verify_op
 from layout_prop.testing.strategies import meshes, tensor_specs

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from layout_prop.cli import main
-from layout_prop.progress import Progress
+from layout_prop.io.progress import Progress
 from layout_prop.testing import combination_specs, verify_op
 
 
@@ -147,9 +147,9 @@ def test_json_output_is_one_line_on_a_pipe_and_strict():
 
 
 def test_non_finite_numbers_are_written_as_null(capsys):
-    from layout_prop.cli import _print_json
+    from layout_prop.commands.printing import print_json
 
-    _print_json({"a": float("nan"), "b": [1.5, float("-inf")], "c": {"d": float("inf")}})
+    print_json({"a": float("nan"), "b": [1.5, float("-inf")], "c": {"d": float("inf")}})
     assert _strict(capsys.readouterr().out) == {"a": None, "b": [1.5, None], "c": {"d": None}}
 
 

@@ -26,16 +26,16 @@ import pytest
 
 from layout_prop import DeviceMesh, Layout, TensorSpec
 from layout_prop.api import analyze
-from layout_prop.errors import SpecError
-from layout_prop.graph import Graph
-from layout_prop.loader import load_spec
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+from layout_prop.io.loader import load_spec
 from layout_prop.cli import _add_viz_parser as add_viz_parser
+from layout_prop.commands.viz import run as cmd_viz
 from layout_prop.viz import (
     FORMATS,
     Visualise,
     VizError,
     axis_colours,
-    cmd_viz,
     draw_grid,
     scene_svg,
     tensor_grid,

@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from layout_prop.errors import ExecutionError
+from layout_prop.core.errors import ExecutionError
 
 from .rpe_mindspore import import_mindspore, rpe_forward_tensor
 from .rpe_numpy import check_rpe_shapes
@@ -244,7 +244,7 @@ def _split(x, count: int, axis: int = 0, sizes=None):
 
 
 def _chunk(x, count: int, axis: int = 0):
-    from layout_prop.spec import chunk_bounds
+    from layout_prop.core.spec import chunk_bounds
 
     x = to_tensor(x)
     return _pieces(x, axis, chunk_bounds(x.shape[axis], count))

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from layout_prop.errors import ExecutionError
+from layout_prop.core.errors import ExecutionError
 
 from . import linalg_numpy, nn_numpy, shape_numpy
 from .rpe_numpy import reduce_to_shape, rpe_backward, rpe_forward
@@ -65,7 +65,7 @@ for _family in (linalg_numpy, shape_numpy, nn_numpy):
 
 def register_kernel(op: str, fn: Callable, table: dict[str, Callable] = KERNELS) -> Callable:
     """Register the numpy kernel of ``op`` (its canonical name); returns ``fn`` so it works as a decorator."""
-    from layout_prop.registry import get_rule
+    from layout_prop.core.registry import get_rule
 
     name = get_rule(op).name
     if name in table and table[name] is not fn:

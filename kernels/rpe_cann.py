@@ -33,7 +33,7 @@ Examples
 >>> check_cann_constraints((2, 8, 128, 63), (1, 1, 128, 63), mode=0)
 Traceback (most recent call last):
     ...
-layout_prop.errors.ExecutionError: kernel-constraint: CANN RotaryPositionEmbedding needs D even and D < 896 on Atlas A2/A3; got D=63 (x shape (2, 8, 128, 63)) (hint: use the composed numpy / mindspore kernel for this shard)
+layout_prop.core.errors.ExecutionError: kernel-constraint: CANN RotaryPositionEmbedding needs D even and D < 896 on Atlas A2/A3; got D=63 (x shape (2, 8, 128, 63)) (hint: use the composed numpy / mindspore kernel for this shard)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from layout_prop.errors import ExecutionError, OpError
+from layout_prop.core.errors import ExecutionError, OpError
 
 from .rpe_numpy import MODE_NAMES, ModeLike, normalize_mode
 from .rpe_mindspore import import_mindspore
@@ -300,7 +300,7 @@ def check_cann_constraints(
     >>> check_cann_constraints((32, 33, 128, 64), (1, 1, 128, 64), 0, backward=True, need_dcos=True)
     Traceback (most recent call last):
         ...
-    layout_prop.errors.ExecutionError: kernel-constraint: CANN RotaryPositionEmbedding gradient with dcos/dsin needs B*N <= 1024; got B*N=32*33=1056 (x BNSD shape (32, 33, 128, 64)) (hint: shard B or N over more devices, mark cos/sin requires_grad=false, or use the composed numpy / mindspore kernel for this shard)
+    layout_prop.core.errors.ExecutionError: kernel-constraint: CANN RotaryPositionEmbedding gradient with dcos/dsin needs B*N <= 1024; got B*N=32*33=1056 (x BNSD shape (32, 33, 128, 64)) (hint: shard B or N over more devices, mark cos/sin requires_grad=false, or use the composed numpy / mindspore kernel for this shard)
     """
     mode = normalize_mode(mode)
     x_shape, cos_shape = tuple(int(size) for size in x_shape), tuple(int(size) for size in cos_shape)

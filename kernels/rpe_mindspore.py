@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from layout_prop.errors import ExecutionError, OpError
+from layout_prop.core.errors import ExecutionError, OpError
 
 from .rpe_numpy import ModeLike, check_rpe_shapes
 

@@ -50,7 +50,7 @@ from typing import Union
 
 import numpy as np
 
-from layout_prop.errors import OpError
+from layout_prop.core.errors import OpError
 
 __all__ = [
     "MODE_NAMES",
@@ -105,7 +105,7 @@ def normalize_mode(mode: ModeLike) -> int:
     >>> normalize_mode(7)
     Traceback (most recent call last):
         ...
-    layout_prop.errors.OpError: invalid-mode: rotary mode must be one of 0 (half), 1 (interleave), 2 (quarter), 3 (interleave-half); got 7 (hint: use mode=0 for rotate_half (GPT-NeoX), mode=1 for rotate_interleaved (GPT-J))
+    layout_prop.core.errors.OpError: invalid-mode: rotary mode must be one of 0 (half), 1 (interleave), 2 (quarter), 3 (interleave-half); got 7 (hint: use mode=0 for rotate_half (GPT-NeoX), mode=1 for rotate_interleaved (GPT-J))
     """
     if isinstance(mode, str):
         by_name = {name: number for number, name in MODE_NAMES.items()}
@@ -143,7 +143,7 @@ def check_rpe_shapes(
     >>> check_rpe_shapes((2, 4, 16, 64), (16, 32), (16, 32), 0)
     Traceback (most recent call last):
         ...
-    layout_prop.errors.OpError: broadcast-shape: cos shape (16, 32) has last dim 32 but x shape (2, 4, 16, 64) has D=64 (hint: build cos and sin with the same head dim D as x)
+    layout_prop.core.errors.OpError: broadcast-shape: cos shape (16, 32) has last dim 32 but x shape (2, 4, 16, 64) has D=64 (hint: build cos and sin with the same head dim D as x)
     """
     mode = normalize_mode(mode)
     x_shape, cos_shape, sin_shape = tuple(x_shape), tuple(cos_shape), tuple(sin_shape)

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from layout_prop.spec import chunk_bounds
+from layout_prop.core.spec import chunk_bounds
 
 __all__ = ["KERNELS", "reshape", "transpose", "split", "chunk", "slice_axis", "pad_slice", "concat",
            "unsqueeze", "squeeze"]

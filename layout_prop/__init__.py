@@ -17,7 +17,7 @@ __all__ = [
     "LayoutError", "GraphError", "OpError", "ExecutionError", "Violation", "analyze",
 ]
 
-from .errors import (  # noqa: F401
+from .core.errors import (  # noqa: F401
     ExecutionError,
     GraphError,
     LayoutError,
@@ -26,11 +26,11 @@ from .errors import (  # noqa: F401
     SpecError,
     Violation,
 )
-from .layout import Layout  # noqa: F401
-from .mesh import DeviceMesh  # noqa: F401
-from .placement import Partial, Placement, Replicate, Shard, parse_placement  # noqa: F401
-from .spec import TensorSpec, chunk_bounds  # noqa: F401
-from .registry import OpRule, RuleResult, register_op  # noqa: F401
+from .core.layout import Layout  # noqa: F401
+from .core.mesh import DeviceMesh  # noqa: F401
+from .core.placement import Partial, Placement, Replicate, Shard, parse_placement  # noqa: F401
+from .core.spec import TensorSpec, chunk_bounds  # noqa: F401
+from .core.registry import OpRule, RuleResult, register_op  # noqa: F401
 
 
 def analyze(graph, **options):

@@ -3,7 +3,7 @@
 Examples
 --------
 >>> from layout_prop.api import analyze
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> g = load_spec('''
 ... mesh: {shape: [2, 2], names: [dp, sp]}
 ... inputs:
@@ -23,16 +23,14 @@ Examples
 
 from __future__ import annotations
 
-import gc
 import json
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from json.encoder import encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii)
 from typing import Any
 
-from . import meta
-from .graph import Graph
+from .core import meta
+from .core.graph import Graph, paused_gc
 
 __all__ = ["Analysis", "analyze", "clear_caches", "format_table"]
 
@@ -95,7 +93,7 @@ class Analysis:
         allow_nan=False)`` (ValueError on a NaN, as there), written faster on a large graph: each
         distinct spec and plan is encoded once, not once per tensor or move.
 
-        >>> from layout_prop.loader import load_spec
+        >>> from layout_prop.io.loader import load_spec
         >>> a = analyze(load_spec("mesh: {shape: [2]}\\ninputs: {x: {shape: [4]}}\\nnodes: []"))
         >>> a.report_json() == json.dumps(a.report(), separators=(",", ":"), allow_nan=False)
         True
@@ -136,27 +134,10 @@ def clear_caches() -> None:
     >>> clear_caches()
     """
     from layout_prop.passes.propagate import clear_caches as clear_propagate
-    from layout_prop.redistribute import clear_caches as clear_redistribute
+    from layout_prop.core.redistribute import clear_caches as clear_redistribute
 
     clear_redistribute()
     clear_propagate()
-
-
-@contextmanager
-def paused_gc():
-    """Pause Python's cyclic garbage collector while passes build many small objects.
-
-    The passes create no reference cycles worth collecting mid-run, and a collector that
-    rescans every live node at each generation-2 collection made analysis superlinear
-    in the graph size (measured by ``benchmarks/propagate.py``).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, backend: str = "numpy",
@@ -242,8 +223,8 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
 def _global_choice(graph: Graph, backward: bool):
     """The solver's plan of a small graph (None for a larger one, or when it cannot plan it:
     the greedy passes then decide alone)."""
-    from layout_prop.errors import LayoutPropError
-    from layout_prop.passes.plan import GlobalChoice, global_applies
+    from layout_prop.core.errors import LayoutPropError
+    from layout_prop.planner.solver import GlobalChoice, global_applies
 
     if not global_applies(graph):
         return None
@@ -255,8 +236,8 @@ def _global_choice(graph: Graph, backward: bool):
 
 def _planned(forward: Graph, strategies, propagate, backward: bool) -> Graph | None:
     """``forward`` with the moves of ``strategies`` (then its backward, resharded greedily)."""
-    from layout_prop.errors import LayoutPropError
-    from layout_prop.passes.plan import realise
+    from layout_prop.core.errors import LayoutPropError
+    from layout_prop.planner.solver import realise
     from layout_prop.passes.reshard import Reshard
 
     try:

@@ -5,7 +5,7 @@ numerical mismatch in run, a wrong op in verify; viz and explain exit 0 once the
 is written); 2 unusable input (a bad spec, an unknown op, a bad flag) with one line on
 stderr and never a traceback; 141 (as a Unix tool killed by SIGPIPE) and no message when
 the reader of stdout goes away.
-Everything printed goes through :func:`layout_prop.errors.printable`: control characters
+Everything printed goes through :func:`layout_prop.core.errors.printable`: control characters
 from a spec are escaped, never written raw to the terminal.
 """
 
@@ -15,16 +15,14 @@ import argparse
 import errno
 import gc
 import io
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from . import __version__
-from .errors import CUT_LENGTH, LayoutPropError, SpecError, cut, describe, printable
-from .frontends.cli import add_import_parser, add_model_args, cmd_import, load_graph
-from .output import OutputFailed
+from .core.errors import CUT_LENGTH, LayoutPropError, cut, describe, printable
+from .io.output import OutputFailed
 
 __all__ = ["main"]
 
@@ -108,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="count the optimizer's states in memory per rank (adam: 2 per parameter; default none, as "
                         "sgd)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
-    add_model_args(c)
+    _add_model_args(c)
 
     r = sub.add_parser("run", help="lower, execute every rank, and compare with one device")
     r.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
@@ -136,13 +134,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
                    help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
-    from .sizes import GRAMMAR as SIZE_GRAMMAR  # --max-memory's grammar, the same as plan --memory-per-rank's
+    from .io.sizes import GRAMMAR as SIZE_GRAMMAR  # --max-memory's grammar, the same as plan --memory-per-rank's
 
     r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
                    help="refuse a run whose estimated memory exceeds SIZE (like 4096, 512M, 8GB, 1.5TiB; default: "
                         f"the memory available now); {SIZE_GRAMMAR}")
     r.add_argument("--json", action="store_true", help="print one JSON object")
-    add_model_args(r)
+    _add_model_args(r)
 
     sub.add_parser("demo", help="analyse and simulate a built-in example (no files needed; writes "
                    "./layout-prop-demo.html)")
@@ -156,12 +154,12 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--reshard", action="store_true", help="explain the resharded graph")
     ex.add_argument("--backward", action="store_true", help="include the gradient graph")
     ex.add_argument("--json", action="store_true", help="print the derivation as JSON")
-    from .explain import DEFAULT_DEPTH, MAX_DEPTH
+    from .commands.explain import DEFAULT_DEPTH, MAX_DEPTH
 
     ex.add_argument("--depth", type=_positive_int, default=DEFAULT_DEPTH, metavar="N",
                     help=f"producers to walk back, at most {MAX_DEPTH} (default {DEFAULT_DEPTH}); a value further "
                          "up is marked, to be explained on its own")
-    add_model_args(ex)
+    _add_model_args(ex)
 
     ve = sub.add_parser("verify", help="check an op's transfer function on every placement combination",
                         epilog=RUNS_CODE)
@@ -179,12 +177,11 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
 
-    add_model_args(_add_viz_parser(sub))
-    add_import_parser(sub)
+    _add_model_args(_add_viz_parser(sub))
+    _add_import_parser(sub)
 
-    from .plan_command import add_plan_parser
 
-    add_plan_parser(sub)
+    _add_plan_parser(sub)
 
     ge = sub.add_parser("gen", help="write the spec of a generated model")
     ge.add_argument("model", choices=["llama"], help="the model family")
@@ -212,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--backward", action="store_true", help="lower the joint forward and backward graph")
     lo.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     lo.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
-    add_model_args(lo)
+    _add_model_args(lo)
     return p
 
 
@@ -237,6 +234,47 @@ def _add_viz_parser(subparsers) -> argparse.ArgumentParser:
                      help="with --tensor: the dims drawn as rows and columns (default: the sharded ones); write a "
                           "list that starts with a negative dim as --dims=-1,0")
     return viz
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--plan`` and ``--opaque``, for a command whose SPEC may also be a model file."""
+    parser.add_argument("--plan", metavar="PLAN", help="with a model (.onnx or .mindir) instead of a spec: its "
+                        "sharding plan (YAML or JSON)")
+    parser.add_argument("--opaque", action="store_true",
+                        help="with a model: treat ops the importer cannot map as barriers instead of refusing")
+    return parser
+
+
+def _add_import_parser(sub) -> argparse.ArgumentParser:
+    im = sub.add_parser("import", help="import an ONNX or MindIR model with a sharding plan; write an ordinary spec")
+    im.add_argument("model", metavar="MODEL", help="an .onnx or .mindir file")
+    im.add_argument("--plan", metavar="PLAN", required=True, help="the sharding plan (YAML or JSON)")
+    im.add_argument("-o", "--output", type=Path, help="write the spec to this file (.yaml or .json); default stdout")
+    im.add_argument("--opaque", action="store_true",
+                    help="treat ops the importer cannot map as barriers instead of refusing the model")
+    im.add_argument("--no-fuse", action="store_true",
+                    help="do not fuse decomposed patterns (RMSNorm, RoPE, SiLU, attention) into registry ops")
+    return im
+
+
+def _add_plan_parser(sub) -> None:
+    """Register ``layout-prop plan`` on the CLI's subparsers."""
+    from .io.sizes import GRAMMAR as SIZE_GRAMMAR
+
+    p = sub.add_parser("plan", help="choose every auto layout with the least communication per training step")
+    p.add_argument("spec", metavar="SPEC_OR_MODEL", type=Path,
+                   help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
+    p.add_argument("--memory-per-rank", metavar="SIZE", help="the memory limit per rank, like 16GiB, 512M or 2GB "
+                   f"(default none); {SIZE_GRAMMAR}")
+    p.add_argument("--objective", choices=["bytes", "time"], default="bytes",
+                   help="minimise bytes per rank per step (default) or modelled time with the mesh's links")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
+                   help="count the optimizer's states in memory (adam: 2 per parameter; default none, as sgd)")
+    p.add_argument("--forward-only", action="store_true", help="plan for inference: the forward's moves only")
+    p.add_argument("--baseline", metavar="SPEC", type=Path, help="compare with this spec's layouts (default: SPEC's own)")
+    p.add_argument("-o", "--output", type=Path, help="write the planned spec here (.yaml or .json)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_model_args(p)  # a model with its sharding plan (parameters: auto for the ones to choose)
 
 
 def _non_negative_int(text: str) -> int:
@@ -265,13 +303,13 @@ def _bounded_int(text: str, low: int, high: int, what: str) -> int:
 
 def _count_arg(text: str) -> int:
     """--nodes, --local-workers, --emulate-nodes: at least 1, at most a mesh's ranks."""
-    from .mesh import MAX_RANKS
+    from .core.mesh import MAX_RANKS
 
     return _bounded_int(text, 1, MAX_RANKS, "a count")
 
 
 def _node_rank_arg(text: str) -> int:
-    from .mesh import MAX_RANKS
+    from .core.mesh import MAX_RANKS
 
     return _bounded_int(text, 0, MAX_RANKS - 1, "a node rank")
 
@@ -317,9 +355,9 @@ def _tolerance(text: str) -> float:
 
 def _memory_size(text: str) -> int:
     """``run --max-memory``: ``4096``, ``512M``, ``8G``, ``1.5TiB``, ``3MB`` -> bytes, in the one
-    size grammar of :mod:`layout_prop.sizes` (the same as ``plan --memory-per-rank``); refused
+    size grammar of :mod:`layout_prop.io.sizes` (the same as ``plan --memory-per-rank``); refused
     with ``bad-usage``, the grammar as the hint."""
-    from .sizes import parse_size
+    from .io.sizes import parse_size
 
     return parse_size(text, code="bad-usage", label="argument --max-memory: size")
 
@@ -346,263 +384,10 @@ def _samples_arg(text: str) -> int | str:
     return n
 
 
-def _print_json(obj) -> None:
-    """Strict JSON on stdout: indented on a terminal, else on one line (Python's fast C encoder).
-
-    A float that is not finite (which strict JSON cannot hold) is written as ``null``.
-    """
-    indent = 1 if sys.stdout.isatty() else None
-    separators = None if indent else (",", ":")
-    try:
-        text = json.dumps(obj, indent=indent, separators=separators, allow_nan=False)
-    except ValueError:  # a NaN or an infinity somewhere in the report
-        text = json.dumps(_finite_json(obj), indent=indent, separators=separators, allow_nan=False)
-    print(text)
-
-
-def _finite_json(obj):
-    import math
-
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_json(v) for v in obj]
-    return obj
-
-
-def _import_module_file(path: Path) -> None:
-    """Import a user's Python file (it registers ops and kernels as it is imported)."""
-    import importlib.util
-
-    from .errors import OpError
-
-    if not path.is_file():
-        raise OpError("module-not-found", f"no Python file at {str(path)!r}", hint="give the path of a .py file")
-    spec = importlib.util.spec_from_file_location(f"layout_prop_user_{path.stem}", path)
-    if spec is None or spec.loader is None:  # (Python imports files whose name ends in .py)
-        raise OpError("module-failed", f"cannot import {cut(str(path))}: not a Python file name",
-                      hint="give the path of a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    except LayoutPropError:
-        raise
-    except BaseException as exc:  # SystemExit(7) or KeyboardInterrupt from the user's file too: exit 2, one line
-        raise OpError("module-failed", f"importing {cut(str(path))} failed: {describe(exc)}",
-                      hint="run the file with python to see the full error") from None
-
-
-#: above this many combinations, verify says how to sample or parallelise before it starts
-VERIFY_ADVICE_THRESHOLD = 5_000
-
-
-def _cmd_verify(args) -> int:
-    from .progress import Progress
-    from .testing import combination_specs, verify_op
-
-    if args.module:
-        _import_module_file(args.module)
-    meshes = args.mesh or [(2,), (2, 2)]
-    total = len(combination_specs(args.op, meshes=meshes, placements=args.samples, seed=args.seed))
-    if total > VERIFY_ADVICE_THRESHOLD and not args.json:
-        print(f"layout-prop: verify {args.op}: {total:,} combinations to try; --samples N checks a seeded sample "
-              f"of N per sample shape and mesh, --jobs N uses N processes", file=sys.stderr)
-    with Progress(total, f"verify {args.op}", enabled=False if args.json else None) as bar:
-        report = verify_op(args.op, meshes=meshes, placements=args.samples, backward=args.backward, seed=args.seed,
-                           jobs=args.jobs, progress=lambda done, _total: bar.update(done))
-    data = report.to_dict()
-    if args.json:
-        _print_json(data)
-    else:
-        print(f"op {report.op}: {report.combinations} combinations on meshes "
-              + ", ".join("x".join(map(str, m)) for m in meshes))
-        checked = "" if report.mismatches else " and numerically right"
-        print(f"  accepted{checked}: {report.accepted}")
-        by_code = ", ".join(f"{code} {n}" for code, n in sorted(report.fixed.items()))
-        print(f"  rejected, then fixed by --reshard{checked}: {report.resharded}" + (f" ({by_code})" if by_code else ""))
-        by_code = ", ".join(f"{code} {n}" for code, n in sorted(report.refused_codes.items()))
-        print(f"  rejected, no redistribution fixes them: {report.refused}" + (f" ({by_code})" if by_code else ""))
-        if report.unusable:
-            print(f"  layouts that cannot exist (skipped): {report.unusable}")
-        for code in data["undocumented"]:
-            print(f"  UNDOCUMENTED violation code: {code}")
-        for spec in data["unfixed"]:
-            print(f"  FIXABLE BUT NOT FIXED by --reshard: {json.dumps(spec)}")
-        for m in report.mismatches:
-            print(f"  MISMATCH {m.message}")
-            print(f"    minimal failing spec: {json.dumps(m.spec)}")
-        print("all combinations are right or rejected with a documented code" if report.ok else "FAILED")
-    return 0 if report.ok else 1
-
-
-def _cmd_explain(args) -> int:
-    from .api import analyze
-    from .explain import explain, format_explanation
-
-    analysis = analyze(load_graph(args), reshard=args.reshard, backward=args.backward)
-    tree = explain(analysis.graph, args.value, args.depth)
-    _print_json(tree) if args.json else print(format_explanation(tree))
-    return 0
-
-
-def _cmd_check(args) -> int:
-    from .api import analyze, format_table
-
-    graph = load_graph(args)
-    analysis = analyze(graph, reshard=args.reshard, backward=args.backward, backend=args.backend)
-    analysis.optimizer = args.optimizer
-    if args.json:
-        try:  # on one line: the same text, each distinct spec and plan encoded once
-            text = None if sys.stdout.isatty() else analysis.report_json()
-        except ValueError:  # a NaN or an infinity somewhere: _print_json writes null there
-            text = None
-        if text is not None:
-            print(text)
-        else:
-            _print_json(analysis.report())
-    else:
-        print(format_table(analysis))
-    return 0 if analysis.ok else 1
-
-
-def _cmd_run(args) -> int:
-    from .runner import format_nonfinite, run_graph
-
-    graph = load_graph(args)
-    backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
-    nodes = {"nodes": args.nodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
-             "master_port": args.master_port, "local_workers": args.local_workers, "emulate_nodes": args.emulate_nodes}
-    if args.engine != "mindspore" and (args.nodes != 1 or args.emulate_nodes or args.master_addr or args.node_rank
-                                       or args.master_port is not None or args.local_workers is not None
-                                       or args.timeout is not None or args.keep_logs):
-        raise SpecError("bad-usage", "--timeout, --keep-logs, --nodes, --emulate-nodes, --master-addr, --master-port, "
-                        "--node-rank and --local-workers need --engine mindspore (the simulator runs in this "
-                        "process)", hint="add --engine mindspore, or drop them")
-    timeout = 300.0 if args.timeout is None else args.timeout
-    options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
-    from .progress import Progress
-
-    with Progress(0, "msrun", enabled=False if args.json else None) as bar:  # drawn only on a terminal
-        if args.engine == "mindspore":
-            options["progress"] = bar.show
-        rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
-                        reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
-    if rep.extra.get("node_rank"):  # not node 0: node 0 prints the report; the status is the same everywhere
-        summary = {"ok": rep.ok, "node_rank": rep.extra["node_rank"], "nodes": len(rep.extra["nodes"])}
-        print(json.dumps(summary) if args.json else f"node {summary['node_rank']} of {summary['nodes']}: "
-              f"{'matches' if rep.ok else 'does NOT match'} one device (the report is printed on node 0)")
-        return 0 if rep.ok else 1
-    if args.json:
-        _print_json(rep.to_dict())
-    else:
-        if not rep.executed:
-            for v in rep.violations:
-                print(f"violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")
-            if args.no_reshard:
-                why = "and --no-reshard (without it, run inserts the redistributions that fix what they can)"
-            else:
-                why = "that no redistribution fixes"
-            print(f"nothing was executed: {len(rep.violations)} violation(s) {why}")
-            return 1
-        print(f"engine {rep.engine}, {rep.ranks} ranks")
-        for line in rep.extra.get("node_map", []):
-            print(f"  {line}")
-        for title, table in (("output", rep.outputs), ("grad", rep.grads)):
-            for name, err in table.items():
-                print(f"  {title} {name}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")
-        for c in rep.collectives:
-            print(f"  collective {c['kind']} on {c['mesh_axis']} for {c['node']}: {c['bytes_per_rank']} bytes/rank")
-        for c in rep.extra.get("emulated_collectives", []):
-            print(f"  emulated on this device: {c}")
-        if rep.extra.get("run_dir"):
-            print(f"  worker logs: {rep.extra['run_dir']}")
-        for v in rep.violations:
-            print(f"  violation [{v['code']}] {v['node']}.{v['operand']}: {v['message']} (fix: {v['hint']})")
-        for m in rep.mismatches:
-            print(f"  MISMATCH {m}")
-        result = "matches one device" if rep.ok else "does NOT match one device"
-        if rep.nonfinite:  # compare counts NaN == NaN and equal infinities as agreement: say where it did
-            result += ", counting NaN and inf as equal where both have them:"
-        print(result)
-        for item in rep.nonfinite:
-            print(f"  {format_nonfinite(item)}")
-    return 0 if rep.ok else 1
-
-
-def _cmd_lower(args) -> int:
-    from .api import analyze
-
-    from .passes.lower import Lower
-
-    graph = load_graph(args)
-    analysis = analyze(graph, reshard=not args.no_reshard, backward=args.backward)
-    if not analysis.ok:
-        for v in analysis.check.violations:
-            print(f"violation [{v.code}] {v.node}.{v.operand}: {v.message} (fix: {v.hint})", file=sys.stderr)
-        return 1
-    program = Lower().run(analysis.graph).program
-    print(program.to_json(args.rank) if args.json else program.format(args.rank))
-    return 0
-
-
-def _cmd_gen(args) -> int:
-    from .loader import format_spec, load_spec
-    from .models import llama_spec, parse_mesh_arg
-
-    spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
-                      heads=args.heads, ffn=args.ffn, dtype=args.dtype)
-    load_spec(spec)  # never write a spec that check would refuse
-    text = format_spec(spec, args.output)
-    if args.output is None:
-        print(text, end="")
-    else:
-        from .output import write_output
-
-        write_output(args.output, text)  # atomic: a full disk leaves no truncated spec
-        print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
-    return 0
-
-
-def _cmd_ops(args) -> int:
-    from .opref import format_entry, format_reference, op_entry, op_reference, render_markdown
-
-    if args.markdown and (args.json or args.name is not None):
-        raise SpecError("bad-usage", "--markdown writes the whole reference as Markdown: it takes no NAME and "
-                        "no --json", hint="drop NAME and --json, or drop --markdown")
-    if args.markdown:
-        print(render_markdown(), end="")
-    elif args.name is not None:
-        entry = op_entry(args.name)
-        _print_json(entry) if args.json else print(format_entry(entry))
-    else:
-        entries = op_reference()
-        _print_json(entries) if args.json else print(format_reference(entries))
-    return 0
-
-
-def _cmd_demo(args) -> int:
-    from .demo import run_demo
-
-    return 0 if run_demo() else 1
-
-
-def _cmd_viz(args) -> int:
-    from .viz.files import cmd_viz
-
-    args.graph = load_graph(args)
-    return cmd_viz(args)
-
-
-def _cmd_plan(args) -> int:
-    from .plan_command import cmd_plan
-
-    return cmd_plan(args)
-
-
-COMMANDS = {"plan": _cmd_plan, "import": cmd_import, "ops": _cmd_ops, "viz": _cmd_viz, "gen": _cmd_gen, "demo": _cmd_demo, "explain": _cmd_explain, "verify": _cmd_verify, "check": _cmd_check, "run": _cmd_run, "lower": _cmd_lower}
+#: each command's module in :mod:`layout_prop.commands` (imported only when the command runs);
+#: each has ``run(args) -> exit code``
+COMMANDS = {"check": "check", "run": "run", "demo": "demo", "explain": "explain", "verify": "verify", "viz": "viz",
+            "import": "import_model", "plan": "plan", "gen": "gen", "ops": "ops", "lower": "lower"}
 
 
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)
@@ -617,7 +402,7 @@ GC_THRESHOLD = (50_000, 20, 20)
 UNCOLLECTED_COMMANDS = frozenset({"check", "explain", "lower", "viz", "gen", "import", "ops"})
 
 
-#: writing stdout or stderr (or a pipe given with -o) failed: see :class:`layout_prop.output.OutputFailed`
+#: writing stdout or stderr (or a pipe given with -o) failed: see :class:`layout_prop.io.output.OutputFailed`
 _OutputFailed = OutputFailed
 
 
@@ -757,7 +542,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
 
 
 def _run(args) -> int:
-    return _guarded(args.command, lambda: COMMANDS[args.command](args))
+    return _guarded(args.command, lambda: _command(args.command).run(args))
+
+
+def _command(name: str):
+    """The module of command ``name`` in :mod:`layout_prop.commands`."""
+    import importlib
+
+    return importlib.import_module(f"layout_prop.commands.{COMMANDS[name]}")
 
 
 def _guarded(what: str, work):

@@ -7,7 +7,7 @@ themselves are checked against finite differences and MindSpore in their own tes
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> g = load_spec('''
 ... mesh: {shape: [2, 2], names: [dp, tp]}
 ... inputs:
@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import meta
-from .errors import ExecutionError, LayoutPropError
-from .graph import Graph, last_uses
+from .core import meta
+from .core.errors import ExecutionError, LayoutPropError
+from .core.graph import Graph, last_uses
 
 __all__ = ["RunReport", "run_graph", "MemoryEstimate", "estimate_run_memory", "check_run_memory",
            "available_memory", "execute_global", "random_inputs", "TOLERANCES", "compare", "count_nonfinite",
@@ -104,7 +104,7 @@ def _input_scale(graph: Graph, value: str) -> float:
     redistributions."""
     from layout_prop.passes.propagate import value_spec
 
-    from .registry import get_rule
+    from .core.registry import get_rule
 
     scales = []
     for node, index in graph.consumers(value):
@@ -405,12 +405,12 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
     from layout_prop.api import analyze
-    from layout_prop.kernels.collectives import assemble
+    from layout_prop.engines.collectives import assemble
     from layout_prop.passes.lower import Lower
 
     engine_obj = None
     if engine == "mindspore":  # its options and its worker count, before any work (a mesh of 65,536 ranks
-        from layout_prop.kernels.msrun_engine import MsrunEngine  # would start as many processes)
+        from layout_prop.engines.msrun_engine import MsrunEngine  # would start as many processes)
 
         engine_obj = MsrunEngine(backend=backend, **engine_options)
         engine_obj.check_workers(graph.mesh.size)
@@ -432,7 +432,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         reference = execute_global(g, inputs, wanted=list(g.outputs))
     rng = np.random.default_rng(seed + 1)
     if engine == "sim":
-        from layout_prop.kernels.simulator import Simulator
+        from layout_prop.engines.simulator import Simulator
 
         if backend != "numpy":
             raise ExecutionError("backend-unavailable", f"the simulator runs the numpy kernels, not {backend!r}",

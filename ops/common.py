@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from layout_prop.errors import LayoutPropError, Violation
-from layout_prop.layout import Layout
-from layout_prop.placement import Replicate
-from layout_prop.spec import TensorSpec
+from layout_prop.core.errors import LayoutPropError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Replicate
+from layout_prop.core.spec import TensorSpec
 
 __all__ = [
     "axes_label",
@@ -38,7 +38,7 @@ class Move(NamedTuple):
 
 def plan_summary(spec: TensorSpec, want: Layout) -> Move:
     """The :class:`Move` from ``spec`` to ``want`` (its cheapest plan)."""
-    from layout_prop.redistribute import plan_redistribution
+    from layout_prop.core.redistribute import plan_redistribution
 
     try:
         plan = plan_redistribution(spec, want)

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from layout_prop.errors import LayoutError, Violation
-from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard, StridedShard
-from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.spec import TensorSpec
+from layout_prop.core.errors import LayoutError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
+from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.core.spec import TensorSpec
 
 from .common import free_or_violation
 
@@ -85,7 +85,7 @@ class ElementwiseRule(OpRule):
     violation_codes = ("broadcast-shape", "partial-input", "sharding-mismatch", "invalid-dtype")
 
     def sample_inputs(self):
-        from layout_prop.testing import OpSample
+        from layout_prop.core.registry import OpSample
 
         if len(self.operands) == 1:
             return [OpSample([(5, 3)]), OpSample([(2, 3, 4)])]

@@ -106,11 +106,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from layout_prop.errors import LayoutPropError, OpError, Violation
-from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Placement, Replicate, Shard, StridedShard
-from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.spec import TensorSpec
+from layout_prop.core.errors import LayoutPropError, OpError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Partial, Placement, Replicate, Shard, StridedShard
+from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.core.spec import TensorSpec
 
 from .common import plan_summary
 from .elementwise import sum_to_shape

@@ -122,11 +122,11 @@ from typing import Sequence
 
 import numpy as np
 
-from layout_prop.errors import Violation
-from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard, shard_dim
-from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.spec import DTYPES, TensorSpec
+from layout_prop.core.errors import Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
+from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.core.spec import DTYPES, TensorSpec
 
 from .common import plan_summary
 from .elementwise import ElementwiseRule, sum_to_shape

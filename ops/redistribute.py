@@ -14,10 +14,10 @@ Examples
 
 from __future__ import annotations
 
-from layout_prop.errors import LayoutPropError, Violation
-from layout_prop.layout import Layout
-from layout_prop.registry import OpRule, RuleResult, register_op
-from layout_prop.spec import TensorSpec
+from layout_prop.core.errors import LayoutPropError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.registry import OpRule, RuleResult, register_op
+from layout_prop.core.spec import TensorSpec
 
 __all__ = ["Redistribute"]
 
@@ -32,7 +32,7 @@ class Redistribute(OpRule):
     strided = True  # the planner moves strided shards (gather, local slice)
 
     def infer_layout(self, inputs, attrs):
-        from layout_prop.redistribute import plan_redistribution
+        from layout_prop.core.redistribute import plan_redistribution
 
         (x,) = inputs
         try:

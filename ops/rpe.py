@@ -25,11 +25,11 @@ Examples
 
 from __future__ import annotations
 
-from layout_prop.errors import Violation
-from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard
-from layout_prop.registry import OpRule, RuleResult, register_op
-from layout_prop.spec import FLOAT_DTYPES, TensorSpec
+from layout_prop.core.errors import Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Partial, Replicate, Shard
+from layout_prop.core.registry import OpRule, RuleResult, register_op
+from layout_prop.core.spec import FLOAT_DTYPES, TensorSpec
 
 from .common import axes_label, free_or_violation, without_partial
 
@@ -204,7 +204,7 @@ class RotaryPositionEmbedding(OpRule):
     violation_codes = VIOLATION_CODES
 
     def sample_inputs(self):
-        from layout_prop.testing import OpSample
+        from layout_prop.core.registry import OpSample
 
         return [
             OpSample([(3, 2, 5, 8), (1, 1, 5, 8), (1, 1, 5, 8)], {"mode": 0}),
@@ -231,7 +231,7 @@ class RotaryPositionEmbedding(OpRule):
 
 
 def _check_cann(local_shapes, inputs, attrs, backward: bool, need_dcos: bool) -> list[Violation]:
-    from layout_prop.errors import LayoutPropError
+    from layout_prop.core.errors import LayoutPropError
     from layout_prop.kernels.rpe_cann import check_cann_constraints
 
     x_shape, cos_shape = local_shapes[-3], local_shapes[-2]

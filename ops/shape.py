@@ -130,11 +130,11 @@ from typing import Sequence
 
 import numpy as np
 
-from layout_prop.errors import LayoutError, OpError, Violation
-from layout_prop.layout import Layout
-from layout_prop.placement import Partial, Replicate, Shard, StridedShard, shard_dim
-from layout_prop.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.spec import TensorSpec, chunk_bounds
+from layout_prop.core.errors import LayoutError, OpError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard, shard_dim
+from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.core.spec import TensorSpec, chunk_bounds
 
 from .common import free_or_violation
 
@@ -166,7 +166,7 @@ def _is_int(value) -> bool:
 
 def _sample(shapes, **attrs):
     """An ``OpSample`` for the testing kit (imported late: the kit imports the registry)."""
-    from layout_prop.testing import OpSample
+    from layout_prop.core.registry import OpSample
 
     return OpSample(shapes, attrs)
 

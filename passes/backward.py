@@ -10,7 +10,7 @@ rules as the forward.  Inputs with ``requires_grad: false`` get no gradient.
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> from layout_prop import meta
 >>> g = load_spec('''
 ... mesh: {shape: [2], names: [dp]}
@@ -32,10 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from layout_prop import meta
-from layout_prop.graph import Graph, Node
-from layout_prop.registry import get_rule
-from layout_prop.spec import TensorSpec
+from layout_prop.core import meta
+from layout_prop.core.graph import Graph, Node
+from layout_prop.core.registry import get_rule
+from layout_prop.core.spec import TensorSpec
 
 from .propagate import Propagate, value_spec
 

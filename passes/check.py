@@ -9,7 +9,7 @@ kernel's ``wants`` ask for.
 Examples
 --------
 >>> from layout_prop import DeviceMesh
->>> from layout_prop.graph import Graph
+>>> from layout_prop.core.graph import Graph
 >>> from layout_prop.passes.propagate import Propagate
 >>> g = Graph(DeviceMesh((2,), ("dp",)))
 >>> a = g.input("a", shape=(4,), placements=["P(sum)"])
@@ -28,24 +28,24 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii  # how json.dumps writes a string (ensure_ascii)
 from typing import Any
 
-from layout_prop import meta
-from layout_prop.errors import LayoutPropError, Violation
-from layout_prop.graph import Graph
-from layout_prop.layout import Layout
-from layout_prop.redistribute import Plan, plan_redistribution
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError, Violation
+from layout_prop.core.graph import Graph
+from layout_prop.core.layout import Layout
+from layout_prop.core.redistribute import Redistribution, plan_redistribution
 
 from .propagate import value_spec
 
-__all__ = ["Check", "CheckResult", "Redistribution"]
+__all__ = ["Check", "CheckResult", "InputRedistribution"]
 
 
 @dataclass(frozen=True)
-class Redistribution:
+class InputRedistribution:
     """One move of a value: for the consumer ``node``'s input ``input``."""
 
     node: str
     input: str
-    plan: Plan
+    plan: Redistribution
     explicit: bool  # a redistribute node (True) or a kernel's implicit free slice (False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,7 +67,7 @@ class Redistribution:
 @dataclass
 class CheckResult:
     violations: list[Violation] = field(default_factory=list)
-    redistributions: list[Redistribution] = field(default_factory=list)
+    redistributions: list[InputRedistribution] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -97,7 +97,7 @@ class Check:
                 if src is not None and dst is not None:
                     consumer, value = node.meta.get("for", (node.name, node.inputs[0]))
                     result.redistributions.append(
-                        Redistribution(consumer, value, plan_redistribution(src, dst.layout), True))
+                        InputRedistribution(consumer, value, plan_redistribution(src, dst.layout), True))
                 continue
             wants = node.meta.get(meta.WANTS)
             if not wants or not any(wants):
@@ -107,7 +107,7 @@ class Check:
                     continue
                 plan = _plan_or_none(value_spec(graph, value), want)
                 if plan is not None:
-                    result.redistributions.append(Redistribution(node.name, value, plan, False))
+                    result.redistributions.append(InputRedistribution(node.name, value, plan, False))
         return result
 
 
@@ -124,7 +124,7 @@ def _with_fix(graph: Graph, node, v: Violation) -> Violation:
     return Violation(v.code, v.message, hint, v.operand, v.node, v.op, v.input, v.fixable, v.details)
 
 
-def _plan_or_none(src, want: Layout) -> Plan | None:
+def _plan_or_none(src, want: Layout) -> Redistribution | None:
     try:
         return plan_redistribution(src, want)
     except LayoutPropError:

@@ -8,14 +8,14 @@ then the smallest local pieces of the inputs (memory), then the fewest moves win
 alternative with its cost are reported as notes.  Inputs are completed in input order.
 
 This is greedy (one input at a time, each scored by the graph's wants as they stand).  On
-graphs of 2 to :data:`~layout_prop.passes.plan.GLOBAL_NODES` ops,
+graphs of 2 to :data:`~layout_prop.planner.solver.GLOBAL_NODES` ops,
 :func:`layout_prop.api.analyze` also solves every ``auto`` input together with the solver of
-:mod:`layout_prop.passes.plan`, takes its layouts when they cost strictly fewer bytes, and
+:mod:`layout_prop.planner.solver`, takes its layouts when they cost strictly fewer bytes, and
 notes every alternative the solver weighed with the whole graph's bytes given it.
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> g = load_spec('''
 ... mesh: {shape: [2], names: [sp]}
 ... inputs:
@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from layout_prop import meta
-from layout_prop.errors import LayoutPropError
-from layout_prop.graph import Graph
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError
+from layout_prop.core.graph import Graph
 
 from .propagate import Propagate, value_spec
 
@@ -91,7 +91,7 @@ class Complete:
 
     @staticmethod
     def _cost(graph: Graph) -> tuple[int, int, int, int]:
-        from layout_prop.redistribute import plan_redistribution
+        from layout_prop.core.redistribute import plan_redistribution
 
         violations = moves = total = 0
         for node in graph.topo_order():

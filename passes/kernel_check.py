@@ -3,13 +3,13 @@
 An analysis pass.  Some kernels accept only some shapes (the CANN RotaryPositionEmbedding
 kernel: D, B and N limits, cos layouts per mode, no backward for modes 2 and 3).  Whether
 a sharded graph fits them depends on the local shapes each rank sees, so this pass asks
-each op's rule (:meth:`~layout_prop.registry.OpRule.check_kernel`) for each distinct set of
+each op's rule (:meth:`~layout_prop.core.registry.OpRule.check_kernel`) for each distinct set of
 local input shapes, and reports what breaks as violations (``kernel-constraint``,
 ``no-backward-kernel``) naming the node, the rank and the shapes.
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> from layout_prop.api import analyze
 >>> g = analyze(load_spec('''
 ... mesh: {shape: [2], names: [dp]}
@@ -28,11 +28,11 @@ Examples
 
 from __future__ import annotations
 
-from layout_prop import meta
-from layout_prop.errors import Violation
-from layout_prop.graph import Graph
-from layout_prop.registry import get_rule
-from layout_prop.spec import TensorSpec
+from layout_prop.core import meta
+from layout_prop.core.errors import Violation
+from layout_prop.core.graph import Graph
+from layout_prop.core.registry import get_rule
+from layout_prop.core.spec import TensorSpec
 
 from .propagate import value_spec
 

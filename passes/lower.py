@@ -17,7 +17,7 @@ The result is deterministic: the same spec gives byte-identical JSON.
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> from layout_prop.api import analyze
 >>> g = analyze(load_spec('''
 ... mesh: {shape: [2], names: [sp]}
@@ -45,13 +45,13 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from layout_prop import meta
-from layout_prop.errors import ExecutionError
-from layout_prop.graph import Graph
-from layout_prop.mesh import DeviceMesh
-from layout_prop.redistribute import Step, plan_redistribution
-from layout_prop.registry import OpRule, get_rule
-from layout_prop.spec import TensorSpec
+from layout_prop.core import meta
+from layout_prop.core.errors import ExecutionError
+from layout_prop.core.graph import Graph
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.redistribute import Step, plan_redistribution
+from layout_prop.core.registry import OpRule, get_rule
+from layout_prop.core.spec import TensorSpec
 
 from .propagate import value_spec
 

@@ -22,7 +22,7 @@ estimate does not see (it is an upper bound there).
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> from layout_prop.api import analyze
 >>> g = analyze(load_spec('''
 ... mesh: {shape: [2], names: [dp]}
@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from layout_prop import meta
-from layout_prop.errors import LayoutPropError, SpecError
-from layout_prop.graph import Graph
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError, SpecError
+from layout_prop.core.graph import Graph
 
 __all__ = ["Memory", "MemoryReport", "RankMemory", "OPTIMIZERS", "optimizer_states_per_parameter"]
 

@@ -1,13 +1,13 @@
 """propagate: run every node's transfer function in topological order.
 
 An analysis pass: it only writes metadata (``specs``, ``violations``, ``wants``,
-``attrs``; see :mod:`layout_prop.meta`).  Rule results are cached on (op, attrs, input
+``attrs``; see :mod:`layout_prop.core.meta`).  Rule results are cached on (op, attrs, input
 specs), so the repeated layers of a deep model cost a dictionary lookup each.
 
 Examples
 --------
 >>> from layout_prop import DeviceMesh
->>> from layout_prop.graph import Graph
+>>> from layout_prop.core.graph import Graph
 >>> g = Graph(DeviceMesh((2,), ("dp",)))
 >>> x = g.input("x", shape=(4, 8), placements=["S(0)"])
 >>> g.output(g.op("y", "add", [x, x]))
@@ -22,12 +22,12 @@ import weakref
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from layout_prop import meta
-from layout_prop.errors import LayoutPropError, OpError, Violation
-from layout_prop.graph import Graph, Node, attrs_key
-from layout_prop.layout import Layout
-from layout_prop.registry import apply_rule, get_rule
-from layout_prop.spec import TensorSpec
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError, OpError, Violation
+from layout_prop.core.graph import Graph, Node, attrs_key
+from layout_prop.core.layout import Layout
+from layout_prop.core.registry import apply_rule, get_rule
+from layout_prop.core.spec import TensorSpec
 
 __all__ = ["Propagate", "PropagateResult", "clear_caches", "input_spec", "value_spec"]
 

@@ -9,16 +9,16 @@ several consumers is moved once.  Violations that no redistribution can fix (a b
 mode, shapes that do not broadcast) remain.
 
 This sweep is greedy: each node's moves are chosen when it is reached.  On graphs of 2 to
-:data:`~layout_prop.passes.plan.GLOBAL_NODES` ops, :func:`layout_prop.api.analyze` (so
+:data:`~layout_prop.planner.solver.GLOBAL_NODES` ops, :func:`layout_prop.api.analyze` (so
 ``check --reshard``, ``run``, ``lower``, ``viz``) also asks the solver of
-:mod:`layout_prop.passes.plan` where to redistribute over the whole graph, and keeps its
+:mod:`layout_prop.planner.solver` where to redistribute over the whole graph, and keeps its
 plan when it moves strictly fewer bytes than this sweep; larger graphs keep the sweep (its
 speed is what ``benchmarks/propagate.py`` measures).
 
 Examples
 --------
 >>> from layout_prop import DeviceMesh
->>> from layout_prop.graph import Graph
+>>> from layout_prop.core.graph import Graph
 >>> g = Graph(DeviceMesh((2,), ("dp",)))
 >>> a = g.input("a", shape=(4,), placements=["P(sum)"])
 >>> b = g.input("b", shape=(4,), placements=["S(0)"])
@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from layout_prop import meta
-from layout_prop.errors import LayoutPropError
-from layout_prop.graph import Graph, Node
-from layout_prop.redistribute import plan_redistribution
-from layout_prop.registry import get_rule
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError
+from layout_prop.core.graph import Graph, Node
+from layout_prop.core.redistribute import plan_redistribution
+from layout_prop.core.registry import get_rule
 
 from .propagate import Propagate
 

@@ -9,7 +9,7 @@ every remaining want is a free local slice.
 
 Examples
 --------
->>> from layout_prop.loader import load_spec
+>>> from layout_prop.io.loader import load_spec
 >>> from layout_prop.passes.propagate import Propagate
 >>> g = load_spec('''
 ... mesh: {shape: [2], names: [dp]}
@@ -21,15 +21,15 @@ Examples
 >>> Verify(resolved=True).run(g)
 Traceback (most recent call last):
 ...
-layout_prop.errors.GraphError: unresolved-violation at node 'c': partial-input ... (hint: run the reshard pass)
+layout_prop.core.errors.GraphError: unresolved-violation at node 'c': partial-input ... (hint: run the reshard pass)
 """
 
 from __future__ import annotations
 
-from layout_prop import meta
-from layout_prop.errors import GraphError, LayoutPropError
-from layout_prop.graph import Graph
-from layout_prop.redistribute import plan_redistribution
+from layout_prop.core import meta
+from layout_prop.core.errors import GraphError, LayoutPropError
+from layout_prop.core.graph import Graph
+from layout_prop.core.redistribute import plan_redistribution
 
 from .propagate import Propagate, value_spec
 

@@ -1,7 +1,7 @@
 """Bring your own model: importers of ONNX and MindSpore MindIR models with a sharding plan.
 
 :func:`load_model` is the one entry point the command line (and the planner) use:
-``load_model("model.onnx", "plan.yaml")`` returns the same :class:`~layout_prop.graph.Graph`
+``load_model("model.onnx", "plan.yaml")`` returns the same :class:`~layout_prop.core.graph.Graph`
 a spec gives.  :func:`import_spec` returns the ordinary spec dict instead (what
 ``layout-prop import -o SPEC`` writes).  The frontends themselves are
 :func:`layout_prop.frontends.onnx.from_onnx` and
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecError
-from ..graph import Graph
-from ..plan import Plan, load_plan
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+from layout_prop.io.plan_file import ShardingPlan, load_plan
 from .ir import ModelGraph, apply_plan, compare_declared, to_spec
 
 __all__ = ["load_model", "import_spec", "build_spec", "build_graph", "is_model_path", "read_model_bytes",
@@ -31,10 +31,10 @@ MAX_MODEL_BYTES = 2 ** 31
 
 def read_model_bytes(path: str | Path, hint: str) -> bytes:
     """The bytes of a model file, as the spec loader reads a spec (a regular file or a pipe,
-    never a device; see :func:`layout_prop.loader.read_file_bytes`), at most
+    never a device; see :func:`layout_prop.io.loader.read_file_bytes`), at most
     :data:`MAX_MODEL_BYTES` (``model-too-large`` past it, ``model-not-found`` for what
     cannot be read)."""
-    from ..loader import read_file_bytes
+    from layout_prop.io.loader import read_file_bytes
 
     return read_file_bytes(path, MAX_MODEL_BYTES, what="model", missing="model-not-found",
                            too_large="model-too-large", hint=hint)
@@ -45,9 +45,9 @@ def is_model_path(path: str | Path) -> bool:
     return str(path).lower().endswith(MODEL_SUFFIXES)
 
 
-def build_spec(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
+def build_spec(model: ModelGraph, plan: ShardingPlan, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
     """Canonicalise a read model, lower it, and apply the plan: ``(spec dict, notes)``."""
-    from ..passes.canonicalize import Canonicalize
+    from .canonicalize import Canonicalize
     from . import pointwise as _pointwise  # noqa: F401  (registers sqrt, sigmoid... and the opaque op)
 
     if fuse:
@@ -57,9 +57,9 @@ def build_spec(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: boo
     return spec, list(model.notes) + compare_declared(model, spec)
 
 
-def build_graph(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bool = True) -> Graph:
+def build_graph(model: ModelGraph, plan: ShardingPlan, *, opaque: bool = False, fuse: bool = True) -> Graph:
     """:func:`build_spec`, loaded into a Graph (its notes in ``graph.meta["import_notes"]``)."""
-    from ..loader import load_spec
+    from layout_prop.io.loader import load_spec
 
     spec, notes = build_spec(model, plan, opaque=opaque, fuse=fuse)
     graph = load_spec(spec)
@@ -69,14 +69,14 @@ def build_graph(model: ModelGraph, plan: Plan, *, opaque: bool = False, fuse: bo
 
 def import_spec(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool = True) -> tuple[dict, list[str]]:
     """Read ``path`` (``.onnx`` or ``.mindir``) with ``plan`` into a spec dict and notes."""
-    from ..api import paused_gc
+    from ..core.graph import paused_gc
 
-    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    plan = plan if isinstance(plan, ShardingPlan) else load_plan(plan)
     with paused_gc():  # many small objects, no cycles worth collecting mid-import (as analyze does)
         return build_spec(read_model(path, plan), plan, opaque=opaque, fuse=fuse)
 
 
-def read_model(path: str | Path, plan: Plan) -> ModelGraph:
+def read_model(path: str | Path, plan: ShardingPlan) -> ModelGraph:
     """Read a model file by its suffix."""
     suffix = Path(str(path)).suffix.lower()
     if suffix == ".onnx":
@@ -92,16 +92,16 @@ def read_model(path: str | Path, plan: Plan) -> ModelGraph:
 
 
 def load_model(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool = True) -> Graph:
-    """Import a model file with a sharding plan (a path, YAML/JSON text, dict or Plan).
+    """Import a model file with a sharding plan (a path, YAML/JSON text, dict or ShardingPlan).
 
     Examples
     --------
     ``load_model("block.onnx", "plan.yaml")`` gives the Graph that ``layout-prop check
     block.onnx --plan plan.yaml`` analyses.
     """
-    from ..loader import load_spec
+    from layout_prop.io.loader import load_spec
 
-    from ..api import paused_gc
+    from ..core.graph import paused_gc
 
     spec, notes = import_spec(path, plan, opaque=opaque, fuse=fuse)
     with paused_gc():

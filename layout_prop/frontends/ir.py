@@ -21,8 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 import numpy as np
 
-from ..errors import OpError, SpecError
-from ..plan import ParamUse, Plan, resolve_parameters
+from layout_prop.core.errors import OpError, SpecError
+from layout_prop.io.plan_file import ParamUse, ShardingPlan, resolve_parameters
 
 __all__ = ["Value", "MNode", "ModelGraph", "to_spec", "parameter_uses", "apply_plan", "sanitize", "scalar_value",
            "compare_declared"]
@@ -151,7 +151,7 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
         ``unknown-op`` listing every op type the registry does not know, with its count
         and first node (unless ``opaque``).
     """
-    from ..registry import get_rule
+    from layout_prop.core.registry import get_rule
 
     model.prune()
     spec_name: dict[str, str] = {}
@@ -353,7 +353,7 @@ def parameter_uses(spec: dict, weights: list[str]) -> dict[str, list[ParamUse]]:
     return out
 
 
-def apply_plan(spec: dict, weights: list[str], plan: Plan) -> dict:
+def apply_plan(spec: dict, weights: list[str], plan: ShardingPlan) -> dict:
     """Set the plan's mesh, input layouts and parameter layouts on a lowered spec (a new dict)."""
     spec = {"mesh": dict(plan.mesh_data), "inputs": {k: dict(v) for k, v in spec["inputs"].items()},
             "nodes": spec["nodes"], "outputs": spec["outputs"]}

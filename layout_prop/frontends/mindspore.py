@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SpecError
-from ..graph import Graph
-from ..plan import Plan, load_plan
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+from layout_prop.io.plan_file import ShardingPlan, load_plan
 from . import read_model_bytes
 from .ir import MNode, ModelGraph, Value
 
@@ -534,7 +534,7 @@ class _Reader:
         input_layout, sparse_mode)``; output 3 is the attention.  Mapped when q, k, v are BNSD or
         BSND, nothing is dropped, and the mask is none or top-left causal (sparse mode 2, mode 3
         with equal sequences, or mode 0 with a constant causal mask)."""
-        from ..passes.canonicalize import is_causal_mask
+        from .canonicalize import is_causal_mask
 
         q, k, v = (self.tensor(x) for x in ins[:3])
         extra = [self.py.get(x, "tensor") for x in ins[3:10]]  # real_shift ... actual_seq_kvlen
@@ -587,15 +587,15 @@ def read_mindir(path: str | Path) -> ModelGraph:
     return _Reader(model, source).read()
 
 
-def from_mindir(path: str | Path, plan: Plan | str | Path | dict, *, opaque: bool = False, fuse: bool = True) -> Graph:
-    """Import a ``.mindir`` file with a sharding plan (see :mod:`layout_prop.plan`)."""
+def from_mindir(path: str | Path, plan: ShardingPlan | str | Path | dict, *, opaque: bool = False, fuse: bool = True) -> Graph:
+    """Import a ``.mindir`` file with a sharding plan (see :mod:`layout_prop.io.plan_file`)."""
     from . import build_graph
 
-    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    plan = plan if isinstance(plan, ShardingPlan) else load_plan(plan)
     return build_graph(read_mindir(path), plan, opaque=opaque, fuse=fuse)
 
 
-def from_cell(cell, *example_inputs, plan: Plan | str | Path | dict, opaque: bool = False,
+def from_cell(cell, *example_inputs, plan: ShardingPlan | str | Path | dict, opaque: bool = False,
               fuse: bool = True) -> Graph:
     """Export ``cell`` with ``example_inputs`` to MINDIR in a temporary folder and import it.
 
@@ -604,7 +604,7 @@ def from_cell(cell, *example_inputs, plan: Plan | str | Path | dict, opaque: boo
     cell : mindspore.nn.Cell
     *example_inputs : mindspore.Tensor
         Inputs of static shape (their names in the plan are the ``construct`` arguments').
-    plan : Plan, or a path, YAML/JSON text or dict of one
+    plan : ShardingPlan, or a path, YAML/JSON text or dict of one
     """
     import mindspore
 

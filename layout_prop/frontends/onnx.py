@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import SpecError, cut as cut_text
-from ..graph import Graph
-from ..plan import Plan, load_plan
+from layout_prop.core.errors import SpecError, cut as cut_text
+from layout_prop.core.graph import Graph
+from layout_prop.io.plan_file import ShardingPlan, load_plan
 from . import read_model_bytes
 from .ir import MNode, ModelGraph, Value
 
@@ -192,7 +192,7 @@ def _read_small_external_data(model, source: str) -> None:
         _read_external(tensor, base, what, source)
 
 
-def _fix_input_shapes(model, plan: Plan | None, source: str) -> None:
+def _fix_input_shapes(model, plan: ShardingPlan | None, source: str) -> None:
     """Replace dynamic input dims by the plan's example shapes; refuse those without one."""
     initializers = {t.name for t in model.graph.initializer}
     for inp in model.graph.input:
@@ -863,7 +863,7 @@ def _check_ranges(model, source: str) -> None:
             raise _too_large(name, "Range", shape, source)
 
 
-def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
+def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGraph:
     """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet)."""
     onnx = _onnx()
     model, source = _load(path_or_model)
@@ -880,14 +880,14 @@ def read_onnx(path_or_model: Any, plan: Plan | None = None) -> ModelGraph:
     return _Reader(inferred, source).read()
 
 
-def from_onnx(path_or_model: Any, plan: Plan | str | Path | dict, *, opaque: bool = False,
+def from_onnx(path_or_model: Any, plan: ShardingPlan | str | Path | dict, *, opaque: bool = False,
               fuse: bool = True) -> Graph:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) with a sharding plan.
 
     Parameters
     ----------
     path_or_model : str, Path or onnx.ModelProto
-    plan : Plan, or a path, YAML/JSON text or dict of one (see :mod:`layout_prop.plan`)
+    plan : ShardingPlan, or a path, YAML/JSON text or dict of one (see :mod:`layout_prop.io.plan_file`)
     opaque : bool
         Treat ops the importer cannot map as barriers instead of refusing the model.
     fuse : bool
@@ -900,5 +900,5 @@ def from_onnx(path_or_model: Any, plan: Plan | str | Path | dict, *, opaque: boo
     """
     from . import build_graph
 
-    plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    plan = plan if isinstance(plan, ShardingPlan) else load_plan(plan)
     return build_graph(read_onnx(path_or_model, plan), plan, opaque=opaque, fuse=fuse)

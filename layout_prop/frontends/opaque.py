@@ -17,11 +17,11 @@ Examples
 
 from __future__ import annotations
 
-from ..errors import Violation
-from ..layout import Layout
-from ..placement import Replicate
-from ..registry import OpRule, RuleResult, get_rule, register_op, registered_ops
-from ..spec import TensorSpec
+from layout_prop.core.errors import Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Replicate
+from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op, registered_ops
+from layout_prop.core.spec import TensorSpec
 
 __all__ = ["Opaque"]
 

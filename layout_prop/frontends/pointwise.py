@@ -17,7 +17,7 @@ same name, which then wins.
 Examples
 --------
 >>> from layout_prop import DeviceMesh, Layout, TensorSpec
->>> from layout_prop.registry import get_rule
+>>> from layout_prop.core.registry import get_rule
 >>> x = TensorSpec((4, 8), "float32", Layout(DeviceMesh((2,), ("tp",)), ["S(1)"], 2))
 >>> str(get_rule("rsqrt").infer_layout((x,), {}).outputs[0])
 'float32[4, 8] (S(1))'
@@ -34,7 +34,7 @@ import numpy as np
 
 from ..kernels.numpy_backend import KERNELS, register_kernel
 from ..ops.nn import PointwiseRule
-from ..registry import register_op
+from layout_prop.core.registry import register_op
 
 __all__ = ["POINTWISE_OPS"]
 
@@ -129,7 +129,7 @@ class Pow(_Unary):
     required_attrs = ("exponent",)
 
     def attr_problem(self, inputs, attrs):
-        from ..errors import Violation
+        from layout_prop.core.errors import Violation
 
         p = attrs["exponent"]
         if isinstance(p, bool) or not isinstance(p, (int, float)):
@@ -191,7 +191,7 @@ POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow",
 def _taken(cls) -> bool:
     """Whether the registry already knows the op's name or an alias (a built-in wins; a re-import
     of this module is a no-op)."""
-    from ..registry import is_registered
+    from layout_prop.core.registry import is_registered
 
     return any(is_registered(name) for name in (cls.name, *cls.aliases))
 

@@ -28,9 +28,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ..errors import ExecutionError, LayoutPropError, OpError
-from ..loader import load_spec
-from ..registry import get_rule
+from layout_prop.core.errors import ExecutionError, LayoutPropError, OpError
+from layout_prop.io.loader import load_spec
+from layout_prop.core.registry import OpSample, get_rule
 
 __all__ = ["OpSample", "Report", "Mismatch", "verify_op", "assert_op_correct", "GENERIC_CODES",
            "placement_choices", "shrink", "check_spec", "single_op_spec", "combination_specs"]
@@ -38,18 +38,6 @@ __all__ = ["OpSample", "Report", "Mismatch", "verify_op", "assert_op_correct", "
 #: codes any op may report: they come from shared machinery, not from one rule
 GENERIC_CODES = frozenset({"partial-input", "sharding-mismatch", "broadcast-shape"})
 MESH_NAMES = ("dp", "tp", "sp", "cp")
-
-
-@dataclass(frozen=True)
-class OpSample:
-    """One set of operand shapes (and dtypes, attrs, requires_grad) to try an op with."""
-
-    shapes: Sequence[Sequence[int]]
-    attrs: dict = field(default_factory=dict)
-    dtypes: Sequence[str] | None = None
-    requires_grad: Sequence[bool] | None = None
-    partial_ok: bool = True  # also try Partial placements on the operands
-    strided: bool = False  # also try strided shards _S(d,2) (dims of even size >= 4)
 
 
 @dataclass

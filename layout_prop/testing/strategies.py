@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ..layout import Layout
-from ..mesh import DeviceMesh
-from ..placement import Partial, Replicate, Shard
-from ..spec import TensorSpec
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.placement import Partial, Replicate, Shard
+from layout_prop.core.spec import TensorSpec
 
 __all__ = ["meshes", "shapes", "placements_for", "layouts", "tensor_specs"]
 

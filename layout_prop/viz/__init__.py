@@ -47,7 +47,7 @@ Examples
 from __future__ import annotations
 
 from .dot import graph_dot, grid_dot
-from .files import Visualise, cmd_viz, find_value, output_format, parse_dims, write_graph, write_grid
+from .files import Visualise, find_value, output_format, parse_dims, write_graph, write_grid
 from .graph_layout import draw_graph
 from .grid import Grid, GridCell, GridPanel, draw_grid, tensor_grid
 from .html_page import scene_html
@@ -68,7 +68,6 @@ __all__ = [
     "Visualise",
     "VizError",
     "axis_colours",
-    "cmd_viz",
     "draw_graph",
     "draw_grid",
     "find_value",

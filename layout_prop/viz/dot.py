@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 
-from layout_prop.graph import Graph
-from layout_prop.mesh import DeviceMesh
+from layout_prop.core.graph import Graph
+from layout_prop.core.mesh import DeviceMesh
 from layout_prop.passes.check import CheckResult
 
 from .graph_layout import (
@@ -61,7 +61,7 @@ def graph_dot(graph: Graph, check: CheckResult | None = None, *, title: str = ""
     Examples
     --------
     >>> from layout_prop.api import analyze
-    >>> from layout_prop.loader import load_spec
+    >>> from layout_prop.io.loader import load_spec
     >>> g = analyze(load_spec('''
     ... mesh: {shape: [2], names: [tp]}
     ... inputs: {a: {shape: [4]}}

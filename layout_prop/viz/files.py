@@ -3,19 +3,18 @@ command of the command line."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from layout_prop import meta
-from layout_prop.graph import Graph
+from layout_prop.core import meta
+from layout_prop.core.graph import Graph
 from layout_prop.passes.check import CheckResult
-from layout_prop.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec
 
 from .dot import graph_dot, grid_dot
 from .graph_layout import draw_graph
-from .grid import Grid, draw_grid, tensor_grid
+from .grid import Grid, draw_grid
 from .html_page import scene_html
-from .png import _matplotlib, check_png_size, scene_png
+from .png import check_png_size, scene_png
 from .scene import FORMATS, Scene, VizError
 from .svg import scene_svg
 
@@ -92,7 +91,7 @@ def _write_failed(path: Path, exc: OSError) -> VizError:
 
 def _write_text(path: Path, text: str) -> None:
     """Write atomically (a temporary file beside ``path``, renamed): a full disk leaves no truncated file."""
-    from layout_prop.output import write_text_atomic
+    from layout_prop.io.output import write_text_atomic
 
     try:
         write_text_atomic(path, text)
@@ -102,7 +101,7 @@ def _write_text(path: Path, text: str) -> None:
 
 def _write_scene(scene: Scene, path: Path, fmt: str) -> None:
     if fmt == "png":
-        from layout_prop.output import atomic_path
+        from layout_prop.io.output import atomic_path
 
         check_png_size(scene, path)  # (before the temporary file, so that the error names the file asked for)
         try:
@@ -145,32 +144,3 @@ class Visualise:
 
     def run(self, graph: Graph, check: CheckResult | None = None) -> Scene:
         return draw_graph(graph, check)
-
-
-def cmd_viz(args: argparse.Namespace) -> int:
-    """Run ``layout-prop viz``: 0 when the picture is written; typed errors (exit 2) otherwise."""
-    from layout_prop.api import analyze
-    from layout_prop.loader import load_spec
-
-    out = Path(args.output)
-    fmt = output_format(out)
-    tensor = getattr(args, "tensor", None)
-    dims = parse_dims(args.dims) if getattr(args, "dims", None) is not None else None
-    if dims is not None and tensor is None:
-        raise VizError("bad-usage", "--dims chooses the drawn dims of a tensor's grid, but no --tensor was given",
-                       hint="add --tensor NAME, or drop --dims")
-    if fmt == "png":
-        _matplotlib()  # say so before any work
-    graph = getattr(args, "graph", None) or load_spec(Path(args.spec))  # the CLI loads models (--plan) itself
-    analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
-    flags = [flag for flag, on in (("--reshard", args.reshard), ("--backward", args.backward)) if on]
-    title = " ".join([Path(args.spec).name] + flags)
-    if tensor is None:
-        write_graph(analysis.graph, out, check=analysis.check, title=title)
-        what = f"{len(analysis.graph)} nodes, {len(analysis.check.violations)} violations"
-    else:
-        grid = tensor_grid(find_value(analysis.graph, tensor), dims)
-        write_grid(grid, out, name=tensor, title=title)
-        what = f"tensor {tensor}, {len(grid.panels) * grid.nrows * grid.ncols} blocks"
-    print(f"wrote {out} ({what})")
-    return 0

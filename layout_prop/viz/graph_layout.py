@@ -7,15 +7,15 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from layout_prop import meta
-from layout_prop.errors import LayoutPropError, Violation
-from layout_prop.graph import Graph, Node
-from layout_prop.layout import Layout
-from layout_prop.mesh import DeviceMesh
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError, Violation
+from layout_prop.core.graph import Graph, Node
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
 from layout_prop.passes.check import Check, CheckResult
-from layout_prop.redistribute import Plan, plan_redistribution
-from layout_prop.registry import get_rule
-from layout_prop.spec import TensorSpec
+from layout_prop.core.redistribute import Redistribution, plan_redistribution
+from layout_prop.core.registry import get_rule
+from layout_prop.core.spec import TensorSpec
 
 from .scene import (
     EDGE_COLOUR,
@@ -69,7 +69,7 @@ def _checked(graph: Graph, check: CheckResult | None) -> CheckResult:
     return check if check is not None else Check().run(graph)
 
 
-def _plan_or_none(src: TensorSpec | None, dst: Layout | None) -> Plan | None:
+def _plan_or_none(src: TensorSpec | None, dst: Layout | None) -> Redistribution | None:
     if src is None or dst is None:
         return None
     try:
@@ -87,7 +87,7 @@ class _Facts:
         self.violations: dict[str, list[Violation]] = defaultdict(list)
         for v in check.violations:
             self.violations[v.node].append(v)
-        self.node_plans: dict[str, Plan] = {}
+        self.node_plans: dict[str, Redistribution] = {}
         for node in graph.nodes:
             if node.op == "redistribute" and node.inputs:
                 specs = node.meta.get(meta.SPECS, ())
@@ -96,7 +96,7 @@ class _Facts:
                 if plan is not None:
                     self.node_plans[node.name] = plan
         # (consumer, value) -> (plan, how): "implicit" free slices and "fix" for fixable violations
-        self.moves: dict[tuple[str, str], tuple[Plan, str]] = {}
+        self.moves: dict[tuple[str, str], tuple[Redistribution, str]] = {}
         for r in check.redistributions:
             if not r.explicit:
                 self.moves[(r.node, r.input)] = (r.plan, "implicit")
@@ -258,7 +258,7 @@ class _Edge:
     spec: TensorSpec | None
     labels: list
     violations: list
-    move: tuple[Plan, str] | None
+    move: tuple[Redistribution, str] | None
     chain: list = field(default_factory=list)
 
 
@@ -290,7 +290,7 @@ def _node_lines(node: Node, facts: _Facts, colours: dict[str, str]) -> list:
 
 
 def _edge_labels(spec: TensorSpec | None, producer: Node, out_index: int, violations: list[Violation],
-                 move: tuple[Plan, str] | None, colours: dict[str, str]) -> list[tuple[Span, ...]]:
+                 move: tuple[Redistribution, str] | None, colours: dict[str, str]) -> list[tuple[Span, ...]]:
     first: list[Span] = []
     if producer.num_outputs > 1:
         first.append(Span(f":{out_index} ", MUTED))
@@ -527,7 +527,7 @@ def draw_graph(graph: Graph, check: CheckResult | None = None, *, title: str = "
     Examples
     --------
     >>> from layout_prop.api import analyze
-    >>> from layout_prop.loader import load_spec
+    >>> from layout_prop.io.loader import load_spec
     >>> g = load_spec('''
     ... mesh: {shape: [2], names: [tp]}
     ... inputs:

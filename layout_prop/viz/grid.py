@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Sequence
 
-from layout_prop.placement import Replicate
-from layout_prop.spec import TensorSpec
+from layout_prop.core.placement import Replicate
+from layout_prop.core.spec import TensorSpec
 
 from .graph_layout import MARGIN
 from .scene import (

@@ -8,12 +8,12 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from layout_prop.errors import LayoutPropError, Violation
-from layout_prop.layout import Layout
-from layout_prop.mesh import DeviceMesh
-from layout_prop.placement import Replicate
-from layout_prop.redistribute import Plan, Step
-from layout_prop.spec import TensorSpec
+from layout_prop.core.errors import LayoutPropError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.placement import Replicate
+from layout_prop.core.redistribute import Redistribution, Step
+from layout_prop.core.spec import TensorSpec
 
 FORMATS = ("html", "svg", "png", "dot")
 
@@ -221,7 +221,7 @@ def _spec_rows(spec: TensorSpec | None) -> list[list[str]]:
     ]
 
 
-def _plan_rows(plan: Plan) -> list[list[str]]:
+def _plan_rows(plan: Redistribution) -> list[list[str]]:
     rows = [["from", str(plan.src.layout)], ["to", str(plan.dst.layout)]]
     if not plan.steps:
         rows.append(["steps", "none (a relabel on size-1 mesh axes)"])

@@ -1,6 +1,6 @@
 """Records of the RotaryPositionEmbedding and elementwise ops (their samples live on the rules)."""
 
-from layout_prop.registry import get_rule
+from layout_prop.core.registry import get_rule
 
 from . import OpRecord
 

@@ -9,7 +9,7 @@ stand for the rest (5..7 differ only in ``num_outputs``).
 """
 
 from layout_prop.ops.shape import SPLIT_VARIANTS
-from layout_prop.registry import get_rule
+from layout_prop.core.registry import get_rule
 
 from . import OpRecord
 

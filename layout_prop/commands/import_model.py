@@ -1,0 +1,30 @@
+"""``layout-prop import MODEL --plan PLAN [-o SPEC]``: import an ONNX or MindIR model with a sharding plan,
+and write an ordinary spec."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """``layout-prop import MODEL --plan PLAN [-o SPEC]``: exit 0 with the spec written."""
+    from layout_prop.io.loader import format_spec, load_spec
+    from layout_prop.frontends import import_spec
+
+    spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
+    load_spec(spec)  # never write a spec that check would refuse
+    text = format_spec(spec, args.output)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.output is None:
+        print(text, end="")
+        return 0
+    from layout_prop.io.output import write_output
+
+    write_output(args.output, text)  # atomic: a full disk leaves the old file, never a truncated spec
+    print(f"wrote {args.output} ({len(spec['inputs'])} inputs, {len(spec['nodes'])} nodes)", file=sys.stderr)
+    return 0

@@ -1,0 +1,35 @@
+"""``SPEC``, or ``MODEL --plan PLAN``, wherever a command takes a spec: :func:`load_graph`, the one place
+commands load their input."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+
+__all__ = ["load_graph"]
+
+
+def load_graph(args: argparse.Namespace) -> Graph:
+    """The graph a command analyses: ``args.spec`` loaded as a spec (``-``: standard input), or
+    imported as a model with ``args.plan`` when it is an ``.onnx`` / ``.mindir`` file."""
+    from layout_prop.io.loader import load_spec
+    from layout_prop.frontends import is_model_path, load_model
+
+    source = str(args.spec)
+    plan = getattr(args, "plan", None)
+    if is_model_path(source):
+        if plan is None:
+            raise SpecError("missing-plan", f"{source!r} is a model: it needs a sharding plan", path=source,
+                            hint="add --plan PLAN.yaml (see the README's 'Your own model')")
+        return load_model(source, Path(plan), opaque=getattr(args, "opaque", False))  # --plan is always a file
+    if plan is not None:
+        raise SpecError("unexpected-plan", f"--plan goes with a model (.onnx or .mindir), but {source!r} is a spec",
+                        path=source, hint="drop --plan, or give the model file")
+    from layout_prop.frontends import (  # noqa: F401  (a spec written by 'import' may hold sqrt, opaque...)
+        pointwise as _pointwise,
+    )
+
+    return load_spec(Path("/dev/stdin") if source == "-" else Path(source))  # "-": stdin, as Unix tools read it

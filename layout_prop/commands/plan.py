@@ -1,0 +1,328 @@
+"""``layout-prop plan``: fill every ``auto`` layout with the solver, write the planned spec,
+and report it next to a baseline.
+
+The planned spec is an ordinary spec: the inputs with their chosen layouts, the nodes, and
+an explicit ``redistribute`` node wherever the plan moves a value, so that ``check``,
+``run`` and ``viz`` read exactly the plan that was chosen.  The figures of the report are
+measured, not modelled: bytes per rank of every redistribution of the forward, and of the
+forward and backward (``check --reshard [--backward]`` on the planned spec), the modelled
+time of those redistributions with the mesh's links, and the memory per rank (the memory
+pass).  The baseline is the spec's own layouts (its ``auto`` layouts completed as ``check``
+completes them), or another spec given with ``--baseline`` (for example ``gen llama``'s
+Megatron layouts).
+
+Examples
+--------
+>>> from layout_prop.io.loader import load_spec
+>>> report = plan_spec(load_spec('''
+... mesh: {shape: [2], names: [tp]}
+... inputs:
+...   x:  {shape: [8, 16], requires_grad: false}
+...   w1: {shape: [16, 32], placements: auto}
+...   w2: {shape: [32, 16], placements: auto}
+... nodes:
+...   - {name: h, op: matmul, inputs: [x, w1]}
+...   - {name: a, op: gelu, inputs: [h]}
+...   - {name: y, op: matmul, inputs: [a, w2]}
+... outputs: [y]
+... '''), backward=False)
+>>> report.spec["inputs"]["w1"]["placements"], report.plan["forward_bytes_per_rank"]
+(['S(1)'], 0)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+
+__all__ = ["plan_spec", "PlanReport", "graph_to_spec", "measure", "parse_bytes", "run"]
+
+from layout_prop.io.sizes import parse_size
+
+
+def parse_bytes(text: str) -> int:
+    """``--memory-per-rank``: ``16GiB`` -> 17179869184, in the one size grammar of
+    :mod:`layout_prop.io.sizes` (the same as ``run --max-memory``); refused with ``bad-value``.
+
+    >>> parse_bytes("16GiB"), parse_bytes("1.5 KB"), parse_bytes("4096"), parse_bytes("3MB"), parse_bytes("512M")
+    (17179869184, 1500, 4096, 3000000, 536870912)
+    """
+    return parse_size(text, code="bad-value", label="memory per rank (--memory-per-rank)")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def graph_to_spec(graph: Graph, links: dict | None = None) -> dict:
+    """The spec dict of a forward graph (inputs with their placements, nodes, outputs).
+
+    ``links`` (axis -> :class:`~layout_prop.core.links.Link`) are written under the mesh.
+    """
+    mesh: dict[str, Any] = {"shape": list(graph.mesh.shape), "names": list(graph.mesh.names)}
+    if links:
+        mesh["links"] = {axis: {"GBps": link.GBps, "latency_us": link.latency_us} for axis, link in links.items()}
+    inputs = {}
+    nodes = []
+    for node in graph.topo_order():
+        if node.is_input:
+            a = node.attrs
+            inputs[node.name] = {"shape": list(a["shape"]), "dtype": a["dtype"],
+                                 "placements": _plain(a["placements"]), "requires_grad": bool(a["requires_grad"])}
+        else:
+            nodes.append({"name": node.name, "op": node.op, "inputs": list(node.inputs),
+                          "attrs": _plain(dict(node.attrs))})
+    return {"mesh": mesh, "inputs": inputs, "nodes": nodes, "outputs": list(graph.outputs)}
+
+
+def measure(graph: Graph, optimizer: str | None = None, links: dict | None = None) -> dict[str, Any]:
+    """Bytes per rank (forward; forward and backward), modelled time and memory per rank of
+    ``graph`` as ``check --reshard`` resolves it.  The graph is not changed."""
+    from layout_prop.api import analyze
+    from layout_prop.passes.memory import Memory
+    from layout_prop.core.links import links_of
+    from layout_prop.planner.solver import plan_cost
+
+    links = links or links_of(graph)
+    forward = analyze(graph.copy_structure(), reshard=True)
+    full = analyze(graph.copy_structure(), reshard=True, backward=True)
+    time_us = sum(plan_cost(r.plan, "time", links) for r in full.check.redistributions)
+    return {
+        "ok": forward.ok and full.ok,
+        "forward_bytes_per_rank": forward.check.total_bytes_per_rank,
+        "bytes_per_step": full.check.total_bytes_per_rank,
+        "time_us_per_step": round(time_us, 3),
+        "memory_per_rank": Memory(optimizer).run(full.graph).to_dict(),
+    }
+
+
+@dataclass
+class PlanReport:
+    """What ``layout-prop plan`` reports (``to_dict`` is its JSON)."""
+
+    spec: dict
+    layouts: dict[str, list[str]]
+    auto: list[str]
+    plan: dict[str, Any]
+    baseline: dict[str, Any]
+    baseline_layouts: dict[str, list[str]]
+    solver: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.plan["ok"], "layouts": self.layouts, "auto": self.auto, "plan": self.plan,
+                "baseline": self.baseline, "baseline_layouts": self.baseline_layouts, "solver": self.solver,
+                "notes": self.notes}
+
+    def format(self) -> str:
+        from layout_prop.passes.memory import format_bytes
+
+        s = self.solver
+        lines = [f"plan: objective {s['objective']}, {s['classes']} node classes, {s['strategies']} strategies, "
+                 f"solved in {s['seconds']:.2f} s (modelled {s['modelled_cost']:g} "
+                 f"{'bytes per rank' if s['objective'] == 'bytes' else 'us'} per step"
+                 f"{'' if s['optimal'] else ', not proven optimal'})"]
+        rows = [("input", "layout", "baseline", "declared")]
+        for name, layout in self.layouts.items():
+            base = self.baseline_layouts.get(name)
+            rows.append((name, "(" + ", ".join(layout) + ")", "(" + ", ".join(base) + ")" if base else "-",
+                         "auto" if name in self.auto else ""))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for k, r in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths).rstrip())
+        lines.append("")
+        p, b = self.plan, self.baseline
+        table = [("per rank", "plan", "baseline"),
+                 ("bytes per step (forward + backward)", str(p["bytes_per_step"]), str(b["bytes_per_step"])),
+                 ("bytes, forward only", str(p["forward_bytes_per_rank"]), str(b["forward_bytes_per_rank"])),
+                 ("modelled time per step (us)", f"{p['time_us_per_step']:g}", f"{b['time_us_per_step']:g}"),
+                 ("memory", format_bytes(p["memory_per_rank"]["total"]),
+                  format_bytes(b["memory_per_rank"]["total"]))]
+        widths = [max(len(r[i]) for r in table) for i in range(3)]
+        for r in table:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+
+def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
+              optimizer: str | None = None, baseline: Graph | None = None) -> PlanReport:
+    """Solve ``graph`` (a loaded spec), realise the plan and measure it and the baseline.
+
+    With ``memory_limit`` the plan returned holds at most that many bytes per rank as
+    measured (:func:`measure`), never only by the model; :class:`InfeasiblePlan` (with the
+    given limit, and the measured memory of the least plan found) when none does.
+    """
+    from layout_prop.core.links import links_of
+
+    links = links_of(graph)
+    base_graph = baseline if baseline is not None else graph
+    auto = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
+    notes: list[str] = []
+    if memory_limit is None:
+        solution, realised, moves, plan = _attempt(graph, backward, objective, None, optimizer, links, None)
+    else:
+        solution, realised, moves, plan = _fit(graph, backward, objective, memory_limit, optimizer, links, notes)
+    spec = graph_to_spec(realised, links if graph.meta.get("links") else None)
+    base = measure(base_graph, optimizer, links)
+    from layout_prop.api import analyze
+
+    completed = analyze(base_graph.copy_structure())
+    baseline_layouts = {n.name: list(n.meta["specs"][0].layout.placement_strs()) for n in completed.graph.inputs()}
+    layouts = {name: list(spec["inputs"][name]["placements"]) for name in spec["inputs"]}
+    gap = solution.gap if math.isfinite(solution.gap) else None  # HiGHS's gap is infinite before it has a bound
+    solver = {"objective": objective, "classes": solution.classes, "strategies": solution.variables,
+              "seconds": round(solution.seconds, 3), "modelled_cost": round(solution.cost, 3),
+              "modelled_memory": solution.memory, "moves": moves, "backward": backward,
+              "optimal": solution.optimal, "gap": gap}
+    if not solution.optimal:
+        notes.append(f"the solver ran out of time ({solution.seconds:.0f} s): the plan is the best found, " +
+                     (f"within {gap:.1%} of the best bound" if gap is not None else "with no bound proven yet"))
+    return PlanReport(spec, layouts, auto, plan, base, baseline_layouts, solver, notes)
+
+
+def _attempt(graph: Graph, backward: bool, objective: str, model_limit: int | None, optimizer: str | None,
+             links: dict, problem, least_memory: bool = False):
+    """Solve under ``model_limit`` (the memory model's), realise the plan and measure it:
+    (solution, realised graph, moves inserted, measured figures)."""
+    from layout_prop.planner.solver import realise, solve
+
+    solution = solve(graph, backward=backward, objective=objective, memory_limit=model_limit, optimizer=optimizer,
+                     problem=problem, least_memory=least_memory)
+    planned = graph.copy_structure()
+    for node in planned.inputs():
+        node.attrs["placements"] = solution.layouts[node.name]
+    realised, moves = realise(planned, solution.strategies)
+    return solution, realised, moves, measure(realised, optimizer, links)
+
+
+#: times the model's limit is tightened after a plan measured over the user's limit
+TIGHTEN_ROUNDS = 3
+#: plans on the ladder of modelled memory tried when tightening found none within the limit
+LADDER = 6
+
+
+def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: str | None, links: dict,
+         notes: list[str]):
+    """The cheapest plan found whose measured memory per rank is at most ``limit``.
+
+    The program's memory constraint is a model, and the memory pass measures something else:
+
+    - the model counts every forward value's local bytes once, as if all were alive when the
+      backward starts; the memory pass walks each rank's lowered program and holds a value
+      only from the op that makes it to its last use (the model is high there);
+    - the model leaves out what the backward makes (cotangents, intermediate gradients) and
+      the buffers of every redistribution (a collective's result next to its input), which
+      the memory pass counts (the model is low there);
+    - the model counts rank 0's shards, the memory pass the busiest rank (uneven shards).
+
+    Liveness (a peak over the program's order, per rank, of values that exist or not
+    depending on the strategies chosen) is not linear in the choices, so the model stays an
+    estimate, and every plan is measured before it is reported.  A plan over ``limit`` is
+    solved again with the model's limit tightened below its modelled memory by the excess,
+    up to :data:`TIGHTEN_ROUNDS` times.  Then a ladder of plans is measured, chosen without
+    regard to ``limit``: the plan of least modelled memory, the cheapest plan, and the
+    cheapest under :data:`LADDER` modelled limits between the two; the cheapest plan within
+    ``limit`` is returned.  When no plan tried fits, :class:`InfeasiblePlan` names ``limit``
+    as given and the least measured memory of the plans tried (over ``limit``, and held by a
+    plan the planner built): the least the search found, not a proof that nothing between
+    the two fits.
+    """
+    from layout_prop.planner.solver import InfeasiblePlan
+
+    problem = None
+    tried: dict = {}  # the plans measured: their strategies -> (measured memory, found)
+
+    def remember(found) -> int:
+        solution, _, _, plan = found
+        held = plan["memory_per_rank"]["total"]
+        tried[tuple(solution.strategies[n] for n in sorted(solution.strategies))] = (held, found)
+        return held
+
+    model_limit: int | None = limit
+    for _ in range(1 + TIGHTEN_ROUNDS):
+        try:
+            found = _attempt(graph, backward, objective, model_limit, optimizer, links, problem)
+        except InfeasiblePlan as err:  # the model puts every plan over: a plan of the ladder may still fit
+            problem = err.problem
+            break
+        problem = found[0].problem
+        held = remember(found)
+        if held <= limit:
+            return found
+        model_limit = found[0].memory - (held - limit)  # the model was low by the excess: ask that much less
+        if model_limit < 0:
+            break
+    over = sorted({held for held, _ in tried.values()})
+    least = _attempt(graph, backward, objective, None, optimizer, links, problem, least_memory=True)
+    remember(least)
+    cheapest = _attempt(graph, backward, objective, None, optimizer, links, problem)
+    remember(cheapest)
+    low, high = least[0].memory, cheapest[0].memory
+    for k in range(1, LADDER + 1):
+        step = low + (high - low) * k // (LADDER + 1)
+        if low < step < high:
+            remember(_attempt(graph, backward, objective, step, optimizer, links, problem))
+    fitting = [found for held, found in tried.values() if held <= limit]
+    if not fitting:
+        smallest = min(held for held, _ in tried.values())
+        raise InfeasiblePlan(limit, smallest, problem, measured=True)
+    found = min(fitting, key=lambda f: (f[0].cost, f[3]["memory_per_rank"]["total"]))
+    why = (f"the cheaper plans the model allowed measured over it ({', '.join(map(str, over))} bytes)" if over else
+           "the model put every plan over the limit")
+    notes.append(f"the memory model is an estimate ({found[0].memory} bytes per rank for this plan): this plan "
+                 f"measures {found[3]['memory_per_rank']['total']} bytes, within the limit of {limit}; {why}")
+    return found
+
+
+# --------------------------------------------------------------------------- command line
+def run(args) -> int:
+    from .model_input import load_graph
+    from layout_prop.io.loader import load_spec
+    from layout_prop.planner.solver import InfeasiblePlan
+
+    limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
+    graph = load_graph(args)
+    baseline = load_spec(args.baseline) if args.baseline is not None else None
+    if baseline is not None and (baseline.mesh != graph.mesh or
+                                 [n.name for n in baseline.inputs()] != [n.name for n in graph.inputs()]):
+        raise SpecError("bad-baseline", f"the baseline {str(args.baseline)!r} is not the same model on the same mesh",
+                        hint="give a baseline with the same mesh and inputs (gen llama with the same sizes)")
+    try:
+        report = plan_spec(graph, backward=not args.forward_only, objective=args.objective, memory_limit=limit,
+                           optimizer=args.optimizer, baseline=baseline)
+    except InfeasiblePlan as err:
+        if args.json:
+            print(json.dumps({"ok": False, "error": err.code, "message": err.message,
+                              "memory_limit": err.limit, "least_memory_per_rank": err.least}, indent=1))
+        else:
+            print(f"layout-prop: infeasible: {err}", file=sys.stderr)
+        return 1
+    if args.output is not None:
+        _write(report.spec, args.output)
+        report.notes.append(f"wrote {args.output}")
+    print(json.dumps(report.to_dict(), indent=1) if args.json else report.format())
+    return 0 if report.plan["ok"] else 1
+
+
+def _write(spec: dict, path: Path) -> None:
+    from layout_prop.io.loader import format_spec
+    from layout_prop.io.output import write_output
+
+    text = format_spec(spec, path)
+
+    write_output(path, text)  # atomic: a full disk leaves the old file, never a truncated plan

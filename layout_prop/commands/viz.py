@@ -1,0 +1,43 @@
+"""``layout-prop viz``: draw the graph, or one tensor's sharding grid, as HTML, SVG, PNG or DOT."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from layout_prop.viz.files import find_value, output_format, parse_dims, write_graph, write_grid
+from layout_prop.viz.grid import tensor_grid
+from layout_prop.viz.png import _matplotlib
+from layout_prop.viz.scene import VizError
+
+from .model_input import load_graph
+
+__all__ = ["run"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``layout-prop viz``: 0 when the picture is written; typed errors (exit 2) otherwise."""
+    from layout_prop.api import analyze
+
+    graph = load_graph(args)  # a spec, or a model with --plan
+    out = Path(args.output)
+    fmt = output_format(out)
+    tensor = getattr(args, "tensor", None)
+    dims = parse_dims(args.dims) if getattr(args, "dims", None) is not None else None
+    if dims is not None and tensor is None:
+        raise VizError("bad-usage", "--dims chooses the drawn dims of a tensor's grid, but no --tensor was given",
+                       hint="add --tensor NAME, or drop --dims")
+    if fmt == "png":
+        _matplotlib()  # say so before any work
+    analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
+    flags = [flag for flag, on in (("--reshard", args.reshard), ("--backward", args.backward)) if on]
+    title = " ".join([Path(args.spec).name] + flags)
+    if tensor is None:
+        write_graph(analysis.graph, out, check=analysis.check, title=title)
+        what = f"{len(analysis.graph)} nodes, {len(analysis.check.violations)} violations"
+    else:
+        grid = tensor_grid(find_value(analysis.graph, tensor), dims)
+        write_grid(grid, out, name=tensor, title=title)
+        what = f"tensor {tensor}, {len(grid.panels) * grid.nrows * grid.ncols} blocks"
+    print(f"wrote {out} ({what})")
+    return 0

@@ -1,0 +1,216 @@
+"""Layout: a mesh, one placement per mesh axis, and the tensor rank.
+
+Also the MindSpore / hyper-parallel ``tensor_map`` view: one entry per tensor dim, ``-1``
+for not sharded, ``k`` for mesh axis ``mesh.ndim - 1 - k``, a tuple for several mesh
+axes (outer axis first).
+
+Examples
+--------
+>>> from layout_prop.core.mesh import DeviceMesh
+>>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+>>> lay = Layout(mesh, ["S(0)", "S(1)"], 4)
+>>> lay.tensor_map()
+(1, 0, -1, -1)
+>>> Layout.from_tensor_map(mesh, [1, 0, -1, -1]) == lay
+True
+>>> str(Layout(mesh, ["S(-1)", "P"], 3))
+'(S(2), P(sum))'
+>>> Layout.from_tensor_map(mesh, [(1, 0), -1]).placements
+(Shard(dim=0), Shard(dim=0))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .errors import LayoutError
+from .mesh import DeviceMesh
+from .placement import Partial, Placement, Replicate, Shard, StridedShard, parse_placement, shard_dim
+
+__all__ = ["Layout"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a tensor of rank ``ndim`` is spread over ``mesh``.
+
+    Parameters
+    ----------
+    mesh : DeviceMesh
+    placements : sequence of Placement or str
+        One per mesh axis; negative ``Shard`` dims are normalised.
+    ndim : int
+        The tensor rank (needed to normalise and check shard dims).
+    """
+
+    mesh: DeviceMesh
+    placements: tuple[Placement, ...]
+    ndim: int
+
+    def __init__(self, mesh: DeviceMesh, placements: Iterable, ndim: int) -> None:
+        placements = tuple(parse_placement(p) for p in placements)
+        if len(placements) != mesh.ndim:
+            raise LayoutError(
+                "invalid-layout",
+                f"{len(placements)} placements {[str(p) for p in placements]} for a mesh of "
+                f"{mesh.ndim} axes {list(mesh.names)}",
+                hint="give exactly one placement per mesh axis",
+            )
+        norm = []
+        strided = False
+        for axis, p in enumerate(placements):
+            if isinstance(p, (Shard, StridedShard)):
+                d = p.dim
+                if not -ndim <= d < ndim:
+                    raise LayoutError(
+                        "invalid-layout",
+                        f"{p} on mesh axis {mesh.names[axis]!r} is out of range for a tensor of rank {ndim}",
+                        hint=f"shard a dim in {-ndim}..{ndim - 1}" if ndim else "a scalar cannot be sharded",
+                    )
+                if isinstance(p, Shard):
+                    p = Shard(d % ndim)
+                else:
+                    p = StridedShard(d % ndim, p.split_factor)
+                    strided = True
+            norm.append(p)
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "placements", tuple(norm))
+        object.__setattr__(self, "ndim", int(ndim))
+        object.__setattr__(self, "has_strided", strided)
+        object.__setattr__(self, "_hash", hash((mesh, self.placements, self.ndim)))
+
+    # ----------------------------------------------------------------- constructors
+
+    def __hash__(self) -> int:  # computed once: specs key the rule cache
+        return self._hash
+    @classmethod
+    def replicated(cls, mesh: DeviceMesh, ndim: int) -> "Layout":
+        return cls(mesh, [Replicate()] * mesh.ndim, ndim)
+
+    @classmethod
+    def from_tensor_map(cls, mesh: DeviceMesh, tensor_map: Sequence, partial: dict | None = None) -> "Layout":
+        """Build a layout from a MindSpore ``tensor_map``; ``partial`` maps mesh axis -> reduce op."""
+        placements: list[Placement] = [Replicate()] * mesh.ndim
+        used: dict[int, int] = {}
+        for dim, entry in enumerate(tensor_map):
+            entries = list(entry) if isinstance(entry, (list, tuple)) else [entry]
+            axes = []
+            for k in entries:
+                if isinstance(k, bool) or not isinstance(k, int):
+                    raise LayoutError("invalid-layout", f"tensor_map entry {entry!r} for dim {dim} is not an integer",
+                                      hint="use -1, k, or a list of k")
+                if k == -1:
+                    if len(entries) > 1:
+                        raise LayoutError("invalid-layout", f"tensor_map entry {entry!r} mixes -1 with mesh axes",
+                                          hint="write -1 alone for an unsharded dim")
+                    continue
+                if not 0 <= k < mesh.ndim:
+                    raise LayoutError(
+                        "invalid-layout",
+                        f"tensor_map entry {k} for dim {dim} names no mesh axis (mesh has {mesh.ndim} axes)",
+                        hint=f"use -1 or 0..{mesh.ndim - 1}; k means mesh axis ndim-1-k",
+                    )
+                axis = mesh.ndim - 1 - k
+                if axis in used:
+                    raise LayoutError(
+                        "invalid-layout",
+                        f"mesh axis {mesh.names[axis]!r} (tensor_map {k}) shards both dim {used[axis]} and dim {dim}",
+                        hint="use each mesh axis at most once",
+                    )
+                used[axis] = dim
+                axes.append(axis)
+            if axes != sorted(axes):
+                raise LayoutError(
+                    "invalid-layout",
+                    f"tensor_map entry {entry!r} for dim {dim} lists mesh axes inner first",
+                    hint="list several mesh axes of one dim outer axis first (larger tensor_map value first)",
+                )
+            for axis in axes:
+                placements[axis] = Shard(dim)
+        for axis, op in (partial or {}).items():
+            a = mesh.axis_index(axis)
+            if not isinstance(placements[a], Replicate):
+                raise LayoutError("invalid-layout", f"mesh axis {mesh.names[a]!r} is both sharding and Partial",
+                                  hint="a mesh axis is either Shard, Replicate or Partial")
+            placements[a] = Partial(op)
+        return cls(mesh, placements, len(tensor_map))
+
+    # ----------------------------------------------------------------- views
+    def tensor_map(self) -> tuple:
+        """The MindSpore tensor_map: ints, or tuples of ints when several axes shard a dim.
+
+        Raises ``unsupported-layout`` for a strided shard: a tensor_map cuts a dim into
+        contiguous blocks only.
+        """
+        if self.has_strided:
+            axis = next(a for a, p in enumerate(self.placements) if isinstance(p, StridedShard))
+            raise LayoutError(
+                "unsupported-layout",
+                f"{self} has the strided shard {self.placements[axis]} on mesh axis {self.mesh.names[axis]!r}, "
+                f"which a MindSpore tensor_map cannot express (it cuts a dim into contiguous blocks)",
+                hint="gather that mesh axis (R) or reshape back to the unmerged dims before exporting a tensor_map")
+        out = []
+        for d in range(self.ndim):
+            axes = self.dim_axes(d)
+            ks = tuple(self.mesh.ndim - 1 - a for a in axes)
+            out.append(-1 if not ks else ks[0] if len(ks) == 1 else ks)
+        return tuple(out)
+
+    def dim_axes(self, dim: int) -> tuple[int, ...]:
+        """Mesh axes that ``Shard`` tensor dim ``dim``, outer first (strided shards: :meth:`cut_axes`)."""
+        dim = dim % self.ndim if self.ndim else dim
+        return tuple(a for a, p in enumerate(self.placements) if isinstance(p, Shard) and p.dim == dim)
+
+    def cut_axes(self, dim: int) -> tuple[int, ...]:
+        """Mesh axes that cut tensor dim ``dim``, by ``Shard`` or ``StridedShard``, outer first."""
+        dim = dim % self.ndim if self.ndim else dim
+        return tuple(a for a, p in enumerate(self.placements) if shard_dim(p) == dim)
+
+    def strided_axes(self) -> tuple[int, ...]:
+        """Mesh axes holding a ``StridedShard``."""
+        return tuple(a for a, p in enumerate(self.placements) if isinstance(p, StridedShard))
+
+    def sharded_dims(self) -> dict[int, tuple[int, ...]]:
+        """Map of ``Shard``-ed tensor dim -> mesh axes, outer first (strided shards not included)."""
+        out: dict[int, tuple[int, ...]] = {}
+        for a, p in enumerate(self.placements):
+            if isinstance(p, Shard):
+                out[p.dim] = out.get(p.dim, ()) + (a,)
+        return out
+
+    def partial_axes(self) -> dict[int, str]:
+        """Map of mesh axis -> reduce op for Partial axes."""
+        return {a: p.reduce_op for a, p in enumerate(self.placements) if isinstance(p, Partial)}
+
+    def has_partial(self) -> bool:
+        return any(isinstance(p, Partial) for p in self.placements)
+
+    def is_replicated(self) -> bool:
+        return all(isinstance(p, Replicate) for p in self.placements)
+
+    def shard_count(self, dim: int) -> int:
+        """How many pieces dim ``dim`` is cut into."""
+        n = 1
+        for a in self.dim_axes(dim):
+            n *= self.mesh.shape[a]
+        return n
+
+    # ----------------------------------------------------------------- edits
+    def with_placement(self, axis: int | str, placement) -> "Layout":
+        a = self.mesh.axis_index(axis)
+        ps = list(self.placements)
+        ps[a] = parse_placement(placement)
+        return Layout(self.mesh, ps, self.ndim)
+
+    def with_placements(self, placements) -> "Layout":
+        return Layout(self.mesh, placements, self.ndim)
+
+    def placement_strs(self) -> list[str]:
+        return [str(p) for p in self.placements]
+
+    def describe_axis(self, axis: int) -> str:
+        return f"{self.mesh.names[axis]!r} (mesh axis {axis})"
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(str(p) for p in self.placements) + ")"

@@ -1,0 +1,305 @@
+"""The op registry: a rule object per op, registered with a decorator beside its definition.
+
+A rule's :meth:`OpRule.infer_layout` is a pure function of the input specs and the attrs.
+It returns a :class:`RuleResult`: the output specs, the violations, and ``wants``: for
+each input, the layout the local kernel needs (``None`` when the input is fine as is).
+A want whose redistribution is free (``local-slice``) is applied by lowering without
+complaint; any other want comes with a violation, and ``--reshard`` fulfils it by
+inserting a redistribution node.
+
+Examples
+--------
+>>> get_rule("npu_rotary_mul").name
+'rotary_position_embedding'
+>>> get_rule("rotary_embeding")
+Traceback (most recent call last):
+...
+layout_prop.core.errors.OpError: unknown-op: unknown op 'rotary_embeding' (hint: did you mean 'rotary_position_embedding'?)
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from typing import Any, Protocol, Sequence
+
+from .errors import GraphError, LayoutPropError, OpError, Violation, describe
+from .layout import Layout
+from .spec import TensorSpec
+
+__all__ = ["OpSample", "OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder",
+           "apply_rule"]
+
+_RULES: dict[str, "OpRule"] = {}
+_ALIASES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """What a transfer function returns.
+
+    ``outputs`` may hold ``None`` for an output the rule cannot describe (its inputs are
+    unusable); downstream nodes of such a value are skipped, the violation already says why.
+    """
+
+    outputs: tuple[TensorSpec | None, ...]
+    violations: tuple[Violation, ...] = ()
+    wants: tuple[Layout | None, ...] = ()
+
+
+class GradBuilder(Protocol):
+    """What a vjp rule uses to add backward nodes to the graph (the backward pass supplies it)."""
+
+    def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None,
+           num_outputs: int = 1) -> str | tuple[str, ...]:
+        ...
+
+    def spec(self, value: str) -> TensorSpec:
+        ...
+
+
+class OpRule(ABC):
+    """Base class of op rules.
+
+    Subclasses set ``name``, ``operands`` (parameter names), optional ``aliases``,
+    ``num_outputs``, ``attr_defaults``, and implement :meth:`infer_layout`; ops with a
+    gradient implement :meth:`vjp`.
+    """
+
+    name: str = ""
+    operands: tuple[str, ...] = ()
+    variadic: bool = False  # any number of inputs past ``operands`` (concat, einsum)
+    optional_operands: tuple[str, ...] = ()  # trailing operands that may be left out (linear's bias)
+    aliases: tuple[str, ...] = ()
+    num_outputs: int = 1
+    attr_defaults: dict[str, Any] = {}
+    differentiable: bool = True
+    violation_codes: tuple[str, ...] = ()  # every code infer_layout may report (the testing kit checks)
+    required_attrs: tuple[str, ...] = ()  # attrs without a usable default: missing or null is bad-attr
+    strided: bool = False  # infer_layout takes strided shards; else apply_rule gathers them first
+
+    # ---------------------------------------------------------------- attrs and arity
+    def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
+        """Fill defaults and reject unknown attributes (``bad-attr``)."""
+        unknown = sorted(set(attrs) - set(self.attr_defaults))
+        if unknown:
+            raise OpError("bad-attr", f"op {self.name!r} has no attribute(s) {unknown}", node=node,
+                          hint=f"known attributes: {sorted(self.attr_defaults) or 'none'}")
+        out = dict(self.attr_defaults)
+        out.update(attrs)
+        missing = [name for name in self.required_attrs if out.get(name) is None]
+        if missing:
+            raise OpError("bad-attr", f"op {self.name!r} needs attribute(s) {missing}", node=node,
+                          hint=f"give {', '.join(missing)} in the node's attrs")
+        return out
+
+    def arity(self) -> tuple[int, int | None]:
+        """The least and the most inputs the op takes (None: no limit)."""
+        if self.variadic:
+            return len(self.operands), None
+        return len(self.operands), len(self.operands) + len(self.optional_operands)
+
+    def arity_text(self) -> str:
+        """``3 inputs [x, cos, sin]``, ``2 or 3 inputs [x, weight, bias?]``, ``at least 1 input [x, ...]``."""
+        low, high = self.arity()
+        names = list(self.operands) + [f"{o}?" for o in self.optional_operands]
+        listed = f"[{', '.join(names)}{', ...' if self.variadic else ''}]"
+        count = f"at least {low}" if high is None else str(low) if low == high else f"{low} to {high}" if \
+            high - low > 1 else f"{low} or {high}"
+        plural = "input" if (high or low) == 1 and low == 1 else "inputs"
+        return f"{count} {plural} {listed}"
+
+    def check_arity(self, node) -> None:
+        n = len(node.inputs)
+        low, high = self.arity()
+        if n < low or (high is not None and n > high):
+            raise GraphError("bad-arity", f"op {self.name!r} takes {self.arity_text()}, got {n}",
+                             node=node.name, hint=f"give {self.name} its operands {self.arity_text()}")
+        if node.num_outputs != self.num_outputs:
+            raise GraphError("bad-arity", f"op {self.name!r} has {self.num_outputs} outputs, node says "
+                             f"{node.num_outputs}", node=node.name, hint="build nodes through Graph.op")
+
+    def operand_name(self, index: int) -> str:
+        names = self.operands + self.optional_operands
+        if index < len(names):
+            return names[index]
+        return f"{self.operands[-1] if self.operands else 'input'}{index}"
+
+    # ---------------------------------------------------------------- the rules
+    @abstractmethod
+    def infer_layout(self, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
+        """Output specs, violations and wanted input layouts. Pure."""
+
+    def check_kernel(self, backend: str, local_shapes: tuple, inputs: tuple[TensorSpec, ...],
+                     attrs: dict) -> list[Violation]:
+        """Violations of ``backend``'s kernel limits for one rank's local input shapes (default none)."""
+        return []
+
+    def sample_inputs(self) -> list:
+        """Sample operand shapes (``layout_prop.testing.OpSample``) the testing kit tries by default."""
+        return []
+
+    def localize(self, attrs: dict, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                 rank: int) -> dict:
+        """The attrs rank ``rank``'s local kernel gets (a reshape target, a mask offset...).
+
+        ``inputs`` are the specs the kernel sees (after free local slices).
+        """
+        return dict(attrs)
+
+    def input_scale(self, index: int, inputs: tuple[TensorSpec, ...], attrs: dict) -> float:
+        """The standard deviation random test data for input ``index`` should have (default 1).
+
+        ``layout-prop run`` draws a float graph input with the smallest scale its consumers
+        ask for.  Products ask 1/sqrt(fan-in) for their weight operands, as a model is
+        initialised, so that activations stay of order one: with unit weights a Transformer
+        block saturates its softmax, and its gradients (near zero, float32 subnormals) then
+        check little and compute slowly.
+        """
+        return 1.0
+
+    def vjp(self, g: GradBuilder, inputs: tuple[str, ...], outputs: tuple[str, ...],
+            cotangents: tuple[str | None, ...], attrs: dict, needs: tuple[bool, ...]) -> tuple[str | None, ...]:
+        """Add the nodes computing input cotangents; one value (or None) per input."""
+        raise OpError("no-vjp", f"op {self.name!r} has no gradient rule",
+                      hint="mark its inputs requires_grad: false, or register a vjp for the op")
+
+
+def apply_rule(rule: OpRule, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
+    """``rule.infer_layout``, with strided shards gathered first for a rule that does not know them.
+
+    A strided shard (``_S(d,k)``, left by a reshape that merged a sharded inner dim) is
+    not a contiguous shard, so a rule that reads ``Shard`` placements must not see it.
+    Unless the rule sets ``strided = True``, each input's strided mesh axes are taken
+    as Replicate: the rule decides on that layout, wants it, and a fixable
+    ``sharding-mismatch`` names the strided axes (``--reshard`` all-gathers them).
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((8, 4), "float32", Layout(mesh, ["_S(0,2)"], 2))
+    >>> res = apply_rule(get_rule("swiglu"), (x,), get_rule("swiglu").normalize_attrs({}))
+    >>> str(res.outputs[0].layout), [v.code for v in res.violations], str(res.wants[0])
+    ('(R)', ['sharding-mismatch'], '(R)')
+    """
+    if rule.strided or not any(t.layout.has_strided for t in inputs):
+        return rule.infer_layout(inputs, attrs)
+    from .placement import Replicate, StridedShard
+    from .redistribute import plan_redistribution
+
+    plain = tuple(t if not t.layout.has_strided else t.with_layout(t.layout.with_placements(
+        [Replicate() if isinstance(p, StridedShard) else p for p in t.layout.placements])) for t in inputs)
+    res = rule.infer_layout(plain, attrs)
+    wants = list(res.wants) + [None] * (len(inputs) - len(res.wants))
+    violations = list(res.violations)
+    for i, (t, p) in enumerate(zip(inputs, plain)):
+        if p is t:
+            continue
+        want = wants[i] if wants[i] is not None else p.layout
+        wants[i] = want
+        operand = rule.operand_name(i)
+        axes = [a for a in t.layout.strided_axes() if t.mesh.shape[a] > 1]
+        if not axes:
+            continue  # strided on size-1 mesh axes only: a relabel, which the move does for free
+        try:
+            plan_redistribution(t, want)
+            fixable = True
+        except LayoutPropError:
+            fixable = False
+        names = ", ".join(repr(t.mesh.names[a]) for a in axes)
+        first = t.layout.placements[axes[0]]
+        violations.append(Violation(
+            "sharding-mismatch",
+            f"{operand} is {t.layout}: {first} on mesh axis {names} is a strided shard (left by a reshape that "
+            f"merged a sharded inner dim), which {rule.name} does not take; it computes on {operand} {want}",
+            f"all-gather {operand} on {names}, or reshape back to the unmerged dims first",
+            operand=operand, fixable=fixable, details={"want": want.placement_strs()}))
+    return RuleResult(res.outputs, tuple(violations), tuple(wants))
+
+
+def register_op(rule_cls: type[OpRule] | None = None):
+    """Class decorator: instantiate the rule and register it under its name and aliases."""
+
+    def wrap(cls: type[OpRule]) -> type[OpRule]:
+        _load_builtin_ops()  # so a user op that reuses a built-in name is refused, whatever the import order
+        rule = cls()
+        if not rule.name:
+            raise OpError("bad-rule", f"{cls.__name__} has no op name", hint="set the class attribute name")
+        for name in (rule.name, *rule.aliases):
+            if name in _RULES or name in _ALIASES:
+                raise OpError("duplicate-op", f"op name {name!r} of {cls.__name__} is already registered",
+                              hint="choose another op name or alias")
+        _RULES[rule.name] = rule
+        for alias in rule.aliases:
+            _ALIASES[alias] = rule.name
+        return cls
+
+    return wrap(rule_cls) if rule_cls is not None else wrap
+
+
+_BUILTINS = {"loaded": False}
+ENTRY_POINT_GROUP = "layout_prop.ops"
+
+
+def _load_builtin_ops() -> None:
+    """Import the built-in ops once (importing registers them), then plugins, before any lookup.
+
+    Plugins are packages that declare an entry point in the ``layout_prop.ops`` group; loading
+    the entry point imports the module that registers their ops (and kernels).
+    """
+    if _BUILTINS["loaded"]:
+        return
+    _BUILTINS["loaded"] = True
+    import layout_prop.ops  # noqa: F401
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except BaseException as exc:  # a broken plugin (even one that calls exit()): say which one, exit 2
+            raise OpError("plugin-failed", f"loading op plugin {ep.name!r} ({ep.value}) failed: "
+                          f"{describe(exc)}", hint="fix or uninstall that package") from exc
+
+
+def get_rule(op: str, node: str | None = None, path: str | None = None) -> OpRule:
+    """The rule of ``op`` (canonical name or alias); ``unknown-op`` otherwise."""
+    _load_builtin_ops()
+    name = _ALIASES.get(op, op)
+    rule = _RULES.get(name)
+    if rule is None:
+        choices = list(_RULES) + list(_ALIASES)
+        close = difflib.get_close_matches(str(op), choices, n=1)
+        hint = f"did you mean {_ALIASES.get(close[0], close[0])!r}?" if close else \
+            f"known ops: {', '.join(sorted(_RULES))}"
+        raise OpError("unknown-op", f"unknown op {op!r}", node=node, path=path, hint=hint)
+    return rule
+
+
+def is_registered(op: str) -> bool:
+    """Whether ``op`` is an op's name or alias (:func:`get_rule` without its error: no hint
+    is searched for, which costs about 1 ms a name).
+
+    >>> is_registered("mul"), is_registered("Mul"), is_registered("no_such_op")
+    (True, True, False)
+    """
+    _load_builtin_ops()
+    return op in _RULES or op in _ALIASES
+
+
+def registered_ops() -> dict[str, OpRule]:
+    _load_builtin_ops()
+    return dict(_RULES)
+
+
+@dataclass(frozen=True)
+class OpSample:
+    """One set of operand shapes (and dtypes, attrs, requires_grad) to try an op with."""
+
+    shapes: Sequence[Sequence[int]]
+    attrs: dict = field(default_factory=dict)
+    dtypes: Sequence[str] | None = None
+    requires_grad: Sequence[bool] | None = None
+    partial_ok: bool = True  # also try Partial placements on the operands
+    strided: bool = False  # also try strided shards _S(d,2) (dims of even size >= 4)

@@ -1,0 +1,305 @@
+"""TensorSpec: shape, dtype and layout; local shapes and slices with uneven shards.
+
+Uneven shards follow ``torch.chunk`` as DTensor does: a dim of size n on k devices gives
+chunks of ``ceil(n / k)``; piece i is ``[i*c, min((i+1)*c, n))``, so the last pieces may be
+smaller or empty.  A dim sharded on several mesh axes is cut by the outer axis first,
+then each piece by the next axis.  A strided shard ``_S(d,k)`` cuts the piece it gets
+viewed as ``(k, len / k)`` along its inner part (``len`` must divide by ``k`` on every
+rank); a rank then holds ``k`` blocks of the dim, not one range: :meth:`TensorSpec.local_slices`
+refuses such a spec (``unsupported-layout``), :meth:`TensorSpec.dim_indices` and
+:meth:`TensorSpec.local_index` describe it exactly.
+
+Examples
+--------
+>>> from layout_prop.core.mesh import DeviceMesh
+>>> mesh = DeviceMesh((4,), ("tp",))
+>>> spec = TensorSpec((10, 3), "float32", Layout(mesh, ["S(0)"], 2))
+>>> [spec.local_shape(r) for r in range(4)]
+[(3, 3), (3, 3), (3, 3), (1, 3)]
+>>> spec.local_slices(3)
+((9, 10), (0, 3))
+>>> chunk_bounds(10, 4)
+((0, 3), (3, 6), (6, 9), (9, 10))
+>>> strided = TensorSpec((8, 3), "float32", Layout(mesh, ["_S(0,2)"], 2))
+>>> [strided.dim_indices(0, (r,)).tolist() for r in range(4)]
+[[0, 4], [1, 5], [2, 6], [3, 7]]
+"""
+
+from __future__ import annotations
+
+import math
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+
+from .errors import LayoutError
+from .layout import Layout
+from .mesh import MAX_TENSOR_RANK, DeviceMesh
+from .placement import StridedShard
+
+__all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "FLOAT_DTYPES", "check_dtype"]
+
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+#: the dtypes that take a gradient (an integer or bool input, such as token ids or a mask, does not)
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+def check_dtype(dtype) -> str:
+    """Return the canonical dtype name or raise ``bad-dtype``."""
+    name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
+    if name not in DTYPES:
+        raise LayoutError("bad-dtype", f"unsupported dtype {dtype!r}", hint=f"use one of {', '.join(DTYPES)}")
+    return name
+
+
+def chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
+    """``torch.chunk`` bounds of ``range(n)`` cut into ``k`` pieces (trailing ones may be empty)."""
+    c = -(-n // k) if n else 0
+    return tuple((min(i * c, n), min((i + 1) * c, n)) for i in range(k))
+
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
+
+
+def _cut_indices(n: int, layout: Layout, dim: int, coords: Sequence[int]) -> np.ndarray:
+    """The indices of a dim of size ``n`` held at ``coords``: each mesh axis cuts the piece
+    the outer ones left (``Shard``: a chunk; ``StridedShard``: the chunk of each of its blocks)."""
+    idx = np.arange(n)
+    for axis in layout.cut_axes(dim):
+        p = layout.placements[axis]
+        k = layout.mesh.shape[axis]
+        if k == 1:
+            continue  # a size-1 axis cuts nothing, strided or not
+        if isinstance(p, StridedShard):
+            rows = idx.reshape(p.split_factor, len(idx) // p.split_factor)
+            lo, hi = chunk_bounds(rows.shape[1], k)[coords[axis]]
+            idx = rows[:, lo:hi].reshape(-1)
+        else:
+            lo, hi = chunk_bounds(len(idx), k)[coords[axis]]
+            idx = idx[lo:hi]
+    return idx
+
+
+def _check_strided(shape: tuple[int, ...], layout: Layout) -> None:
+    """``invalid-layout`` unless every strided shard's piece divides into its blocks on every rank."""
+    mesh = layout.mesh
+    for axis in layout.strided_axes():
+        p = layout.placements[axis]
+        if mesh.shape[axis] == 1:
+            continue
+        outer = [a for a in layout.cut_axes(p.dim) if a < axis]
+        sizes = {len(_cut_indices(shape[p.dim], _only(layout, outer), p.dim, coords))
+                 for coords in mesh.all_coords()}
+        bad = sorted(n for n in sizes if n % p.split_factor)
+        if bad:
+            raise LayoutError(
+                "invalid-layout",
+                f"{p} on mesh axis {mesh.names[axis]!r}: the piece of dim {p.dim} (size {shape[p.dim]}) it cuts "
+                f"has {bad[0]} elements on some rank, which do not divide into {p.split_factor} blocks",
+                hint="a strided shard _S(d,k) needs the piece of dim d it cuts to be a multiple of k")
+
+
+def _only(layout: Layout, axes: Sequence[int]) -> Layout:
+    """``layout`` with every mesh axis but ``axes`` Replicate."""
+    from .placement import Replicate
+
+    return layout.with_placements([p if a in axes else Replicate() for a, p in enumerate(layout.placements)])
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A global tensor: shape, dtype and layout.
+
+    Raises ``invalid-layout`` when the layout's rank differs from the shape's, or when a
+    size-1 dim is sharded over more than one device.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: Layout
+
+    def __init__(self, shape, dtype, layout: Layout) -> None:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) > MAX_TENSOR_RANK:  # a spec's inputs are checked by the loader; this is an op's output
+            raise LayoutError("too-many-dims", f"a tensor of {len(shape)} dims, over the limit {MAX_TENSOR_RANK}",
+                              hint=f"keep tensors to at most {MAX_TENSOR_RANK} dims (what numpy can index)")
+        if any(s < 0 for s in shape):
+            raise LayoutError("invalid-shape", f"shape {list(shape)} has a negative size",
+                              hint="sizes are non-negative integers")
+        if layout.ndim != len(shape):
+            raise LayoutError("invalid-layout", f"layout of rank {layout.ndim} for shape {list(shape)}",
+                              hint="the layout must describe every dim of the tensor")
+        if layout.has_strided:
+            _check_strided(shape, layout)
+        for dim, axes in layout.sharded_dims().items():
+            count = layout.shard_count(dim)
+            if shape[dim] == 1 and count > 1:
+                names = [layout.mesh.names[a] for a in axes]
+                raise LayoutError(
+                    "invalid-layout",
+                    f"dim {dim} has size 1 but is sharded over {count} devices (mesh axes {names})",
+                    hint=f"keep dim {dim} Replicate; a size-1 dim broadcasts instead of sharding",
+                )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", check_dtype(dtype))
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype, layout)))
+
+
+    def __hash__(self) -> int:  # computed once: specs key the rule cache
+        return self._hash
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.layout.mesh
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE.get(self.dtype) or np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    def with_layout(self, layout: Layout) -> "TensorSpec":
+        return TensorSpec(self.shape, self.dtype, layout)
+
+    def with_placements(self, placements) -> "TensorSpec":
+        return TensorSpec(self.shape, self.dtype, self.layout.with_placements(placements))
+
+    # ------------------------------------------------------------ local views
+    def dim_bounds(self, dim: int, coords: tuple[int, ...]) -> tuple[int, int]:
+        """The global index range of ``dim`` held at mesh coordinates ``coords`` (not for a strided dim).
+
+        Constant time in the mesh size (one piece's bounds, not all of them), so that a
+        mesh of many ranks costs work linear in its size, never quadratic."""
+        lo, hi = 0, self.shape[dim]
+        sizes = self.layout.mesh.shape
+        for axis in self._dim_axes[dim]:
+            n, k, i = hi - lo, sizes[axis], coords[axis]
+            c = -(-n // k) if n else 0  # chunk_bounds(n, k)[i], without the other k - 1 pieces
+            lo, hi = lo + min(i * c, n), lo + min((i + 1) * c, n)
+        return lo, hi
+
+    def dim_indices(self, dim: int, coords: tuple[int, ...]) -> np.ndarray:
+        """The global indices of ``dim`` held at mesh coordinates ``coords``, in local order.
+
+        Exact for every placement, strided shards included (module docstring).
+        """
+        return _cut_indices(self.shape[dim], self.layout, dim, coords)
+
+    @cached_property
+    def _strided_dims(self) -> tuple[int, ...]:
+        return tuple(sorted({self.layout.placements[a].dim for a in self.layout.strided_axes()}))
+
+    def local_slices(self, rank: int) -> tuple[tuple[int, int], ...]:
+        """Per dim, the ``[start, stop)`` range of the global tensor that ``rank`` holds.
+
+        Raises ``unsupported-layout`` for a strided shard (a rank holds several ranges
+        of that dim): use :meth:`local_index` or :meth:`dim_indices`.
+        """
+        cache = self._slices_cache
+        slices = cache.get(rank)
+        if slices is None:
+            coords = self.mesh.coords(rank)  # validates the rank
+            if self.layout.has_strided:
+                raise LayoutError("unsupported-layout",
+                                  f"{self} holds dim {self._strided_dims[0]} in strided pieces, not one range per "
+                                  f"rank", hint="gather the strided mesh axis first, or use the spec's local_index")
+            slices = cache[rank] = tuple(self.dim_bounds(d, coords) for d in range(self.ndim))
+        return slices
+
+    @cached_property
+    def _slices_cache(self) -> dict[int, tuple[tuple[int, int], ...]]:
+        return {}
+
+    @cached_property
+    def _dim_axes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(self.layout.dim_axes(d) for d in range(len(self.shape)))
+
+    def local_runs(self, rank: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+        """Per dim, the ``[start, stop)`` ranges ``rank`` holds, in local order: one range
+        per dim (``local_slices``), several for a strided shard.
+
+        >>> from layout_prop.core.mesh import DeviceMesh
+        >>> mesh = DeviceMesh((2,), ("tp",))
+        >>> TensorSpec((6, 2), "float32", Layout(mesh, ["_S(0,2)"], 2)).local_runs(1)
+        (((2, 3), (5, 6)), ((0, 2),))
+        """
+        if not self.layout.has_strided:
+            return tuple((b,) for b in self.local_slices(rank))
+        coords = self.mesh.coords(rank)
+        out = []
+        for d in range(self.ndim):
+            runs: list[list[int]] = []
+            for i in self.dim_indices(d, coords).tolist():
+                if runs and runs[-1][1] == i:
+                    runs[-1][1] = i + 1
+                else:
+                    runs.append([i, i + 1])
+            out.append(tuple((a, b) for a, b in runs) or ((0, 0),))
+        return tuple(out)
+
+    def local_index(self, rank: int) -> tuple:
+        """A numpy index of the part of the global tensor that ``rank`` holds (for reading or writing).
+
+        Slices; with a strided shard, an open mesh (``numpy.ix_``) of index arrays.
+        """
+        if self.layout.has_strided:
+            coords = self.mesh.coords(rank)
+            return np.ix_(*[self.dim_indices(d, coords) for d in range(self.ndim)])
+        return tuple(slice(a, b) for a, b in self.local_slices(rank))
+
+    def local_shape(self, rank: int = 0) -> tuple[int, ...]:
+        """The shape of ``rank``'s piece (rank 0 holds a largest piece)."""
+        if self.layout.has_strided:
+            coords = self.mesh.coords(rank)
+            return tuple(len(self.dim_indices(d, coords)) for d in range(self.ndim))
+        return tuple(b - a for a, b in self.local_slices(rank))
+
+    def local_nbytes(self, rank: int = 0) -> int:
+        """The bytes of ``rank``'s piece (computed once per rank of a uniqued spec)."""
+        cache = self._nbytes_cache
+        nbytes = cache.get(rank)
+        if nbytes is None:
+            nbytes = cache[rank] = math.prod(self.local_shape(rank)) * self.itemsize
+        return nbytes
+
+    @cached_property
+    def _nbytes_cache(self) -> dict[int, int]:
+        return {}
+
+    def replica_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Groups of ranks that hold identical data (they differ only on Replicate axes)."""
+        rep_axes = [a for a, p in enumerate(self.layout.placements) if p.is_replicate()]
+        groups: dict[tuple, list[int]] = {}
+        for rank, coords in enumerate(self.mesh.all_coords()):
+            key = tuple(c for a, c in enumerate(coords) if a not in rep_axes)
+            groups.setdefault(key, []).append(rank)
+        return tuple(tuple(g) for g in groups.values())
+
+    def to_dict(self) -> dict:
+        """``shape``, ``dtype``, ``placements``, ``tensor_map`` (None for a strided shard: MindSpore
+        has none), ``local_shape`` (rank 0's); fresh lists."""
+        placements, tensor_map, local_shape = self._report_parts
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "placements": list(placements),
+            "tensor_map": None if tensor_map is None else [list(e) if isinstance(e, tuple) else e for e in tensor_map],
+            "local_shape": list(local_shape),
+        }
+
+    @cached_property
+    def _report_parts(self) -> tuple[tuple, tuple, tuple]:  # specs are uniqued: a report computes each once
+        tensor_map = None if self.layout.has_strided else tuple(self.layout.tensor_map())
+        return tuple(self.layout.placement_strs()), tensor_map, self.local_shape(0)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{list(self.shape)} {self.layout}"

@@ -608,6 +608,18 @@ def _hostile(case):
     if case == "odd":  # 7 bytes of float32
         w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4, 4], raw_data=b"\0" * 7)
         return _tiny([mm], [("x", [2, 4])], [("y", [2, 4])], [w])
+    add = helper.make_node("Add", ["x", "w"], ["y"])
+    if case == "negative":  # numpy's reshape took [-4, 4] for [4, 4]: imported, exit 0
+        w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[-4, 4], raw_data=b"\0" * 64)
+        return _tiny([add], [("x", [1])], [("y", None)], [w])
+    if case == "huge-external":  # not read, but numpy's zero view of it was an internal error
+        return _tiny([add], [("x", [1])], [("y", None)], [_external("w", [2 ** 62, 32], "absent.bin")])
+    if case == "strings":  # converted to float32: an internal error
+        return _tiny([add], [("x", [1])], [("y", None)],
+                     [TensorProto(name="w", data_type=TensorProto.STRING, dims=[2], string_data=[b"a", b"b"])])
+    if case == "complex":  # cast to float32 with numpy's ComplexWarning on stderr
+        return _tiny([add], [("x", [1])], [("y", None)],
+                     [TensorProto(name="w", data_type=TensorProto.COMPLEX64, dims=[2], raw_data=b"\0" * 16)])
     if case == "missing":
         return _tiny([helper.make_node("Add", ["x", "nope"], ["y"])], [("x", [4])], [("y", [4])])
     if case == "gather0":  # a constant index on a dim of size 0
@@ -620,7 +632,13 @@ def _hostile(case):
 
 @pytest.mark.parametrize("case, code, named", [
     ("short", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4]"),
-    ("odd", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4]"),
+    ("odd", "bad-model", "initializer 'w' has data that does not fit its dims [4, 4] and data type float32 "
+     "(7 bytes given, 64 needed)"),
+    ("negative", "bad-model", "initializer 'w' has negative dims [-4, 4]"),
+    ("huge-external", "bad-model", "initializer 'w' has dims [4611686018427387904, 32] of float32: "
+     "590,295,810,358,705,651,712 bytes, over the 4,611,686,018,427,387,904 (2^62) a tensor may take"),
+    ("strings", "unsupported-dtype", "constant 'w' has dtype string"),
+    ("complex", "unsupported-dtype", "constant 'w' has dtype complex"),
     ("missing", "bad-model", "node 'y' (Add) reads 'nope', which no graph input"),
     ("gather0", "bad-model", "node 'y' (Gather) has index 0, out of range for dim 0 of 'x' (size 0)"),
     ("sparse", "unknown-op", "node 'c' (Constant) holds a sparse_value"),

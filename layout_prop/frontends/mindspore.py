@@ -17,6 +17,12 @@ MindSpore's own sharding strategies: a primitive's ``shard()`` is saved (on CPU 
 ``in_strategy`` attribute, split counts per dim of each input.  They are not imported as
 layouts (a strategy names no mesh axes); each one on a graph input or parameter is
 compared with the plan's layout of it, and a disagreement is an import note.
+
+A damaged file is one typed error, never an internal one: tensor data is held to the bounds
+the ONNX reader uses too (:mod:`~layout_prop.frontends.limits`: dims, data that fits them,
+constants of at most 2^24 elements when filled, all checked before anything is allocated),
+and what the later passes rely on is checked as it is read (a primitive's input count, a
+product's output shape against its operands', a transpose's permutation).
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from layout_prop.core.errors import SpecError
+from layout_prop.core.errors import SpecError, cut
 from layout_prop.core.graph import Graph
+from layout_prop.io.loader import MAX_ATTR_ITEMS
 from layout_prop.io.plan_file import ShardingPlan, load_plan
-from . import read_model_bytes
+from . import limits, read_model_bytes
 from .ir import MNode, ModelGraph, Value
 
 __all__ = ["from_cell", "from_mindir", "read_mindir"]
@@ -74,8 +81,10 @@ def _schema():
 _SCHEMA_MODULE = "layout_prop_mind_ir_pb2"
 
 
-def _bad(message: str, source: str, hint: str = "re-export the cell with mindspore.export(..., "
-         "file_format='MINDIR')") -> SpecError:
+_HINT = "re-export the cell with mindspore.export(..., file_format='MINDIR')"
+
+
+def _bad(message: str, source: str, hint: str = _HINT) -> SpecError:
     return SpecError("bad-model", message, path=source, hint=hint)
 
 
@@ -111,23 +120,27 @@ def _scope_name(domain: str) -> str | None:
     return f"{cell}/{op}" if cell else op
 
 
-def _tensor_array(t, source: str) -> np.ndarray:
+def _tensor_array(t, source: str, what: str) -> np.ndarray:
+    """A tensor's value under the readers' shared bounds (:mod:`~layout_prop.frontends.limits`,
+    checked before anything is allocated): its raw data, else its typed values, each exactly what
+    its dims and data type take (``bad-model`` otherwise); a tensor saved without data is zeros
+    of its shape, of at most ``MAX_CONSTANT_ELEMENTS`` (``too-large`` past it)."""
     dtype = _DTYPES.get(t.data_type)
     if dtype is None or dtype == "bfloat16":
-        raise SpecError("unsupported-dtype", f"tensor {t.name or '?'} has MindIR data type {t.data_type}",
+        raise SpecError("unsupported-dtype", f"{what} has MindIR data type {t.data_type}",
                         path=source, hint="export the cell in float32 (or float16/float64)")
-    shape = [int(d) for d in t.dims]
     if t.raw_data:
-        return np.frombuffer(t.raw_data, dtype=dtype).reshape(shape).copy()
+        return limits.from_bytes(t.raw_data, t.dims, dtype, what, source, _HINT)
     for field in ("float_data", "int64_data", "int32_data", "double_data"):
         values = getattr(t, field)
         if len(values):
-            return np.asarray(values, dtype=dtype).reshape(shape)
-    return np.zeros(shape, dtype=dtype)
+            return limits.from_values(values, t.dims, dtype, what, source, _HINT)
+    return limits.zeros(t.dims, dtype, what, source, _HINT)
 
 
-def _attr_value(attr, source: str) -> Any:
-    """A Constant node's value as Python (a number, bool, tuple, numpy array, or None)."""
+def _attr_value(attr, source: str, what: str = "a constant") -> Any:
+    """A Constant node's value as Python (a number, bool, tuple, numpy array, or None); ``what``
+    names it in messages."""
     kind = attr.type
     if kind == 1:  # FLOAT (a float32: its shortest decimal, 1e-06 rather than 9.99999997e-07)
         return float(str(np.float32(attr.floats[0] if len(attr.floats) and not attr.f else attr.f)))
@@ -140,11 +153,11 @@ def _attr_value(attr, source: str) -> Any:
     if kind == 8:
         return attr.s.decode() if isinstance(attr.s, bytes) else attr.s
     if kind in (20, 21):  # TUPLE, LIST
-        return tuple(_attr_value(v, source) for v in attr.values)
+        return tuple(_attr_value(v, source, what) for v in attr.values)
     if kind == 17 and attr.HasField("t"):
-        return _tensor_array(attr.t, source)
+        return _tensor_array(attr.t, source, what)
     if kind == 19 and len(attr.tensors):
-        return _tensor_array(attr.tensors[0], source)
+        return _tensor_array(attr.tensors[0], source, what)
     if kind in (23, 24, 25):  # monads, None
         return None
     if len(attr.ints):
@@ -166,8 +179,17 @@ class _Reader:
         self.tuples: dict[str, list[str]] = {}  # MakeTuple / multi-output op -> element values
         self.taken: set[str] = set()
         # MindSpore shard() strategies, saved as the primitives' in_strategy attribute
-        self.strategies = {p.name: _attr_value(a, source) for p in model.primitives for a in p.attribute
-                           if a.name == "in_strategy"}
+        self.strategies = {p.name: self.constant(a, f"the in_strategy of primitive {p.name!r}")
+                           for p in model.primitives for a in p.attribute if a.name == "in_strategy"}
+
+    def constant(self, attr, what: str) -> Any:
+        """:func:`_attr_value`, with what a damaged value raises (undecodable text, a tuple nested
+        past the recursion limit) turned into ``bad-model`` naming ``what``."""
+        try:
+            return _attr_value(attr, self.source, what)
+        except (TypeError, ValueError, IndexError, AttributeError, RecursionError) as exc:
+            raise _bad(f"cannot read {what} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                       [:600], self.source) from None
 
     def name(self, raw: str, prim: str) -> str:
         base = _node_name(raw, prim)
@@ -203,6 +225,7 @@ class _Reader:
             if any(d < 0 for d in dims):
                 raise SpecError("dynamic-shape", f"input {_user_name(inp.name)!r} has dynamic dims {dims}",
                                 path=self.source, hint="export the cell with example inputs of static shape")
+            limits.tensor_dims(dims, f"input {_user_name(inp.name)!r}", self.source, _HINT)
             dtype = self.dtype(t.data_type, f"input {_user_name(inp.name)!r}")
             name = _user_name(inp.name)
             self.alias[inp.name] = name
@@ -211,11 +234,12 @@ class _Reader:
         for p in graph.parameter:
             name = _user_name(p.name)
             self.alias[p.name] = name
-            dtype = self.dtype(p.data_type, f"parameter {name!r}")
-            shape = tuple(int(d) for d in p.dims)
+            what = f"parameter {name!r}"
+            dtype = self.dtype(p.data_type, what)
             # a weight kept outside the file (or not saved) is not read: a zero view of its shape, no memory
-            value = _tensor_array(p, self.source) if p.raw_data else np.broadcast_to(np.zeros((), dtype), shape)
-            self.g.add_value(Value(name, shape, dtype, const=value, weight=True))
+            value = limits.from_bytes(p.raw_data, p.dims, dtype, what, self.source, _HINT) if p.raw_data else \
+                limits.unread(p.dims, dtype, what, self.source, _HINT)
+            self.g.add_value(Value(name, tuple(value.shape), dtype, const=value, weight=True))
         self.taken.update(self.g.values)  # node names never shadow an input or a parameter
         for node in graph.node:
             self.node(node)
@@ -251,16 +275,23 @@ class _Reader:
         for a in node.attribute:
             if a.name == "shape" and len(a.tensors) == 1:
                 t = a.tensors[0]
-                return tuple(int(d) for d in t.dims), _DTYPES.get(t.data_type, "float32")
+                what = f"the output shape of node {node.name!r}"
+                if any(d < 0 for d in t.dims):
+                    raise SpecError("dynamic-shape", f"{what} has dynamic dims {cut(list(t.dims))}", path=self.source,
+                                    hint="export the cell with example inputs of static shape")
+                return limits.tensor_dims(t.dims, what, self.source, _HINT), _DTYPES.get(t.data_type, "float32")
         return None
 
     def node(self, node) -> None:
         prim = node.op_type.split("::")[-1].split(":")[0]
         out = node.output[0] if node.output else node.name
         if prim == "Constant":
-            self.py[out] = _attr_value(node.attribute[0], self.source) if node.attribute else None
+            self.py[out] = self.constant(node.attribute[0], f"constant {_user_name(out)!r}") if node.attribute \
+                else None
             return
         ins = [self.resolve(v) for v in node.input]
+        if prim in ("Load", "Depend", "TupleGetItem") and len(ins) < (2 if prim == "TupleGetItem" else 1):
+            raise _bad(f"node {node.name!r} ({prim}) has {len(ins)} inputs", self.source)
         if prim in ("Load", "Depend"):
             self.alias[out] = ins[0]
             return
@@ -289,9 +320,10 @@ class _Reader:
             if handler is None:
                 return self.unknown(prim, name, ins, out, shaped)
             handler(name, ins, out, shaped)
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:  # a constant of the wrong kind
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as exc:
+            # a constant of the wrong kind, too few inputs, shapes that do not go together
             raise _bad(f"cannot read node {name!r} ({prim}): its inputs or constants are not what {prim} takes "
-                       f"({type(exc).__name__}: {exc})", self.source) from None
+                       f"({type(exc).__name__}: {exc})"[:600], self.source) from None
 
     # helpers --------------------------------------------------------------------
     def tensor(self, raw: str) -> str:
@@ -320,6 +352,8 @@ class _Reader:
 
     def _simple(op: str, prim: str, arity: int = 2):  # noqa: N805 - a method factory
         def handler(self, name, ins, out, shaped):
+            if len(ins) < arity:
+                raise ValueError(f"{prim} takes {arity} inputs, not {len(ins)}")
             self.emit(name, op, [self.tensor(v) for v in ins[:arity]], out, shaped, {}, prim)
         return handler
 
@@ -363,16 +397,31 @@ class _Reader:
     def p_Cast(self, name, ins, out, shaped):
         self.emit(name, "cast", [self.tensor(ins[0])], out, shaped, {"dtype": shaped[1]}, "Cast")
 
+    def _product_shape(self, x: str, w: str, ta: bool, tb: bool, shaped) -> None:
+        """The output shape the file gives a product of matrices is the one its operands give
+        (the fusions that follow trust it): ValueError otherwise."""
+        xs, ws = self.g.shape(x), self.g.shape(w)
+        if len(xs) < 2 or len(ws) < 2 or shaped is None:
+            return
+        (m, k), (k2, n) = xs[-2:][::-1] if ta else xs[-2:], ws[-2:][::-1] if tb else ws[-2:]
+        if k != k2:
+            raise ValueError(f"operands of shapes {list(xs)} and {list(ws)} do not multiply")
+        want = tuple(np.broadcast_shapes(xs[:-2], ws[:-2])) + (m, n)
+        if tuple(shaped[0]) != want:
+            raise ValueError(f"its output shape {cut(list(shaped[0]))} is not the {list(want)} its operands give")
+
     def _matmul(self, name, ins, out, shaped, prim):
         ta = bool(self.const(ins[2], False)) if len(ins) > 2 else False
         tb = bool(self.const(ins[3], False)) if len(ins) > 3 else False
-        self.emit(name, "matmul_nd", [self.tensor(ins[0]), self.tensor(ins[1])], out, shaped,
-                  {"transpose_a": ta, "transpose_b": tb}, prim)
+        x, w = self.tensor(ins[0]), self.tensor(ins[1])
+        self._product_shape(x, w, ta, tb, shaped)
+        self.emit(name, "matmul_nd", [x, w], out, shaped, {"transpose_a": ta, "transpose_b": tb}, prim)
 
     def p_MatMul(self, name, ins, out, shaped):
         x, w = self.tensor(ins[0]), self.tensor(ins[1])
         ta = bool(self.const(ins[2], False)) if len(ins) > 2 else False
         tb = bool(self.const(ins[3], False)) if len(ins) > 3 else False
+        self._product_shape(x, w, ta, tb, shaped)
         if tb and not ta and len(self.g.shape(w)) == 2 and self.g.values[w].weight:  # a Dense: x @ w.T
             cell = w[:-len(".weight")] if w.endswith(".weight") else f"{w}_linear"
             return self.emit(self.name(cell, "MatMul"), "linear", [x, w], out, shaped, {}, "MatMul")
@@ -449,8 +498,12 @@ class _Reader:
         self.emit(name, "reshape", [self.tensor(ins[0])], out, shaped, {"shape": list(shaped[0])}, "Reshape")
 
     def p_Transpose(self, name, ins, out, shaped):
-        self.emit(name, "transpose", [self.tensor(ins[0])], out, shaped, {"dims": list(self.const(ins[1]))},
-                  "Transpose")
+        x = self.tensor(ins[0])
+        rank = len(self.g.shape(x))
+        perm = [int(p) % rank if -rank <= int(p) < rank else int(p) for p in self.const(ins[1])]
+        if sorted(perm) != list(range(rank)):
+            raise ValueError(f"{cut(perm)} is not a permutation of the {rank} dims of {x!r}")
+        self.emit(name, "transpose", [x], out, shaped, {"dims": perm}, "Transpose")
 
     def p_ExpandDims(self, name, ins, out, shaped):
         rank = len(shaped[0])
@@ -497,6 +550,8 @@ class _Reader:
         shape = self.g.shape(x)
         axis = int(self.const(ins[1], 0)) % len(shape)
         n = int(self.const(ins[2], 1))
+        if not 1 <= n <= MAX_ATTR_ITEMS:  # one value per piece, listed in the split's sizes
+            raise ValueError(f"it splits into {n} pieces (1 to {MAX_ATTR_ITEMS})")
         if shape[axis] % n:
             return self.unknown("Split", name, ins, out, shaped)
         piece = list(shape)

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from layout_prop.core.errors import SpecError, cut as cut_text
+from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 from layout_prop.io.plan_file import ShardingPlan, load_plan
-from . import read_model_bytes
+from . import limits, read_model_bytes
 from .ir import MNode, ModelGraph, Value
 
 __all__ = ["from_onnx", "read_onnx"]
@@ -40,8 +40,10 @@ def _onnx():
     return onnx
 
 
-def _bad(message: str, source: str, hint: str = "re-export the model with torch.onnx.export, or check the file") \
-        -> SpecError:
+_HINT = "re-export the model with torch.onnx.export, or check the file"
+
+
+def _bad(message: str, source: str, hint: str = _HINT) -> SpecError:
     return SpecError("bad-model", message, path=source, hint=hint)
 
 
@@ -96,10 +98,14 @@ def _tensor_dtype(tensor, what: str, source: str) -> np.dtype:
 
 
 def _tensor_dims(tensor, what: str, source: str) -> tuple[int, ...]:
-    dims = tuple(int(d) for d in tensor.dims)
-    if any(d < 0 for d in dims):
-        raise _bad(f"{what} has negative dims {list(dims)}", source)
-    return dims
+    return limits.tensor_dims(tensor.dims, what, source, _HINT)
+
+
+def _data_bits(tensor) -> int | None:
+    """Bits per element of a packed data type (INT4, FLOAT6E2M3...: several to a byte), else None."""
+    t = _onnx().TensorProto
+    packed = {"UINT4": 4, "INT4": 4, "FLOAT4E2M1": 4, "UINT2": 2, "INT2": 2, "FLOAT6E2M3": 6, "FLOAT6E3M2": 6}
+    return next((bits for name, bits in packed.items() if getattr(t, name, None) == tensor.data_type), None)
 
 
 def _read_external(tensor, base: str | None, what: str, source: str) -> None:
@@ -114,7 +120,7 @@ def _read_external(tensor, base: str | None, what: str, source: str) -> None:
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return
     dims = _tensor_dims(tensor, what, source)
-    size = math.prod(dims) * _tensor_dtype(tensor, what, source).itemsize
+    size = -(-math.prod(dims) * (_data_bits(tensor) or _tensor_dtype(tensor, what, source).itemsize * 8) // 8)
     if size > SMALL_EXTERNAL:
         return
     if base is None:
@@ -143,21 +149,21 @@ def _read_external(tensor, base: str | None, what: str, source: str) -> None:
 
 
 def _tensor_array(tensor, what: str, source: str) -> tuple[np.ndarray, bool]:
-    """A tensor's value, and whether its data was read: a tensor still in an external data file
-    (over :data:`SMALL_EXTERNAL` bytes, see :func:`_read_external`) is a read-only array of zeros
-    of its shape that takes no memory, and is never read; a tensor whose data does not fit its
-    dims and data type is ``bad-model``."""
+    """A tensor's value, and whether its data was read, under the readers' shared bounds
+    (:mod:`~layout_prop.frontends.limits`, checked before anything is allocated): a tensor still
+    in an external data file (over :data:`SMALL_EXTERNAL` bytes, see :func:`_read_external`) is a
+    read-only array of zeros of its shape that takes no memory, and is never read; a tensor whose
+    data does not fit its dims and data type is ``bad-model``."""
     onnx = _onnx()
+    dims, dtype = _tensor_dims(tensor, what, source), _tensor_dtype(tensor, what, source)
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
-        dims, dtype = _tensor_dims(tensor, what, source), _tensor_dtype(tensor, what, source)
-        return np.broadcast_to(np.zeros((), dtype), dims), False
+        return limits.unread(dims, dtype, what, source, _HINT), False
+    if tensor.HasField("raw_data") and tensor.data_type != onnx.TensorProto.STRING:
+        limits.check_fits(what, dims, dtype, len(tensor.raw_data), source, _HINT, bits=_data_bits(tensor))
     try:
         return onnx.numpy_helper.to_array(tensor), True
-    except Exception as exc:  # 3 floats for dims [4, 4], 7 bytes of raw data, negative dims...
-        dims, dtype = _tensor_dims(tensor, what, source), _tensor_dtype(tensor, what, source)
-        why = _first_line(exc)
-        raise _bad(f"{what} has data that does not fit its dims {list(dims)} and data type {dtype} ({why})"[:600],
-                   source) from None
+    except Exception as exc:  # 3 floats for dims [4, 4], a segment, undecodable strings...
+        raise limits.misfit(what, dims, dtype, _first_line(exc), source, _HINT) from None
 
 
 def _tensors(graph, where: str = ""):
@@ -242,10 +248,11 @@ def _slice_np(x, consts, attrs):
     return x[tuple(index)]
 
 
-#: the most elements a folded constant may hold (at most 128 MiB of int64): shapes, indices,
-#: small tables and masks up to 4096 x 4096; a node that would fold to more is refused
-#: (``too-large``) before anything is allocated
-MAX_FOLD_ELEMENTS = 2 ** 24
+#: the most elements a folded constant may hold (the readers' shared
+#: :data:`~layout_prop.frontends.limits.MAX_CONSTANT_ELEMENTS`, 2^24: at most 128 MiB of int64):
+#: shapes, indices, small tables and masks up to 4096 x 4096; a node that would fold to more is
+#: refused (``too-large``) before anything is allocated
+MAX_FOLD_ELEMENTS = limits.MAX_CONSTANT_ELEMENTS
 
 _BROADCASTING = {"Where", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Add", "Sub",
                  "Mul", "Div", "Pow", "Max", "Min"}
@@ -408,10 +415,15 @@ class _Reader:
     def const_value(self, name: str, array: np.ndarray, weight: bool = False, read: bool = True) -> None:
         array = np.asarray(array)
         dtype = str(array.dtype)
+        if array.dtype.kind in "OSUc":  # strings (onnx gives them as objects), complex numbers
+            raise SpecError("unsupported-dtype", f"constant {name!r} has dtype "
+                            f"{'complex' if array.dtype.kind == 'c' else 'string'}", path=self.source,
+                            hint="the importer reads numeric and boolean tensors only")
         if dtype not in ("float16", "float32", "float64", "int32", "int64", "bool"):
             dtype = "int64" if np.issubdtype(array.dtype, np.integer) else "float32"
-            # an unread tensor stays an array of zeros that takes no memory
-            array = array.astype(dtype) if read else np.broadcast_to(np.zeros((), dtype), array.shape)
+            # an unread tensor stays an array of zeros that takes no memory (of the new dtype: bounded again)
+            array = array.astype(dtype) if read else \
+                limits.unread(array.shape, dtype, f"constant {name!r}", self.source, _HINT)
         if not read:
             self.unread.add(name)
         self.g.add_value(Value(name, tuple(array.shape), dtype, const=array, weight=weight))
@@ -827,11 +839,9 @@ class _Reader:
 
 
 def _too_large(name: str, op: str, shape: tuple[int, ...], source: str) -> SpecError:
-    return SpecError("too-large", f"folding constant node {name!r} ({op}) would give shape {cut_text(list(shape))} "
-                     f"({math.prod(shape):,} elements), over the {MAX_FOLD_ELEMENTS:,} (2^24) elements a folded "
-                     "constant may hold", path=source,
-                     hint="constant subgraphs give shapes, indices and masks; check the model, or give smaller "
-                          "example shapes in the plan")
+    return limits.constant_too_large(f"folding constant node {name!r} ({op})", shape, "a folded constant", source,
+                                     "constant subgraphs give shapes, indices and masks; check the model, or give "
+                                     "smaller example shapes in the plan")
 
 
 def _check_ranges(model, source: str) -> None:

@@ -3,7 +3,9 @@
 ``--emulate-nodes N`` starts N msruns here (master 127.0.0.1, a free port), each node with
 its own private run folder and no file shared: the results reach every node over the
 collective backend.  Two separate ``layout-prop`` launchers with ``--nodes 2 --node-rank K
---master-addr 127.0.0.1`` play two machines exactly as a cluster would run them.
+--master-addr 127.0.0.1`` play two machines exactly as a cluster would run them; they watch each
+other over their link (node 0's launcher, master port + 1), so a launcher killed or a node's run
+failing ends the other within a second.
 
 msrun runs are slow on 2 cores (RPE 2 x 2 about 25 s, the Llama block 2 x 4 about 45 s);
 the refusals before launch take a second each.
@@ -42,9 +44,23 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port P whose P + 1 (the launchers' link of a master port P) is free too."""
+    while True:
+        with socket.socket() as sock, socket.socket() as link:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            try:
+                link.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
+def tcp_ports(state: str) -> set[int]:
+    """The local ports of this machine's IPv4 TCP sockets in ``state`` (``/proc/net/tcp``: 01 established, 06
+    TIME-WAIT, 0A listening)."""
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return {int(row[1].split(":")[1], 16) for row in rows if row[3] == state}
 
 
 # --------------------------------------------------------------------------- the mapping, without msrun
@@ -88,6 +104,52 @@ def test_engine_flags_need_the_mindspore_engine(flags):
                                    "--master-addr, --master-port, --node-rank and --local-workers need --engine "
                                    "mindspore (the simulator runs in this process) (hint: add --engine mindspore, or "
                                    "drop them)")
+
+
+def test_the_port_probe_accepts_a_port_in_time_wait_and_refuses_a_listener():
+    """Right after a run, the master port is held by TIME-WAIT sockets only: MindSpore binds it (SO_REUSEADDR),
+    so the probe must too (it said port-in-use); a listener on it is still refused."""
+    from layout_prop.engines.msrun_engine import check_port_free
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as MindSpore's scheduler: Linux lets a
+        listener.bind(("127.0.0.1", 0))  # bind pass a TIME-WAIT socket only if both set it
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        server, _ = listener.accept()
+        server.close()  # this side closes first: its socket, on the port, waits in TIME-WAIT
+        time.sleep(0.05)
+        client.close()
+    deadline = time.monotonic() + 5
+    while port not in tcp_ports("06") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert port in tcp_ports("06") and port not in tcp_ports("0A")
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the probe without SO_REUSEADDR: EADDRINUSE
+    check_port_free("127.0.0.1", port)  # accepted
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        with pytest.raises(ExecutionError) as info:
+            check_port_free("127.0.0.1", port)
+    assert str(info.value) == (f"port-in-use: port {port} of 127.0.0.1 is already in use (hint: choose another "
+                               f"--master-port (the same on every node))")
+
+
+def test_a_master_addr_that_is_not_node_0s_is_refused_before_anything_starts(tmp_path):
+    done = cli("run", str(EXAMPLES / "dp_tp.yaml"), "--engine", "mindspore", "--nodes", "2", "--node-rank", "0",
+               "--master-addr", "203.0.113.7", env=dict(os.environ, TMPDIR=str(tmp_path)))
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0].startswith("layout-prop: error: bad-master-addr: --master-addr 203.0.113.7 is not an address of "
+                               "this machine, which runs msrun's scheduler as node 0; this machine's addresses: "
+                               "127.0.0.0/8")
+    assert lines[0].endswith("(hint: on node 0, give one of its own addresses as --master-addr (the same on every "
+                             "node), or run --node-rank 0 on the machine that has this address)")
+    assert list(tmp_path.iterdir()) == []  # refused before any run folder
 
 
 def test_a_port_in_use_on_the_master_exits_2(tmp_path):
@@ -253,28 +315,99 @@ def test_a_node_that_never_joins_is_named_at_the_timeout(tmp_path):
     assert wait_until_none_left(tag) == []
 
 
-def test_a_dead_worker_on_another_machine_ends_both_launchers(tmp_path):
-    """Node 1's launcher names the killed rank at once; node 0's workers wait in a collective until
-    MindSpore's scheduler misses the dead worker's heartbeats (about 30 s) and ends them: node 0 says
-    which node it lost (or, on a machine too loaded for that within the timeout, which node it waited for)."""
+def test_a_killed_launcher_on_another_machine_is_named_within_seconds(tmp_path):
+    """Node 1's layout-prop SIGKILLed while the run goes: node 0's launcher sees its link close and names node 1
+    at once (it used to wait for its --timeout, 300 s by default, and then say node 1 "never joined")."""
     tag = new_tag()
-    env = dict(os.environ, TMPDIR=str(tmp_path), **{TAG_ENV: tag, "LAYOUT_PROP_PAUSE_AFTER_INIT": "20"})
-    command = [sys.executable, "-m", "layout_prop.cli", "run", str(EXAMPLES / "dp_tp.yaml"), "--engine", "mindspore",
-               "--nodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--timeout", "90"]
+    env = dict(os.environ, TMPDIR=str(tmp_path), **{TAG_ENV: tag})
+    port = free_port()
+    command = [sys.executable, "-m", "layout_prop.cli", "run", str(EXAMPLES / "dp_b.yaml"), "--engine", "mindspore",
+               "--nodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "--timeout", "60"]
     nodes = [subprocess.Popen(command + ["--node-rank", str(k)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for k in (0, 1)]
-    killer = WorkerKiller(tag, rank=3, ready=lambda: len(list(tmp_path.glob("*/rank*.paused"))) == 4)
-    killer.run()  # in this thread: waits until every rank joined and paused, then kills rank 3
+    deadline = time.monotonic() + 60
+    while not (port + 1 in tcp_ports("01") and list(tmp_path.glob("*/rank1.joined"))) and time.monotonic() < deadline:
+        time.sleep(0.05)  # node 1's launcher is linked to node 0's, and its worker joined MindSpore's cluster
+    assert nodes[0].poll() is None and nodes[1].poll() is None
+    nodes[1].kill()
+    killed = time.monotonic()
+    _, err0 = nodes[0].communicate(timeout=60)
+    noticed = time.monotonic() - killed
+    nodes[1].communicate(timeout=10)
+    assert nodes[0].returncode == 2 and noticed < 5, (noticed, err0)
+    assert len(err0.strip().splitlines()) == 1
+    assert re.fullmatch(r"layout-prop: error: node-lost: node 1 \(rank 1\) was lost [0-9.]+ s after the launch: its "
+                        r"launcher's connection closed without a last word \(its layout-prop was killed, or its "
+                        r"machine ended it\); every process of this node's run was killed; run folder \S+ \(hint: "
+                        r"see what happened on node 1 \(its error line, or its run folder's logs/\), then run "
+                        r"again on every node\)", err0.strip()), err0
+    assert wait_until_none_left(tag) == []
+
+
+def test_the_launchers_link_without_msrun(monkeypatch):
+    """The link's own cases, in one process: a last word "done" is no loss, a silent launcher is lost, a launcher
+    of another run shape is refused on both sides."""
+    from layout_prop.engines import msrun_engine
+
+    monkeypatch.setattr(msrun_engine, "_LINK_SILENCE_SECONDS", 1.5)
+    port = free_port()
+
+    def link(node, nodes=2):
+        made = msrun_engine._NodeLink(node, nodes, 4, "127.0.0.1", port, lambda k: f"node {k}")
+        made.open()
+        return made
+
+    def wait(until):
+        deadline = time.monotonic() + 10
+        while not until() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    hub, spoke = link(0), link(1)
+    wait(lambda: hub.joined and spoke.joined)
+    spoke.finish(None)
+    time.sleep(0.3)
+    assert hub.joined == {1} and hub.problem() is None
+    hub.finish(None)
+
+    hub, spoke = link(0), link(1)
+    wait(lambda: hub.joined)
+    spoke._stop.set()  # its thread stops beating, its connection stays open
+    spoke._thread.join()
+    wait(hub.problem)
+    assert (hub.problem().what, hub.problem().why) == ("node 1 was lost", "its launcher sent no heartbeat for 1.5 s "
+                                                       "(its machine stopped, or the network between the nodes failed)")
+    hub.finish("done with it")
+    spoke.finish(None)
+
+    hub, spoke = link(0), link(1, nodes=3)
+    wait(lambda: hub.problem() and spoke.problem())
+    assert hub.problem().code == spoke.problem().code == "bad-nodes"
+    assert spoke.problem().why == hub.problem().why == "it runs 3 nodes of 4 ranks, node 0 2 nodes of 4 ranks"
+    hub.finish("refused")
+    spoke.finish("refused")
+
+
+def test_a_dead_worker_on_another_machine_ends_both_launchers(tmp_path):
+    """Node 1's launcher names the killed rank at once and tells node 0's over their link; node 0 names node 1
+    and its error within seconds (its workers, waiting in a collective, used to wait until MindSpore's scheduler
+    missed the dead worker's heartbeats, about 30 s)."""
+    tag = new_tag()
+    env = dict(os.environ, TMPDIR=str(tmp_path), **{TAG_ENV: tag, "LAYOUT_PROP_PAUSE_AFTER_INIT": "20"})
+    command = [sys.executable, "-m", "layout_prop.cli", "run", str(EXAMPLES / "dp_b.yaml"), "--engine", "mindspore",
+               "--nodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--timeout", "60"]
+    nodes = [subprocess.Popen(command + ["--node-rank", str(k)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in (0, 1)]
+    killer = WorkerKiller(tag, rank=1, ready=lambda: len(list(tmp_path.glob("*/rank*.paused"))) == 2)
+    killer.run()  # in this thread: waits until every rank joined and paused, then kills rank 1
     assert killer.killed_at is not None
-    (_, err0), (_, err1) = (node.communicate(timeout=120) for node in nodes)
+    (_, err0), (_, err1) = (node.communicate(timeout=60) for node in nodes)
+    noticed = time.monotonic() - killer.killed_at
     assert [node.returncode for node in nodes] == [2, 2]
-    assert err1.startswith(f"layout-prop: error: worker-failed: rank 3 (pid {killer.pid}) was killed by SIGKILL")
-    lost = re.match(r"layout-prop: error: node-lost: msrun's scheduler lost a worker of another node \(The node: "
-                    r"\S+ is timed out.*\): node 1 \(ranks 2-3\) died or stalled \(its launcher names the rank\); "
-                    r"MindSpore then ended this node's workers \(", err0)
-    waited = err0.startswith("layout-prop: error: engine-timeout: msrun did not finish within the timeout of 90 s; "
-                             "ranks [0, 1] (node 0) did not finish; they waited for the other nodes: node 1 (ranks "
-                             "2-3) died or stalled")
-    assert lost or waited, err0
+    assert noticed < 10, (noticed, err0)
+    died = f"worker-failed: rank 1 (pid {killer.pid}) was killed by SIGKILL (signal 9) "
+    assert err1.startswith(f"layout-prop: error: {died}")
+    assert re.match(r"layout-prop: error: node-lost: node 1 \(rank 1\) failed [0-9.]+ s after the launch: "
+                    + re.escape(died), err0), err0
+    assert "every process of this node's run was killed; run folder " in err0
     assert len(err0.strip().splitlines()) == len(err1.strip().splitlines()) == 1
     assert wait_until_none_left(tag) == []

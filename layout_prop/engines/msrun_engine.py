@@ -32,7 +32,13 @@ Several machines (``nodes``, ``node_rank``, ``master_addr``, ``master_port``,
 ``msrun --worker_num=N*W --local_worker_num=W --master_addr=HOST --node_rank=K`` in its own
 private folder, and since no filesystem is shared, the workers send every rank's results to
 every node over the collective backend (:func:`~layout_prop.engines.msrun_worker.share_results`),
-where the node's first worker writes them; each node then compares on its own.
+where the node's first worker writes them; each node then compares on its own.  The
+launchers watch each other over one TCP connection from every node to node 0's launcher, on
+the master address at ``master_port + 1`` (:class:`_NodeLink`: a line a second each way, and
+a last word, ``done`` or ``fail`` with the one-line error): a launcher killed, a node's run
+failing, or a node silent for 6 s ends every other node within a poll or two, naming the node
+(``node-lost``).  Node 0 checks first that ``master_addr`` is one of its own addresses
+(:func:`check_master_addr`).
 ``emulate_nodes=N`` starts the N nodes' msruns from this one launcher on this machine
 (master 127.0.0.1; the scheduler command of nodes other than 0 returns at once, as msrun
 starts no scheduler on a real non-master node) and watches them all.
@@ -44,7 +50,9 @@ its workers through the parent-death signal.
 Failures are typed :class:`~layout_prop.core.errors.ExecutionError`\\ s, one line each:
 ``engine-unavailable`` (no msrun), ``backend-unavailable`` (cann without Ascend),
 ``bad-timeout``, ``bad-nodes``, ``bad-node-rank``, ``bad-port``, ``too-many-workers`` (over
-:data:`MAX_LOCAL_WORKERS` processes on this machine), ``port-in-use``,
+:data:`MAX_LOCAL_WORKERS` processes on this machine), ``port-in-use`` (a listener on the master
+port or the link's, on node 0), ``bad-master-addr`` (not an address of node 0), ``node-lost``
+(another node's launcher lost, or its run failed),
 ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout`` (the
 processes are killed; names the ranks that did not finish), ``worker-failed`` (the
 failing rank, its op and error or its signal, the run folder).  The engine never waits
@@ -68,11 +76,13 @@ layout_prop.core.errors.ExecutionError: bad-timeout: the timeout must be a numbe
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import math
 import os
 import re
 import secrets
+import selectors
 import shlex
 import shutil
 import signal
@@ -90,14 +100,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from layout_prop.core.errors import ExecutionError, LayoutPropError, cut
+from layout_prop.core.errors import ExecutionError, LayoutPropError, cut, describe, printable
 from layout_prop.io.progress import format_seconds
 
 from . import msrun_worker as worker
 from .collectives import scatter_global
 
 __all__ = ["MsrunEngine", "node_map", "format_node_map", "MSRUN_DEFAULT_PORT", "RUN_PREFIX", "RPE_OPS", "BACKENDS", "MAX_TIMEOUT_SECONDS", "MAX_LOCAL_WORKERS", "LAUNCHER_FILE", "check_timeout", "remove_stale_runs",
-           "check_runs_root", "check_cann_program", "check_kernels"]
+           "check_runs_root", "check_cann_program", "check_kernels", "check_port_free", "check_master_addr",
+           "local_addresses", "LINK_PORT_OFFSET"]
 
 RUN_PREFIX = "layout-prop-run-"
 """Run folders are ``<system temp dir or run_dir>/layout-prop-run-<timestamp>-<random>``."""
@@ -436,12 +447,16 @@ class MsrunEngine:
         if nodes > 1 and emulate_nodes is None and not master_addr:
             raise ExecutionError("bad-nodes", f"{cut(nodes)} nodes need --master-addr (the host of msrun's scheduler)",
                                  hint="give the same --master-addr HOST on every node")
-        if master_port is not None and not 1024 <= int(master_port) <= 65535:
-            raise ExecutionError("bad-port", f"--master-port {cut(master_port)} is not in 1024..65535",
+        linked = int(nodes) > 1 and emulate_nodes is None  # launchers on several machines: they watch each other
+        if master_port is not None and not 1024 <= int(master_port) <= 65535 - linked:
+            raise ExecutionError("bad-port", f"--master-port {cut(master_port)} is not in 1024..{65535 - linked}"
+                                 + (" (the launchers' link takes the next port)" if linked else ""),
                                  hint="msrun's default is 8118")
         if local_workers is not None and int(local_workers) < 1:
             raise ExecutionError("bad-nodes", f"--local-workers must be at least 1, got {cut(local_workers)}",
                                  hint="the workers a node starts, e.g. 8")
+        if linked and int(node_rank) == 0:
+            check_master_addr(master_addr)  # node 0 runs msrun's scheduler there: before anything starts
         self.nodes = int(nodes)
         self.node_rank = int(node_rank)
         self.emulated = emulate_nodes is not None
@@ -450,6 +465,7 @@ class MsrunEngine:
         self.local_workers = local_workers
         self.run_dir: Path | None = None
         self.progress = progress
+        self._link: _NodeLink | None = None
         self._extra: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ public API
@@ -478,9 +494,9 @@ class MsrunEngine:
         ------
         ExecutionError
             ``backend-unavailable``, ``kernel-constraint`` / ``no-backward-kernel`` (cann),
-            ``no-kernel``, ``missing-input``, ``engine-unavailable``, ``bad-nodes``,
+            ``no-kernel``, ``missing-input``, ``engine-unavailable``, ``bad-nodes``, ``bad-node-rank``,
             ``port-in-use``, ``unsafe-run-dir``, ``run-folder-failed``, ``engine-timeout``,
-            ``worker-failed``.
+            ``worker-failed``, ``node-lost``.
         """
         started = time.perf_counter()
         wanted = list(program.outputs) if wanted is None else list(wanted)
@@ -507,36 +523,44 @@ class MsrunEngine:
             self._extra.update({"nodes": node_map(program.mesh, self.nodes, workers), "node_rank": self.node_rank,
                                 "emulated_nodes": self.emulated})
             self._extra["node_map"] = format_node_map(self._extra["nodes"])
-        runs: list[_NodeRun] = []
+        self._link = self._open_link(port)  # across machines: node 0 listens from now on
         try:
-            for node in here:
-                runs.append(self._prepare_node(node, workers, size, port, msrun, search_path, key, program, wanted,
-                                               device_target, local_inputs, input_names))
-        except BaseException:
-            for made in runs:
-                shutil.rmtree(made.run, ignore_errors=True)
-            raise
-        report = runs[0]  # node 0 when emulated, else this node: every node's collector has every rank's results
-        self.run_dir = report.run
-        self._extra.update({"run_dir": str(report.run), "run_dirs": [str(r.run) for r in runs]})
-        try:
+            runs: list[_NodeRun] = []
             try:
-                with _signals_end_the_run():
-                    self._launch_and_wait(runs)
-            except _Terminated as stop:
-                _forget_launcher(runs)  # the folder is kept for the user, not stale: before this process ends
-                _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
-                raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every process "
-                                     f"of the run was killed; run folder {report.run}", hint="run it again") from None
-            results = self._collect(report, size, wanted)
-            for other in runs[1:]:  # emulated nodes: each node's collector received the same results
-                theirs = self._collect(other, size, wanted, record=False)
-                if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
-                    raise ExecutionError("internal-error", f"node {other.node} received other results than node "
-                                         f"{report.node}; run folders {report.run}, {other.run}",
-                                         hint="please report this: the collective gather of the results is wrong")
-        finally:  # a run this launcher ends itself, well or not, is never stale (a failed run's folder is kept)
-            _forget_launcher(runs)
+                for node in here:
+                    runs.append(self._prepare_node(node, workers, size, port, msrun, search_path, key, program, wanted,
+                                                   device_target, local_inputs, input_names))
+            except BaseException:
+                for made in runs:
+                    shutil.rmtree(made.run, ignore_errors=True)
+                raise
+            report = runs[0]  # node 0 when emulated, else this node: every node's collector has every rank's results
+            self.run_dir = report.run
+            self._extra.update({"run_dir": str(report.run), "run_dirs": [str(r.run) for r in runs]})
+            try:
+                try:
+                    with _signals_end_the_run():
+                        self._launch_and_wait(runs)
+                except _Terminated as stop:
+                    _forget_launcher(runs)  # the folder is kept for the user, not stale: before this process ends
+                    self._finish_link(ExecutionError("terminated", f"stopped by {_signal_name(stop.signum)}"))
+                    _end_like_the_signal(stop.signum, ", ".join(str(r.run) for r in runs))
+                    raise ExecutionError("terminated", f"stopped by {signal.Signals(stop.signum).name}; every "
+                                         f"process of the run was killed; run folder {report.run}",
+                                         hint="run it again") from None
+                results = self._collect(report, size, wanted)
+                for other in runs[1:]:  # emulated nodes: each node's collector received the same results
+                    theirs = self._collect(other, size, wanted, record=False)
+                    if any(not _same_arrays(results[v], theirs[v]) for v in wanted):
+                        raise ExecutionError("internal-error", f"node {other.node} received other results than node "
+                                             f"{report.node}; run folders {report.run}, {other.run}",
+                                             hint="please report this: the collective gather of the results is wrong")
+            finally:  # a run this launcher ends itself, well or not, is never stale (a failed run's folder is kept)
+                _forget_launcher(runs)
+        except BaseException as error:  # the other nodes' launchers hear how this one ended
+            self._finish_link(error)
+            raise
+        self._finish_link(None)
         self._extra["launcher_seconds"] = time.perf_counter() - started
         if not self.keep:
             for made in runs:
@@ -581,21 +605,42 @@ class MsrunEngine:
         return workers
 
     def _port(self) -> int:
-        """The scheduler's port; node 0, when on the scheduler's host, refuses one that is taken."""
+        """The scheduler's port; node 0 refuses one that a socket listens on (:func:`check_port_free`)."""
         if self.master_port is None and (self.nodes == 1 or self.emulated):
             return _free_port()
         port = self.master_port if self.master_port is not None else MSRUN_DEFAULT_PORT
         if self.node_rank != 0:
             return port  # node 0's scheduler may hold it already
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((self.master_addr, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise ExecutionError("port-in-use", f"port {port} of {self.master_addr} is already in use",
-                                         hint="choose another --master-port (the same on every node)") from None
-                # not this host's address (the scheduler runs elsewhere), or not resolvable here: msrun decides
+        check_port_free(self.master_addr, port)
         return port
+
+    def _open_link(self, port: int) -> "_NodeLink | None":
+        """Across machines: the launchers' heartbeat (:class:`_NodeLink`), listening on node 0 from now on."""
+        if self.nodes == 1 or self.emulated:
+            return None
+
+        def name(node: int) -> str:
+            ranks = self._extra["nodes"][node]["ranks"]
+            return f"node {node} (rank {ranks[0]})" if len(ranks) == 1 else (f"node {node} (ranks {ranks[0]}-"
+                                                                             f"{ranks[-1]})")
+
+        size = self._extra["nodes"][-1]["ranks"][-1] + 1
+        link = _NodeLink(self.node_rank, self.nodes, size, self.master_addr, port + LINK_PORT_OFFSET, name)
+        link.open()
+        return link
+
+    def _finish_link(self, error: BaseException | None) -> None:
+        """Tell the other nodes' launchers how this node's run ended (once)."""
+        link, self._link = self._link, None
+        if link is None:
+            return
+        if error is None or isinstance(error, LayoutPropError):
+            text = None if error is None else str(error)
+        elif isinstance(error, KeyboardInterrupt):
+            text = "interrupted (Ctrl-C)"
+        else:
+            text = describe(error)
+        link.finish(text)
 
     def _prepare_node(self, node: int, workers: int, size: int, port: int, msrun: str, search_path: list[str],
                       key: bytes, program, wanted: list[str], device_target: str,
@@ -681,6 +726,7 @@ class MsrunEngine:
             for node_run in runs:
                 self._start(node_run, launched)
             while True:
+                self._check_link(runs, launched, folders)
                 for node_run in runs:
                     failure = self._failure(node_run, len(runs) > 1)
                     if failure is not None:
@@ -713,6 +759,17 @@ class MsrunEngine:
         finally:
             if any(r.process is not None and (r.process.poll() is None or r.watch.live_pids()) for r in runs):
                 self._kill_all(runs)  # an interrupt or an unexpected error: never leave processes
+
+    def _check_link(self, runs: list[_NodeRun], launched: float, folders: str) -> None:
+        """Another node's launcher lost, failed or refusing this one (:class:`_NodeLink`): kill this node's run
+        and say so (``node-lost``, ``bad-nodes``, ``bad-node-rank``)."""
+        problem = self._link.problem() if self._link is not None else None
+        if problem is None:
+            return
+        self._kill_all(runs)
+        raise ExecutionError(problem.code, f"{problem.what} {max(problem.when - launched, 0.0):.1f} s after the "
+                             f"launch: {problem.why}; every process of this node's run was killed; run folder "
+                             f"{folders}", hint=problem.hint)
 
     def _progress_text(self, runs: list[_NodeRun], launched: float) -> str:
         """``8 ranks: 8 joined, 3 done, 14s (timeout 5m 00s)``: how far this launcher's ranks are."""
@@ -1333,3 +1390,406 @@ def _log_hint(run: Path) -> str:
             if "Error" in line and not line.startswith("[WARNING]"):
                 return f" ({log.name}: {_one_line(line)[:300]})"
     return ""
+
+
+# --------------------------------------------------------------------------- addresses and ports
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a TCP port of this machine's address ``host`` that a socket listens on (``port-in-use``).
+
+    The probe binds with ``SO_REUSEADDR``, as MindSpore's own bind does, so a port held only
+    by TIME-WAIT sockets of an earlier run (the minute after it) is accepted, and one with a
+    listener is still refused.  An address that is not this machine's, or cannot be resolved,
+    is left to msrun (the scheduler runs elsewhere).
+
+    Raises
+    ------
+    ExecutionError
+        ``port-in-use`` naming the port and the address.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ExecutionError("port-in-use", f"port {port} of {host} is already in use",
+                                     hint="choose another --master-port (the same on every node)") from None
+
+
+def _is_local(family: int, address: tuple) -> bool:
+    """Whether this machine can bind ``address`` (its own interface address), by binding a UDP socket to it."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((address[0], 0) + tuple(address[2:]))
+        return True
+    except OSError:
+        return False
+
+
+def local_addresses() -> list[str]:
+    """This machine's own addresses, for messages: 127.0.0.0/8, then the IPv4 addresses of its
+    interfaces (``/proc/net/fib_trie``), its IPv6 ones but link-local (``/proc/net/if_inet6``) and
+    what its host name resolves to.  Never raises (an address found no way is simply not listed)."""
+    found = ["127.0.0.0/8"]
+
+    def add(text: str) -> None:
+        if text not in found and not text.startswith("127.") and not text.lower().startswith("fe80"):
+            found.append(text)
+
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+        for above, line in zip(lines, lines[1:]):
+            if line.strip() == "/32 host LOCAL" and above.strip().startswith("|-- "):
+                add(above.strip()[4:])
+    except OSError:
+        pass
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            digits = line.split()[0] if line.split() else ""
+            if len(digits) == 32:
+                add(str(ipaddress.IPv6Address(bytes.fromhex(digits))))
+    except (OSError, ValueError):
+        pass
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM):
+            add(str(info[4][0]))
+    except (OSError, UnicodeError):
+        pass
+    return found
+
+
+def check_master_addr(host: str) -> None:
+    """On node 0 of several machines: ``host`` must be an address of this machine, since node 0
+    runs msrun's scheduler (and the launchers' link) on it.  Checked by binding a UDP socket to
+    each address ``host`` resolves to, before anything starts.
+
+    Raises
+    ------
+    ExecutionError
+        ``bad-master-addr`` naming the address (or the resolver's answer) and this machine's addresses.
+
+    >>> check_master_addr("127.0.0.1")
+    >>> check_master_addr("203.0.113.7")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    layout_prop.core.errors.ExecutionError: bad-master-addr: --master-addr 203.0.113.7 is not an address of ...
+    """
+    shown = cut(host)[1:-1] if isinstance(host, str) else cut(host)
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ExecutionError("bad-master-addr", f"--master-addr {shown} cannot be resolved on node 0 "
+                             f"({_one_line(getattr(exc, 'strerror', None) or exc)}); this machine's addresses: "
+                             f"{', '.join(local_addresses())}",
+                             hint="on node 0, give one of its own addresses (the same --master-addr on every "
+                             "node)") from None
+    if any(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_unspecified for info in infos):
+        raise ExecutionError("bad-master-addr", f"--master-addr {shown} is the wildcard address: the other nodes "
+                             f"cannot connect to it; this machine's addresses: {', '.join(local_addresses())}",
+                             hint="give node 0's address on the network the nodes share (the same on every node)")
+    if any(_is_local(family, address) for family, _, _, _, address in infos):
+        return
+    resolved = sorted({str(info[4][0]) for info in infos} - {host})
+    also = f" (it resolves to {', '.join(resolved)})" if resolved else ""
+    raise ExecutionError("bad-master-addr", f"--master-addr {shown}{also} is not an address of this machine, "
+                         f"which runs msrun's scheduler as node 0; this machine's addresses: "
+                         f"{', '.join(local_addresses())}",
+                         hint="on node 0, give one of its own addresses as --master-addr (the same on every node), "
+                         "or run --node-rank 0 on the machine that has this address")
+
+
+# --------------------------------------------------------------------------- the launchers' link
+LINK_PORT_OFFSET = 1
+"""The launchers of several machines watch each other over one TCP connection per node to node 0's
+launcher, on the master address at ``master_port + LINK_PORT_OFFSET`` (8119 by default)."""
+
+_LINK_BEAT_SECONDS = 1.0
+#: a peer silent this long (its machine stopped, or the network between the nodes failed) is lost
+_LINK_SILENCE_SECONDS = 6.0
+#: a connection that has not said which node it is within this long is dropped
+_LINK_HELLO_SECONDS = 10.0
+_LINK_MAX_LINE = 4096
+_LINK_MAX_STRANGERS = 32
+
+
+@dataclass
+class _LinkProblem:
+    """What the link learnt: ``{what} {seconds} s after the launch: {why}``."""
+
+    code: str  # node-lost, bad-nodes, bad-node-rank
+    what: str  # node 1 (ranks 2-3) was lost
+    why: str
+    hint: str
+    when: float  # time.monotonic()
+
+
+@dataclass
+class _Peer:
+    """One connection of the link: another node's launcher (``node`` once known)."""
+
+    sock: socket.socket
+    address: str
+    opened: float
+    node: int | None = None
+    heard: float = 0.0
+    buffer: bytes = b""
+    last_word: str | None = None  # "done" or "fail", once said
+
+
+class _NodeLink:
+    """The launchers' heartbeat across machines (no file is shared, and MindSpore's scheduler
+    knows a node only once its workers joined).
+
+    Node 0's launcher listens on the master address at ``port`` (``master_port + 1``) from
+    before anything starts; every other launcher connects to it (again every half second until
+    it is there) and says ``hello NODE NODES RANKS``.  Both ends then send ``beat`` every second
+    and, when their run ends, a last word: ``done``, or ``fail`` and their one-line error.  A
+    connection that closes without a last word (its ``layout-prop`` killed: the kernel closes its
+    socket) or stays silent for :data:`_LINK_SILENCE_SECONDS` (a stopped machine, a cut network)
+    is a lost node; a last word ``fail`` is a failed node.  Either is :meth:`problem`, which the
+    launcher's poll turns into ``node-lost`` naming the node.  Node 0 also refuses a launcher that
+    runs another number of nodes or ranks, or a node rank already connected (``refuse``).  A
+    launcher that cannot reach the port is not watched (the run goes on, as before the link).
+    Everything runs in one daemon thread; the protocol has no authentication, like msrun's own.
+    """
+
+    def __init__(self, node_rank: int, nodes: int, ranks: int, host: str, port: int,
+                 describe: Callable[[int], str]) -> None:
+        self.node_rank, self.nodes, self.ranks = node_rank, nodes, ranks
+        self.host, self.port = host, port
+        self.describe = describe
+        self.peers: list[_Peer] = []
+        self.joined: set[int] = set()
+        self._problem: _LinkProblem | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listener: socket.socket | None = None
+        self._selector = selectors.DefaultSelector()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ the launcher's side
+    def open(self) -> None:
+        """Node 0: listen now (``port-in-use`` if taken); every node: start the link's thread."""
+        if self.node_rank == 0:
+            family, _, _, _, address = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+                sock.listen(16)
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE:
+                    raise ExecutionError("port-in-use", f"port {self.port} of {self.host} (the launchers' link, "
+                                         f"--master-port + {LINK_PORT_OFFSET}) is already in use",
+                                         hint="choose another --master-port (the same on every node)") from None
+                raise ExecutionError("port-in-use", f"cannot listen on port {self.port} of {self.host} (the "
+                                     f"launchers' link): {exc.strerror or exc}",
+                                     hint="choose another --master-port (the same on every node)") from None
+            sock.setblocking(False)
+            self._listener = sock
+            self._selector.register(sock, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name="layout-prop-node-link", daemon=True)
+        self._thread.start()
+
+    def problem(self) -> _LinkProblem | None:
+        with self._lock:
+            return self._problem
+
+    def finish(self, failure: str | None) -> None:
+        """Tell every connected node how this run ended (``done`` or ``fail LINE``), then close."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+        word = "done" if failure is None else "fail " + _one_line(failure)[:1500]
+        peers = [p for p in self.peers if p.node is not None and p.last_word is None]
+        for peer in peers:
+            try:
+                peer.sock.setblocking(True)
+                peer.sock.settimeout(1.0)
+                peer.sock.sendall(word.encode("utf-8", "replace") + b"\n")
+                peer.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0  # read until they close: closing with unread data would reset
+        for peer in peers:  # the connection, and the peer could lose the last word
+            try:
+                while time.monotonic() < deadline:
+                    peer.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+                    if not peer.sock.recv(4096):
+                        break
+            except OSError:
+                pass
+        for peer in self.peers:
+            peer.sock.close()
+        self.peers = []
+        if self._listener is not None:
+            self._listener.close()
+        self._selector.close()
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        next_beat = next_connect = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self.node_rank != 0 and not self.peers and 0 not in self.joined and now >= next_connect:
+                next_connect = now + 0.5
+                self._connect()
+            try:
+                events = self._selector.select(timeout=0.2)
+            except OSError:
+                events = []
+            for key, _ in events:
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._read(key.data)
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + _LINK_BEAT_SECONDS
+                for peer in list(self.peers):
+                    if peer.node is not None:
+                        self._send(peer, "beat")
+            for peer in list(self.peers):
+                if peer.node is None and now - peer.opened > _LINK_HELLO_SECONDS:
+                    self._drop(peer)
+                elif peer.node is not None and now - peer.heard > _LINK_SILENCE_SECONDS:
+                    self._lost(peer, f"its launcher sent no heartbeat for {_LINK_SILENCE_SECONDS:g} s (its machine "
+                               "stopped, or the network between the nodes failed)")
+
+    def _connect(self) -> None:
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=1.0)
+        except (OSError, UnicodeError):
+            return  # node 0's launcher is not listening yet: try again
+        sock.setblocking(False)
+        now = time.monotonic()
+        peer = _Peer(sock, f"{self.host}:{self.port}", now)  # node 0 once it answers hello
+        self.peers.append(peer)
+        self._selector.register(sock, selectors.EVENT_READ, peer)
+        self._send(peer, f"hello {self.node_rank} {self.nodes} {self.ranks}")
+
+    def _accept(self) -> None:
+        try:
+            sock, address = self._listener.accept()
+        except OSError:
+            return
+        if sum(p.node is None for p in self.peers) >= _LINK_MAX_STRANGERS:
+            sock.close()
+            return
+        sock.setblocking(False)
+        peer = _Peer(sock, f"{address[0]}:{address[1]}", time.monotonic())
+        self.peers.append(peer)
+        self._selector.register(sock, selectors.EVENT_READ, peer)
+
+    def _read(self, peer: _Peer) -> None:
+        if peer not in self.peers:
+            return
+        try:
+            data = peer.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""  # reset: closed without a word
+        if not data:
+            self._closed(peer)
+            return
+        peer.heard = time.monotonic()
+        peer.buffer += data
+        while b"\n" in peer.buffer and peer in self.peers:
+            line, peer.buffer = peer.buffer.split(b"\n", 1)
+            self._line(peer, printable(line.decode("utf-8", "replace")).strip())
+        if len(peer.buffer) > _LINK_MAX_LINE and peer in self.peers:
+            self._closed(peer)
+
+    def _line(self, peer: _Peer, line: str) -> None:
+        word, _, rest = line.partition(" ")
+        if peer.node is None:  # nothing but hello (and node 0's refusal) is read before hello
+            if word == "hello" and self.node_rank == 0:
+                self._hello(peer, rest.split())
+            elif word == "hello" and rest.split()[:1] == ["0"]:  # node 0's launcher answered
+                peer.node = 0
+                self.joined.add(0)
+            elif word == "refuse" and self.node_rank != 0:
+                self._set(_LinkProblem("bad-nodes", f"node 0's launcher ({self.host}) refused this one",
+                                       rest[:500], "run the same spec and flags on every node, each with "
+                                       "its own --node-rank", time.monotonic()))
+                self._drop(peer)
+            return
+        if word == "fail":
+            peer.last_word = "fail"
+            self._set(_LinkProblem("node-lost", f"{self.describe(peer.node)} failed", rest[:1500],
+                                   f"read node {peer.node}'s own error line (and its run folder's logs/), then run "
+                                   "again on every node", time.monotonic()))
+            self._drop(peer)
+        elif word == "done":
+            peer.last_word = "done"
+            self._drop(peer)
+
+    def _hello(self, peer: _Peer, numbers: list[str]) -> None:
+        """Node 0: a launcher says which node it is."""
+        if len(numbers) != 3 or not all(n.isdigit() and len(n) < 10 for n in numbers):
+            self._drop(peer)  # not a launcher of ours: ignored
+            return
+        node, nodes, ranks = (int(n) for n in numbers)
+        refusal = code = None
+        if nodes != self.nodes or ranks != self.ranks:
+            code = "bad-nodes"
+            refusal = f"it runs {nodes} nodes of {ranks} ranks, node 0 {self.nodes} nodes of {self.ranks} ranks"
+        elif not 1 <= node < self.nodes:
+            code = "bad-node-rank"
+            refusal = f"it says it is node {node}, not one of the nodes 1 to {self.nodes - 1}"
+        elif node in self.joined:
+            code = "bad-node-rank"
+            refusal = f"it says it is node {node}, as another launcher did before"
+        if refusal is not None:
+            self._send(peer, f"refuse {refusal}")
+            self._set(_LinkProblem(code, f"node 0 refused the launcher at {peer.address}", refusal,
+                                   "run the same spec and flags on every node, each with its own --node-rank",
+                                   time.monotonic()))
+            self._drop(peer)
+            return
+        peer.node = node
+        self.joined.add(node)
+        self._send(peer, f"hello 0 {self.nodes} {self.ranks}")
+
+    def _send(self, peer: _Peer, line: str) -> None:
+        try:
+            peer.sock.send(line.encode("utf-8", "replace") + b"\n")
+        except BlockingIOError:
+            pass  # a peer that does not read: its silence is judged on its side
+        except OSError:
+            self._closed(peer)
+
+    def _closed(self, peer: _Peer) -> None:
+        """The peer's connection ended: a lost node unless it said its last word."""
+        if peer.node is not None and peer.last_word is None:
+            self._lost(peer, "its launcher's connection closed without a last word (its layout-prop was killed, "
+                       "or its machine ended it)")
+        else:
+            self._drop(peer)
+
+    def _lost(self, peer: _Peer, why: str) -> None:
+        self._set(_LinkProblem("node-lost", f"{self.describe(peer.node)} was lost", why,
+                               f"see what happened on node {peer.node} (its error line, or its run folder's logs/), "
+                               "then run again on every node", time.monotonic()))
+        self._drop(peer)
+
+    def _drop(self, peer: _Peer) -> None:
+        if peer in self.peers:
+            self.peers.remove(peer)
+            try:
+                self._selector.unregister(peer.sock)
+            except (KeyError, ValueError):
+                pass
+            peer.sock.close()
+
+    def _set(self, problem: _LinkProblem) -> None:
+        with self._lock:
+            if self._problem is None:
+                self._problem = problem

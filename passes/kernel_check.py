@@ -32,7 +32,7 @@ from layout_prop.core import meta
 from layout_prop.core.errors import Violation
 from layout_prop.core.graph import Graph
 from layout_prop.core.registry import get_rule
-from layout_prop.core.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec, class_ranks, rank_classes
 
 from .propagate import value_spec
 
@@ -47,6 +47,7 @@ class KernelCheck:
 
     def run(self, graph: Graph) -> list[Violation]:
         found: list[Violation] = []
+        mesh = graph.mesh
         for node in graph.topo_order():
             if node.is_input or node.meta.get(meta.VIOLATIONS):
                 continue
@@ -55,12 +56,12 @@ class KernelCheck:
             for value, want in zip(node.inputs, node.meta.get(meta.WANTS, ())):
                 spec = value_spec(graph, value)
                 specs.append(spec if want is None else TensorSpec(spec.shape, spec.dtype, want))
-            seen = set()
-            for rank in range(graph.mesh.size):
-                shapes = tuple(s.local_shape(rank) for s in specs)
-                if shapes in seen:
-                    continue
-                seen.add(shapes)
+            # each distinct set of local shapes, with the lowest rank that has it, in rank order:
+            # from the classes of alike ranks (rank_classes, per mesh axis), not from every rank
+            first: dict[tuple, int] = {}
+            for rank in class_ranks(rank_classes(specs, mesh), mesh):  # lowest ranks, increasing
+                first.setdefault(tuple(s.local_shape(rank) for s in specs), rank)
+            for shapes, rank in first.items():
                 for v in rule.check_kernel(self.backend, shapes, tuple(specs), node.meta[meta.ATTRS]):
                     found.append(Violation(v.code, f"rank {rank}: {v.message}", v.hint, v.operand, node.name,
                                            rule.name, node.inputs[0] if node.inputs else None))

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import compress, repeat
 from typing import Any
 
@@ -50,6 +51,7 @@ import numpy as np
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError, SpecError
 from layout_prop.core.graph import Graph
+from layout_prop.core.spec import class_of_rank, class_ranks, rank_classes
 
 __all__ = ["Memory", "MemoryReport", "RankMemory", "OPTIMIZERS", "optimizer_states_per_parameter"]
 
@@ -91,18 +93,36 @@ class RankMemory:
                 "optimizer_states": self.optimizer_states, "activations": self.activations, "total": self.total}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MemoryReport:
-    """Every rank's memory; ``max`` is the rank holding the most (the lowest such rank)."""
+    """Every rank's memory, held as classes of alike ranks; ``max`` is the rank holding the
+    most (the lowest such rank).
 
-    ranks: tuple[RankMemory, ...]
+    ``classes``: the figures of each class, each as the :class:`RankMemory` of its lowest rank,
+    in increasing rank order; ``rank_class``: per rank, the index of its class.  ``ranks``
+    (one :class:`RankMemory` per rank) is made from them when asked for.
+    """
+
+    classes: tuple[RankMemory, ...]
+    rank_class: np.ndarray
     optimizer: str | None
     includes_backward: bool
     lowered: bool
 
+    @cached_property
+    def ranks(self) -> tuple[RankMemory, ...]:
+        """Every rank's memory, in rank order."""
+        figures = [c.figures() for c in self.classes]
+        return tuple(RankMemory(rank, *figures[c]) for rank, c in enumerate(self.rank_class.tolist()))
+
     @property
     def max(self) -> RankMemory:
-        return max(self.ranks, key=lambda r: (r.total, -r.rank))
+        return max(self.classes, key=lambda r: (r.total, -r.rank))
+
+    @property
+    def differ(self) -> bool:
+        """Whether some ranks hold other figures than others."""
+        return len({c.figures() for c in self.classes}) > 1
 
     def to_dict(self) -> dict[str, Any]:
         """The ``memory_per_rank`` object of ``check --json``: the largest rank, and every rank
@@ -110,15 +130,16 @@ class MemoryReport:
         out: dict[str, Any] = self.max.to_dict()
         out["optimizer"] = self.optimizer
         out["includes_backward"] = self.includes_backward
-        if len({r.figures() for r in self.ranks}) > 1:
-            out["per_rank"] = [r.to_dict() for r in self.ranks]
+        if self.differ:
+            dicts = [c.to_dict() for c in self.classes]
+            out["per_rank"] = [{**dicts[c], "rank": rank} for rank, c in enumerate(self.rank_class.tolist())]
         return out
 
     def format(self) -> str:
         """One line a person reads: the largest rank's figures."""
         m = self.max
         scope = "forward and backward" if self.includes_backward else "forward only"
-        differ = "" if len({r.figures() for r in self.ranks}) == 1 else f" (rank {m.rank}, the largest)"
+        differ = "" if not self.differ else f" (rank {m.rank}, the largest)"
         return (f"memory per rank{differ}: {format_bytes(m.total)} = parameters {format_bytes(m.parameters)}"
                 f" + gradients {format_bytes(m.gradients)} + optimizer states {format_bytes(m.optimizer_states)}"
                 f" + activations {format_bytes(m.activations)} at the peak ({scope})")
@@ -163,22 +184,29 @@ class Memory:
         lowerable = not any(map(dict.get, metas, repeat(meta.VIOLATIONS)))
         walk, lowered = _walk(graph, nodes, persistent, lowerable)
         # ranks whose pieces have the same bytes in every spec have the same memory: walk the
-        # program once per such class of ranks (once in all when every shard is even).  Specs
-        # are keyed by identity (uniqued specs are mostly one object; equal ones have equal bytes)
+        # program once per such class of ranks (once in all when every shard is even).  The
+        # classes are found per mesh axis (rank_classes: a rank's pieces depend only on which run
+        # of equal chunk sizes its coordinate falls in on each axis), not by visiting every rank.
+        # Specs are keyed by identity (uniqued specs are mostly one object; equal ones have
+        # equal bytes)
         param_keys = [walk.key(n.meta[meta.SPECS][0]) for n in params]
         specs = list(walk.specs.values())
-        classes: dict[tuple, list[int]] = {}
-        for rank in range(graph.mesh.size):
-            classes.setdefault(tuple(spec.local_nbytes(rank) for spec in specs), []).append(rank)
-        by_rank: dict[int, RankMemory] = {}
-        for nbytes, members in classes.items():
-            p = sum(nbytes[k] for k in param_keys)
-            peak = walk.peak(nbytes)
-            for member in members:
-                by_rank[member] = RankMemory(member, p, p, self.states * p, peak)
-        ranks = [by_rank[r] for r in range(graph.mesh.size)]
+        mesh = graph.mesh
+        starts = rank_classes(specs, mesh)
+        merged: dict[tuple, int] = {}  # the bytes of every spec -> the index of its class
+        lookup = []  # per class of the product of starts, the index of its class in merged
+        classes: list[RankMemory] = []
+        for rank in class_ranks(starts, mesh):  # lowest ranks first: a class's first is its lowest
+            nbytes = tuple(spec.local_nbytes(rank) for spec in specs)
+            index = merged.get(nbytes)
+            if index is None:
+                index = merged[nbytes] = len(classes)
+                p = sum(nbytes[k] for k in param_keys)
+                classes.append(RankMemory(rank, p, p, self.states * p, walk.peak(nbytes)))
+            lookup.append(index)
+        rank_class = np.asarray(lookup, dtype=np.int64)[class_of_rank(starts, mesh)]
         backward = "backward" in map(dict.get, metas, repeat(meta.INSERTED_BY))
-        return MemoryReport(tuple(ranks), self.optimizer, backward, lowered)
+        return MemoryReport(tuple(classes), rank_class, self.optimizer, backward, lowered)
 
 
 def _walk(graph: Graph, nodes: list, persistent: set[str], lowerable: bool) -> tuple["_Walk", bool]:

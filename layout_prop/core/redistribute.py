@@ -118,7 +118,7 @@ from .errors import LayoutError
 from .layout import Layout
 from .mesh import DeviceMesh
 from .placement import Partial, Placement, Replicate, StridedShard, shard_dim
-from .spec import TensorSpec, chunk_bounds
+from .spec import TensorSpec, chunk_classes, rank_classes
 
 __all__ = [
     "Step",
@@ -542,29 +542,81 @@ def step_bytes(kind: str, src: TensorSpec, dst: TensorSpec, axis: int) -> int:
         The specs before and after; they differ on ``axis`` only.
     axis : int
         The mesh axis whose groups run the step.
+
+    Computed per class of alike ranks (:func:`~layout_prop.core.spec.rank_classes`), not per
+    rank: a group along ``axis`` is one choice of class on every other axis, and holds each
+    class of ``axis`` as many times as that class has coordinates.
     """
     mesh = src.mesh
     n = mesh.shape[axis]
     if kind in LOCAL_STEPS or n == 1:
         return 0
-    item = src.itemsize
+    if kind not in _SENT:
+        raise ValueError(f"unknown step kind {kind!r}")
+    if kind == "all-to-all" and not _nested(src, dst, axis):
+        return _step_bytes_per_rank(kind, src, dst, axis)  # (no valid plan makes one: exact, rank by rank)
+    starts = rank_classes((src, dst), mesh)
+    along = starts[axis]
+    counts = [b - a for a, b in zip(along, along[1:] + (n,))]
+    sent = _SENT[kind]
     worst = 0
-    for group in mesh.groups(axis):
-        if kind == "all-gather":
-            blocks = [src.local_nbytes(r) for r in group]
-            sent = sum(blocks) - min(blocks)
-        elif kind == "reduce-scatter":
-            blocks = [dst.local_nbytes(r) for r in group]
-            sent = src.local_nbytes(group[0]) - min(blocks)
-        elif kind == "all-reduce":
-            numel = src.local_nbytes(group[0]) // item
-            smallest = min(b - a for a, b in chunk_bounds(numel, n))
-            sent = 2 * (numel - smallest) * item
-        elif kind == "all-to-all":
-            sent = max(src.local_nbytes(r) - _overlap(src, dst, r) * item for r in group)
-        else:
-            raise ValueError(f"unknown step kind {kind!r}")
-        worst = max(worst, sent)
+    for other in product(*((None,) if b == axis else s for b, s in enumerate(starts))):
+        coords = list(other)
+        members = []  # the lowest rank of each class of axis, in this group
+        for c in along:
+            coords[axis] = c
+            members.append(mesh.rank(coords))
+        worst = max(worst, sent(src, dst, n, members, counts))
+    return int(worst)
+
+
+def _all_gather_sent(src: TensorSpec, dst: TensorSpec, n: int, members: list[int], counts: list[int]) -> int:
+    blocks = [src.local_nbytes(r) for r in members]
+    return sum(b * m for b, m in zip(blocks, counts)) - min(blocks)  # every block but the smallest
+
+
+def _reduce_scatter_sent(src: TensorSpec, dst: TensorSpec, n: int, members: list[int], counts: list[int]) -> int:
+    return src.local_nbytes(members[0]) - min(dst.local_nbytes(r) for r in members)
+
+
+def _all_reduce_sent(src: TensorSpec, dst: TensorSpec, n: int, members: list[int], counts: list[int]) -> int:
+    item = src.itemsize
+    numel = src.local_nbytes(members[0]) // item
+    smallest = min(size for _, size in chunk_classes(numel, n))  # the smallest of the n torch.chunk pieces
+    return 2 * (numel - smallest) * item
+
+
+def _all_to_all_sent(src: TensorSpec, dst: TensorSpec, n: int, members: list[int], counts: list[int]) -> int:
+    item = src.itemsize
+    return max(src.local_nbytes(r) - _overlap(src, dst, r) * item for r in members)
+
+
+_SENT = {"all-gather": _all_gather_sent, "reduce-scatter": _reduce_scatter_sent, "all-reduce": _all_reduce_sent,
+         "all-to-all": _all_to_all_sent}
+
+
+def _nested(src: TensorSpec, dst: TensorSpec, axis: int) -> bool:
+    """Whether every rank's source and destination pieces contain one another dim by dim (an
+    all-to-all as plans make it: ``S(d) -> S(e)`` on ``axis``, no inner axis cutting ``d`` or
+    ``e``, no strided shard), so that their overlap depends on the pieces' lengths only."""
+    if src.layout.has_strided or dst.layout.has_strided:
+        return False
+    mesh = src.mesh
+    a, b = src.layout.placements[axis], dst.layout.placements[axis]
+    dims = {_shard_dim(a), _shard_dim(b)} - {None}
+    for inner in range(axis + 1, mesh.ndim):
+        if mesh.shape[inner] > 1 and (_shard_dim(src.layout.placements[inner]) in dims
+                                      or _shard_dim(dst.layout.placements[inner]) in dims):
+            return False
+    return all(p == q for i, (p, q) in enumerate(zip(src.layout.placements, dst.layout.placements)) if i != axis)
+
+
+def _step_bytes_per_rank(kind: str, src: TensorSpec, dst: TensorSpec, axis: int) -> int:
+    """:func:`step_bytes` rank by rank, over every group (for steps no plan makes)."""
+    n = src.mesh.shape[axis]
+    worst = 0
+    for group in src.mesh.groups(axis):
+        worst = max(worst, _SENT[kind](src, dst, n, list(group), [1] * n))
     return int(worst)
 
 

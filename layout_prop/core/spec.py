@@ -30,7 +30,8 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
+from itertools import product
 from typing import Sequence
 
 import numpy as np
@@ -40,7 +41,8 @@ from .layout import Layout
 from .mesh import MAX_TENSOR_RANK, DeviceMesh
 from .placement import StridedShard
 
-__all__ = ["TensorSpec", "chunk_bounds", "DTYPES", "FLOAT_DTYPES", "check_dtype"]
+__all__ = ["TensorSpec", "chunk_bounds", "chunk_classes", "rank_classes", "class_ranks", "class_of_rank", "DTYPES",
+           "FLOAT_DTYPES", "check_dtype"]
 
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 #: the dtypes that take a gradient (an integer or bool input, such as token ids or a mask, does not)
@@ -56,9 +58,105 @@ def check_dtype(dtype) -> str:
 
 
 def chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
-    """``torch.chunk`` bounds of ``range(n)`` cut into ``k`` pieces (trailing ones may be empty)."""
+    """``torch.chunk`` bounds of ``range(n)`` cut into ``k`` pieces (trailing ones may be empty).
+
+    The bounds of up to 1,024 pieces are remembered (a rule asks for the same few cuts once
+    per rank); larger ones are made each time."""
+    if k <= _CACHED_PIECES:
+        return _chunk_bounds_cached(n, k)
+    return _chunk_bounds(n, k)
+
+
+def _chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:
     c = -(-n // k) if n else 0
     return tuple((min(i * c, n), min((i + 1) * c, n)) for i in range(k))
+
+
+#: the most pieces whose bounds :func:`chunk_bounds` remembers (256 entries of at most this many pairs)
+_CACHED_PIECES = 1024
+_chunk_bounds_cached = lru_cache(maxsize=256)(_chunk_bounds)
+
+
+def chunk_classes(n: int, k: int) -> tuple[tuple[int, int], ...]:
+    """The pieces of :func:`chunk_bounds` grouped by size: ``(first coordinate, size)`` of each
+    run of pieces of one size, in order; at most three (full chunks, the remainder, empty ones).
+
+    >>> chunk_classes(10, 4), chunk_classes(8, 4), chunk_classes(2, 4), chunk_classes(0, 3)
+    (((0, 3), (3, 1)), ((0, 2),), ((0, 1), (2, 0)), ((0, 0),))
+    >>> chunk_classes(7, 5)  # chunks of 2: 2, 2, 2, 1, 0
+    ((0, 2), (3, 1), (4, 0))
+    """
+    if n == 0:
+        return ((0, 0),)
+    c = -(-n // k)
+    q, r = divmod(n, c)  # q full chunks (1 <= q <= k), then one of r, then empty ones
+    if q == k:
+        return ((0, c),)
+    if r == 0 or q + 1 == k:
+        return ((0, c), (q, r))
+    return ((0, c), (q, r), (q + 1, 0))
+
+
+def _cut_lengths(n: int, layout: Layout, dim: int):
+    """Yield ``(axis, split factor, lengths)`` for each mesh axis of size > 1 that cuts dim
+    ``dim`` (size ``n``), outer first: ``lengths`` are the distinct lengths of the piece of the
+    dim that axis cuts, over every rank (what the outer axes left), computed per axis from
+    :func:`chunk_classes`, never per rank."""
+    lengths = {n}
+    mesh = layout.mesh
+    for axis in layout.cut_axes(dim):
+        k = mesh.shape[axis]
+        if k == 1:
+            continue  # a size-1 axis cuts nothing, strided or not
+        p = layout.placements[axis]
+        sf = p.split_factor if isinstance(p, StridedShard) else 1
+        yield axis, sf, lengths
+        lengths = {sf * size for length in lengths for _, size in chunk_classes(length // sf, k)}
+
+
+def rank_classes(specs, mesh: DeviceMesh) -> tuple[tuple[int, ...], ...]:
+    """Per mesh axis, the first coordinate of each class of alike coordinates for ``specs``.
+
+    A rank's local shape of a spec depends only on its coordinate on each mesh axis, and on
+    each axis only on which run of equal chunk sizes (:func:`chunk_classes`) the coordinate
+    falls in, for every length the outer axes leave.  Coordinates of one axis in one class
+    therefore give every spec the same local shapes (and bytes, and the same overlap of two
+    pieces that contain one another) whatever the other coordinates: the ranks of one
+    class of the product ``itertools.product(*rank_classes(...))`` are alike, and the
+    product's first coordinates, in its order, are the lowest rank of each class in
+    increasing rank order.  At most ``mesh.size`` classes; mostly a handful.
+
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> mesh = DeviceMesh((4, 3), ("dp", "tp"))
+    >>> x = TensorSpec((10, 6), "float32", Layout(mesh, ["S(0)", "S(1)"], 2))
+    >>> rank_classes([x], mesh)  # rows 3, 3, 3, 1; columns 2, 2, 2
+    ((0, 3), (0,))
+    """
+    starts = [{0} for _ in mesh.shape]
+    for spec in specs:
+        for axis, found in enumerate(spec._axis_starts):
+            starts[axis].update(found)
+    return tuple(tuple(sorted(s)) for s in starts)
+
+
+def class_ranks(starts: Sequence[Sequence[int]], mesh: DeviceMesh) -> list[int]:
+    """The lowest rank of each class of :func:`rank_classes` (in the product's order, increasing)."""
+    return [mesh.rank(coords) for coords in product(*starts)]
+
+
+def class_of_rank(starts: Sequence[Sequence[int]], mesh: DeviceMesh) -> np.ndarray:
+    """Per rank, the index of its class in the product of ``starts`` (:func:`rank_classes`);
+    numpy, one pass over the mesh.
+
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> class_of_rank(((0, 3), (0, 2)), DeviceMesh((4, 3), ("dp", "tp"))).tolist()
+    [0, 0, 1, 0, 0, 1, 0, 0, 1, 2, 2, 3]
+    """
+    index = np.zeros(1, dtype=np.int64)
+    for axis, k in enumerate(mesh.shape):
+        on_axis = np.searchsorted(np.asarray(starts[axis], dtype=np.int64), np.arange(k), side="right") - 1
+        index = (index[:, None] * len(starts[axis]) + on_axis[None, :]).reshape(-1)
+    return index
 
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}
@@ -84,15 +182,18 @@ def _cut_indices(n: int, layout: Layout, dim: int, coords: Sequence[int]) -> np.
 
 
 def _check_strided(shape: tuple[int, ...], layout: Layout) -> None:
-    """``invalid-layout`` unless every strided shard's piece divides into its blocks on every rank."""
+    """``invalid-layout`` unless every strided shard's piece divides into its blocks on every rank
+    (the lengths the outer axes leave, per axis: :func:`_cut_lengths`)."""
     mesh = layout.mesh
     for axis in layout.strided_axes():
         p = layout.placements[axis]
         if mesh.shape[axis] == 1:
             continue
-        outer = [a for a in layout.cut_axes(p.dim) if a < axis]
-        sizes = {len(_cut_indices(shape[p.dim], _only(layout, outer), p.dim, coords))
-                 for coords in mesh.all_coords()}
+        sizes: set[int] = set()
+        for cut, _, lengths in _cut_lengths(shape[p.dim], layout, p.dim):
+            if cut == axis:
+                sizes = lengths
+                break
         bad = sorted(n for n in sizes if n % p.split_factor)
         if bad:
             raise LayoutError(
@@ -100,13 +201,6 @@ def _check_strided(shape: tuple[int, ...], layout: Layout) -> None:
                 f"{p} on mesh axis {mesh.names[axis]!r}: the piece of dim {p.dim} (size {shape[p.dim]}) it cuts "
                 f"has {bad[0]} elements on some rank, which do not divide into {p.split_factor} blocks",
                 hint="a strided shard _S(d,k) needs the piece of dim d it cuts to be a multiple of k")
-
-
-def _only(layout: Layout, axes: Sequence[int]) -> Layout:
-    """``layout`` with every mesh axis but ``axes`` Replicate."""
-    from .placement import Replicate
-
-    return layout.with_placements([p if a in axes else Replicate() for a, p in enumerate(layout.placements)])
 
 
 @dataclass(frozen=True)
@@ -274,6 +368,18 @@ class TensorSpec:
     @cached_property
     def _nbytes_cache(self) -> dict[int, int]:
         return {}
+
+    @cached_property
+    def _axis_starts(self) -> tuple[tuple[int, ...], ...]:
+        """Per mesh axis, the coordinates where this spec's local shape may change along it
+        (:func:`rank_classes`), found per axis from the chunk sizes, never per rank."""
+        starts: list[set[int]] = [{0} for _ in self.mesh.shape]
+        k = self.mesh.shape
+        for dim, n in enumerate(self.shape):
+            for axis, sf, lengths in _cut_lengths(n, self.layout, dim):
+                for length in lengths:
+                    starts[axis].update(first for first, _ in chunk_classes(length // sf, k[axis]))
+        return tuple(tuple(sorted(s)) for s in starts)
 
     def replica_groups(self) -> tuple[tuple[int, ...], ...]:
         """Groups of ranks that hold identical data (they differ only on Replicate axes)."""

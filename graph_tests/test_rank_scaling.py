@@ -4,7 +4,8 @@ Analysis visits classes of alike ranks (``rank_classes``: per mesh axis, the run
 chunk sizes) instead of every rank.  Each test here recomputes the old way, rank by rank, on
 small meshes with uneven shards (shapes that do not divide by the axis sizes, empty pieces,
 a dim cut by several axes, strided shards) and asserts the same numbers, so that the
-optimisation is checked, not assumed.
+optimisation is checked, not assumed.  The run-time estimate (``run-too-large``) is tested
+at the end.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layout_prop.api import analyze
-from layout_prop.core.errors import LayoutError
+from layout_prop.core.errors import ExecutionError, LayoutError
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
@@ -340,3 +341,82 @@ nodes:
     assert len(report.classes) < 50 and report.rank_class.shape == (65536,)
     KernelCheck("cann").run(analysis.graph)
     assert time.perf_counter() - start < 20  # (was minutes, rank by rank)
+
+
+RPE_65536 = """
+mesh: {shape: [16, 16, 256], names: [dp, tp, sp]}
+inputs:
+  x:   {shape: [16, 16, 256, 64], placements: ["S(0)", "S(1)", "S(2)"]}
+  cos: {shape: [1, 1, 256, 64], placements: [R, R, "S(2)"]}
+  sin: {shape: [1, 1, 256, 64], placements: [R, R, "S(2)"]}
+nodes:
+  - {name: y, op: rotary_position_embedding, inputs: [x, cos, sin], attrs: {mode: 0}}
+"""
+
+
+def test_run_refuses_what_it_cannot_finish_at_once():
+    """One RoPE with its backward on 65,536 ranks: minutes of simulation (the gradients of cos
+    and sin reduced over dp and tp), refused before anything is lowered or allocated."""
+    from layout_prop.runner import DEFAULT_MAX_TIME, run_graph
+
+    start = time.perf_counter()
+    with pytest.raises(ExecutionError) as err:
+        run_graph(load_spec(RPE_65536), backward=True)
+    assert time.perf_counter() - start < 2
+    message = err.value.message
+    assert err.value.code == "run-too-large" and "--max-time" in err.value.hint and "fewer ranks" in err.value.hint
+    assert "estimated for 65536 ranks" in message and f"over the default limit of {DEFAULT_MAX_TIME:g} s" in message
+
+
+def test_max_time_sets_the_bound(tmp_path, capsys):
+    from layout_prop.cli import main
+
+    spec = tmp_path / "rpe.yaml"
+    spec.write_text((EXAMPLES / "rpe" / "dp_tp_sp.yaml").read_text())
+    assert main(["run", str(spec), "--backward", "--max-time", "0.001"]) == 2
+    err = capsys.readouterr().err
+    assert "run-too-large" in err and "over the --max-time limit of 0.001 s" in err
+    assert main(["run", str(spec), "--backward", "--max-time", "60"]) == 0
+    big = tmp_path / "big.yaml"
+    big.write_text(RPE_65536)
+    capsys.readouterr()
+    assert main(["run", str(big), "--max-time", "1e9"]) == 2  # over a week: not a number of seconds we take
+    assert "--max-time" in capsys.readouterr().err
+    assert main(["run", str(spec), "--engine", "mindspore", "--max-time", "60"]) == 2
+    assert "bad-usage" in capsys.readouterr().err
+
+
+def test_the_examples_are_estimated_well_under_the_default():
+    from layout_prop.runner import DEFAULT_MAX_TIME, estimate_run_time
+
+    for path in ["llama_block.yaml", "rpe/dp_tp_sp.yaml", "rpe/tp_n.yaml"]:
+        graph = analyze(load_spec((EXAMPLES / path).read_text()), reshard=True, backward=True).graph
+        estimate = estimate_run_time(graph)
+        assert 0 < estimate.seconds < DEFAULT_MAX_TIME / 100, (path, estimate)
+        assert estimate.seconds == pytest.approx(sum(estimate.parts().values()))
+
+
+def test_help_gives_the_default_bound():
+    import subprocess
+    import sys
+
+    from layout_prop.runner import DEFAULT_MAX_TIME
+
+    out = subprocess.run([sys.executable, "-m", "layout_prop.cli", "run", "--help"], capture_output=True, text=True,
+                         env={"COLUMNS": "200", "PATH": ""}).stdout
+    assert f"(default {DEFAULT_MAX_TIME:g}," in " ".join(out.split())
+
+
+def test_the_calibration_benchmark_prints_its_table():
+    """benchmarks/run_estimate.py, tiny sizes (no timing asserted: it only must not rot)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "run_estimate.py", "--quick", "--ranks", "64", "--groups", "16", "32",
+                           "--repeat", "1"], cwd=EXAMPLES.parent / "benchmarks", capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for heading in ("kernels", "slices and collectives", "buffer donation", "inputs and outputs", "whole runs"):
+        assert heading in out
+    assert "llama block (8 ranks)" in out.splitlines()[-2]

@@ -139,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
                    help="refuse a run whose estimated memory exceeds SIZE (like 4096, 512M, 8GB, 1.5TiB; default: "
                         f"the memory available now); {SIZE_GRAMMAR}")
+    r.add_argument("--max-time", type=_seconds, default=None, metavar="SECONDS",
+                   help="refuse a run on the simulator estimated to take longer than SECONDS (default 300, at most "
+                        "a week); the estimate counts elements, bytes and ranks")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     _add_model_args(r)
 

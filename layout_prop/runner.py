@@ -27,6 +27,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -37,8 +38,10 @@ import numpy as np
 from .core import meta
 from .core.errors import ExecutionError, LayoutPropError
 from .core.graph import Graph, last_uses
+from .core.placement import shard_dim
 
 __all__ = ["RunReport", "run_graph", "MemoryEstimate", "estimate_run_memory", "check_run_memory",
+           "TimeEstimate", "estimate_run_time", "check_run_time", "SIM_COSTS", "DEFAULT_MAX_TIME",
            "available_memory", "execute_global", "random_inputs", "TOLERANCES", "compare", "count_nonfinite",
            "format_nonfinite"]
 
@@ -378,6 +381,166 @@ def check_run_memory(graph: Graph, program, max_memory: int | None = None) -> Me
     return estimate
 
 
+# --------------------------------------------------------------------------- time
+#: What a run on the simulator costs, measured by ``benchmarks/run_estimate.py`` (numpy
+#: kernels, CPython 3.11, one core of a shared 2-core x86-64 VM; its table prints these
+#: beside the measured figures), rounded up:
+#:
+#: - ``kernel_call``: one kernel call on one rank, beyond its elements (measured 0.7 us for
+#:   add to 20 us for RoPE; its rank's lowering and attrs included);
+#: - ``element``: one element a kernel reads or writes, on a rank or on the one-device
+#:   reference (0.15 to 0.9 ns by op; rounded up to cover what the per-op figures miss);
+#: - ``step_rank``: one rank's part of a slice or collective, beyond its bytes (1.4 to 11 us);
+#: - ``step_piece``: a local slice or an all-to-all cuts every rank's array into one view per
+#:   rank of its group: per rank and member of its group (0.35 to 0.75 us on groups of
+#:   256 to 1,024; more on larger groups);
+#: - ``byte``: one byte a collective (or a local partial, or the cut of a graph input) reads or
+#:   writes, over all ranks (0.02 to 0.1 ns; a plain local slice is a view: none);
+#: - ``donation_pair``: a reduction whose input dies there checks, for every rank, every
+#:   other rank's slot before it reuses the buffer (the simulator's buffer donation): per
+#:   pair of ranks of the mesh, per such step (30 ns);
+#: - ``rank_io``: one rank's piece of a graph input (cut) or output (assembled and checked; 4 us);
+#: - ``input_element``: one element of a graph input drawn at random (float64 normals, scaled
+#:   and cast: 12 ns);
+#: - ``output_element``: one element of a graph output assembled and compared with the
+#:   reference in float64 (27 ns);
+#: - ``fixed``: what does not grow with the graph.
+#:
+#: Against whole runs (the table's last part) the estimate was 0.9 to 1.7 times the measured
+#: time past a fraction of a second (RoPE on 1,024 to 4,096 ranks, Llama on 1 and 64 ranks).
+SIM_COSTS = {"kernel_call": 10e-6, "element": 1e-9, "step_rank": 3e-6, "step_piece": 0.6e-6, "byte": 0.1e-9,
+             "donation_pair": 35e-9, "rank_io": 5e-6, "input_element": 15e-9, "output_element": 30e-9,
+             "fixed": 0.05}
+#: the longest estimated run ``run`` starts on the simulator without ``--max-time`` (seconds): five
+#: minutes, as long as the mindspore engine waits by default (``--timeout``)
+DEFAULT_MAX_TIME = 300.0
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """What a run on the simulator will take, estimated from element counts and ranks before
+    anything runs (:func:`estimate_run_time`): ``seconds``, and the counts it is made of."""
+
+    seconds: float
+    ranks: int
+    kernel_calls: int  # kernel ops times ranks
+    elements: int  # elements the kernels read and write, over all ranks and the one-device reference
+    step_calls: int  # slices and collectives times ranks
+    step_pieces: int  # views of local slices and all-to-alls: ranks times their group size, per step
+    step_bytes: int  # bytes the collectives and local partials read and write, over all ranks
+    donation_pairs: int  # ranks squared, per reduction whose input dies there
+    io_calls: int  # graph inputs and outputs times ranks
+    io_bytes: int  # bytes of the graph inputs' pieces, over all ranks
+    input_elements: int  # elements of the graph inputs (drawn once)
+    output_elements: int  # elements of the graph outputs (assembled and compared)
+
+    def parts(self) -> dict[str, float]:
+        """Seconds by what they are spent on (they add up to ``seconds``)."""
+        c = SIM_COSTS
+        return {"kernels": self.kernel_calls * c["kernel_call"] + self.elements * c["element"],
+                "slices and collectives": (self.step_calls * c["step_rank"] + self.step_pieces * c["step_piece"]
+                                           + self.step_bytes * c["byte"]),
+                "buffer reuse in reductions": self.donation_pairs * c["donation_pair"],
+                "inputs and outputs": (self.io_calls * c["rank_io"] + self.io_bytes * c["byte"]
+                                       + self.input_elements * c["input_element"]
+                                       + self.output_elements * c["output_element"]),
+                "fixed": c["fixed"]}
+
+
+def _ranks_elements(spec) -> int:
+    """Elements of a value summed over every rank's piece: shards (strided ones too) partition a
+    dim, Replicate and Partial axes hold a whole copy each; no rank is visited."""
+    copies = 1
+    for size, placement in zip(spec.mesh.shape, spec.layout.placements):
+        if shard_dim(placement) is None:
+            copies *= size
+    return math.prod(spec.shape) * copies
+
+
+def estimate_run_time(graph: Graph) -> TimeEstimate:
+    """How long ``run`` on the simulator takes for ``graph`` (analysed and resharded, without
+    violations), from element counts and ranks: walks the lowered program's ops
+    (:func:`~layout_prop.passes.lower.local_ops`, not built) once, never a rank.  The
+    costs are :data:`SIM_COSTS`; an estimate, to tell a run of minutes from one of days."""
+    from layout_prop.engines.collectives import DONATING_STEPS
+    from layout_prop.passes.lower import local_ops
+
+    mesh = graph.mesh
+    ranks = mesh.size
+    kernels = steps = pieces = elements = step_bytes = inputs = input_bytes = 0
+    spec_of: dict[str, Any] = {}  # every local value's spec
+    last: dict[str, int] = {}  # every local value's last reader
+    reductions: list[tuple[int, str]] = []
+    for index, (_, kind, _, ins, outs, specs, step, _, _, _, _) in enumerate(local_ops(graph)):
+        for value in ins:
+            last[value] = index
+        if kind == "input":
+            inputs += 1
+            input_bytes += _ranks_elements(specs[0]) * specs[0].itemsize
+        elif kind == "kernel":
+            kernels += 1
+            elements += sum(_ranks_elements(s) for s in (*map(spec_of.get, ins), *specs) if s is not None)
+        else:
+            steps += 1
+            if step.kind in ("local-slice", "all-to-all"):
+                pieces += mesh.shape[step.mesh_axis]
+            if kind != "slice":  # (a plain local slice is a view)
+                step_bytes += (_ranks_elements(step.src) * step.src.itemsize
+                               + _ranks_elements(step.dst) * step.dst.itemsize)
+            if step.kind in DONATING_STEPS:
+                reductions.append((index, ins[0]))
+        spec_of.update(zip(outs, specs))
+    kept = set(graph.outputs)
+    donations = sum(1 for index, value in reductions if value not in kept and last.get(value) == index)
+    # the one-device reference (each node's inputs and outputs), the random inputs, and each
+    # output assembled and compared
+    global_specs = {value: spec for node in graph.nodes for value, spec in zip(node.outputs, node.meta[meta.SPECS])}
+    drawn = 0
+    for node in graph.nodes:
+        if node.is_input:
+            drawn += sum(math.prod(s.shape) for s in node.meta[meta.SPECS] if s is not None)
+            continue
+        elements += sum(math.prod(s.shape) for s in map(global_specs.get, (*node.inputs, *node.outputs))
+                        if s is not None)
+    outputs = len(graph.outputs)
+    checked = sum(math.prod(s.shape) for s in map(global_specs.get, graph.outputs) if s is not None)
+    estimate = TimeEstimate(0.0, ranks, kernels * ranks, elements, steps * ranks, pieces * ranks, step_bytes,
+                            donations * ranks ** 2, (inputs + outputs) * ranks, input_bytes, drawn, checked)
+    return dataclasses.replace(estimate, seconds=sum(estimate.parts().values()))
+
+
+def format_seconds(seconds: float) -> str:
+    """``42.0`` -> ``'42 s'``, ``5400`` -> ``'1.5 hours'``; a person's unit.
+
+    >>> format_seconds(0.25), format_seconds(42.0), format_seconds(5400), format_seconds(3 * 86400)
+    ('0.25 s', '42 s', '1.5 hours', '3 days')
+    """
+    if seconds < 1:
+        return f"{seconds:.2g} s"
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * size if unit != "hours" else seconds >= 5400:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def check_run_time(graph: Graph, max_time: float | None = None) -> TimeEstimate:
+    """Refuse (``run-too-large``) a run on the simulator estimated (:func:`estimate_run_time`) to
+    take more than ``max_time`` seconds (default :data:`DEFAULT_MAX_TIME`), before anything
+    is allocated or run."""
+    estimate = estimate_run_time(graph)
+    limit = DEFAULT_MAX_TIME if max_time is None else max_time
+    if estimate.seconds > limit:
+        what = "the --max-time limit of" if max_time is not None else "the default limit of"
+        parts = sorted(estimate.parts().items(), key=lambda item: -item[1])[:2]
+        spent = " and ".join(f"{name} {format_seconds(sec)}" for name, sec in parts)
+        raise ExecutionError("run-too-large", f"the run would take about {format_seconds(estimate.seconds)} on the "
+                             f"simulator ({estimate.seconds:.3g} s estimated for {estimate.ranks} ranks, mostly "
+                             f"{spent}), over {what} {limit:g} s",
+                             hint="use fewer ranks or smaller shapes; --max-time SECONDS raises the limit if the run "
+                                  "may take that long")
+    return estimate
+
+
 @contextlib.contextmanager
 def _quiet_numerics():
     """No numpy warning while kernels run: a floating-point one (sqrt of a negative) or a
@@ -390,7 +553,8 @@ def _quiet_numerics():
 
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
               seed: int = 0, reshard: bool = True, rtol: float | None = None, verify: bool = False,
-              max_memory: int | None = None, check_memory: bool = True, **engine_options) -> RunReport:
+              max_memory: int | None = None, check_memory: bool = True, max_time: float | None = None,
+              check_time: bool = True, **engine_options) -> RunReport:
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
     ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
@@ -401,6 +565,10 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     (see :func:`layout_prop.api.analyze`).  Before anything is allocated, the run's memory
     is estimated (:func:`estimate_run_memory`) and a run over ``max_memory`` bytes (default:
     the memory available) is refused with ``run-too-large``; ``check_memory=False`` skips it.
+    On the simulator its time is estimated next (:func:`estimate_run_time`) and a run over
+    ``max_time`` seconds (default :data:`DEFAULT_MAX_TIME`) is refused with
+    ``run-too-large`` too; ``check_time=False`` skips it.  Both before any rank's attrs
+    are made.
     """
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
@@ -422,9 +590,13 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         report.violations = [v.to_dict() for v in analysis.check.violations]
         report.executed = False
         return report
+    timed = check_time and engine == "sim"
+    if check_memory or timed:  # refused before the per-rank attrs are made: at once on a mesh of many ranks
+        if check_memory:  # (the ops and specs only: the estimate reads nothing else)
+            check_run_memory(g, Lower(localize=False).run(g).program, max_memory)
+        if timed:
+            check_run_time(g, max_time)
     program = Lower().run(g).program
-    if check_memory:
-        check_run_memory(g, program, max_memory)
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
     inputs = random_inputs(g, seed)

@@ -25,6 +25,10 @@ def run(args) -> int:
         raise SpecError("bad-usage", "--timeout, --keep-logs, --nodes, --emulate-nodes, --master-addr, --master-port, "
                         "--node-rank and --local-workers need --engine mindspore (the simulator runs in this "
                         "process)", hint="add --engine mindspore, or drop them")
+    if args.engine == "mindspore" and args.max_time is not None:
+        raise SpecError("bad-usage", "--max-time limits the simulator's estimated time; the mindspore engine runs "
+                        "every rank in its own process and gives up after --timeout instead",
+                        hint="drop --max-time, or use --timeout SECONDS with --engine mindspore")
     timeout = 300.0 if args.timeout is None else args.timeout
     options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
     from layout_prop.io.progress import Progress
@@ -33,7 +37,8 @@ def run(args) -> int:
         if args.engine == "mindspore":
             options["progress"] = bar.show
         rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
-                        reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory, **options)
+                        reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory,
+                        max_time=args.max_time, **options)
     if rep.extra.get("node_rank"):  # not node 0: node 0 prints the report; the status is the same everywhere
         summary = {"ok": rep.ok, "node_rank": rep.extra["node_rank"], "nodes": len(rep.extra["nodes"])}
         print(json.dumps(summary) if args.json else f"node {summary['node_rank']} of {summary['nodes']}: "

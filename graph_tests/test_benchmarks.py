@@ -1,7 +1,7 @@
 """The benchmark scripts still run and print their tables (tiny sizes; no timing is asserted).
 
-Speed is measured by running the scripts by hand (README, Performance); these tests only
-keep them from rotting: each runs in a subprocess from ``benchmarks/`` as the README says.
+Speed is measured by running the scripts by hand (docs/performance.md); these tests only
+keep them from rotting: each runs in a subprocess from ``benchmarks/`` as docs/performance.md says.
 """
 
 from __future__ import annotations

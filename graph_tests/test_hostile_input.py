@@ -928,7 +928,7 @@ def test_size_flags_are_exact():
                                   ["check", "spec.yaml", "--" + "9" * 5000]],
                          ids=["int", "samples", "mesh", "extra-argument", "extra-flag"])
 def test_a_huge_bad_argument_is_cut_in_the_usage_error(capsys, argv):
-    # the README: a bad value is quoted with at most 200 characters (the audit found 466 quoted)
+    # docs/violation-codes.md: a bad value is quoted with at most 200 characters (the audit found 466 quoted)
     assert main(argv) == 2
     line = one_error_line(capsys.readouterr().err)
     assert "bad-usage" in line and len(line) < 400, line

@@ -17,7 +17,8 @@ from layout_prop.io.loader import load_spec
 from layout_prop.commands.plan import parse_bytes, plan_spec
 from layout_prop.io.sizes import GRAMMAR, MAX_BYTES, UNITS, parse_size
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+#: the limits table (docs/violation-codes.md) states the size grammar
+LIMITS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "violation-codes.md"
 
 # the audit's spec: two matmuls on a 2 x 2 mesh, the weights to plan
 AUTO = """
@@ -116,9 +117,9 @@ def test_the_readme_and_both_helps_state_the_same_grammar(capsys):
     for command in ("run", "plan"):
         assert main([command, "--help"]) == 0
         assert _flat(GRAMMAR) in _flat(capsys.readouterr().out), command
-    readme = README.read_text()
-    assert _flat(GRAMMAR) in _flat(readme)
-    assert "| `--max-memory`, `--memory-per-rank` | at most 2^60 bytes (`1024P`)" in readme
+    limits = LIMITS_PAGE.read_text()
+    assert _flat(GRAMMAR) in _flat(limits)
+    assert "| `--max-memory`, `--memory-per-rank` | at most 2^60 bytes (`1024P`)" in limits
 
 
 # ----------------------------------------------------------------------------- F2: links

@@ -75,7 +75,7 @@ def test_verify_text_counts_add_up(capsys):
 def test_large_enumeration_prints_advice_first_on_stderr(capsys, monkeypatch):
     import layout_prop.cli as cli
 
-    monkeypatch.setattr(cli, "VERIFY_ADVICE_THRESHOLD", 1)
+    monkeypatch.setattr("layout_prop.commands.verify.VERIFY_ADVICE_THRESHOLD", 1)
     assert main(["verify", "neg", "--mesh", "2"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "--samples N" in err[0] and "--jobs N" in err[0]

@@ -1,4 +1,4 @@
-"""Which commands gate on violations, as the README's exit-code paragraph and ``--help`` say.
+"""Which commands gate on violations, as the exit-code paragraph of docs/commands.md and ``--help`` say.
 
 ``check``, ``lower`` and ``run`` (``--no-reshard``) exit 1 on a spec with violations;
 ``viz`` and ``explain`` are asked to show them, so they exit 0 once their output is
@@ -17,7 +17,8 @@ from layout_prop.cli import _parser, main
 
 from .cli_support import relu_chain
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+#: the command reference: its paragraph "Exit codes: ..." says which commands gate
+COMMANDS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "commands.md"
 
 #: x shards RPE's rotation dim and sin is Partial: violations
 BROKEN = """\
@@ -63,7 +64,7 @@ def test_explain_shows_the_violations_and_exits_0(broken, capsys, json_flag):
 
 
 def _exit_paragraph() -> str:
-    text = README.read_text()
+    text = COMMANDS_PAGE.read_text()
     start = text.index("Exit codes")
     return " ".join(text[start:text.index("\n\n", start)].split())
 

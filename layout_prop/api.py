@@ -282,8 +282,8 @@ def _format_table(analysis: Analysis) -> str:
     if violations:
         lines.append(f"{len(violations)} violation(s):")
         for v in violations:
-            lines.append(f"  [{v['code']}] {v['node']} ({v['op']}), input {v['input']} ({v['operand']}): "
-                         f"{v['message']}")
+            where = "" if v["input"] is None and v["operand"] is None else f", input {v['input']} ({v['operand']})"
+            lines.append(f"  [{v['code']}] {v['node']} ({v['op']}){where}: {v['message']}")
             lines.append(f"      fix: {v['hint']}")
     else:
         lines.append("no violations")

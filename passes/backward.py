@@ -11,7 +11,7 @@ rules as the forward.  Inputs with ``requires_grad: false`` get no gradient.
 Examples
 --------
 >>> from layout_prop.io.loader import load_spec
->>> from layout_prop import meta
+>>> from layout_prop.core import meta
 >>> g = load_spec('''
 ... mesh: {shape: [2], names: [dp]}
 ... inputs:

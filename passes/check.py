@@ -83,10 +83,14 @@ class Check:
 
     def run(self, graph: Graph) -> CheckResult:
         result = CheckResult()
+        stopped: dict[str, str | None] = {}  # value without a layout -> the node that stopped it (None: a violation)
         for node in graph.topo_order():
             if node.op == "input":
                 continue
             violations = node.meta.get(meta.VIOLATIONS)
+            specs = node.meta.get(meta.SPECS)
+            if specs is None or None in specs:
+                result.violations.extend(_no_layout(graph, node, specs, stopped, bool(violations)))
             if violations:
                 found = sorted(violations, key=lambda v: _input_index(node, v))
                 result.violations.extend(_with_fix(graph, node, v) for v in found)
@@ -109,6 +113,31 @@ class Check:
                 if plan is not None:
                     result.redistributions.append(InputRedistribution(node.name, value, plan, False))
         return result
+
+
+def _no_layout(graph: Graph, node, specs, stopped: dict, explained: bool) -> list[Violation]:
+    """``no-layout`` for each value of ``node`` that has no layout, naming the node that stopped
+    propagation (this one when its inputs all have layouts); none for values that a violation
+    upstream (or of this node) already explains.  ``stopped`` is filled as the walk goes."""
+    missing = [v for i, v in enumerate(node.outputs) if specs is None or specs[i] is None]
+    cause = next((value for value in node.inputs if value in stopped), None)
+    root = None if explained else stopped[cause] if cause is not None else node.name
+    found = []
+    for value in missing:
+        stopped[value] = root
+        if root is None:
+            continue
+        if root == node.name:
+            why = (f"node {node.name!r} ({node.op}) has no inputs and its rule describes no output"
+                   if not node.inputs else f"the rule of {node.op!r} describes no output for its inputs")
+            hint = ("give the op a layout rule for this case (opaque nodes from an import take their declared "
+                    "shape), or replace the node")
+        else:
+            why = f"propagation stopped at node {root!r} ({graph.node(root).op}), upstream of it"
+            hint = f"fix node {root!r} (its own no-layout violation says how); every value after it has no layout"
+        found.append(Violation("no-layout", f"value {value!r} has no layout: {why}", hint, node=node.name,
+                               op=node.op, details={"value": value, "stopped_at": root}))
+    return found
 
 
 def _with_fix(graph: Graph, node, v: Violation) -> Violation:

@@ -130,6 +130,8 @@ class Propagate:
             prepared = self._prepare(node)
         if specs is None:
             specs = tuple(value_spec(graph, v) for v in node.inputs)
+        if not specs:  # a source (a constant, a fill): its rule describes it on the graph's mesh
+            return self._visit_source(graph, node, prepared)
         for spec in specs:  # identity only: ``None in specs`` would call TensorSpec.__eq__ on each
             if spec is None:
                 m[meta.SPECS] = (None,) * node.num_outputs
@@ -141,6 +143,33 @@ class Propagate:
         if not hit:
             outputs, violations, wants = self._apply(prepared[1], node, specs, prepared[2])
             cached = self.cache[key] = (self._uniqued(outputs), violations, self._uniqued(wants))
+        m[meta.SPECS], violations, m[meta.WANTS] = cached
+        m[meta.VIOLATIONS] = tuple([self._locate(v, node, prepared[1]) for v in violations]) if violations else ()
+        return hit
+
+    def _visit_source(self, graph: Graph, node: Node, prepared: tuple) -> bool:
+        key = (prepared[3], graph.mesh)
+        cached = self.cache.get(key)
+        hit = cached is not None
+        if not hit:
+            rule = prepared[1]
+            try:
+                res = rule.infer_source_layout(graph.mesh, prepared[2])
+            except LayoutPropError as err:
+                if err.node is None:
+                    err.node = node.name
+                raise
+            except Exception as exc:  # a rule (often a user's) that crashed: name it, never a traceback
+                raise OpError("rule-failed", f"the source layout rule of {rule.name!r} raised "
+                              f"{type(exc).__name__}: {exc}", node=node.name,
+                              hint="fix the rule: it must return violations, not raise") from exc
+            outputs = tuple(res.outputs)
+            if len(outputs) != node.num_outputs or any(o is not None and not isinstance(o, TensorSpec)
+                                                       for o in outputs):
+                raise OpError("bad-rule", f"rule {rule.name!r} returned {outputs!r} for a node with no inputs",
+                              node=node.name, hint="infer_source_layout returns one TensorSpec (or None) per output")
+            cached = self.cache[key] = (self._uniqued(outputs), tuple(res.violations), ())
+        m = node.meta
         m[meta.SPECS], violations, m[meta.WANTS] = cached
         m[meta.VIOLATIONS] = tuple([self._locate(v, node, prepared[1]) for v in violations]) if violations else ()
         return hit

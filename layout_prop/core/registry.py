@@ -131,6 +131,14 @@ class OpRule(ABC):
     def infer_layout(self, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
         """Output specs, violations and wanted input layouts. Pure."""
 
+    def infer_source_layout(self, mesh, attrs: dict) -> RuleResult:
+        """The outputs of a node with no inputs (a constant, a fill), on ``mesh``. Pure.
+
+        The default describes none: such a node's values are reported as ``no-layout``
+        (propagation stops there), never left out silently.
+        """
+        return RuleResult((None,) * self.num_outputs)
+
     def check_kernel(self, backend: str, local_shapes: tuple, inputs: tuple[TensorSpec, ...],
                      attrs: dict) -> list[Violation]:
         """Violations of ``backend``'s kernel limits for one rank's local input shapes (default none)."""

@@ -57,6 +57,12 @@ class Opaque(OpRule):
         out = TensorSpec(shape, attrs["dtype"], Layout(mesh, [Replicate()] * mesh.ndim, len(shape)))
         return RuleResult((out,), tuple(violations), tuple(wants))
 
+    def infer_source_layout(self, mesh, attrs):
+        """An opaque node with no inputs (a constant the importer could not fold): its declared
+        shape and dtype, replicated."""
+        shape = tuple(attrs["shape"])
+        return RuleResult((TensorSpec(shape, attrs["dtype"], Layout(mesh, [Replicate()] * mesh.ndim, len(shape))),))
+
     def operand_name(self, index: int) -> str:
         return f"x{index}"
 

@@ -137,6 +137,11 @@ class Pow(_Unary):
                              operand="x")
         return None
 
+    def sample_inputs(self):
+        from layout_prop.core.registry import OpSample
+
+        return [OpSample([(5, 3)], attrs={"exponent": 2.0}), OpSample([(2, 3, 4)], attrs={"exponent": 3})]
+
     def grad(self, g, x, y, dy, attrs):
         p = float(attrs["exponent"])
         if p == 1.0:

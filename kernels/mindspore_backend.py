@@ -754,6 +754,9 @@ LINALG_KERNELS: dict[str, Callable] = {
 
 
 # --------------------------------------------------------------------------- tables
+from . import (attention_mindspore, copying_mindspore, index_mindspore, loss_mindspore,  # noqa: E402
+               moe_mindspore, order_mindspore)
+
 KERNELS: dict[str, Callable] = {
     "identity": _identity,
     "add": _add,
@@ -769,6 +772,9 @@ KERNELS: dict[str, Callable] = {
     **LINALG_KERNELS,
 }
 """Backend ``mindspore``: MindSpore ops (CPU or any device), keyed like ``numpy_backend.KERNELS``."""
+for _family in (index_mindspore, order_mindspore, copying_mindspore, loss_mindspore, attention_mindspore,
+                moe_mindspore):
+    KERNELS.update(_family.KERNELS)
 
 CANN_KERNELS: dict[str, Callable] = {
     **KERNELS,

@@ -21,7 +21,8 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 
-from . import linalg_numpy, nn_numpy, shape_numpy
+from . import (attention_numpy, copying_numpy, index_numpy, linalg_numpy, loss_numpy, moe_numpy, nn_numpy, order_numpy,
+               shape_numpy)
 from .rpe_numpy import reduce_to_shape, rpe_backward, rpe_forward
 
 __all__ = ["KERNELS", "get_kernel", "register_kernel"]
@@ -59,7 +60,8 @@ KERNELS: dict[str, Callable] = {
     "rotary_position_embedding_grad": _rpe_grad,
     "redistribute": _redistribute_global,
 }
-for _family in (linalg_numpy, shape_numpy, nn_numpy):
+for _family in (linalg_numpy, shape_numpy, nn_numpy, index_numpy, order_numpy, copying_numpy, loss_numpy, attention_numpy,
+                moe_numpy):
     KERNELS.update(_family.KERNELS)
 
 

@@ -1,0 +1,1 @@
+"""Rules of the moe op family: Mixture-of-Experts routing: token dispatch to experts and combine."""

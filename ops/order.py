@@ -1,0 +1,1 @@
+"""Rules of the order op family: topk, sort, argmax, argmin, cumsum, prod, maximum, minimum."""

@@ -56,6 +56,7 @@ from layout_prop.io.loader import load_spec  # noqa: E402
 from layout_prop.passes.lower import Lower  # noqa: E402
 from layout_prop.runner import random_inputs, run_graph  # noqa: E402
 
+from .kernel_samples import family_samples  # noqa: E402
 from .msrun_support import TAG_ENV, new_tag, wait_until_none_left  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rpe"
@@ -405,6 +406,7 @@ def kernel_samples(rng) -> dict[str, list[tuple[tuple, dict]]]:
                      ((f32(2, 1, 1, 8),), {"shape": [2, 3, 4, 8], "dims": [1, 2], "keepdim": True})],
         "max_grad": [((f32(2, 4, 8), x, NUMPY_KERNELS["max"](x, dims=[1])), {"dims": [1]})],
     }
+    samples.update(family_samples(rng, f32))  # the newer op families, one module each
     return samples
 
 

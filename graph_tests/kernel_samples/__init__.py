@@ -1,0 +1,17 @@
+"""Sample arguments of the new op families' kernels, one module per family.
+
+``test_msrun.test_mindspore_kernels_match_numpy`` runs every sample through the MindSpore
+and the numpy kernel and compares them; each module defines
+``samples(rng, f32) -> {op: [(args, attrs), ...]}`` (``f32(*shape)`` draws float32 data).
+"""
+
+import importlib
+
+FAMILIES = ("index", "order", "copying", "loss", "attention", "moe")
+
+
+def family_samples(rng, f32) -> dict:
+    out = {}
+    for family in FAMILIES:
+        out.update(importlib.import_module(f"{__name__}.{family}").samples(rng, f32))
+    return out

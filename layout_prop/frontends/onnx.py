@@ -383,6 +383,20 @@ def _fold_table() -> dict[str, Callable]:
     }
 
 
+def _node_attrs(node, name: str, source: str) -> dict:
+    """A node's attributes as Python values; a tensor attribute as its numpy value
+    (:func:`_tensor_array`: the same rule as initializers)."""
+    onnx = _onnx()
+    out = {}
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR:
+            out[attr.name] = _tensor_array(attr.t, f"attribute {attr.name!r} of node {name!r} ({node.op_type})",
+                                           source)[0]
+        else:
+            out[attr.name] = onnx.helper.get_attribute_value(attr)
+    return out
+
+
 # ----------------------------------------------------------------------------- conversion
 class _Reader:
     """Turns one ONNX graph into a ModelGraph."""
@@ -406,11 +420,27 @@ class _Reader:
         dims = []
         for d in t.shape.dim:
             if not d.HasField("dim_value"):
-                raise SpecError("dynamic-shape", f"{what} {info.name!r} has a dynamic dim "
-                                f"{d.dim_param or '?'} after shape inference", path=self.source,
-                                hint="give example shapes of every input in the plan (inputs.NAME.shape)")
+                raise self._dynamic(info.name, what, d.dim_param or "?")
             dims.append(int(d.dim_value))
         self.g.add_value(Value(info.name, tuple(dims), _dtype(t.elem_type, f"{what} {info.name!r}", self.source)))
+
+    def _dynamic(self, value: str, what: str, dim: str) -> SpecError:
+        """``dynamic-shape`` for a value whose dim shape inference left unknown, with the hint that
+        fits: example input shapes when an input has dynamic dims, else the node that computes
+        the shape from run-time values (the importer folded every constant chain it could)."""
+        message = f"{what} {value!r} has a dynamic dim {dim} after shape inference"
+        graph = self.model.graph
+        initializers = {t.name for t in graph.initializer}
+        inputs = [i for i in graph.input if i.name not in initializers]
+        if any(_static_shape(i) is None for i in inputs):
+            return SpecError("dynamic-shape", message, path=self.source,
+                             hint="give example shapes of every input in the plan (inputs.NAME.shape)")
+        producer = next((n for n in graph.node if value in n.output), None)
+        where = f"node {producer.name or producer.output[0]!r} ({producer.op_type})" if producer else "a node"
+        return SpecError("dynamic-shape", f"{message}: every input's shape is static, but {where} computes it from "
+                         "values only known at run time (the importer folds constant chains, not data)",
+                         path=self.source, hint="export the model with static shapes (torch.onnx.export(..., "
+                         "dynamo=True) without dynamic_shapes), or simplify it with onnxsim first")
 
     def const_value(self, name: str, array: np.ndarray, weight: bool = False, read: bool = True) -> None:
         array = np.asarray(array)
@@ -429,16 +459,8 @@ class _Reader:
         self.g.add_value(Value(name, tuple(array.shape), dtype, const=array, weight=weight))
 
     def attrs(self, node, name: str) -> dict:
-        """A node's attributes as Python values; a tensor attribute as its numpy value
-        (:func:`_tensor_array`: the same rule as initializers)."""
-        out = {}
-        for attr in node.attribute:
-            if attr.type == self.onnx.AttributeProto.TENSOR:
-                out[attr.name] = _tensor_array(attr.t, f"attribute {attr.name!r} of node {name!r} ({node.op_type})",
-                                               self.source)[0]
-            else:
-                out[attr.name] = self.onnx.helper.get_attribute_value(attr)
-        return out
+        """A node's attributes (:func:`_node_attrs`)."""
+        return _node_attrs(node, name, self.source)
 
     def new_value(self, base: str, shape, dtype: str) -> str:
         name = self.g.fresh(base)
@@ -873,8 +895,93 @@ def _check_ranges(model, source: str) -> None:
             raise _too_large(name, "Range", shape, source)
 
 
+def _infer(model, source: str):
+    """``onnx.shape_inference`` (strict, with data propagation) on ``model``; ``bad-model`` when it fails."""
+    try:
+        return _onnx().shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise _bad(f"shape inference failed on {source!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}"[:400],
+                   source) from None
+
+
+def _static_shape(info) -> tuple[int, ...] | None:
+    """The dims of a value's tensor type when every one is known, else None."""
+    t = info.type.tensor_type
+    if not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim):
+        return None
+    return tuple(int(d.dim_value) for d in t.shape.dim)
+
+
+def _has_dynamic_values(inferred) -> bool:
+    graph = inferred.graph
+    return any(info.type.HasField("tensor_type") and _static_shape(info) is None
+               for info in list(graph.value_info) + list(graph.output))
+
+
+#: rounds of folding and shape inference at most (each round folds every chain it can reach; a
+#: new round is needed only when a folded value fixes a shape that lets a ``Shape`` node fold)
+MAX_FOLD_ROUNDS = 4
+
+
+def _fold_constant_nodes(model, inferred, source: str) -> int:
+    """Replace each node whose inputs are all constants by a ``Constant`` node holding its value
+    (the rules the reader folds by: :func:`_fold_table`, the :data:`MAX_FOLD_ELEMENTS` bound checked
+    on the shape before anything is computed, float initializers of more than one element never
+    folded, as they are weights), so that shape inference sees the shapes they give (TorchScript's
+    ``expand(-1)``: ``ConstantOfShape -> Mul -> Equal -> Where`` into ``Expand``'s shape, which
+    onnx's data propagation does not follow).  A node that cannot be folded is left for the reader,
+    which reports it.  Returns how many nodes were replaced."""
+    onnx = _onnx()
+    graph = model.graph
+    table = _fold_table()
+    consts: dict[str, np.ndarray] = {}
+    for init in graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        array, _ = _tensor_array(init, f"initializer {init.name!r}", source)
+        if not (np.issubdtype(array.dtype, np.floating) and array.size > 1):
+            consts[init.name] = array
+    shapes = {info.name: _static_shape(info) for info in
+              list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
+    shapes.update({t.name: tuple(int(d) for d in t.dims) for t in graph.initializer})
+    replaced = 0
+    for k, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        name = node.name or node.output[0]
+        try:
+            attrs = _node_attrs(node, name, source)
+            if node.op_type == "Constant":
+                if len(node.attribute) == 1 and node.attribute[0].name == "value" and \
+                        node.attribute[0].t.data_location != onnx.TensorProto.EXTERNAL:  # never an unread tensor
+                    consts[node.output[0]] = attrs["value"]
+                continue
+            if node.op_type == "Shape" and len(node.input) == 1 and shapes.get(node.input[0]) is not None:
+                result = np.array(shapes[node.input[0]], np.int64)[attrs.get("start", 0):attrs.get("end", None)]
+            elif node.op_type in table and node.input and all(not v or v in consts for v in node.input):
+                args = [consts[v] if v else None for v in node.input]
+                if math.prod(_fold_shape(node.op_type, args, attrs)) > MAX_FOLD_ELEMENTS:
+                    continue
+                with np.errstate(all="ignore"):
+                    result = np.asarray(table[node.op_type](args, attrs))
+            else:
+                continue
+            tensor = onnx.numpy_helper.from_array(result)
+        except Exception:  # the reader meets the node again and says what is wrong with it
+            continue
+        consts[node.output[0]] = result
+        folded = onnx.helper.make_node("Constant", [], [node.output[0]], name=name, value=tensor)
+        graph.node[k].CopyFrom(folded)
+        replaced += 1
+    return replaced
+
+
 def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGraph:
-    """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet)."""
+    """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet).
+
+    When shape inference leaves a dynamic dim although every input's shape is fixed, the
+    model's constant chains are folded into ``Constant`` nodes (:func:`_fold_constant_nodes`)
+    and shapes inferred again, up to :data:`MAX_FOLD_ROUNDS` times."""
     onnx = _onnx()
     model, source = _load(path_or_model)
     model_copy = onnx.ModelProto()
@@ -882,11 +989,11 @@ def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGrap
     _read_small_external_data(model_copy, source)
     _fix_input_shapes(model_copy, plan, source)
     _check_ranges(model_copy, source)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model_copy, strict_mode=True, data_prop=True)
-    except Exception as exc:
-        raise _bad(f"shape inference failed on {source!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}"[:400],
-                   source) from None
+    inferred = _infer(model_copy, source)
+    for _ in range(MAX_FOLD_ROUNDS):
+        if not _has_dynamic_values(inferred) or not _fold_constant_nodes(model_copy, inferred, source):
+            break
+        inferred = _infer(model_copy, source)
     return _Reader(inferred, source).read()
 
 

@@ -522,24 +522,64 @@ def _attention_probs(q, k, causal, scale, q_offset):
     return _softmax(scores, axis=-1), scale
 
 
-def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0):
+def _kv_index(q_heads: int, kv_heads: int, kv_head_map):
+    """The kv head of each query head, a numpy index (``nn_numpy.kv_index``; None: the same heads)."""
+    from .nn_numpy import kv_index
+
+    return kv_index(q_heads, kv_heads, kv_head_map)
+
+
+def _expand_kv(t, index):
+    """k or v in BNSD with one head per query head (a gather along the heads)."""
+    if index is None:
+        return t
+    ops = _ms().ops
+    if index.size == 0:
+        return ops.zeros((t.shape[0], 0) + tuple(t.shape[2:]), t.dtype)
+    return ops.gather(t, to_tensor(index), 1)
+
+
+def _reduce_kv(grad, kv_heads: int, index):
+    """Each kv head sums the gradients of its query heads (a stack of sums, no scatter: exact)."""
+    if index is None:
+        return grad
+    ops = _ms().ops
+    heads = []
+    for head in range(kv_heads):
+        users = np.flatnonzero(index == head)
+        if users.size:
+            heads.append(ops.sum(ops.gather(grad, to_tensor(users), 1), 1))
+        else:
+            heads.append(ops.zeros((grad.shape[0],) + tuple(grad.shape[2:]), grad.dtype))
+    if not heads:
+        return ops.zeros((grad.shape[0], 0) + tuple(grad.shape[2:]), grad.dtype)
+    return ops.stack(heads, 1)
+
+
+def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None):
     ops = _ms().ops
     q, k, v = _floated(q), _floated(k), _floated(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
+    index = _kv_index(qb.shape[1], kb.shape[1], kv_head_map)
+    kb, vb = _expand_kv(kb, index), _expand_kv(vb, index)
     probs, _ = _attention_probs(qb, kb, causal, scale, q_offset)
     return _as_result(_to_bnsd(ops.matmul(probs, vb), layout), q, k, v)
 
 
-def _sdpa_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0):
+def _sdpa_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None):
     ops = _ms().ops
     dy, q, k, v = _floated(dy), _floated(q), _floated(k), _floated(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))
+    kv_heads = kb.shape[1]
+    index = _kv_index(qb.shape[1], kv_heads, kv_head_map)
+    kb, vb = _expand_kv(kb, index), _expand_kv(vb, index)
     probs, used_scale = _attention_probs(qb, kb, causal, scale, q_offset)
     dv = ops.matmul(ops.swapaxes(probs, -1, -2), dyb)
     dprobs = ops.matmul(dyb, ops.swapaxes(vb, -1, -2))
     dscores = probs * (dprobs - ops.sum(dprobs * probs, -1, True)) * used_scale
     dq = ops.matmul(dscores, kb)
     dk = ops.matmul(ops.swapaxes(dscores, -1, -2), qb)
+    dk, dv = _reduce_kv(dk, kv_heads, index), _reduce_kv(dv, kv_heads, index)
     return tuple(_to_bnsd(grad, layout).astype(t.dtype) for grad, t in ((dq, q), (dk, k), (dv, v)))
 
 

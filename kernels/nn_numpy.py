@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["KERNELS", "GELU_C", "GELU_K"]
+__all__ = ["KERNELS", "GELU_C", "GELU_K", "kv_index", "expand_kv", "reduce_kv"]
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
@@ -218,24 +218,62 @@ def _attention_probs(q, k, causal, scale, q_offset):
     return softmax(scores, axis=-1), scale
 
 
-def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0):
-    """``softmax(q k^T * scale + mask) v``; ``q_offset`` is the global index of q's first row."""
+def kv_index(q_heads: int, kv_heads: int, kv_head_map=None):
+    """The kv head of each query head (grouped-query attention), or None when they are the same heads.
+
+    ``kv_head_map`` is a rank's own map (localised); without one, query head ``h`` uses kv
+    head ``h // (q_heads / kv_heads)``.
+
+    >>> kv_index(4, 2).tolist(), kv_index(2, 2), kv_index(2, 4, (3, 3)).tolist()
+    ([0, 0, 1, 1], None, [3, 3])
+    """
+    if kv_head_map is not None:
+        return np.asarray(kv_head_map, dtype=np.int64).reshape(-1)
+    if q_heads == kv_heads:
+        return None
+    return np.arange(q_heads) // max(q_heads // max(kv_heads, 1), 1)
+
+
+def expand_kv(t: np.ndarray, index) -> np.ndarray:
+    """k or v in BNSD with one head per query head."""
+    return t if index is None else t[:, index]
+
+
+def reduce_kv(grad: np.ndarray, kv_heads: int, index) -> np.ndarray:
+    """The gradient of :func:`expand_kv`: each kv head sums its query heads' gradients."""
+    if index is None:
+        return grad
+    out = np.zeros(grad.shape[:1] + (kv_heads,) + grad.shape[2:], grad.dtype)
+    np.add.at(out, (slice(None), index), grad)
+    return out
+
+
+def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None):
+    """``softmax(q k^T * scale + mask) v``; ``q_offset`` is the global index of q's first row;
+    k and v may have fewer heads than q (``kv_head_map``: :func:`kv_index`)."""
     q, k, v = _f(q), _f(k), _f(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
+    index = kv_index(qb.shape[1], kb.shape[1], kv_head_map)
+    kb, vb = expand_kv(kb, index), expand_kv(vb, index)
     probs, _ = _attention_probs(qb, kb, causal, scale, q_offset)
     return _result(_to_bnsd(np.matmul(probs, vb), layout), q, k, v)
 
 
-def scaled_dot_product_attention_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0):
+def scaled_dot_product_attention_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0,
+                                      kv_head_map=None):
     """``(dq, dk, dv)``, recomputing the probabilities."""
     dy, q, k, v = _f(dy), _f(q), _f(k), _f(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))
+    kv_heads = kb.shape[1]
+    index = kv_index(qb.shape[1], kv_heads, kv_head_map)
+    kb, vb = expand_kv(kb, index), expand_kv(vb, index)
     probs, used_scale = _attention_probs(qb, kb, causal, scale, q_offset)
     dv = np.matmul(np.swapaxes(probs, -1, -2), dyb)
     dprobs = np.matmul(dyb, np.swapaxes(vb, -1, -2))
     dscores = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True)) * used_scale
     dq = np.matmul(dscores, kb)
     dk = np.matmul(np.swapaxes(dscores, -1, -2), qb)
+    dk, dv = reduce_kv(dk, kv_heads, index), reduce_kv(dv, kv_heads, index)
     return tuple(_to_bnsd(grad, layout).astype(t.dtype, copy=False) for grad, t in ((dq, q), (dk, k), (dv, v)))
 
 

@@ -44,13 +44,21 @@ The ops
     on every rank (``sharded-kv-sequence``, fixed by an all-gather), the head dim D of
     q, k, v is Replicate (``sharded-head-dim``) and none is Partial (``partial-input``).
     ``q_offset`` is LOCALIZED: each rank's kernel gets the global index of its first
-    query row (plus the global ``q_offset``, 0 by default).  B and N of q, k, v must be
-    equal (no grouped-query heads), as must the sequence of k and v and the D of q and k;
-    v's head dim may differ (the output has it).  Aliases ``ScaledDotProductAttention``,
-    ``FlashAttentionScore``, ``flash_attention_score``, ``npu_fusion_attention``,
-    ``sdpa``, ``aten.scaled_dot_product_attention``; one output (no softmax statistics).
+    query row (plus the global ``q_offset``, 0 by default).  B of q, k, v must be equal,
+    as must the sequence of k and v and the D of q and k; v's head dim may differ (the
+    output has it).  Grouped-query attention: k and v may have fewer heads than q, a
+    divisor of q's (``invalid-shape`` otherwise); query head ``h`` uses kv head
+    ``h // (Nq / Nkv)``.  Sharding q's heads on a mesh axis, k and v shard theirs alike when
+    every rank then holds the kv heads of its query heads (kv heads a multiple of the
+    axis, say); else k and v are whole on that axis (Megatron's kv head replication, a
+    ``sharding-mismatch`` fixed by an all-gather when they are sharded there) and the
+    localised ``kv_head_map`` tells each rank's kernel which of its kv heads each of its
+    query heads uses (leave it out).  Aliases ``ScaledDotProductAttention``, ``sdpa``,
+    ``aten.scaled_dot_product_attention`` (MindSpore's ``FlashAttentionScore`` is the
+    op ``flash_attention_score`` of :mod:`.attention`); one output (no softmax statistics).
     Gradients: dq like q; dk and dv like k and v, plus ``P(sum)`` on the mesh axes that
-    shard q's sequence (each rank adds the contributions of its own query rows).
+    shard q's sequence (each rank adds the contributions of its own query rows) and on
+    those that shard q's heads but not k's and v's (replicated kv heads).
 ``swiglu(x, dim=-1)``
     Cuts x into halves ``a, b`` along ``dim``: ``silu(a) * b``.  The split dim is
     Replicate (``sharded-split-dim``: a ``torch.chunk`` shard of it does not hold
@@ -116,13 +124,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 import numbers
 from typing import Sequence
 
 import numpy as np
 
-from layout_prop.core.errors import Violation
+from layout_prop.core.errors import LayoutPropError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
@@ -879,6 +888,9 @@ def _attention_attr_violations(attrs: dict) -> list[Violation]:
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
         out.append(_bad_attr(f"q_offset={offset!r} is not a non-negative integer",
                              "leave q_offset out (each rank's offset is filled in by lowering)", "q"))
+    if attrs.get("kv_head_map") is not None:
+        out.append(_bad_attr(f"kv_head_map={attrs['kv_head_map']!r} is given, but it is a rank's own map of its "
+                             "query heads to its kv heads", "leave kv_head_map out (lowering fills it in)", "q"))
     return out
 
 
@@ -895,24 +907,107 @@ def _attention_shape_violations(q: TensorSpec, k: TensorSpec, v: TensorSpec, dim
     def size(t: TensorSpec, dim: str) -> int:
         return t.shape[dims[dim]]
 
-    checks = [("k", k, "B", q), ("v", v, "B", q), ("k", k, "N", q), ("v", v, "N", q), ("k", k, "D", q),
-              ("v", v, "S", k)]
+    checks = [("k", k, "B", q), ("v", v, "B", q), ("v", v, "N", k), ("k", k, "D", q), ("v", v, "S", k)]
     for name, t, dim, ref in checks:
         ref_name = "k" if ref is k else "q"
         if size(t, dim) != size(ref, dim):
             out.append(Violation("invalid-shape", f"{name}'s {dim} (dim {dims[dim]}) is {size(t, dim)} but "
                                  f"{ref_name}'s is {size(ref, dim)} (q {list(q.shape)}, k {list(k.shape)}, "
-                                 f"v {list(v.shape)})", f"give {name} the same {dim} as {ref_name}"
-                                 + (" (grouped-query heads are not supported: repeat k and v)" if dim == "N" else ""),
-                                 operand=name))
+                                 f"v {list(v.shape)})", f"give {name} the same {dim} as {ref_name}", operand=name))
+    problem = gqa_heads_problem(size(q, "N"), size(k, "N"), f"dim {dims['N']}", (q, k, v))
+    if problem is not None:
+        out.append(problem)
     return out
 
 
-def _kv_want(q_fixed: Layout, t: TensorSpec, dims: dict) -> Layout:
-    """k's and v's layout: q's B and N shards, everything else Replicate."""
+def gqa_heads_problem(q_heads: int, kv_heads: int, where: str, specs) -> Violation | None:
+    """``invalid-shape`` unless q's head count is a multiple of k's and v's (grouped-query attention).
+
+    ``where`` names the head dim; ``specs`` are q, k, v (their shapes go into the message).
+    """
+    if kv_heads == q_heads or (kv_heads > 0 and q_heads % kv_heads == 0):
+        return None
+    shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip("qkv", specs))
+    return Violation("invalid-shape", f"q has {q_heads} heads but k and v have {kv_heads} ({where}; {shapes}): "
+                     "grouped-query attention needs q's head count to be a multiple of k's and v's",
+                     "give k and v a head count that divides q's (1 for multi-query attention, q's for "
+                     "multi-head attention)", operand="k")
+
+
+def head_ranges(spec: TensorSpec, dim: int, axes: Sequence[int], unit: int = 1) -> dict | None:
+    """The heads ``[first, stop)`` of ``spec``'s dim ``dim`` at each coordinate of mesh ``axes``.
+
+    ``unit`` is the number of elements of one head along the dim (D for a fused ``H = N*D``
+    dim, else 1).  Keys are the coordinate tuples on ``axes`` (the other axes at 0: only
+    ``axes`` may cut the dim); None when a piece does not start and end on head boundaries.
+    """
+    mesh = spec.mesh
+    out = {}
+    for point in itertools.product(*(range(mesh.shape[a]) for a in axes)):
+        coords = [0] * mesh.ndim
+        for a, c in zip(axes, point):
+            coords[a] = c
+        lo, hi = spec.dim_bounds(dim, tuple(coords))
+        if unit and (lo % unit or hi % unit):
+            return None
+        out[point] = (lo // unit, hi // unit) if unit else (0, 0)
+    return out
+
+
+def kv_heads_follow(q: TensorSpec, kv: TensorSpec, q_dim: int, kv_dim: int, axes: Sequence[int],
+                    q_unit: int = 1, kv_unit: int = 1) -> bool:
+    """Whether k or v (``kv``) sharded on q's head-sharding mesh ``axes`` gives every rank the kv
+    heads its query heads use (query head h uses kv head ``h // (q heads / kv heads)``).
+
+    True for multi-head attention (equal head counts); for grouped-query attention when the
+    kv heads split as the query heads do (kv heads a multiple of the ranks, say), False when
+    a query head's kv head would be on another rank (8 query and 2 kv heads on 4 ranks).
+    """
+    q_heads, kv_heads = q.shape[q_dim] // max(q_unit, 1), kv.shape[kv_dim] // max(kv_unit, 1)
+    if not axes or q_heads == kv_heads:
+        return True
+    group = q_heads // kv_heads if kv_heads else 1
+    q_ranges = head_ranges(q, q_dim, axes, q_unit)
+    kv_ranges = head_ranges(kv, kv_dim, axes, kv_unit)
+    if q_ranges is None or kv_ranges is None:
+        return False
+    for point, (a, b) in q_ranges.items():
+        c, d = kv_ranges[point]
+        if b > a and not (c <= a // group and (b - 1) // group < d):
+            return False
+    return True
+
+
+def kv_head_map(q_heads: tuple[int, int], kv_heads: tuple[int, int], group: int) -> tuple[int, ...]:
+    """For each local query head, the index of its kv head among the local kv heads.
+
+    ``q_heads`` and ``kv_heads`` are the global ``[first, stop)`` heads a rank holds.
+
+    >>> kv_head_map((2, 4), (0, 2), 2), kv_head_map((4, 8), (1, 2), 4)
+    ((1, 1), (0, 0, 0, 0))
+    """
+    return tuple((h // group) - kv_heads[0] for h in range(*q_heads))
+
+
+def _kv_want(q: TensorSpec, q_fixed: Layout, t: TensorSpec, dims: dict) -> Layout:
+    """k's and v's layout: q's B and N shards, everything else Replicate.
+
+    With grouped-query heads that do not split as q's do (8 query and 2 kv heads on 4
+    ranks), q's N axes are Replicate too: every rank holds every kv head (Megatron's kv
+    head replication) and its kernel picks those of its query heads (``kv_head_map``).
+    """
     keep = (dims["B"], dims["N"])
     ps = [p if isinstance(p, Shard) and p.dim in keep else Replicate() for p in q_fixed.placements]
-    return Layout(t.mesh, ps, t.ndim)
+    want = Layout(t.mesh, ps, t.ndim)
+    n_axes = want.dim_axes(dims["N"])
+    if n_axes and q.shape[dims["N"]] != t.shape[dims["N"]]:
+        try:
+            follows = kv_heads_follow(q.with_layout(q_fixed), t.with_layout(want), dims["N"], dims["N"], n_axes)
+        except LayoutPropError:  # fewer kv heads than the ranks that would split them (a size-1 dim, say)
+            follows = False
+        if not follows:
+            want = want.with_placements([Replicate() if a in n_axes else p for a, p in enumerate(ps)])
+    return want
 
 
 def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict) -> list[tuple[str, str, str]]:
@@ -934,6 +1029,14 @@ def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict
                            f"axis {axis_name} ({name} is {t.layout}); attention contracts over whole heads",
                            f"all-gather {name} on {axis_name}, or shard B or N on "
                            f"{axis_name} instead"))
+        elif isinstance(p, Shard) and p.dim == dims["N"] and q.layout.placements[axis] == p \
+                and want.placements[axis] != p:
+            issues.append(("sharding-mismatch", f"{name}'s heads (dim {p.dim}, N = {t.shape[p.dim]}) cannot be split "
+                           f"on mesh axis {axis_name} as q's {q.shape[p.dim]} heads are (q is {q.layout}, {name} is "
+                           f"{t.layout}): a query head's kv head (query head h uses kv head "
+                           f"h // {q.shape[p.dim] // max(t.shape[p.dim], 1)}) would be on another rank",
+                           f"all-gather {name} on {axis_name} (every rank keeps every kv head and uses those of "
+                           f"its query heads), or shard fewer query heads on {axis_name}"))
         elif isinstance(p, Shard) and p != want.placements[axis]:
             label = "B" if p.dim == dims["B"] else "N"
             q_p = want.placements[axis]
@@ -966,7 +1069,7 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
     wants: list[Layout | None] = [_want(q_fixed, q)]
     kv_wants = []
     for name, t in (("k", k), ("v", v)):
-        want = _kv_want(q_fixed, t, dims)
+        want = _kv_want(q, q_fixed, t, dims)
         violations += _move_violations(t, want, name, _kv_issues(name, t, want, q, dims))
         wants.append(_want(want, t))
         kv_wants.append(want)
@@ -978,7 +1081,21 @@ def _q_offset(attrs: dict, q: TensorSpec, rank: int) -> int:
     return int(attrs["q_offset"]) + q.local_slices(rank)[s][0]
 
 
-_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0}
+def _localized(attrs: dict, q: TensorSpec, k: TensorSpec, rank: int) -> dict:
+    """A rank's attrs: its query rows' offset and, for grouped-query heads, its ``kv_head_map``."""
+    n = ATTENTION_LAYOUTS[attrs["layout"]]["N"]
+    out = {**attrs, "q_offset": _q_offset(attrs, q, rank)}
+    if q.shape[n] != k.shape[n]:
+        out["kv_head_map"] = kv_head_map(q.local_slices(rank)[n], k.local_slices(rank)[n], q.shape[n] // k.shape[n])
+    return out
+
+
+def _kv_head_axes(q_fixed: Layout, kv_want: Layout, dims: dict) -> set[int]:
+    """Mesh axes that shard q's heads but not k's or v's (kv heads replicated for grouped-query heads)."""
+    return set(q_fixed.dim_axes(dims["N"])) - set(kv_want.dim_axes(dims["N"]))
+
+
+_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "kv_head_map": None}
 
 
 @register_op
@@ -1004,7 +1121,7 @@ class ScaledDotProductAttention(OpRule):
         return RuleResult((out,), tuple(violations), tuple(wants))
 
     def localize(self, attrs, inputs, outputs, rank):
-        return {**attrs, "q_offset": _q_offset(attrs, inputs[0], rank)}
+        return _localized(attrs, inputs[0], inputs[1], rank)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
@@ -1044,12 +1161,13 @@ class ScaledDotProductAttentionGrad(OpRule):
         seq_axes = set(q_fixed.dim_axes(dims["S"]))
         grads = [TensorSpec(q.shape, q.dtype, _with_partials(q_fixed, partials))]
         for t, want in zip((k, v), kv_wants):
-            ps = [partials.get(a, Partial("sum") if a in seq_axes else p) for a, p in enumerate(want.placements)]
+            summed = seq_axes | _kv_head_axes(q_fixed, want, dims)
+            ps = [partials.get(a, Partial("sum") if a in summed else p) for a, p in enumerate(want.placements)]
             grads.append(TensorSpec(t.shape, t.dtype, Layout(t.mesh, ps, t.ndim)))
         return RuleResult(tuple(grads), tuple(violations), (_want(dy_want, dy), *wants))
 
     def localize(self, attrs, inputs, outputs, rank):
-        return {**attrs, "q_offset": _q_offset(attrs, inputs[1], rank)}
+        return _localized(attrs, inputs[1], inputs[2], rank)
 
 
 # ------------------------------------------------------------------------------- swiglu

@@ -1,0 +1,196 @@
+"""The attention family: grouped-query heads in ``scaled_dot_product_attention``,
+``flash_attention_score`` (MindSpore's fused attention) and context-parallel attention.
+
+Layout rules with hand-written expectations, messages and fixes, finite-difference checks
+of the new numpy backward kernels (float64), and end-to-end runs (propagate, reshard,
+backward, lower, simulate, compare with one device).  The op database records of
+``layout_prop/testing/opdb/attention.py`` try sampled placements on top of these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layout_prop import DeviceMesh, Layout, TensorSpec
+from layout_prop.core.registry import get_rule
+from layout_prop.io.loader import load_spec
+from layout_prop.kernels import nn_numpy
+from layout_prop.runner import run_graph
+
+TP = DeviceMesh((4,), ("tp",))
+DP_TP = DeviceMesh((2, 2), ("dp", "tp"))
+
+
+def spec(shape, placements, mesh=TP, dtype="float32") -> TensorSpec:
+    return TensorSpec(shape, dtype, Layout(mesh, placements, len(shape)))
+
+
+def infer(op, *inputs, **attrs):
+    rule = get_rule(op)
+    return rule.infer_layout(tuple(inputs), rule.normalize_attrs(attrs))
+
+
+def layouts(result) -> list[str | None]:
+    return [None if s is None else str(s.layout) for s in result.outputs]
+
+
+def wants(result) -> list[str | None]:
+    return [None if w is None else str(w) for w in result.wants]
+
+
+def run(spec_dict, **kwargs):
+    rep = run_graph(load_spec(spec_dict), backward=True, seed=kwargs.pop("seed", 0), **kwargs)
+    assert rep.ok, rep.mismatches or rep.violations
+    return rep
+
+
+def collectives(rep) -> list[tuple[str, str, str]]:
+    return sorted((c["node"], c["kind"], c["mesh_axis"]) for c in rep.collectives)
+
+
+def attention_spec(mesh, q, kv, q_placements, kv_placements, op="sdpa", attrs=None) -> dict:
+    return {"mesh": mesh,
+            "inputs": {"q": {"shape": list(q), "placements": q_placements},
+                       "k": {"shape": list(kv), "placements": kv_placements},
+                       "v": {"shape": list(kv), "placements": kv_placements}},
+            "nodes": [{"name": "o", "op": op, "inputs": ["q", "k", "v"], "attrs": attrs or {"causal": True}}]}
+
+
+# ==================================================================== grouped-query heads in sdpa
+def test_gqa_kv_heads_split_like_query_heads_when_they_divide():
+    # 8 query heads and 4 kv heads on 4 ranks: rank i holds query heads 2i, 2i+1 and kv head i
+    q = spec((2, 8, 6, 4), ["S(1)"])
+    kv = spec((2, 4, 6, 4), ["R"])
+    res = infer("sdpa", q, kv, kv, causal=True)
+    assert res.violations == ()
+    assert wants(res) == [None, "(S(1))", "(S(1))"]  # a free local slice
+    assert layouts(res) == ["(S(1))"]
+
+
+def test_gqa_kv_heads_are_replicated_when_they_cannot_split_as_the_query_heads():
+    # 8 query heads, 2 kv heads, 4 ranks: rank 1 holds query heads 2, 3 (kv head 0), rank 2 heads 4, 5 (kv head 1);
+    # a torch.chunk of 2 kv heads on 4 ranks gives rank 1 kv head 1: not its query heads' kv head
+    q = spec((2, 8, 6, 4), ["S(1)"])
+    kv = spec((2, 2, 6, 4), ["R"])
+    res = infer("sdpa", q, kv, kv)
+    assert res.violations == () and wants(res) == [None, None, None]
+    rule = get_rule("sdpa")
+    attrs = rule.normalize_attrs({})
+    maps = [rule.localize(attrs, (q, kv, kv), res.outputs, r)["kv_head_map"] for r in range(4)]
+    assert maps == [(0, 0), (0, 0), (1, 1), (1, 1)]
+
+
+def test_gqa_kv_heads_sharded_where_they_cannot_split_is_a_fixable_mismatch():
+    q = spec((2, 8, 6, 4), ["S(1)"])
+    kv = spec((2, 2, 6, 4), ["S(1)"])
+    res = infer("sdpa", q, kv, kv)
+    k_violation, v_violation = res.violations
+    assert (k_violation.code, k_violation.operand, k_violation.fixable) == ("sharding-mismatch", "k", True)
+    assert v_violation.operand == "v"
+    assert k_violation.message == (
+        "k's heads (dim 1, N = 2) cannot be split on mesh axis 'tp' as q's 8 heads are (q is (S(1)), k is (S(1))): "
+        "a query head's kv head (query head h uses kv head h // 4) would be on another rank")
+    assert k_violation.hint == ("all-gather k on 'tp' (every rank keeps every kv head and uses those of its query "
+                                "heads), or shard fewer query heads on 'tp'")
+    assert wants(res) == [None, "(R)", "(R)"]
+    # the fix runs, forward and backward, and equals one device
+    rep = run(attention_spec({"shape": [4], "names": ["tp"]}, (2, 8, 6, 4), (2, 2, 6, 4), ["S(1)"], ["S(1)"]))
+    assert ("o/k", "all-gather", "tp") in collectives(rep)
+    # dk, dv: each rank sums its query heads' parts of every kv head; the backward pass reduces them
+    assert ("grad/k", "reduce-scatter", "tp") in collectives(rep)
+
+
+def test_gqa_grads_are_partial_on_the_axes_of_replicated_kv_heads():
+    q = spec((2, 8, 6, 4), ["S(1)"])
+    kv = spec((2, 2, 6, 4), ["R"])
+    res = infer("scaled_dot_product_attention_grad", q, q, kv, kv)
+    assert res.violations == ()
+    assert layouts(res) == ["(S(1))", "(P(sum))", "(P(sum))"]
+    split = spec((2, 4, 6, 4), ["R"])
+    res = infer("scaled_dot_product_attention_grad", q, q, split, split)
+    assert layouts(res) == ["(S(1))", "(S(1))", "(S(1))"]
+
+
+@pytest.mark.parametrize("q_placements, kv_placements, kv_heads", [
+    (["S(0)", "S(1)"], ["S(0)", "R"], 2),      # kv heads replicated on tp (4 query heads a rank, 1 kv head)
+    (["R", "S(1)"], ["R", "S(1)"], 4),          # kv heads split with the query heads
+    (["S(2)", "S(1)"], ["R", "R"], 1),         # multi-query, query sequence on dp
+    (["S(1)", "S(1)"], ["R", "R"], 2),         # heads on both axes: 8 on 4, kv 2 replicated
+])
+def test_gqa_sdpa_runs_forward_and_backward(q_placements, kv_placements, kv_heads):
+    run(attention_spec({"shape": [2, 2], "names": ["dp", "tp"]}, (2, 8, 6, 4), (2, kv_heads, 6, 4),
+                       q_placements, kv_placements))
+
+
+def test_gqa_head_counts_that_do_not_divide_are_invalid_shape():
+    q = spec((2, 6, 4, 4), ["R"])
+    kv = spec((2, 4, 4, 4), ["R"])
+    (v,) = infer("sdpa", q, kv, kv).violations
+    assert (v.code, v.operand) == ("invalid-shape", "k")
+    assert v.message == ("q has 6 heads but k and v have 4 (dim 1; q [2, 6, 4, 4], k [2, 4, 4, 4], v [2, 4, 4, 4]): "
+                         "grouped-query attention needs q's head count to be a multiple of k's and v's")
+    k = spec((2, 2, 4, 4), ["R"])
+    codes = [(v.code, v.operand) for v in infer("sdpa", q, k, kv).violations]
+    assert codes == [("invalid-shape", "v")]  # k and v differ
+
+
+def test_kv_head_map_is_not_a_user_attr():
+    q = spec((2, 4, 4, 4), ["R"])
+    kv = spec((2, 2, 4, 4), ["R"])
+    (v,) = infer("sdpa", q, kv, kv, kv_head_map=(0, 0, 1, 1)).violations
+    assert (v.code, v.hint) == ("invalid-attr", "leave kv_head_map out (lowering fills it in)")
+
+
+def _finite_difference(f, x, dy, eps=1e-6):
+    grad = np.zeros_like(x)
+    it = np.nditer(x, flags=["multi_index"])
+    for _ in it:
+        i = it.multi_index
+        up, down = x.copy(), x.copy()
+        up[i] += eps
+        down[i] -= eps
+        grad[i] = np.sum((f(up) - f(down)) * dy) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("kv_head_map", [None, (1, 1, 0)])
+def test_gqa_sdpa_backward_kernel_matches_finite_differences(kv_head_map):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4 if kv_head_map is None else 3, 3, 2))
+    k, v = rng.standard_normal((1, 2, 5, 2)), rng.standard_normal((1, 2, 5, 3))
+    attrs = {"causal": True, "q_offset": 1, "kv_head_map": kv_head_map}
+    fwd = nn_numpy.scaled_dot_product_attention
+    dy = rng.standard_normal(fwd(q, k, v, **attrs).shape)
+    dq, dk, dv = nn_numpy.scaled_dot_product_attention_grad(dy, q, k, v, **attrs)
+    np.testing.assert_allclose(dq, _finite_difference(lambda t: fwd(t, k, v, **attrs), q, dy), atol=1e-7)
+    np.testing.assert_allclose(dk, _finite_difference(lambda t: fwd(q, t, v, **attrs), k, dy), atol=1e-7)
+    np.testing.assert_allclose(dv, _finite_difference(lambda t: fwd(q, k, t, **attrs), v, dy), atol=1e-7)
+
+
+def test_gqa_equals_attention_over_repeated_kv_heads():
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((2, 6, 4, 3)), rng.standard_normal((2, 2, 4, 3)), rng.standard_normal((2, 2, 4, 3))
+    repeated = [np.repeat(t, 3, axis=1) for t in (k, v)]
+    np.testing.assert_allclose(nn_numpy.scaled_dot_product_attention(q, k, v, causal=True),
+                               nn_numpy.scaled_dot_product_attention(q, *repeated, causal=True), rtol=1e-12)
+
+
+@pytest.mark.parametrize("kv_head_map", [None, (1, 1, 0), ()])
+def test_gqa_sdpa_mindspore_kernels_match_numpy(kv_head_map):
+    pytest.importorskip("mindspore")
+    from layout_prop.kernels.mindspore_backend import KERNELS as MS, to_numpy
+
+    rng = np.random.default_rng(2)
+    q_heads = {None: 4, (): 0}.get(kv_head_map, 3)
+    q = rng.standard_normal((2, q_heads, 3, 4)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 5, 4)).astype(np.float32) for _ in range(2))
+    dy = rng.standard_normal((2, q_heads, 3, 4)).astype(np.float32)
+    attrs = {"causal": True, "q_offset": 2, "kv_head_map": kv_head_map}
+    for op, args in (("scaled_dot_product_attention", (q, k, v)), ("scaled_dot_product_attention_grad", (dy, q, k, v))):
+        want = nn_numpy.KERNELS[op](*args, **attrs)
+        got = MS[op](*args, **attrs)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            g = to_numpy(g)
+            assert g.shape == w.shape and g.dtype == w.dtype
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

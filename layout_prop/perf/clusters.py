@@ -1,0 +1,257 @@
+"""Cluster profiles: what a device computes and how fast its links move bytes.
+
+A :class:`Cluster` gives the peak dense throughput per dtype, the HBM capacity and
+bandwidth, the links inside a node and between nodes, and the efficiency factors the step
+model applies (the fraction of a peak that real kernels and collectives reach).  Three
+are built in (:data:`BUILTIN`); a user's own is a YAML file (:func:`load_cluster`).
+
+Every built-in figure carries its source in ``sources``: a vendor datasheet where one was
+reachable, and otherwise a third-party report, said as such.  The efficiency factors are
+not hardware facts: they are fitted (``benchmarks/estimate_megatron.py`` says on which
+published rows, and reports the error on the others).
+
+Link figures are per device and per direction: a device inside a node reaches its peers at
+``intra`` (NVLink, HCCS), and each device has its own network port between nodes
+(``inter``: DGX's eight HDR/NDR InfiniBand ports, one per GPU; Atlas 800T A2's eight RoCE
+ports, one per NPU), so collectives across nodes run one rail per device.
+
+Examples
+--------
+>>> a100 = get_cluster("a100-80g")
+>>> a100.devices_per_node, a100.peak_flops("float16") / 1e12, a100.hbm_bytes_per_s / 1e9
+(8, 312.0, 2039.0)
+>>> get_cluster("a100").name
+Traceback (most recent call last):
+...
+layout_prop.core.errors.SpecError: unknown-cluster: no built-in cluster 'a100' (hint: built in: a100-80g, ascend-910b, h100-80g; or give a cluster YAML file)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from layout_prop.core.errors import SpecError, cut
+
+__all__ = ["Network", "Cluster", "BUILTIN", "get_cluster", "load_cluster", "parse_cluster"]
+
+
+@dataclass(frozen=True)
+class Network:
+    """A link class: bandwidth per device and direction in GB/s (1e9 bytes/s), latency per hop in us."""
+
+    GBps: float
+    latency_us: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster profile (see the module docstring)."""
+
+    name: str
+    device: str
+    devices_per_node: int
+    peak_tflops: dict[str, float]  # dense, per dtype (matrix units)
+    vector_tflops: float  # what elementwise work reaches (no matrix units), float32
+    hbm_gb: float  # capacity, 1e9 bytes
+    hbm_GBps: float
+    intra: Network
+    inter: Network
+    matmul_efficiency: float = 0.7
+    memory_efficiency: float = 0.8
+    link_efficiency: float = 0.8
+    nodes: int | None = None  # how many nodes the cluster has (None: as many as a mesh needs)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s of the matrix units in ``dtype`` (float64 falls back to float32)."""
+        key = dtype if dtype in self.peak_tflops else "float32"
+        return self.peak_tflops[key] * 1e12
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_GBps * 1e9
+
+    @property
+    def hbm_bytes(self) -> int:
+        return int(self.hbm_gb * 1e9)
+
+
+A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM column)"
+DGX_A100 = "NVIDIA DGX A100 datasheet (8x A100 80GB, NVLink 3 / NVSwitch, 8x single-port 200 Gb/s HDR InfiniBand)"
+H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column, dense figures: half the sparsity ones)"
+DGX_H100 = "NVIDIA DGX H100 datasheet (8x H100 SXM, NVLink 4, 8x 400 Gb/s NDR ConnectX-7 for compute)"
+ASSUMED_LATENCY = "assumed: a typical per-hop latency of the link class, not a published figure"
+FITTED = "fitted on Megatron-LM's published weak-scaling rows (benchmarks/estimate_megatron.py)"
+ASCEND_REPORT = ("third-party report (boardor.com, 'Huawei Ascend 910B outperforms H20', 2024): FP16 about "
+                 "320 TFLOPS, 64 GB HBM2e; no vendor datasheet of the 910B was reachable")
+
+BUILTIN: dict[str, Cluster] = {
+    "a100-80g": Cluster(
+        name="a100-80g", device="NVIDIA A100 80GB SXM (DGX A100)", devices_per_node=8,
+        peak_tflops={"float16": 312.0, "bfloat16": 312.0, "float32": 156.0},
+        vector_tflops=19.5, hbm_gb=80.0, hbm_GBps=2039.0,
+        intra=Network(GBps=300.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=6.0),
+        matmul_efficiency=0.7, memory_efficiency=0.8, link_efficiency=0.8,
+        sources={"peak_tflops": A100_DATASHEET + ": FP16/BF16 tensor 312 TFLOPS, TF32 156 (used for float32)",
+                 "vector_tflops": A100_DATASHEET + ": FP32 19.5 TFLOPS", "hbm": A100_DATASHEET + ": 80 GB HBM2e, "
+                 "2,039 GB/s", "intra": A100_DATASHEET + ": NVLink 600 GB/s (both directions: 300 each way)",
+                 "inter": DGX_A100 + ": 200 Gb/s = 25 GB/s per GPU", "latency": ASSUMED_LATENCY,
+                 "efficiency": FITTED}),
+    "h100-80g": Cluster(
+        name="h100-80g", device="NVIDIA H100 80GB SXM (DGX H100)", devices_per_node=8,
+        peak_tflops={"float16": 989.0, "bfloat16": 989.0, "float32": 495.0},
+        vector_tflops=67.0, hbm_gb=80.0, hbm_GBps=3350.0,
+        intra=Network(GBps=450.0, latency_us=3.0), inter=Network(GBps=50.0, latency_us=6.0),
+        matmul_efficiency=0.7, memory_efficiency=0.8, link_efficiency=0.8,
+        sources={"peak_tflops": H100_DATASHEET + ": FP16/BF16 tensor 989 TFLOPS, TF32 495 (used for float32)",
+                 "vector_tflops": H100_DATASHEET + ": FP32 67 TFLOPS", "hbm": H100_DATASHEET + ": 80 GB HBM3, "
+                 "3.35 TB/s", "intra": H100_DATASHEET + ": NVLink 900 GB/s (450 each way)",
+                 "inter": DGX_H100 + ": 400 Gb/s = 50 GB/s per GPU", "latency": ASSUMED_LATENCY,
+                 "efficiency": "not fitted on H100 runs: the A100 factors, an assumption"}),
+    "ascend-910b": Cluster(
+        name="ascend-910b", device="Huawei Ascend 910B (Atlas 800T A2 class: 8 NPUs a node)", devices_per_node=8,
+        peak_tflops={"float16": 320.0, "bfloat16": 320.0, "float32": 80.0},
+        vector_tflops=20.0, hbm_gb=64.0, hbm_GBps=1600.0,
+        intra=Network(GBps=196.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=8.0),
+        matmul_efficiency=0.7, memory_efficiency=0.8, link_efficiency=0.8,
+        sources={"peak_tflops": ASCEND_REPORT + "; float32 assumed a quarter of float16",
+                 "vector_tflops": "assumed (no published vector-unit figure found)",
+                 "hbm": ASCEND_REPORT + "; the bandwidth (1.6 TB/s) is an assumption",
+                 "intra": "assumed: HCCS inside an Atlas 800T A2, 196 GB/s per NPU each way (unconfirmed)",
+                 "inter": "assumed: one 200 Gb/s RoCE port per NPU (25 GB/s), as the Atlas 800T A2 is described",
+                 "latency": ASSUMED_LATENCY, "efficiency": "not fitted on Ascend runs: the A100 factors, an assumption"}),
+}
+
+_POSITIVE = ("devices_per_node", "vector_tflops", "hbm_gb", "hbm_GBps")
+_FRACTIONS = ("matmul_efficiency", "memory_efficiency", "link_efficiency")
+_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def get_cluster(name_or_path: str) -> Cluster:
+    """A built-in profile by name, or the profile in a YAML file (a path ending .yaml/.yml/.json)."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    if name_or_path.endswith((".yaml", ".yml", ".json")) or Path(name_or_path).is_file():
+        return load_cluster(Path(name_or_path))
+    raise SpecError("unknown-cluster", f"no built-in cluster {cut(name_or_path)}",
+                    hint=f"built in: {', '.join(sorted(BUILTIN))}; or give a cluster YAML file")
+
+
+def load_cluster(path: Path) -> Cluster:
+    """Read and check a cluster YAML file (:func:`parse_cluster`)."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError("unreadable", f"cannot read cluster file {str(path)!r}: {err.strerror}",
+                        hint="give a readable YAML file or a built-in name") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise SpecError("bad-yaml", f"cluster file {str(path)!r} is not YAML: {str(err).splitlines()[0]}",
+                        hint="see docs/performance.md for the cluster file format") from None
+    return parse_cluster(data, default_name=path.stem)
+
+
+def parse_cluster(data: Any, default_name: str = "custom") -> Cluster:
+    """A :class:`Cluster` from a mapping, every figure checked (positive, finite; fractions in (0, 1]).
+
+    A file may start from a built-in profile (``base: a100-80g``) and change some figures.
+
+    >>> c = parse_cluster({"base": "a100-80g", "inter": {"GBps": 50}})
+    >>> c.inter, c.intra.GBps
+    (Network(GBps=50.0, latency_us=6.0), 300.0)
+    >>> parse_cluster({"base": "a100-80g", "hbm_GBps": -1})
+    Traceback (most recent call last):
+    ...
+    layout_prop.core.errors.SpecError: bad-value at cluster.hbm_GBps: hbm_GBps is -1, not a positive finite number (hint: give a number > 0)
+    """
+    if not isinstance(data, dict):
+        raise SpecError("bad-type", f"a cluster is a mapping of figures, got {cut(data)}", path="cluster",
+                        hint="see docs/performance.md for the cluster file format")
+    known = {"base", "name", "device", "nodes", "devices_per_node", "peak_tflops", "vector_tflops", "hbm_gb", "hbm_GBps",
+             "intra", "inter", *_FRACTIONS, "sources"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError("unknown-key", f"cluster has no field(s) {unknown}", path=f"cluster.{unknown[0]}",
+                        hint=f"known fields: {', '.join(sorted(known))}")
+    base = data.get("base")
+    if base is not None:
+        if base not in BUILTIN:
+            raise SpecError("unknown-cluster", f"no built-in cluster {cut(base)} to start from", path="cluster.base",
+                            hint=f"built in: {', '.join(sorted(BUILTIN))}")
+        fields = dict(BUILTIN[base].__dict__)
+        fields["sources"] = {}
+    else:
+        missing = [k for k in ("devices_per_node", "peak_tflops", "vector_tflops", "hbm_gb", "hbm_GBps", "intra",
+                               "inter") if k not in data]
+        if missing:
+            raise SpecError("missing-key", f"cluster needs {missing} (or base: NAME)", path="cluster",
+                            hint=f"start from a built-in profile with base: {sorted(BUILTIN)[0]} and change figures")
+        fields = {"device": "custom"}
+    fields["name"] = str(data.get("name", default_name))
+    for key in ("device",):
+        if key in data:
+            fields[key] = str(data[key])
+    for key in _POSITIVE:
+        if key in data:
+            fields[key] = _number(data[key], f"cluster.{key}", key, integer=key == "devices_per_node")
+    if data.get("nodes") is not None:
+        fields["nodes"] = _number(data["nodes"], "cluster.nodes", "nodes", integer=True)
+    for key in _FRACTIONS:
+        if key in data:
+            value = _number(data[key], f"cluster.{key}", key)
+            if value > 1:
+                raise SpecError("bad-value", f"{key} is {cut(data[key])}, a fraction of the peak must be at most 1",
+                                path=f"cluster.{key}", hint="give a number in (0, 1]")
+            fields[key] = value
+    if "peak_tflops" in data:
+        peaks = data["peak_tflops"]
+        if not isinstance(peaks, dict) or not peaks:
+            raise SpecError("bad-type", f"peak_tflops is a mapping dtype -> TFLOP/s, got {cut(peaks)}",
+                            path="cluster.peak_tflops", hint="write peak_tflops: {float16: 312, float32: 156}")
+        for dtype in peaks:
+            if dtype not in _DTYPES:
+                raise SpecError("bad-dtype", f"peak_tflops names dtype {cut(dtype)}",
+                                path=f"cluster.peak_tflops.{dtype}", hint=f"dtypes: {', '.join(_DTYPES)}")
+        merged = {} if base is None else dict(fields["peak_tflops"])
+        merged.update({d: _number(v, f"cluster.peak_tflops.{d}", d) for d, v in peaks.items()})
+        if "float32" not in merged:
+            raise SpecError("missing-key", "peak_tflops needs float32 (the fallback of other dtypes)",
+                            path="cluster.peak_tflops", hint="add float32: N")
+        fields["peak_tflops"] = merged
+    for key in ("intra", "inter"):
+        if key in data:
+            fields[key] = _network(data[key], f"cluster.{key}", None if base is None else fields[key])
+    if isinstance(data.get("sources"), dict):
+        fields["sources"] = {str(k): str(v) for k, v in data["sources"].items()}
+    return Cluster(**fields)
+
+
+def _number(value: Any, path: str, key: str, integer: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    if ok and integer and value != int(value):
+        ok = False
+    if not ok:
+        raise SpecError("bad-value", f"{key} is {cut(value)}, not a positive finite {'integer' if integer else 'number'}",
+                        path=path, hint="give a number > 0")
+    return int(value) if integer else float(value)
+
+
+def _network(value: Any, path: str, base: Network | None) -> Network:
+    if not isinstance(value, dict) or set(value) - {"GBps", "latency_us"}:
+        raise SpecError("bad-value", f"a link class is {{GBps, latency_us}}, got {cut(value)}", path=path,
+                        hint="write {GBps: 25, latency_us: 6}")
+    if base is None and set(value) != {"GBps", "latency_us"}:
+        raise SpecError("missing-key", "a link class needs GBps and latency_us", path=path,
+                        hint="write {GBps: 25, latency_us: 6}")
+    gbps = _number(value["GBps"], f"{path}.GBps", "GBps") if "GBps" in value else base.GBps
+    latency = value.get("latency_us", None if base is None else base.latency_us)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not math.isfinite(latency) or latency < 0:
+        raise SpecError("bad-value", f"latency_us is {cut(latency)}, not a finite number >= 0",
+                        path=f"{path}.latency_us", hint="give microseconds per hop, >= 0")
+    return Network(float(gbps), float(latency))

@@ -1,0 +1,236 @@
+"""A training step's time on a cluster: compute, exposed communication, the optimizer.
+
+The input is a graph analysed with its backward and resharded
+(``analyze(graph, reshard=True, backward=True)``): every op with its local shapes, every
+redistribution as ``redistribute`` nodes with their collective steps.  The spec's graph is
+one micro-batch on all ranks (its batch dim is the micro-batch times the data-parallel
+degree).  The model, per step, for the busiest rank (rank 0: torch.chunk gives the first
+pieces the larger share, so rank 0 holds the largest piece of every uneven shard):
+
+- compute: every op's roofline time (:mod:`.costs`), forward and backward, times the
+  accumulation steps ``global_batch / (micro_batch x dp)``; ``recompute="full"`` adds one
+  more forward (its ops and its collectives), as Megatron-LM's full activation
+  recomputation does;
+- communication: each collective step of each redistribution priced by algorithm on the
+  links its mesh axis spans (:mod:`.collectives`). Steps inside the forward and the
+  backward are exposed (tensor, sequence and context parallel collectives wait for their
+  result); the data-parallel gradient synchronisation (the redistributions that make a
+  parameter's gradient) runs once a step, after the last micro-batch's backward, bucketed
+  and overlapped with that backward: exposed is what the backward cannot hide, and at
+  least the last bucket (the gradient made last); ``overlap=False`` exposes all of it;
+- the optimizer: AdamW reads the parameter, its gradient and two states and writes the
+  parameter and the states (7 times the parameters' bytes through HBM).
+
+The data-parallel degree is the product of the sizes of the mesh axes named ``dp``
+(or ``data``, ``fsdp``).
+
+FLOPs: ``flops_per_step`` is the exact count of the graph's ops on rank 0 times the mesh
+size (the FLOPs the step executes, recomputation included); ``tflops_per_device`` and
+``mfu`` divide it by the step time, the devices and the peak of the model's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from layout_prop.core import meta
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+from layout_prop.core.redistribute import plan_redistribution
+from layout_prop.passes.memory import Memory
+from layout_prop.passes.propagate import value_spec
+
+from .clusters import Cluster
+from .collectives import collective_time
+from .costs import cost_class, op_cost, op_time
+
+__all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE"]
+
+DATA_AXES = ("dp", "data", "fsdp")
+RECOMPUTE = ("none", "full")
+
+
+@dataclass
+class StepEstimate:
+    """What :func:`estimate_step` returns (times in seconds)."""
+
+    cluster: str
+    devices: int
+    accumulation: int
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    communication: dict[str, dict[str, float]]  # mesh axis -> kind -> exposed seconds per step
+    grad_sync_s: float
+    grad_sync_exposed_s: float
+    optimizer_s: float
+    flops_per_step: float
+    peak_flops: float
+    memory_per_rank_bytes: int
+    hbm_bytes: int
+    top_ops: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+    @property
+    def communication_s(self) -> float:
+        """Exposed communication: the forward and backward collectives and the exposed gradient sync."""
+        return sum(sum(kinds.values()) for kinds in self.communication.values()) + self.grad_sync_exposed_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.compute_s + self.communication_s + self.optimizer_s
+
+    @property
+    def tflops_per_device(self) -> float:
+        return self.flops_per_step / self.step_time_s / self.devices / 1e12 if self.step_time_s > 0 else 0.0
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_device * 1e12 / self.peak_flops if self.peak_flops else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster, "devices": self.devices, "accumulation_steps": self.accumulation,
+            "step_time_s": self.step_time_s, "compute_s": self.compute_s, "communication_s": self.communication_s,
+            "optimizer_s": self.optimizer_s, "tflops_per_device": self.tflops_per_device, "mfu": self.mfu,
+            "flops_per_step": self.flops_per_step, "memory_per_rank_bytes": self.memory_per_rank_bytes,
+            "breakdown": {
+                "forward_s": self.forward_s, "backward_s": self.backward_s, "recompute_s": self.recompute_s,
+                "communication_exposed_s": self.communication,
+                "grad_sync_s": self.grad_sync_s, "grad_sync_exposed_s": self.grad_sync_exposed_s,
+                "optimizer_s": self.optimizer_s,
+            },
+            "top_ops": self.top_ops, "notes": self.notes,
+        }
+
+
+def data_parallel_degree(mesh) -> int:
+    return math.prod(n for n, name in zip(mesh.shape, mesh.names) if name in DATA_AXES)
+
+
+def accumulation_steps(mesh, global_batch: int | None, micro_batch: int | None) -> int:
+    """``global_batch / (micro_batch x dp)``, checked; 1 when neither is given."""
+    if global_batch is None and micro_batch is None:
+        return 1
+    if global_batch is None or micro_batch is None:
+        raise SpecError("bad-value", "--global-batch and --micro-batch go together",
+                        hint="give both: the spec's graph is one micro-batch on every data-parallel rank")
+    dp = data_parallel_degree(mesh)
+    if global_batch % (micro_batch * dp):
+        raise SpecError("bad-value", f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
+                        f"data-parallel degree {dp}", hint="the accumulation steps global / (micro x dp) must be whole")
+    return global_batch // (micro_batch * dp)
+
+
+def _phase(graph: Graph, node) -> str:
+    if node.meta.get(meta.INSERTED_BY) == "backward" or node.name.startswith("grad/"):
+        return "backward"
+    if node.op == "redistribute":
+        consumer = node.meta.get("for", (None,))[0]
+        if consumer is not None and consumer in graph and \
+                graph.node(consumer).meta.get(meta.INSERTED_BY) == "backward":
+            return "backward"
+    return "forward"
+
+
+def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = None,
+                  micro_batch: int | None = None, recompute: str = "none", overlap: bool = True) -> StepEstimate:
+    """The modelled step of ``graph`` (analysed with backward and reshard) on ``cluster``."""
+    if recompute not in RECOMPUTE:
+        raise SpecError("bad-value", f"unknown recompute {recompute!r}", hint=f"use one of {', '.join(RECOMPUTE)}")
+    mesh = graph.mesh
+    devices = mesh.size
+    if cluster.nodes is not None and devices > cluster.nodes * cluster.devices_per_node:
+        raise SpecError("mesh-too-large", f"the mesh has {devices:,} devices, cluster {cluster.name!r} "
+                        f"{cluster.nodes * cluster.devices_per_node:,} ({cluster.nodes} nodes of "
+                        f"{cluster.devices_per_node})", hint="use a smaller mesh or a larger cluster (its nodes)")
+    acc = accumulation_steps(mesh, global_batch, micro_batch)
+    params = {n.name for n in graph.inputs() if n.attrs.get("requires_grad")}
+    shape = tuple(mesh.shape)
+    times = {"forward": 0.0, "backward": 0.0}
+    comm: dict[str, dict[str, float]] = {}
+    forward_comm = 0.0
+    grad_sync, last_sync = 0.0, 0.0
+    flops = {"forward": 0.0, "backward": 0.0}
+    per_op: list[tuple[float, str, str, str]] = []
+    unknown: set[str] = set()
+    dtypes: dict[str, float] = {}
+    for node in graph.topo_order():
+        if node.op == "input":
+            continue
+        specs = node.meta.get(meta.SPECS)
+        if not specs or None in specs:
+            continue
+        phase = _phase(graph, node)
+        if node.op == "redistribute":
+            src = value_spec(graph, node.inputs[0])
+            if src is None:
+                continue
+            seconds = 0.0
+            sync = node.meta.get(meta.GRAD_OF) in params
+            for step in plan_redistribution(src, specs[0].layout).steps:
+                t = collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
+                seconds += t
+                if t and not sync:
+                    axis = comm.setdefault(mesh.names[step.mesh_axis], {})
+                    axis[step.kind] = axis.get(step.kind, 0.0) + t
+            if sync:
+                grad_sync += seconds
+                last_sync = seconds
+            elif phase == "forward":
+                forward_comm += seconds
+            if seconds:
+                per_op.append((seconds * (1 if sync else acc), node.name, "redistribute", phase))
+            continue
+        inputs = [value_spec(graph, v) for v in node.inputs]
+        if any(s is None for s in inputs):
+            continue
+        attrs = node.meta.get(meta.ATTRS, node.attrs)
+        dtype = inputs[0].dtype if inputs else specs[0].dtype
+        cost = op_cost(node.op, [s.local_shape(0) for s in inputs], [s.local_shape(0) for s in specs],
+                       [s.itemsize for s in inputs], [s.itemsize for s in specs], attrs, dtype=dtype)
+        if cost_class(node.op) is None:
+            unknown.add(node.op)
+        seconds = op_time(cost, cluster)
+        times[phase] += seconds
+        flops[phase] += cost.flops
+        if cost.kind in ("matmul", "attention"):
+            dtypes[dtype] = dtypes.get(dtype, 0.0) + cost.flops
+        if seconds:
+            per_op.append((seconds * acc, node.name, node.op, phase))
+    for axis in comm.values():  # forward and backward collectives happen once per micro-batch
+        for kind in axis:
+            axis[kind] *= acc
+    recompute_s = 0.0
+    recompute_flops = 0.0
+    if recompute == "full":
+        recompute_s = acc * (times["forward"] + forward_comm)
+        recompute_flops = flops["forward"]
+    exposed_sync = grad_sync if not overlap else max(grad_sync - times["backward"], last_sync)
+    param_bytes = sum(value_spec(graph, p).local_nbytes(0) for p in params)
+    optimizer_s = 7 * param_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+    model_dtype = max(dtypes, key=dtypes.get) if dtypes else "float32"
+    memory = Memory(optimizer="adam").run(graph).max.total
+    notes = []
+    if unknown:
+        notes.append(f"ops without a cost entry, costed as one FLOP an element: {', '.join(sorted(unknown))}")
+    if memory > cluster.hbm_bytes:
+        notes.append(f"memory per rank {memory:,} bytes exceeds the device's {cluster.hbm_bytes:,}")
+    if recompute == "full":
+        notes.append("recompute full: one more forward counted; the memory figure does not subtract the activations "
+                     "recomputation saves")
+    per_op.sort(reverse=True)
+    top = [{"name": name, "op": op, "phase": phase, "seconds": seconds} for seconds, name, op, phase in per_op[:10]]
+    step_flops = acc * (flops["forward"] + flops["backward"] + recompute_flops) * devices
+    return StepEstimate(
+        cluster=cluster.name, devices=devices, accumulation=acc, forward_s=acc * times["forward"],
+        backward_s=acc * times["backward"], recompute_s=recompute_s, communication=comm, grad_sync_s=grad_sync,
+        grad_sync_exposed_s=exposed_sync, optimizer_s=optimizer_s, flops_per_step=step_flops,
+        peak_flops=cluster.peak_flops(model_dtype), memory_per_rank_bytes=memory, hbm_bytes=cluster.hbm_bytes,
+        top_ops=top, notes=notes)

@@ -201,6 +201,21 @@ def _parser() -> argparse.ArgumentParser:
                     help="dtype of every tensor (default float32; RoPE, softmax and the norms need floats)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 
+    es = sub.add_parser("estimate", help="a training step's modelled time on a cluster: compute, exposed "
+                        "communication, optimizer, MFU, memory")
+    es.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file, or a model with --plan (- reads stdin)")
+    es.add_argument("--cluster", required=True, metavar="NAME|FILE",
+                    help="a built-in profile (a100-80g, h100-80g, ascend-910b) or a cluster YAML file")
+    es.add_argument("--global-batch", type=_positive_int, metavar="N", help="sequences a step (with --micro-batch)")
+    es.add_argument("--micro-batch", type=_positive_int, metavar="M",
+                    help="sequences a micro-batch on one data-parallel rank; accumulation is N / (M x dp)")
+    es.add_argument("--recompute", choices=["none", "full"], default="none",
+                    help="full: recompute every activation in the backward (one more forward)")
+    es.add_argument("--no-overlap", action="store_true",
+                    help="expose the whole gradient synchronisation (default: overlapped with the backward)")
+    es.add_argument("--json", action="store_true", help="print JSON")
+    _add_model_args(es)
+
     op = sub.add_parser("ops", help="the op reference: every op, or one op in full (generated from the registry)")
     op.add_argument("name", metavar="NAME", nargs="?", help="an op name or alias: print that op in full")
     op.add_argument("--json", action="store_true", help="print JSON (a list of ops, or one op)")
@@ -390,7 +405,8 @@ def _samples_arg(text: str) -> int | str:
 #: each command's module in :mod:`layout_prop.commands` (imported only when the command runs);
 #: each has ``run(args) -> exit code``
 COMMANDS = {"check": "check", "run": "run", "demo": "demo", "explain": "explain", "verify": "verify", "viz": "viz",
-            "import": "import_model", "plan": "plan", "gen": "gen", "ops": "ops", "lower": "lower"}
+            "import": "import_model", "plan": "plan", "gen": "gen", "ops": "ops", "lower": "lower",
+            "estimate": "estimate"}
 
 
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)
@@ -402,7 +418,7 @@ GC_THRESHOLD = (50_000, 20, 20)
 #: objects live until the process exits and form no cycles worth collecting; the collector
 #: only walked them, 1.5 to 2 us a node of a 10,000-node check).  The rest (run, plan,
 #: verify, demo: many graphs or arrays, minutes long) collect with GC_THRESHOLD.
-UNCOLLECTED_COMMANDS = frozenset({"check", "explain", "lower", "viz", "gen", "import", "ops"})
+UNCOLLECTED_COMMANDS = frozenset({"check", "explain", "lower", "viz", "gen", "import", "ops", "estimate"})
 
 
 #: writing stdout or stderr (or a pipe given with -o) failed: see :class:`layout_prop.io.output.OutputFailed`

@@ -1,0 +1,195 @@
+"""The step-time model (layout_prop.perf) and ``layout-prop estimate``: costs counted by hand,
+collectives by their algorithms' formulas, bad profiles and batches refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from layout_prop.api import analyze
+from layout_prop.cli import main
+from layout_prop.core.errors import SpecError
+from layout_prop.core.registry import registered_ops
+from layout_prop.io.loader import load_spec
+from layout_prop.perf.clusters import BUILTIN, get_cluster, parse_cluster
+from layout_prop.perf.collectives import axis_span, collective_time
+from layout_prop.perf.costs import cost_class, op_cost, op_time
+from layout_prop.perf.step import estimate_step
+
+A100 = BUILTIN["a100-80g"]
+
+
+def test_every_built_in_op_has_a_cost_class():
+    missing = sorted(name for name, rule in registered_ops().items()
+                     if name == rule.name and type(rule).__module__.startswith("layout_prop.")
+                     and cost_class(name) is None)
+    assert missing == [], f"add these ops to a cost class in layout_prop/perf/costs.py: {missing}"
+
+
+# ----------------------------------------------------------------------------- op costs
+def test_matmul_family_counts_two_m_n_k():
+    assert op_cost("matmul", ((3, 5, 7), (7, 11)), ((3, 5, 11),), (2, 2), (2,), {}).flops == 2 * 15 * 11 * 7
+    assert op_cost("matmul", ((7, 5), (11, 7)), ((5, 11),), (4, 4), (4,), {"transpose_a": True}).flops == 2 * 55 * 7
+    assert op_cost("linear", ((4, 6), (10, 6)), ((4, 10),), (4, 4), (4,), {}).flops == 2 * 4 * 10 * 6
+    einsum = op_cost("einsum", ((2, 3, 4), (4, 5)), ((2, 3, 5),), (4, 4), (4,), {"equation": "bmk,kn->bmn"})
+    assert einsum.flops == 2 * 2 * 3 * 4 * 5
+    assert einsum.bytes == 4 * (24 + 20 + 30)
+
+
+def test_attention_counts_both_products_and_its_gradient_twice():
+    q = (2, 4, 16, 8)  # BNSD
+    fwd = op_cost("scaled_dot_product_attention", (q, q, q), (q,), (2,) * 3, (2,), {})
+    assert fwd.flops == 4 * 2 * 4 * 16 * 16 * 8
+    bsnd = (2, 16, 4, 8)
+    assert op_cost("scaled_dot_product_attention", (bsnd,) * 3, (bsnd,), (2,) * 3, (2,),
+                   {"layout": "BSND"}).flops == fwd.flops
+    grad = op_cost("scaled_dot_product_attention_grad", (q, q, q, q), (q, q, q), (2,) * 4, (2,) * 3, {})
+    assert grad.flops == 2 * fwd.flops
+
+
+def test_roofline_takes_the_slower_of_compute_and_memory():
+    big = op_cost("matmul", ((4096, 4096), (4096, 4096)), ((4096, 4096),), (2, 2), (2,), {}, dtype="float16")
+    assert op_time(big, A100) == pytest.approx(2 * 4096 ** 3 / (312e12 * A100.matmul_efficiency))
+    add = op_cost("add", ((1024, 1024), (1024, 1024)), ((1024, 1024),), (4, 4), (4,), {})
+    assert op_time(add, A100) == pytest.approx(3 * 4 * 2 ** 20 / (2039e9 * A100.memory_efficiency))
+    assert op_time(op_cost("reshape", ((8, 8),), ((64,),), (4,), (4,), {}), A100) == 0.0
+
+
+# ----------------------------------------------------------------------------- collectives
+def test_axes_fill_nodes_innermost_first():
+    assert axis_span((32, 8), 1, 8) == (8, 1)  # tp=8 inside a node
+    assert axis_span((32, 8), 0, 8) == (1, 32)  # dp across 32 nodes, one member each
+    assert axis_span((4, 4, 2), 1, 8) == (4, 1)
+    assert axis_span((4, 4, 2), 0, 8) == (1, 4)
+    assert axis_span((2, 16), 1, 8) == (8, 2)  # 16 ranks on 2 nodes
+    assert axis_span((5, 1), 1, 8) == (1, 1)
+
+
+def test_collectives_follow_their_algorithms():
+    eff = A100.link_efficiency
+    b = 64 * 2 ** 20
+    # a ring all-gather inside a node: the bytes over NVLink, 7 latencies
+    assert collective_time("all-gather", b, (8,), 0, A100) == pytest.approx(b / (300e9 * eff) + 7 * 3e-6)
+    # across nodes, one member a node: over the rails
+    assert collective_time("reduce-scatter", b, (4, 8), 0, A100) == pytest.approx(b / (25e9 * eff) + 3 * 6e-6)
+    # an all-reduce of a small buffer across many nodes: the tree's latency wins over the ring's
+    small, n = 1024, 64
+    ring = small / (25e9 * eff) + 2 * (n - 1) * 6e-6
+    tree = 2 * (small * n / (2 * (n - 1))) / (25e9 * eff) + 2 * 6 * 6e-6
+    assert collective_time("all-reduce", small, (n, 8), 0, A100) == pytest.approx(min(ring, tree)) == \
+        pytest.approx(tree)
+    # hierarchical: 16 members on 2 nodes; the buffer S = nbytes * n / (2 (n - 1))
+    n, g, m = 16, 8, 2
+    nbytes = 2 * (n - 1) / n * b
+    inside = 2 * ((b * (g - 1) / g) / (300e9 * eff) + (g - 1) * 3e-6)
+    across = (2 * (m - 1) / m * b / g) / (25e9 * eff) + 2 * (m - 1) * 6e-6
+    assert collective_time("all-reduce", nbytes, (n,), 0, A100) == pytest.approx(inside + across)
+    assert collective_time("local-slice", b, (8,), 0, A100) == 0.0
+    assert collective_time("all-gather", b, (1,), 0, A100) == 0.0
+
+
+# ----------------------------------------------------------------------------- the step
+SPEC = """
+mesh: {shape: [2], names: [dp]}
+inputs:
+  x: {shape: [8, 1024], placements: ["S(0)"], requires_grad: false, dtype: float16}
+  w: {shape: [1024, 1024], dtype: float16}
+nodes:
+  - {name: y, op: matmul, inputs: [x, w]}
+outputs: [y]
+"""
+
+
+def _graph(text=SPEC):
+    analysis = analyze(load_spec(text), reshard=True, backward=True)
+    assert analysis.ok
+    return analysis.graph
+
+
+def test_a_data_parallel_matmul_step_is_counted_by_hand():
+    est = estimate_step(_graph(), A100, overlap=False)
+    local_flops = 2 * 4 * 1024 * 1024  # per rank: 4 rows of x
+    assert est.forward_s == pytest.approx(max(local_flops / (312e12 * 0.7),
+                                              (4 * 1024 + 1024 * 1024 + 4 * 1024) * 2 / (2039e9 * 0.8)))
+    # backward: dw = x^T dy (dx is not needed: x takes no gradient)
+    assert est.backward_s > 0
+    grad_bytes = 1024 * 1024 * 2  # w's gradient, float16, all-reduced over dp (2 ranks)
+    assert est.grad_sync_s == pytest.approx(collective_time("all-reduce", grad_bytes, (2,), 0, A100))
+    assert est.grad_sync_exposed_s == est.grad_sync_s  # --no-overlap
+    assert est.optimizer_s == pytest.approx(7 * grad_bytes / (2039e9 * 0.8))
+    assert est.step_time_s == pytest.approx(est.forward_s + est.backward_s + est.grad_sync_s + est.optimizer_s)
+    assert est.flops_per_step == pytest.approx(2 * (local_flops + local_flops))  # two ranks, forward and dw
+
+
+def test_accumulation_repeats_compute_not_the_gradient_sync():
+    one = estimate_step(_graph(), A100)
+    four = estimate_step(_graph(), A100, global_batch=32, micro_batch=4)  # 32 / (4 x dp 2) = 4
+    assert four.accumulation == 4
+    assert four.compute_s == pytest.approx(4 * one.compute_s)
+    assert four.grad_sync_s == pytest.approx(one.grad_sync_s)
+    full = estimate_step(_graph(), A100, recompute="full")
+    assert full.recompute_s == pytest.approx(one.forward_s)
+
+
+def test_overlap_hides_what_the_backward_covers():
+    hidden = estimate_step(_graph(), A100)
+    exposed = estimate_step(_graph(), A100, overlap=False)
+    assert hidden.grad_sync_exposed_s <= exposed.grad_sync_exposed_s
+    assert hidden.grad_sync_exposed_s >= min(hidden.grad_sync_s, exposed.grad_sync_s - hidden.backward_s) - 1e-15
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("data, code", [
+    ({"base": "a100-80g", "inter": {"GBps": -5}}, "bad-value"),
+    ({"base": "a100-80g", "peak_tflops": {"float8": 1000}}, "bad-dtype"),
+    ({"base": "a100-80g", "matmul_efficiency": 1.5}, "bad-value"),
+    ({"base": "b200"}, "unknown-cluster"),
+    ({"devices_per_node": 8}, "missing-key"),
+    ({"base": "a100-80g", "hbm_GBps": float("inf")}, "bad-value"),
+    ({"base": "a100-80g", "colour": "green"}, "unknown-key"),
+    ([1, 2], "bad-type"),
+])
+def test_bad_profiles_are_typed_errors(data, code):
+    with pytest.raises(SpecError) as err:
+        parse_cluster(data)
+    assert err.value.code == code
+
+
+def _cli(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_estimate_json_and_bad_input(tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC)
+    code, out, err = _cli(["estimate", str(spec), "--cluster", "h100-80g", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    for key in ("step_time_s", "compute_s", "communication_s", "tflops_per_device", "mfu", "memory_per_rank_bytes",
+                "breakdown"):
+        assert key in data
+    assert 0 < data["mfu"] < 1 and math.isclose(data["step_time_s"], data["compute_s"] + data["communication_s"]
+                                                 + data["optimizer_s"])
+    small = tmp_path / "small.yaml"
+    small.write_text("base: a100-80g\nnodes: 1\ndevices_per_node: 1\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: a100-80g\ninter: {GBps: -1}\n")
+    for argv, code_want in (
+            (["--cluster", str(bad)], "bad-value"),
+            (["--cluster", str(small)], "mesh-too-large"),
+            (["--cluster", "a100-80g", "--global-batch", "6", "--micro-batch", "4"], "bad-value"),
+            (["--cluster", "a100-80g", "--global-batch", "8"], "bad-value"),
+            (["--cluster", "tpu-v9"], "unknown-cluster")):
+        code, out, err = _cli(["estimate", str(spec), *argv], capsys)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and code_want in err, (argv, err)
+
+
+def test_builtin_profiles_name_a_source_for_every_figure():
+    for cluster in BUILTIN.values():
+        for key in ("peak_tflops", "hbm", "intra", "inter", "latency", "efficiency"):
+            assert cluster.sources.get(key), (cluster.name, key)
+    assert get_cluster("ascend-910b").devices_per_node == 8

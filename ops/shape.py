@@ -40,9 +40,13 @@ The ops and their layout rules
     divide the dim (MindSpore ``Split(axis, output_num=N)``); ``chunkN`` cuts it into N
     ``torch.chunk`` pieces of ``ceil(n / N)``, the trailing ones smaller or empty (always
     N outputs, as the project's uneven shards).  The split axis must be unsharded
-    (``sharded-split-dim``, fixed by an all-gather on that axis); other dims keep their
-    shards.  vjp: ``concat`` of the cotangents, or the sum of ``pad_slice`` of those
-    present when some outputs are unused.
+    (``sharded-split-dim``, fixed by an all-gather on that axis), except when it is cut
+    only by strided shards ``_S(axis,k)`` of one ``k`` and every piece is made of whole
+    blocks: then a piece of one block is ``S(axis)`` and one of ``j`` blocks
+    ``_S(axis,j)``, with no communication (a fused q/k/v projection laid out ``_S(-1,3)``
+    splits into q, k, v each ``S(-1)``; localized attr: ``sizes`` becomes the rank's
+    piece sizes).  Other dims keep their shards.  vjp: ``concat`` of the cotangents, or
+    the sum of ``pad_slice`` of those present when some outputs are unused.
 ``slice(x, axis, start=0, stop=None)`` (alias ``aten.slice``, whose ``end`` is ``stop``)
     One axis, Python slice semantics with step 1 (negative and out-of-range bounds as
     in ``x[start:stop]``); torch ``narrow`` and MindSpore ``Slice``/``StridedSlice`` are
@@ -55,7 +59,10 @@ The ops and their layout rules
     unless nothing is padded.  vjp: ``slice``.
 ``concat(x, x1, ..., axis=0)`` (aliases ``Concat``, ``cat``, ``aten.cat``, ``concatenate``)
     Variadic.  The concat axis must be unsharded in every operand
-    (``sharded-concat-dim``); all operands must be sharded alike on the other dims (the
+    (``sharded-concat-dim``), except when every operand is cut along it by the same
+    mesh axes, each by ``S(axis)`` or ``_S(axis,j)``, in blocks of one size: the output
+    is then ``_S(axis,J)`` (``J`` blocks in all) with no communication, the inverse of a
+    split of whole blocks (the gradient of a fused projection); all operands must be sharded alike on the other dims (the
     output takes, per mesh axis, the first Shard any operand has there, so a Replicate
     operand is sliced for free; any other difference is ``sharding-mismatch``); a mesh
     axis is Partial in the output when the operands are one Partial or Replicate there
@@ -592,8 +599,56 @@ def _unsharded_axis(x: TensorSpec, axis: int, op: str, pieces: str,
     return want, _fixable(x, want, violations)
 
 
+def _strided_blocks(x: TensorSpec, axis: int) -> int | None:
+    """The block count ``k`` when every mesh axis of size > 1 cutting ``axis`` is ``_S(axis,k)`` (one ``k``).
+
+    Each rank then holds the same chunk of each of ``k`` equal blocks of the dim (nested
+    chunks with several such mesh axes), so a piece made of whole blocks is held on every
+    rank as that chunk of each of its blocks.  None for any other layout of the dim.
+    """
+    placements = [x.layout.placements[a] for a in _cutting_axes(x.layout, axis)]
+    if not placements or not all(isinstance(p, StridedShard) for p in placements):
+        return None
+    factors = {p.split_factor for p in placements}
+    return factors.pop() if len(factors) == 1 else None
+
+
+def _block_pieces(x: TensorSpec, axis: int, bounds) -> list[int] | None:
+    """How many whole blocks of the strided ``axis`` each piece ``[lo, hi)`` holds, or None.
+
+    None unless the dim is cut by strided shards only (:func:`_strided_blocks`) and every
+    piece starts and ends on a block boundary: then piece i is on every rank the rank's
+    chunk of each of its blocks, in order.
+
+    >>> from layout_prop import DeviceMesh
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((4, 12), "float32", Layout(mesh, ["_S(1,3)"], 2))
+    >>> _block_pieces(x, 1, [(0, 4), (4, 8), (8, 12)]), _block_pieces(x, 1, [(0, 6), (6, 12)])
+    ([1, 1, 1], None)
+    """
+    k = _strided_blocks(x, axis)
+    if k is None:
+        return None
+    m = x.shape[axis] // k
+    if m == 0 or any(lo % m or hi % m for lo, hi in bounds):
+        return None
+    return [(hi - lo) // m for lo, hi in bounds]
+
+
+def _piece_layout(layout: Layout, axis: int, blocks: int) -> Layout:
+    """The layout of a piece of ``blocks`` whole blocks of the strided ``axis``: ``S(axis)`` for one
+    block (or none), ``_S(axis,blocks)`` for several, on each mesh axis cutting it."""
+    ps = []
+    for a, p in enumerate(layout.placements):
+        if shard_dim(p) == axis:
+            p = StridedShard(axis, blocks) if blocks >= 2 and layout.mesh.shape[a] > 1 else Shard(axis)
+        ps.append(p)
+    return layout.with_placements(ps)
+
+
 class _PiecesRule(_ShapeOpRule):
-    """Shared rule of ``splitN`` and ``chunkN``: N outputs, cut along one unsharded axis."""
+    """Shared rule of ``splitN`` and ``chunkN``: N outputs, cut along one unsharded axis, or along a
+    strided one (``_S(axis,k)``) when every piece is made of whole blocks (a fused q/k/v projection)."""
 
     operands = ("x",)
     attr_synonyms = {"dim": "axis"}
@@ -624,10 +679,30 @@ class _PiecesRule(_ShapeOpRule):
         if problems:
             return RuleResult((None,) * self.num_outputs, tuple(problems), ())
         sizes = [b - a for a, b in bounds]
+        shapes = [x.shape[:axis] + (s,) + x.shape[axis + 1:] for s in sizes]
+        blocks = _block_pieces(x, axis, bounds)
+        if blocks is not None:  # whole blocks of a strided shard: each piece stays sharded, no communication
+            outs = tuple(TensorSpec(shape, x.dtype, _piece_layout(x.layout, axis, j)) for shape, j in
+                         zip(shapes, blocks))
+            return RuleResult(outs, (), (None,))
         want, violations = _unsharded_axis(x, axis, self.name, f"cuts it into pieces of sizes {sizes}")
         layout = want or x.layout
-        outs = tuple(TensorSpec(x.shape[:axis] + (s,) + x.shape[axis + 1:], x.dtype, layout) for s in sizes)
+        outs = tuple(TensorSpec(shape, x.dtype, layout) for shape in shapes)
         return RuleResult(outs, tuple(violations), (want,))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        """A strided axis cut into whole blocks: the rank's local piece sizes (its chunk of each block)."""
+        x = inputs[0]
+        axis, bounds, _ = self._analyse(x, attrs)
+        blocks = _block_pieces(x, axis, bounds) if bounds is not None else None
+        if blocks is None:
+            return dict(attrs)
+        chunk = x.local_shape(rank)[axis] // _strided_blocks(x, axis)  # the rank's chunk of one block
+        return self.local_attrs(attrs, axis, [j * chunk for j in blocks])
+
+    def local_attrs(self, attrs: dict, axis: int, sizes: list[int]) -> dict:
+        """The attrs cutting a rank's local piece into ``sizes`` along ``axis``."""
+        return dict(attrs, axis=axis, sizes=sizes)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         x = g.spec(inputs[0])
@@ -696,6 +771,15 @@ class ChunkRule(_PiecesRule):
 
     def bounds(self, n, attrs):
         return list(chunk_bounds(n, self.num_outputs)), ""
+
+    def local_attrs(self, attrs: dict, axis: int, sizes: list[int]) -> dict:
+        """``torch.chunk`` of the local piece cuts it into ``sizes`` already: if the global chunks are
+        ``j`` blocks of ``m``, the local ones are ``ceil(k * c / N) = j * c`` for a chunk ``c <= m``."""
+        local = [hi - lo for lo, hi in chunk_bounds(sum(sizes), self.num_outputs)]
+        if local != sizes:  # not reached (see above): a wrong answer must not pass silently
+            raise OpError("internal-error", f"{self.name} of a strided piece: chunks {local}, expected {sizes}",
+                          hint="a bug of layout-prop: please report it with the spec")
+        return dict(attrs, axis=axis)
 
 
 SPLIT_VARIANTS: dict[str, type[OpRule]] = {}
@@ -844,8 +928,46 @@ def _concat_target(inputs: Sequence[TensorSpec], axis: int) -> Layout:
     return Layout(mesh, ps, inputs[0].ndim)
 
 
-def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout) -> list[list[Violation]]:
-    """Per operand, one violation per mesh axis whose placement must change at a cost."""
+def _strided_concat(inputs: Sequence[TensorSpec], axis: int) -> dict[int, StridedShard] | None:
+    """The strided placements of a concat of whole blocks along a sharded ``axis``, or None.
+
+    When every operand is cut along ``axis`` by the same mesh axes (of size > 1), each
+    by ``S(axis)`` (one block) or by ``_S(axis,j)`` (``j`` blocks), and all blocks have
+    one size, each rank holds its chunk of every block: the concat is ``_S(axis,J)``
+    (``J`` the total block count) on those mesh axes with no communication (the
+    gradient of a fused q/k/v split, split's inverse).
+
+    >>> from layout_prop import DeviceMesh
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> q = TensorSpec((4, 4), "float32", Layout(mesh, ["S(1)"], 2))
+    >>> kv = TensorSpec((4, 8), "float32", Layout(mesh, ["_S(1,2)"], 2))
+    >>> _strided_concat([q, kv], 1), _strided_concat([q, q.with_placements(["R"])], 1)
+    ({0: StridedShard(dim=1, split_factor=3)}, None)
+    """
+    cutting = {_cutting_axes(t.layout, axis) for t in inputs}
+    if len(cutting) != 1:
+        return None
+    axes = cutting.pop()
+    if not axes:
+        return None
+    total, sizes = 0, set()
+    for t in inputs:
+        kinds = {t.layout.placements[a] for a in axes}
+        if len(kinds) != 1:
+            return None
+        p = kinds.pop()
+        blocks = p.split_factor if isinstance(p, StridedShard) else 1
+        total += blocks
+        sizes.add(t.shape[axis] // blocks)
+    if total < 2 or len(sizes) != 1 or 0 in sizes:
+        return None
+    return {a: StridedShard(axis, total) for a in axes}
+
+
+def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout,
+                            aligned: Sequence[int] = ()) -> list[list[Violation]]:
+    """Per operand, one violation per mesh axis whose placement must change at a cost (the
+    ``aligned`` mesh axes, cut into whole blocks, change nothing)."""
     mesh = target.mesh
     out = []
     for i, t in enumerate(inputs):
@@ -854,6 +976,8 @@ def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout) -> 
         for a, (p, q) in enumerate(zip(t.layout.placements, target.placements)):
             if p == q or mesh.shape[a] == 1 or (isinstance(p, Replicate) and not isinstance(q, Replicate)):
                 continue  # the same, a size-1 mesh axis, or a free local slice or local partial
+            if a in aligned:
+                continue  # whole blocks of a strided output: each operand stays as it is
             axis_text = _axis_name(t.layout, a)
             if shard_dim(p) == axis:
                 found.append(Violation(
@@ -937,9 +1061,15 @@ class Concat(_ShapeOpRule):
             # a strided shard from one operand inside another's shard of that dim: no layout holds both
             target = target.with_placements([Replicate() if isinstance(p, StridedShard) else p
                                              for p in target.placements])
+        aligned = _strided_concat(inputs, axis) or {}
+        if aligned:
+            target = target.with_placements([aligned.get(a, p) for a, p in enumerate(target.placements)])
         wants, violations = [], []
-        for i, (t, found) in enumerate(zip(inputs, _concat_axis_violations(self, inputs, axis, target))):
-            want = target if target != t.layout else None
+        found_all = _concat_axis_violations(self, inputs, axis, target, tuple(aligned))
+        for i, (t, found) in enumerate(zip(inputs, found_all)):
+            want = target.with_placements([t.layout.placements[a] if a in aligned else p
+                                           for a, p in enumerate(target.placements)]) if aligned else target
+            want = want if want != t.layout else None
             wants.append(want)
             name = self.operand_name(i)
             violations += _fixable(t, want, found, (

@@ -12,7 +12,8 @@ A plan is YAML or JSON (a stable user interface, see the README's "Your own mode
       "*": R                         # explicit placements work too, and `auto`
 
 A parameter's entry is a semantic preset (``colwise``, ``rowwise``, ``vocab``,
-``replicate``, optionally naming the mesh axis: ``colwise(tp)``; ``tp`` by default),
+``replicate``, optionally naming the mesh axis: ``colwise(tp)``; ``tp`` by default;
+``colwise_fused(K)`` / ``colwise_fused(K, tp)`` for K projections fused into one weight),
 ``auto``, ``R`` (replicated on every mesh axis), a list of placements (one per mesh
 axis) or a mapping ``{placements: [...]}`` / ``{tensor_map: [...]}``.  An input's entry
 is a list of placements, ``auto``, ``R``, or a mapping that may also give ``shape`` (for a
@@ -21,7 +22,10 @@ for a floating input).
 
 Presets are resolved from how the parameter is consumed (:class:`ParamUse`): ``colwise``
 shards the dim that becomes the consumer's output features, ``rowwise`` the contracted
-dim, ``vocab`` an embedding table's rows; the user never counts dims.
+dim, ``vocab`` an embedding table's rows; the user never counts dims.  ``colwise_fused(3)``
+cuts each of the 3 blocks of the output features column-wise (the strided shard
+``_S(d,3)``), so that a later ``split3`` into q, k and v leaves each ``S(d)`` with no
+communication, as Megatron shards GPT-2's ``c_attn``.
 
 Examples
 --------
@@ -32,6 +36,9 @@ Examples
 >>> use = ParamUse("matmul", out_dim=1, in_dim=0)   # an ONNX MatMul weight (in, out)
 >>> resolve_parameters(plan, {"l0.wq": (8, 16), "l0.norm": (8,)}, {"l0.wq": [use], "l0.norm": []})
 {'l0.wq': ['S(1)'], 'l0.norm': ['R']}
+>>> fused = load_plan({"mesh": {"shape": [2], "names": ["tp"]}, "parameters": {"*.c_attn": "colwise_fused(3)"}})
+>>> resolve_parameters(fused, {"h0.c_attn": (8, 24)}, {"h0.c_attn": [use]})
+{'h0.c_attn': ['_S(1,3)']}
 """
 
 from __future__ import annotations
@@ -50,18 +57,19 @@ from layout_prop.core.spec import TensorSpec
 
 __all__ = ["ShardingPlan", "ParamRule", "ParamUse", "load_plan", "resolve_parameters", "PRESETS"]
 
-PRESETS = ("colwise", "rowwise", "vocab", "replicate")
+PRESETS = ("colwise", "rowwise", "vocab", "replicate", "colwise_fused")
 PLAN_KEYS = {"mesh", "inputs", "parameters"}
 INPUT_KEYS = {"shape", "placements", "tensor_map", "requires_grad"}
 _PRESET = re.compile(r"^\s*(colwise|rowwise|vocab|replicate)\s*(?:\(\s*([^()\s]+)\s*\))?\s*$")
+_FUSED = re.compile(r"^\s*colwise_fused\s*\(\s*([^(),\s]+)\s*(?:,\s*([^(),\s]+)\s*)?\)\s*$")
 
 
 @dataclass(frozen=True)
 class ParamRule:
     """One ``pattern: entry`` line of a plan's ``parameters``.
 
-    ``kind`` is ``"preset"`` (``preset`` and ``axis`` set), ``"placements"``
-    (``placements`` set), ``"tensor_map"`` (``tensor_map`` set) or ``"auto"``.
+    ``kind`` is ``"preset"`` (``preset`` and ``axis`` set; ``blocks`` for ``colwise_fused``),
+    ``"placements"`` (``placements`` set), ``"tensor_map"`` (``tensor_map`` set) or ``"auto"``.
     """
 
     pattern: str
@@ -70,6 +78,7 @@ class ParamRule:
     axis: str | None = None
     placements: tuple[str, ...] | None = None
     tensor_map: tuple | None = None
+    blocks: int | None = None
 
     @property
     def path(self) -> str:
@@ -240,11 +249,13 @@ def _param_rule(mesh: DeviceMesh, pattern: str, entry: Any) -> ParamRule:
             return ParamRule(pattern, "auto")
         if entry.strip() in ("R", "Replicate", "Replicate()"):
             return ParamRule(pattern, "placements", placements=("R",) * mesh.ndim)
+        if _FUSED.match(entry) or entry.strip().startswith("colwise_fused"):
+            return _fused_rule(mesh, pattern, entry, path)
         m = _PRESET.match(entry)
         if m is None:
             raise _err("bad-plan", f"{entry!r} is not a preset, auto, R, or a list of placements", path,
-                       f"write one of {', '.join(PRESETS)} (optionally with a mesh axis: colwise(tp)), auto, R, "
-                       "or placements like [R, \"S(0)\"]")
+                       f"write one of {', '.join(PRESETS[:4])} (optionally with a mesh axis: colwise(tp)), "
+                       "colwise_fused(3) for a fused q/k/v weight, auto, R, or placements like [R, \"S(0)\"]")
         preset, axis = m.group(1), m.group(2)
         if preset != "replicate":
             axis = axis or "tp"
@@ -268,6 +279,24 @@ def _param_rule(mesh: DeviceMesh, pattern: str, entry: Any) -> ParamRule:
     raise _err("bad-plan", f"cannot read the entry {entry!r}", path,
                "write a preset (colwise, rowwise, vocab, replicate), auto, R, a list of placements, "
                "{placements: [...]} or {tensor_map: [...]}")
+
+
+def _fused_rule(mesh: DeviceMesh, pattern: str, entry: str, path: str) -> ParamRule:
+    """``colwise_fused(K)`` or ``colwise_fused(K, AXIS)``: K projections fused along the output features
+    (GPT-2's ``c_attn``, Phi-3's ``qkv_proj`` and ``gate_up_proj``), each cut column-wise on AXIS
+    (``tp`` by default): the strided shard ``_S(out, K)``, as Megatron shards a fused weight."""
+    m = _FUSED.match(entry)
+    count = m.group(1) if m else None
+    if count is None or not count.isdigit() or int(count) < 2:
+        raise _err("bad-plan", f"{entry!r} does not give a number of fused projections >= 2", path,
+                   "write colwise_fused(3) for q/k/v fused into one weight, colwise_fused(2) for gate/up, "
+                   "optionally with a mesh axis: colwise_fused(3, tp)")
+    axis = m.group(2) or "tp"
+    if axis not in mesh.names:
+        raise _err("unknown-mesh-axis", f"{entry!r} names mesh axis {axis!r}, which the mesh {list(mesh.names)} "
+                   "does not have", path, f"name one of {list(mesh.names)}: colwise_fused({count}, "
+                   f"{mesh.names[-1]})")
+    return ParamRule(pattern, "preset", preset="colwise_fused", axis=axis, blocks=int(count))
 
 
 def resolve_parameters(plan: ShardingPlan, shapes: Mapping[str, Sequence[int]],
@@ -342,5 +371,10 @@ def _preset_placements(plan: ShardingPlan, rule: ParamRule, name: str, shape: tu
         raise _err("preset-misfit", f"{rule.preset} is ambiguous for parameter {name!r}: its consumers "
                    f"{sorted({u.op for u in fitting})} need dims {sorted(dims)} sharded", rule.path,
                    "give this parameter explicit placements")
-    placements[plan.mesh.names.index(rule.axis)] = f"S({dims.pop()})"
+    dim = dims.pop()
+    if rule.blocks is not None and shape[dim] % rule.blocks:
+        raise _err("preset-misfit", f"colwise_fused({rule.blocks}) cuts dim {dim} of parameter {name!r} (shape "
+                   f"{list(shape)}) into {rule.blocks} fused projections, but {shape[dim]} is not a multiple of "
+                   f"{rule.blocks}", rule.path, "give the number of projections fused into this weight")
+    placements[plan.mesh.names.index(rule.axis)] = f"_S({dim},{rule.blocks})" if rule.blocks else f"S({dim})"
     return placements

@@ -32,6 +32,20 @@ RECORDS = [
     ], meshes=MESHES, placements="all", backward=True, id="strided-reshape"),
     OpRecord("chunk3", [_strided([(4, 6)], {"axis": 1}), _strided([(6, 4)], {"axis": 0})], meshes=MESHES,
              placements="all", id="strided-chunk3"),  # a qkv split of flattened tokens
+    # a fused projection's split (issue 29): pieces of whole blocks of _S(d,2) stay sharded, S(d) each
+    # (or _S(d,j) for j blocks), with no communication; pieces across blocks get the axis gathered
+    OpRecord("split2", [_strided([(4, 6)], {"axis": 1}), _strided([(8, 4)], {"axis": 0, "sizes": [4, 4]})],
+             meshes=MESHES, placements="all", id="strided-split2"),
+    OpRecord("split3", [_strided([(4, 8)], {"axis": 1, "sizes": [4, 0, 4]}),
+                        _strided([(12, 2)], {"axis": 0, "sizes": [0, 6, 6]}),
+                        _strided([(4, 8)], {"axis": 1, "sizes": [2, 2, 4]})],  # pieces across blocks
+             meshes=MESHES, placements="all", id="strided-split3"),
+    OpRecord("chunk2", [_strided([(6, 4)], {"axis": 0}), _strided([(2, 10)], {"axis": 1})], meshes=MESHES,
+             placements="all", id="strided-chunk2"),  # 10 = 2 blocks of 5: uneven chunks 3, 2 of each
+    # the gradient of that split: S(d) pieces of one size concat into _S(d,N)
+    OpRecord("concat", [_strided([(4, 3), (4, 3)], {"axis": 1}), _strided([(4, 2), (4, 4)], {"axis": 1}),
+                        _strided([(6, 2), (6, 2), (6, 2)], {"axis": 0})],
+             meshes=MESHES, placements=120, id="strided-concat-blocks"),
     OpRecord("slice", [_strided([(4, 6)], {"axis": 1, "start": 1, "stop": 5}), _strided([(4, 6)], {"axis": 0})],
              meshes=MESHES, placements="all", id="strided-slice"),
     OpRecord("concat", [_strided([(4, 6), (4, 2)], {"axis": 1}), _strided([(4, 6), (2, 6)], {"axis": 0})],

@@ -1,0 +1,28 @@
+"""Records of the loss family: cross_entropy, cross_entropy_parts, dropout, multinomial.
+
+The kit's random integer targets lie in [0, 8): every sample has at least 8 classes, and
+an ``ignore_index`` in that range checks ignored tokens.  Uneven dims: 5 tokens or 9
+classes on 2 or 4 pieces (9 on 4 gives 3, 3, 3, 0: a rank without classes); size-1
+token dims.  ``cross_entropy_combine`` takes the parts of a real cross entropy (a sum
+of exponentials must be positive): ``graph_tests/test_loss_ops.py`` checks the
+three-node vocab-parallel form instead of random parts.
+"""
+
+from . import OpRecord, OpSample
+
+CE = dict(dtypes=["float32", "int64"], requires_grad=[True, False])
+PARTS = dict(dtypes=["float32", "int64", "float32"], requires_grad=[True, False, True])
+MESHES = ((4,), (2, 2))
+
+RECORDS = [
+    OpRecord("cross_entropy", [
+        OpSample([(5, 9), (5,)], **CE),
+        OpSample([(2, 3, 8), (2, 3)], {"reduction": "sum", "ignore_index": 3, "label_smoothing": 0.1}, **CE),
+        OpSample([(1, 9), (1,)], {"reduction": "none"}, **CE),
+        OpSample([(3, 1, 8), (3, 1)], {"ignore_index": 0, "label_smoothing": 0.25}, **CE),
+    ], meshes=MESHES, placements=40, id="loss-cross_entropy"),
+    OpRecord("cross_entropy_parts", [
+        OpSample([(5, 9), (5,), (5,)], **PARTS),
+        OpSample([(2, 3, 8), (2, 3), (2, 3)], {"ignore_index": 3}, **PARTS),
+    ], meshes=MESHES, placements=40, id="loss-cross_entropy_parts"),
+]

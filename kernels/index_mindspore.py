@@ -2,12 +2,190 @@
 
 :mod:`.mindspore_backend` imports this module; import its helpers (``_ms``, ``to_tensor``...)
 inside functions, not at the top.
+
+The values move through MindSpore ops (``gather_elements``, ``gather``, ``tensor_scatter_add``,
+``tensor_scatter_update``, ``where``, ``equal``); the range check and, for the scatter ops,
+the bookkeeping of the integer index (which flat element each entry writes, which entries
+fall in the rank's piece, and for ``scatter`` which of several writes to one element is
+the last) are computed in numpy on the index with the numpy kernels' helpers, so that
+both backends check and order alike: MindSpore's own scatter of duplicate indices has no
+defined order, and its index checks differ by device.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
+from .index_numpy import check_range
+
 __all__ = ["KERNELS"]
 
-KERNELS: dict[str, Callable] = {}
+
+def _ms_ops():
+    from .mindspore_backend import _ms
+
+    return _ms()
+
+
+def _local(op: str, index, start: int, size: int, dim_size):
+    """MindSpore tensors: the rank-local positions of ``index`` (0 where invalid) and the valid mask."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    check_range(op, to_numpy(index), size if dim_size is None else dim_size)
+    ms = _ms_ops()
+    ops = ms.ops
+    local = to_tensor(index).astype(ms.int64) - start
+    valid = ops.logical_and(local >= 0, local < size)
+    return ops.where(valid, local, ops.zeros_like(local)), valid
+
+
+def gather(x, index, dim, start=0, dim_size=None):
+    from .mindspore_backend import to_tensor
+
+    ops = _ms_ops().ops
+    x = to_tensor(x)
+    dim = dim % x.ndim
+    local, valid = _local("gather", index, start, x.shape[dim], dim_size)
+    if x.shape[dim] == 0 or local.size == 0:
+        return ops.zeros(tuple(local.shape), x.dtype)
+    corner = x[tuple(slice(None) if k == dim else slice(0, n) for k, n in enumerate(local.shape))]
+    picked = ops.gather_elements(corner, dim, local)
+    return ops.where(valid, picked, ops.zeros_like(picked))
+
+
+def index_select(x, index, dim, start=0, dim_size=None):
+    from .mindspore_backend import to_tensor
+
+    ops = _ms_ops().ops
+    x = to_tensor(x)
+    dim = dim % x.ndim
+    local, valid = _local("index_select", index, start, x.shape[dim], dim_size)
+    shape = tuple(x.shape[:dim]) + tuple(local.shape) + tuple(x.shape[dim + 1:])
+    if x.shape[dim] == 0 or 0 in shape:
+        return ops.zeros(shape, x.dtype)
+    picked = ops.gather(x, local, dim)
+    mask = ops.reshape(valid, (1,) * dim + (-1,) + (1,) * (x.ndim - dim - 1))
+    return ops.where(mask, picked, ops.zeros_like(picked))
+
+
+def _flat_targets(op: str, shape, index: np.ndarray, dim: int, start: int, dim_size, last_only: bool):
+    """numpy bookkeeping: the flat element of x each valid index entry writes, and which entries
+    (flattened, row-major) those are; with ``last_only`` only the last write to each element."""
+    check_range(op, index, shape[dim] if dim_size is None else dim_size)
+    local = index.astype(np.int64) - start
+    valid = ((local >= 0) & (local < shape[dim])).reshape(-1)
+    coords = list(np.indices(index.shape))
+    coords[dim] = local
+    flat = np.ravel_multi_index(tuple(c.reshape(-1)[valid] for c in coords), shape) if valid.any() else \
+        np.zeros(0, np.int64)
+    entries = np.flatnonzero(valid)
+    if last_only and len(flat):
+        _, last = np.unique(flat[::-1], return_index=True)
+        keep = np.sort(len(flat) - 1 - last)
+        flat, entries = flat[keep], entries[keep]
+    return flat, entries
+
+
+def _scatter_flat(x, flat: np.ndarray, values, add: bool):
+    """x with ``values`` written (or added) at the flat element positions ``flat``."""
+    from .mindspore_backend import to_tensor
+
+    ms = _ms_ops()
+    ops = ms.ops
+    x = to_tensor(x)
+    if len(flat) == 0:
+        return x.copy()
+    rows = ops.reshape(x, (-1,))
+    where = to_tensor(flat.astype(np.int64).reshape(-1, 1))
+    update = ops.tensor_scatter_add if add else ops.tensor_scatter_update
+    return ops.reshape(update(rows, where, values.astype(x.dtype)), tuple(x.shape))
+
+
+def _scatter_elements(op: str, x, index, src, dim, start, dim_size, add: bool):
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    x = to_tensor(x)
+    dim = dim % x.ndim
+    flat, entries = _flat_targets(op, tuple(x.shape), to_numpy(index), dim, start, dim_size, last_only=not add)
+    if len(flat) == 0:
+        return x.copy()
+    values = ops.gather(ops.reshape(to_tensor(src), (-1,)), to_tensor(entries.astype(np.int64)), 0)
+    return _scatter_flat(x, flat, values, add)
+
+
+def scatter(x, index, src, dim, start=0, dim_size=None):
+    return _scatter_elements("scatter", x, index, src, dim, start, dim_size, add=False)
+
+
+def scatter_add(x, index, src, dim, start=0, dim_size=None):
+    return _scatter_elements("scatter_add", x, index, src, dim, start, dim_size, add=True)
+
+
+def index_add(x, index, src, dim, start=0, dim_size=None):
+    """The 1-D index broadcast to src's shape along ``dim``, then a scatter_add of every element."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    x, src = to_tensor(x), to_tensor(src)
+    dim = dim % x.ndim
+    index = to_numpy(index).astype(np.int64)
+    full = np.broadcast_to(index.reshape((1,) * dim + (-1,) + (1,) * (x.ndim - dim - 1)), tuple(src.shape))
+    return _scatter_elements("index_add", x, np.ascontiguousarray(full), src, dim, start, dim_size, add=True)
+
+
+def masked_fill(x, mask, value):
+    from .mindspore_backend import to_tensor
+
+    ms = _ms_ops()
+    x = to_tensor(x)
+    fill = ms.Tensor(np.asarray(value).astype(np.dtype(ms.dtype_to_nptype(x.dtype))))
+    return ms.ops.where(to_tensor(mask), fill, x)
+
+
+def where(condition, x, y):
+    from .mindspore_backend import to_tensor
+
+    ms = _ms_ops()
+    x, y = to_tensor(x), to_tensor(y)
+    dtype = np.result_type(ms.dtype_to_nptype(x.dtype), ms.dtype_to_nptype(y.dtype))
+    ms_dtype = ms.Tensor(np.zeros(0, dtype)).dtype
+    return ms.ops.where(to_tensor(condition), x.astype(ms_dtype), y.astype(ms_dtype))
+
+
+def one_hot(indices, num_classes):
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ms = _ms_ops()
+    check_range("one_hot", to_numpy(indices), num_classes, "indices")
+    indices = to_tensor(indices).astype(ms.int64)
+    classes = ms.ops.arange(0, num_classes, dtype=ms.int64)
+    return ms.ops.equal(ms.ops.expand_dims(indices, -1), classes).astype(ms.int64)
+
+
+def isin(elements, test_elements):
+    from .mindspore_backend import to_tensor
+
+    ms = _ms_ops()
+    ops = ms.ops
+    elements, test = to_tensor(elements), to_tensor(test_elements)
+    if test.size == 0 or elements.size == 0:
+        return ops.zeros(tuple(elements.shape), ms.bool_)
+    common = np.result_type(ms.dtype_to_nptype(elements.dtype), ms.dtype_to_nptype(test.dtype))
+    common = ms.Tensor(np.zeros(0, common)).dtype
+    flat = ops.reshape(test, (-1,)).astype(common)
+    return ops.equal(ops.expand_dims(elements.astype(common), -1), flat).any(-1)
+
+
+KERNELS: dict[str, Callable] = {
+    "gather": gather,
+    "index_select": index_select,
+    "scatter": scatter,
+    "scatter_add": scatter_add,
+    "index_add": index_add,
+    "masked_fill": masked_fill,
+    "where": where,
+    "one_hot": one_hot,
+    "isin": isin,
+}

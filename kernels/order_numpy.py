@@ -1,9 +1,167 @@
-"""numpy kernels of the order op family, merged into the numpy table."""
+"""numpy kernels of the order op family, merged into the numpy table.
+
+One order everywhere (:func:`stable_order`): ties keep the lowest index first, as torch's
+stable sort, in both directions, and NaN is greater than every number (torch's order), so
+that one device and every rank of a sharded run select exactly the same elements.
+
+Examples
+--------
+>>> import numpy as np
+>>> x = np.array([[3, 1, 3, 2, 3]])
+>>> KERNELS["topk"](x, k=2)
+(array([[3, 3]]), array([[0, 2]]))
+>>> KERNELS["sort"](x, descending=True)[1], KERNELS["argmax"](x, dim=1)
+(array([[0, 2, 4, 3, 1]]), array([0]))
+>>> KERNELS["cumsum"](np.array([1, 2, 3]), dim=0, exclusive=True, reverse=True)
+array([5, 3, 0])
+>>> KERNELS["topk_grad"](np.array([[5.0, 7.0]]), np.array([[2, 0]]), dim=1, size=3)
+array([[7., 0., 5.]])
+"""
 
 from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["KERNELS"]
+import numpy as np
 
-KERNELS: dict[str, Callable] = {}
+__all__ = ["KERNELS", "stable_order", "cumsum_dtype", "prod_dtype"]
+
+
+# ------------------------------------------------------------------------------ the one order
+def stable_order(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+    """The indices that sort ``x`` along ``axis``: ties lowest index first, NaN the greatest.
+
+    >>> stable_order(np.array([1.0, np.nan, 1.0, 2.0]), 0, True)
+    array([1, 3, 0, 2])
+    >>> stable_order(np.array([1.0, np.nan, 1.0, 2.0]), 0, False)
+    array([0, 2, 3, 1])
+    """
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable")  # numpy sorts NaN last, keeping ties in order
+    if x.dtype.kind == "f":
+        # primary key: NaN first; then -x ascending (exact: negation does not round)
+        return np.lexsort((-x, ~np.isnan(x)), axis=axis)
+    return np.argsort(~x, axis=axis, kind="stable")  # ~ reverses the order of every integer type and of bool
+
+
+def _take(x: np.ndarray, order: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.take_along_axis(x, order, axis=axis), order.astype(np.int64)
+
+
+def _topk(x, k, dim=-1, largest=True, sorted=True):
+    """The k greatest (``largest``) or least elements along ``dim`` and their indices, in order.
+
+    ``sorted=False`` gives the same (sorted) result: torch leaves the order unspecified then.
+    """
+    order = stable_order(x, dim, largest)
+    picked = np.take(order, np.arange(k), axis=dim)
+    return _take(x, picked, dim)
+
+
+def _sort(x, dim=-1, descending=False, stable=False):
+    """Values and indices sorted along ``dim``; always stable (a stable sort is a valid unstable one)."""
+    return _take(x, stable_order(x, dim, descending), dim)
+
+
+def _arg(fn: Callable) -> Callable:
+    def kernel(x, dim=None, keepdim=False):
+        return np.asarray(fn(x, axis=dim, keepdims=bool(keepdim))).astype(np.int64)
+
+    kernel.__name__ = fn.__name__
+    return kernel
+
+
+def cumsum_dtype(dtype) -> np.dtype:
+    """Integers and bools accumulate in int64 (torch's cumsum and prod); floats in themselves."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.kind in "fc" else np.dtype(np.int64)
+
+
+prod_dtype = cumsum_dtype
+
+
+def _cumsum(x, dim, exclusive=False, reverse=False):
+    """The running sum along ``dim``; ``exclusive`` leaves each element out of its own sum,
+    ``reverse`` runs from the end (MindSpore ``CumSum``'s attrs)."""
+    x = np.asarray(x).astype(cumsum_dtype(x.dtype), copy=False)
+    if reverse:
+        x = np.flip(x, axis=dim)
+    out = np.cumsum(x, axis=dim)
+    if exclusive:
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=dim)), np.take(out, np.arange(
+            out.shape[dim] - 1), axis=dim)], axis=dim) if out.shape[dim] else out
+    return np.ascontiguousarray(np.flip(out, axis=dim)) if reverse else out
+
+
+def _prod(x, dims=None, keepdim=False):
+    axes = None if dims is None else (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    return np.asarray(np.prod(x, axis=axes, keepdims=bool(keepdim), dtype=prod_dtype(x.dtype)))
+
+
+# ------------------------------------------------------------------------------ gradients
+def _topk_grad(dv, indices, dim, size, start=0):
+    """``dx`` of shape ``dv``'s with ``size`` along ``dim``: ``dv`` scatter-added at ``indices - start``.
+
+    Indices outside ``[start, start + size)`` are left out (a rank keeps its own range);
+    repeated indices add up.
+    """
+    dv = np.asarray(dv)
+    dim = dim % dv.ndim
+    dvm = np.moveaxis(dv, dim, -1)
+    idx = np.moveaxis(np.asarray(indices), dim, -1).astype(np.int64) - int(start)
+    out = np.zeros(dvm.shape[:-1] + (int(size),), dtype=dv.dtype)
+    rows = np.broadcast_to(np.arange(int(np.prod(dvm.shape[:-1], dtype=np.int64))).reshape(-1, 1),
+                           (int(np.prod(dvm.shape[:-1], dtype=np.int64)), dvm.shape[-1]))
+    flat_idx = idx.reshape(rows.shape)
+    keep = (flat_idx >= 0) & (flat_idx < int(size))
+    flat_out = out.reshape(-1, int(size))
+    np.add.at(flat_out, (rows[keep], flat_idx[keep]), dvm.reshape(rows.shape)[keep])
+    return np.moveaxis(flat_out.reshape(out.shape), -1, dim)
+
+
+def _maximum_grad(dy, x, y, minimum=False):
+    """``(dx, dy_)`` in the broadcast shape: the cotangent goes to the operand that won, half to each on a tie
+    (torch's rule)."""
+    wins = np.less(x, y) if minimum else np.greater(x, y)
+    tie = np.equal(x, y)
+    shape = np.broadcast_shapes(np.shape(dy), np.shape(x), np.shape(y))
+    dy = np.broadcast_to(dy, shape)
+    half = dy / np.asarray(2, dtype=dy.dtype)
+    zero = np.zeros((), dtype=dy.dtype)
+    dx = np.where(wins, dy, np.where(tie, half, zero))
+    dother = np.where(wins, zero, np.where(tie, half, dy))
+    return np.ascontiguousarray(dx.astype(dy.dtype, copy=False)), np.ascontiguousarray(
+        dother.astype(dy.dtype, copy=False))
+
+
+def _prod_grad(dy, x, dims, keepdim=False):
+    """``dx = dy * (product of the other elements of x's reduced slice)``, zeros included (no division)."""
+    x = np.asarray(x)
+    dims = tuple(d % x.ndim for d in dims)
+    kept = tuple(d for d in range(x.ndim) if d not in dims)
+    moved = np.transpose(x, kept + dims)
+    lead = moved.shape[:len(kept)]
+    m = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
+    flat = moved.reshape(lead + (m,))
+    ones = np.ones(lead + (1,), dtype=x.dtype)
+    before = np.concatenate([ones, np.cumprod(flat, axis=-1)], axis=-1)[..., :m]
+    after = np.flip(np.concatenate([ones, np.cumprod(np.flip(flat, -1), axis=-1)], axis=-1)[..., :m], -1)
+    dyk = np.asarray(dy).reshape(lead + (1,))
+    grad = (dyk * (before * after)).astype(np.result_type(dy, x), copy=False)
+    grad = grad.reshape(moved.shape)
+    return np.ascontiguousarray(np.transpose(grad, np.argsort(kept + dims)))
+
+
+KERNELS: dict[str, Callable] = {
+    "topk": _topk,
+    "sort": _sort,
+    "argmax": _arg(np.argmax),
+    "argmin": _arg(np.argmin),
+    "cumsum": _cumsum,
+    "prod": _prod,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "topk_grad": _topk_grad,
+    "maximum_grad": _maximum_grad,
+    "prod_grad": _prod_grad,
+}

@@ -1,5 +1,20 @@
-"""Kernel samples of the moe op family (see the package docstring)."""
+"""Kernel samples of the moe op family (see the package docstring): dropless and with a
+capacity, with and without routing weights, some indices naming no expert, and the local
+piece of a rank (a later token range, whole indices) as a sharded run calls the kernels."""
+
+import numpy as np
 
 
 def samples(rng, f32) -> dict:
-    return {}
+    x, w = f32(8, 3), f32(8, 2)
+    idx = rng.integers(0, 4, (8, 2)).astype(np.int64)
+    idx[1, 0] = 7  # names no expert of 4: dropped
+    buf = f32(4, 8, 3)
+    dropless = {"num_experts": 4, "groups": 4}
+    capped = {"num_experts": 4, "capacity_factor": 1.0, "groups": 4}
+    piece = {**capped, "tokens": 8, "token_start": 4, "local_tokens": 4, "indices_start": 0}  # rank 1 of 2
+    return {
+        "moe_dispatch": [((x, idx, w), dropless), ((x, idx), capped), ((x[4:], idx, w[4:]), piece)],
+        "moe_combine": [((buf, idx, w), dropless), ((buf, idx), capped), ((buf[:, 4:], idx, w[4:]), piece)],
+        "moe_weight_grad": [((buf, x, idx), dropless), ((buf, x, idx), capped), ((buf[:, 4:], x[4:], idx), piece)],
+    }

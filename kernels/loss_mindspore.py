@@ -217,3 +217,31 @@ KERNELS: dict[str, Callable] = {
     "cross_entropy_combine": _cross_entropy_combine,
     "cross_entropy_combine_grad": _cross_entropy_combine_grad,
 }
+
+
+# --------------------------------------------------------------------------- random ops
+def _dropout(x, p=0.5, seed=0, training=True, offsets=None, global_shape=None):
+    """The mask is the numpy reference's (:func:`.loss_numpy.dropout_mask`, the counter-based
+    draws keyed by global indices, which no MindSpore generator offers); the scaling is MindSpore's."""
+    from .loss_numpy import dropout_mask
+    from .mindspore_backend import to_tensor
+
+    x = to_tensor(x)
+    if not training:
+        return x.copy()
+    keep = to_tensor(dropout_mask(tuple(x.shape), p, seed, offsets, global_shape))
+    ops = _import_ops()
+    return ops.where(keep, x * (1.0 / (1.0 - p)), ops.zeros_like(x)).astype(x.dtype)
+
+
+def _multinomial(probs, num_samples, replacement=False, seed=0, offsets=None, global_shape=None):
+    """The numpy reference's draws, as a MindSpore tensor: MindSpore's ``multinomial`` draws from
+    its own generator, which cannot be keyed by global element indices (a sharded run would not
+    draw what one device draws)."""
+    from .loss_numpy import multinomial
+    from .mindspore_backend import to_numpy, to_tensor
+
+    return to_tensor(multinomial(to_numpy(probs), num_samples, replacement, seed, offsets, global_shape))
+
+
+KERNELS.update({"dropout": _dropout, "multinomial": _multinomial})

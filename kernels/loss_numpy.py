@@ -21,7 +21,8 @@ import numpy as np
 from layout_prop.core.errors import ExecutionError
 
 __all__ = ["KERNELS", "cross_entropy", "cross_entropy_grad", "cross_entropy_parts", "cross_entropy_parts_grad",
-           "cross_entropy_combine", "cross_entropy_combine_grad", "counter_uniform", "splitmix64"]
+           "cross_entropy_combine", "cross_entropy_combine_grad", "counter_uniform", "splitmix64", "global_indices", "dropout_mask", "dropout", "multinomial",
+           "multinomial_draws"]
 
 
 # --------------------------------------------------------------------------- cross entropy
@@ -206,3 +207,75 @@ KERNELS: dict[str, Callable] = {
     "cross_entropy_combine": cross_entropy_combine,
     "cross_entropy_combine_grad": cross_entropy_combine_grad,
 }
+
+
+# --------------------------------------------------------------------------- random ops
+def global_indices(shape: Sequence[int], offsets: Sequence[int] | None = None,
+                   global_shape: Sequence[int] | None = None) -> np.ndarray:
+    """The row-major index in the global tensor of every element of a local piece.
+
+    >>> global_indices((2, 2), offsets=[1, 2], global_shape=[3, 4]).tolist()
+    [[6, 7], [10, 11]]
+    """
+    shape = tuple(int(s) for s in shape)
+    if offsets is None:
+        return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    grids = np.indices(shape, dtype=np.int64)
+    coords = tuple(grids[d] + int(offsets[d]) for d in range(len(shape)))
+    if not shape or 0 in shape:
+        return np.zeros(shape, dtype=np.int64)
+    return np.ravel_multi_index(coords, tuple(int(s) for s in global_shape)).astype(np.int64)
+
+
+def dropout_mask(shape, p: float, seed: int, offsets=None, global_shape=None) -> np.ndarray:
+    """The kept elements: ``counter_uniform(seed, global index) >= p``."""
+    return counter_uniform(seed, global_indices(shape, offsets, global_shape)) >= p
+
+
+def dropout(x, p=0.5, seed=0, training=True, offsets=None, global_shape=None):
+    x = np.asarray(x)
+    if not training:
+        return x.copy()
+    keep = dropout_mask(x.shape, p, seed, offsets, global_shape)
+    return np.where(keep, x * (1.0 / (1.0 - p)), 0.0).astype(x.dtype)
+
+
+def _check_probs(w: np.ndarray, num_samples: int, replacement: bool) -> None:
+    bad = ~np.isfinite(w).all(axis=-1) | (w < 0).any(axis=-1)
+    positive = (w > 0).sum(axis=-1)
+    short = positive < (1 if replacement else num_samples)
+    if bad.any() or short.any():
+        why = ("a weight that is negative or not finite" if bad.any() else
+               f"fewer than {1 if replacement else num_samples} positive weights")
+        raise ExecutionError("invalid-probs", f"multinomial: {int((bad | short).sum())} row(s) of probs have {why}",
+                             hint="give non-negative finite weights, enough of them positive for the draws")
+
+
+def multinomial_draws(w: np.ndarray, rows: np.ndarray, num_samples: int, replacement: bool, seed: int) -> np.ndarray:
+    """The class indices drawn for each row of weights ``w`` (float64 ``[rows, classes]``), row ``i``
+    having the global row index ``rows[i]``."""
+    classes = w.shape[-1]
+    if replacement:
+        u = counter_uniform(seed, rows[:, None] * num_samples + np.arange(num_samples))
+        cdf = np.cumsum(w, axis=-1)
+        total = cdf[:, -1:]
+        picks = np.stack([np.searchsorted(cdf[i], u[i] * total[i, 0], side="right") for i in range(len(rows))]) \
+            if len(rows) else np.zeros((0, num_samples), np.int64)
+        return np.minimum(picks, classes - 1).astype(np.int64)
+    u = counter_uniform(seed, rows[:, None] * classes + np.arange(classes))
+    with np.errstate(divide="ignore"):
+        keys = np.where(w > 0, np.log(np.maximum(u, 1e-300)) / np.where(w > 0, w, 1.0), -np.inf)
+    order = np.argsort(-keys, axis=-1, kind="stable")
+    return order[:, :num_samples].astype(np.int64)
+
+
+def multinomial(probs, num_samples, replacement=False, seed=0, offsets=None, global_shape=None):
+    w = np.asarray(probs, dtype=np.float64)
+    lead = w.shape[:-1]
+    _check_probs(w, num_samples, replacement)
+    rows = global_indices(lead, offsets, global_shape).reshape(-1)
+    draws = multinomial_draws(w.reshape(-1, w.shape[-1]), rows, num_samples, replacement, seed)
+    return draws.reshape(lead + (num_samples,))
+
+
+KERNELS.update({"dropout": dropout, "multinomial": multinomial})

@@ -46,6 +46,11 @@ hold both all-reduces: that is why the vocab-parallel form is three nodes.  Grad
 ``cross_entropy_parts_grad`` and ``cross_entropy_combine_grad``; the two paths through
 ``m`` cancel exactly in exact arithmetic (the loss does not depend on the shift).
 
+``dropout(x, p=0.5, seed=0, training=True)`` and ``multinomial(probs, num_samples,
+replacement=False, seed=0)`` draw from ``counter_uniform(seed, global element index)``
+(:mod:`layout_prop.kernels.loss_numpy`), so that a sharded run draws exactly what one
+device draws: ``localize`` gives each rank the global offsets of its piece.
+
 Violation codes: ``partial-input``, ``sharded-class-dim``, ``sharding-mismatch``.
 Unusable input is an ``OpError`` (exit 2): a float or wrongly shaped target
 (``invalid-target``), a logits of rank 0 or without classes (``invalid-shape``), attrs out
@@ -68,7 +73,7 @@ from layout_prop.core.spec import TensorSpec
 from .nn import _move_violations
 
 __all__ = ["CrossEntropy", "CrossEntropyGrad", "CrossEntropyParts", "CrossEntropyPartsGrad", "CrossEntropyCombine",
-           "CrossEntropyCombineGrad", "token_analysis"]
+           "CrossEntropyCombineGrad", "Dropout", "Multinomial", "token_analysis"]
 
 REDUCTIONS = ("none", "sum", "mean")
 CE_CODES = ("partial-input", "sharded-class-dim", "sharding-mismatch")
@@ -481,3 +486,156 @@ class CrossEntropyCombineGrad(_CombineBase):
         violations += _move_violations(dy, dy_want, "dy", [])
         outs = (TensorSpec(parts.shape, parts.dtype, x_want), TensorSpec(m.shape, m.dtype, m_want))
         return RuleResult(outs, tuple(violations), (_want(dy_want, dy), _want(x_want, parts), _want(t_want, target)))
+
+
+# ---------------------------------------------------------------------- random ops
+def _offsets(spec: TensorSpec, rank: int, dims: int | None = None) -> dict:
+    """Where rank ``rank``'s piece starts in the global tensor (its first ``dims`` dims): what a
+    counter-based draw needs to key each element by its global index."""
+    slices = spec.local_slices(rank)[:dims]
+    return {"offsets": [lo for lo, _ in slices], "global_shape": list(spec.shape[:dims])}
+
+
+def _check_seed(op: str, seed, node) -> None:
+    if not _is_int(seed):
+        raise OpError("bad-attr", f"{op}: seed must be an integer, got {seed!r}", node=node,
+                      hint="give seed as an integer")
+
+
+@register_op
+class Dropout(OpRule):
+    """``dropout(x, p=0.5, seed=0, training=True)``: each element kept with probability ``1 - p`` and
+    scaled by ``1 / (1 - p)``, zeroed otherwise; the identity when not training.
+
+    The draw of element ``i`` (its row-major index in the global tensor) is
+    ``counter_uniform(seed, i)`` (:mod:`layout_prop.kernels.loss_numpy`: splitmix64), kept
+    when it is at least ``p``: a pure function of the seed and the global index, so every
+    layout draws what one device draws.  ``localize`` gives each rank its piece's
+    ``offsets`` and the ``global_shape``.  Every layout passes through unchanged: the op
+    multiplies each element by its own non-negative factor, so it is linear (``P(sum)``,
+    ``P(avg)``) and monotone (``P(max)``, ``P(min)``) in x.  The gradient is the same
+    dropout of the cotangent (the same mask and scale).  Aliases ``Dropout``,
+    ``aten.dropout``, ``aten.native_dropout``.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("dp",))
+    >>> x = TensorSpec((5, 4), "float32", Layout(mesh, ["S(0)"], 2))
+    >>> rule = Dropout()
+    >>> attrs = rule.normalize_attrs({"p": 0.1})
+    >>> res = rule.infer_layout((x,), attrs)
+    >>> str(res.outputs[0]), rule.localize(attrs, (x,), res.outputs, 1)["offsets"]
+    ('float32[5, 4] (S(0))', [3, 0])
+    """
+
+    name = "dropout"
+    operands = ("x",)
+    aliases = ("Dropout", "aten.dropout", "aten.native_dropout")
+    attr_defaults = {"p": 0.5, "seed": 0, "training": True}
+
+    def normalize_attrs(self, attrs, node=None):
+        out = super().normalize_attrs(attrs, node)
+        p = out["p"]
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+            raise OpError("bad-attr", f"dropout: p must be a probability in [0, 1), got {p!r}", node=node,
+                          hint="give p in [0, 1) (p = 1 would drop everything and scale by 1/0)")
+        _check_seed(self.name, out["seed"], node)
+        if not isinstance(out["training"], bool):
+            raise OpError("bad-attr", f"dropout: training must be true or false, got {out['training']!r}",
+                          node=node, hint="give training as a boolean")
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        if not np.issubdtype(np.dtype(x.dtype), np.floating):
+            raise OpError("invalid-dtype", f"dropout: x has dtype {x.dtype}; dropout scales floating values",
+                          hint="cast x to a floating dtype first")
+        return RuleResult((TensorSpec(x.shape, x.dtype, x.layout),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, **_offsets(inputs[0], rank)}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None:
+            return (None,)
+        return (g.op("dropout", [cotangents[0]], attrs),)
+
+
+@register_op
+class Multinomial(OpRule):
+    """``multinomial(probs, num_samples, replacement=False, seed=0)``: ``num_samples`` class
+    indices (int64) per row of ``probs`` (``[..., classes]``, non-negative weights that need
+    not sum to one), as ``torch.multinomial``.
+
+    Draws come from ``counter_uniform`` keyed by global indices, so every layout draws what
+    one device draws: with replacement, draw ``j`` of row ``r`` (the row's row-major index)
+    uses index ``r * num_samples + j`` and inverts the row's cumulative weights; without
+    replacement, class ``c`` of row ``r`` gets the key ``log(u) / w`` with ``u`` drawn at
+    ``r * classes + c`` (Efraimidis and Spirakis 2006) and the ``num_samples`` largest keys
+    are the samples, in order.  The class dim is whole on every rank
+    (``sharded-class-dim``), probs is not Partial (``partial-input``); the rows shard
+    freely, and the samples shard like them.  Not differentiable.  A row whose weights
+    are negative, not finite, or too few positive for the draws is an ``ExecutionError``
+    (``invalid-probs``) when the kernel runs.  Aliases ``Multinomial``, ``aten.multinomial``.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+    >>> probs = TensorSpec((6, 10), "float32", Layout(mesh, ["S(0)", "S(1)"], 2))
+    >>> rule = Multinomial()
+    >>> res = rule.infer_layout((probs,), rule.normalize_attrs({"num_samples": 3}))
+    >>> str(res.outputs[0]), [v.code for v in res.violations]
+    ('int64[6, 3] (S(0), R)', ['sharded-class-dim'])
+    """
+
+    name = "multinomial"
+    operands = ("probs",)
+    aliases = ("Multinomial", "aten.multinomial")
+    attr_defaults = {"num_samples": None, "replacement": False, "seed": 0}
+    required_attrs = ("num_samples",)
+    violation_codes = ("partial-input", "sharded-class-dim")
+    differentiable = False
+
+    def normalize_attrs(self, attrs, node=None):
+        out = super().normalize_attrs(attrs, node)
+        if not _is_int(out["num_samples"]) or out["num_samples"] < 1:
+            raise OpError("bad-attr", f"multinomial: num_samples must be a positive integer, got "
+                          f"{out['num_samples']!r}", node=node, hint="give num_samples >= 1")
+        if not isinstance(out["replacement"], bool):
+            raise OpError("bad-attr", f"multinomial: replacement must be true or false, got {out['replacement']!r}",
+                          node=node, hint="give replacement as a boolean")
+        _check_seed(self.name, out["seed"], node)
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        (probs,) = inputs
+        if probs.ndim == 0 or not np.issubdtype(np.dtype(probs.dtype), np.floating):
+            raise OpError("invalid-shape", f"multinomial: probs is {probs.dtype}{list(probs.shape)}; it must be a "
+                          "floating tensor of at least one dim, the classes last", hint="give probs [..., classes]")
+        classes = probs.shape[-1]
+        if not attrs["replacement"] and attrs["num_samples"] > classes:
+            raise OpError("bad-attr", f"multinomial: {attrs['num_samples']} samples without replacement from "
+                          f"{classes} classes", hint=f"give num_samples <= {classes}, or replacement: true")
+        last = probs.ndim - 1
+        ps, issues = [], []
+        for axis, p in enumerate(probs.layout.placements):
+            ax = repr(probs.mesh.names[axis])
+            if isinstance(p, Partial):
+                issues.append(("partial-input", f"probs is {p} on mesh axis {ax} (probs is {probs.layout}); "
+                               "sampling is not linear in the weights", f"reduce probs on {ax} first"))
+                p = Replicate()
+            elif isinstance(p, Shard) and p.dim == last:
+                issues.append(("sharded-class-dim", f"probs dim {last} (the classes, size {classes}) is sharded on "
+                               f"mesh axis {ax} (probs is {probs.layout}); a draw needs the row's whole weights",
+                               f"all-gather probs on {ax}"))
+                p = Replicate()
+            ps.append(p)
+        want = Layout(probs.mesh, ps, probs.ndim)
+        shape = probs.shape[:-1] + (attrs["num_samples"],)
+        out = TensorSpec(shape, "int64", want)
+        return RuleResult((out,), tuple(_move_violations(probs, want, "probs", issues)), (_want(want, probs),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, **_offsets(inputs[0], rank, inputs[0].ndim - 1)}

@@ -39,4 +39,10 @@ def samples(rng, f32) -> dict:
         "cross_entropy_combine_grad": [((f32(), parts, target), {"num_classes": 9}),
                                        ((dy, parts, target), {"num_classes": 9, "reduction": "none",
                                                               "label_smoothing": 0.3})],
+        "dropout": [((logits,), {"p": 0.3, "seed": 5}),
+                    ((piece,), {"p": 0.5, "offsets": [0, 1, 4], "global_shape": [2, 4, 9]}),
+                    ((logits,), {"p": 0.5, "training": False})],
+        "multinomial": [((np.exp(logits),), {"num_samples": 4}),
+                        ((np.exp(piece),), {"num_samples": 5, "replacement": True, "offsets": [1, 0],
+                                            "global_shape": [3, 3]})],
     }

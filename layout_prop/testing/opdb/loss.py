@@ -1,11 +1,12 @@
-"""Records of the loss family: cross_entropy, cross_entropy_parts, dropout, multinomial.
+"""Records of the loss family: cross_entropy, cross_entropy_parts, dropout.
 
 The kit's random integer targets lie in [0, 8): every sample has at least 8 classes, and
 an ``ignore_index`` in that range checks ignored tokens.  Uneven dims: 5 tokens or 9
 classes on 2 or 4 pieces (9 on 4 gives 3, 3, 3, 0: a rank without classes); size-1
 token dims.  ``cross_entropy_combine`` takes the parts of a real cross entropy (a sum
 of exponentials must be positive): ``graph_tests/test_loss_ops.py`` checks the
-three-node vocab-parallel form instead of random parts.
+three-node vocab-parallel form instead of random parts, and ``multinomial`` (whose
+weights must be non-negative, which the kit's normal data is not) after an ``exp``.
 """
 
 from . import OpRecord, OpSample
@@ -25,4 +26,11 @@ RECORDS = [
         OpSample([(5, 9), (5,), (5,)], **PARTS),
         OpSample([(2, 3, 8), (2, 3), (2, 3)], {"ignore_index": 3}, **PARTS),
     ], meshes=MESHES, placements=40, id="loss-cross_entropy_parts"),
+]
+RECORDS += [
+    OpRecord("dropout", [
+        OpSample([(5, 4, 3)], {"p": 0.3, "seed": 7}),
+        OpSample([(1, 9)], {"p": 0.5}),
+        OpSample([(4, 6)], {"p": 0.2, "training": False}),
+    ], meshes=MESHES, placements=40, id="loss-dropout"),
 ]

@@ -1,9 +1,171 @@
-"""numpy kernels of the attention op family, merged into the numpy table."""
+"""numpy kernels of the attention op family, merged into the numpy table.
+
+``flash_attention_score`` and its backward, computed on q, k, v brought to ``(B, N, S, D)``
+(``TND`` as one batch of T tokens).  A rank's kernel gets localised attrs: ``q_start``
+(the global index of its first query row), ``q_total`` (the global query length),
+``head_num`` (its own head count) and ``kv_head_map`` (for grouped-query heads); on one
+device they default to the whole tensor.
+
+Examples
+--------
+>>> import numpy as np
+>>> q = np.zeros((1, 2, 4)); v = np.arange(8.0).reshape(1, 2, 4)  # BSH, one head
+>>> flash_attention_score(q, q, v, head_num=1, sparse_mode=2)[0]
+array([[0., 1., 2., 3.],
+       [2., 3., 4., 5.]])
+>>> visible(np.arange(3), np.arange(4), 3, 4, sparse_mode=3, pre_tokens=0, next_tokens=0).astype(int)
+array([[1, 1, 0, 0],
+       [1, 1, 1, 0],
+       [1, 1, 1, 1]])
+"""
 
 from __future__ import annotations
 
 from typing import Callable
 
-__all__ = ["KERNELS"]
+import numpy as np
 
-KERNELS: dict[str, Callable] = {}
+from .nn_numpy import _f, _result, expand_kv, kv_index, reduce_kv
+
+__all__ = ["KERNELS", "flash_attention_score", "flash_attention_score_grad", "visible", "attention_mask", "to_bnsd",
+           "from_bnsd"]
+
+INT32_MAX = 2 ** 31 - 1
+
+
+# ------------------------------------------------------------------------------- layouts
+def to_bnsd(t: np.ndarray, layout: str, heads: int | None) -> np.ndarray:
+    """``t`` in ``layout`` as ``(B, N, S, D)``; ``heads`` is N for a fused H (BSH, SBH)."""
+    if layout == "BNSD":
+        return t
+    if layout == "BSND":
+        return np.transpose(t, (0, 2, 1, 3))
+    if layout == "TND":
+        return np.transpose(t, (1, 0, 2))[None]
+    if layout == "SBH":
+        t = np.transpose(t, (1, 0, 2))
+    b, s, h = t.shape
+    d = h // heads if heads else 0
+    return np.transpose(t.reshape(b, s, heads, d), (0, 2, 1, 3))
+
+
+def from_bnsd(t: np.ndarray, layout: str) -> np.ndarray:
+    """The inverse of :func:`to_bnsd`."""
+    if layout == "BNSD":
+        return t
+    if layout == "BSND":
+        return np.transpose(t, (0, 2, 1, 3))
+    if layout == "TND":
+        return np.transpose(t[0], (1, 0, 2))
+    b, n, s, d = t.shape
+    t = np.transpose(t, (0, 2, 1, 3)).reshape(b, s, n * d)
+    return np.transpose(t, (1, 0, 2)) if layout == "SBH" else t
+
+
+def _kv_heads(q_heads: int, q_h: int, kv_h: int) -> int:
+    """k's and v's head count in a fused layout: their H / D (D = q's H / q's heads)."""
+    d = q_h // q_heads if q_heads else 0
+    return kv_h // d if d else 0
+
+
+# ------------------------------------------------------------------------------- the mask
+def visible(rows: np.ndarray, cols: np.ndarray, sq: int, skv: int, sparse_mode: int, pre_tokens: int,
+            next_tokens: int) -> np.ndarray:
+    """Which keys each query row sees, rows and columns given as positions in one sequence of
+    ``sq`` queries and ``skv`` keys (the op's module docstring gives the modes)."""
+    i, j = rows[:, None], cols[None, :]
+    if sparse_mode == 2:
+        return np.broadcast_to(j <= i, (len(rows), len(cols)))
+    if sparse_mode == 3:
+        return np.broadcast_to(j <= i + (skv - sq), (len(rows), len(cols)))
+    origin = i + (skv - sq if sparse_mode == 4 else 0)
+    return (j >= origin - pre_tokens) & (j <= origin + next_tokens)
+
+
+def attention_mask(q_rows: int, skv: int, q_start: int, q_total: int, sparse_mode: int, pre_tokens: int,
+                   next_tokens: int, actual_seq_qlen=None, actual_seq_kvlen=None) -> np.ndarray:
+    """The ``(q_rows, skv)`` mask of query rows ``q_start ...`` of ``q_total``: one sequence, or
+    the packed sequences whose cumulative ends are ``actual_seq_qlen`` / ``actual_seq_kvlen``."""
+    rows = q_start + np.arange(q_rows)
+    cols = np.arange(skv)
+    if actual_seq_qlen is None:
+        return visible(rows, cols, q_total, skv, sparse_mode, pre_tokens, next_tokens)
+    q_ends, kv_ends = np.asarray(actual_seq_qlen, np.int64), np.asarray(actual_seq_kvlen, np.int64)
+    q_begins, kv_begins = np.concatenate([[0], q_ends[:-1]]), np.concatenate([[0], kv_ends[:-1]])
+    mask = np.zeros((q_rows, skv), bool)
+    row_seq = np.searchsorted(q_ends, rows, side="right")
+    for seq in np.unique(row_seq):
+        if seq >= len(q_ends):
+            continue
+        these = row_seq == seq
+        k0, k1 = kv_begins[seq], kv_ends[seq]
+        sq, sk = int(q_ends[seq] - q_begins[seq]), int(k1 - k0)
+        part = visible(rows[these] - q_begins[seq], np.arange(sk), sq, sk, sparse_mode, pre_tokens, next_tokens)
+        mask[np.ix_(these, np.arange(k0, k1))] = part
+    return mask
+
+
+def _probs(qb, kb, mask, scale):
+    """Softmax probabilities of ``scale * q k^T`` under ``mask``; a row that sees no key is zeros."""
+    scores = np.where(mask, np.matmul(qb, np.swapaxes(kb, -1, -2)) * scale, -np.inf)
+    top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0.0)
+    e = np.where(mask, np.exp(scores - top), 0.0)
+    total = np.sum(e, axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)
+
+
+class _Prepared:
+    """q, k, v in BNSD (k and v with one head per query head), the mask and what undoes it."""
+
+    def __init__(self, q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
+                 actual_seq_kvlen, q_start, q_total, kv_head_map):
+        self.qb = to_bnsd(q, input_layout, head_num)
+        kv_heads = _kv_heads(head_num, q.shape[-1], k.shape[-1]) if input_layout in ("BSH", "SBH") else None
+        kb, vb = to_bnsd(k, input_layout, kv_heads), to_bnsd(v, input_layout, kv_heads)
+        self.kv_heads = kb.shape[1]
+        self.index = kv_index(self.qb.shape[1], self.kv_heads, kv_head_map)
+        self.kb, self.vb = expand_kv(kb, self.index), expand_kv(vb, self.index)
+        sq, skv = self.qb.shape[2], self.kb.shape[2]
+        self.mask = attention_mask(sq, skv, q_start, sq if q_total is None else q_total, sparse_mode, pre_tokens,
+                                   next_tokens, actual_seq_qlen, actual_seq_kvlen)
+
+
+def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
+                          pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
+                          q_start=0, q_total=None, kv_head_map=None):
+    """``softmax(mask(scale * q k^T)) v`` in ``input_layout`` (keep_prob 1 only: the rule refuses dropout)."""
+    q, k, v = _f(query), _f(key), _f(value)
+    if head_num == 0:  # no query head on this rank
+        return _result(np.zeros(q.shape), q, k, v)
+    p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
+                  actual_seq_kvlen, q_start, q_total, kv_head_map)
+    probs = _probs(p.qb, p.kb, p.mask, scale)
+    return _result(from_bnsd(np.matmul(probs, p.vb), input_layout).reshape(q.shape), q, k, v)
+
+
+def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
+                               sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
+                               actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None):
+    """``(dq, dk, dv)``, recomputing the probabilities."""
+    dy, q, k, v = _f(dy), _f(query), _f(key), _f(value)
+    if head_num == 0:  # no query head on this rank: it adds nothing to any gradient
+        return tuple(np.zeros(t.shape, t.dtype) for t in (q, k, v))
+    p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
+                  actual_seq_kvlen, q_start, q_total, kv_head_map)
+    dyb = to_bnsd(dy, input_layout, head_num)
+    probs = _probs(p.qb, p.kb, p.mask, scale)
+    dv = np.matmul(np.swapaxes(probs, -1, -2), dyb)
+    dprobs = np.matmul(dyb, np.swapaxes(p.vb, -1, -2))
+    dscores = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True)) * scale
+    dq = np.matmul(dscores, p.kb)
+    dk = np.matmul(np.swapaxes(dscores, -1, -2), p.qb)
+    dk, dv = reduce_kv(dk, p.kv_heads, p.index), reduce_kv(dv, p.kv_heads, p.index)
+    return tuple(from_bnsd(g, input_layout).reshape(t.shape).astype(t.dtype, copy=False)
+                 for g, t in ((dq, q), (dk, k), (dv, v)))
+
+
+KERNELS: dict[str, Callable] = {
+    "flash_attention_score": flash_attention_score,
+    "flash_attention_score_grad": flash_attention_score_grad,
+}

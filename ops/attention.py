@@ -1,1 +1,431 @@
-"""Rules of the attention op family: flash_attention_score (MindSpore's fused attention) and context-parallel attention."""
+"""Rules of the attention op family: ``flash_attention_score``, MindSpore's fused attention.
+
+The op
+------
+``flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
+sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647, actual_seq_qlen=None, actual_seq_kvlen=None)``
+    MindSpore's ``ops.flash_attention_score`` (the CANN kernel FlashAttentionScore, torch_npu's
+    ``npu_fusion_attention``): ``softmax(mask(scale * q k^T)) v`` per batch and head.  Aliases
+    ``FlashAttentionScore``, ``npu_fusion_attention``.  One output, the
+    attention (MindSpore's output 3; its softmax statistics are kernel internals).
+
+    ``input_layout``: ``BSH`` (q ``(B, S1, H1)``, ``H1 = N1 * D``), ``SBH``, ``BNSD``, ``BSND`` or
+    ``TND`` (packed variable-length sequences, q ``(T1, N1, D)``).  ``head_num`` is N1, q's
+    head count.  k and v have the same shape, with ``N2`` heads: N2 divides N1 (grouped-query
+    attention: query head h uses kv head ``h // (N1 / N2)``).  ``scale`` is MindSpore's
+    ``scalar_value`` (default 1.0, not ``1/sqrt(D)``).
+
+    The mask, by ``sparse_mode``, for query row i and key j (of one sequence of ``Sq``
+    queries and ``Skv`` keys); a row that sees no key gives zeros:
+
+    - 0: the band ``i - pre_tokens <= j <= i + next_tokens`` (the defaults: no mask).  MindSpore
+      reads this band from the ``attn_mask`` tensor it is given; this op takes no mask tensor
+      and computes the band the attrs describe.
+    - 2: top-left causal, ``j <= i``.
+    - 3: bottom-right causal, ``j <= i + Skv - Sq``.
+    - 4: the band from the bottom-right corner: ``|j - i - (Skv - Sq)|`` within
+      ``[-pre_tokens, next_tokens]``.
+
+    Modes 1 (a full mask tensor) and 5 to 8 (prefix, varlen variants) are ``invalid-attr``.
+    ``TND``: ``actual_seq_qlen`` and ``actual_seq_kvlen`` (required then, None otherwise) are
+    the cumulative ends of the sequences packed along T (``[3, 5]``: tokens 0-2 and 3-4), as
+    many for q as for k and v, the last one T; a query attends only to the keys of its own
+    sequence, with the mask of that sequence.
+
+    ``keep_prob`` < 1 (dropout) is ``invalid-attr`` until the counter-based generator of the
+    loss family (``counter_uniform``) is in: a sharded run must draw what one device draws.
+
+    Layout rule (as ``scaled_dot_product_attention``): query drives it.  Its batch, head
+    and sequence dims (T for ``TND``) shard freely; a fused ``H`` dim only into whole heads
+    (else ``sharded-head-dim``, as for the head size ``D``); none is Partial
+    (``partial-input``).  key and value shard B and the heads like query (grouped-query heads
+    that cannot split as query's stay whole: ``sharding-mismatch`` when they are sharded
+    there) and hold the whole key/value sequence (``sharded-kv-sequence``); each rank's
+    kernel gets its first query row (``q_start``), the global query length (``q_total``),
+    its local ``head_num`` and, for grouped-query heads, its ``kv_head_map`` (all localised).
+    The output has query's shape and layout.
+
+Grad op (``differentiable = False``)
+    ``flash_attention_score_grad(dy, query, key, value) -> (dq, dk, dv)`` (aliases
+    ``FlashAttentionScoreGrad``, ``npu_fusion_attention_grad``): dq like query; dk and dv like
+    key and value, plus ``P(sum)`` on the mesh axes that shard query's sequence or its heads
+    but not key's (each rank adds the contributions of its own query rows and heads).
+
+Violation codes
+---------------
+- ``partial-input``: an operand is Partial (attention is not linear in it).
+- ``sharded-kv-sequence``: key's or value's sequence dim is sharded (fix: all-gather).
+- ``sharded-head-dim``: the head size D is sharded, or a fused H dim not into whole heads.
+- ``sharding-mismatch``: key or value shard B or the heads unlike query; dy unlike the output.
+- ``broadcast-shape``: a cotangent of the wrong shape.
+- ``invalid-shape``: shapes the layout or head_num cannot take (ranks, B, D, head counts).
+- ``invalid-attr``: an attr value the op cannot take (head_num, scale, keep_prob, sparse_mode,
+  pre/next_tokens, the sequence lengths).
+- ``invalid-input-layout``: an ``input_layout`` other than BSH, SBH, BNSD, BSND, TND.
+
+Examples
+--------
+>>> from layout_prop import DeviceMesh, Layout, TensorSpec
+>>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+>>> q = TensorSpec((2, 8, 64), "float16", Layout(mesh, ["S(0)", "S(2)"], 3))  # BSH, 4 heads of 16
+>>> kv = TensorSpec((2, 8, 32), "float16", Layout(mesh, ["R", "R"], 3))      # 2 kv heads
+>>> rule = get_rule("FlashAttentionScore")
+>>> attrs = rule.normalize_attrs({"head_num": 4, "sparse_mode": 2})
+>>> res = rule.infer_layout((q, kv, kv), attrs)
+>>> str(res.outputs[0].layout), res.violations, [str(w) for w in res.wants]
+('(S(0), S(2))', (), ['None', '(S(0), S(2))', '(S(0), S(2))'])
+>>> local = rule.localize(attrs, (q, kv.with_layout(res.wants[1]), kv), res.outputs, 1)
+>>> local["head_num"], local["kv_head_map"], local["q_start"]
+(2, (0, 0), 0)
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+from layout_prop.core.errors import LayoutPropError, Violation
+from layout_prop.core.layout import Layout
+from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
+from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.core.spec import TensorSpec
+
+from .nn import (_cotangent, _is_float, _is_number, _move_violations, _partial_issue, _want, _with_partials,
+                 float_dtype, gqa_heads_problem, head_ranges, kv_head_map, kv_heads_follow)
+
+__all__ = ["FlashAttentionScore", "FlashAttentionScoreGrad", "FA_LAYOUTS", "get_rule"]
+
+OP = "flash_attention_score"
+#: per input_layout, the tensor dim of B, S (T), the heads (N, or H = N*D fused) and D (None: fused or absent)
+FA_LAYOUTS = {
+    "BSH": {"B": 0, "S": 1, "heads": 2, "D": None},
+    "SBH": {"B": 1, "S": 0, "heads": 2, "D": None},
+    "BNSD": {"B": 0, "S": 2, "heads": 1, "D": 3},
+    "BSND": {"B": 0, "S": 1, "heads": 2, "D": 3},
+    "TND": {"B": None, "S": 0, "heads": 1, "D": 2},
+}
+SPARSE_MODES = (0, 2, 3, 4)
+INT32_MAX = 2 ** 31 - 1
+CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-mismatch", "broadcast-shape",
+         "invalid-shape", "invalid-attr", "invalid-input-layout")
+ATTRS = {"head_num": None, "input_layout": "BSH", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 0,
+         "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX, "actual_seq_qlen": None, "actual_seq_kvlen": None}
+
+
+def _bad_attr(message: str, hint: str) -> Violation:
+    return Violation("invalid-attr", message, hint, operand="query")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+# ------------------------------------------------------------------------------- attrs and shapes
+def _attr_violations(attrs: dict) -> list[Violation]:
+    out = []
+    layout = attrs["input_layout"]
+    if layout not in FA_LAYOUTS:
+        out.append(Violation("invalid-input-layout", f"input_layout {layout!r} is not one of {list(FA_LAYOUTS)}",
+                             "set input_layout to BSH, SBH, BNSD, BSND or TND (query, key and value alike)",
+                             operand="query"))
+    heads = attrs["head_num"]
+    if not _is_int(heads) or heads < 1:
+        out.append(_bad_attr(f"head_num={heads!r} is not a positive integer", "give head_num, query's head count"))
+    if not _is_number(attrs["scale"]):
+        out.append(_bad_attr(f"scale={attrs['scale']!r} is not a number", "give scale as a number (default 1.0)"))
+    keep = attrs["keep_prob"]
+    if not _is_number(keep) or not 0 < keep <= 1:
+        out.append(_bad_attr(f"keep_prob={keep!r} is not a probability in (0, 1]", "give keep_prob in (0, 1]"))
+    elif keep != 1:
+        out.append(_bad_attr(f"keep_prob={keep!r}: dropout inside attention is not supported yet (it needs the "
+                             "counter-based generator counter_uniform, so that a sharded run draws what one device "
+                             "draws)", "use keep_prob=1.0, or apply dropout outside the attention"))
+    mode = attrs["sparse_mode"]
+    if not _is_int(mode) or mode not in SPARSE_MODES:
+        out.append(_bad_attr(f"sparse_mode={mode!r} is not one of {list(SPARSE_MODES)} (0 band, 2 top-left causal, "
+                             "3 bottom-right causal, 4 band from the bottom-right)",
+                             "modes 1 and 5-8 need a mask or prefix tensor, which this op does not take"))
+    for name in ("pre_tokens", "next_tokens"):
+        if not _is_int(attrs[name]):
+            out.append(_bad_attr(f"{name}={attrs[name]!r} is not an integer", f"give {name} as an integer"))
+    if layout == "TND":
+        for name in ("actual_seq_qlen", "actual_seq_kvlen"):
+            if attrs[name] is None:
+                out.append(_bad_attr(f"input_layout TND needs {name}", f"give {name}, the cumulative ends of the "
+                                     "packed sequences ([3, 5]: tokens 0-2 and 3-4)"))
+    elif layout in FA_LAYOUTS:
+        for name in ("actual_seq_qlen", "actual_seq_kvlen"):
+            if attrs[name] is not None:
+                out.append(_bad_attr(f"{name}={attrs[name]!r} is given with input_layout {layout}",
+                                     f"leave {name} out, or pack the sequences in the TND layout"))
+    return out
+
+
+def _cumulative_problem(name: str, ends, total: int) -> Violation | None:
+    ok = isinstance(ends, (list, tuple)) and len(ends) > 0 and all(_is_int(e) and e >= 0 for e in ends)
+    if ok and (list(ends) != sorted(ends) or ends[-1] != total):
+        ok = False
+    if ok:
+        return None
+    return _bad_attr(f"{name}={ends!r} is not the cumulative ends of the packed sequences (non-decreasing, "
+                     f"non-negative, the last one {total}, the length of T)",
+                     f"give {name} as a list such as [3, {total}]")
+
+
+def _head_size(q: TensorSpec, dims: dict, heads: int) -> int | None:
+    """D: query's last dim, or H1 / head_num for a fused H (None when it does not divide)."""
+    if dims["D"] is not None:
+        return q.shape[dims["D"]]
+    h = q.shape[dims["heads"]]
+    return h // heads if heads and h % heads == 0 else None
+
+
+def _shape_violations(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict, dims: dict) -> list[Violation]:
+    layout = attrs["input_layout"]
+    rank = 3 if dims["D"] is None or dims["B"] is None else 4
+    out = [Violation("invalid-shape", f"{name} has rank {t.ndim} (shape {list(t.shape)}); input_layout {layout} "
+                     f"takes {rank}-D query, key and value", f"reshape {name} to the {layout} layout", operand=name)
+           for name, t in (("query", q), ("key", k), ("value", v)) if t.ndim != rank]
+    if out:
+        return out
+    if tuple(v.shape) != tuple(k.shape):
+        return [Violation("invalid-shape", f"value has shape {list(v.shape)} but key {list(k.shape)}: "
+                          "flash_attention_score takes value of key's shape", "give value key's shape",
+                          operand="value")]
+    heads = attrs["head_num"]
+    d = _head_size(q, dims, heads)
+    if d is None:
+        return [Violation("invalid-shape", f"query's H (dim {dims['heads']}) is {q.shape[dims['heads']]}, not a "
+                          f"multiple of head_num={heads}", "give head_num, the number of query heads, so that "
+                          "H = head_num * D", operand="query")]
+    if dims["D"] is None:
+        kv_h = k.shape[dims["heads"]]
+        if d == 0 or kv_h % d:
+            return [Violation("invalid-shape", f"key's H (dim {dims['heads']}) is {kv_h}, not a multiple of the head "
+                              f"size D = {d} (query's H {q.shape[dims['heads']]} / head_num {heads})",
+                              "give key and value H = N2 * D", operand="key")]
+        kv_heads = kv_h // d
+    else:
+        if q.shape[dims["heads"]] != heads:
+            return [_bad_attr(f"head_num={heads} but query has {q.shape[dims['heads']]} heads (dim {dims['heads']} "
+                              f"of {list(q.shape)})", f"give head_num={q.shape[dims['heads']]}")]
+        if k.shape[dims["D"]] != d:
+            return [Violation("invalid-shape", f"key's D (dim {dims['D']}) is {k.shape[dims['D']]} but query's is "
+                              f"{d}", "give query and key the same head size", operand="key")]
+        kv_heads = k.shape[dims["heads"]]
+    if dims["B"] is not None and k.shape[dims["B"]] != q.shape[dims["B"]]:
+        out.append(Violation("invalid-shape", f"key's B (dim {dims['B']}) is {k.shape[dims['B']]} but query's is "
+                             f"{q.shape[dims['B']]}", "give query, key and value the same batch", operand="key"))
+    problem = gqa_heads_problem(heads, kv_heads, f"head_num {heads}", (q, k, v))
+    if problem is not None:
+        out.append(problem)
+    if layout == "TND" and not out:
+        for name, t in (("actual_seq_qlen", q), ("actual_seq_kvlen", k)):
+            problem = _cumulative_problem(name, attrs[name], t.shape[0])
+            if problem is not None:
+                out.append(problem)
+        if not out and len(attrs["actual_seq_qlen"]) != len(attrs["actual_seq_kvlen"]):
+            out.append(_bad_attr(f"actual_seq_qlen has {len(attrs['actual_seq_qlen'])} sequences but "
+                                 f"actual_seq_kvlen {len(attrs['actual_seq_kvlen'])}",
+                                 "give both the same number of sequences"))
+    return out
+
+
+# ------------------------------------------------------------------------------------ layouts
+class _Heads:
+    """How the heads lie along a dim: the dim, and the elements of one head along it (D fused, else 1)."""
+
+    def __init__(self, q: TensorSpec, dims: dict, attrs: dict) -> None:
+        self.dim = dims["heads"]
+        self.unit = _head_size(q, dims, attrs["head_num"]) if dims["D"] is None else 1
+        self.fused = dims["D"] is None
+
+    def whole(self, spec: TensorSpec, axes: Sequence[int]) -> bool:
+        """Whether ``spec``'s pieces on ``axes`` are whole heads."""
+        if not self.fused:
+            return True
+        try:
+            return head_ranges(spec, self.dim, axes, self.unit) is not None
+        except LayoutPropError:
+            return False
+
+    def count(self, spec: TensorSpec) -> int:
+        return spec.shape[self.dim] // self.unit if self.unit else 0
+
+
+def _query_layout(q: TensorSpec, dims: dict, heads: _Heads) -> tuple[Layout, list]:
+    """Query's layout with its Partial axes reduced and D (or a fused H cut into parts of heads) unsharded."""
+    ps, issues = [], []
+    head_axes = q.layout.dim_axes(heads.dim)
+    cut_heads = heads.fused and not heads.whole(q, head_axes)
+    for axis, p in enumerate(q.layout.placements):
+        name = repr(q.mesh.names[axis])
+        d = shard_dim(p)
+        if isinstance(p, Partial):
+            issues.append(_partial_issue(q, "query", axis, OP, "is not linear in it, so every rank needs whole "
+                                         "values"))
+            ps.append(Replicate())
+        elif d is not None and (d == dims["D"] or (d == heads.dim and cut_heads)):
+            what = "the head size D" if d == dims["D"] else f"H = head_num * D into parts of heads (D = {heads.unit})"
+            issues.append(("sharded-head-dim", f"query dim {d} (size {q.shape[d]}) is sharded on mesh axis {name} "
+                           f"(query is {q.layout}), which cuts {what}; attention contracts over whole heads",
+                           f"all-gather query on {name}, or shard B, S or a number of heads dividing the mesh axis"))
+            ps.append(Replicate())
+        else:
+            ps.append(p)
+    return Layout(q.mesh, ps, q.ndim), issues
+
+
+def _kv_layout(q: TensorSpec, q_fixed: Layout, t: TensorSpec, dims: dict, heads: _Heads) -> Layout:
+    """key's and value's layout: query's B and head shards (heads whole on every rank), else Replicate."""
+    keep = (dims["B"], heads.dim)
+    ps = [p if isinstance(p, Shard) and p.dim in keep else Replicate() for p in q_fixed.placements]
+    want = Layout(t.mesh, ps, t.ndim)
+    axes = want.dim_axes(heads.dim)
+    if axes:
+        try:
+            kv = t.with_layout(want)
+            follows = heads.whole(kv, axes) and kv_heads_follow(q.with_layout(q_fixed), kv, heads.dim, heads.dim,
+                                                                axes, heads.unit, heads.unit)
+        except LayoutPropError:  # fewer kv heads than the ranks that would split them
+            follows = False
+        if not follows:
+            want = want.with_placements([Replicate() if a in axes else p for a, p in enumerate(ps)])
+    return want
+
+
+def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict, heads: _Heads) -> list:
+    issues = []
+    for axis, p in enumerate(t.layout.placements):
+        axis_name = repr(t.mesh.names[axis])
+        if isinstance(p, Partial):
+            issues.append(_partial_issue(t, name, axis, OP, "is not linear in it, so every rank needs whole values"))
+        elif isinstance(p, Shard) and p.dim == dims["S"]:
+            issues.append(("sharded-kv-sequence", f"{name}'s sequence dim {p.dim} (size {t.shape[p.dim]}) is sharded "
+                           f"on mesh axis {axis_name} ({name} is {t.layout}); every query row attends to the whole "
+                           "key/value sequence", f"all-gather {name} on {axis_name}; to split the sequence, shard "
+                           f"query's sequence dim {dims['S']} instead"))
+        elif isinstance(p, Shard) and p.dim == dims["D"]:
+            issues.append(("sharded-head-dim", f"{name}'s head size dim {p.dim} is sharded on mesh axis {axis_name} "
+                           f"({name} is {t.layout}); attention contracts over whole heads",
+                           f"all-gather {name} on {axis_name}"))
+        elif isinstance(p, Shard) and p != want.placements[axis]:
+            q_p = q.layout.placements[axis]
+            if p.dim == heads.dim and q_p == p:
+                issues.append(("sharding-mismatch", f"{name}'s {heads.count(t)} heads (dim {p.dim}) cannot be split "
+                               f"on mesh axis {axis_name} as query's {heads.count(q)} heads are (query is {q.layout}, "
+                               f"{name} is {t.layout}): a query head's kv head would be on another rank",
+                               f"all-gather {name} on {axis_name} (every rank keeps every kv head), or shard "
+                               f"fewer query heads on {axis_name}"))
+            else:
+                issues.append(("sharding-mismatch", f"{name}'s dim {p.dim} is sharded on mesh axis {axis_name} but "
+                               f"query's is not alike (query is {q.layout}, {name} is {t.layout}); key and value "
+                               "follow query's batch and head sharding",
+                               f"shard {name} like query on {axis_name} ({want})"))
+    return issues
+
+
+def _analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
+    """``(q_fixed, kv_wants, wants, violations, dims, heads)``; ``q_fixed`` None when unusable."""
+    violations = _attr_violations(attrs)
+    dims = FA_LAYOUTS.get(attrs["input_layout"])
+    if not violations:
+        violations = _shape_violations(q, k, v, attrs, dims)
+    if violations:
+        return None, (None, None), [None, None, None], violations, dims, None
+    heads = _Heads(q, dims, attrs)
+    q_fixed, issues = _query_layout(q, dims, heads)
+    violations = _move_violations(q, q_fixed, "query", issues)
+    wants: list[Layout | None] = [_want(q_fixed, q)]
+    kv_wants = []
+    for name, t in (("key", k), ("value", v)):
+        want = _kv_layout(q, q_fixed, t, dims, heads)
+        violations += _move_violations(t, want, name, _kv_issues(name, t, want, q, dims, heads))
+        wants.append(_want(want, t))
+        kv_wants.append(want)
+    return q_fixed, tuple(kv_wants), wants, violations, dims, heads
+
+
+def _localized(attrs: dict, q: TensorSpec, k: TensorSpec, rank: int) -> dict:
+    """A rank's attrs: its first query row and the global query length (the masks), its head count
+    and, for grouped-query heads, which local kv head each local query head uses."""
+    dims = FA_LAYOUTS[attrs["input_layout"]]
+    heads = _Heads(q, dims, attrs)
+    q_slices, k_slices = q.local_slices(rank), k.local_slices(rank)
+    unit = heads.unit or 1
+    q_heads = tuple(b // unit for b in q_slices[heads.dim])
+    out = {**attrs, "q_start": q_slices[dims["S"]][0], "q_total": q.shape[dims["S"]],
+           "head_num": q_heads[1] - q_heads[0]}
+    if heads.count(q) != heads.count(k):
+        kv_heads = tuple(b // unit for b in k_slices[heads.dim])
+        out["kv_head_map"] = kv_head_map(q_heads, kv_heads, heads.count(q) // heads.count(k))
+    return out
+
+
+@register_op
+class FlashAttentionScore(OpRule):
+    """``flash_attention_score(query, key, value, head_num, input_layout="BSH", ...)``: see the module docstring."""
+
+    name = OP
+    operands = ("query", "key", "value")
+    aliases = ("FlashAttentionScore", "npu_fusion_attention")
+    attr_defaults = dict(ATTRS)
+    required_attrs = ("head_num",)
+    violation_codes = CODES
+
+    def infer_layout(self, inputs, attrs):
+        q, k, v = inputs
+        q_fixed, _, wants, violations, _, _ = _analysis(q, k, v, attrs)
+        out = None
+        if q_fixed is not None:
+            out = TensorSpec(q.shape, float_dtype(q.dtype, k.dtype, v.dtype), q_fixed)
+        return RuleResult((out,), tuple(violations), tuple(wants))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return _localized(attrs, inputs[0], inputs[1], rank)
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None, None, None)
+        grads = g.op(f"{OP}_grad", [dy, *inputs], dict(attrs), num_outputs=3)
+        return tuple(gv if need and _is_float(g.spec(i).dtype) else None for gv, need, i in zip(grads, needs, inputs))
+
+
+@register_op
+class FlashAttentionScoreGrad(OpRule):
+    """``flash_attention_score_grad(dy, query, key, value) -> (dq, dk, dv)``.
+
+    dq takes query's layout; dk and dv take key's and value's, plus ``P(sum)`` on every
+    mesh axis that shards query's sequence, or its heads but not key's.  Localised as the
+    forward.
+    """
+
+    name = f"{OP}_grad"
+    operands = ("dy", "query", "key", "value")
+    aliases = ("FlashAttentionScoreGrad", "npu_fusion_attention_grad")
+    num_outputs = 3
+    attr_defaults = dict(ATTRS)
+    required_attrs = ("head_num",)
+    violation_codes = CODES
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        dy, q, k, v = inputs
+        q_fixed, kv_wants, wants, violations, dims, heads = _analysis(q, k, v, attrs)
+        if q_fixed is None:
+            return RuleResult((None,) * 3, tuple(violations), ())
+        dy_want, partials, dy_violations, dy_ok = _cotangent(dy, q_fixed, q.shape, OP)
+        violations = dy_violations + violations
+        if not dy_ok:
+            return RuleResult((None,) * 3, tuple(violations), ())
+        seq_axes = set(q_fixed.dim_axes(dims["S"]))
+        grads = [TensorSpec(q.shape, q.dtype, _with_partials(q_fixed, partials))]
+        for t, want in zip((k, v), kv_wants):
+            summed = seq_axes | (set(q_fixed.dim_axes(heads.dim)) - set(want.dim_axes(heads.dim)))
+            ps = [partials.get(a, Partial("sum") if a in summed else p) for a, p in enumerate(want.placements)]
+            grads.append(TensorSpec(t.shape, t.dtype, Layout(t.mesh, ps, t.ndim)))
+        return RuleResult(tuple(grads), tuple(violations), (_want(dy_want, dy), *wants))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return _localized(attrs, inputs[1], inputs[2], rank)

@@ -1107,8 +1107,7 @@ class ScaledDotProductAttention(OpRule):
 
     name = ATTENTION_OP
     operands = ("q", "k", "v")
-    aliases = ("ScaledDotProductAttention", "FlashAttentionScore", "flash_attention_score", "npu_fusion_attention",
-               "sdpa", "aten.scaled_dot_product_attention")
+    aliases = ("ScaledDotProductAttention", "sdpa", "aten.scaled_dot_product_attention")
     attr_defaults = dict(_ATTENTION_ATTRS)
     violation_codes = ATTENTION_CODES
 
@@ -1142,7 +1141,7 @@ class ScaledDotProductAttentionGrad(OpRule):
 
     name = f"{ATTENTION_OP}_grad"
     operands = ("dy", "q", "k", "v")
-    aliases = ("FlashAttentionScoreGrad", "npu_fusion_attention_grad")
+    aliases = ("ScaledDotProductAttentionGrad",)
     num_outputs = 3
     attr_defaults = dict(_ATTENTION_ATTRS)
     violation_codes = ATTENTION_CODES

@@ -24,3 +24,28 @@ RECORDS = [
         OpSample([(2, 6, 3, 2), (2, 6, 3, 4), (2, 3, 3, 4), (2, 3, 3, 2)], {"layout": "BSND"}),
     ], meshes=MESHES, placements=40, id="attention_grad-gqa"),
 ]
+
+_FLASH = [
+    # BSH: 4 query heads of 4 and 2 kv heads (H cut into whole heads on 2 or 4 ranks, parts of heads on 8)
+    OpSample([(2, 5, 16), (2, 6, 8), (2, 6, 8)], {"head_num": 4, "sparse_mode": 2, "scale": 0.5}),
+    OpSample([(5, 2, 8), (4, 2, 8), (4, 2, 8)], {"head_num": 2, "input_layout": "SBH", "sparse_mode": 3}),
+    OpSample([(2, 4, 5, 4), (2, 2, 6, 4), (2, 2, 6, 4)],
+             {"head_num": 4, "input_layout": "BNSD", "sparse_mode": 4, "pre_tokens": 1, "next_tokens": 0}),
+    OpSample([(2, 5, 2, 4), (2, 3, 2, 4), (2, 3, 2, 4)],
+             {"head_num": 2, "input_layout": "BSND", "pre_tokens": 1, "next_tokens": 1}, partial_ok=False),
+    OpSample([(7, 4, 4), (6, 2, 4), (6, 2, 4)],
+             {"head_num": 4, "input_layout": "TND", "sparse_mode": 3, "actual_seq_qlen": [3, 7],
+              "actual_seq_kvlen": [2, 6]}, partial_ok=False),
+]
+
+RECORDS += [
+    OpRecord("flash_attention_score", _FLASH, meshes=MESHES, placements=40, id="flash_attention_score"),
+    OpRecord("flash_attention_score_grad", [
+        OpSample([(2, 5, 16), (2, 5, 16), (2, 6, 8), (2, 6, 8)], {"head_num": 4, "sparse_mode": 2}),
+        OpSample([(7, 4, 4), (7, 4, 4), (6, 2, 4), (6, 2, 4)],
+                 {"head_num": 4, "input_layout": "TND", "sparse_mode": 2, "actual_seq_qlen": [4, 7],
+                  "actual_seq_kvlen": [3, 6]}),
+        OpSample([(2, 3, 4, 4), (2, 3, 4, 4), (2, 3, 2, 4), (2, 3, 2, 4)],
+                 {"head_num": 4, "input_layout": "BSND", "sparse_mode": 4, "pre_tokens": 0, "next_tokens": 1}),
+    ], meshes=MESHES, placements=30, id="flash_attention_score_grad"),
+]

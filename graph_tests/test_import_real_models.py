@@ -98,3 +98,156 @@ def test_a_shape_computed_from_data_is_dynamic_shape_naming_the_node(tmp_path, c
     err = one_line_error(capsys, ["import", str(path), "--plan", str(plan_path(tmp_path))], "dynamic-shape")
     assert "node 'expand' (Expand)" in err and "every input's shape is static" in err
     assert "inputs.NAME.shape" not in err  # the hint of a dynamic input does not fit here
+
+
+# --------------------------------------------------------------------------------------- names
+def torch_meta(node, fx: str, scopes: list[str]):
+    """Node metadata as torch's dynamo exporter writes it."""
+    for key, value in (("pkg.torch.onnx.fx_node", fx), ("pkg.torch.onnx.name_scopes", repr(scopes)),
+                       ("namespace", ": Model/" + "/".join(s for s in scopes[1:]))):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = key, value
+    return node
+
+
+def dynamo_like_model():
+    """Two layers as the dynamo exporter writes them with optimize=True: each Linear weight folded
+    transposed into an initializer named ``val_N``, one norm weight de-duplicated for both layers,
+    and a cos table computed from no parameter."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "val_7"),
+             numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "val_19"),
+             numpy_helper.from_array(np.ones(8, np.float32), "layers.0.norm.weight"),
+             numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), "unsqueeze_3")]
+    nodes = []
+    h = "x"
+    for layer, weight in ((0, "val_7"), (1, "val_19")):
+        scope = ["", "layers", f"layers.{layer}"]
+        nodes.append(torch_meta(helper.make_node("MatMul", [h, weight], [f"linear_{layer}"], name=f"node_linear_{layer}"),
+                                f"%linear_{layer} : [num_users=1] = call_function[target=torch.ops.aten.linear.default]"
+                                f"(args = (%{h}, %p_layers_{layer}_q_proj_weight), kwargs = {{}})",
+                                scope + [f"layers.{layer}.q_proj", f"linear_{layer}"]))
+        nodes.append(torch_meta(helper.make_node("Mul", ["layers.0.norm.weight", f"linear_{layer}"], [f"mul_{layer}"],
+                                                 name=f"node_mul_{layer}"),
+                                f"%mul_{layer} : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor]"
+                                f"(args = (%p_layers_{layer}_norm_weight, %linear_{layer}), kwargs = {{}})",
+                                scope + [f"layers.{layer}.norm", f"mul_{layer}"]))
+        h = f"mul_{layer}"
+    nodes.append(torch_meta(helper.make_node("Mul", [h, "unsqueeze_3"], ["y"], name="node_mul_cos"),
+                            "%mul_9 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor]"
+                            "(args = (%mul_1, %unsqueeze_3), kwargs = {})", ["", "mul_9"]))
+    return model_of(nodes, [x], [y], inits)
+
+
+def test_a_plan_in_torchs_module_names_matches_the_dynamo_exporters_weights():
+    model = dynamo_like_model()
+    plan = dict(PLAN1, parameters={"layers.*.q_proj.weight": "colwise", "*": "R"})
+    x = np.random.default_rng(1).standard_normal((2, 4, 8)).astype(np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    graph = from_onnx(model, plan)
+    inputs = {n.name: n for n in graph.inputs()}
+    assert graph.meta["import_sources"]["layers.0.q_proj.weight"] == "val_7"
+    assert graph.meta["import_sources"]["layers.1.q_proj.weight"] == "val_19"
+    assert "val_7" not in inputs and "val_19" not in inputs
+    for name in ("layers.0.q_proj.weight", "layers.1.q_proj.weight"):
+        assert list(inputs[name].attrs["placements"]) == ["S(1)"]
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    a = analyze(graph)
+    feeds = {n.name: x if n.name == "x" else inits[graph.meta["import_sources"][n.name]] for n in a.graph.inputs()}
+    (got,) = execute_global(a.graph, feeds, wanted=a.graph.outputs).values()
+    np.testing.assert_allclose(got, want[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_pattern_hitting_a_de_duplicated_tensor_is_noted_and_conflicts_are_refused(tmp_path, capsys):
+    model = dynamo_like_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    plan = plan_path(tmp_path, dict(PLAN1, parameters={"layers.1.norm.weight": "R", "*": "R"}))
+    assert main(["import", str(path), "--plan", str(plan), "-o", str(tmp_path / "s.yaml")]) == 0
+    err = capsys.readouterr().err
+    assert "parameter layers.0.norm.weight is one tensor the exporter de-duplicated, shared as " \
+           "layers.0.norm.weight, layers.1.norm.weight" in err
+    conflict = plan_path(tmp_path, dict(PLAN1, parameters={"layers.1.norm.weight": ["S(0)"], "*": "R"}), "c.yaml")
+    err = one_line_error(capsys, ["import", str(path), "--plan", str(conflict)], "bad-plan")
+    assert "one shared tensor" in err and "layers.1.norm.weight" in err
+
+
+def test_a_table_no_parameter_names_is_a_constant_without_gradient(tmp_path, capsys):
+    graph = from_onnx(dynamo_like_model(), dict(PLAN1, parameters={"*": "R"}))
+    inputs = {n.name: n for n in graph.inputs()}
+    assert inputs["unsqueeze_3"].attrs["requires_grad"] is False
+    assert inputs["layers.0.q_proj.weight"].attrs["requires_grad"] is True
+    assert any("constants without a gradient: unsqueeze_3" in note for note in graph.meta["import_notes"])
+    a = analyze(graph, backward=True)
+    assert not any(n.name.endswith("unsqueeze_3") for n in a.graph.nodes if n.name.startswith("grad"))
+
+
+# -------------------------------------------------------------------------------------- fusions
+def gelu_model(kind: str):
+    """GELU as torch writes it: ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (BERT), the same with ``0.5 * x``
+    first, or the tanh form ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` (GPT-2's NewGELU)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    c = [const("sqrt2", np.float32(np.sqrt(2.0))), const("one", np.float32(1.0)), const("half", np.float32(0.5)),
+         const("three", np.float32(3.0)), const("k", np.float32(0.044715)), const("s", np.float32(np.sqrt(2 / np.pi)))]
+    if kind == "erf":
+        nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                 helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+                 helper.make_node("Mul", ["m", "half"], ["y"])]
+    elif kind == "erf_half_first":
+        nodes = [helper.make_node("Mul", ["x", "half"], ["h"]), helper.make_node("Div", ["x", "sqrt2"], ["d"]),
+                 helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["one", "e"], ["a"]),
+                 helper.make_node("Mul", ["h", "a"], ["y"])]
+    else:
+        nodes = [helper.make_node("Mul", ["half", "x"], ["h"]), helper.make_node("Pow", ["x", "three"], ["p"]),
+                 helper.make_node("Mul", ["k", "p"], ["kp"]), helper.make_node("Add", ["x", "kp"], ["inner"]),
+                 helper.make_node("Mul", ["s", "inner"], ["si"]), helper.make_node("Tanh", ["si"], ["t"]),
+                 helper.make_node("Add", ["one", "t"], ["a"]), helper.make_node("Mul", ["h", "a"], ["y"])]
+    return model_of(c + nodes, [x], [y])
+
+
+@pytest.mark.parametrize("kind, op", [("erf", "gelu_erf"), ("erf_half_first", "gelu_erf"), ("tanh", "gelu")])
+def test_gelu_written_out_is_one_gelu_op(kind, op):
+    model = gelu_model(kind)
+    x = (3 * np.random.default_rng(2).standard_normal((2, 3, 8))).astype(np.float32)
+    graph = same_as_onnx(model, {"x": x})
+    assert [n.op for n in graph.nodes if not n.is_input] == [op]
+    plan = dict(PLAN1, inputs={"x": ["S(2)"]})
+    from layout_prop.runner import run_graph
+
+    rep = run_graph(from_onnx(model, plan), backward=True, seed=4)
+    assert rep.ok and "x" in rep.grads, rep.mismatches
+
+
+def rope_table_model():
+    """Rotate-half RoPE whose cos and sin tables are initializers (an exporter's constant folding),
+    in a model without torch's metadata."""
+    rng = np.random.default_rng(3)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 1, 4, 8)).astype(np.float32), "cos_folded"),
+             numpy_helper.from_array(rng.standard_normal((1, 1, 4, 8)).astype(np.float32), "sin_folded")]
+    nodes = [const("zero", np.array([0], np.int64)), const("half", np.array([4], np.int64)),
+             const("end", np.array([8], np.int64)), const("axis", np.array([3], np.int64)),
+             helper.make_node("Slice", ["x", "zero", "half", "axis"], ["x1"]),
+             helper.make_node("Slice", ["x", "half", "end", "axis"], ["x2"]),
+             helper.make_node("Neg", ["x2"], ["n"]), helper.make_node("Concat", ["n", "x1"], ["rot"], axis=-1),
+             helper.make_node("Mul", ["x", "cos_folded"], ["a"]), helper.make_node("Mul", ["rot", "sin_folded"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    return model_of(nodes, [x], [y], inits)
+
+
+def test_rotary_tables_folded_into_initializers_take_no_gradient():
+    model = rope_table_model()
+    x = np.random.default_rng(5).standard_normal((1, 2, 4, 8)).astype(np.float32)
+    graph = same_as_onnx(model, {"x": x})
+    inputs = {n.name: n for n in graph.inputs()}
+    assert inputs["cos_folded"].attrs["requires_grad"] is False and inputs["sin_folded"].attrs["requires_grad"] is False
+    assert [n.op for n in graph.nodes if not n.is_input] == ["rotary_position_embedding"]
+    assert any("cos_folded, sin_folded" in note for note in graph.meta["import_notes"])
+    from layout_prop.runner import run_graph
+
+    rep = run_graph(from_onnx(model, dict(PLAN1, inputs={"x": ["S(1)"]})), backward=True, seed=6)
+    assert rep.ok and "x" in rep.grads and "cos_folded" not in rep.grads, rep.mismatches

@@ -53,17 +53,21 @@ def build_spec(model: ModelGraph, plan: ShardingPlan, *, opaque: bool = False, f
     if fuse:
         Canonicalize().run(model)
     spec, weights = to_spec(model, opaque=opaque)
-    spec = apply_plan(spec, weights, plan)
-    return spec, list(model.notes) + compare_declared(model, spec)
+    notes: list[str] = []
+    spec = apply_plan(spec, weights, plan, model.spec_aliases, notes)
+    return spec, list(model.notes) + notes + compare_declared(model, spec)
 
 
 def build_graph(model: ModelGraph, plan: ShardingPlan, *, opaque: bool = False, fuse: bool = True) -> Graph:
-    """:func:`build_spec`, loaded into a Graph (its notes in ``graph.meta["import_notes"]``)."""
+    """:func:`build_spec`, loaded into a Graph (its notes in ``graph.meta["import_notes"]``, and in
+    ``graph.meta["import_sources"]`` the model's own name of each weight and constant input, by
+    input name: ``{"model.layers.0.self_attn.q_proj.weight": "val_105"}``)."""
     from layout_prop.io.loader import load_spec
 
     spec, notes = build_spec(model, plan, opaque=opaque, fuse=fuse)
     graph = load_spec(spec)
     graph.meta["import_notes"] = notes
+    graph.meta["import_sources"] = dict(model.spec_sources)
     return graph
 
 

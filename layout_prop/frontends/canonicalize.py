@@ -27,12 +27,22 @@ by the chain only; dead nodes are pruned at the end.  The rewrites, in order:
     (``reshape(concat(-x[..., 1::2, None], x[..., ::2, None]))``) -> ``mode=1``.
 ``silu_mul``
     ``silu(a) * b`` -> ``silu_mul(a, b)``.
+``gelu``
+    ``x * 0.5 * (1 + erf(x / sqrt(2)))`` (either order of the products) -> ``gelu_erf(x)``;
+    ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` (GPT-2's, Gemma's) -> ``gelu(x)``
+    (the registry's gelu is the tanh approximation).
+``batched_transpose``
+    ``reshape(transpose(reshape(x, (B*N, S, D)), [0, 2, 1]), (B, N, D, S))`` (torch's ``k^T`` after
+    grouped-query heads were repeated) -> ``transpose(reshape(x, (B, N, S, D)), [0, 1, 3, 2])``.
 ``attention``
     ``softmax(q @ k^T * c + mask) @ v`` on 4-D BNSD tensors (or with ``q`` and ``k^T`` each
     scaled by a constant, as torch exports ``scaled_dot_product_attention``), with ``mask`` absent or a
     constant that is exactly top-left causal (0 where key <= query, at most -1e4
-    elsewhere; or the same as a ``where`` with such a fill) ->
-    ``scaled_dot_product_attention(q, k, v, layout="BNSD", causal, scale=c)``.
+    elsewhere; or the same as a ``where`` with such a fill), the softmax optionally guarded by
+    ``where(isnan(p), 0, p)`` as torch's decomposition writes it ->
+    ``scaled_dot_product_attention(q, k, v, layout="BNSD", causal, scale=c)``.  Attention with any
+    other additive bias (BERT's padding mask, T5's relative-position bias) is left unfused: the
+    registry's attention takes no bias operand.
 
 Examples
 --------
@@ -105,7 +115,7 @@ def _replace(v: "_View", old: MNode, op: str, inputs: list[str], attrs: dict, so
     v.edits[id(old)] = [*before, MNode(old.name, op, inputs, list(old.outputs), attrs, source)]
 
 
-REWRITES = ("dense", "silu", "rms_norm", "rope", "silu_mul", "attention")
+REWRITES = ("dense", "silu", "rms_norm", "rope", "silu_mul", "gelu", "batched_transpose", "attention")
 
 
 class Canonicalize:
@@ -127,7 +137,7 @@ class Canonicalize:
         counts: Counter = Counter()
         _drop_identities(g, counts)
         table = {"dense": _dense, "silu": _silu, "rms_norm": _rms_norm, "rope": _rope, "silu_mul": _silu_mul,
-                 "attention": _attention}
+                 "gelu": _gelu, "batched_transpose": _batched_transpose, "attention": _attention}
         for rewrite in (table[name] for name in self.rewrites):
             view = _View(g)
             for node in g.nodes:
@@ -371,6 +381,123 @@ def _silu_mul(g: ModelGraph, v: _View, node: MNode) -> bool:
     return False
 
 
+def _batched_transpose(g: ModelGraph, v: _View, node: MNode) -> bool:
+    """``reshape(transpose(reshape(x, (B*N, S, D)), [0, 2, 1]), (B, N, D, S))`` (torch's export of
+    ``k.transpose(-2, -1)`` after grouped-query heads were repeated) ->
+    ``transpose(reshape(x, (B, N, S, D)), [0, 1, 3, 2])``."""
+    if node.op != "reshape" or not v.only_use(node.inputs[0]):
+        return False
+    tr = v.node(node.inputs[0], "transpose")
+    if tr is None or tr.attrs.get("dims") != [0, 2, 1] or not v.only_use(tr.inputs[0]):
+        return False
+    flat = v.node(tr.inputs[0], "reshape")
+    if flat is None:
+        return False
+    x = flat.inputs[0]
+    xs, fs, out = g.shape(x), g.shape(flat.outputs[0]), g.shape(node.outputs[0])
+    if xs is None or fs is None or out is None or len(xs) < 3 or len(fs) != 3 or len(out) < 3:
+        return False
+    s_, d = fs[1], fs[2]
+    if tuple(xs[-2:]) != (s_, d) or tuple(out[-2:]) != (d, s_) or int(np.prod(out[:-2])) != fs[0]:
+        return False
+    lead = tuple(out[:-2])
+    mid = g.fresh(f"{node.name}_heads")
+    g.add_value(Value(mid, lead + (s_, d), g.values[x].dtype))
+    rank = len(lead) + 2
+    before = MNode(mid, "reshape", [x], [mid], {"shape": list(lead + (s_, d))}, "fused:batched_transpose")
+    _replace(v, node, "transpose", [mid], {"dims": list(range(rank - 2)) + [rank - 1, rank - 2]},
+             "fused:batched_transpose", (before,))
+    return True
+
+
+_SQRT_2_OVER_PI = float(np.sqrt(2.0 / np.pi))
+
+
+def _gelu_erf(g: ModelGraph, v: _View, node: MNode) -> str | None:
+    """The x of ``x * 0.5 * (1 + erf(x / sqrt(2)))`` at ``node`` (the last product), in the orders
+    torch exports it (``0.5 * x`` first, or ``x * (...)`` then ``* 0.5``); else None."""
+    def erf_arg(value: str) -> str | None:  # value = 1 + erf(x / sqrt(2)) -> x
+        add = v.node(value, "add")
+        if add is None or not v.only_use(value):
+            return None
+        one = next((a for a in add.inputs if v.scalar(a) == 1.0), None)
+        erf = v.node(_other(add, one), "erf") if one is not None else None
+        if erf is None or not v.only_use(erf.outputs[0]):
+            return None
+        x, c = _scaled(g, v, erf.inputs[0])
+        return x if abs(c - 1 / np.sqrt(2.0)) < 1e-6 else None
+
+    for value in node.inputs:
+        other = _other(node, value)
+        x = erf_arg(value)
+        if x is not None:
+            inner, c = _scaled(g, v, other)  # (0.5 * x) * (1 + erf(...))
+            if inner == x and abs(c - 0.5) < 1e-7:
+                return x
+        half = v.scalar(other)
+        prod = v.node(value, "mul") if half is not None and abs(half - 0.5) < 1e-7 and v.only_use(value) else None
+        if prod is not None:  # (x * (1 + erf(...))) * 0.5
+            for factor in prod.inputs:
+                x = erf_arg(factor)
+                if x is not None and _other(prod, factor) == x:
+                    return x
+    return None
+
+
+def _gelu_tanh(g: ModelGraph, v: _View, node: MNode) -> str | None:
+    """The x of ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` at ``node``; else None."""
+    def tanh_arg(value: str) -> str | None:
+        add = v.node(value, "add")
+        if add is None or not v.only_use(value):
+            return None
+        one = next((a for a in add.inputs if v.scalar(a) == 1.0), None)
+        th = v.node(_other(add, one), "tanh") if one is not None else None
+        if th is None or not v.only_use(th.outputs[0]):
+            return None
+        inner, c = _scaled(g, v, th.inputs[0])
+        if abs(c - _SQRT_2_OVER_PI) > 1e-6:
+            return None
+        s = v.node(inner, "add")
+        if s is None or not v.only_use(inner):
+            return None
+        for x in s.inputs:
+            cube, k = _scaled(g, v, _other(s, x))
+            p = v.node(cube, "pow")
+            if p is not None and p.inputs[0] == x and v.scalar(p.inputs[1]) == 3.0 and abs(k - 0.044715) < 1e-7:
+                return x
+        return None
+
+    for value in node.inputs:
+        other = _other(node, value)
+        x = tanh_arg(value)
+        if x is not None:
+            inner, c = _scaled(g, v, other)
+            if inner == x and abs(c - 0.5) < 1e-7:
+                return x
+        half = v.scalar(other)
+        prod = v.node(value, "mul") if half is not None and abs(half - 0.5) < 1e-7 and v.only_use(value) else None
+        if prod is not None:
+            for factor in prod.inputs:
+                x = tanh_arg(factor)
+                if x is not None and _other(prod, factor) == x:
+                    return x
+    return None
+
+
+def _gelu(g: ModelGraph, v: _View, node: MNode) -> bool:
+    if node.op != "mul" or len(node.inputs) != 2:
+        return False
+    x = _gelu_erf(g, v, node)
+    if x is not None:
+        _replace(v, node, "gelu_erf", [x], {}, "fused:gelu")
+        return True
+    x = _gelu_tanh(g, v, node)
+    if x is not None:
+        _replace(v, node, "gelu", [x], {}, "fused:gelu")
+        return True
+    return False
+
+
 def is_causal_mask(mask: np.ndarray, fill_ok) -> bool:
     """Whether ``mask``'s last two dims hold the top-left causal pattern (the same for every
     leading index): ``fill_ok(value)`` above the diagonal, 0 (or True for a keep-mask) on and below.
@@ -429,12 +556,28 @@ def _scaled(g: ModelGraph, v: _View, value: str) -> tuple[str, float]:
     return x, (v.scalar(c) if node.op == "mul" else 1.0 / v.scalar(c))
 
 
+def _nan_guard(g: ModelGraph, v: _View, p: str) -> str | None:
+    """For ``p = where(isnan(s), 0, s)`` (torch's guard of a softmax whose row is all masked),
+    ``s``; else None."""
+    where = v.node(p, "where")
+    if where is None or not v.only_use(p):
+        return None
+    cond, zero, s = where.inputs
+    isnan = v.node(cond, "isnan")
+    if isnan is None or isnan.inputs[0] != s or v.scalar(zero) != 0.0 or not v.only_use(cond) or \
+            len(v.uses.get(s, ())) != 2 or s in v.outputs:
+        return None
+    return s
+
+
 def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
     if node.op != "matmul_nd" or node.attrs.get("transpose_a") or node.attrs.get("transpose_b"):
         return False
     p, val = node.inputs
-    soft = v.node(p, "softmax")
-    if soft is None or not v.only_use(p) or len(g.shape(p)) != 4 or soft.attrs.get("axis", -1) % 4 != 3:
+    guarded = _nan_guard(g, v, p)
+    soft = v.node(guarded if guarded is not None else p, "softmax")
+    if soft is None or (guarded is None and not v.only_use(p)) or len(g.shape(p)) != 4 or \
+            soft.attrs.get("axis", -1) % 4 != 3:
         return False
     found = _attention_mask(g, v, soft.inputs[0])
     if found is None or (found[1] and not v.only_use(soft.inputs[0])):

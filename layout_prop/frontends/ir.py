@@ -68,6 +68,17 @@ class ModelGraph:
         self.nodes: list[MNode] = []
         self.outputs: list[str] = []
         self.notes: list[str] = []
+        # a weight's name for plans when the file's is the exporter's own (val_113 -> torch's
+        # model.layers.0.self_attn.q_proj.weight), and the other names of a tensor the exporter
+        # de-duplicated (one tensor for several parameters of equal value)
+        self.param_names: dict[str, str] = {}
+        self.aliases: dict[str, list[str]] = {}
+        # weights computed from no parameter (rotary cos/sin tables folded by the exporter): constants
+        self.constants: set[str] = set()
+        # after to_spec: each weight's other names, by spec names (what the plan's patterns match)
+        self.spec_aliases: dict[str, list[str]] = {}
+        # after to_spec: the model's own name of each constant or weight input, by spec name
+        self.spec_sources: dict[str, str] = {}
         # (node, input values, the split count per dim of each) a model declares (MindSpore shard())
         self.declared: list[tuple[str, list[str | None], tuple]] = []
 
@@ -166,6 +177,8 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
 
     inputs: dict[str, dict] = {}
     weights: list[str] = []
+    aliases: dict[str, list[str]] = {}
+    constants: list[str] = []  # float weights computed from no parameter (requires_grad false)
     for name in model.inputs:
         v = model.values[name]
         spec_name[name] = unique(name)
@@ -185,11 +198,17 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
         if v.const.dtype == object or v.shape is None:
             raise SpecError("bad-model", f"constant {value!r} is not a tensor", node=value,
                             hint="the model file is inconsistent; re-export it")
-        spec_name[value] = unique(value)
-        trainable = v.weight and v.dtype in FLOAT_DTYPES
+        spec_name[value] = unique(model.param_names.get(value, value))
+        model.spec_sources[spec_name[value]] = value
+        trainable = v.weight and v.dtype in FLOAT_DTYPES and value not in model.constants and \
+            not is_computed_table(model.param_names.get(value, value))
         inputs[spec_name[value]] = {"shape": list(v.shape), "dtype": v.dtype, "requires_grad": trainable}
         if trainable:
             weights.append(spec_name[value])
+            if model.aliases.get(value):
+                aliases[spec_name[value]] = [sanitize(a) for a in model.aliases[value]]
+        elif v.weight and v.dtype in FLOAT_DTYPES and v.const.size > 1:
+            constants.append(spec_name[value])
         return spec_name[value]
 
     def emit(base: str, op: str, args: list[str], attrs: dict, outputs: list[str]) -> None:
@@ -239,7 +258,58 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
                       hint="pass --opaque to treat each as a barrier (inputs gathered, output replicated), "
                            "or write the model with supported ops")
     outputs = [spec_name[v] if v in spec_name else use(v) for v in model.outputs]
-    return {"inputs": inputs, "nodes": nodes, "outputs": outputs}, weights
+    spec = {"inputs": inputs, "nodes": nodes, "outputs": outputs}
+    tables = rotary_tables(spec, weights)
+    for name in tables:
+        inputs[name]["requires_grad"] = False
+    weights = [w for w in weights if w not in tables]
+    constants += tables
+    if constants:
+        model.notes.append(f"{len(constants)} weight(s) computed from no parameter (rotary tables, masks) are "
+                           f"constants without a gradient: {', '.join(constants)}")
+    model.spec_aliases = {w: a for w, a in aliases.items() if w in weights}
+    return spec, weights
+
+
+#: names of buffers and tables computed from no parameter (Hugging Face's rotary embedding
+#: keeps ``inv_freq`` and, in older releases, ``cos_cached``/``sin_cached``): never trainable
+COMPUTED_TABLE_PATTERNS = ("*rotary_emb.*", "*rotary_emb_*", "*.inv_freq", "*_cached")
+
+
+def is_computed_table(name: str) -> bool:
+    """Whether ``name`` names a rotary table or buffer (:data:`COMPUTED_TABLE_PATTERNS`)."""
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(name, p) for p in COMPUTED_TABLE_PATTERNS)
+
+
+#: ops that move or copy a table's elements without computing new ones (followed from a weight
+#: to the op that reads it)
+_TABLE_MOVES = {"reshape", "unsqueeze", "squeeze", "slice", "slice_step", "concat", "cast", "identity", "transpose"}
+
+
+def rotary_tables(spec: dict, weights: list[str]) -> list[str]:
+    """The weights of ``spec`` read (through reshapes, slices, concats, casts...) only as the cos
+    or sin operand of ``rotary_position_embedding``: tables the exporter computed and folded, not
+    parameters (a gradient into them would be computed and all-reduced for nothing)."""
+    consumers: dict[str, list[tuple[dict, int]]] = {}
+    for nd in spec["nodes"]:
+        for i, v in enumerate(nd["inputs"]):
+            consumers.setdefault(v, []).append((nd, i))
+    out = []
+    for w in weights:
+        stack, seen, ends = [w], {w}, []
+        while stack:
+            for nd, i in consumers.get(stack.pop(), []):
+                if nd["op"] in _TABLE_MOVES:
+                    if nd["name"] not in seen:
+                        seen.add(nd["name"])
+                        stack.append(nd["name"])
+                else:
+                    ends.append((nd["op"], i))
+        if ends and all(op == "rotary_position_embedding" and i in (1, 2) for op, i in ends):
+            out.append(w)
+    return out
 
 
 # decomposed ops the registry does not know (the canonicalisation pass fuses them away)
@@ -353,10 +423,17 @@ def parameter_uses(spec: dict, weights: list[str]) -> dict[str, list[ParamUse]]:
     return out
 
 
-def apply_plan(spec: dict, weights: list[str], plan: ShardingPlan) -> dict:
-    """Set the plan's mesh, input layouts and parameter layouts on a lowered spec (a new dict)."""
+def apply_plan(spec: dict, weights: list[str], plan: ShardingPlan, aliases: dict[str, list[str]] | None = None,
+               notes: list[str] | None = None) -> dict:
+    """Set the plan's mesh, input layouts and parameter layouts on a lowered spec (a new dict).
+
+    ``aliases`` gives the other names of a weight the exporter de-duplicated (one tensor for
+    several parameters): a pattern matching any of its names applies to it, a note (in
+    ``notes``) says the tensor is shared, and names given different layouts are ``bad-plan``."""
     spec = {"mesh": dict(plan.mesh_data), "inputs": {k: dict(v) for k, v in spec["inputs"].items()},
             "nodes": spec["nodes"], "outputs": spec["outputs"]}
+    if plan.constraints:  # pinned activations: the loader pins the values they match (io/constraints.py)
+        spec["constraints"] = plan.constraints_entry()
     weight_set = set(weights)
     runtime = [n for n in spec["inputs"] if n not in weight_set]
     for name, entry in plan.inputs.items():
@@ -367,9 +444,28 @@ def apply_plan(spec: dict, weights: list[str], plan: ShardingPlan) -> dict:
         for key in ("placements", "tensor_map", "requires_grad"):
             if key in entry:
                 target[key] = entry[key]
+    aliases = {w: [a for a in aliases.get(w, ()) if a != w] for w in weights} if aliases else {}
     shapes = {w: spec["inputs"][w]["shape"] for w in weights}
-    for w, placements in resolve_parameters(plan, shapes, parameter_uses(spec, weights)).items():
-        spec["inputs"][w]["placements"] = placements
+    uses = parameter_uses(spec, weights)
+    for w, names in aliases.items():  # each other name resolves as a parameter of its own, then they must agree
+        for a in names:
+            shapes.setdefault(a, shapes[w])
+            uses.setdefault(a, uses[w])
+    resolved = resolve_parameters(plan, shapes, uses)
+    for w in weights:
+        spec["inputs"][w]["placements"] = resolved[w]
+        if not aliases.get(w):
+            continue
+        others = aliases[w]
+        differ = next((a for a in others if resolved[a] != resolved[w]), None)
+        if differ is not None:
+            raise SpecError("bad-plan", f"the plan gives {w!r} {resolved[w]} and {differ!r} {resolved[differ]}, "
+                            f"but the exporter stores them as one shared tensor (also named {', '.join(others)})",
+                            path="parameters", hint="give every name of a shared tensor the same layout, or "
+                            "export with distinct weights")
+        if notes is not None:
+            notes.append(f"parameter {w} is one tensor the exporter de-duplicated, shared as {', '.join([w] + others)}: "
+                         f"its layout {resolved[w]} applies to all of them")
     return spec
 
 

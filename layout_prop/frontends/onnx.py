@@ -12,7 +12,9 @@ Needs the ``onnx`` package (``pip install 'layout-prop[onnx]'``).
 
 from __future__ import annotations
 
+import ast
 import math
+import re
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -397,6 +399,63 @@ def _node_attrs(node, name: str, source: str) -> dict:
     return out
 
 
+#: the node metadata torch's dynamo exporter writes: the FX node a node comes from (its
+#: arguments name the module's parameters, ``%p_model_layers_0_self_attn_q_proj_weight``) and
+#: the module path of every scope it lies in (``['', 'model', 'model.layers.0', ...]``)
+TORCH_FX_NODE = "pkg.torch.onnx.fx_node"
+TORCH_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_FX_PARAMETER = re.compile(r"%(p_[A-Za-z0-9_]+)")
+
+
+def _torch_name(fx_name: str, scopes: list[str]) -> str:
+    """The parameter's name in torch (``model.layers.0.self_attn.q_proj.weight``) from its FX name
+    (``p_model_layers_0_self_attn_q_proj_weight``) and the module scopes of the node reading it:
+    the deepest module whose path, dots as underscores, begins the FX name owns it."""
+    flat = fx_name[2:]
+    for module in sorted((m for m in scopes if m), key=len, reverse=True):
+        prefix = module.replace(".", "_") + "_"
+        if flat.startswith(prefix) and len(flat) > len(prefix):
+            return f"{module}.{flat[len(prefix):]}"
+    return flat
+
+
+def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], set[str]] | None:
+    """What torch's node metadata says of the model's float initializers ``weights``: each one's
+    torch parameter names (in graph order; several when the exporter de-duplicated equal
+    tensors) and the set of those read by a node that carries metadata.  None for a model
+    without torch's metadata (another exporter, or TorchScript's).
+
+    A node's FX arguments that are parameters (``%p_...``) are matched with its initializer
+    inputs: by name when an initializer keeps torch's name (``optimize=False``), else one to one
+    when the node reads exactly one parameter and one weight (a folded transposed Linear weight
+    ``val_113`` read by the ``MatMul`` of ``aten.linear(x, %p_..._weight)``)."""
+    names: dict[str, list[str]] = {}
+    read: set[str] = set()
+    found = False
+    for node in graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        if TORCH_FX_NODE not in meta:
+            continue
+        found = True
+        inits = [v for v in node.input if v in weights]
+        read.update(inits)
+        params = list(dict.fromkeys(_FX_PARAMETER.findall(meta[TORCH_FX_NODE])))
+        if not inits or not params:
+            continue
+        try:
+            scopes = [str(m) for m in ast.literal_eval(meta.get(TORCH_NAME_SCOPES, "[]"))]
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            scopes = []
+        torch_names = [_torch_name(p, scopes) for p in params]
+        pairs = [(v, v) for v in inits if v in torch_names]
+        if not pairs and len(inits) == 1 and len(torch_names) == 1:
+            pairs = [(inits[0], torch_names[0])]
+        for init, name in pairs:
+            if name not in names.setdefault(init, []):
+                names[init].append(name)
+    return (names, read) if found else None
+
+
 # ----------------------------------------------------------------------------- conversion
 class _Reader:
     """Turns one ONNX graph into a ModelGraph."""
@@ -487,6 +546,7 @@ class _Reader:
             array, read = _tensor_array(init, f"initializer {init.name!r}", self.source)  # weights: not read
             self.const_value(init.name, array, weight=True, read=read)
         initializers = {t.name for t in graph.initializer}
+        self.torch_names(graph)
         listed: set[str] = set()
         for inp in graph.input:
             if inp.name in listed:
@@ -503,6 +563,28 @@ class _Reader:
             self.node(node)
         self.g.outputs = [o.name for o in graph.output]
         return self.g
+
+    def torch_names(self, graph) -> None:
+        """Name the weights as torch does, from the dynamo exporter's node metadata
+        (:func:`_torch_parameters`): a weight named by the exporter (``val_113``) takes its
+        parameter's torch name, a de-duplicated tensor the first of its names and the others as
+        aliases; a float weight that nodes with metadata read but that no parameter names (a
+        rotary cos/sin table or a mask the exporter computed and folded) is a constant."""
+        weights = {v.name for v in self.g.values.values() if v.weight and v.dtype.startswith("float")}
+        found = _torch_parameters(graph, weights)
+        if found is None:
+            return
+        names, read = found
+        taken = set(self.g.values)
+        for init, torch_names in names.items():
+            primary = init if init in torch_names else next((n for n in torch_names if n not in taken), init)
+            if primary != init:
+                self.g.param_names[init] = primary
+                taken.add(primary)
+            others = [n for n in torch_names if n != primary]
+            if others:
+                self.g.aliases[init] = others
+        self.g.constants.update(v for v in read if v not in names)
 
     def node(self, node) -> None:
         op = node.op_type
@@ -609,6 +691,7 @@ class _Reader:
     op_Identity = _simple("identity", "Identity")
     op_Where = _simple("where", "Where")
     op_Expand = _simple("expand", "Expand")
+    op_IsNaN = _simple("isnan", "IsNaN")
 
     def op_MatMul(self, name, ins, outs, a, consts):
         """numpy's matmul: a 1-D operand is a row on the left, a column on the right, and that
@@ -638,7 +721,7 @@ class _Reader:
         return new
 
     def op_Gelu(self, name, ins, outs, a, consts):
-        self.add("gelu" if a.get("approximate", b"none") in (b"tanh", "tanh") else "unmapped:Gelu", ins, outs, {},
+        self.add("gelu" if a.get("approximate", b"none") in (b"tanh", "tanh") else "gelu_erf", ins, outs, {},
                  "Gelu", name)
 
     def op_Softmax(self, name, ins, outs, a, consts):

@@ -1,5 +1,6 @@
 """Pointwise ops that imported models use on their own: ``sqrt``, ``rsqrt``, ``reciprocal``,
-``sigmoid``, ``tanh``, ``erf``, ``relu`` and ``pow(x, exponent)``.
+``sigmoid``, ``tanh``, ``erf``, ``relu``, ``pow(x, exponent)`` and ``gelu_erf`` (GELU without
+the tanh approximation).
 
 Each is elementwise and not linear: any sharding of x passes through (the output keeps x's
 layout), a Partial x is ``partial-input`` (reduce it first), as for ``exp`` or ``silu``.  Each
@@ -9,6 +10,7 @@ has a numpy kernel and a gradient rule built from existing ops:
 - ``sigmoid``: ``dy * (y - y**2)``; ``tanh``: ``dy - dy * y**2``
 - ``erf``: ``dy * 2/sqrt(pi) * exp(-x**2)``; ``pow``: ``dy * p * x**(p - 1)``
 - ``relu``: ``relu_grad(dy, x) = dy * (x > 0)``, an op of its own, linear in dy
+- ``gelu_erf``: ``gelu_erf_grad(dy, x) = dy * (cdf(x) + x * pdf(x))``, likewise
 
 They are registered by importing this module (the importers do; so does the command line
 before it loads a spec), under these names unless the registry already has an op of the
@@ -169,6 +171,40 @@ class ReluGrad(PointwiseRule):
     linear_note = "is linear in dy only"
 
 
+class GeluErf(_Unary):
+    """``x * 0.5 * (1 + erf(x / sqrt(2)))``, GELU without approximation (torch's default, ONNX's
+    ``Gelu``; the registry's ``gelu`` is the tanh approximation); gradient
+    ``gelu_erf_grad(dy, x) = dy * (cdf(x) + x * pdf(x))``, an op of its own, linear in dy."""
+
+    name = "gelu_erf"
+    aliases = ("GeluErf",)
+
+    def grad(self, g, x, y, dy, attrs):
+        return g.op("gelu_erf_grad", [dy, x])
+
+
+class GeluErfGrad(PointwiseRule):
+    """``gelu_erf_grad(dy, x) = dy * (cdf(x) + x * pdf(x))``: linear in dy (a Partial dy passes with x
+    Replicate)."""
+
+    name = "gelu_erf_grad"
+    operands = ("dy", "x")
+    partial_mode = "first"
+    differentiable = False
+    linear_note = "is linear in dy only"
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.result_type(x, np.float32))
+    return np.asarray(x * 0.5 * (1.0 + _erf(x / math.sqrt(2.0))), dtype=x.dtype)
+
+
+def _gelu_erf_grad(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.result_type(x, np.float32))
+    slope = 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return np.asarray(dy * slope, dtype=np.result_type(dy, x))
+
+
 def _erf(x: np.ndarray) -> np.ndarray:
     return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=np.result_type(x, np.float32))
 
@@ -186,12 +222,15 @@ def _kernels() -> dict:
         "erf": floating(_erf),
         "relu": floating(lambda x: np.maximum(x, 0)),
         "relu_grad": lambda dy, x: np.asarray(np.where(np.asarray(x) > 0, dy, np.zeros_like(dy))),
+        "gelu_erf": lambda x, **_: _gelu_erf(x),
+        "gelu_erf_grad": lambda dy, x: _gelu_erf_grad(dy, x),
         "pow": lambda x, exponent: np.asarray(np.power(np.asarray(x, dtype=np.result_type(x, np.float32)),
                                                        np.asarray(exponent, dtype=np.result_type(x, np.float32)))),
     }
 
 
-POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow", "relu", "relu_grad")
+POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow", "relu", "relu_grad", "gelu_erf",
+                 "gelu_erf_grad")
 
 def _taken(cls) -> bool:
     """Whether the registry already knows the op's name or an alias (a built-in wins; a re-import
@@ -201,7 +240,7 @@ def _taken(cls) -> bool:
     return any(is_registered(name) for name in (cls.name, *cls.aliases))
 
 
-for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow, Relu, ReluGrad):
+for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow, Relu, ReluGrad, GeluErf, GeluErfGrad):
     if not _taken(_cls):
         register_op(_cls)
         if _cls.name not in KERNELS:

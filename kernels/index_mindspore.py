@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .index_numpy import check_range
+from .index_numpy import check_range, last_writes
 
 __all__ = ["KERNELS"]
 
@@ -53,6 +53,19 @@ def gather(x, index, dim, start=0, dim_size=None):
     corner = x[tuple(slice(None) if k == dim else slice(0, n) for k, n in enumerate(local.shape))]
     picked = ops.gather_elements(corner, dim, local)
     return ops.where(valid, picked, ops.zeros_like(picked))
+
+
+def scatter_src_grad(dy, index, dim, start=0, dim_size=None):
+    """MindSpore ``gather`` kernel, then the entries overwritten by a later one (numpy bookkeeping) zeroed."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    picked = gather(dy, index, dim, start, dim_size)
+    if picked.size == 0:
+        return picked
+    dim = dim % picked.ndim
+    wins = last_writes(to_numpy(index), dim, to_tensor(dy).shape[dim] if dim_size is None else dim_size)
+    return ops.where(to_tensor(wins), picked, ops.zeros_like(picked))
 
 
 def index_select(x, index, dim, start=0, dim_size=None):
@@ -180,6 +193,7 @@ def isin(elements, test_elements):
 
 KERNELS: dict[str, Callable] = {
     "gather": gather,
+    "scatter_src_grad": scatter_src_grad,
     "index_select": index_select,
     "scatter": scatter,
     "scatter_add": scatter_add,

@@ -28,7 +28,7 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 
-__all__ = ["KERNELS", "check_range"]
+__all__ = ["KERNELS", "check_range", "last_writes"]
 
 
 def check_range(op: str, index: np.ndarray, size: int, what: str = "index") -> None:
@@ -62,6 +62,29 @@ def gather(x, index, dim, start=0, dim_size=None):
         return np.zeros(np.shape(index), x.dtype)
     picked = np.take_along_axis(_corner(x, np.shape(index), dim), local, axis=dim)
     return np.where(valid, picked, np.zeros((), x.dtype))
+
+
+def last_writes(index: np.ndarray, dim: int, dim_size: int) -> np.ndarray:
+    """Whether each entry of ``index`` is the last (row-major) to write its element along ``dim``
+    (``dim_size``: the global size of that dim)."""
+    coords = list(np.indices(index.shape))
+    coords[dim] = np.asarray(index, dtype=np.int64)
+    shape = index.shape[:dim] + (dim_size,) + index.shape[dim + 1:]
+    flat = np.ravel_multi_index(tuple(c.reshape(-1) for c in coords), shape)
+    _, last = np.unique(flat[::-1], return_index=True)
+    out = np.zeros(flat.shape, bool)
+    out[len(flat) - 1 - last] = True
+    return out.reshape(index.shape)
+
+
+def scatter_src_grad(dy, index, dim, start=0, dim_size=None):
+    """``gather(dy, index, dim)`` where the entry is the last write to its element, 0 elsewhere."""
+    dim = dim % dy.ndim
+    picked = gather(dy, index, dim, start, dim_size)
+    if picked.size == 0:
+        return picked
+    wins = last_writes(index, dim, dy.shape[dim] if dim_size is None else dim_size)
+    return np.where(wins, picked, np.zeros((), picked.dtype))
 
 
 def index_select(x, index, dim, start=0, dim_size=None):
@@ -138,6 +161,7 @@ def isin(elements, test_elements):
 
 KERNELS: dict[str, Callable] = {
     "gather": gather,
+    "scatter_src_grad": scatter_src_grad,
     "index_select": index_select,
     "scatter": scatter,
     "scatter_add": scatter_add,

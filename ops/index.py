@@ -39,8 +39,10 @@ The ops and their layout rules
     contributions to its term of x (a Replicate x becomes ``P(sum)`` terms for free),
     output ``P(sum)``; x or src ``P(sum|avg)`` (the other the same Partial, index
     Replicate): both ops are linear in (x, src) together, the Partial passes through.
-    vjp: ``dx = dy`` (scatter: dy with the written places zeroed), ``dsrc = gather(dy,
-    index, dim)`` (torch's rule, duplicates included).
+    vjp: ``dx = dy`` (scatter: dy with the written places zeroed); ``dsrc = gather(dy,
+    index, dim)`` for scatter_add, and for scatter ``scatter_src_grad(dy, index, dim)``:
+    the same where the entry is the last write to its element, 0 where a later entry
+    overwrote it (torch gives every duplicate the gradient, as if each had been written).
 ``index_add(x, index, src, dim)`` (torch ``index_add``, ``aten.index_add``, MindSpore ``IndexAdd``)
     ``index`` 1-D, ``src`` x's shape with ``dim`` of ``len(index)``; adds ``src`` slices at
     the indexed positions.  Sharded like scatter_add, the index being the contributions' dim.
@@ -98,7 +100,7 @@ from layout_prop.core.spec import TensorSpec
 from .common import plan_summary
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
 
-__all__ = ["AxisChoice", "choose_axes", "Gather", "IndexSelect", "Scatter", "ScatterAdd", "IndexAdd", "MaskedFill",
+__all__ = ["AxisChoice", "choose_axes", "Gather", "ScatterSrcGrad", "IndexSelect", "Scatter", "ScatterAdd", "IndexAdd", "MaskedFill",
            "Where", "OneHot", "IsIn", "get_rule"]
 
 LAYOUT_CODES = ("partial-input", "sharding-mismatch")
@@ -308,6 +310,7 @@ class Gather(_LookupRule):
     name = "gather"
     aliases = ("GatherElements", "GatherD", "aten.gather", "torch.gather")
     grad_op = "scatter_add"
+    index_splits = True  # index sharded on dim: each rank looks up its indices in the whole of x
 
     def sample_inputs(self):
         from layout_prop.testing.opdb import samples_for
@@ -333,10 +336,36 @@ class Gather(_LookupRule):
                 out.append(AxisChoice((Shard(k), Shard(k)), Shard(k), f"x and index sharded alike on dim {k}"))
         if _linear_partial(px):
             out.append(AxisChoice((px, R), px, f"the lookup of each {px} term of x (index whole)"))
-        if _shard(pi) == dim:
+        if _shard(pi) == dim and self.index_splits:
             out.append(AxisChoice((R, pi), pi, f"the lookup of index's piece of dim {dim} in the whole of x"))
         out.append(AxisChoice((R, R), R, "the whole lookup"))
         return out
+
+
+@register_op
+class ScatterSrcGrad(Gather):
+    """``scatter_src_grad(dy, index, dim)``: the gradient of scatter's src, ``gather(dy, index, dim)``
+    where the entry is the last write to its element, 0 where a later entry overwrote it.
+
+    Which entry wins depends on the whole line of index along ``dim``, so index is never
+    split along ``dim`` here (the forward never splits it either).
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> dy = TensorSpec((10, 4), "float32", Layout(mesh, ["R"], 2))
+    >>> index = TensorSpec((6, 4), "int64", Layout(mesh, ["S(0)"], 2))
+    >>> res = ScatterSrcGrad().infer_layout((dy, index), {"dim": 0})
+    >>> str(res.outputs[0].layout), str(res.wants[1])
+    ('(R)', '(R)')
+    """
+
+    name = "scatter_src_grad"
+    operands = ("dy", "index")
+    aliases = ()
+    differentiable = False
+    index_splits = False
 
 
 @register_op
@@ -498,13 +527,12 @@ class Scatter(_ScatterElementsRule):
         dy = cotangents[0]
         if dy is None:
             return (None, None, None)
-        x, index, _ = inputs
-        picked = g.op("gather", [dy, index], {"dim": attrs["dim"]})
+        dsrc = g.op("scatter_src_grad", [dy, inputs[1]], {"dim": attrs["dim"]})
         dx = None
         if needs[0]:
-            zeros = g.op("sub", [picked, picked])  # zeros of src's shape (dy finite)
-            dx = g.op("scatter", [dy, index, zeros], {"dim": attrs["dim"]})
-        return (dx, None, picked if needs[2] else None)
+            zeros = g.op("sub", [dsrc, dsrc])  # zeros of src's shape (dy finite)
+            dx = g.op("scatter", [dy, inputs[1], zeros], {"dim": attrs["dim"]})
+        return (dx, None, dsrc if needs[2] else None)
 
 
 @register_op

@@ -18,6 +18,8 @@ def samples(rng, f32) -> dict:
     return {
         "gather": [((x, index), {"dim": 1}), ((x[:, 3:6], index), {"dim": 1, "start": 3, "dim_size": 9}),
                    ((x, dup), {"dim": -1})],
+        "scatter_src_grad": [((x, index), {"dim": 1}), ((x[:, 3:6], index), {"dim": 1, "start": 3, "dim_size": 9}),
+                             ((x, dup), {"dim": 1})],
         "index_select": [((x, ids), {"dim": 1}), ((x[:, 6:], ids.astype(np.int32)), {"dim": 1, "start": 6,
                                                                                     "dim_size": 9}),
                          ((x, ids[:2] % 4), {"dim": 0})],

@@ -1,5 +1,5 @@
-"""Records of the index family: gather, index_select, scatter, scatter_add, index_add, masked_fill, where,
-one_hot, isin.
+"""Records of the index family: gather, index_select, scatter, scatter_add, scatter_src_grad, index_add,
+masked_fill, where, one_hot, isin.
 
 The kit's random integers lie in [0, 8), so every indexed (or scattered) dim has at least
 8 entries (an index outside the dim is an ``index-out-of-range`` error, not a sample) and
@@ -34,6 +34,10 @@ RECORDS = [
         OpSample([(2, 8), (2, 3), (2, 3)], {"dim": -1}, **SCATTER),
         OpSample([(4, 8, 1), (3, 5, 1), (3, 5, 1)], {"dim": 1}, **SCATTER),
     ], meshes=MESHES, placements=30, id="index-scatter_add"),
+    OpRecord("scatter_src_grad", [
+        OpSample([(9, 3), (5, 3)], {"dim": 0}, dtypes=["float32", "int64"], requires_grad=[False, False]),
+        OpSample([(2, 8), (2, 3)], {"dim": -1}, dtypes=["float32", "int64"], requires_grad=[False, False]),
+    ], meshes=MESHES, placements=30, backward=False, id="index-scatter_src_grad"),
     OpRecord("index_add", [
         OpSample([(8, 3), (5,), (5, 3)], {"dim": 0}, **SCATTER),
         OpSample([(2, 9), (4,), (2, 4)], {"dim": 1}, **SCATTER),

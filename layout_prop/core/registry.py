@@ -20,16 +20,17 @@ layout_prop.core.errors.OpError: unknown-op: unknown op 'rotary_embeding' (hint:
 from __future__ import annotations
 
 import difflib
+import numbers
 from dataclasses import dataclass, field
 from abc import ABC, abstractmethod
 from typing import Any, Protocol, Sequence
 
-from .errors import GraphError, LayoutPropError, OpError, Violation, describe
+from .errors import GraphError, LayoutPropError, OpError, Violation, cut, describe
 from .layout import Layout
 from .spec import TensorSpec
 
 __all__ = ["OpSample", "OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder",
-           "apply_rule"]
+           "apply_rule", "ATTR_KINDS", "attr_type", "check_attr_type"]
 
 _RULES: dict[str, "OpRule"] = {}
 _ALIASES: dict[str, str] = {}
@@ -74,6 +75,9 @@ class OpRule(ABC):
     aliases: tuple[str, ...] = ()
     num_outputs: int = 1
     attr_defaults: dict[str, Any] = {}
+    #: the type of an attr, as ``ATTR_KINDS`` names joined by ``|`` (``"int | list[int] | None"``), checked
+    #: before infer_layout; an attr not named here is checked permissively (see ``attr_type``)
+    attr_types: dict[str, str] = {}
     differentiable: bool = True
     violation_codes: tuple[str, ...] = ()  # every code infer_layout may report (the testing kit checks)
     required_attrs: tuple[str, ...] = ()  # attrs without a usable default: missing or null is bad-attr
@@ -81,13 +85,16 @@ class OpRule(ABC):
 
     # ---------------------------------------------------------------- attrs and arity
     def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
-        """Fill defaults and reject unknown attributes (``bad-attr``)."""
+        """Fill defaults, reject unknown attributes (``bad-attr``) and values of the wrong type (``bad-value``,
+        at ``attrs.NAME``: see :func:`check_attr_type`)."""
         unknown = sorted(set(attrs) - set(self.attr_defaults))
         if unknown:
             raise OpError("bad-attr", f"op {self.name!r} has no attribute(s) {unknown}", node=node,
                           hint=f"known attributes: {sorted(self.attr_defaults) or 'none'}")
         out = dict(self.attr_defaults)
         out.update(attrs)
+        for name, value in attrs.items():
+            check_attr_type(self, name, value, node)
         missing = [name for name in self.required_attrs if out.get(name) is None]
         if missing:
             raise OpError("bad-attr", f"op {self.name!r} needs attribute(s) {missing}", node=node,
@@ -174,6 +181,126 @@ class OpRule(ABC):
                       hint="mark its inputs requires_grad: false, or register a vjp for the op")
 
 
+# ------------------------------------------------------------------------------ attr types
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)  # (eps: 1 is a float given as an int)
+
+
+def _is_bool(value: Any) -> bool:
+    if isinstance(value, bool) or (_is_int(value) and value in (0, 1)):  # (ONNX writes flags as 0 and 1)
+        return True
+    dtype = getattr(value, "dtype", None)  # a numpy bool scalar (core does not import numpy)
+    return getattr(dtype, "kind", None) == "b" and getattr(value, "shape", None) == ()
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (numbers.Number, str)) or _is_bool(value)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _list_of(item) -> Any:
+    def check(value: Any) -> bool:
+        return isinstance(value, (list, tuple)) and all(map(item, value))
+
+    return check
+
+
+#: the attr types a rule may name in ``attr_types`` (``a | b`` accepts either): each one's test and
+#: how a message says it
+ATTR_KINDS = {
+    "int": (_is_int, "an int"),
+    "float": (_is_float, "a number"),
+    "bool": (_is_bool, "a bool"),
+    "str": (_is_str, "a string"),
+    "scalar": (_is_scalar, "one value (a number, a bool, a string or null)"),
+    "list": (_is_list, "a list"),
+    "list[int]": (_list_of(_is_int), "a list of ints"),
+    "list[float]": (_list_of(_is_float), "a list of numbers"),
+    "list[str]": (_list_of(_is_str), "a list of strings"),
+    "dict": (lambda value: isinstance(value, dict), "a mapping"),
+    "None": (lambda value: value is None, "null"),
+    "any": (lambda value: True, "anything"),
+}
+
+
+def attr_type(rule: OpRule, name: str) -> str:
+    """The type of attr ``name`` of ``rule``: declared in ``attr_types``, else read off its default.
+
+    An attr a rule declares nothing for is checked permissively, so that the rule still
+    judges the values it knows (``mode: 1.5``, ``factor: "two"``, ``causal: 1``: its own
+    violations): one value (``scalar``) where the default is a number, a bool or a string,
+    and anything where it is None or a list.  Only a list or a mapping where one value
+    belongs is refused before the rule (it made rules raise: ``mode: [1, 1]``).
+
+    >>> rule = get_rule("rotary_position_embedding")
+    >>> attr_type(rule, "mode"), attr_type(rule, "input_layout")
+    ('scalar', 'any')
+    """
+    declared = rule.attr_types.get(name)
+    if declared is not None:
+        return declared
+    default = rule.attr_defaults.get(name)
+    return "scalar" if _is_scalar(default) and default is not None else "any"
+
+
+#: the rule class -> {attr: (its type as written, its tests)}, worked out on the first check
+_ATTR_CHECKS: dict[type, dict[str, tuple[str, tuple]]] = {}
+
+
+def _attr_checks(rule: OpRule) -> dict[str, tuple[str, tuple]]:
+    checks = _ATTR_CHECKS.get(type(rule))
+    if checks is None:
+        checks = {}
+        for name in set(rule.attr_defaults) | set(rule.attr_types):
+            kinds = [kind.strip() for kind in attr_type(rule, name).split("|")]
+            unknown = [kind for kind in kinds if kind not in ATTR_KINDS]
+            if unknown:
+                raise OpError("bad-rule", f"op {rule.name!r} declares attr {name!r} of unknown type(s) {unknown}",
+                              hint=f"attr_types names types from {sorted(ATTR_KINDS)}, joined by '|'")
+            if "any" not in kinds:
+                checks[name] = (" or ".join(ATTR_KINDS[kind][1] for kind in kinds),
+                                tuple(ATTR_KINDS[kind][0] for kind in kinds))
+        _ATTR_CHECKS[type(rule)] = checks
+    return checks
+
+
+def check_attr_type(rule: OpRule, name: str, value: Any, node: str | None = None) -> None:
+    """``bad-value`` at ``attrs.NAME`` unless ``value`` has the type of ``rule``'s attr ``name``.
+
+    Run by :meth:`OpRule.normalize_attrs` before any rule sees the attrs, so that a value of the
+    wrong type (a list for a mode) is the spec's mistake, not a rule that failed.  Ints are
+    floats, 0 and 1 are booleans and tuples are lists (see :func:`attr_type` for an attr whose
+    rule declares no type).
+
+    >>> rule = get_rule("rotary_position_embedding")
+    >>> check_attr_type(rule, "mode", 1)
+    >>> check_attr_type(rule, "mode", [1, 1], node="y")
+    Traceback (most recent call last):
+    ...
+    layout_prop.core.errors.OpError: bad-value at attrs.mode, node 'y': attr 'mode' of rotary_position_embedding \
+must be one value (a number, a bool, a string or null), got [1, 1] (a list) (hint: write mode like its default, 0)
+    """
+    check = _attr_checks(rule).get(name)
+    if check is None or any(test(value) for test in check[1]):
+        return
+    default = rule.attr_defaults.get(name)
+    raise OpError("bad-value", f"attr {name!r} of {rule.name} must be {check[0]}, got {cut(value)} "
+                  f"(a {type(value).__name__})", path=f"attrs.{name}", node=node,
+                  hint=f"write {name} like its default, {cut(default)}" if default is not None else
+                  f"write {name} as {check[0]}")
+
+
 def apply_rule(rule: OpRule, inputs: tuple[TensorSpec, ...], attrs: dict) -> RuleResult:
     """``rule.infer_layout``, with strided shards gathered first for a rule that does not know them.
 
@@ -235,6 +362,7 @@ def register_op(rule_cls: type[OpRule] | None = None):
         rule = cls()
         if not rule.name:
             raise OpError("bad-rule", f"{cls.__name__} has no op name", hint="set the class attribute name")
+        _attr_checks(rule)  # an unknown type in attr_types is refused here, not at the first node
         for name in (rule.name, *rule.aliases):
             if name in _RULES or name in _ALIASES:
                 raise OpError("duplicate-op", f"op name {name!r} of {cls.__name__} is already registered",

@@ -61,7 +61,7 @@ MAX_ELEMENTS = 2 ** 62
 #: the longest name (of a value, a node, a mesh axis) and the longest attr list or string
 MAX_NAME, MAX_ATTR_ITEMS = 256, 4096
 
-TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description"}
+TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description", "constraints"}
 MESH_KEYS = {"shape", "names", "links"}
 INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
 NODE_KEYS = {"name", "op", "inputs", "attrs"}
@@ -832,13 +832,16 @@ def _nodes(data: Any, defined: set[str]) -> tuple[list[tuple[int, Node]], bool]:
                        "write attrs: {mode: 0}")
         if attrs and not (_SCALARS.issuperset(map(type, attrs.values())) and _all_str(attrs)):
             _check_attr_values(attrs, f"nodes[{i}].attrs")  # (integers, booleans and nulls under string keys pass)
-        # OpRule's check depends on the attr names only when no value is null: each set of names is checked once
-        key = (op, tuple(attrs)) if plain and None not in attrs.values() else None
+        # OpRule's check depends on the attr names and the values' types only when no value is null or a
+        # list (whose items it may check): each set of names and types is checked once
+        key = (op, tuple(attrs), tuple(map(type, attrs.values()))) if plain and _SCALARS_BUT_NULL.issuperset(
+            map(type, attrs.values())) else None
         if key is None or key not in checked:
             try:
                 rule.normalize_attrs(attrs, name)
             except LayoutPropError as err:
-                raise SpecError(err.code, err.message, path=f"nodes[{i}].attrs", node=name, hint=err.hint) from None
+                where = f"nodes[{i}].{err.path}" if err.path and err.path.startswith("attrs.") else f"nodes[{i}].attrs"
+                raise SpecError(err.code, err.message, path=where, node=name, hint=err.hint) from None
             if key is not None:
                 checked.add(key)
         if len(inputs) < low or (high is not None and len(inputs) > high):
@@ -884,6 +887,8 @@ def _all_str(items: list) -> bool:
 
 #: attribute values that need no check (a float does: NaN and the infinities are refused)
 _SCALARS = frozenset((int, bool, type(None)))
+#: the types of attr values whose check by OpRule depends on the type only
+_SCALARS_BUT_NULL = frozenset((int, bool, float, str))
 
 
 def _check_attr_values(attrs: dict, path: str) -> None:
@@ -1012,4 +1017,8 @@ def _build(data: dict) -> Graph:
             raise _err("undefined-value", f"output {cut(value)} is not defined", f"outputs[{k}]",
                        "name a node (or node:i) as an output")
     g.output(*outputs)
+    if data.get("constraints") is not None:  # pinned activations: a sharding_constraint node after each
+        from .constraints import apply_constraints, parse_constraints
+
+        g = apply_constraints(g, parse_constraints(data["constraints"], g.mesh))
     return g

@@ -72,3 +72,14 @@ def test_ranks_benchmark_prints_one_row_per_mesh_and_the_ratios():
     assert lines[0].split() == ["ranks", "seconds", "us/rank"]
     assert [line.split()[0] for line in lines[1:3]] == ["64", "256"]
     assert lines[3].startswith("time(256)/time(64): ") and "ranks ratio 4.00" in lines[3]
+
+
+def test_megatron_estimate_benchmark_prints_every_row_without_pipelines():
+    done = _run("estimate_megatron.py", "--fit", "none", "--layers", "2")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("published: Narayanan et al., SC'21") and "capped at 2 layers" in lines[0]
+    rows = [line.split() for line in lines[2:6]]
+    assert [r[0] for r in rows] == ["1.7B", "3.6B", "7.5B", "18.4B"]
+    assert all(float(r[6]) > 0 for r in rows)  # the predicted column
+    assert lines[-1].startswith("largest error on the rows not fitted: ")

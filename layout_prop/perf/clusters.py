@@ -59,7 +59,7 @@ class Cluster:
     hbm_GBps: float
     intra: Network
     inter: Network
-    matmul_efficiency: float = 0.7
+    matmul_efficiency: float = 0.54
     memory_efficiency: float = 0.8
     link_efficiency: float = 0.8
     nodes: int | None = None  # how many nodes the cluster has (None: as many as a mesh needs)
@@ -84,7 +84,9 @@ DGX_A100 = "NVIDIA DGX A100 datasheet (8x A100 80GB, NVLink 3 / NVSwitch, 8x sin
 H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column, dense figures: half the sparsity ones)"
 DGX_H100 = "NVIDIA DGX H100 datasheet (8x H100 SXM, NVLink 4, 8x 400 Gb/s NDR ConnectX-7 for compute)"
 ASSUMED_LATENCY = "assumed: a typical per-hop latency of the link class, not a published figure"
-FITTED = "fitted on Megatron-LM's published weak-scaling rows (benchmarks/estimate_megatron.py)"
+FITTED = ("matmul_efficiency 0.54 fitted on Megatron-LM's published 1.7B row (benchmarks/estimate_megatron.py; "
+          "the 3.6B, 7.5B and 18.4B rows are then predicted within 14%); memory_efficiency and link_efficiency "
+          "0.8 assumed, not fitted")
 ASCEND_REPORT = ("third-party report (boardor.com, 'Huawei Ascend 910B outperforms H20', 2024): FP16 about "
                  "320 TFLOPS, 64 GB HBM2e; no vendor datasheet of the 910B was reachable")
 
@@ -94,7 +96,7 @@ BUILTIN: dict[str, Cluster] = {
         peak_tflops={"float16": 312.0, "bfloat16": 312.0, "float32": 156.0},
         vector_tflops=19.5, hbm_gb=80.0, hbm_GBps=2039.0,
         intra=Network(GBps=300.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=6.0),
-        matmul_efficiency=0.7, memory_efficiency=0.8, link_efficiency=0.8,
+        matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
         sources={"peak_tflops": A100_DATASHEET + ": FP16/BF16 tensor 312 TFLOPS, TF32 156 (used for float32)",
                  "vector_tflops": A100_DATASHEET + ": FP32 19.5 TFLOPS", "hbm": A100_DATASHEET + ": 80 GB HBM2e, "
                  "2,039 GB/s", "intra": A100_DATASHEET + ": NVLink 600 GB/s (both directions: 300 each way)",
@@ -105,7 +107,7 @@ BUILTIN: dict[str, Cluster] = {
         peak_tflops={"float16": 989.0, "bfloat16": 989.0, "float32": 495.0},
         vector_tflops=67.0, hbm_gb=80.0, hbm_GBps=3350.0,
         intra=Network(GBps=450.0, latency_us=3.0), inter=Network(GBps=50.0, latency_us=6.0),
-        matmul_efficiency=0.7, memory_efficiency=0.8, link_efficiency=0.8,
+        matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
         sources={"peak_tflops": H100_DATASHEET + ": FP16/BF16 tensor 989 TFLOPS, TF32 495 (used for float32)",
                  "vector_tflops": H100_DATASHEET + ": FP32 67 TFLOPS", "hbm": H100_DATASHEET + ": 80 GB HBM3, "
                  "3.35 TB/s", "intra": H100_DATASHEET + ": NVLink 900 GB/s (450 each way)",
@@ -116,7 +118,7 @@ BUILTIN: dict[str, Cluster] = {
         peak_tflops={"float16": 320.0, "bfloat16": 320.0, "float32": 80.0},
         vector_tflops=20.0, hbm_gb=64.0, hbm_GBps=1600.0,
         intra=Network(GBps=196.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=8.0),
-        matmul_efficiency=0.7, memory_efficiency=0.8, link_efficiency=0.8,
+        matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
         sources={"peak_tflops": ASCEND_REPORT + "; float32 assumed a quarter of float16",
                  "vector_tflops": "assumed (no published vector-unit figure found)",
                  "hbm": ASCEND_REPORT + "; the bandwidth (1.6 TB/s) is an assumption",

@@ -194,3 +194,154 @@ def test_gqa_sdpa_mindspore_kernels_match_numpy(kv_head_map):
             g = to_numpy(g)
             assert g.shape == w.shape and g.dtype == w.dtype
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+# ==================================================================== flash_attention_score
+from layout_prop.kernels import attention_numpy  # noqa: E402
+
+
+def test_flash_aliases_resolve_to_the_new_op():
+    for alias in ("FlashAttentionScore", "flash_attention_score", "npu_fusion_attention"):
+        assert get_rule(alias).name == "flash_attention_score"
+    for alias in ("FlashAttentionScoreGrad", "npu_fusion_attention_grad"):
+        assert get_rule(alias).name == "flash_attention_score_grad"
+    assert get_rule("sdpa").name == "scaled_dot_product_attention"
+
+
+@pytest.mark.parametrize("mode, pre, nxt, expected", [
+    (0, INT := 2 ** 31 - 1, INT, ["1111", "1111", "1111"]),            # no mask
+    (0, 1, 0, ["1000", "1100", "0110"]),                               # band from the top-left
+    (2, 0, 0, ["1000", "1100", "1110"]),                               # top-left causal (pre/next ignored)
+    (3, 0, 0, ["1100", "1110", "1111"]),                               # bottom-right causal: Skv - Sq = 1
+    (4, 1, 0, ["1100", "0110", "0011"]),                               # band from the bottom-right
+])
+def test_sparse_modes_mask(mode, pre, nxt, expected):
+    mask = attention_numpy.attention_mask(3, 4, 0, 3, mode, pre, nxt)
+    assert ["".join(str(int(b)) for b in row) for row in mask] == expected
+
+
+def test_packed_sequences_see_their_own_keys_only():
+    # two sequences: queries 0-2 with keys 0-1, queries 3-6 with keys 2-5; bottom-right causal in each
+    mask = attention_numpy.attention_mask(7, 6, 0, 7, 3, 0, 0, [3, 7], [2, 6])
+    assert ["".join(str(int(b)) for b in row) for row in mask] == [
+        "000000", "100000", "110000", "001000", "001100", "001110", "001111"]
+    # a rank holding query rows 2..4 gets the same rows
+    np.testing.assert_array_equal(attention_numpy.attention_mask(3, 6, 2, 7, 3, 0, 0, [3, 7], [2, 6]), mask[2:5])
+
+
+def test_a_row_that_sees_no_key_is_zeros_forward_and_backward():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.standard_normal((1, 3, 1, 2)), rng.standard_normal((1, 2, 1, 2)), rng.standard_normal((1, 2, 1, 2))
+    attrs = {"head_num": 1, "input_layout": "BSND", "sparse_mode": 3}  # Sq 3, Skv 2: row 0 sees nothing
+    out = attention_numpy.flash_attention_score(q, k, v, **attrs)
+    assert np.all(out[0, 0] == 0) and np.all(np.isfinite(out))
+    dq, dk, dv = attention_numpy.flash_attention_score_grad(np.ones_like(out), q, k, v, **attrs)
+    assert np.all(dq[0, 0] == 0) and np.all(np.isfinite(dk)) and np.all(np.isfinite(dv))
+
+
+@pytest.mark.parametrize("layout, shapes, attrs", [
+    ("BSH", [(1, 3, 8), (1, 4, 4), (1, 4, 4)], {"head_num": 2, "sparse_mode": 3}),
+    ("SBH", [(3, 1, 4), (4, 1, 4), (4, 1, 4)], {"head_num": 2, "sparse_mode": 4, "pre_tokens": 1, "next_tokens": 1}),
+    ("TND", [(5, 2, 2), (4, 1, 2), (4, 1, 2)],
+     {"head_num": 2, "sparse_mode": 2, "actual_seq_qlen": [2, 5], "actual_seq_kvlen": [2, 4]}),
+])
+def test_flash_backward_kernel_matches_finite_differences(layout, shapes, attrs):
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(s) for s in shapes)
+    attrs = {"input_layout": layout, "scale": 0.7, **attrs}
+    fwd = attention_numpy.flash_attention_score
+    dy = rng.standard_normal(q.shape)
+    dq, dk, dv = attention_numpy.flash_attention_score_grad(dy, q, k, v, **attrs)
+    np.testing.assert_allclose(dq, _finite_difference(lambda t: fwd(t, k, v, **attrs), q, dy), atol=1e-7)
+    np.testing.assert_allclose(dk, _finite_difference(lambda t: fwd(q, t, v, **attrs), k, dy), atol=1e-7)
+    np.testing.assert_allclose(dv, _finite_difference(lambda t: fwd(q, k, t, **attrs), v, dy), atol=1e-7)
+
+
+def test_flash_bsh_equals_sdpa_on_the_same_heads():
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((2, 5, 12)), rng.standard_normal((2, 5, 6)), rng.standard_normal((2, 5, 6))
+    got = attention_numpy.flash_attention_score(q, k, v, head_num=4, scale=0.4, sparse_mode=2)
+    split = [t.reshape(2, 5, -1, 3) for t in (q, k, v)]  # BSND with D 3
+    want = nn_numpy.scaled_dot_product_attention(*split, layout="BSND", causal=True, scale=0.4)
+    np.testing.assert_allclose(got, want.reshape(2, 5, 12), rtol=1e-12)
+
+
+def test_fused_heads_shard_only_into_whole_heads():
+    # BSH with 4 heads of 4 (H 16): 2 or 4 ranks cut whole heads; 8 ranks would cut heads in halves
+    mesh8 = DeviceMesh((8,), ("tp",))
+    kv = spec((2, 6, 16), ["R"])
+    res = infer("flash_attention_score", spec((2, 6, 16), ["S(2)"]), kv, kv, head_num=4)
+    assert res.violations == () and wants(res) == [None, "(S(2))", "(S(2))"]
+    q8, kv8 = spec((2, 6, 16), ["S(2)"], mesh8), spec((2, 6, 16), ["R"], mesh8)
+    res = infer("flash_attention_score", q8, kv8, kv8, head_num=4)
+    (v,) = res.violations
+    assert (v.code, v.operand, v.fixable) == ("sharded-head-dim", "query", True)
+    assert v.message == ("query dim 2 (size 16) is sharded on mesh axis 'tp' (query is (S(2))), which cuts H = "
+                         "head_num * D into parts of heads (D = 4); attention contracts over whole heads")
+    assert wants(res) == ["(R)", None, None]
+
+
+def test_flash_sequence_sharding_of_key_is_fixed_by_an_all_gather():
+    q = spec((2, 8, 16), ["S(1)"])
+    res = infer("FlashAttentionScore", q, q, q, head_num=4, sparse_mode=2)
+    assert [(v.code, v.operand, v.fixable) for v in res.violations] == [
+        ("sharded-kv-sequence", "key", True), ("sharded-kv-sequence", "value", True)]
+    assert wants(res) == [None, "(R)", "(R)"]
+
+
+@pytest.mark.parametrize("attrs, code, message", [
+    ({"head_num": 3}, "invalid-shape", "query's H (dim 2) is 16, not a multiple of head_num=3"),
+    ({"head_num": 4, "keep_prob": 1.5}, "invalid-attr", "keep_prob=1.5 is not a probability in (0, 1]"),
+    ({"head_num": 4, "sparse_mode": 1}, "invalid-attr",
+     "sparse_mode=1 is not one of [0, 2, 3, 4] (0 band, 2 top-left causal, 3 bottom-right causal, 4 band from the "
+     "bottom-right)"),
+    ({"head_num": 4, "input_layout": "BHS"}, "invalid-input-layout",
+     "input_layout 'BHS' is not one of ['BSH', 'SBH', 'BNSD', 'BSND', 'TND']"),
+    ({"head_num": 4, "actual_seq_qlen": [2, 8]}, "invalid-attr",
+     "actual_seq_qlen=[2, 8] is given with input_layout BSH"),
+    ({"head_num": 0}, "invalid-attr", "head_num=0 is not a positive integer"),
+])
+def test_flash_bad_attrs_and_shapes(attrs, code, message):
+    q = spec((2, 8, 16), ["R"])
+    (v,) = infer("flash_attention_score", q, q, q, **attrs).violations
+    assert (v.code, v.message) == (code, message)
+
+
+def test_flash_tnd_sequence_lengths_are_checked():
+    q, kv = spec((7, 4, 4), ["R"]), spec((6, 2, 4), ["R"])
+    (v,) = infer("flash_attention_score", q, kv, kv, head_num=4, input_layout="TND", actual_seq_qlen=[3, 6],
+                 actual_seq_kvlen=[2, 6]).violations
+    assert (v.code, v.message) == ("invalid-attr", "actual_seq_qlen=[3, 6] is not the cumulative ends of the packed "
+                                   "sequences (non-decreasing, non-negative, the last one 7, the length of T)")
+    (v,) = infer("flash_attention_score", q, kv, kv, head_num=4, input_layout="TND").violations[:1]
+    assert v.message == "input_layout TND needs actual_seq_qlen"
+
+
+def test_flash_runs_sharded_forward_and_backward():
+    # BSH, 4 query heads and 2 kv heads; batch on dp, heads on tp, bottom-right causal
+    rep = run(attention_spec({"shape": [2, 2], "names": ["dp", "tp"]}, (2, 6, 16), (2, 8, 8), ["S(0)", "S(2)"],
+                             ["S(0)", "R"], op="FlashAttentionScore", attrs={"head_num": 4, "sparse_mode": 3}))
+    # 2 kv heads split on tp with the 4 query heads (a free slice forward); their gradients, S(2) there, are
+    # gathered back to the Replicate inputs
+    assert collectives(rep) == [("grad/k", "all-gather", "tp"), ("grad/v", "all-gather", "tp")]
+    # TND, packed sequences cut across ranks on T (each rank's rows find their sequence by q_start)
+    run(attention_spec({"shape": [4], "names": ["cp"]}, (9, 2, 4), (7, 1, 4), ["S(0)"], ["R"],
+                       op="flash_attention_score", attrs={"head_num": 2, "input_layout": "TND", "sparse_mode": 3,
+                                                          "actual_seq_qlen": [2, 5, 9],
+                                                          "actual_seq_kvlen": [3, 4, 7]}))
+
+
+def test_flash_keep_prob_below_one_is_refused_on_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    path = tmp_path / "fa.yaml"
+    path.write_text(yaml.safe_dump(attention_spec({"shape": [2], "names": ["dp"]}, (2, 4, 8), (2, 4, 8), ["S(0)"],
+                                                  ["S(0)"], op="FlashAttentionScore",
+                                                  attrs={"head_num": 2, "keep_prob": 0.9})))
+    done = subprocess.run([sys.executable, "-m", "layout_prop.cli", "check", str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "keep_prob=0.9: dropout inside attention is not supported yet" in done.stdout + done.stderr

@@ -1,4 +1,5 @@
-"""The index family: gather, index_select, scatter, scatter_add, index_add, masked_fill, where, one_hot, isin.
+"""The index family: gather, index_select, scatter, scatter_add, index_add, index_copy, masked_fill, where,
+one_hot, isin.
 
 What the op database (``layout_prop/testing/opdb/index.py``, run by test_opdb and
 test_gradients) does not cover:
@@ -96,6 +97,16 @@ def test_scatter_add_and_index_add_add_duplicates_up():
     np.testing.assert_array_equal(out, [[0, 3, 0], [0, 7, 0]])
 
 
+def test_index_copy_follows_torch_and_the_last_duplicate_wins():
+    t = np.arange(1.0, 10.0).reshape(3, 3)  # torch's index_copy_ example
+    out = K["index_copy"](np.zeros((5, 3)), np.array([0, 4, 2]), t, dim=0)
+    np.testing.assert_array_equal(out, [[1, 2, 3], [0, 0, 0], [7, 8, 9], [0, 0, 0], [4, 5, 6]])
+    out = K["index_copy"](np.zeros((2, 3)), np.array([2, 0, 2]), np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), dim=1)
+    np.testing.assert_array_equal(out, [[2, 0, 3], [5, 0, 6]])
+    grad = K["index_copy_src_grad"](np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), np.array([2, 0, 2]), dim=1)
+    np.testing.assert_array_equal(grad, [[0, 1, 3], [0, 4, 6]])
+
+
 def test_masked_fill_where_one_hot_isin():
     out = K["masked_fill"](np.array([[1, 2, 3], [4, 5, 6]]), np.array([True, False, True]), value=-1)
     np.testing.assert_array_equal(out, [[-1, 2, -1], [-1, 5, -1]])
@@ -168,6 +179,8 @@ BAD = [
      {"dim": 1}, "invalid-dtype", "src has dtype float64 but x float32"),
     ("index_add", {"x": entry((4, 9)), "index": entry((2,), "int64"), "src": entry((4, 3))}, {"dim": 1},
      "invalid-shape", "it must be [4, 2]"),
+    ("index_copy", {"x": entry((4, 9)), "index": entry((2, 1), "int64"), "src": entry((4, 2))}, {"dim": 1},
+     "invalid-rank", "index_copy: index has shape [2, 1]; it must be 1-D"),
     ("masked_fill", {"x": entry((4, 5)), "mask": entry((4, 5), "int64")}, {"value": 0}, "invalid-dtype",
      "mask has dtype int64; mask must be bool"),
     ("masked_fill", {"x": entry((4, 5)), "mask": entry((4, 1, 5), "bool")}, {"value": 0}, "invalid-shape",
@@ -193,7 +206,7 @@ def test_unusable_input_is_a_typed_error(op, inputs, attrs, code, text):
     assert err.value.node == "y" and err.value.hint
 
 
-@pytest.mark.parametrize("case", [BAD[0], BAD[6], BAD[11], BAD[16]], ids=lambda b: f"{b[0]}-{b[3]}")
+@pytest.mark.parametrize("case", [BAD[0], BAD[6], BAD[12], BAD[17]], ids=lambda b: f"{b[0]}-{b[3]}")
 def test_unusable_input_on_the_command_line_is_one_line_exit_2(case, tmp_path, capsys):
     op, inputs, attrs, code, text = case
     path = tmp_path / "bad.json"
@@ -299,6 +312,8 @@ FD_CASES = [
      {"dim": 0}, {"x": _normal(4, 3), "index": np.array([[1, 2, 0], [3, 2, 0], [1, 0, 0]]), "src": _normal(3, 3)}),
     ("index_add", {"x": entry((3, 4), F64), "index": entry((3,), "int64", grad=False), "src": entry((3, 3), F64)},
      {"dim": 1}, {"x": _normal(3, 4), "index": np.array([2, 0, 2]), "src": _normal(3, 3)}),
+    ("index_copy", {"x": entry((4, 3), F64), "index": entry((3,), "int64", grad=False), "src": entry((3, 3), F64)},
+     {"dim": 0}, {"x": _normal(4, 3), "index": np.array([2, 0, 2]), "src": _normal(3, 3)}),
     ("masked_fill", {"x": entry((3, 4), F64), "mask": entry((4,), "bool", grad=False)}, {"value": 2.5},
      {"x": _normal(3, 4), "mask": np.array([True, False, False, True])}),
     ("where", {"c": entry((3, 1), "bool", grad=False), "x": entry((3, 4), F64), "z": entry((4,), F64)}, {},

@@ -148,6 +148,30 @@ def index_add(x, index, src, dim, start=0, dim_size=None):
     return _scatter_elements("index_add", x, np.ascontiguousarray(full), src, dim, start, dim_size, add=True)
 
 
+def index_copy(x, index, src, dim, start=0, dim_size=None):
+    """The 1-D index broadcast to src's shape along ``dim``, then a scatter (the last duplicate wins)."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    x, src = to_tensor(x), to_tensor(src)
+    dim = dim % x.ndim
+    index = to_numpy(index).astype(np.int64)
+    full = np.broadcast_to(index.reshape((1,) * dim + (-1,) + (1,) * (x.ndim - dim - 1)), tuple(src.shape))
+    return _scatter_elements("index_copy", x, np.ascontiguousarray(full), src, dim, start, dim_size, add=False)
+
+
+def index_copy_src_grad(dy, index, dim, start=0, dim_size=None):
+    """MindSpore ``index_select`` kernel, then the slices overwritten by a later index (numpy bookkeeping) zeroed."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    dy = to_tensor(dy)
+    dim = dim % dy.ndim
+    picked = index_select(dy, index, dim, start, dim_size)
+    wins = last_writes(to_numpy(index), 0, dy.shape[dim] if dim_size is None else dim_size)
+    mask = to_tensor(wins.reshape((1,) * dim + (-1,) + (1,) * (dy.ndim - dim - 1)))
+    return ops.where(mask, picked, ops.zeros_like(picked))
+
+
 def masked_fill(x, mask, value):
     from .mindspore_backend import to_tensor
 
@@ -198,6 +222,8 @@ KERNELS: dict[str, Callable] = {
     "scatter": scatter,
     "scatter_add": scatter_add,
     "index_add": index_add,
+    "index_copy": index_copy,
+    "index_copy_src_grad": index_copy_src_grad,
     "masked_fill": masked_fill,
     "where": where,
     "one_hot": one_hot,

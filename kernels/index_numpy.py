@@ -108,10 +108,10 @@ def _targets(op: str, x: np.ndarray, index: np.ndarray, dim: int, start: int, di
     return tuple(c.reshape(-1)[valid] for c in coords), valid
 
 
-def scatter(x, index, src, dim, start=0, dim_size=None):
+def scatter(x, index, src, dim, start=0, dim_size=None, op="scatter"):
     """x with ``src`` written at ``index`` along ``dim``; of duplicate targets the last (row-major) wins."""
     dim = dim % x.ndim
-    coords, valid = _targets("scatter", x, index, dim, start, dim_size)
+    coords, valid = _targets(op, x, index, dim, start, dim_size)
     out = np.array(x, order="C", copy=True)
     if not valid.any():
         return out
@@ -142,6 +142,26 @@ def index_add(x, index, src, dim, start=0, dim_size=None):
     return out
 
 
+def _along(index, dim: int, shape) -> np.ndarray:
+    """The 1-D ``index`` broadcast to ``shape`` along ``dim``."""
+    index = np.asarray(index)
+    return np.broadcast_to(index.reshape((1,) * dim + (-1,) + (1,) * (len(shape) - dim - 1)), shape)
+
+
+def index_copy(x, index, src, dim, start=0, dim_size=None):
+    """x with the slices of ``src`` written at the 1-D ``index`` along ``dim`` (the last duplicate wins)."""
+    dim = dim % x.ndim
+    return scatter(x, _along(index, dim, np.shape(src)), src, dim, start, dim_size, op="index_copy")
+
+
+def index_copy_src_grad(dy, index, dim, start=0, dim_size=None):
+    """``index_select(dy, index, dim)`` where the index is the last occurrence of its value, 0 elsewhere."""
+    dim = dim % dy.ndim
+    picked = index_select(dy, index, dim, start, dim_size)
+    wins = last_writes(np.asarray(index), 0, dy.shape[dim] if dim_size is None else dim_size)
+    return np.where(_along(wins, dim, picked.shape), picked, np.zeros((), picked.dtype))
+
+
 def masked_fill(x, mask, value):
     return np.where(mask, np.asarray(value).astype(x.dtype), x)
 
@@ -166,6 +186,8 @@ KERNELS: dict[str, Callable] = {
     "scatter": scatter,
     "scatter_add": scatter_add,
     "index_add": index_add,
+    "index_copy": index_copy,
+    "index_copy_src_grad": index_copy_src_grad,
     "masked_fill": masked_fill,
     "where": where,
     "one_hot": one_hot,

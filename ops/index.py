@@ -1,5 +1,5 @@
-"""Rules of the index op family: gather, index_select, scatter, scatter_add, index_add, masked_fill, where,
-one_hot, isin.
+"""Rules of the index op family: gather, index_select, scatter, scatter_add, index_add, index_copy, masked_fill,
+where, one_hot, isin (and the grad ops scatter_src_grad, index_copy_src_grad).
 
 Every rule decides, per mesh axis, what the op computes there (an :class:`AxisChoice`):
 which placement each operand needs on that axis and which placement the output gets.
@@ -47,6 +47,10 @@ The ops and their layout rules
     ``index`` 1-D, ``src`` x's shape with ``dim`` of ``len(index)``; adds ``src`` slices at
     the indexed positions.  Sharded like scatter_add, the index being the contributions' dim.
     vjp: ``dx = dy``, ``dsrc = index_select(dy, index, dim)``.
+``index_copy(x, index, src, dim)`` (``aten.index_copy``, MindSpore ``InplaceIndexCopy``)
+    index_add that writes instead of adding (the last of duplicate indices wins); sharded
+    like scatter.  vjp: ``dx = index_copy(dy, index, 0)``, ``dsrc = index_copy_src_grad(dy,
+    index, dim)``: index_select of dy where the index is the last occurrence of its value.
 ``masked_fill(x, mask, value)`` (``aten.masked_fill``, MindSpore ``MaskedFill``)
     ``mask`` bool, broadcasting to x's shape; elementwise rule (a Partial x or mask must
     be reduced first: filling every term would add ``value`` once per rank).
@@ -100,7 +104,8 @@ from layout_prop.core.spec import TensorSpec
 from .common import plan_summary
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
 
-__all__ = ["AxisChoice", "choose_axes", "Gather", "ScatterSrcGrad", "IndexSelect", "Scatter", "ScatterAdd", "IndexAdd", "MaskedFill",
+__all__ = ["AxisChoice", "choose_axes", "Gather", "ScatterSrcGrad", "IndexSelect", "Scatter", "ScatterAdd", "IndexAdd",
+           "IndexCopy", "IndexCopySrcGrad", "MaskedFill",
            "Where", "OneHot", "IsIn", "get_rule"]
 
 LAYOUT_CODES = ("partial-input", "sharding-mismatch")
@@ -385,6 +390,7 @@ class IndexSelect(_LookupRule):
     name = "index_select"
     aliases = ("Gather", "aten.index_select", "torch.index_select")
     grad_op = "index_add"
+    index_splits = True  # index sharded: each rank looks up its indices in the whole of x
 
     def sample_inputs(self):
         from layout_prop.testing.opdb import samples_for
@@ -409,7 +415,7 @@ class IndexSelect(_LookupRule):
             out.append(AxisChoice((px, R), px, f"the lookup in x's piece of dim {k} (index whole)"))
         if _linear_partial(px):
             out.append(AxisChoice((px, R), px, f"the lookup of each {px} term of x (index whole)"))
-        if isinstance(pi, Shard):
+        if isinstance(pi, Shard) and self.index_splits:
             out.append(AxisChoice((R, pi), Shard(dim), "the lookup of index's piece in the whole of x"))
         out.append(AxisChoice((R, R), R, "the whole lookup"))
         return out
@@ -604,6 +610,64 @@ class IndexAdd(_ScatterRule):
             return (None, None, None)
         dsrc = g.op("index_select", [dy, inputs[1]], {"dim": attrs["dim"]}) if needs[2] else None
         return (dy if needs[0] else None, None, dsrc)
+
+
+@register_op
+class IndexCopy(IndexAdd):
+    """``index_copy(x, index, src, dim)``: x with the slices of src written at the 1-D ``index`` along ``dim``.
+
+    Of duplicate indices the last one wins (torch leaves it undefined).  Contributions are
+    never split along the index (a write is no sum), as for scatter.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((10, 4), "float32", Layout(mesh, ["S(0)"], 2))
+    >>> index = TensorSpec((3,), "int64", Layout(mesh, ["R"], 1))
+    >>> src = TensorSpec((3, 4), "float32", Layout(mesh, ["R"], 2))
+    >>> res = IndexCopy().infer_layout((x, index, src), {"dim": 0})
+    >>> str(res.outputs[0].layout), res.violations
+    ('(S(0))', ())
+    """
+
+    name = "index_copy"
+    aliases = ("aten.index_copy", "torch.index_copy", "InplaceIndexCopy")
+    adds = False
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None, None, None)
+        dsrc = g.op("index_copy_src_grad", [dy, inputs[1]], {"dim": attrs["dim"]})
+        dx = None
+        if needs[0]:
+            zeros = g.op("sub", [dsrc, dsrc])  # zeros of src's shape (dy finite)
+            dx = g.op("index_copy", [dy, inputs[1], zeros], {"dim": attrs["dim"]})
+        return (dx, None, dsrc if needs[2] else None)
+
+
+@register_op
+class IndexCopySrcGrad(IndexSelect):
+    """``index_copy_src_grad(dy, index, dim)``: the gradient of index_copy's src, ``index_select(dy,
+    index, dim)`` where the index is the last occurrence of its value, 0 where a later one overwrote it.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> dy = TensorSpec((10, 4), "float32", Layout(mesh, ["S(0)"], 2))
+    >>> index = TensorSpec((6,), "int64", Layout(mesh, ["S(0)"], 1))
+    >>> res = IndexCopySrcGrad().infer_layout((dy, index), {"dim": 0})
+    >>> str(res.outputs[0].layout), str(res.wants[1])
+    ('(P(sum))', '(R)')
+    """
+
+    name = "index_copy_src_grad"
+    operands = ("dy", "index")
+    aliases = ()
+    differentiable = False
+    index_splits = False
 
 
 # ===================================================================== masked_fill, where

@@ -1,5 +1,5 @@
 """Records of the index family: gather, index_select, scatter, scatter_add, scatter_src_grad, index_add,
-masked_fill, where, one_hot, isin.
+index_copy, index_copy_src_grad, masked_fill, where, one_hot, isin.
 
 The kit's random integers lie in [0, 8), so every indexed (or scattered) dim has at least
 8 entries (an index outside the dim is an ``index-out-of-range`` error, not a sample) and
@@ -42,6 +42,13 @@ RECORDS = [
         OpSample([(8, 3), (5,), (5, 3)], {"dim": 0}, **SCATTER),
         OpSample([(2, 9), (4,), (2, 4)], {"dim": 1}, **SCATTER),
     ], meshes=MESHES, placements=40, id="index-index_add"),
+    OpRecord("index_copy", [
+        OpSample([(8, 3), (5,), (5, 3)], {"dim": 0}, **SCATTER),
+        OpSample([(2, 9), (4,), (2, 4)], {"dim": 1}, **SCATTER),
+    ], meshes=MESHES, placements=30, id="index-index_copy"),
+    OpRecord("index_copy_src_grad", [
+        OpSample([(9, 3), (5,)], {"dim": 0}, dtypes=["float32", "int64"], requires_grad=[False, False]),
+    ], meshes=MESHES, placements=30, backward=False, id="index-index_copy_src_grad"),
     OpRecord("masked_fill", [
         OpSample([(4, 5), (4, 5)], {"value": -2.5}, dtypes=["float32", "bool"], requires_grad=[True, False]),
         OpSample([(5, 3), (3,)], {"value": 0}, dtypes=["float32", "bool"], requires_grad=[True, False]),

@@ -5,6 +5,8 @@ a plan.  The models are small hand-written ONNX graphs laid out as torch's expor
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
@@ -20,6 +22,7 @@ from layout_prop.frontends.onnx import from_onnx  # noqa: E402
 from layout_prop.runner import execute_global  # noqa: E402
 
 PLAN1 = {"mesh": {"shape": [2], "names": ["tp"]}}
+LLAMA_BLOCK = str(Path(__file__).resolve().parent.parent / "examples" / "llama_block.onnx")
 
 
 def const(name, array):
@@ -251,3 +254,33 @@ def test_rotary_tables_folded_into_initializers_take_no_gradient():
 
     rep = run_graph(from_onnx(model, dict(PLAN1, inputs={"x": ["S(1)"]})), backward=True, seed=6)
     assert rep.ok and "x" in rep.grads and "cos_folded" not in rep.grads, rep.mismatches
+
+
+# ------------------------------------------------------------------------- import without a plan
+def test_import_without_a_plan_lists_the_parameters_and_writes_a_skeleton(tmp_path, capsys):
+    skeleton = tmp_path / "skeleton.yaml"
+    assert main(["import", LLAMA_BLOCK, "-o", str(skeleton)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:11]}
+    assert rows["layers.0.attention.wq.weight"] == ["[32,", "32]", "matmul", "colwise"]
+    assert rows["layers.0.attention.wo.weight"][-1] == "rowwise"  # its input comes from attention
+    assert rows["layers.0.feed_forward.w2.weight"][-1] == "rowwise"  # from silu_mul
+    assert rows["layers.0.ffn_norm.weight"][-2:] == ["rms_norm", "R"]
+    plan = yaml.safe_load(skeleton.read_text())
+    assert plan["inputs"] == {"x": "R", "cos": "R", "sin": "R"} and len(plan["parameters"]) == 9
+    # the skeleton is a plan the model takes as it is: import, then run the sharded backward
+    assert main(["import", LLAMA_BLOCK, "--plan", str(skeleton), "-o", str(tmp_path / "s.yaml")]) == 0
+    assert main(["run", LLAMA_BLOCK, "--plan", str(skeleton), "--backward"]) == 0
+    assert "matches one device" in capsys.readouterr().out
+
+
+def test_the_skeleton_names_a_shared_tensor_once_with_its_other_names(tmp_path, capsys):
+    path = tmp_path / "m.onnx"
+    onnx.save(dynamo_like_model(), str(path))
+    assert main(["import", str(path), "-o", str(tmp_path / "p.yaml")]) == 0
+    captured = capsys.readouterr()
+    assert "layers.0.norm.weight *" in captured.out
+    assert "one tensor the exporter de-duplicated, also named layers.1.norm.weight" in captured.out
+    assert "constants without a gradient: unsqueeze_3" in captured.err
+    plan = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    assert list(plan["parameters"]) == ["layers.0.q_proj.weight", "layers.0.norm.weight", "layers.1.q_proj.weight"]

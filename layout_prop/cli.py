@@ -266,8 +266,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _add_import_parser(sub) -> argparse.ArgumentParser:
     im = sub.add_parser("import", help="import an ONNX or MindIR model with a sharding plan; write an ordinary spec")
     im.add_argument("model", metavar="MODEL", help="an .onnx or .mindir file")
-    im.add_argument("--plan", metavar="PLAN", required=True, help="the sharding plan (YAML or JSON)")
-    im.add_argument("-o", "--output", type=Path, help="write the spec to this file (.yaml or .json); default stdout")
+    im.add_argument("--plan", metavar="PLAN", help="the sharding plan (YAML or JSON); without it, list the parameters "
+                    "a plan may name (name, shape, consumer, suggested preset) and, with -o, write a plan skeleton")
+    im.add_argument("-o", "--output", type=Path, help="write the spec to this file (.yaml or .json; without --plan, "
+                    "the plan skeleton); default stdout")
     im.add_argument("--opaque", action="store_true",
                     help="treat ops the importer cannot map as barriers instead of refusing the model")
     im.add_argument("--no-fuse", action="store_true",

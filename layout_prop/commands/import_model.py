@@ -1,5 +1,6 @@
 """``layout-prop import MODEL --plan PLAN [-o SPEC]``: import an ONNX or MindIR model with a sharding plan,
-and write an ordinary spec."""
+and write an ordinary spec; without ``--plan``, list the parameters a plan may name and write a plan
+skeleton (``-o PLAN``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def run(args: argparse.Namespace) -> int:
     from layout_prop.io.loader import format_spec, load_spec
     from layout_prop.frontends import import_spec
 
+    if args.plan is None:  # list the names a plan may match, and write a plan skeleton
+        return _skeleton(args)
     spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
     load_spec(spec)  # never write a spec that check would refuse
     text = format_spec(spec, args.output)
@@ -27,4 +30,22 @@ def run(args: argparse.Namespace) -> int:
 
     write_output(args.output, text)  # atomic: a full disk leaves the old file, never a truncated spec
     print(f"wrote {args.output} ({len(spec['inputs'])} inputs, {len(spec['nodes'])} nodes)", file=sys.stderr)
+    return 0
+
+
+def _skeleton(args: argparse.Namespace) -> int:
+    """``layout-prop import MODEL [-o PLAN]``: the parameters (name, shape, consumer, suggested preset)
+    and inputs on stdout; with ``-o``, a plan skeleton written there."""
+    from layout_prop.frontends.skeleton import describe_model, format_rows, skeleton_yaml
+
+    params, inputs, notes = describe_model(args.model, opaque=args.opaque, fuse=not args.no_fuse)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(format_rows(params, inputs), end="")
+    if args.output is not None:
+        from layout_prop.io.output import write_output
+
+        write_output(args.output, skeleton_yaml(params, inputs, Path(args.model).name))
+        print(f"wrote {args.output} (a plan skeleton: {len(params)} parameters, {len(inputs)} inputs); set its "
+              f"mesh and presets, then: layout-prop import {args.model} --plan {args.output}", file=sys.stderr)
     return 0

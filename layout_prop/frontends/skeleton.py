@@ -1,0 +1,163 @@
+"""``layout-prop import MODEL`` without a plan: the names a plan may match, and a plan skeleton.
+
+A user starting from a model file does not know the names its weights have after import
+(torch's module names, the exporter's own, a de-duplicated tensor's several names) nor how
+each is consumed.  :func:`describe_model` imports the model without a plan and lists every
+trainable parameter (its name, shape, the op consuming it and a suggested preset) and every
+graph input; :func:`skeleton_yaml` writes them as a sharding plan to edit.
+
+The suggested preset follows Megatron's pairing: a weight of a product (``matmul``,
+``linear``) is ``colwise`` unless the product's input comes (through reshapes, transposes,
+casts) from an attention or an activation (``scaled_dot_product_attention``, ``silu_mul``,
+``gelu``, ``silu``, ``relu``...), the second half of an attention or MLP block, which is
+``rowwise``; an embedding table is ``vocab``; any other parameter (a norm weight, a bias) is
+``R``.  A suggestion is a start: the mesh in the skeleton is a placeholder of one ``tp`` axis
+of 2 devices.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .ir import parameter_uses
+
+__all__ = ["ParameterRow", "InputRow", "describe_model", "skeleton_yaml", "format_rows"]
+
+#: ops whose output feeds the second product of a Megatron pair (that product is row-parallel)
+_SECOND_HALF = {"scaled_dot_product_attention", "flash_attention_score", "silu_mul", "swiglu", "gelu", "gelu_erf",
+                "silu", "relu", "sigmoid", "tanh"}
+#: ops followed backwards from a product's input to the op that computed it
+_PASS_THROUGH = {"reshape", "transpose", "cast", "identity", "squeeze", "unsqueeze", "redistribute"}
+
+
+@dataclass(frozen=True)
+class ParameterRow:
+    """One trainable parameter of an imported model."""
+
+    name: str
+    shape: tuple[int, ...]
+    consumer: str
+    preset: str
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class InputRow:
+    """One graph input (not a weight) of an imported model."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def _producer_op(spec: dict, value: str) -> str | None:
+    """The op computing ``value``, looking through reshapes, transposes and casts."""
+    producers = {nd["name"]: nd for nd in spec["nodes"]}
+    for _ in range(64):
+        nd = producers.get(value)
+        if nd is None:
+            return None
+        if nd["op"] not in _PASS_THROUGH or not nd["inputs"]:
+            return nd["op"]
+        value = nd["inputs"][0]
+    return None
+
+
+def _suggest(spec: dict, name: str, uses) -> tuple[str, str]:
+    """``(consumer op, suggested preset)`` of parameter ``name``."""
+    consumers = [(nd, i) for nd in spec["nodes"] for i, v in enumerate(nd["inputs"]) if v == name]
+    first = consumers[0][0]["op"] if consumers else "-"
+    if any(u.embedding for u in uses):
+        return "embedding", "vocab"
+    if not uses:
+        return first, "R"
+    product = next((nd for nd in spec["nodes"] if nd["op"] == uses[0].op and
+                    any(_reaches(spec, name, v) for v in nd["inputs"][1:2])), None)
+    source = _producer_op(spec, product["inputs"][0]) if product is not None else None
+    return uses[0].op, "rowwise" if source in _SECOND_HALF else "colwise"
+
+
+def _reaches(spec: dict, weight: str, value: str) -> bool:
+    """Whether ``value`` is ``weight`` or computed from it by reshapes, transposes and casts."""
+    return value == weight or _producer_chain_has(spec, value, weight)
+
+
+def _producer_chain_has(spec: dict, value: str, weight: str) -> bool:
+    producers = {nd["name"]: nd for nd in spec["nodes"]}
+    for _ in range(64):
+        nd = producers.get(value)
+        if nd is None or nd["op"] not in _PASS_THROUGH or not nd["inputs"]:
+            return False
+        value = nd["inputs"][0]
+        if value == weight:
+            return True
+    return False
+
+
+def describe_model(path: str | Path, *, opaque: bool = False, fuse: bool = True
+                   ) -> tuple[list[ParameterRow], list[InputRow], list[str]]:
+    """Import ``path`` without a plan: its parameters, its graph inputs and the import notes.
+
+    Raises
+    ------
+    SpecError, OpError
+        As an import with a plan does (``dynamic-shape`` for a dynamic input dim: a plan must
+        give its shape, so write the skeleton by hand for such a model).
+    """
+    from ..core.graph import paused_gc
+    from . import read_model
+    from .canonicalize import Canonicalize
+    from .ir import to_spec
+    from . import pointwise as _pointwise  # noqa: F401  (registers sqrt, sigmoid... and the opaque op)
+
+    with paused_gc():
+        model = read_model(path, None)
+        if fuse:
+            Canonicalize().run(model)
+        spec, weights = to_spec(model, opaque=opaque)
+    uses = parameter_uses(spec, weights)
+    params = []
+    for w in weights:
+        consumer, preset = _suggest(spec, w, uses[w])
+        params.append(ParameterRow(w, tuple(spec["inputs"][w]["shape"]), consumer, preset,
+                                   tuple(model.spec_aliases.get(w, ()))))
+    weight_set = set(weights)
+    inputs = [InputRow(n, tuple(e["shape"]), e["dtype"]) for n, e in spec["inputs"].items()
+              if n not in weight_set and n not in model.spec_sources]
+    return params, inputs, list(model.notes)
+
+
+def format_rows(params: list[ParameterRow], inputs: list[InputRow]) -> str:
+    """The parameters and inputs as a table (what ``import MODEL`` prints)."""
+    header = ("parameter", "shape", "consumer", "suggested")
+    rows = [(p.name + (" *" if p.aliases else ""), str(list(p.shape)), p.consumer, p.preset) for p in params]
+    widths = [max([len(h)] + [len(r[k]) for r in rows]) for k, h in enumerate(header)]
+    lines = [f"{len(params)} parameter(s):"]
+    for row in [header] + rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    for p in params:
+        if p.aliases:
+            lines.append(f"  * one tensor the exporter de-duplicated, also named {', '.join(p.aliases)}")
+    lines.append(f"{len(inputs)} input(s):")
+    cells = [(i.name, str(list(i.shape)), i.dtype) for i in inputs]
+    widths = [max([0] + [len(c[k]) for c in cells]) for k in range(3)]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines) + "\n"
+
+
+def skeleton_yaml(params: list[ParameterRow], inputs: list[InputRow], model: str) -> str:
+    """A sharding plan to edit: a placeholder mesh, every input replicated, every parameter with
+    its suggested preset and a comment giving its shape and consumer."""
+    lines = [f"# a sharding plan for {model}, written by layout-prop import without --plan:",
+             "# set the mesh, then edit the inputs' placements and the parameters' presets",
+             "mesh: {shape: [2], names: [tp]}",
+             "inputs:" + ("" if inputs else " {}")]
+    for i in inputs:
+        lines.append(f"  {json.dumps(i.name)}: R  # {list(i.shape)} {i.dtype}")
+    lines.append("parameters:" + ("" if params else " {}"))
+    for p in params:
+        also = f"; shared: also {', '.join(p.aliases)}" if p.aliases else ""
+        lines.append(f"  {json.dumps(p.name)}: {p.preset}  # {list(p.shape)}, read by {p.consumer}{also}")
+    return "\n".join(lines) + "\n"

@@ -187,16 +187,36 @@ def _parser() -> argparse.ArgumentParser:
     _add_plan_parser(sub)
 
     ge = sub.add_parser("gen", help="write the spec of a generated model")
-    ge.add_argument("model", choices=["llama"], help="the model family")
+    ge.add_argument("model", choices=["llama", "gpt", "moe"], help="the model family: Llama, GPT-3, or Llama "
+                    "layers with a Mixture-of-Experts MLP")
     ge.add_argument("--layers", type=_layers_arg, default=1,
                     help=f"number of decoder layers (default 1, at most {MAX_LAYERS:,})")
-    ge.add_argument("--mesh", default="dp=2,sp=2,tp=2", help="mesh axes and sizes (default dp=2,sp=2,tp=2)")
-    ge.add_argument("--batch", type=_positive_int, default=2, help="batch size B (default 2)")
+    ge.add_argument("--mesh", help="mesh axes and sizes (default dp=2,sp=2,tp=2; moe: dp=2,ep=2,tp=2)")
+    ge.add_argument("--batch", type=_positive_int, help="batch size B (default 2; moe: 4)")
     ge.add_argument("--seq", type=_positive_int, default=8, help="sequence length S (default 8)")
     ge.add_argument("--hidden", type=_positive_int, default=32, help="hidden size (default 32)")
     ge.add_argument("--heads", type=_positive_int, default=4, help="attention heads; hidden / heads is the head dim "
                     "(default 4)")
-    ge.add_argument("--ffn", type=_positive_int, default=64, help="MLP inner size (default 64)")
+    ge.add_argument("--kv-heads", type=_positive_int, help="key/value heads, dividing heads (grouped-query "
+                    "attention; default: heads; llama and moe)")
+    ge.add_argument("--ffn", type=_positive_int, help="MLP inner size (default 64; gpt: 4 x hidden; moe: 32, "
+                    "each expert's)")
+    ge.add_argument("--full", action="store_true", help="llama, moe: the training graph: token ids and labels in, "
+                    "embedding, the layers, final norm, output head, cross-entropy loss out (gpt always is)")
+    ge.add_argument("--vocab", type=_positive_int, default=64, help="vocabulary size, at least 2 (default 64; "
+                    "with --full, and gpt)")
+    ge.add_argument("--tie-embeddings", action="store_true", help="llama --full, moe --full: the output head is "
+                    "the embedding table (gpt always ties)")
+    ge.add_argument("--dropout", type=_probability_arg, default=0.1, help="gpt: dropout probability (default 0.1)")
+    ge.add_argument("--experts", type=_positive_int, default=4, help="moe: routed experts E (default 4)")
+    ge.add_argument("--top-k", type=_positive_int, default=2, help="moe: experts per token, at most E (default 2)")
+    ge.add_argument("--capacity-factor", type=_positive_float_arg, help="moe: expert capacity, ceil(factor x tokens "
+                    "x top-k / E) over the global token count, tokens past it dropped in token order (default: "
+                    "none, no token dropped)")
+    ge.add_argument("--shared-experts", type=_non_negative_int, default=0, help="moe: always-on SwiGLU experts "
+                    "beside the routed ones (default 0)")
+    ge.add_argument("--router", choices=["softmax", "sigmoid"], default="softmax", help="moe: router scores, "
+                    "softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3); the top-k renormalised (default softmax)")
     ge.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"],
                     help="dtype of every tensor (default float32; RoPE, softmax and the norms need floats)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
@@ -350,6 +370,34 @@ def _layers_arg(text: str) -> int:
     value = _positive_int(text)
     if value > MAX_LAYERS:
         raise argparse.ArgumentTypeError(f"{value} layers is over the limit {MAX_LAYERS:,}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a finite number")
+    return value
+
+
+def _positive_float_arg(text: str) -> float:
+    """gen --capacity-factor: a number > 0."""
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not positive")
+    return value
+
+
+def _probability_arg(text: str) -> float:
+    """gen --dropout: a probability in [0, 1)."""
+    value = _finite_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0, 1)")
     return value
 
 

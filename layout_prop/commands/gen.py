@@ -1,18 +1,68 @@
-"""``layout-prop gen llama``: write the spec of a generated model."""
+"""``layout-prop gen llama|gpt|moe``: write the spec of a generated model."""
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["run"]
+__all__ = ["run", "build_spec"]
+
+#: per model, the defaults of the flags whose default depends on it
+DEFAULTS = {"llama": {"mesh": "dp=2,sp=2,tp=2", "batch": 2, "ffn": 64},
+            "gpt": {"mesh": "dp=2,sp=2,tp=2", "batch": 2, "ffn": None},
+            "moe": {"mesh": "dp=2,ep=2,tp=2", "batch": 4, "ffn": 32}}
+
+
+def _value(args, name: str):
+    value = getattr(args, name, None)
+    return DEFAULTS[args.model][name] if value is None else value
+
+
+def _refuse_foreign_flags(args) -> None:
+    """A flag of another model is bad usage (one line, exit 2), never silently ignored."""
+    from layout_prop.core.errors import SpecError
+
+    foreign = {"llama": ("dropout", "experts", "top_k", "capacity_factor", "shared_experts", "router"),
+               "gpt": ("kv_heads", "full", "tie_embeddings", "experts", "top_k", "capacity_factor", "shared_experts",
+                       "router"),
+               "moe": ("dropout",)}[args.model]
+    defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "shared_experts": 0,
+                "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False}
+    given = [f"--{name.replace('_', '-')}" for name in foreign if getattr(args, name, defaults[name]) != defaults[name]]
+    if given:
+        raise SpecError("bad-usage", f"gen {args.model} does not take {', '.join(given)}",
+                        hint="see layout-prop gen --help for which flags each model takes")
+    needs_full = not args.full and args.model != "gpt"
+    if needs_full and (args.tie_embeddings or args.vocab != 64):
+        flag = "--tie-embeddings" if args.tie_embeddings else "--vocab"
+        raise SpecError("bad-usage", f"{flag} needs --full (gen {args.model} without it writes decoder layers only)",
+                        hint=f"add --full, or leave {flag} out")
+
+
+def build_spec(args) -> dict:
+    """The spec dict the parsed ``gen`` arguments ask for."""
+    from layout_prop.frontends.generate import gpt_spec, llama_spec, moe_spec, parse_mesh_arg
+
+    _refuse_foreign_flags(args)
+    mesh = parse_mesh_arg(_value(args, "mesh"), args.model)
+    common = dict(batch=_value(args, "batch"), seq=args.seq, hidden=args.hidden, heads=args.heads,
+                  ffn=_value(args, "ffn"), dtype=args.dtype)
+    if args.model == "gpt":
+        return gpt_spec(args.layers, mesh, vocab=args.vocab, dropout=args.dropout, **common)
+    if args.model == "moe":
+        return moe_spec(args.layers, mesh, experts=args.experts, top_k=args.top_k,
+                        capacity_factor=args.capacity_factor, shared_experts=args.shared_experts, router=args.router,
+                        kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
+                        tie_embeddings=args.tie_embeddings, **common)
+    if not args.full and args.kv_heads is None:
+        return llama_spec(args.layers, mesh, **common)  # exactly what gen llama has always written
+    return llama_spec(args.layers, mesh, kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
+                      tie_embeddings=args.tie_embeddings, **common)
 
 
 def run(args) -> int:
     from layout_prop.io.loader import format_spec, load_spec
-    from layout_prop.frontends.generate import llama_spec, parse_mesh_arg
 
-    spec = llama_spec(args.layers, parse_mesh_arg(args.mesh), batch=args.batch, seq=args.seq, hidden=args.hidden,
-                      heads=args.heads, ffn=args.ffn, dtype=args.dtype)
+    spec = build_spec(args)
     load_spec(spec)  # never write a spec that check would refuse
     text = format_spec(spec, args.output)
     if args.output is None:

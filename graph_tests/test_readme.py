@@ -91,8 +91,22 @@ def test_the_pages_hold_console_transcripts():
 
 def test_readme_gives_the_ci_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    command = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest"
+    command = ("python3 -m venv .venv-test && .venv-test/bin/pip install -q -e '.[test]' && "
+               ".venv-test/bin/python -m pytest")
     assert command in README.read_text() and command in ci
+
+
+def test_the_two_readme_commands_install_into_two_environments():
+    # the test extras pin numpy < 2 (MindSpore 2.10): installed into the demo's .venv they downgraded
+    # numpy under its layout-prop while pip ran
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    commands = [line for block in blocks for line in block.splitlines() if line.startswith("python3 -m venv ")]
+    assert len(commands) == 2, commands
+    folders = [line.split()[3] for line in commands]
+    assert folders == [".venv", ".venv-test"], commands
+    for line, folder in zip(commands, folders):
+        used = set(re.findall(r"(\.venv[\w-]*)/bin/", line))
+        assert used == {folder}, line  # each command uses only the environment it made
 
 
 # ----------------------------------------------------------------------------- links

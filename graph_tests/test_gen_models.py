@@ -1,0 +1,134 @@
+"""Whole generated models (issue 28): gen llama --full, gen gpt and gen moe run sharded on 8 ranks
+(simulator, forward and backward) and match one device; gen moe's expert parallelism is the
+all-to-all on ep that check --reshard reports; bad flags are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from layout_prop.cli import main
+from layout_prop.frontends.generate import moe_spec
+from layout_prop.io.loader import load_spec
+from layout_prop.kernels.moe_numpy import route
+from layout_prop.runner import run_graph
+
+from .cli_support import cli_env, console_command
+
+
+def _generate(capsys, args: list[str]) -> dict:
+    assert main(["gen", *args]) == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def _run_backward(spec: dict):
+    report = run_graph(load_spec(spec), engine="sim", backward=True)
+    assert report.ok, (report.mismatches, report.violations)
+    return report
+
+
+@pytest.mark.parametrize("args, mesh, grads", [
+    (["llama", "--full", "--kv-heads", "2"], {"dp": 2, "sp": 2, "tp": 2}, 21),
+    (["llama", "--full", "--kv-heads", "1", "--tie-embeddings"], {"dp": 2, "sp": 2, "tp": 2}, 20),
+    (["gpt"], {"dp": 2, "sp": 2, "tp": 2}, 34),
+    (["moe"], {"dp": 2, "ep": 2, "tp": 2}, 21),
+    (["moe", "--capacity-factor", "0.5", "--router", "sigmoid", "--shared-experts", "1", "--full"],
+     {"dp": 2, "ep": 2, "tp": 2}, 29),
+])
+def test_two_layers_on_eight_ranks_match_one_device(capsys, args, mesh, grads):
+    spec = _generate(capsys, [*args, "--layers", "2"])
+    assert dict(zip(spec["mesh"]["names"], spec["mesh"]["shape"])) == mesh
+    report = _run_backward(spec)
+    assert report.ranks == 8
+    assert len(report.grads) == grads  # every float parameter's gradient compared
+    assert all(err["max_rel_err"] <= 1e-4 for err in report.grads.values())
+    if "--full" in args or args[0] == "gpt":
+        assert list(report.outputs) == ["loss"]
+
+
+def test_llama_full_is_a_training_graph_with_gqa(capsys):
+    spec = _generate(capsys, ["llama", "--full", "--kv-heads", "2", "--vocab", "96"])
+    assert spec["inputs"]["tokens"]["dtype"] == spec["inputs"]["labels"]["dtype"] == "int64"
+    assert spec["inputs"]["embed"]["shape"] == [96, 32] and spec["inputs"]["head"]["shape"] == [96, 32]
+    assert spec["inputs"]["l0_wk"]["shape"] == [16, 32]  # 2 kv heads of 8
+    ops = [n["op"] for n in spec["nodes"]]
+    assert ops[0] == "embedding" and ops[-3:] == ["rms_norm", "linear", "cross_entropy"]
+    tied = _generate(capsys, ["llama", "--full", "--tie-embeddings"])
+    assert "head" not in tied["inputs"] and tied["nodes"][-2]["inputs"] == ["final_h", "embed"]
+
+
+def test_gpt_has_learned_positions_layer_norm_gelu_and_dropout(capsys):
+    spec = _generate(capsys, ["gpt", "--layers", "2", "--hidden", "48", "--heads", "4", "--dropout", "0.2"])
+    assert spec["inputs"]["pos_embed"]["shape"] == [8, 48]
+    assert spec["inputs"]["l0_w_fc1"]["shape"] == [192, 48]  # 4 x hidden
+    drops = [n for n in spec["nodes"] if n["op"] == "dropout"]
+    assert len(drops) == 5 and {d["attrs"]["p"] for d in drops} == {0.2}
+    assert len({d["attrs"]["seed"] for d in drops}) == 5  # each dropout draws its own mask
+    assert {n["op"] for n in spec["nodes"]} >= {"layer_norm", "gelu", "cross_entropy"}
+    assert "rotary_position_embedding" not in {n["op"] for n in spec["nodes"]}
+
+
+def test_moe_expert_parallelism_is_the_all_to_all_on_ep(capsys):
+    spec = _generate(capsys, ["moe", "--layers", "2", "--experts", "8", "--top-k", "2"])
+    spec_file = json.dumps(spec)
+    proc = subprocess.run([*console_command(), "check", "-", "--reshard", "--json"], input=spec_file,
+                          capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for layer in ("l0_", "l1_"):
+        moves = {(r["node"], r["input"]): [(s["kind"], s["mesh_axis"]) for s in r["steps"]]
+                 for r in out["redistributions"] if r["node"].startswith(layer)}
+        # tokens into the expert-sharded buffer, and the experts' output back to its token slots
+        assert ("all-to-all", "ep") in moves[(layer + "to_experts", layer + "dispatch")]
+        assert moves[(layer + "combine", layer + "e_down_out")] == [("all-to-all", "ep")]
+        steps = [s for r in out["redistributions"] if r["node"].startswith(layer) for s in r["steps"]]
+        assert all(s["bytes_per_rank"] > 0 for s in steps if s["kind"] == "all-to-all")
+    # the expert weights stay sharded on E: no all-gather of them on ep
+    assert not [r for r in out["redistributions"] if r["input"].endswith(("e_gate", "e_up", "e_down"))]
+
+
+def test_moe_capacity_drops_tokens_in_global_order():
+    """The generated capacity is what the kernels apply: ceil(0.5 * 32 tokens * 2 / 4) = 8 slots
+    per expert, and the kept choices are the first 8 of each expert in global token order,
+    whichever rank holds them."""
+    spec = moe_spec(capacity_factor=0.5)
+    dispatch = next(n for n in spec["nodes"] if n["op"] == "moe_dispatch")
+    assert dispatch["attrs"] == {"num_experts": 4, "capacity_factor": 0.5, "groups": 8}
+    rng = np.random.default_rng(3)
+    indices = np.stack([rng.permutation(4)[:2] for _ in range(32)])
+    whole = route(indices, 4, 0.5, groups=8)
+    kept = set(zip(whole.token.tolist(), whole.choice.tolist()))
+    for e in range(4):
+        choices = [(t, j) for t in range(32) for j in range(2) if indices[t, j] == e]
+        assert [c for c in choices if c in kept] == choices[:8]
+    assert len(kept) < 64  # some were dropped
+    pieces = set()
+    for start in range(0, 32, 4):  # the 8 ranks' token ranges, each with the whole indices
+        r = route(indices, 4, 0.5, groups=8, token_start=start, local_tokens=4)
+        pieces |= set(zip((r.token + start).tolist(), r.choice.tolist()))
+    assert pieces == kept
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["moe", "--experts", "4", "--top-k", "5"], "top-k 5 is not in 1..4"),
+    (["llama", "--full", "--heads", "4", "--kv-heads", "3"], "kv-heads 3 does not divide heads 4"),
+    (["moe", "--kv-heads", "3"], "kv-heads 3 does not divide heads 4"),
+    (["llama", "--full", "--vocab", "1"], "vocab must be at least 2"),
+    (["gpt", "--vocab", "1"], "vocab must be at least 2"),
+    (["llama", "--experts", "8"], "gen llama does not take --experts"),
+    (["llama", "--vocab", "128"], "--vocab needs --full"),
+    (["moe", "--capacity-factor", "0"], "--capacity-factor"),
+    (["moe", "--mesh", "dp=2,sp=2,tp=2"], "needs exactly the mesh axes dp, ep and tp"),
+])
+def test_bad_flags_are_one_line_exit_2(args, needle):
+    proc = subprocess.run([*console_command(), "gen", *args], capture_output=True, text=True, env=cli_env(),
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,5 +1,5 @@
-"""The index family: gather, index_select, scatter, scatter_add, index_add, index_copy, masked_fill, where,
-one_hot, isin.
+"""The index family: gather, index_select, scatter, scatter_add, index_add, index_copy, gather_nd, scatter_nd,
+index_put, masked_fill, where, one_hot, isin.
 
 What the op database (``layout_prop/testing/opdb/index.py``, run by test_opdb and
 test_gradients) does not cover:
@@ -107,6 +107,24 @@ def test_index_copy_follows_torch_and_the_last_duplicate_wins():
     np.testing.assert_array_equal(grad, [[0, 1, 3], [0, 4, 6]])
 
 
+def test_gather_nd_scatter_nd_index_put_follow_onnx_and_torch():
+    data = np.array([[0.0, 1.0], [2.0, 3.0]])  # ONNX GatherND examples (batch_dims 0)
+    np.testing.assert_array_equal(K["gather_nd"](data, np.array([[0, 0], [1, 1]])), [0, 3])
+    np.testing.assert_array_equal(K["gather_nd"](data, np.array([[1], [0]])), [[2, 3], [0, 1]])
+    out = K["scatter_nd"](np.arange(1.0, 9.0), np.array([[4], [3], [1], [7]]), np.array([9.0, 10.0, 11.0, 12.0]))
+    np.testing.assert_array_equal(out, [1, 11, 3, 10, 9, 6, 7, 12])  # ONNX ScatterND example 1
+    # torch: x.index_put((rows, cols), values) with rows [0, 2, 0], cols [1, 1, 1]
+    indices = np.stack([np.array([0, 2, 0]), np.array([1, 1, 1])], -1)
+    out = K["index_put"](np.zeros((3, 2)), indices, np.array([1.0, 2.0, 4.0]), accumulate=True)
+    np.testing.assert_array_equal(out, [[0, 5], [0, 0], [0, 2]])
+    out = K["index_put"](np.zeros((3, 2)), indices, np.array([1.0, 2.0, 4.0]))  # the last duplicate wins
+    np.testing.assert_array_equal(out, [[0, 4], [0, 0], [0, 2]])
+    np.testing.assert_array_equal(K["scatter_nd_src_grad"](np.arange(6.0).reshape(3, 2), indices), [0, 5, 1])
+    # a rank's piece: rows [2, 3) and columns [1, 2) of a (3, 2) x
+    np.testing.assert_array_equal(K["gather_nd"](np.array([[7.0]]), indices, starts=[2, 1], dim_sizes=[3, 2]),
+                                  [0, 7, 0])
+
+
 def test_masked_fill_where_one_hot_isin():
     out = K["masked_fill"](np.array([[1, 2, 3], [4, 5, 6]]), np.array([True, False, True]), value=-1)
     np.testing.assert_array_equal(out, [[-1, 2, -1], [-1, 5, -1]])
@@ -181,6 +199,14 @@ BAD = [
      "invalid-shape", "it must be [4, 2]"),
     ("index_copy", {"x": entry((4, 9)), "index": entry((2, 1), "int64"), "src": entry((4, 2))}, {"dim": 1},
      "invalid-rank", "index_copy: index has shape [2, 1]; it must be 1-D"),
+    ("gather_nd", {"x": entry((4, 9)), "index": entry((2, 3), "int64")}, {}, "invalid-shape",
+     "its last dim (the length of each index tuple) must be in 1..2"),
+    ("scatter_nd", {"x": entry((4, 9)), "index": entry((2, 1), "int64"), "src": entry((2, 9))},
+     {"reduction": "mul"}, "bad-attr", "reduction must be one of ['none', 'add'], got 'mul'"),
+    ("index_put", {"x": entry((4, 9)), "index": entry((2, 1), "int64"), "src": entry((9,))}, {}, "invalid-shape",
+     "values has shape [9]; for x [4, 9] and indices [2, 1] it must be [2, 9]"),
+    ("index_put", {"x": entry((4, 9)), "index": entry((2, 1), "int64"), "src": entry((2, 9))},
+     {"accumulate": "yes"}, "bad-attr", "accumulate must be true or false"),
     ("masked_fill", {"x": entry((4, 5)), "mask": entry((4, 5), "int64")}, {"value": 0}, "invalid-dtype",
      "mask has dtype int64; mask must be bool"),
     ("masked_fill", {"x": entry((4, 5)), "mask": entry((4, 1, 5), "bool")}, {"value": 0}, "invalid-shape",
@@ -206,7 +232,7 @@ def test_unusable_input_is_a_typed_error(op, inputs, attrs, code, text):
     assert err.value.node == "y" and err.value.hint
 
 
-@pytest.mark.parametrize("case", [BAD[0], BAD[6], BAD[12], BAD[17]], ids=lambda b: f"{b[0]}-{b[3]}")
+@pytest.mark.parametrize("case", [BAD[0], BAD[6], BAD[16], BAD[21]], ids=lambda b: f"{b[0]}-{b[3]}")
 def test_unusable_input_on_the_command_line_is_one_line_exit_2(case, tmp_path, capsys):
     op, inputs, attrs, code, text = case
     path = tmp_path / "bad.json"
@@ -314,6 +340,12 @@ FD_CASES = [
      {"dim": 1}, {"x": _normal(3, 4), "index": np.array([2, 0, 2]), "src": _normal(3, 3)}),
     ("index_copy", {"x": entry((4, 3), F64), "index": entry((3,), "int64", grad=False), "src": entry((3, 3), F64)},
      {"dim": 0}, {"x": _normal(4, 3), "index": np.array([2, 0, 2]), "src": _normal(3, 3)}),
+    ("gather_nd", {"x": entry((3, 4, 2), F64), "index": entry((2, 2, 2), "int64", grad=False)}, {},
+     {"x": _normal(3, 4, 2), "index": np.array([[[0, 3], [2, 1]], [[0, 3], [1, 0]]])}),
+    ("scatter_nd", {"x": entry((3, 2), F64), "index": entry((3, 1), "int64", grad=False), "src": entry((3, 2), F64)},
+     {}, {"x": _normal(3, 2), "index": np.array([[2], [0], [2]]), "src": _normal(3, 2)}),
+    ("index_put", {"x": entry((3, 2), F64), "index": entry((3, 2), "int64", grad=False), "src": entry((3,), F64)},
+     {"accumulate": True}, {"x": _normal(3, 2), "index": np.array([[0, 1], [2, 1], [0, 1]]), "src": _normal(3)}),
     ("masked_fill", {"x": entry((3, 4), F64), "mask": entry((4,), "bool", grad=False)}, {"value": 2.5},
      {"x": _normal(3, 4), "mask": np.array([True, False, False, True])}),
     ("where", {"c": entry((3, 1), "bool", grad=False), "x": entry((3, 4), F64), "z": entry((4,), F64)}, {},

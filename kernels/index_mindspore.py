@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .index_numpy import check_range, last_writes
+from .index_numpy import check_range, last_writes, nd_last_writes, nd_targets
 
 __all__ = ["KERNELS"]
 
@@ -172,6 +172,62 @@ def index_copy_src_grad(dy, index, dim, start=0, dim_size=None):
     return ops.where(mask, picked, ops.zeros_like(picked))
 
 
+def gather_nd(x, indices, starts=None, dim_sizes=None):
+    """MindSpore ``gather_nd`` of the rank-local index tuples, zeros for the tuples outside the piece."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ms = _ms_ops()
+    ops = ms.ops
+    x = to_tensor(x)
+    indices = to_numpy(indices).astype(np.int64)
+    k = indices.shape[-1]
+    starts = [0] * k if starts is None else list(starts)
+    sizes = list(x.shape[:k]) if dim_sizes is None else list(dim_sizes)
+    for j in range(k):
+        check_range("gather_nd", indices[..., j], sizes[j], f"indices[..., {j}] at")
+    local = to_tensor(indices) - to_tensor(np.array(starts, np.int64))
+    valid = ops.logical_and(local >= 0, local < to_tensor(np.array(x.shape[:k], np.int64))).all(-1)
+    shape = tuple(indices.shape[:-1]) + tuple(x.shape[k:])
+    if 0 in shape or 0 in tuple(x.shape[:k]):
+        return ops.zeros(shape, x.dtype)
+    safe = ops.where(ops.expand_dims(valid, -1), local, ops.zeros_like(local))
+    picked = ops.gather_nd(x, safe)
+    mask = ops.reshape(valid, tuple(valid.shape) + (1,) * (x.ndim - k))
+    return ops.where(mask, picked, ops.zeros_like(picked))
+
+
+def scatter_nd(x, indices, updates, reduction="none", starts=None, dim_sizes=None, op="scatter_nd"):
+    """numpy bookkeeping of the flat elements each update writes, then MindSpore ``tensor_scatter_update/add``."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    x = to_tensor(x)
+    flat, entries = nd_targets(op, np.zeros(tuple(x.shape), np.bool_), to_numpy(indices), starts, dim_sizes,
+                               last_only=reduction != "add")
+    if len(flat) == 0:
+        return x.copy()
+    values = ops.gather(ops.reshape(to_tensor(updates), (-1,)), to_tensor(entries.astype(np.int64)), 0)
+    return _scatter_flat(x, flat, values, reduction == "add")
+
+
+def index_put(x, indices, values, accumulate=False, starts=None, dim_sizes=None):
+    return scatter_nd(x, indices, values, "add" if accumulate else "none", starts, dim_sizes, op="index_put")
+
+
+def scatter_nd_src_grad(dy, indices, starts=None, dim_sizes=None):
+    """MindSpore ``gather_nd`` kernel, then the tuples overwritten by a later one (numpy bookkeeping) zeroed."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    dy = to_tensor(dy)
+    picked = gather_nd(dy, indices, starts, dim_sizes)
+    indices = to_numpy(indices)
+    k = indices.shape[-1]
+    wins = nd_last_writes(indices, tuple(dy.shape[:k]) if dim_sizes is None else dim_sizes)
+    mask = to_tensor(wins.reshape(wins.shape + (1,) * (picked.ndim - wins.ndim)))
+    return ops.where(mask, picked, ops.zeros_like(picked))
+
+
 def masked_fill(x, mask, value):
     from .mindspore_backend import to_tensor
 
@@ -224,6 +280,10 @@ KERNELS: dict[str, Callable] = {
     "index_add": index_add,
     "index_copy": index_copy,
     "index_copy_src_grad": index_copy_src_grad,
+    "gather_nd": gather_nd,
+    "scatter_nd": scatter_nd,
+    "index_put": index_put,
+    "scatter_nd_src_grad": scatter_nd_src_grad,
     "masked_fill": masked_fill,
     "where": where,
     "one_hot": one_hot,

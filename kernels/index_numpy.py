@@ -28,7 +28,7 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 
-__all__ = ["KERNELS", "check_range", "last_writes"]
+__all__ = ["KERNELS", "check_range", "last_writes", "nd_last_writes", "nd_targets"]
 
 
 def check_range(op: str, index: np.ndarray, size: int, what: str = "index") -> None:
@@ -162,6 +162,88 @@ def index_copy_src_grad(dy, index, dim, start=0, dim_size=None):
     return np.where(_along(wins, dim, picked.shape), picked, np.zeros((), picked.dtype))
 
 
+def _nd_local(op: str, x: np.ndarray, indices: np.ndarray, starts, dim_sizes):
+    """The rank-local index tuples (0 where invalid) of ``indices [..., k]`` and which fall in the rank's piece."""
+    indices = np.asarray(indices, dtype=np.int64)
+    k = indices.shape[-1]
+    starts = [0] * k if starts is None else list(starts)
+    sizes = list(x.shape[:k]) if dim_sizes is None else list(dim_sizes)
+    valid = np.ones(indices.shape[:-1], bool)
+    local = []
+    for j in range(k):
+        check_range(op, indices[..., j], sizes[j], f"indices[..., {j}] at")
+        pos = indices[..., j] - starts[j]
+        valid &= (pos >= 0) & (pos < x.shape[j])
+        local.append(pos)
+    return tuple(np.where(valid, pos, 0) for pos in local), valid
+
+
+def gather_nd(x, indices, starts=None, dim_sizes=None):
+    """``x[indices[b]]`` for the index tuples in the rank's piece, zeros for the others."""
+    local, valid = _nd_local("gather_nd", x, indices, starts, dim_sizes)
+    k = len(local)
+    shape = valid.shape + x.shape[k:]
+    if 0 in x.shape[:k]:
+        return np.zeros(shape, x.dtype)
+    picked = x[local]
+    return np.where(valid.reshape(valid.shape + (1,) * (x.ndim - k)), picked, np.zeros((), x.dtype))
+
+
+def nd_targets(op: str, x: np.ndarray, indices: np.ndarray, starts, dim_sizes, last_only: bool):
+    """The flat element positions of x each valid (update element) writes, and which update elements those are."""
+    local, valid = _nd_local(op, x, indices, starts, dim_sizes)
+    k = len(local)
+    trailing = x.shape[k:]
+    rows = np.ravel_multi_index(tuple(p[valid] for p in local), x.shape[:k]) if valid.any() else np.zeros(0, np.int64)
+    if last_only and len(rows):
+        _, last = np.unique(rows[::-1], return_index=True)
+        keep = np.zeros(len(rows), bool)
+        keep[len(rows) - 1 - last] = True
+        chosen = np.flatnonzero(valid)[keep]
+        rows = rows[keep]
+    else:
+        chosen = np.flatnonzero(valid)
+    inner = int(np.prod(trailing, dtype=np.int64))
+    flat = (rows[:, None] * inner + np.arange(inner)).reshape(-1)
+    entries = (chosen[:, None] * inner + np.arange(inner)).reshape(-1)
+    return flat, entries
+
+
+def scatter_nd(x, indices, updates, reduction="none", starts=None, dim_sizes=None, op="scatter_nd"):
+    """x with ``updates[b]`` written at (or, reduction add, added to) ``x[indices[b]]`` in the rank's piece."""
+    flat, entries = nd_targets(op, x, indices, starts, dim_sizes, last_only=reduction != "add")
+    out = np.array(x, order="C", copy=True)
+    values = np.asarray(updates, dtype=x.dtype).reshape(-1)[entries]
+    if reduction == "add":
+        np.add.at(out.reshape(-1), flat, values)
+    else:
+        out.reshape(-1)[flat] = values
+    return out
+
+
+def index_put(x, indices, values, accumulate=False, starts=None, dim_sizes=None):
+    return scatter_nd(x, indices, values, "add" if accumulate else "none", starts, dim_sizes, op="index_put")
+
+
+def nd_last_writes(indices: np.ndarray, dim_sizes) -> np.ndarray:
+    """Whether each index tuple of ``indices [..., k]`` is the last (row-major) to address its element."""
+    indices = np.asarray(indices, dtype=np.int64)
+    flat = np.ravel_multi_index(tuple(np.moveaxis(indices, -1, 0).reshape(indices.shape[-1], -1)), tuple(dim_sizes))
+    out = np.zeros(flat.shape, bool)
+    if len(flat):
+        _, last = np.unique(flat[::-1], return_index=True)
+        out[len(flat) - 1 - last] = True
+    return out.reshape(indices.shape[:-1])
+
+
+def scatter_nd_src_grad(dy, indices, starts=None, dim_sizes=None):
+    """``gather_nd(dy, indices)`` where the tuple is the last to address its element, 0 elsewhere."""
+    picked = gather_nd(dy, indices, starts, dim_sizes)
+    k = np.shape(indices)[-1]
+    wins = nd_last_writes(indices, dy.shape[:k] if dim_sizes is None else dim_sizes)
+    return np.where(wins.reshape(wins.shape + (1,) * (picked.ndim - wins.ndim)), picked, np.zeros((), picked.dtype))
+
+
 def masked_fill(x, mask, value):
     return np.where(mask, np.asarray(value).astype(x.dtype), x)
 
@@ -188,6 +270,10 @@ KERNELS: dict[str, Callable] = {
     "index_add": index_add,
     "index_copy": index_copy,
     "index_copy_src_grad": index_copy_src_grad,
+    "gather_nd": gather_nd,
+    "scatter_nd": scatter_nd,
+    "index_put": index_put,
+    "scatter_nd_src_grad": scatter_nd_src_grad,
     "masked_fill": masked_fill,
     "where": where,
     "one_hot": one_hot,

@@ -1,5 +1,6 @@
-"""Rules of the index op family: gather, index_select, scatter, scatter_add, index_add, index_copy, masked_fill,
-where, one_hot, isin (and the grad ops scatter_src_grad, index_copy_src_grad).
+"""Rules of the index op family: gather, index_select, scatter, scatter_add, index_add, index_copy, gather_nd,
+scatter_nd, index_put, masked_fill, where, one_hot, isin (and the grad ops scatter_src_grad,
+index_copy_src_grad, scatter_nd_src_grad).
 
 Every rule decides, per mesh axis, what the op computes there (an :class:`AxisChoice`):
 which placement each operand needs on that axis and which placement the output gets.
@@ -51,6 +52,10 @@ The ops and their layout rules
     index_add that writes instead of adding (the last of duplicate indices wins); sharded
     like scatter.  vjp: ``dx = index_copy(dy, index, 0)``, ``dsrc = index_copy_src_grad(dy,
     index, dim)``: index_select of dy where the index is the last occurrence of its value.
+``gather_nd(x, indices)`` (ONNX ``GatherND``, MindSpore ``GatherNd``), ``scatter_nd(x, indices, updates,
+    reduction)`` (ONNX ``ScatterND``, MindSpore ``TensorScatterUpdate``) and ``index_put(x, indices,
+    values, accumulate)`` (``aten.index_put``, with torch's index tensors stacked on a last dim)
+    ``indices [..., k]`` holds tuples addressing x's first k dims: see their classes.
 ``masked_fill(x, mask, value)`` (``aten.masked_fill``, MindSpore ``MaskedFill``)
     ``mask`` bool, broadcasting to x's shape; elementwise rule (a Partial x or mask must
     be reduced first: filling every term would add ``value`` once per rank).
@@ -105,7 +110,7 @@ from .common import plan_summary
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
 
 __all__ = ["AxisChoice", "choose_axes", "Gather", "ScatterSrcGrad", "IndexSelect", "Scatter", "ScatterAdd", "IndexAdd",
-           "IndexCopy", "IndexCopySrcGrad", "MaskedFill",
+           "IndexCopy", "IndexCopySrcGrad", "GatherNd", "ScatterNdSrcGrad", "ScatterNd", "IndexPut", "MaskedFill",
            "Where", "OneHot", "IsIn", "get_rule"]
 
 LAYOUT_CODES = ("partial-input", "sharding-mismatch")
@@ -668,6 +673,267 @@ class IndexCopySrcGrad(IndexSelect):
     aliases = ()
     differentiable = False
     index_splits = False
+
+
+# ===================================================================== gather_nd, scatter_nd, index_put
+def _nd_depth(op: str, x: TensorSpec, indices: TensorSpec, operand: str = "indices") -> int:
+    """k, the number of leading dims of x an index tuple addresses (indices' last dim)."""
+    check_integer(op, operand, indices)
+    if indices.ndim < 1 or not 1 <= indices.shape[-1] <= x.ndim:
+        raise _shape_error(op, f"{operand} has shape {list(indices.shape)}; its last dim (the length of each index "
+                           f"tuple) must be in 1..{x.ndim}, the rank of x {list(x.shape)}",
+                           f"give {operand} the shape [..., k] with k <= {x.ndim}")
+    return indices.shape[-1]
+
+
+def _nd_starts(x: TensorSpec, k: int, rank: int) -> dict:
+    """The localised attrs of an n-d lookup: the rank's first index and the global size of x's first k dims."""
+    slices = x.local_slices(rank)
+    return {"starts": [slices[j][0] for j in range(k)], "dim_sizes": list(x.shape[:k])}
+
+
+@register_op
+class GatherNd(OpRule):
+    """``gather_nd(x, indices)``: ``out[b] = x[indices[b]]``, each ``indices[b]`` a tuple of k indices.
+
+    ``indices`` of shape ``[..., k]`` addresses x's first k dims; the output is
+    ``indices.shape[:-1] + x.shape[k:]`` (ONNX ``GatherND`` and MindSpore ``GatherNd`` with no
+    batch dims).  Per mesh axis: x sharded on an addressed dim: each rank looks up the index
+    tuples in its piece, zeros elsewhere, output ``P(sum)`` (localised ``starts``,
+    ``dim_sizes``); x sharded on a trailing dim: the output's matching dim; indices sharded on
+    a batch dim: the output's; ``P(sum|avg)`` x passes through.  vjp: ``scatter_nd`` (add) of
+    the cotangent into zeros of x's shape.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2, 2), ("dp", "tp"))
+    >>> x = TensorSpec((8, 6, 4), "float32", Layout(mesh, ["S(0)", "S(2)"], 3))
+    >>> idx = TensorSpec((5, 2), "int64", Layout(mesh, ["R", "R"], 2))
+    >>> str(GatherNd().infer_layout((x, idx), {}).outputs[0])
+    'float32[5, 4] (P(sum), S(1))'
+    """
+
+    name = "gather_nd"
+    operands = ("x", "indices")
+    aliases = ("GatherND", "GatherNd", "tf.gather_nd")
+    attr_defaults: dict = {}
+    violation_codes = LAYOUT_CODES
+    index_splits = True
+
+    def sample_inputs(self):
+        from layout_prop.testing.opdb import samples_for
+
+        return samples_for(self.name)
+
+    def options(self, x: TensorSpec, indices: TensorSpec, k: int, axis: int) -> list[AxisChoice]:
+        px, pi = x.layout.placements[axis], indices.layout.placements[axis]
+        batch = indices.ndim - 1
+        out = []
+        j = _shard(px)
+        if j is not None and j < k:
+            out.append(AxisChoice((px, R), Partial("sum"), f"a lookup in x's piece of dim {j} on each rank (zeros "
+                                  "for index tuples outside it, a partial sum), with indices whole"))
+        elif j is not None:
+            out.append(AxisChoice((px, R), Shard(batch + j - k), f"the lookup of x's piece of trailing dim {j}"))
+        if _linear_partial(px):
+            out.append(AxisChoice((px, R), px, f"the lookup of each {px} term of x (indices whole)"))
+        b = _shard(pi)
+        if b is not None and b < batch and self.index_splits:
+            out.append(AxisChoice((R, pi), pi, f"the lookup of indices' piece of dim {b} in the whole of x"))
+        out.append(AxisChoice((R, R), R, "the whole lookup"))
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        x, indices = inputs
+        k = _nd_depth(self.name, x, indices)
+        choices, violations, wants = choose_axes(self.name, self.operands, (x, indices),
+                                                 lambda axis: self.options(x, indices, k, axis))
+        shape = indices.shape[:-1] + x.shape[k:]
+        out = TensorSpec(shape, x.dtype, Layout(x.mesh, [c.output for c in choices], len(shape)))
+        return RuleResult((out,), tuple(violations), wants)
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, **_nd_starts(inputs[0], inputs[1].shape[-1], rank)}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None or not needs[0]:
+            return (None, None)
+        zeros = g.op("scale", [inputs[0]], {"factor": 0.0})
+        return (g.op("scatter_nd", [zeros, inputs[1], dy], {"reduction": "add"}), None)
+
+
+@register_op
+class ScatterNdSrcGrad(GatherNd):
+    """``scatter_nd_src_grad(dy, indices)``: the gradient of scatter_nd's updates (reduction none):
+    ``gather_nd(dy, indices)`` where the index tuple is the last to write its element, 0 elsewhere.
+
+    Which tuple wins depends on all of indices, so indices stay whole.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("dp",))
+    >>> dy = TensorSpec((8, 4), "float32", Layout(mesh, ["R"], 2))
+    >>> idx = TensorSpec((6, 1), "int64", Layout(mesh, ["S(0)"], 2))
+    >>> [str(w) for w in ScatterNdSrcGrad().infer_layout((dy, idx), {}).wants]
+    ['None', '(R)']
+    """
+
+    name = "scatter_nd_src_grad"
+    operands = ("dy", "indices")
+    aliases = ()
+    differentiable = False
+    index_splits = False
+
+
+REDUCTIONS = ("none", "add")
+
+
+@register_op
+class ScatterNd(OpRule):
+    """``scatter_nd(x, indices, updates, reduction="none")``: x with ``updates[b]`` written (or added) at
+    the index tuple ``indices[b]``.
+
+    ONNX ``ScatterND`` (reduction ``none`` or ``add``), MindSpore ``TensorScatterUpdate`` /
+    ``TensorScatterAdd``: ``updates`` of shape ``indices.shape[:-1] + x.shape[k:]``; of
+    duplicate tuples the last one wins (``none``) or they add up.  Per mesh axis: x sharded
+    on an addressed dim: each rank writes the tuples in its piece (indices and updates
+    whole; localised ``starts``, ``dim_sizes``); x sharded on a trailing dim with updates
+    sharded on the matching dim; ``add`` only: indices and updates sharded on a batch dim,
+    each rank adds its share to its term of x, output ``P(sum)``; ``P(sum|avg)`` x or
+    updates pass through (the op is linear in both together).  vjp: ``dx = dy`` (``none``:
+    with the written elements zeroed), ``dupdates = gather_nd(dy, indices)`` (``none``:
+    ``scatter_nd_src_grad``, only the last write of each element).
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("dp",))
+    >>> x = TensorSpec((8, 4), "float32", Layout(mesh, ["R"], 2))
+    >>> idx = TensorSpec((6, 1), "int64", Layout(mesh, ["S(0)"], 2))
+    >>> upd = TensorSpec((6, 4), "float32", Layout(mesh, ["S(0)"], 2))
+    >>> res = ScatterNd().infer_layout((x, idx, upd), {"reduction": "add"})
+    >>> str(res.outputs[0].layout), res.violations
+    ('(P(sum))', ())
+    """
+
+    name = "scatter_nd"
+    operands = ("x", "indices", "updates")
+    aliases = ("ScatterND", "TensorScatterUpdate")
+    attr_defaults = {"reduction": "none"}
+    violation_codes = LAYOUT_CODES
+    updates_operand = "updates"
+
+    def sample_inputs(self):
+        from layout_prop.testing.opdb import samples_for
+
+        return samples_for(self.name)
+
+    def adds(self, attrs: dict) -> bool:
+        reduction = attrs.get("reduction")
+        if reduction not in REDUCTIONS:
+            raise OpError("bad-attr", f"{self.name}: reduction must be one of {list(REDUCTIONS)}, got "
+                          f"{reduction!r}", hint="give reduction none (write) or add")
+        return reduction == "add"
+
+    def check_inputs(self, x: TensorSpec, indices: TensorSpec, updates: TensorSpec) -> int:
+        k = _nd_depth(self.name, x, indices)
+        if updates.dtype != x.dtype:
+            raise OpError("invalid-dtype", f"{self.name}: {self.updates_operand} has dtype {updates.dtype} but x "
+                          f"{x.dtype}", hint=f"cast {self.updates_operand} to x's dtype")
+        want = indices.shape[:-1] + x.shape[k:]
+        if updates.shape != want:
+            raise _shape_error(self.name, f"{self.updates_operand} has shape {list(updates.shape)}; for x "
+                               f"{list(x.shape)} and indices {list(indices.shape)} it must be {list(want)}",
+                               f"give {self.updates_operand} the shape {list(want)}")
+        return k
+
+    def options(self, x, indices, updates, k, adds, axis) -> list[AxisChoice]:
+        px, pi, pu = (t.layout.placements[axis] for t in (x, indices, updates))
+        batch = indices.ndim - 1
+        out = []
+        j = _shard(px)
+        if j is not None and j < k:
+            out.append(AxisChoice((px, R, R), px, f"the writes that fall in x's piece of dim {j} on each rank "
+                                  "(indices and updates whole)"))
+        trailing = [j] if j is not None and j >= k else []
+        u = _shard(pu)
+        if u is not None and u >= batch:
+            trailing.append(u - batch + k)
+        for j in trailing:
+            out.append(AxisChoice((Shard(j), R, Shard(batch + j - k)), Shard(j),
+                                  f"x and updates sharded alike on x's trailing dim {j}"))
+        b = next((_shard(p) for p in (pi, pu) if _shard(p) is not None and _shard(p) < batch), None)
+        if adds and b is not None:
+            out.append(AxisChoice((Partial("sum"), Shard(b), Shard(b)), Partial("sum"),
+                                  "each rank's share of the updates added to its term of x (a partial sum)"))
+        for p in (px, pu):
+            if _linear_partial(p):
+                out.append(AxisChoice((p, R, p), p, f"the op on each {p} term of x and updates (indices whole)"))
+        out.append(AxisChoice((R, R, R), R, "the whole op"))
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        x, indices, updates = inputs
+        adds = self.adds(attrs)
+        k = self.check_inputs(x, indices, updates)
+        choices, violations, wants = choose_axes(self.name, self.operands, (x, indices, updates),
+                                                 lambda axis: self.options(x, indices, updates, k, adds, axis))
+        out = TensorSpec(x.shape, x.dtype, Layout(x.mesh, [c.output for c in choices], x.ndim))
+        return RuleResult((out,), tuple(violations), wants)
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, **_nd_starts(inputs[0], inputs[1].shape[-1], rank)}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None, None, None)
+        if self.adds(attrs):
+            dupdates = g.op("gather_nd", [dy, inputs[1]]) if needs[2] else None
+            return (dy if needs[0] else None, None, dupdates)
+        dupdates = g.op("scatter_nd_src_grad", [dy, inputs[1]])
+        dx = None
+        if needs[0]:
+            zeros = g.op("sub", [dupdates, dupdates])  # zeros of updates' shape (dy finite)
+            dx = g.op("scatter_nd", [dy, inputs[1], zeros], {"reduction": "none"})
+        return (dx, None, dupdates if needs[2] else None)
+
+
+@register_op
+class IndexPut(ScatterNd):
+    """``index_put(x, indices, values, accumulate=False)``: torch's ``index_put`` with the index
+    tensors stacked along a last dim (``indices = torch.stack(index_tensors, -1)``, broadcast
+    to one shape first); ``values`` of shape ``indices.shape[:-1] + x.shape[k:]`` (torch also
+    broadcasts values: expand them first).  ``accumulate`` adds; otherwise the last duplicate
+    wins (torch leaves it undefined).  The rule and kernels are scatter_nd's.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((8, 6), "float32", Layout(mesh, ["S(1)"], 2))
+    >>> idx = TensorSpec((3, 1), "int64", Layout(mesh, ["R"], 2))
+    >>> vals = TensorSpec((3, 6), "float32", Layout(mesh, ["R"], 2))
+    >>> res = IndexPut().infer_layout((x, idx, vals), {"accumulate": True})
+    >>> str(res.outputs[0].layout), str(res.wants[2])
+    ('(S(1))', '(S(1))')
+    """
+
+    name = "index_put"
+    operands = ("x", "indices", "values")
+    aliases = ("aten.index_put", "torch.index_put", "IndexPut")
+    attr_defaults = {"accumulate": False}
+    updates_operand = "values"
+
+    def adds(self, attrs: dict) -> bool:
+        accumulate = attrs.get("accumulate")
+        if not isinstance(accumulate, bool):
+            raise OpError("bad-attr", f"{self.name}: accumulate must be true or false, got {accumulate!r}",
+                          hint="give accumulate as a boolean")
+        return accumulate
 
 
 # ===================================================================== masked_fill, where

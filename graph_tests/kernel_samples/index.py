@@ -15,6 +15,7 @@ def samples(rng, f32) -> dict:
     ids = rng.integers(0, 9, (5,)).astype(np.int64)
     mask = rng.integers(0, 2, (4, 1)).astype(bool)
     cond = rng.integers(0, 2, (4, 9)).astype(bool)
+    nd = np.array([[1, 4], [3, 0], [1, 4], [2, 5], [0, 8], [1, 3]])  # index tuples into (4, 9), one duplicate
     return {
         "gather": [((x, index), {"dim": 1}), ((x[:, 3:6], index), {"dim": 1, "start": 3, "dim_size": 9}),
                    ((x, dup), {"dim": -1})],
@@ -37,6 +38,13 @@ def samples(rng, f32) -> dict:
                        ((x, np.array([3, 1, 3]), f32(3, 9)), {"dim": 0})],
         "index_copy_src_grad": [((x, ids), {"dim": 1}), ((x[:, 6:], ids), {"dim": 1, "start": 6, "dim_size": 9}),
                                 ((x, np.array([3, 1, 3], np.int32)), {"dim": 0})],
+        "gather_nd": [((x, nd), {}), ((x[1:3, 3:6], nd), {"starts": [1, 3], "dim_sizes": [4, 9]}),
+                      ((x, nd[:, :1]), {})],
+        "scatter_nd": [((x, nd, f32(6)), {}), ((x, nd, f32(6)), {"reduction": "add"}),
+                       ((x[1:3, 3:6], nd, f32(6)), {"starts": [1, 3], "dim_sizes": [4, 9]}),
+                       ((x, nd[:, :1], f32(6, 9)), {"reduction": "add"})],
+        "index_put": [((x, nd[:, :1], f32(6, 9)), {}), ((x, nd, f32(6)), {"accumulate": True})],
+        "scatter_nd_src_grad": [((x, nd), {}), ((x[1:3, 3:6], nd), {"starts": [1, 3], "dim_sizes": [4, 9]})],
         "masked_fill": [((x, mask), {"value": -1.5}), ((index, cond[:3]), {"value": 7})],
         "where": [((cond, x, f32(9)), {}), ((mask, f32(1, 9), x), {})],
         "one_hot": [((index, ), {"num_classes": 9}), ((ids.astype(np.int32), ), {"num_classes": 12})],

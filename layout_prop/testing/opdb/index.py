@@ -1,5 +1,6 @@
 """Records of the index family: gather, index_select, scatter, scatter_add, scatter_src_grad, index_add,
-index_copy, index_copy_src_grad, masked_fill, where, one_hot, isin.
+index_copy, index_copy_src_grad, gather_nd, scatter_nd, index_put, scatter_nd_src_grad, masked_fill, where,
+one_hot, isin.
 
 The kit's random integers lie in [0, 8), so every indexed (or scattered) dim has at least
 8 entries (an index outside the dim is an ``index-out-of-range`` error, not a sample) and
@@ -49,6 +50,21 @@ RECORDS = [
     OpRecord("index_copy_src_grad", [
         OpSample([(9, 3), (5,)], {"dim": 0}, dtypes=["float32", "int64"], requires_grad=[False, False]),
     ], meshes=MESHES, placements=30, backward=False, id="index-index_copy_src_grad"),
+    OpRecord("gather_nd", [
+        OpSample([(8, 9, 3), (5, 2)], **IDX),
+        OpSample([(9, 2), (3, 1, 1)], dtypes=["float32", "int32"], requires_grad=[True, False]),
+    ], meshes=MESHES, placements=40, id="index-gather_nd"),
+    OpRecord("scatter_nd", [
+        OpSample([(8, 9), (4, 2), (4,)], **SCATTER),
+        OpSample([(9, 3), (5, 1), (5, 3)], {"reduction": "add"}, **SCATTER),
+    ], meshes=MESHES, placements=30, id="index-scatter_nd"),
+    OpRecord("index_put", [
+        OpSample([(8, 3), (5, 1), (5, 3)], {"accumulate": True}, **SCATTER),
+        OpSample([(8, 8), (3, 2), (3,)], **SCATTER),
+    ], meshes=MESHES, placements=30, id="index-index_put"),
+    OpRecord("scatter_nd_src_grad", [
+        OpSample([(8, 3), (5, 1)], dtypes=["float32", "int64"], requires_grad=[False, False]),
+    ], meshes=MESHES, placements=30, backward=False, id="index-scatter_nd_src_grad"),
     OpRecord("masked_fill", [
         OpSample([(4, 5), (4, 5)], {"value": -2.5}, dtypes=["float32", "bool"], requires_grad=[True, False]),
         OpSample([(5, 3), (3,)], {"value": 0}, dtypes=["float32", "bool"], requires_grad=[True, False]),

@@ -17,8 +17,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 from layout_prop.api import analyze  # noqa: E402
 from layout_prop.cli import main  # noqa: E402
-from layout_prop.frontends.ir import sanitize  # noqa: E402
-from layout_prop.frontends.onnx import from_onnx  # noqa: E402
+from layout_prop.frontends.onnx import from_onnx, read_onnx  # noqa: E402
 from layout_prop.runner import execute_global  # noqa: E402
 
 PLAN1 = {"mesh": {"shape": [2], "names": ["tp"]}}
@@ -35,10 +34,12 @@ def model_of(nodes, inputs, outputs, initializers=(), opset=17):
 
 
 def one_device(graph, model, feeds):
-    """The imported graph's outputs on one device, fed the model's own initializers and ``feeds``."""
-    inits = {sanitize(t.name): numpy_helper.to_array(t) for t in model.graph.initializer}
+    """The imported graph's outputs on one device, fed the model's own initializers and folded
+    constants (by ``graph.meta["import_sources"]``) and ``feeds``."""
+    consts = {k: v.const for k, v in read_onnx(model).values.items() if v.const is not None}
+    sources = graph.meta["import_sources"]
     a = analyze(graph)
-    inputs = {n.name: feeds[n.name] if n.name in feeds else inits[n.name] for n in a.graph.inputs()}
+    inputs = {n.name: feeds[n.name] if n.name in feeds else consts[sources[n.name]] for n in a.graph.inputs()}
     return execute_global(a.graph, inputs, wanted=a.graph.outputs)
 
 
@@ -284,3 +285,46 @@ def test_the_skeleton_names_a_shared_tensor_once_with_its_other_names(tmp_path, 
     assert "constants without a gradient: unsqueeze_3" in captured.err
     plan = yaml.safe_load((tmp_path / "p.yaml").read_text())
     assert list(plan["parameters"]) == ["layers.0.q_proj.weight", "layers.0.norm.weight", "layers.1.q_proj.weight"]
+
+
+# -------------------------------------------------------------------------------------- coverage
+def coverage_model():
+    """GatherElements, CumSum, Where on a run-time condition, Sin, Cos, CastLike and a Gather of run-time
+    indices, beside a mask chain of Range, Equal, LessOrEqual, Not, And, CastLike and GatherND that folds."""
+    f = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("x", f, [4, 6]), helper.make_tensor_value_info("idx", TensorProto.INT64, [4, 3]),
+              helper.make_tensor_value_info("keep", TensorProto.BOOL, [4, 6]),
+              helper.make_tensor_value_info("rows", TensorProto.INT64, [2])]
+    outputs = [helper.make_tensor_value_info(n, f, None) for n in ("g", "s", "sel", "masked")]
+    nodes = [const("axis1", np.array(1, np.int64)), const("zero", np.array(0, np.int64)),
+             const("six", np.array(6, np.int64)), const("one", np.array(1, np.int64)),
+             const("three", np.array(3, np.int64)), const("fill", np.array(0.5, np.float32)),
+             helper.make_node("GatherElements", ["x", "idx"], ["g"], axis=1),
+             helper.make_node("CumSum", ["x", "axis1"], ["cs"]),
+             helper.make_node("Where", ["keep", "cs", "x"], ["w"]),
+             helper.make_node("Sin", ["w"], ["sn"]), helper.make_node("Cos", ["x"], ["co"]),
+             helper.make_node("Add", ["sn", "co"], ["s"]),
+             helper.make_node("Gather", ["x", "rows"], ["sel"], axis=0),
+             # a mask from constants only: (pos <= 3) and not (pos == 0), through GatherND, cast like x
+             helper.make_node("Range", ["zero", "six", "one"], ["pos"]),
+             helper.make_node("LessOrEqual", ["pos", "three"], ["le"]), helper.make_node("Equal", ["pos", "zero"], ["eq"]),
+             helper.make_node("Not", ["eq"], ["ne"]), helper.make_node("And", ["le", "ne"], ["m"]),
+             helper.make_node("Unsqueeze", ["m", "zero"], ["m2"]),
+             const("where_nd", np.array([[0]], np.int64)),
+             helper.make_node("GatherND", ["m2", "where_nd"], ["m3"]),
+             helper.make_node("CastLike", ["m3", "x"], ["mf"]),
+             helper.make_node("Mul", ["x", "mf"], ["masked"])]
+    return model_of(nodes, inputs, outputs)
+
+
+def test_more_op_types_map_to_registry_ops_and_compute_what_onnx_computes():
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((4, 6)).astype(np.float32), "idx": rng.integers(0, 6, (4, 3)),
+             "keep": rng.random((4, 6)) < 0.5, "rows": np.array([3, 1])}
+    model = coverage_model()
+    graph = same_as_onnx(model, feeds)
+    ops = {n.op for n in graph.nodes if not n.is_input}
+    assert {"gather", "cumsum", "where", "sin", "cos", "index_select"} <= ops
+    assert not ops & {"opaque", "take"}  # the mask chain folded: a constant times x
+    sharded = from_onnx(model, dict(PLAN1, inputs={"x": ["S(0)"], "idx": ["S(0)"], "keep": ["S(0)"], "rows": ["R"]}))
+    assert analyze(sharded, reshard=True).ok

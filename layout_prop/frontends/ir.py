@@ -314,7 +314,13 @@ def rotary_tables(spec: dict, weights: list[str]) -> list[str]:
 
 # decomposed ops the registry does not know (the canonicalisation pass fuses them away)
 # (pow is lowered with its exponent as an attr; sqrt, sigmoid... are layout_prop.frontends.pointwise ops)
-_NOT_LOWERED = {"pow", "where", "expand", "tile", "gather", "matmul_nd", "split"}
+_NOT_LOWERED = {"pow", "expand", "tile", "take", "matmul_nd", "split"}
+
+
+def _registered(op: str) -> bool:
+    from layout_prop.core.registry import is_registered
+
+    return is_registered(op)
 
 
 def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] | None:
@@ -348,11 +354,19 @@ def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] 
         for _ in range(len(out) - len(src)):
             steps.append(("unsqueeze", [x if not steps else "__prev__"], {"dim": 0}))
         copies = [(d, t) for d, (s_, t) in enumerate(zip(shape, out)) if s_ != t]
-        if any(shape[d] != 1 for d, _ in copies) or int(np.prod([t for _, t in copies] or [1])) > 64:
-            return None  # not a broadcast, or too many copies to spell out
+        if any(shape[d] != 1 for d, _ in copies):
+            return None  # not a broadcast
+        if int(np.prod([t for _, t in copies] or [1])) > 64:  # too many copies to spell out: torch's expand
+            return [("expand", [x], {"shape": list(out)})] if _registered("expand") else None
         for d, t in copies:
             steps.append(("concat", [x if not steps else "__prev__"] * t, {"axis": d}))
         return steps or [("identity", [x], {})]
+    if op == "take":  # numpy's take (ONNX Gather) with a 1-D index: index_select
+        x, index = node.inputs
+        rank = len(model.shape(x))
+        if len(model.shape(index)) != 1 or not -rank <= a.get("axis", 0) < rank:
+            return None
+        return [("index_select", [x, index], {"dim": a.get("axis", 0) % rank})]
     if op == "tile":  # copies side by side along each dim: concatenations of the whole tensor
         copies = [(d, m) for d, m in enumerate(a["multiples"]) if m != 1]
         if any(m < 1 for _, m in copies) or int(np.prod([m for _, m in copies] or [1])) > 64:

@@ -13,6 +13,7 @@ Needs the ``onnx`` package (``pip install 'layout-prop[onnx]'``).
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 import warnings
@@ -299,6 +300,11 @@ def _fold_shape(op: str, c: list, a: dict) -> tuple[int, ...]:
             raise ValueError(f"axis {axis} is out of range for rank {data.ndim}")
         axis %= data.ndim
         return data.shape[:axis] + index.shape + data.shape[axis + 1:]
+    if op == "GatherND":
+        data, index = given
+        if index.ndim < 1 or index.shape[-1] > data.ndim:
+            raise ValueError(f"indices of shape {list(index.shape)} do not fit data of rank {data.ndim}")
+        return index.shape[:-1] + data.shape[index.shape[-1]:]
     if op == "Concat":
         return (sum(x.size for x in given),)  # the count is what matters
     if op in _BROADCASTING:
@@ -349,6 +355,27 @@ def _fold_table() -> dict[str, Callable]:
     def gather(c, a):
         return np.take(c[0], c[1], axis=a.get("axis", 0))
 
+    def cast_like(c, a):
+        return c[0].astype(c[1].dtype)
+
+    def cumsum(c, a):
+        axis = int(np.asarray(c[1]).reshape(()))
+        x = np.flip(c[0], axis) if a.get("reverse", 0) else c[0]
+        out = np.cumsum(x, axis=axis, dtype=c[0].dtype)
+        if a.get("exclusive", 0):
+            out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)), np.delete(out, -1, axis=axis)], axis)
+        return np.flip(out, axis) if a.get("reverse", 0) else out
+
+    def gather_nd(c, a):
+        data, index = c[0], np.asarray(c[1])
+        batch = int(a.get("batch_dims", 0))
+        if batch:
+            raise ValueError("batch_dims is not folded")
+        return data[tuple(np.moveaxis(index, -1, 0))]
+
+    def gather_elements(c, a):
+        return np.take_along_axis(c[0], c[1], axis=int(a.get("axis", 0)))
+
     return {
         "Identity": lambda c, a: c[0],
         "Cast": cast,
@@ -357,6 +384,18 @@ def _fold_table() -> dict[str, Callable]:
         "Squeeze": squeeze,
         "Concat": lambda c, a: np.concatenate(c, axis=a["axis"]),
         "Gather": gather,
+        "GatherElements": gather_elements,
+        "GatherND": gather_nd,
+        "CastLike": cast_like,
+        "CumSum": cumsum,
+        "Cos": lambda c, a: np.cos(c[0]),
+        "Sin": lambda c, a: np.sin(c[0]),
+        "Exp": lambda c, a: np.exp(c[0]),
+        "IsNaN": lambda c, a: np.isnan(c[0]),
+        "Abs": lambda c, a: np.abs(c[0]),
+        "Xor": lambda c, a: np.logical_xor(c[0], c[1]),
+        "ReduceSum": lambda c, a: np.sum(c[0], axis=None if len(c) < 2 or c[1] is None else tuple(int(x) for x in c[1]),
+                                         keepdims=bool(a.get("keepdims", 1))),
         "Slice": lambda c, a: _slice_np(c[0], c, a),
         "Range": lambda c, a: np.arange(c[0], c[1], c[2]).astype(c[0].dtype),
         "Expand": lambda c, a: c[0] * np.ones([int(s) for s in c[1]], dtype=c[0].dtype),
@@ -379,8 +418,8 @@ def _fold_table() -> dict[str, Callable]:
         "Sqrt": lambda c, a: np.sqrt(c[0]),
         "Pow": lambda c, a: np.power(c[0], c[1]),
         "Transpose": lambda c, a: np.transpose(c[0], a.get("perm")),
-        "Max": lambda c, a: np.maximum.reduce(c),
-        "Min": lambda c, a: np.minimum.reduce(c),
+        "Max": lambda c, a: functools.reduce(np.maximum, c),  # broadcasting (maximum.reduce stacks them)
+        "Min": lambda c, a: functools.reduce(np.minimum, c),
         "ReduceProd": lambda c, a: np.prod(c[0], keepdims=bool(a.get("keepdims", 1))),
     }
 
@@ -460,8 +499,9 @@ def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], s
 class _Reader:
     """Turns one ONNX graph into a ModelGraph."""
 
-    def __init__(self, model, source: str) -> None:
+    def __init__(self, model, source: str, computed: frozenset[str] = frozenset()) -> None:
         self.onnx = _onnx()
+        self.computed = computed  # float initializers computed from no parameter: folded like constants
         self.model = model
         self.source = source
         self.g = ModelGraph("onnx")
@@ -617,7 +657,8 @@ class _Reader:
             start, end = a.get("start", 0), a.get("end", None)
             self.const_value(outs[0], shape[start:end])
             return
-        weights_in = any(v and self.g.values[v].weight and self.g.values[v].dtype.startswith("float")
+        weights_in = any(v and v not in self.computed and self.g.values[v].weight and
+                         self.g.values[v].dtype.startswith("float")
                          and self.g.values[v].const.size > 1 for v in ins)
         if op in self.fold and all(c is not None for v, c in zip(ins, consts) if v) and not weights_in:
             args = [c if v else None for v, c in zip(ins, consts)]
@@ -692,6 +733,8 @@ class _Reader:
     op_Where = _simple("where", "Where")
     op_Expand = _simple("expand", "Expand")
     op_IsNaN = _simple("isnan", "IsNaN")
+    op_Cos = _simple("cos", "Cos")
+    op_Sin = _simple("sin", "Sin")
 
     def op_MatMul(self, name, ins, outs, a, consts):
         """numpy's matmul: a 1-D operand is a row on the left, a column on the right, and that
@@ -732,6 +775,14 @@ class _Reader:
 
     def op_Cast(self, name, ins, outs, a, consts):
         self.add("cast", ins, outs, {"dtype": self.g.values[outs[0]].dtype}, "Cast", name)
+
+    def op_CastLike(self, name, ins, outs, a, consts):
+        """A cast to the dtype of the second input (torch's dynamo exporter writes it before scalar
+        arithmetic): a constant cast like a computed value is folded (only the dtype is read)."""
+        dtype = self.g.values[outs[0]].dtype
+        if consts[0] is not None:
+            return self.const_value(outs[0], consts[0].astype(dtype))
+        self.add("cast", ins[:1], outs, {"dtype": dtype}, "CastLike", name)
 
     def op_Gemm(self, name, ins, outs, a, consts):
         x, w = ins[0], ins[1]
@@ -879,7 +930,37 @@ class _Reader:
             if consts[1].ndim == 0:
                 return self.add("squeeze", [mid], outs, {"dims": [axis]}, "Gather", name)
             return self.add("identity", [mid], outs, {}, "Gather", name)
-        self.add("gather", ins, outs, {"axis": int(a.get("axis", 0))}, "Gather", name)
+        self.add("take", ins, outs, {"axis": int(a.get("axis", 0))}, "Gather", name)  # numpy's take, not torch.gather
+
+    def op_GatherElements(self, name, ins, outs, a, consts):
+        """torch.gather: ``gather(x, index; dim)`` (an index known here is taken into [0, s))."""
+        data, idx = ins
+        rank = len(self.g.shape(data))
+        axis = int(a.get("axis", 0))
+        if not -rank <= axis < rank:
+            raise _bad(f"node {name!r} (GatherElements) has axis {axis}, out of range for {data!r} of rank {rank}",
+                       self.source, f"ONNX GatherElements' axis lies in [-{rank}, {rank - 1}]")
+        axis %= rank
+        if consts[1] is not None and consts[1].size:
+            size = self.g.shape(data)[axis]
+            if int(consts[1].min()) < -size or int(consts[1].max()) >= size:
+                raise _bad(f"node {name!r} (GatherElements) has an index out of range for dim {axis} of {data!r} "
+                           f"(size {size})", self.source, f"ONNX GatherElements' indices lie in [-{size}, {size - 1}]")
+            if int(consts[1].min()) < 0:
+                idx = self.g.fresh(f"{idx}_wrapped")
+                self.const_value(idx, np.where(consts[1] < 0, consts[1] + size, consts[1]))
+        else:
+            self.g.notes.append(f"node {name} (GatherElements) is torch.gather: its run-time indices must lie in "
+                                f"[0, {self.g.shape(data)[axis]}) (ONNX also allows negative ones)")
+        self.add("gather", [data, idx], outs, {"dim": axis}, "GatherElements", name)
+
+    def op_CumSum(self, name, ins, outs, a, consts):
+        if consts[1] is None:
+            return self.add("unmapped:CumSum", ins, outs, {}, "CumSum", name)
+        rank = len(self.g.shape(ins[0]))
+        self.add("cumsum", ins[:1], outs, {"dim": int(np.asarray(consts[1]).reshape(())) % rank,
+                                           "exclusive": bool(a.get("exclusive", 0)),
+                                           "reverse": bool(a.get("reverse", 0))}, "CumSum", name)
 
     def op_Attention(self, name, ins, outs, a, consts):
         """Opset 23's ``Attention`` on 4-D (B, N, S, D) inputs without a mask, a cache, a softcap or
@@ -1006,7 +1087,24 @@ def _has_dynamic_values(inferred) -> bool:
 MAX_FOLD_ROUNDS = 4
 
 
-def _fold_constant_nodes(model, inferred, source: str) -> int:
+def _computed_initializers(model) -> frozenset[str]:
+    """The float initializers computed from no parameter, which folding may go through (a
+    parameter is never folded into a constant): those torch's node metadata shows read while no
+    parameter names them (buffers such as a rotary ``inv_freq``, tables the exporter folded), and
+    those named like a rotary buffer (:func:`~layout_prop.frontends.ir.is_computed_table`)."""
+    from .ir import is_computed_table
+
+    graph = model.graph
+    floats = {t.name for t in graph.initializer if _dtype_name(t.data_type).startswith("float")}
+    found = _torch_parameters(graph, floats)
+    computed = {name for name in floats if is_computed_table(name)}
+    if found is not None:
+        names, read = found
+        computed |= {v for v in read if v not in names}
+    return frozenset(computed)
+
+
+def _fold_constant_nodes(model, inferred, source: str, computed: frozenset[str] = frozenset()) -> int:
     """Replace each node whose inputs are all constants by a ``Constant`` node holding its value
     (the rules the reader folds by: :func:`_fold_table`, the :data:`MAX_FOLD_ELEMENTS` bound checked
     on the shape before anything is computed, float initializers of more than one element never
@@ -1022,7 +1120,7 @@ def _fold_constant_nodes(model, inferred, source: str) -> int:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             continue
         array, _ = _tensor_array(init, f"initializer {init.name!r}", source)
-        if not (np.issubdtype(array.dtype, np.floating) and array.size > 1):
+        if init.name in computed or not (np.issubdtype(array.dtype, np.floating) and array.size > 1):
             consts[init.name] = array
     shapes = {info.name: _static_shape(info) for info in
               list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}
@@ -1073,11 +1171,12 @@ def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGrap
     _fix_input_shapes(model_copy, plan, source)
     _check_ranges(model_copy, source)
     inferred = _infer(model_copy, source)
+    computed = _computed_initializers(model_copy)
     for _ in range(MAX_FOLD_ROUNDS):
-        if not _has_dynamic_values(inferred) or not _fold_constant_nodes(model_copy, inferred, source):
+        if not _has_dynamic_values(inferred) or not _fold_constant_nodes(model_copy, inferred, source, computed):
             break
         inferred = _infer(model_copy, source)
-    return _Reader(inferred, source).read()
+    return _Reader(inferred, source, computed).read()
 
 
 def from_onnx(path_or_model: Any, plan: ShardingPlan | str | Path | dict, *, opaque: bool = False,

@@ -1,6 +1,6 @@
 """Pointwise ops that imported models use on their own: ``sqrt``, ``rsqrt``, ``reciprocal``,
-``sigmoid``, ``tanh``, ``erf``, ``relu``, ``pow(x, exponent)`` and ``gelu_erf`` (GELU without
-the tanh approximation).
+``sigmoid``, ``tanh``, ``erf``, ``relu``, ``pow(x, exponent)``, ``cos``, ``sin`` and ``gelu_erf``
+(GELU without the tanh approximation).
 
 Each is elementwise and not linear: any sharding of x passes through (the output keeps x's
 layout), a Partial x is ``partial-input`` (reduce it first), as for ``exp`` or ``silu``.  Each
@@ -9,6 +9,7 @@ has a numpy kernel and a gradient rule built from existing ops:
 - ``sqrt``: ``dy * 0.5 / y``; ``rsqrt``: ``dy * -0.5 * y**3``; ``reciprocal``: ``-dy * y**2``
 - ``sigmoid``: ``dy * (y - y**2)``; ``tanh``: ``dy - dy * y**2``
 - ``erf``: ``dy * 2/sqrt(pi) * exp(-x**2)``; ``pow``: ``dy * p * x**(p - 1)``
+- ``cos``: ``-dy * sin(x)``; ``sin``: ``dy * cos(x)``
 - ``relu``: ``relu_grad(dy, x) = dy * (x > 0)``, an op of its own, linear in dy
 - ``gelu_erf``: ``gelu_erf_grad(dy, x) = dy * (cdf(x) + x * pdf(x))``, likewise
 
@@ -171,6 +172,26 @@ class ReluGrad(PointwiseRule):
     linear_note = "is linear in dy only"
 
 
+class Cos(_Unary):
+    """``cos(x)``; gradient ``-dy * sin(x)``."""
+
+    name = "cos"
+    aliases = ("Cos",)
+
+    def grad(self, g, x, y, dy, attrs):
+        return g.op("neg", [g.op("mul", [dy, g.op("sin", [x])])])
+
+
+class Sin(_Unary):
+    """``sin(x)``; gradient ``dy * cos(x)``."""
+
+    name = "sin"
+    aliases = ("Sin",)
+
+    def grad(self, g, x, y, dy, attrs):
+        return g.op("mul", [dy, g.op("cos", [x])])
+
+
 class GeluErf(_Unary):
     """``x * 0.5 * (1 + erf(x / sqrt(2)))``, GELU without approximation (torch's default, ONNX's
     ``Gelu``; the registry's ``gelu`` is the tanh approximation); gradient
@@ -222,6 +243,8 @@ def _kernels() -> dict:
         "erf": floating(_erf),
         "relu": floating(lambda x: np.maximum(x, 0)),
         "relu_grad": lambda dy, x: np.asarray(np.where(np.asarray(x) > 0, dy, np.zeros_like(dy))),
+        "cos": floating(np.cos),
+        "sin": floating(np.sin),
         "gelu_erf": lambda x, **_: _gelu_erf(x),
         "gelu_erf_grad": lambda dy, x: _gelu_erf_grad(dy, x),
         "pow": lambda x, exponent: np.asarray(np.power(np.asarray(x, dtype=np.result_type(x, np.float32)),
@@ -229,8 +252,8 @@ def _kernels() -> dict:
     }
 
 
-POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow", "relu", "relu_grad", "gelu_erf",
-                 "gelu_erf_grad")
+POINTWISE_OPS = ("sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "pow", "relu", "relu_grad", "cos", "sin",
+                 "gelu_erf", "gelu_erf_grad")
 
 def _taken(cls) -> bool:
     """Whether the registry already knows the op's name or an alias (a built-in wins; a re-import
@@ -240,7 +263,7 @@ def _taken(cls) -> bool:
     return any(is_registered(name) for name in (cls.name, *cls.aliases))
 
 
-for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow, Relu, ReluGrad, GeluErf, GeluErfGrad):
+for _cls in (Sqrt, Rsqrt, Reciprocal, Sigmoid, Tanh, Erf, Pow, Relu, ReluGrad, Cos, Sin, GeluErf, GeluErfGrad):
     if not _taken(_cls):
         register_op(_cls)
         if _cls.name not in KERNELS:

@@ -345,3 +345,102 @@ def test_flash_keep_prob_below_one_is_refused_on_the_command_line(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "keep_prob=0.9: dropout inside attention is not supported yet" in done.stdout + done.stderr
+
+
+# ==================================================================== context parallelism: Ulysses
+CP4 = DeviceMesh((4,), ("cp",))
+
+
+def test_ulysses_moves_q_k_v_from_the_sequence_to_the_heads():
+    q = spec((2, 8, 16, 4), ["S(2)"], CP4)
+    res = infer("sdpa", q, q, q, causal=True, context_parallel="ulysses")
+    assert wants(res) == ["(S(1))", "(S(1))", "(S(1))"] and layouts(res) == ["(S(1))"]
+    q_violation = next(v for v in res.violations if v.operand == "q")
+    assert (q_violation.code, q_violation.fixable) == ("sharding-mismatch", True)
+    assert q_violation.message == (
+        "context_parallel='ulysses': q's sequence is sharded on mesh axis 'cp' (q is (S(2))); attention runs with the "
+        "heads sharded there instead ((S(1)): Ulysses, an all-to-all of q, key and value, and of the output back)")
+    # the gradient rule agrees: dy arrives with the heads sharded, nothing is partial
+    heads = spec((2, 8, 16, 4), ["S(1)"], CP4)
+    res = infer("scaled_dot_product_attention_grad", heads, heads, heads, heads, causal=True,
+                context_parallel="ulysses")
+    assert res.violations == () and layouts(res) == ["(S(1))"] * 3
+
+
+def test_ulysses_falls_back_to_gathering_when_the_heads_cannot_split():
+    # 8 query heads, 1 kv head: the kv head cannot follow the query heads over 4 ranks
+    q, kv = spec((2, 8, 16, 4), ["S(2)"], CP4), spec((2, 1, 16, 4), ["S(2)"], CP4)
+    res = infer("sdpa", q, kv, kv, context_parallel="ulysses")
+    assert wants(res) == [None, "(R)", "(R)"]
+    assert {v.code for v in res.violations} == {"sharded-kv-sequence"}
+
+
+@pytest.mark.parametrize("ranks, strategy", [(2, "all_gather"), (4, "ulysses")])
+def test_auto_takes_the_strategy_moving_fewer_bytes(ranks, strategy):
+    # equal q, k, v of X bytes on P ranks: gathering k and v moves 2X(P-1)/P, the four all-to-alls 4X(P-1)/P^2:
+    # a tie on 2 ranks (the gather is kept), Ulysses from 3 on
+    mesh = DeviceMesh((ranks,), ("cp",))
+    q = spec((2, 8, 16, 4), ["S(2)"], mesh)
+    res = infer("sdpa", q, q, q, context_parallel="auto")
+    expected = {"all_gather": [None, "(R)", "(R)"], "ulysses": ["(S(1))", "(S(1))", "(S(1))"]}[strategy]
+    assert wants(res) == expected
+
+
+def _greedy_moves(spec_dict):
+    """The collectives the greedy reshard sweep inserts (no whole-graph solver)."""
+    from layout_prop.passes.reshard import Reshard
+    from layout_prop.api import analyze
+
+    graph = Reshard().run(load_spec(spec_dict)).graph
+    moves = []
+    for node in graph.nodes:
+        if node.op == "redistribute" and node.name.startswith("o/"):  # inserted before the attention node o
+            moves.append((node.name, tuple(node.attrs["placements"])))
+    return sorted(moves), analyze(graph).ok
+
+
+def test_ulysses_runs_forward_and_backward_with_gqa_and_the_greedy_sweep_chooses_it():
+    mesh = {"shape": [4], "names": ["cp"]}
+    spec_dict = attention_spec(mesh, (2, 8, 16, 4), (2, 4, 16, 4), ["S(2)"], ["S(2)"],
+                               attrs={"causal": True, "context_parallel": "ulysses"})
+    spec_dict["nodes"].append({"name": "y", "op": "redistribute", "inputs": ["o"], "attrs": {"placements": ["S(2)"]}})
+    spec_dict["outputs"] = ["y"]
+    moves, ok = _greedy_moves(spec_dict)
+    assert ok and moves == [("o/k", ("S(1)",)), ("o/q", ("S(1)",)), ("o/v", ("S(1)",))]
+    rep = run(spec_dict)
+    kinds = {c[1] for c in collectives(rep)}
+    assert kinds == {"all-to-all"}
+
+
+def test_the_whole_graph_solver_chooses_ulysses_where_it_moves_fewer_bytes():
+    # context_parallel all_gather: the greedy sweep gathers k and v (2 x 3/4 of 4 KiB); the solver analyze asks on
+    # small graphs finds the four all-to-alls (4 x 3/16 of 4 KiB) cheaper and keeps them
+    mesh = {"shape": [4], "names": ["cp"]}
+    spec_dict = attention_spec(mesh, (2, 8, 16, 4), (2, 8, 16, 4), ["S(2)"], ["S(2)"])
+    spec_dict["nodes"].append({"name": "y", "op": "redistribute", "inputs": ["o"], "attrs": {"placements": ["S(2)"]}})
+    spec_dict["outputs"] = ["y"]
+    moves, _ = _greedy_moves(spec_dict)
+    assert moves == [("o/k", ("R",)), ("o/v", ("R",))]
+    rep = run(spec_dict)
+    forward = sorted(c for c in collectives(rep) if not c[0].startswith("grad/"))
+    assert forward == [("o/k", "all-to-all", "cp"), ("o/q", "all-to-all", "cp"), ("o/v", "all-to-all", "cp"),
+                       ("y", "all-to-all", "cp")]
+
+
+def test_flash_ulysses_cuts_fused_heads_whole_and_runs():
+    mesh = {"shape": [4], "names": ["cp"]}
+    spec_dict = attention_spec(mesh, (2, 16, 32), (2, 16, 16), ["S(1)"], ["S(1)"], op="FlashAttentionScore",
+                               attrs={"head_num": 8, "sparse_mode": 2, "context_parallel": "auto"})
+    rep = run(spec_dict)
+    assert ("o/query", "all-to-all", "cp") in collectives(rep)
+    # 4 heads of 8 on 8 ranks cannot be whole: the gather stays
+    q = spec((2, 16, 32), ["S(1)"], DeviceMesh((8,), ("cp",)))
+    res = infer("flash_attention_score", q, q, q, head_num=4, context_parallel="ulysses")
+    assert wants(res) == [None, "(R)", "(R)"]
+
+
+def test_context_parallel_must_be_known():
+    q = spec((2, 8, 16, 4), ["R"], CP4)
+    (v,) = infer("sdpa", q, q, q, context_parallel="ring").violations
+    assert (v.code, v.message) == ("invalid-attr", "context_parallel='ring' is not one of ['all_gather', 'ulysses', "
+                                   "'auto']")

@@ -91,7 +91,7 @@ class _Prepared:
 
 def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                            pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
-                           q_start=0, q_total=None, kv_head_map=None):
+                           q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather"):
     from .mindspore_backend import _as_result, _floated, _ms
 
     ops = _ms().ops
@@ -106,7 +106,8 @@ def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scal
 
 def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
                                 sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
-                                actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None):
+                                actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
+                                context_parallel="all_gather"):
     from .mindspore_backend import _floated, _ms, _reduce_kv
 
     ops = _ms().ops

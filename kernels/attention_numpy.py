@@ -133,7 +133,7 @@ class _Prepared:
 
 def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                           pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
-                          q_start=0, q_total=None, kv_head_map=None):
+                          q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather"):
     """``softmax(mask(scale * q k^T)) v`` in ``input_layout`` (keep_prob 1 only: the rule refuses dropout)."""
     q, k, v = _f(query), _f(key), _f(value)
     if head_num == 0:  # no query head on this rank
@@ -146,7 +146,8 @@ def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale
 
 def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
                                sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
-                               actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None):
+                               actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
+                               context_parallel="all_gather"):
     """``(dq, dk, dv)``, recomputing the probabilities."""
     dy, q, k, v = _f(dy), _f(query), _f(key), _f(value)
     if head_num == 0:  # no query head on this rank: it adds nothing to any gradient

@@ -556,7 +556,8 @@ def _reduce_kv(grad, kv_heads: int, index):
     return ops.stack(heads, 1)
 
 
-def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None):
+def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
+          context_parallel="all_gather"):
     ops = _ms().ops
     q, k, v = _floated(q), _floated(k), _floated(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
@@ -566,7 +567,8 @@ def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_
     return _as_result(_to_bnsd(ops.matmul(probs, vb), layout), q, k, v)
 
 
-def _sdpa_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None):
+def _sdpa_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
+               context_parallel="all_gather"):
     ops = _ms().ops
     dy, q, k, v = _floated(dy), _floated(q), _floated(k), _floated(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))

@@ -248,7 +248,8 @@ def reduce_kv(grad: np.ndarray, kv_heads: int, index) -> np.ndarray:
     return out
 
 
-def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None):
+def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
+                                 context_parallel="all_gather"):
     """``softmax(q k^T * scale + mask) v``; ``q_offset`` is the global index of q's first row;
     k and v may have fewer heads than q (``kv_head_map``: :func:`kv_index`)."""
     q, k, v = _f(q), _f(k), _f(v)
@@ -260,7 +261,7 @@ def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=Non
 
 
 def scaled_dot_product_attention_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0,
-                                      kv_head_map=None):
+                                      kv_head_map=None, context_parallel="all_gather"):
     """``(dq, dk, dv)``, recomputing the probabilities."""
     dy, q, k, v = _f(dy), _f(q), _f(k), _f(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))

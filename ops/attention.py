@@ -45,6 +45,15 @@ sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647, actual_seq_qlen=No
     its local ``head_num`` and, for grouped-query heads, its ``kv_head_map`` (all localised).
     The output has query's shape and layout.
 
+    Context parallelism: ``context_parallel`` ``all_gather`` (default), ``ulysses`` or
+    ``auto``, as for ``scaled_dot_product_attention``: with query's sequence sharded on a
+    mesh axis, gather key and value there, or move query, key and value from the sequence
+    to the heads (whole heads only) by all-to-alls (Ulysses), or the one moving fewer
+    bytes.  Ring attention (key/value blocks passed around the axis, overlapped with the
+    blocks' compute; zig-zag order for causal balance) moves the bytes of the all-gather
+    and is not a strategy here: lowering has no point-to-point step and no op that runs
+    collectives inside its kernel, and a zig-zag shard is no placement.
+
 Grad op (``differentiable = False``)
     ``flash_attention_score_grad(dy, query, key, value) -> (dq, dk, dv)`` (aliases
     ``FlashAttentionScoreGrad``, ``npu_fusion_attention_grad``): dq like query; dk and dv like
@@ -90,8 +99,9 @@ from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.core.spec import TensorSpec
 
-from .nn import (_cotangent, _is_float, _is_number, _move_violations, _partial_issue, _want, _with_partials,
-                 float_dtype, gqa_heads_problem, head_ranges, kv_head_map, kv_heads_follow)
+from .nn import (CONTEXT_PARALLEL, _cotangent, _is_float, _is_number, _move_violations, _partial_issue, _want,
+                 _with_partials, float_dtype, gqa_heads_problem, head_ranges, heads_for_sequence, kv_head_map,
+                 kv_heads_follow, moved_bytes, ulysses_issue)
 
 __all__ = ["FlashAttentionScore", "FlashAttentionScoreGrad", "FA_LAYOUTS", "get_rule"]
 
@@ -109,7 +119,8 @@ INT32_MAX = 2 ** 31 - 1
 CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-mismatch", "broadcast-shape",
          "invalid-shape", "invalid-attr", "invalid-input-layout")
 ATTRS = {"head_num": None, "input_layout": "BSH", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 0,
-         "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX, "actual_seq_qlen": None, "actual_seq_kvlen": None}
+         "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX, "actual_seq_qlen": None, "actual_seq_kvlen": None,
+         "context_parallel": "all_gather"}
 
 
 def _bad_attr(message: str, hint: str) -> Violation:
@@ -148,6 +159,10 @@ def _attr_violations(attrs: dict) -> list[Violation]:
     for name in ("pre_tokens", "next_tokens"):
         if not _is_int(attrs[name]):
             out.append(_bad_attr(f"{name}={attrs[name]!r} is not an integer", f"give {name} as an integer"))
+    if attrs["context_parallel"] not in CONTEXT_PARALLEL:
+        out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of {list(CONTEXT_PARALLEL)}",
+                             "all_gather gathers key and value on the axes that shard query's sequence, ulysses "
+                             "moves query, key, value to their heads there, auto takes the one moving fewer bytes"))
     if layout == "TND":
         for name in ("actual_seq_qlen", "actual_seq_kvlen"):
             if attrs[name] is None:
@@ -335,6 +350,10 @@ def _analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
         return None, (None, None), [None, None, None], violations, dims, None
     heads = _Heads(q, dims, attrs)
     q_fixed, issues = _query_layout(q, dims, heads)
+    heads_layout = _ulysses(q, k, v, q_fixed, attrs["context_parallel"], dims, heads)
+    if heads_layout is not None:
+        issues = issues + [ulysses_issue(q, q_fixed, heads_layout, "query", attrs["context_parallel"])]
+        q_fixed = heads_layout
     violations = _move_violations(q, q_fixed, "query", issues)
     wants: list[Layout | None] = [_want(q_fixed, q)]
     kv_wants = []
@@ -344,6 +363,26 @@ def _analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
         wants.append(_want(want, t))
         kv_wants.append(want)
     return q_fixed, tuple(kv_wants), wants, violations, dims, heads
+
+
+def _ulysses(q: TensorSpec, k: TensorSpec, v: TensorSpec, q_fixed: Layout, mode: str, dims: dict,
+             heads: _Heads) -> Layout | None:
+    """The heads-sharded layout query moves to for Ulysses, or None to gather key and value (``nn._ulysses``)."""
+    if mode not in ("ulysses", "auto"):
+        return None
+    heads_layout = heads_for_sequence(q, q_fixed, dims["S"], heads.dim)
+    if heads_layout is None or not heads.whole(q.with_layout(heads_layout), heads_layout.dim_axes(heads.dim)):
+        return None
+    kv_wants = [_kv_layout(q, heads_layout, t, dims, heads) for t in (k, v)]
+    if any(w.dim_axes(heads.dim) != heads_layout.dim_axes(heads.dim) for w in kv_wants):
+        return None
+    if mode == "ulysses":
+        return heads_layout
+    out = TensorSpec(q.shape, q.dtype, heads_layout)
+    gather = sum(moved_bytes(t, _kv_layout(q, q_fixed, t, dims, heads)) for t in (k, v))
+    alltoall = moved_bytes(q, heads_layout) + sum(moved_bytes(t, w) for t, w in zip((k, v), kv_wants)) + \
+        moved_bytes(out, q_fixed)
+    return heads_layout if alltoall < gather else None
 
 
 def _localized(attrs: dict, q: TensorSpec, k: TensorSpec, rank: int) -> dict:

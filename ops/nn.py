@@ -59,6 +59,15 @@ The ops
     Gradients: dq like q; dk and dv like k and v, plus ``P(sum)`` on the mesh axes that
     shard q's sequence (each rank adds the contributions of its own query rows) and on
     those that shard q's heads but not k's and v's (replicated kv heads).
+    Context parallelism, ``context_parallel``: how a sharded query sequence meets the
+    keys.  ``all_gather`` (the default) gathers k and v on the mesh axes that shard q's
+    sequence, as above; ``ulysses`` moves q, k and v there from the sequence to the heads
+    (an all-to-all each, and one of the output back where its consumer wants the
+    sequence: DeepSpeed-Ulysses), when the heads split so (else it gathers); ``auto``
+    takes the one moving fewer bytes (Ulysses from 3 ranks on, for equal q, k, v).  The
+    output then has the heads sharded.  The whole-graph solver (``plan``, and ``analyze``
+    on small graphs) may also choose the heads strategy under ``all_gather`` when it
+    moves fewer bytes.  Ring attention is not a strategy here (see :mod:`.attention`).
 ``swiglu(x, dim=-1)``
     Cuts x into halves ``a, b`` along ``dim``: ``silu(a) * b``.  The split dim is
     Replicate (``sharded-split-dim``: a ``torch.chunk`` shard of it does not hold
@@ -888,6 +897,10 @@ def _attention_attr_violations(attrs: dict) -> list[Violation]:
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
         out.append(_bad_attr(f"q_offset={offset!r} is not a non-negative integer",
                              "leave q_offset out (each rank's offset is filled in by lowering)", "q"))
+    if attrs.get("context_parallel", "all_gather") not in CONTEXT_PARALLEL:
+        out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of {list(CONTEXT_PARALLEL)}",
+                             "all_gather gathers k and v on the axes that shard q's sequence, ulysses moves q, k, v "
+                             "to their heads there, auto takes the one moving fewer bytes", "q"))
     if attrs.get("kv_head_map") is not None:
         out.append(_bad_attr(f"kv_head_map={attrs['kv_head_map']!r} is given, but it is a rank's own map of its "
                              "query heads to its kv heads", "leave kv_head_map out (lowering fills it in)", "q"))
@@ -1065,6 +1078,10 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
         return None, (None, None), [None, None, None], violations, dims
     q_fixed, issues = _whole_dims(q, "q", [dims["D"]], "sharded-head-dim", ATTENTION_OP,
                                   "attention contracts over whole heads", ", or shard B, N or S of q instead")
+    heads_layout = _ulysses(q, k, v, q_fixed, attrs["context_parallel"], dims)
+    if heads_layout is not None:
+        issues = issues + [ulysses_issue(q, q_fixed, heads_layout, "q", attrs["context_parallel"])]
+        q_fixed = heads_layout
     violations += _move_violations(q, q_fixed, "q", issues)
     wants: list[Layout | None] = [_want(q_fixed, q)]
     kv_wants = []
@@ -1074,6 +1091,65 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
         wants.append(_want(want, t))
         kv_wants.append(want)
     return q_fixed, tuple(kv_wants), wants, violations, dims
+
+
+def moved_bytes(spec: TensorSpec, want: Layout) -> float:
+    """Bytes per rank of moving ``spec`` to ``want`` (infinite when no redistribution can)."""
+    from layout_prop.core.redistribute import plan_redistribution
+
+    try:
+        return plan_redistribution(spec, want).bytes_per_rank
+    except LayoutPropError:
+        return math.inf
+
+
+def heads_for_sequence(q: TensorSpec, q_fixed: Layout, s_dim: int, head_dim: int) -> Layout | None:
+    """Ulysses: q's layout with every mesh axis that shards its sequence sharding its heads instead
+    (None when no axis shards the sequence, or the heads cannot be cut so)."""
+    axes = q_fixed.dim_axes(s_dim)
+    if not axes:
+        return None
+    try:
+        layout = Layout(q.mesh, [Shard(head_dim) if a in axes else p for a, p in enumerate(q_fixed.placements)],
+                        q.ndim)
+        q.with_layout(layout)  # a layout that can exist (no size-1 dim over several ranks)
+    except LayoutPropError:
+        return None
+    return layout
+
+
+def ulysses_issue(q: TensorSpec, q_fixed: Layout, heads_layout: Layout, operand: str, mode: str):
+    """The ``(code, message, hint)`` of moving q from its sequence shards to its heads (Ulysses)."""
+    axes = [a for a, (p, h) in enumerate(zip(q_fixed.placements, heads_layout.placements)) if p != h]
+    names = _names(q.mesh, axes)
+    return ("sharding-mismatch", f"context_parallel={mode!r}: {operand}'s sequence is sharded on mesh axis {names} "
+            f"({operand} is {q.layout}); attention runs with the heads sharded there instead ({heads_layout}: "
+            f"Ulysses, an all-to-all of {operand}, key and value, and of the output back)",
+            f"let --reshard insert the all-to-alls, or set context_parallel='all_gather' to gather key and value "
+            f"on {names} instead")
+
+
+def _ulysses(q: TensorSpec, k: TensorSpec, v: TensorSpec, q_fixed: Layout, mode: str, dims: dict) -> Layout | None:
+    """The heads-sharded layout q moves to for Ulysses context parallelism, or None to gather k and v.
+
+    ``mode`` ``ulysses`` moves whenever every kv head then follows its query heads; ``auto`` only
+    when the all-to-alls of q, k, v and the output move fewer bytes than gathering k and v.
+    """
+    if mode not in ("ulysses", "auto"):
+        return None
+    heads_layout = heads_for_sequence(q, q_fixed, dims["S"], dims["N"])
+    if heads_layout is None:
+        return None
+    kv_wants = [_kv_want(q, heads_layout, t, dims) for t in (k, v)]
+    if any(w.dim_axes(dims["N"]) != heads_layout.dim_axes(dims["N"]) for w in kv_wants):
+        return None  # kv heads that cannot split as the query heads: gathering them is no saving
+    if mode == "ulysses":
+        return heads_layout
+    out = TensorSpec(q.shape[:-1] + (v.shape[-1],), q.dtype, heads_layout)
+    gather = sum(moved_bytes(t, _kv_want(q, q_fixed, t, dims)) for t in (k, v))
+    alltoall = moved_bytes(q, heads_layout) + sum(moved_bytes(t, w) for t, w in zip((k, v), kv_wants)) + \
+        moved_bytes(out, q_fixed)
+    return heads_layout if alltoall < gather else None
 
 
 def _q_offset(attrs: dict, q: TensorSpec, rank: int) -> int:
@@ -1095,7 +1171,10 @@ def _kv_head_axes(q_fixed: Layout, kv_want: Layout, dims: dict) -> set[int]:
     return set(q_fixed.dim_axes(dims["N"])) - set(kv_want.dim_axes(dims["N"]))
 
 
-_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "kv_head_map": None}
+_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "kv_head_map": None,
+                    "context_parallel": "all_gather"}
+#: how attention runs with q's sequence sharded: gather k and v, all-to-all to the heads (Ulysses), or the cheaper
+CONTEXT_PARALLEL = ("all_gather", "ulysses", "auto")
 
 
 @register_op

@@ -18,7 +18,7 @@ _GQA = [
 ]
 
 RECORDS = [
-    OpRecord("scaled_dot_product_attention", _GQA, meshes=MESHES, placements=60, id="attention-gqa"),
+    OpRecord("scaled_dot_product_attention", _GQA, meshes=MESHES, placements=40, id="attention-gqa"),
     OpRecord("scaled_dot_product_attention_grad", [
         OpSample([(2, 8, 4, 4), (2, 8, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4)], {"causal": True}),
         OpSample([(2, 6, 3, 2), (2, 6, 3, 4), (2, 3, 3, 4), (2, 3, 3, 2)], {"layout": "BSND"}),
@@ -48,4 +48,17 @@ RECORDS += [
         OpSample([(2, 3, 4, 4), (2, 3, 4, 4), (2, 3, 2, 4), (2, 3, 2, 4)],
                  {"head_num": 4, "input_layout": "BSND", "sparse_mode": 4, "pre_tokens": 0, "next_tokens": 1}),
     ], meshes=MESHES, placements=30, id="flash_attention_score_grad"),
+]
+
+# context parallelism: q's sequence sharded, then Ulysses (q, k, v moved to the heads) or the cheaper strategy
+RECORDS += [
+    OpRecord("scaled_dot_product_attention", [
+        OpSample([(2, 8, 8, 2), (2, 4, 8, 2), (2, 4, 8, 2)], {"causal": True, "context_parallel": "ulysses"}),
+        OpSample([(1, 8, 4, 4), (1, 8, 4, 4), (1, 8, 4, 2)], {"layout": "BSND", "context_parallel": "auto"},
+                 partial_ok=False),
+    ], meshes=MESHES, placements=30, id="attention-context-parallel"),
+    OpRecord("flash_attention_score", [
+        OpSample([(2, 8, 16), (2, 8, 8), (2, 8, 8)], {"head_num": 4, "sparse_mode": 2, "context_parallel": "auto"},
+                 partial_ok=False),
+    ], meshes=MESHES, placements=30, id="flash_attention_score-context-parallel"),
 ]

@@ -27,7 +27,10 @@ def run_demo(print_fn: Callable[[str], None] = print, folder: Path | None = None
     from layout_prop.frontends.generate import llama_spec
     from layout_prop.viz import write_graph
     from layout_prop.runner import run_graph
+    from layout_prop.io.output import check_output
 
+    path = (folder or Path.cwd()) / DEMO_HTML
+    check_output(path)  # a folder one cannot write to is said before the demo starts
     spec = llama_spec(layers=1)
     print_fn("layout-prop demo: a Llama decoder block with RotaryPositionEmbedding on a dp x sp x tp mesh "
              "of 8 ranks (Megatron tensor + sequence parallelism)")
@@ -42,7 +45,6 @@ def run_demo(print_fn: Callable[[str], None] = print, folder: Path | None = None
     print_fn("2. With --reshard and --backward (layouts, then the inserted redistributions):")
     print_fn(format_table(fixed))
     print_fn("")
-    path = (folder or Path.cwd()) / DEMO_HTML
     write_graph(fixed.graph, path, check=fixed.check, title="Llama block, --reshard --backward")
     print_fn(f"3. Wrote {path.resolve()}: open it in a browser; hover a value to see its spec and moves.")
     rep = run_graph(load_spec(spec), backward=True, seed=0)

@@ -13,9 +13,15 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace) -> int:
     """``layout-prop import MODEL --plan PLAN [-o SPEC]``: exit 0 with the spec written."""
+    from layout_prop.core.dependencies import require_model_reader
     from layout_prop.io.loader import format_spec, load_spec
     from layout_prop.frontends import import_spec
 
+    require_model_reader(args.model)  # onnx or MindSpore, said before anything is read
+    if args.output is not None:
+        from layout_prop.io.output import check_output
+
+        check_output(args.output)  # where the spec goes, checked before the model is read
     if args.plan is None:  # list the names a plan may match, and write a plan skeleton
         return _skeleton(args)
     spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)

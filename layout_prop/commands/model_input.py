@@ -15,6 +15,7 @@ __all__ = ["load_graph"]
 def load_graph(args: argparse.Namespace) -> Graph:
     """The graph a command analyses: ``args.spec`` loaded as a spec (``-``: standard input), or
     imported as a model with ``args.plan`` when it is an ``.onnx`` / ``.mindir`` file."""
+    from layout_prop.core.dependencies import require_model_reader
     from layout_prop.io.loader import load_spec
     from layout_prop.frontends import is_model_path, load_model
 
@@ -23,7 +24,8 @@ def load_graph(args: argparse.Namespace) -> Graph:
     if is_model_path(source):
         if plan is None:
             raise SpecError("missing-plan", f"{source!r} is a model: it needs a sharding plan", path=source,
-                            hint="add --plan PLAN.yaml (see the README's 'Your own model')")
+                            hint="add --plan PLAN.yaml (see docs/importing-models.md)")
+        require_model_reader(source)  # onnx or MindSpore, said before anything is read
         return load_model(source, Path(plan), opaque=getattr(args, "opaque", False))  # --plan is always a file
     if plan is not None:
         raise SpecError("unexpected-plan", f"--plan goes with a model (.onnx or .mindir), but {source!r} is a spec",

@@ -293,9 +293,16 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
 def run(args) -> int:
     from .model_input import load_graph
     from layout_prop.io.loader import load_spec
+    from layout_prop.core.dependencies import require
+
+    require("scipy", "plan")  # the solver; before anything is read (it was an internal error after 30 s)
     from layout_prop.planner.solver import InfeasiblePlan
 
     limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
+    if args.output is not None:
+        from layout_prop.io.output import check_output
+
+        check_output(args.output)  # a folder, a missing folder, /dev/full: said now, not after the solve
     graph = load_graph(args)
     baseline = load_spec(args.baseline) if args.baseline is not None else None
     if baseline is not None and (baseline.mesh != graph.mesh or

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from layout_prop.core.errors import SpecError
+from layout_prop.core.errors import ExecutionError, SpecError
 
 from .model_input import load_graph
 from .printing import print_json
@@ -15,7 +15,6 @@ __all__ = ["run"]
 def run(args) -> int:
     from layout_prop.runner import format_nonfinite, run_graph
 
-    graph = load_graph(args)
     backend = args.backend or ("numpy" if args.engine == "sim" else "mindspore")
     nodes = {"nodes": args.nodes, "node_rank": args.node_rank, "master_addr": args.master_addr,
              "master_port": args.master_port, "local_workers": args.local_workers, "emulate_nodes": args.emulate_nodes}
@@ -29,8 +28,16 @@ def run(args) -> int:
         raise SpecError("bad-usage", "--max-time limits the simulator's estimated time; the mindspore engine runs "
                         "every rank in its own process and gives up after --timeout instead",
                         hint="drop --max-time, or use --timeout SECONDS with --engine mindspore")
+    if args.engine == "mindspore":
+        from layout_prop.core.dependencies import require
+
+        require("mindspore", "run --engine mindspore")  # before the spec is read and analysed
+    elif backend != "numpy":  # (run_graph says so too, but after the analysis and the one-device run)
+        raise ExecutionError("backend-unavailable", f"the simulator runs the numpy kernels, not {backend!r}",
+                             hint="use --engine mindspore for the mindspore and cann backends")
     timeout = 300.0 if args.timeout is None else args.timeout
     options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
+    graph = load_graph(args)
     from layout_prop.io.progress import Progress
 
     with Progress(0, "msrun", enabled=False if args.json else None) as bar:  # drawn only on a terminal

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from layout_prop.core.errors import SpecError
+from layout_prop.io.output import check_output
 from layout_prop.viz.files import find_value, output_format, parse_dims, write_graph, write_grid
 from layout_prop.viz.grid import tensor_grid
 from layout_prop.viz.png import _matplotlib
@@ -19,16 +21,21 @@ def run(args: argparse.Namespace) -> int:
     """Run ``layout-prop viz``: 0 when the picture is written; typed errors (exit 2) otherwise."""
     from layout_prop.api import analyze
 
-    graph = load_graph(args)  # a spec, or a model with --plan
     out = Path(args.output)
     fmt = output_format(out)
+    if fmt == "png":
+        _matplotlib()  # png-unavailable, naming the viz extra, before the spec is read
+    try:
+        check_output(out)  # a folder, a missing folder, /dev/full: before the analysis
+    except SpecError as err:  # said as the drawing's own write says it
+        raise VizError(err.code, err.message, path=str(out), hint="check that the folder exists and is writable") \
+            from None
+    graph = load_graph(args)  # a spec, or a model with --plan
     tensor = getattr(args, "tensor", None)
     dims = parse_dims(args.dims) if getattr(args, "dims", None) is not None else None
     if dims is not None and tensor is None:
         raise VizError("bad-usage", "--dims chooses the drawn dims of a tensor's grid, but no --tensor was given",
                        hint="add --tensor NAME, or drop --dims")
-    if fmt == "png":
-        _matplotlib()  # say so before any work
     analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
     flags = [flag for flag, on in (("--reshard", args.reshard), ("--backward", args.backward)) if on]
     title = " ".join([Path(args.spec).name] + flags)

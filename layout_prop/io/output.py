@@ -14,6 +14,11 @@ the complete new one.
   owns, in a folder that others can write to (``/tmp``), is refused instead of followed,
   as the kernel's ``protected_symlinks`` refuses it: it may be a trap pointing at one of
   your files.
+- Where an output goes is checked before a command's work (:func:`check_output`): a
+  folder, a missing folder, a folder one cannot write to, a link that is refused, and a
+  device that refuses writes (``/dev/full``: an empty write, which leaves nothing behind,
+  fails as a real one would) are refused at once, not after a 50 s solve.  A full disk or
+  a quota met half way is still found only by the write itself (the old file then stays).
 - A new file gets the permissions a plain ``open()`` would give it (the kernel applies the
   umask: the process umask is never changed); a replaced file keeps its permissions.  As
   with any rename-based write, a replaced file's other hard links keep the old content
@@ -42,7 +47,7 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_path", "write_text_atomic", "write_output", "resolve_target", "OutputFailed"]
+__all__ = ["atomic_path", "write_text_atomic", "write_output", "check_output", "resolve_target", "OutputFailed"]
 
 
 class OutputFailed(BaseException):
@@ -196,6 +201,58 @@ def write_output(path: str | Path, text: str) -> None:
 
     try:
         write_text_atomic(path, text)
+    except OSError as exc:
+        raise SpecError("write-failed", f"cannot write {cut(str(path))}: {exc.strerror or exc}",
+                        hint="choose a folder that exists and is writable, on a disk with space") from None
+
+
+def _probe(path: Path) -> None:
+    """Raise the ``OSError`` a write to ``path`` would meet before any byte is written."""
+    target, in_place = _target(path)  # a refused link, a loop of links
+    if in_place and os.path.lexists(target):
+        mode = os.stat(target).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            return  # opening a pipe waits for its reader, who may come later: not probed
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # never O_CREAT or O_TRUNC
+        try:
+            os.write(fd, b"")  # nothing written: /dev/full still says ENOSPC, a read-only device EBADF or EROFS
+        finally:
+            os.close(fd)
+        return
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder")
+    folder = target.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(errno.ENOENT, f"its folder {str(folder)!r} does not exist")
+    _new_temporary(folder, target.name).unlink()  # what the write makes first: EACCES, EROFS, EDQUOT here
+
+
+def check_output(path: str | Path) -> None:
+    """Refuse, before a command's work, an output file ``path`` that cannot be written.
+
+    The same checks the write meets, made without writing anything: the target is not a
+    folder, its folder exists, a temporary file can be made in it (and is removed at once),
+    and a device or a file under ``/dev`` accepts an empty write (``/dev/full`` does not).
+    A full disk is found only by the write itself.
+
+    Raises
+    ------
+    layout_prop.core.errors.SpecError
+        ``write-failed``, as :func:`write_output` says it.
+
+    Examples
+    --------
+    >>> check_output("/dev/null")
+    >>> check_output("/")
+    Traceback (most recent call last):
+    ...
+    layout_prop.core.errors.SpecError: write-failed: cannot write '/': it is a folder (hint: choose a folder that \
+exists and is writable, on a disk with space)
+    """
+    from layout_prop.core.errors import SpecError, cut
+
+    try:
+        _probe(Path(path))
     except OSError as exc:
         raise SpecError("write-failed", f"cannot write {cut(str(path))}: {exc.strerror or exc}",
                         hint="choose a folder that exists and is writable, on a disk with space") from None

@@ -132,3 +132,17 @@ def test_bad_flags_are_one_line_exit_2(args, needle):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_moe_propagation_benchmark_prints_both_graphs_and_the_ratio():
+    """benchmarks/moe_propagation.py still runs (tiny sizes; its timing is not asserted)."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    done = subprocess.run([sys.executable, "moe_propagation.py", "--layers", "1", "--experts", "8", "--top-k", "2",
+                           "--repeat", "1"], cwd=bench, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[:2] for line in lines[2:4]] == [["1", "llama"], ["1", "moe"]]
+    assert lines[-1].split(":")[0] in ("OK", "OVER") and "1 layers: cold " in lines[-1]

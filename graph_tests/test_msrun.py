@@ -356,6 +356,7 @@ def kernel_samples(rng) -> dict[str, list[tuple[tuple, dict]]]:
         "concat": [((x, dy, x), {"axis": 1})],
         "unsqueeze": [((x,), {"dim": 1})],
         "squeeze": [((cos,), {"dim": [0, 1]}), ((cos,), {})],
+        "sharding_constraint": [((x,), {"placements": ["S(0)"], "pattern": "y"}), ((x,), {"tensor_map": [0, -1]})],
         **{f"split{n}": [((x,), {"axis": 3})] for n in (2, 4, 8)},
         "split3": [((x,), {"axis": 3, "sizes": [2, 3, 3]})],
         "split5": [((x,), {"axis": 3, "sizes": [1, 1, 2, 2, 2]})],

@@ -302,6 +302,7 @@ SHAPE_KERNELS: dict[str, Callable] = {
     "concat": _concat,
     "unsqueeze": _unsqueeze,
     "squeeze": _squeeze,
+    "sharding_constraint": lambda x, **_pin: _identity(x),  # the local piece unchanged (the attrs are the rule's)
     **{f"split{n}": _counted(_split, n) for n in range(2, 9)},
     **{f"chunk{n}": _counted(_chunk, n) for n in range(2, 9)},
 }

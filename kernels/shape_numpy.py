@@ -26,7 +26,7 @@ import numpy as np
 from layout_prop.core.spec import chunk_bounds
 
 __all__ = ["KERNELS", "reshape", "transpose", "split", "chunk", "slice_axis", "pad_slice", "concat",
-           "unsqueeze", "squeeze"]
+           "unsqueeze", "squeeze", "sharding_constraint"]
 
 
 def reshape(x: np.ndarray, shape: Sequence[int]) -> np.ndarray:
@@ -100,6 +100,12 @@ def squeeze(x: np.ndarray, dim: int | Sequence[int] | None = None) -> np.ndarray
     return np.squeeze(x, axis=dims).copy()
 
 
+def sharding_constraint(x: np.ndarray, placements=None, tensor_map=None, pattern=None) -> np.ndarray:
+    """``x`` itself: a pinned value's layout is the graph's business, the local piece is unchanged
+    (``placements``, ``tensor_map`` and ``pattern`` are the rule's)."""
+    return x.copy()
+
+
 def _variant(fn: Callable, count: int) -> Callable:
     def kernel(x, **attrs):
         return fn(x, count, **attrs)
@@ -117,6 +123,7 @@ KERNELS: dict[str, Callable] = {
     "concat": concat,
     "unsqueeze": unsqueeze,
     "squeeze": squeeze,
+    "sharding_constraint": sharding_constraint,
 }
 for _count in range(2, 9):
     KERNELS[f"split{_count}"] = _variant(split, _count)

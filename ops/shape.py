@@ -143,10 +143,11 @@ from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard, 
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.core.spec import TensorSpec, chunk_bounds
 
-from .common import free_or_violation
+from .common import free_or_violation, plan_summary
 
 __all__ = [
     "Reshape", "Transpose", "SplitRule", "ChunkRule", "Slice", "PadSlice", "Concat", "Unsqueeze", "Squeeze",
+    "ShardingConstraint",
     "SPLIT_VARIANTS", "reshape_groups", "resolve_shape", "shard_blocks", "get_rule",
 ]
 
@@ -1186,3 +1187,81 @@ class Squeeze(_ShapeOpRule):
         if cotangents[0] is None:
             return (None,)
         return (g.op("reshape", [cotangents[0]], {"shape": list(g.spec(inputs[0]).shape)}),)
+
+
+# ------------------------------------------------------------------------------ sharding_constraint
+@register_op
+class ShardingConstraint(_ShapeOpRule):
+    """``sharding_constraint(x, placements)``: ``x`` itself, pinned to the layout ``placements``.
+
+    What a spec's (or plan's) ``constraints:`` section becomes (JAX's
+    ``with_sharding_constraint``, MindSpore's per-op ``shard()``): the loader inserts one
+    such node after each pinned value, named ``VALUE/pinned``, and every consumer reads
+    it.  Its output always has the pinned layout; its input is wanted in it.  A move that
+    costs communication is ``constraint-unmet`` (fixed by ``--reshard``, which inserts
+    the redistribution; not fixable when no redistribution reaches the layout).  A
+    pinned layout that cannot exist for the value (a dim out of range, a size-1 dim
+    sharded) is unusable input, ``invalid-layout`` naming the constraint.  vjp: the
+    cotangent passes through unchanged.
+    """
+
+    name = "sharding_constraint"
+    operands = ("x",)
+    aliases = ("with_sharding_constraint",)
+    attr_defaults = {"placements": None, "tensor_map": None, "pattern": None}
+    violation_codes = ("constraint-unmet",)
+    strided = True  # a strided shard may be pinned, or moved to the pinned layout
+
+    def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
+        out = super().normalize_attrs(attrs, node)
+        if (out["placements"] is None) == (out["tensor_map"] is None):
+            raise OpError("bad-attr", f"op {self.name!r} takes exactly one of placements and tensor_map", node=node,
+                          hint="give the pinned layout as placements: [\"S(0)\", R] (or tensor_map: [0, -1])")
+        return out
+
+    def sample_inputs(self):
+        # tensor_map fits every mesh (0 is its last axis): the testing kit tries each on (2,) and (2, 2)
+        return [_sample([(4, 6)], tensor_map=[0, -1]), _sample([(4, 6)], tensor_map=[-1, -1]),
+                _sample([(6, 4)], tensor_map=[-1, 0])]
+
+    def pinned(self, x: TensorSpec, attrs: dict) -> TensorSpec:
+        """The spec ``x`` is pinned to; ``invalid-layout`` (naming the constraint) if it cannot exist."""
+        from layout_prop.core.errors import SpecError
+
+        try:
+            if attrs["tensor_map"] is not None:
+                layout = Layout.from_tensor_map(x.mesh, list(attrs["tensor_map"]))
+                if layout.ndim != x.ndim:
+                    raise LayoutError("invalid-layout", f"tensor_map {list(attrs['tensor_map'])} has {layout.ndim} "
+                                      f"entries for a tensor of rank {x.ndim}", hint="give one entry per tensor dim")
+                return TensorSpec(x.shape, x.dtype, layout)
+            placements = attrs["placements"]
+            if not isinstance(placements, (list, tuple)):
+                raise LayoutError("bad-type", f"placements must be a list, got {placements!r}",
+                                  hint="write one placement per mesh axis, like [\"S(0)\", R]")
+            return TensorSpec(x.shape, x.dtype, Layout(x.mesh, placements, x.ndim))
+        except LayoutError as err:
+            where = f"constraints[{attrs['pattern']!r}]" if attrs.get("pattern") is not None else "constraints"
+            given = attrs["placements"] if attrs["tensor_map"] is None else attrs["tensor_map"]
+            raise SpecError(err.code, f"the constraint pins a value of shape {list(x.shape)} to "
+                            f"{list(given)}: {err.message}", path=where,
+                            hint=err.hint or "pin a layout that fits the value") from None
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        out = self.pinned(x, attrs)
+        if out.layout == x.layout:
+            return RuleResult((out,))
+        move = plan_summary(x, out.layout)
+        if move.free:
+            return RuleResult((out,), (), (out.layout,))
+        which = f"constraint {attrs['pattern']!r}" if attrs.get("pattern") is not None else "a constraint"
+        how = f"it takes {move.text}" if move.fixable else move.text
+        v = Violation("constraint-unmet", f"the value is {x.layout} but {which} pins it to {out.layout}: {how}",
+                      "shard the producer's inputs so that it computes the pinned layout, or change the "
+                      "constraint", operand="x", fixable=move.fixable,
+                      details={"want": out.layout.placement_strs()})
+        return RuleResult((out,), (v,), (out.layout,))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        return (cotangents[0],)

@@ -10,6 +10,8 @@ A plan is YAML or JSON (a stable user interface, see the README's "Your own mode
       "*.attention.wo.weight": rowwise
       "tok_embeddings.weight": vocab
       "*": R                         # explicit placements work too, and `auto`
+    constraints:                     # pinned activations, as in specs (value names or globs -> placements)
+      "*.attention.wo*": ["S(0)", "S(1)"]
 
 A parameter's entry is a semantic preset (``colwise``, ``rowwise``, ``vocab``,
 ``replicate``, optionally naming the mesh axis: ``colwise(tp)``; ``tp`` by default;
@@ -58,7 +60,7 @@ from layout_prop.core.spec import TensorSpec
 __all__ = ["ShardingPlan", "ParamRule", "ParamUse", "load_plan", "resolve_parameters", "PRESETS"]
 
 PRESETS = ("colwise", "rowwise", "vocab", "replicate", "colwise_fused")
-PLAN_KEYS = {"mesh", "inputs", "parameters"}
+PLAN_KEYS = {"mesh", "inputs", "parameters", "constraints"}
 INPUT_KEYS = {"shape", "placements", "tensor_map", "requires_grad"}
 _PRESET = re.compile(r"^\s*(colwise|rowwise|vocab|replicate)\s*(?:\(\s*([^()\s]+)\s*\))?\s*$")
 _FUSED = re.compile(r"^\s*colwise_fused\s*\(\s*([^(),\s]+)\s*(?:,\s*([^(),\s]+)\s*)?\)\s*$")
@@ -109,6 +111,12 @@ class ShardingPlan:
     inputs: Mapping[str, Mapping[str, Any]]
     parameters: tuple[ParamRule, ...]
     source: str
+    #: pinned activations (``constraints:``, as in specs: :mod:`layout_prop.io.constraints`)
+    constraints: tuple = ()
+
+    def constraints_entry(self) -> dict:
+        """The plan's constraints as a spec's ``constraints:`` mapping (empty when it has none)."""
+        return {c.pattern: list(c.placements) for c in self.constraints}
 
 
 def _err(code: str, message: str, path: str, hint: str) -> SpecError:
@@ -170,7 +178,10 @@ def load_plan(source: str | Path | dict) -> ShardingPlan:
         raise _err("bad-type", f"parameters must be a mapping of glob -> entry, got {params!r}", "parameters",
                    "write parameters: {\"*.wq.weight\": colwise}")
     rules = tuple(_param_rule(mesh, str(pattern), entry) for pattern, entry in params.items())
-    return ShardingPlan(mesh, dict(data["mesh"]), parsed_inputs, rules, name)
+    from .constraints import parse_constraints
+
+    constraints = parse_constraints(data.get("constraints"), mesh)
+    return ShardingPlan(mesh, dict(data["mesh"]), parsed_inputs, rules, name, constraints)
 
 
 def _is_file(text: str) -> bool:

@@ -1,0 +1,185 @@
+"""Pinned activations: a spec's (or sharding plan's) ``constraints:`` section.
+
+JAX's ``with_sharding_constraint``, MindSpore's per-op ``shard()`` and torch's
+``SequenceParallel`` let a user fix the layout of an intermediate value; here a
+``constraints:`` mapping does, from a value name or an fnmatch glob over the values the
+nodes produce to placements (a list, ``R``, ``{placements: [...]}`` or
+``{tensor_map: [...]}``)::
+
+    constraints:
+      l0_attn_out: ["S(0)", "S(1)", R]      # sequence-parallel after the row-parallel projection
+      "l*_q_heads": {tensor_map: [1, -1, 0, -1]}
+
+The loader inserts after each pinned value ``v`` a node ``v/pinned``
+(``sharding_constraint``, :class:`layout_prop.ops.shape.ShardingConstraint`) that every
+consumer of ``v`` (and the graph's outputs) read instead: the pinned layout is the value's
+layout for every consumer.  Propagation meets it: a move that costs communication is a
+``constraint-unmet`` violation, which ``--reshard`` fixes by inserting the redistribution,
+and ``plan`` sees a node whose output layout is fixed.
+
+Unusable constraints are :class:`SpecError` (exit 2), each naming the pattern:
+``bad-type`` / ``bad-placement`` / ``invalid-layout`` (a malformed entry),
+``unmatched-constraint`` (a pattern that matches no value: graph inputs take their
+layout in ``inputs``), ``conflicting-constraints`` (two patterns pinning one value
+differently).  A pinned layout that does not fit the value's shape is found when the
+node is propagated (``invalid-layout`` at ``constraints[PATTERN]``).
+
+Examples
+--------
+>>> from layout_prop.io.loader import load_spec
+>>> g = load_spec({"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4], "placements": ["S(0)"]}},
+...                "nodes": [{"name": "y", "op": "relu", "inputs": ["x"]},
+...                          {"name": "z", "op": "exp", "inputs": ["y"]}],
+...                "constraints": {"y": ["R"]}})
+>>> [(n.name, n.op, list(n.inputs)) for n in g.nodes if not n.is_input]
+[('y', 'relu', ['x']), ('y/pinned', 'sharding_constraint', ['y']), ('z', 'exp', ['y/pinned'])]
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from layout_prop.core.errors import LayoutPropError, SpecError, cut
+from layout_prop.core.graph import Graph, Node
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.placement import parse_placement
+
+__all__ = ["Constraint", "parse_constraints", "apply_constraints", "PINNED_SUFFIX", "CONSTRAINT_OP"]
+
+#: the name of the node pinning value ``v`` is ``v + PINNED_SUFFIX``
+PINNED_SUFFIX = "/pinned"
+CONSTRAINT_OP = "sharding_constraint"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One ``pattern: placements`` entry of a ``constraints:`` section."""
+
+    pattern: str
+    placements: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return f"constraints[{self.pattern!r}]"
+
+
+def _err(code: str, message: str, path: str, hint: str) -> SpecError:
+    return SpecError(code, message, path=path, hint=hint)
+
+
+def parse_constraints(data: Any, mesh: DeviceMesh, path: str = "constraints") -> tuple[Constraint, ...]:
+    """The constraints of a ``constraints:`` mapping (checked against ``mesh``), in order.
+
+    Raises
+    ------
+    SpecError
+        ``bad-type``, ``bad-placement``, ``invalid-layout`` naming the entry.
+    """
+    if data is None:
+        return ()
+    if not isinstance(data, dict):
+        raise _err("bad-type", f"constraints must be a mapping of value name or glob -> placements, got {cut(data)}",
+                   path, "write constraints: {l0_attn_out: [\"S(0)\", R]}")
+    out = []
+    for pattern, entry in data.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise _err("bad-type", f"a constraint's pattern must be a value name or a glob, got {cut(pattern)}",
+                       path, "write the value's name (node, or node:i), or a glob such as \"l*_attn_out\"")
+        out.append(Constraint(pattern, _placements(entry, mesh, f"{path}[{pattern!r}]")))
+    return tuple(out)
+
+
+def _placements(entry: Any, mesh: DeviceMesh, path: str) -> tuple[str, ...]:
+    hint = "write a list of placements (one per mesh axis, like [\"S(0)\", R]), R, {placements: [...]} or " \
+           "{tensor_map: [...]}"
+    if isinstance(entry, str) and entry.strip() in ("R", "Replicate", "Replicate()"):
+        return ("R",) * mesh.ndim
+    if isinstance(entry, dict) and set(entry) == {"placements"}:
+        entry = entry["placements"]
+    elif isinstance(entry, dict) and set(entry) == {"tensor_map"}:
+        if not isinstance(entry["tensor_map"], list):
+            raise _err("bad-type", f"tensor_map must be a list, got {cut(entry['tensor_map'])}", f"{path}.tensor_map",
+                       "write one entry per tensor dim, like [1, -1]")
+        try:
+            layout = Layout.from_tensor_map(mesh, entry["tensor_map"])
+        except LayoutPropError as err:
+            raise _err(err.code, err.message, f"{path}.tensor_map", err.hint or hint) from None
+        return tuple(layout.placement_strs())
+    if not isinstance(entry, list):
+        raise _err("bad-type", f"a constraint takes placements, got {cut(entry)}", path, hint)
+    if len(entry) != mesh.ndim:
+        raise _err("invalid-layout", f"{len(entry)} placements {cut(entry)} for a mesh of {mesh.ndim} axes "
+                   f"{list(mesh.names)}", path, "give exactly one placement per mesh axis")
+    placements = []
+    for i, p in enumerate(entry):
+        try:
+            placements.append(str(parse_placement(p)))
+        except LayoutPropError as err:
+            raise _err(err.code, err.message, f"{path}[{i}]", err.hint or hint) from None
+    return tuple(placements)
+
+
+def apply_constraints(graph: Graph, constraints: tuple[Constraint, ...]) -> Graph:
+    """``graph`` with a ``sharding_constraint`` node after each pinned value (module docstring).
+
+    A new graph; ``graph`` is left as it was.
+
+    Raises
+    ------
+    SpecError
+        ``unmatched-constraint``, ``conflicting-constraints``, each naming the pattern(s).
+    """
+    if not constraints:
+        return graph
+    values = [v for node in graph.nodes if not node.is_input for v in node.outputs]
+    pins: dict[str, Constraint] = {}
+    for c in constraints:
+        matched = [v for v in values if fnmatch.fnmatchcase(v, c.pattern)]
+        if not matched:
+            raise _err("unmatched-constraint", f"constraint pattern {cut(c.pattern)} matches no value", c.path,
+                       _unmatched_hint(graph, c.pattern, values))
+        for v in matched:
+            other = pins.setdefault(v, c)
+            if other.placements != c.placements:
+                raise _err("conflicting-constraints", f"value {cut(v)} is pinned to {list(other.placements)} by "
+                           f"{other.pattern!r} and to {list(c.placements)} by {c.pattern!r}", c.path,
+                           "pin each value once: narrow one of the patterns, or give both the same placements")
+    taken = {n.name for n in graph.nodes} | set(values)
+    renamed: dict[str, str] = {}
+    nodes: list[Node] = []
+    for node in graph.topo_order():
+        inputs = tuple(renamed.get(v, v) for v in node.inputs)
+        nodes.append(node if inputs == node.inputs else
+                     Node(node.name, node.op, inputs, node.attrs, node.num_outputs, dict(node.meta)))
+        for v in node.outputs:
+            c = pins.get(v)
+            if c is None or node.is_input:
+                continue
+            name = _fresh(v + PINNED_SUFFIX, taken)
+            taken.add(name)
+            renamed[v] = name
+            nodes.append(Node(name, CONSTRAINT_OP, (v,), {"placements": list(c.placements), "pattern": c.pattern}))
+    outputs = [renamed.get(v, v) for v in graph.outputs]
+    return Graph.from_nodes(graph.mesh, nodes, outputs, graph.meta)
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, i = base, 1
+    while name in taken:
+        i += 1
+        name = f"{base}{i}"
+    return name
+
+
+def _unmatched_hint(graph: Graph, pattern: str, values: list[str]) -> str:
+    inputs = [n.name for n in graph.inputs() if fnmatch.fnmatchcase(n.name, pattern)]
+    if inputs:
+        return f"{cut(inputs[0])} is a graph input: give its layout in inputs (constraints pin values nodes produce)"
+    close = difflib.get_close_matches(pattern, values, n=1)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"values are named like {values[0]!r}" if values else "the graph has no nodes"

@@ -1,0 +1,21 @@
+"""Records of ``sharding_constraint`` (issue 29, pinned activations): the node a spec's
+``constraints:`` section inserts after each pinned value.  Every input placement meets each
+pinned layout: equal (nothing to do), a free local slice, or ``constraint-unmet`` fixed by the
+redistribution ``--reshard`` inserts; forward and backward compared with one device.
+"""
+
+from . import OpRecord, OpSample
+
+
+def _pinned(shape, placements) -> OpSample:
+    return OpSample([shape], {"placements": list(placements)}, strided=True)
+
+
+RECORDS = [
+    OpRecord("sharding_constraint", [_pinned((4, 6), ["S(0)"]), _pinned((4, 6), ["R"]), _pinned((6, 4), ["S(1)"]),
+                                     _pinned((8, 2), ["_S(0,2)"])],
+             meshes=((4,),), placements="all", id="constraint-1d"),
+    OpRecord("sharding_constraint", [_pinned((4, 6), ["S(0)", "S(1)"]), _pinned((5, 3), ["R", "S(0)"]),
+                                     _pinned((4, 6), ["S(1)", "R"])],
+             meshes=((2, 2),), placements="all", id="constraint-2d"),
+]

@@ -30,9 +30,10 @@ from .errors import LayoutError, cut
 
 __all__ = ["DeviceMesh", "MAX_RANKS", "MAX_MESH_AXES", "MAX_TENSOR_RANK"]
 
-#: the most ranks a mesh may have (2^16). Analysis (check, explain, viz, lower) takes time
-#: linear in the rank count (the cost model visits every rank group of a redistribution's
-#: mesh axis): a few seconds per redistribution at this limit; execution runs every rank.
+#: the most ranks a mesh may have (2^16). Analysis (check, explain, viz, lower) visits classes
+#: of alike ranks (``rank_classes`` in spec.py), not every rank: mostly a handful per mesh axis,
+#: so its time grows with the graph far more than with the rank count; execution (run) runs
+#: every rank, and refuses up front what it estimates past --max-time or the memory.
 MAX_RANKS = 2 ** 16
 #: the most axes a mesh may have: numpy 1.x's limit on an array's dims (32; MindSpore needs
 #: numpy < 2), which the executors reach (the array of a mesh's ranks has one dim per axis)

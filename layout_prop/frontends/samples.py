@@ -1,4 +1,4 @@
-"""Sample models for the tests, the benchmark and the README: a Llama decoder laid out as
+"""Sample models for the tests and the benchmarks: a Llama decoder laid out as
 ``torch.onnx.export`` writes it (the TorchScript exporter on a Meta-style Llama, opset 17).
 
 Per layer: RMSNorm decomposed (``Pow``, ``ReduceMean``, ``Add`` eps, ``Sqrt``,

@@ -1,6 +1,6 @@
 """Sharding plans: the mesh, the inputs' layouts and the parameters' layouts of an imported model.
 
-A plan is YAML or JSON (a stable user interface, see the README's "Your own model")::
+A plan is YAML or JSON (a stable user interface, see docs/importing-models.md)::
 
     mesh: {shape: [2, 4], names: [dp, tp]}
     inputs:                          # graph inputs by name: placements or tensor_map, as in specs

@@ -1,5 +1,5 @@
 """The index family: gather, index_select, scatter, scatter_add, index_add, index_copy, gather_nd, scatter_nd,
-index_put, masked_fill, where, one_hot, isin.
+index_put, masked_fill, masked_scatter, where, one_hot, isin.
 
 What the op database (``layout_prop/testing/opdb/index.py``, run by test_opdb and
 test_gradients) does not cover:
@@ -125,6 +125,21 @@ def test_gather_nd_scatter_nd_index_put_follow_onnx_and_torch():
                                   [0, 7, 0])
 
 
+def test_masked_scatter_follows_torch():
+    mask = np.array([[0, 0, 0, 1, 1], [1, 1, 0, 1, 1]], bool)  # torch's masked_scatter example
+    source = np.arange(10.0).reshape(2, 5)
+    np.testing.assert_array_equal(K["masked_scatter"](np.zeros((2, 5)), mask, source), [[0, 0, 0, 0, 1],
+                                                                                       [2, 3, 0, 4, 5]])
+    # a rank's piece: columns [3, 5) count the true places before them in the whole mask
+    np.testing.assert_array_equal(K["masked_scatter"](np.full((2, 2), -1.0), mask, source, box=[[0, 2], [3, 5]],
+                                                      full_shape=[2, 5]), [[0, 1], [4, 5]])
+    grad = K["masked_scatter_src_grad"](np.arange(10.0).reshape(2, 5) + 1, mask, shape=[2, 4])
+    np.testing.assert_array_equal(grad, [[4, 5, 6, 7], [9, 10, 0, 0]])
+    with pytest.raises(ExecutionError) as err:
+        K["masked_scatter"](np.zeros((2, 5)), mask, np.ones(5))
+    assert err.value.code == "source-too-small" and "mask has 6 true places but source only 5" in err.value.message
+
+
 def test_masked_fill_where_one_hot_isin():
     out = K["masked_fill"](np.array([[1, 2, 3], [4, 5, 6]]), np.array([True, False, True]), value=-1)
     np.testing.assert_array_equal(out, [[-1, 2, -1], [-1, 5, -1]])
@@ -213,6 +228,10 @@ BAD = [
      "mask of shape [4, 1, 5] does not broadcast to x's shape [4, 5]"),
     ("masked_fill", {"x": entry((4, 5)), "mask": entry((4, 5), "bool")}, {}, "bad-attr",
      "needs attribute(s) ['value']"),
+    ("masked_scatter", {"x": entry((4, 5)), "mask": entry((2, 4, 5), "bool"), "src": entry((40,))}, {},
+     "invalid-shape", "mask of shape [2, 4, 5] does not broadcast to x's shape [4, 5]"),
+    ("masked_scatter", {"x": entry((4, 5)), "mask": entry((4, 5), "bool"), "src": entry((40,), "float16")}, {},
+     "invalid-dtype", "source has dtype float16 but x float32"),
     ("where", {"c": entry((4, 5), "float32"), "x": entry((4, 5)), "z": entry((5,))}, {}, "invalid-dtype",
      "condition has dtype float32"),
     ("where", {"c": entry((4, 5), "bool"), "x": entry((3, 5)), "z": entry((5,))}, {}, "invalid-shape",
@@ -232,7 +251,12 @@ def test_unusable_input_is_a_typed_error(op, inputs, attrs, code, text):
     assert err.value.node == "y" and err.value.hint
 
 
-@pytest.mark.parametrize("case", [BAD[0], BAD[6], BAD[16], BAD[21]], ids=lambda b: f"{b[0]}-{b[3]}")
+CLI_CASES = [next(b for b in BAD if b[0] == op and b[3] == code) for op, code in (
+    ("gather", "invalid-dtype"), ("index_select", "invalid-rank"), ("masked_fill", "invalid-shape"),
+    ("one_hot", "bad-attr"), ("scatter_nd", "bad-attr"))]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=lambda b: f"{b[0]}-{b[3]}")
 def test_unusable_input_on_the_command_line_is_one_line_exit_2(case, tmp_path, capsys):
     op, inputs, attrs, code, text = case
     path = tmp_path / "bad.json"
@@ -240,7 +264,7 @@ def test_unusable_input_on_the_command_line_is_one_line_exit_2(case, tmp_path, c
     assert main(["check", str(path)]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()
-    assert err.startswith(f"layout-prop: error: {code} at node 'y'") and text in err and "\n" not in err and "Traceback" not in err
+    assert err.startswith(f"layout-prop: error: {code} at ") and "node 'y'" in err and text in err and "\n" not in err and "Traceback" not in err
 
 
 # ============================================================================ layouts by hand
@@ -348,6 +372,8 @@ FD_CASES = [
      {"accumulate": True}, {"x": _normal(3, 2), "index": np.array([[0, 1], [2, 1], [0, 1]]), "src": _normal(3)}),
     ("masked_fill", {"x": entry((3, 4), F64), "mask": entry((4,), "bool", grad=False)}, {"value": 2.5},
      {"x": _normal(3, 4), "mask": np.array([True, False, False, True])}),
+    ("masked_scatter", {"x": entry((3, 4), F64), "mask": entry((4,), "bool", grad=False), "src": entry((8,), F64)},
+     {}, {"x": _normal(3, 4), "mask": np.array([True, False, False, True]), "src": _normal(8)}),
     ("where", {"c": entry((3, 1), "bool", grad=False), "x": entry((3, 4), F64), "z": entry((4,), F64)}, {},
      {"c": np.array([[True], [False], [True]]), "x": _normal(3, 4), "z": _normal(4)}),
 ]

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .index_numpy import check_range, last_writes, nd_last_writes, nd_targets
+from .index_numpy import check_range, last_writes, mask_order, nd_last_writes, nd_targets
 
 __all__ = ["KERNELS"]
 
@@ -228,6 +228,38 @@ def scatter_nd_src_grad(dy, indices, starts=None, dim_sizes=None):
     return ops.where(mask, picked, ops.zeros_like(picked))
 
 
+def masked_scatter(x, mask, source, box=None, full_shape=None):
+    """numpy bookkeeping of which source element each true place takes, then MindSpore ``gather`` and
+    ``tensor_scatter_update``."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    x, source = to_tensor(x), to_tensor(source)
+    local_mask, order = mask_order("masked_scatter", to_numpy(mask), tuple(x.shape) if full_shape is None else
+                                   full_shape, box, int(source.size))
+    flat = np.flatnonzero(local_mask)
+    if len(flat) == 0:
+        return x.copy()
+    values = ops.gather(ops.reshape(source, (-1,)), to_tensor(order[local_mask].astype(np.int64)), 0)
+    return _scatter_flat(x, flat, values, add=False)
+
+
+def masked_scatter_src_grad(dy, mask, shape, box=None, full_shape=None):
+    """MindSpore ``gather`` of dy at the true places, ``tensor_scatter_update`` into zeros of ``shape``."""
+    from .mindspore_backend import to_numpy, to_tensor
+
+    ops = _ms_ops().ops
+    dy = to_tensor(dy)
+    local_mask, order = mask_order("masked_scatter_src_grad", to_numpy(mask), tuple(dy.shape) if full_shape is None
+                                   else full_shape, box)
+    zeros = ops.zeros((int(np.prod(shape, dtype=np.int64)),), dy.dtype)
+    flat = np.flatnonzero(local_mask)
+    if len(flat) == 0:
+        return ops.reshape(zeros, tuple(shape))
+    values = ops.gather(ops.reshape(dy, (-1,)), to_tensor(flat.astype(np.int64)), 0)
+    return ops.reshape(_scatter_flat(zeros, order[local_mask], values, add=False), tuple(shape))
+
+
 def masked_fill(x, mask, value):
     from .mindspore_backend import to_tensor
 
@@ -285,6 +317,8 @@ KERNELS: dict[str, Callable] = {
     "index_put": index_put,
     "scatter_nd_src_grad": scatter_nd_src_grad,
     "masked_fill": masked_fill,
+    "masked_scatter": masked_scatter,
+    "masked_scatter_src_grad": masked_scatter_src_grad,
     "where": where,
     "one_hot": one_hot,
     "isin": isin,

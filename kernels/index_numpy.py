@@ -28,7 +28,7 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 
-__all__ = ["KERNELS", "check_range", "last_writes", "nd_last_writes", "nd_targets"]
+__all__ = ["KERNELS", "check_range", "last_writes", "nd_last_writes", "nd_targets", "mask_order"]
 
 
 def check_range(op: str, index: np.ndarray, size: int, what: str = "index") -> None:
@@ -244,6 +244,38 @@ def scatter_nd_src_grad(dy, indices, starts=None, dim_sizes=None):
     return np.where(wins.reshape(wins.shape + (1,) * (picked.ndim - wins.ndim)), picked, np.zeros((), picked.dtype))
 
 
+def mask_order(op: str, mask, full_shape, box, source_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The piece ``box`` of ``mask`` broadcast to ``full_shape``, and for each of its places the number
+    of true places before it in the whole mask (row-major): the source element it takes."""
+    whole = np.broadcast_to(np.asarray(mask, bool), tuple(full_shape))
+    count = int(whole.sum())
+    if source_size is not None and count > source_size:
+        raise ExecutionError("source-too-small", f"{op}: mask has {count} true places but source only "
+                             f"{source_size} elements", hint="give source at least as many elements as the mask "
+                                                             "has true places")
+    order = (np.cumsum(whole.reshape(-1)) - 1).reshape(whole.shape)
+    piece = tuple(slice(a, b) for a, b in (box if box is not None else [(0, n) for n in whole.shape]))
+    return whole[piece], order[piece]
+
+
+def masked_scatter(x, mask, source, box=None, full_shape=None):
+    """x with its true places (of the whole mask) filled in row-major order from ``source``."""
+    local_mask, order = mask_order("masked_scatter", mask, x.shape if full_shape is None else full_shape, box,
+                                   np.size(source))
+    out = np.array(x, copy=True)
+    out[local_mask] = np.asarray(source, dtype=x.dtype).reshape(-1)[order[local_mask]]
+    return out
+
+
+def masked_scatter_src_grad(dy, mask, shape, box=None, full_shape=None):
+    """A ``shape`` gradient of source: dy at the true places of the rank's piece, zeros elsewhere."""
+    local_mask, order = mask_order("masked_scatter_src_grad", mask, dy.shape if full_shape is None else full_shape,
+                                   box)
+    out = np.zeros(int(np.prod(shape, dtype=np.int64)), dy.dtype)
+    out[order[local_mask]] = dy[local_mask]
+    return out.reshape(tuple(shape))
+
+
 def masked_fill(x, mask, value):
     return np.where(mask, np.asarray(value).astype(x.dtype), x)
 
@@ -275,6 +307,8 @@ KERNELS: dict[str, Callable] = {
     "index_put": index_put,
     "scatter_nd_src_grad": scatter_nd_src_grad,
     "masked_fill": masked_fill,
+    "masked_scatter": masked_scatter,
+    "masked_scatter_src_grad": masked_scatter_src_grad,
     "where": where,
     "one_hot": one_hot,
     "isin": isin,

@@ -1,6 +1,6 @@
 """Rules of the index op family: gather, index_select, scatter, scatter_add, index_add, index_copy, gather_nd,
-scatter_nd, index_put, masked_fill, where, one_hot, isin (and the grad ops scatter_src_grad,
-index_copy_src_grad, scatter_nd_src_grad).
+scatter_nd, index_put, masked_fill, masked_scatter, where, one_hot, isin (and the grad ops
+scatter_src_grad, index_copy_src_grad, scatter_nd_src_grad, masked_scatter_src_grad).
 
 Every rule decides, per mesh axis, what the op computes there (an :class:`AxisChoice`):
 which placement each operand needs on that axis and which placement the output gets.
@@ -60,6 +60,10 @@ The ops and their layout rules
     ``mask`` bool, broadcasting to x's shape; elementwise rule (a Partial x or mask must
     be reduced first: filling every term would add ``value`` once per rank).
     vjp: ``masked_fill(dy, mask, 0)``.
+``masked_scatter(x, mask, source)`` (``aten.masked_scatter``)
+    x's true places (in row-major order) filled from the leading elements of source; x
+    keeps any shard, mask and source stay whole (the count of true places before a
+    rank's piece depends on the whole mask).  See the class.
 ``where(condition, x, y)`` (ONNX ``Where``, ``aten.where``, MindSpore ``Select``)
     ``condition`` bool; numpy broadcasting; elementwise rule (Partial operands are
     reduced first).  vjp: ``dy_y = masked_fill(dy, condition, 0)``, ``dx = dy - dy_y``,
@@ -110,7 +114,8 @@ from .common import plan_summary
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
 
 __all__ = ["AxisChoice", "choose_axes", "Gather", "ScatterSrcGrad", "IndexSelect", "Scatter", "ScatterAdd", "IndexAdd",
-           "IndexCopy", "IndexCopySrcGrad", "GatherNd", "ScatterNdSrcGrad", "ScatterNd", "IndexPut", "MaskedFill",
+           "IndexCopy", "IndexCopySrcGrad", "GatherNd", "ScatterNdSrcGrad", "ScatterNd", "IndexPut", "MaskedScatter",
+           "MaskedScatterSrcGrad", "MaskedFill",
            "Where", "OneHot", "IsIn", "get_rule"]
 
 LAYOUT_CODES = ("partial-input", "sharding-mismatch")
@@ -1031,6 +1036,148 @@ class Where(ElementwiseRule):
         dy_y = g.op("masked_fill", [dy, condition], {"value": 0.0})
         dx = sum_to_shape(g, g.op("sub", [dy, dy_y]), g.spec(x).shape) if needs[1] else None
         return (None, dx, sum_to_shape(g, dy_y, g.spec(y).shape) if needs[2] else None)
+
+
+# ===================================================================== masked_scatter
+def _box(x: TensorSpec, rank: int) -> dict:
+    """The localised attrs of a masked_scatter piece: the rank's [start, stop) per dim and x's global shape."""
+    return {"box": [list(b) for b in x.local_slices(rank)], "full_shape": list(x.shape)}
+
+
+def _check_mask(op: str, mask: TensorSpec, shape: tuple[int, ...], target: str) -> None:
+    check_bool(op, "mask", mask)
+    if broadcast_shapes([shape, mask.shape]) != shape:
+        raise _shape_error(op, f"mask of shape {list(mask.shape)} does not broadcast to {target}'s shape "
+                           f"{list(shape)}", f"give mask {target}'s shape, or 1 in dims to broadcast")
+
+
+@register_op
+class MaskedScatter(OpRule):
+    """``masked_scatter(x, mask, source)``: x with the true places of ``mask`` (broadcast to x's shape)
+    filled, in row-major order, by the leading elements of ``source`` (flattened).
+
+    Which source element lands where depends on how many true places come before, anywhere
+    in the mask, so mask and source stay whole on every rank (a rank counts over the whole
+    mask and keeps its piece: localised ``box``, ``full_shape``); x keeps any shard, and a
+    ``P(sum|avg)`` x or source passes through with the other the same Partial (the op is
+    linear in both together).  A source with fewer elements than the mask has true places
+    is ``source-too-small`` at run time.  vjp: ``dx = masked_fill(dy, mask, 0)``, ``dsource =
+    masked_scatter_src_grad(dy, mask)`` (dy at the true places, in order; 0 for unused source).
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> x = TensorSpec((4, 6), "float32", Layout(mesh, ["S(1)"], 2))
+    >>> mask = TensorSpec((4, 6), "bool", Layout(mesh, ["S(1)"], 2))
+    >>> source = TensorSpec((30,), "float32", Layout(mesh, ["R"], 1))
+    >>> res = MaskedScatter().infer_layout((x, mask, source), {})
+    >>> str(res.outputs[0].layout), [(v.code, v.operand) for v in res.violations]
+    ('(S(1))', [('sharding-mismatch', 'mask')])
+    """
+
+    name = "masked_scatter"
+    operands = ("x", "mask", "source")
+    aliases = ("aten.masked_scatter", "torch.masked_scatter", "MaskedScatter")
+    attr_defaults: dict = {}
+    violation_codes = LAYOUT_CODES
+
+    def sample_inputs(self):
+        from layout_prop.testing.opdb import samples_for
+
+        return samples_for(self.name)
+
+    def infer_layout(self, inputs, attrs):
+        x, mask, source = inputs
+        _check_mask(self.name, mask, x.shape, "x")
+        if source.dtype != x.dtype:
+            raise OpError("invalid-dtype", f"{self.name}: source has dtype {source.dtype} but x {x.dtype}",
+                          hint="cast source to x's dtype")
+
+        def options(axis):
+            px, ps = x.layout.placements[axis], source.layout.placements[axis]
+            out = []
+            if isinstance(px, Shard):
+                out.append(AxisChoice((px, R, R), px, f"the fill of x's piece of dim {px.dim}, counting over the "
+                                      "whole mask (mask and source whole)"))
+            for p in (px, ps):
+                if _linear_partial(p):
+                    out.append(AxisChoice((p, R, p), p, f"the fill of each {p} term of x and source (mask whole)"))
+            return out + [AxisChoice((R, R, R), R, "the whole fill")]
+
+        choices, violations, wants = choose_axes(self.name, self.operands, inputs, options)
+        out = TensorSpec(x.shape, x.dtype, Layout(x.mesh, [c.output for c in choices], x.ndim))
+        return RuleResult((out,), tuple(violations), wants)
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, **_box(inputs[0], rank)}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None:
+            return (None, None, None)
+        x, mask, source = inputs
+        dx = g.op("masked_fill", [dy, mask], {"value": 0.0}) if needs[0] else None
+        dsource = g.op("masked_scatter_src_grad", [dy, mask], {"shape": list(g.spec(source).shape)}) \
+            if needs[2] else None
+        return (dx, None, dsource)
+
+
+@register_op
+class MaskedScatterSrcGrad(OpRule):
+    """``masked_scatter_src_grad(dy, mask, shape)``: the gradient of masked_scatter's source, of
+    ``shape``: dy at the mask's true places in row-major order, then zeros.
+
+    A rank with a piece of dy fills the source elements of its true places (counting over
+    the whole mask) and leaves zeros elsewhere: ``P(sum)``.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> dy = TensorSpec((4, 6), "float32", Layout(mesh, ["S(0)"], 2))
+    >>> mask = TensorSpec((6,), "bool", Layout(mesh, ["R"], 1))
+    >>> str(MaskedScatterSrcGrad().infer_layout((dy, mask), {"shape": [30]}).outputs[0])
+    'float32[30] (P(sum))'
+    """
+
+    name = "masked_scatter_src_grad"
+    operands = ("dy", "mask")
+    attr_defaults = {"shape": None}
+    required_attrs = ("shape",)
+    violation_codes = LAYOUT_CODES
+    differentiable = False
+
+    def sample_inputs(self):
+        from layout_prop.testing.opdb import samples_for
+
+        return samples_for(self.name)
+
+    def infer_layout(self, inputs, attrs):
+        dy, mask = inputs
+        _check_mask(self.name, mask, dy.shape, "dy")
+        shape = attrs.get("shape")
+        if not isinstance(shape, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
+                                                       for n in shape):
+            raise OpError("bad-attr", f"{self.name}: shape must be a list of non-negative integers, got {shape!r}",
+                          hint="give the source's shape")
+
+        def options(axis):
+            p = dy.layout.placements[axis]
+            out = []
+            if isinstance(p, Shard):
+                out.append(AxisChoice((p, R), Partial("sum"), f"the source elements of dy's piece of dim {p.dim} "
+                                      "(zeros for the others, a partial sum), with mask whole"))
+            if _linear_partial(p):
+                out.append(AxisChoice((p, R), p, f"the source elements of each {p} term of dy (mask whole)"))
+            return out + [AxisChoice((R, R), R, "the whole gradient")]
+
+        choices, violations, wants = choose_axes(self.name, self.operands, inputs, options)
+        out = TensorSpec(tuple(shape), dy.dtype, Layout(dy.mesh, [c.output for c in choices], len(shape)))
+        return RuleResult((out,), tuple(violations), wants)
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return {**attrs, **_box(inputs[0], rank)}
 
 
 # ===================================================================== one_hot, isin

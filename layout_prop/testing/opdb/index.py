@@ -1,6 +1,6 @@
 """Records of the index family: gather, index_select, scatter, scatter_add, scatter_src_grad, index_add,
-index_copy, index_copy_src_grad, gather_nd, scatter_nd, index_put, scatter_nd_src_grad, masked_fill, where,
-one_hot, isin.
+index_copy, index_copy_src_grad, gather_nd, scatter_nd, index_put, scatter_nd_src_grad, masked_fill, masked_scatter,
+masked_scatter_src_grad, where, one_hot, isin.
 
 The kit's random integers lie in [0, 8), so every indexed (or scattered) dim has at least
 8 entries (an index outside the dim is an ``index-out-of-range`` error, not a sample) and
@@ -70,6 +70,13 @@ RECORDS = [
         OpSample([(5, 3), (3,)], {"value": 0}, dtypes=["float32", "bool"], requires_grad=[True, False]),
         OpSample([(2, 1, 4), (1, 4)], {"value": 7}, dtypes=["int64", "bool"], requires_grad=[False, False]),
     ], meshes=MESHES, placements=40, id="index-masked_fill"),
+    OpRecord("masked_scatter", [
+        OpSample([(4, 5), (4, 5), (21,)], dtypes=["float32", "bool", "float32"], requires_grad=[True, False, True]),
+        OpSample([(5, 1, 3), (3,), (5, 3)], dtypes=["float32", "bool", "float32"], requires_grad=[True, False, True]),
+    ], meshes=MESHES, placements=30, id="index-masked_scatter"),
+    OpRecord("masked_scatter_src_grad", [
+        OpSample([(5, 3), (5, 3)], {"shape": [16]}, dtypes=["float32", "bool"], requires_grad=[False, False]),
+    ], meshes=MESHES, placements=30, backward=False, id="index-masked_scatter_src_grad"),
     OpRecord("where", [
         OpSample([(4, 3), (4, 3), (3,)], dtypes=["bool", "float32", "float32"], requires_grad=[False, True, True]),
         OpSample([(5, 1), (5, 4), (1, 4)], dtypes=["bool", "float32", "float32"], requires_grad=[False, True, True]),

@@ -11,11 +11,15 @@ def _pinned(shape, placements) -> OpSample:
     return OpSample([shape], {"placements": list(placements)}, strided=True)
 
 
+def _mapped(shape, tensor_map) -> OpSample:
+    return OpSample([shape], {"tensor_map": list(tensor_map)}, strided=True)
+
+
 RECORDS = [
     OpRecord("sharding_constraint", [_pinned((4, 6), ["S(0)"]), _pinned((4, 6), ["R"]), _pinned((6, 4), ["S(1)"]),
                                      _pinned((8, 2), ["_S(0,2)"])],
              meshes=((4,),), placements="all", id="constraint-1d"),
-    OpRecord("sharding_constraint", [_pinned((4, 6), ["S(0)", "S(1)"]), _pinned((5, 3), ["R", "S(0)"]),
-                                     _pinned((4, 6), ["S(1)", "R"])],
+    # tensor_map pins fit any mesh (0 is its last axis), as the gradient test's 1-axis meshes need
+    OpRecord("sharding_constraint", [_mapped((4, 6), [0, -1]), _mapped((5, 3), [-1, 0]), _mapped((4, 6), [-1, -1])],
              meshes=((2, 2),), placements="all", id="constraint-2d"),
 ]

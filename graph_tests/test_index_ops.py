@@ -383,3 +383,14 @@ FD_CASES = [
 def test_vjp_matches_finite_differences(op, inputs, attrs, data):
     expected = sum(v.size for v in data.values() if v.dtype == np.float64)
     assert _fd_check(op, inputs, attrs, data) == expected > 0
+
+
+def test_gradients_do_not_read_the_values_they_zero():
+    """dx of a lookup is zeros where nothing was looked up, even where x is infinite (zeros_like, not x * 0)."""
+    graph_spec = one_node("gather", {"x": entry((1, 3), F64, ["R"]), "index": entry((1, 2), "int64", ["R"], False)},
+                          {"dim": 1}, mesh=(1,))
+    graph_spec["mesh"]["names"] = ["dp"]
+    joint = analyze(load_spec(graph_spec), backward=True).graph
+    env = execute_global(joint, {"x": np.array([[np.inf, 2.0, np.nan]]), "index": np.array([[1, 1]]),
+                                 "cotangent/y": np.array([[0.5, 0.25]])})
+    np.testing.assert_array_equal(env["grad/x"], [[0.0, 0.75, 0.0]])

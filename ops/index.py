@@ -20,12 +20,12 @@ The ops and their layout rules
     sharded alike on another dim of equal size in both: output sharded there; index
     sharded on ``dim``: output sharded there, x whole on that axis; a ``P(sum|avg)`` x
     with Replicate index passes through (the op is linear in x).
-    vjp: ``scatter_add`` of the cotangent into zeros of x's shape (``scale(x, 0)``).
+    vjp: ``scatter_add`` of the cotangent into ``zeros_like(x)``.
 ``index_select(x, index, dim)`` (ONNX ``Gather``, ``aten.index_select``)
     ``index`` 1-D integer; the output is x with ``dim`` replaced by ``len(index)``.  x
     sharded on ``dim``: ``P(sum)`` as for gather; x sharded on another dim: output sharded
     there; index sharded: output sharded on ``dim``; ``P(sum|avg)`` x passes through.
-    vjp: ``index_add`` of the cotangent into zeros of x's shape.
+    vjp: ``index_add`` of the cotangent into ``zeros_like(x)``.
 ``scatter(x, index, src, dim)`` (ONNX ``ScatterElements``, MindSpore ``TensorScatterElements``, ``aten.scatter``)
     and ``scatter_add(x, index, src, dim)`` (``aten.scatter_add``, MindSpore ``ScatterAddWithAxis``)
     ``out = x`` with ``out[i][index[i][j]][j] = src[i][j]`` (dim 1; ``+=`` for scatter_add).
@@ -40,7 +40,7 @@ The ops and their layout rules
     contributions to its term of x (a Replicate x becomes ``P(sum)`` terms for free),
     output ``P(sum)``; x or src ``P(sum|avg)`` (the other the same Partial, index
     Replicate): both ops are linear in (x, src) together, the Partial passes through.
-    vjp: ``dx = dy`` (scatter: dy with the written places zeroed); ``dsrc = gather(dy,
+    vjp: ``dx = dy`` (scatter: ``scatter(dy, index, zeros_like(src))``); ``dsrc = gather(dy,
     index, dim)`` for scatter_add, and for scatter ``scatter_src_grad(dy, index, dim)``:
     the same where the entry is the last write to its element, 0 where a later entry
     overwrote it (torch gives every duplicate the gradient, as if each had been written).
@@ -50,7 +50,7 @@ The ops and their layout rules
     vjp: ``dx = dy``, ``dsrc = index_select(dy, index, dim)``.
 ``index_copy(x, index, src, dim)`` (``aten.index_copy``, MindSpore ``InplaceIndexCopy``)
     index_add that writes instead of adding (the last of duplicate indices wins); sharded
-    like scatter.  vjp: ``dx = index_copy(dy, index, 0)``, ``dsrc = index_copy_src_grad(dy,
+    like scatter.  vjp: ``dx = index_copy(dy, index, zeros_like(src))``, ``dsrc = index_copy_src_grad(dy,
     index, dim)``: index_select of dy where the index is the last occurrence of its value.
 ``gather_nd(x, indices)`` (ONNX ``GatherND``, MindSpore ``GatherNd``), ``scatter_nd(x, indices, updates,
     reduction)`` (ONNX ``ScatterND``, MindSpore ``TensorScatterUpdate``) and ``index_put(x, indices,
@@ -66,8 +66,8 @@ The ops and their layout rules
     rank's piece depends on the whole mask).  See the class.
 ``where(condition, x, y)`` (ONNX ``Where``, ``aten.where``, MindSpore ``Select``)
     ``condition`` bool; numpy broadcasting; elementwise rule (Partial operands are
-    reduced first).  vjp: ``dy_y = masked_fill(dy, condition, 0)``, ``dx = dy - dy_y``,
-    each summed back to its operand's shape.
+    reduced first).  vjp: ``dx = where(condition, dy, zeros_like(dy))``, ``dy_y =
+    masked_fill(dy, condition, 0)``, each summed back to its operand's shape.
 ``one_hot(indices, num_classes)`` (ONNX ``OneHot``, ``aten.one_hot``, MindSpore ``OneHot``)
     int64 output ``indices.shape + (num_classes,)``; shards of ``indices`` carry over.
 ``isin(elements, test_elements)`` (``aten.isin``, ONNX-free)
@@ -303,7 +303,7 @@ class _LookupRule(OpRule):
         dy = cotangents[0]
         if dy is None or not needs[0]:
             return (None, None)
-        zeros = g.op("scale", [inputs[0]], {"factor": 0.0})
+        zeros = g.op("zeros_like", [inputs[0]])
         return (g.op(self.grad_op, [zeros, inputs[1], dy], {"dim": attrs["dim"]}), None)  # indices: no gradient
 
 
@@ -546,7 +546,7 @@ class Scatter(_ScatterElementsRule):
         dsrc = g.op("scatter_src_grad", [dy, inputs[1]], {"dim": attrs["dim"]})
         dx = None
         if needs[0]:
-            zeros = g.op("sub", [dsrc, dsrc])  # zeros of src's shape (dy finite)
+            zeros = g.op("zeros_like", [inputs[2]])
             dx = g.op("scatter", [dy, inputs[1], zeros], {"dim": attrs["dim"]})
         return (dx, None, dsrc if needs[2] else None)
 
@@ -652,7 +652,7 @@ class IndexCopy(IndexAdd):
         dsrc = g.op("index_copy_src_grad", [dy, inputs[1]], {"dim": attrs["dim"]})
         dx = None
         if needs[0]:
-            zeros = g.op("sub", [dsrc, dsrc])  # zeros of src's shape (dy finite)
+            zeros = g.op("zeros_like", [inputs[2]])
             dx = g.op("index_copy", [dy, inputs[1], zeros], {"dim": attrs["dim"]})
         return (dx, None, dsrc if needs[2] else None)
 
@@ -707,7 +707,7 @@ class GatherNd(OpRule):
     tuples in its piece, zeros elsewhere, output ``P(sum)`` (localised ``starts``,
     ``dim_sizes``); x sharded on a trailing dim: the output's matching dim; indices sharded on
     a batch dim: the output's; ``P(sum|avg)`` x passes through.  vjp: ``scatter_nd`` (add) of
-    the cotangent into zeros of x's shape.
+    the cotangent into ``zeros_like(x)``.
 
     Examples
     --------
@@ -765,7 +765,7 @@ class GatherNd(OpRule):
         dy = cotangents[0]
         if dy is None or not needs[0]:
             return (None, None)
-        zeros = g.op("scale", [inputs[0]], {"factor": 0.0})
+        zeros = g.op("zeros_like", [inputs[0]])
         return (g.op("scatter_nd", [zeros, inputs[1], dy], {"reduction": "add"}), None)
 
 
@@ -902,7 +902,7 @@ class ScatterNd(OpRule):
         dupdates = g.op("scatter_nd_src_grad", [dy, inputs[1]])
         dx = None
         if needs[0]:
-            zeros = g.op("sub", [dupdates, dupdates])  # zeros of updates' shape (dy finite)
+            zeros = g.op("zeros_like", [inputs[2]])
             dx = g.op("scatter_nd", [dy, inputs[1], zeros], {"reduction": "none"})
         return (dx, None, dupdates if needs[2] else None)
 
@@ -1033,9 +1033,12 @@ class Where(ElementwiseRule):
         if dy is None:
             return (None, None, None)
         condition, x, y = inputs
-        dy_y = g.op("masked_fill", [dy, condition], {"value": 0.0})
-        dx = sum_to_shape(g, g.op("sub", [dy, dy_y]), g.spec(x).shape) if needs[1] else None
-        return (None, dx, sum_to_shape(g, dy_y, g.spec(y).shape) if needs[2] else None)
+        dx = dy_y = None
+        if needs[1]:
+            dx = sum_to_shape(g, g.op("where", [condition, dy, g.op("zeros_like", [dy])]), g.spec(x).shape)
+        if needs[2]:
+            dy_y = sum_to_shape(g, g.op("masked_fill", [dy, condition], {"value": 0.0}), g.spec(y).shape)
+        return (None, dx, dy_y)
 
 
 # ===================================================================== masked_scatter

@@ -331,20 +331,31 @@ def test_flash_runs_sharded_forward_and_backward():
                                                           "actual_seq_kvlen": [3, 4, 7]}))
 
 
-def test_flash_keep_prob_below_one_is_refused_on_the_command_line(tmp_path):
-    import subprocess
-    import sys
+def test_flash_dropout_draws_what_one_device_draws_on_every_layout():
+    # keep_prob 0.75: the draws are keyed by the global (b, n, i, j) index, so batch on dp, heads on tp, the query
+    # sequence on tp (k, v gathered) and Ulysses all equal one device, forward and backward
+    mesh = {"shape": [2, 2], "names": ["dp", "tp"]}
+    attrs = {"head_num": 4, "sparse_mode": 2, "keep_prob": 0.75, "seed": 7}
+    for q_placements, kv_placements, extra in ((["S(0)", "S(2)"], ["S(0)", "R"], {}),
+                                               (["R", "S(1)"], ["R", "S(1)"], {}),
+                                               (["R", "S(1)"], ["R", "S(1)"], {"context_parallel": "ulysses"})):
+        run(attention_spec(mesh, (2, 8, 16), (2, 8, 8), q_placements, kv_placements, op="FlashAttentionScore",
+                           attrs={**attrs, **extra}))
 
-    import yaml
 
-    path = tmp_path / "fa.yaml"
-    path.write_text(yaml.safe_dump(attention_spec({"shape": [2], "names": ["dp"]}, (2, 4, 8), (2, 4, 8), ["S(0)"],
-                                                  ["S(0)"], op="FlashAttentionScore",
-                                                  attrs={"head_num": 2, "keep_prob": 0.9})))
-    done = subprocess.run([sys.executable, "-m", "layout_prop.cli", "check", str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "keep_prob=0.9: dropout inside attention is not supported yet" in done.stdout + done.stderr
+def test_flash_dropout_drops_about_one_minus_keep_prob_and_its_backward_is_exact():
+    rng = np.random.default_rng(6)
+    keep = attention_numpy.dropout_keep((2, 4, 64, 64), 0.75, 3, (0, 0, 0, 0), (2, 4, 64, 64))
+    assert abs(keep.mean() - 0.75) < 0.01  # 32,768 draws: the standard deviation of the mean is 0.0024
+    q, k, v = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 5, 4)), rng.standard_normal((1, 5, 4))
+    attrs = {"head_num": 2, "keep_prob": 0.6, "seed": 1, "scale": 0.5}
+    fwd = attention_numpy.flash_attention_score
+    dy = rng.standard_normal(q.shape)
+    dq, dk, dv = attention_numpy.flash_attention_score_grad(dy, q, k, v, **attrs)
+    np.testing.assert_allclose(dq, _finite_difference(lambda t: fwd(t, k, v, **attrs), q, dy), atol=1e-7)
+    np.testing.assert_allclose(dk, _finite_difference(lambda t: fwd(q, t, v, **attrs), k, dy), atol=1e-7)
+    np.testing.assert_allclose(dv, _finite_difference(lambda t: fwd(q, k, t, **attrs), v, dy), atol=1e-7)
+    assert not np.allclose(fwd(q, k, v, **attrs), fwd(q, k, v, **{**attrs, "keep_prob": 1.0}))
 
 
 # ==================================================================== context parallelism: Ulysses

@@ -7,7 +7,8 @@ inside functions, not at the top.
 matmul, a masked softmax) with the formulas of :mod:`.attention_numpy`: MindSpore's own
 ``ops.flash_attention_score`` runs on Ascend only (Atlas A2), not on CPU.  The mask, a
 function of the attrs and shapes alone, is made by numpy (``attention_numpy.attention_mask``)
-and handed over as a tensor.
+and handed over as a tensor, as are the dropout draws (MindSpore's generator cannot be keyed by
+global indices: ``counter_uniform`` of the loss family draws them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from .attention_numpy import INT32_MAX, attention_mask
+from .attention_numpy import INT32_MAX, _draws, attention_mask
 
 __all__ = ["KERNELS"]
 
@@ -68,6 +69,16 @@ def _probs(qb, kb, mask: np.ndarray, scale: float):
     return e / ops.where(total > 0, total, ops.ones_like(total))
 
 
+def _dropped(t, keep: np.ndarray | None, keep_prob: float):
+    """``t`` where the dropout mask ``keep`` (numpy's draws) keeps, scaled by ``1/keep_prob``; 0 elsewhere."""
+    if keep is None:
+        return t
+    from .mindspore_backend import _ms, to_tensor
+
+    ops = _ms().ops
+    return ops.where(to_tensor(keep), t / keep_prob, ops.zeros_like(t))
+
+
 class _Prepared:
     """q, k, v in BNSD (k and v with one head per query head), and the mask (``attention_numpy._Prepared``)."""
 
@@ -91,7 +102,8 @@ class _Prepared:
 
 def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                            pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
-                           q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather"):
+                           q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather", seed=0,
+                           b_start=0, b_total=None, head_start=0, head_total=None):
     from .mindspore_backend import _as_result, _floated, _ms
 
     ops = _ms().ops
@@ -100,14 +112,16 @@ def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scal
         return _as_result(ops.zeros(q.shape, q.dtype), q, k, v)
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
                   actual_seq_kvlen, q_start, q_total, kv_head_map)
-    probs = _probs(p.qb, p.kb, p.mask, scale)
+    probs = _dropped(_probs(p.qb, p.kb, p.mask, scale), _draws(p, keep_prob, seed, b_start, b_total, head_start,
+                                                                head_total, q_start, q_total), keep_prob)
     return _as_result(_from_bnsd(ops.matmul(probs, p.vb), input_layout).reshape(q.shape), q, k, v)
 
 
 def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
                                 sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
                                 actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
-                                context_parallel="all_gather"):
+                                context_parallel="all_gather", seed=0, b_start=0, b_total=None, head_start=0,
+                                head_total=None):
     from .mindspore_backend import _floated, _ms, _reduce_kv
 
     ops = _ms().ops
@@ -118,8 +132,9 @@ def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="B
                   actual_seq_kvlen, q_start, q_total, kv_head_map)
     dyb = _to_bnsd(dy, input_layout, head_num)
     probs = _probs(p.qb, p.kb, p.mask, scale)
-    dv = ops.matmul(ops.swapaxes(probs, -1, -2), dyb)
-    dprobs = ops.matmul(dyb, ops.swapaxes(p.vb, -1, -2))
+    keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)
+    dv = ops.matmul(ops.swapaxes(_dropped(probs, keep, keep_prob), -1, -2), dyb)
+    dprobs = _dropped(ops.matmul(dyb, ops.swapaxes(p.vb, -1, -2)), keep, keep_prob)
     dscores = probs * (dprobs - ops.sum(dprobs * probs, -1, True)) * scale
     dq = ops.matmul(dscores, p.kb)
     dk = ops.matmul(ops.swapaxes(dscores, -1, -2), p.qb)

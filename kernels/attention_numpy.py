@@ -28,7 +28,7 @@ import numpy as np
 from .nn_numpy import _f, _result, expand_kv, kv_index, reduce_kv
 
 __all__ = ["KERNELS", "flash_attention_score", "flash_attention_score_grad", "visible", "attention_mask", "to_bnsd",
-           "from_bnsd"]
+           "from_bnsd", "dropout_keep"]
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -105,6 +105,27 @@ def attention_mask(q_rows: int, skv: int, q_start: int, q_total: int, sparse_mod
     return mask
 
 
+def dropout_keep(shape, keep_prob: float, seed: int, offsets, global_shape):
+    """The kept probabilities of a ``(B, N, Sq, Skv)`` piece at ``offsets`` of ``global_shape``
+    (None: nothing dropped); the loss family's ``dropout_mask``, keyed by global indices."""
+    if keep_prob == 1:
+        return None
+    from .loss_numpy import dropout_mask
+
+    return dropout_mask(shape, 1.0 - keep_prob, seed, offsets, global_shape)
+
+
+def _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total):
+    """The dropout mask of a prepared piece (``_Prepared``), or None."""
+    if keep_prob == 1:
+        return None
+    b, n, sq, skv = p.qb.shape[0], p.qb.shape[1], p.qb.shape[2], p.kb.shape[2]
+    offsets = (b_start, head_start, q_start, 0)
+    global_shape = (b if b_total is None else b_total, n if head_total is None else head_total,
+                    sq if q_total is None else q_total, skv)
+    return dropout_keep((b, n, sq, skv), keep_prob, seed, offsets, global_shape)
+
+
 def _probs(qb, kb, mask, scale):
     """Softmax probabilities of ``scale * q k^T`` under ``mask``; a row that sees no key is zeros."""
     scores = np.where(mask, np.matmul(qb, np.swapaxes(kb, -1, -2)) * scale, -np.inf)
@@ -133,21 +154,27 @@ class _Prepared:
 
 def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                           pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
-                          q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather"):
-    """``softmax(mask(scale * q k^T)) v`` in ``input_layout`` (keep_prob 1 only: the rule refuses dropout)."""
+                          q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather", seed=0,
+                          b_start=0, b_total=None, head_start=0, head_total=None):
+    """``dropout(softmax(mask(scale * q k^T))) v`` in ``input_layout``; ``b_start``... locate a rank's
+    piece of the probabilities for the dropout draws (localised)."""
     q, k, v = _f(query), _f(key), _f(value)
     if head_num == 0:  # no query head on this rank
         return _result(np.zeros(q.shape), q, k, v)
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
                   actual_seq_kvlen, q_start, q_total, kv_head_map)
     probs = _probs(p.qb, p.kb, p.mask, scale)
+    keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)
+    if keep is not None:
+        probs = np.where(keep, probs / keep_prob, 0.0)
     return _result(from_bnsd(np.matmul(probs, p.vb), input_layout).reshape(q.shape), q, k, v)
 
 
 def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
                                sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
                                actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
-                               context_parallel="all_gather"):
+                               context_parallel="all_gather", seed=0, b_start=0, b_total=None, head_start=0,
+                               head_total=None):
     """``(dq, dk, dv)``, recomputing the probabilities."""
     dy, q, k, v = _f(dy), _f(query), _f(key), _f(value)
     if head_num == 0:  # no query head on this rank: it adds nothing to any gradient
@@ -156,8 +183,12 @@ def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BS
                   actual_seq_kvlen, q_start, q_total, kv_head_map)
     dyb = to_bnsd(dy, input_layout, head_num)
     probs = _probs(p.qb, p.kb, p.mask, scale)
-    dv = np.matmul(np.swapaxes(probs, -1, -2), dyb)
+    keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)
+    dropped = probs if keep is None else np.where(keep, probs / keep_prob, 0.0)
+    dv = np.matmul(np.swapaxes(dropped, -1, -2), dyb)
     dprobs = np.matmul(dyb, np.swapaxes(p.vb, -1, -2))
+    if keep is not None:
+        dprobs = np.where(keep, dprobs / keep_prob, 0.0)
     dscores = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True)) * scale
     dq = np.matmul(dscores, p.kb)
     dk = np.matmul(np.swapaxes(dscores, -1, -2), p.qb)

@@ -3,7 +3,8 @@
 The op
 ------
 ``flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
-sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647, actual_seq_qlen=None, actual_seq_kvlen=None)``
+sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647, actual_seq_qlen=None, actual_seq_kvlen=None,
+context_parallel="all_gather", seed=0)``
     MindSpore's ``ops.flash_attention_score`` (the CANN kernel FlashAttentionScore, torch_npu's
     ``npu_fusion_attention``): ``softmax(mask(scale * q k^T)) v`` per batch and head.  Aliases
     ``FlashAttentionScore``, ``npu_fusion_attention``.  One output, the
@@ -32,8 +33,12 @@ sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647, actual_seq_qlen=No
     many for q as for k and v, the last one T; a query attends only to the keys of its own
     sequence, with the mask of that sequence.
 
-    ``keep_prob`` < 1 (dropout) is ``invalid-attr`` until the counter-based generator of the
-    loss family (``counter_uniform``) is in: a sharded run must draw what one device draws.
+    ``keep_prob`` < 1: dropout of the probabilities (kept ones scaled by ``1/keep_prob``),
+    MindSpore's ``drop_mask`` drawn here by the loss family's counter-based generator:
+    probability ``(b, n, i, j)`` (global batch, query head, query row, key; ``(0, n, t, j)``
+    for TND) is kept when ``counter_uniform(seed, its row-major index) >= 1 - keep_prob``,
+    so every layout draws what one device draws (``seed``, default 0, is this op's own
+    attr; MindSpore takes the mask as a tensor instead).
 
     Layout rule (as ``scaled_dot_product_attention``): query drives it.  Its batch, head
     and sequence dims (T for ``TND``) shard freely; a fused ``H`` dim only into whole heads
@@ -68,8 +73,8 @@ Violation codes
 - ``sharding-mismatch``: key or value shard B or the heads unlike query; dy unlike the output.
 - ``broadcast-shape``: a cotangent of the wrong shape.
 - ``invalid-shape``: shapes the layout or head_num cannot take (ranks, B, D, head counts).
-- ``invalid-attr``: an attr value the op cannot take (head_num, scale, keep_prob, sparse_mode,
-  pre/next_tokens, the sequence lengths).
+- ``invalid-attr``: an attr value the op cannot take (head_num, scale, keep_prob, seed,
+  sparse_mode, pre/next_tokens, the sequence lengths, context_parallel).
 - ``invalid-input-layout``: an ``input_layout`` other than BSH, SBH, BNSD, BSND, TND.
 
 Examples
@@ -120,7 +125,7 @@ CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-m
          "invalid-shape", "invalid-attr", "invalid-input-layout")
 ATTRS = {"head_num": None, "input_layout": "BSH", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 0,
          "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX, "actual_seq_qlen": None, "actual_seq_kvlen": None,
-         "context_parallel": "all_gather"}
+         "context_parallel": "all_gather", "seed": 0}
 
 
 def _bad_attr(message: str, hint: str) -> Violation:
@@ -147,10 +152,9 @@ def _attr_violations(attrs: dict) -> list[Violation]:
     keep = attrs["keep_prob"]
     if not _is_number(keep) or not 0 < keep <= 1:
         out.append(_bad_attr(f"keep_prob={keep!r} is not a probability in (0, 1]", "give keep_prob in (0, 1]"))
-    elif keep != 1:
-        out.append(_bad_attr(f"keep_prob={keep!r}: dropout inside attention is not supported yet (it needs the "
-                             "counter-based generator counter_uniform, so that a sharded run draws what one device "
-                             "draws)", "use keep_prob=1.0, or apply dropout outside the attention"))
+    if not _is_int(attrs["seed"]) or attrs["seed"] < 0:
+        out.append(_bad_attr(f"seed={attrs['seed']!r} is not a non-negative integer",
+                             "give seed, the key of the dropout draws, as an integer"))
     mode = attrs["sparse_mode"]
     if not _is_int(mode) or mode not in SPARSE_MODES:
         out.append(_bad_attr(f"sparse_mode={mode!r} is not one of {list(SPARSE_MODES)} (0 band, 2 top-left causal, "
@@ -398,6 +402,10 @@ def _localized(attrs: dict, q: TensorSpec, k: TensorSpec, rank: int) -> dict:
     if heads.count(q) != heads.count(k):
         kv_heads = tuple(b // unit for b in k_slices[heads.dim])
         out["kv_head_map"] = kv_head_map(q_heads, kv_heads, heads.count(q) // heads.count(k))
+    if attrs["keep_prob"] != 1:  # the dropout draws are keyed by the global (B, N1, S1, S2) index
+        b = dims["B"]
+        out.update(b_start=0 if b is None else q_slices[b][0], b_total=1 if b is None else q.shape[b],
+                   head_start=q_heads[0], head_total=heads.count(q))
     return out
 
 

@@ -1,6 +1,6 @@
 """Kernel samples of the attention op family (see the package docstring): every input layout,
 the sparse modes, grouped-query heads (with and without a rank's ``kv_head_map``), a rank's
-piece of the query rows (``q_start``, ``q_total``) and packed sequences (TND)."""
+piece of the query rows (``q_start``, ``q_total``), packed sequences (TND) and dropout."""
 
 
 def samples(rng, f32) -> dict:
@@ -19,6 +19,9 @@ def samples(rng, f32) -> dict:
         (bsnd, {"head_num": 2, "input_layout": "BSND", "pre_tokens": 1, "next_tokens": 1}),
         (tnd, {"head_num": 4, "sparse_mode": 3, **packed}),
         (tnd, {"head_num": 4, "sparse_mode": 2, "q_start": 2, "q_total": 9, **packed}),
+        (bsh, {"head_num": 4, "keep_prob": 0.7, "seed": 3}),  # dropout, one device
+        (bnsd, {"head_num": 4, "input_layout": "BNSD", "keep_prob": 0.8, "seed": 5, "b_start": 2, "b_total": 4,
+                "head_start": 4, "head_total": 8, "q_start": 3, "q_total": 6}),  # a rank's piece of the draws
     ]
     grad = [((f32(*args[0].shape),) + args, attrs) for args, attrs in forward]
     return {"flash_attention_score": forward, "flash_attention_score_grad": grad}

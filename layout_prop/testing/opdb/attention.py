@@ -39,7 +39,7 @@ _FLASH = [
 ]
 
 RECORDS += [
-    OpRecord("flash_attention_score", _FLASH, meshes=MESHES, placements=40, id="flash_attention_score"),
+    OpRecord("flash_attention_score", _FLASH, meshes=MESHES, placements=30, id="flash_attention_score"),
     OpRecord("flash_attention_score_grad", [
         OpSample([(2, 5, 16), (2, 5, 16), (2, 6, 8), (2, 6, 8)], {"head_num": 4, "sparse_mode": 2}),
         OpSample([(7, 4, 4), (7, 4, 4), (6, 2, 4), (6, 2, 4)],
@@ -60,5 +60,8 @@ RECORDS += [
     OpRecord("flash_attention_score", [
         OpSample([(2, 8, 16), (2, 8, 8), (2, 8, 8)], {"head_num": 4, "sparse_mode": 2, "context_parallel": "auto"},
                  partial_ok=False),
+        OpSample([(2, 6, 4, 4), (2, 6, 2, 4), (2, 6, 2, 4)],
+                 {"head_num": 4, "input_layout": "BSND", "keep_prob": 0.7, "seed": 2, "context_parallel": "auto"},
+                 partial_ok=False),  # dropout: the draws keyed by global indices on every layout
     ], meshes=MESHES, placements=30, id="flash_attention_score-context-parallel"),
 ]

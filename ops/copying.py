@@ -271,6 +271,12 @@ class UnbindRule(OpRule):
     attr_defaults = {"dim": 0}
     violation_codes = ("sharded-unbind-dim", "partial-input")
 
+    def sample_inputs(self):
+        from layout_prop.core.registry import OpSample
+
+        n = self.num_outputs
+        return [OpSample([(3, n)], {"dim": 1}), OpSample([(n, 5)], {"dim": 0})]
+
     def infer_layout(self, inputs, attrs):
         (x,) = inputs
         dim = _dim(self.name, attrs["dim"], x.ndim)

@@ -454,6 +454,15 @@ class CrossEntropyCombine(_CombineBase):
     operands = ("parts", "logits_max", "target")
     aliases = ("VocabParallelCrossEntropyCombine",)
 
+    def sample_inputs(self):
+        """For ``verify`` and the layout walks: random parts give a NaN loss where a sum of exponentials is drawn
+        negative (alike on every rank); no op-database record, whose first sample the finite-difference test
+        would take (``graph_tests/test_loss_ops.py`` checks this op's gradient on real parts)."""
+        from layout_prop.core.registry import OpSample
+
+        return [OpSample([(5, 3), (5,), (5,)], {"num_classes": 9, "reduction": "none"},
+                         dtypes=["float32", "float32", "int64"], requires_grad=[True, True, False])]
+
     def infer_layout(self, inputs, attrs):
         parts, m, target = inputs
         x_want, t_want, m_want, token_axes, violations = _combine_analysis(self.name, parts, m, target, attrs)
@@ -566,7 +575,7 @@ class Dropout(OpRule):
 class Multinomial(OpRule):
     """``multinomial(probs, num_samples, replacement=False, seed=0)``: ``num_samples`` class
     indices (int64) per row of ``probs`` (``[..., classes]``, non-negative weights that need
-    not sum to one), as ``torch.multinomial``.
+    not sum to one), as ``torch.multinomial``; integer weights (counts) are taken too.
 
     Draws come from ``counter_uniform`` keyed by global indices, so every layout draws what
     one device draws: with replacement, draw ``j`` of row ``r`` (the row's row-major index)
@@ -611,9 +620,9 @@ class Multinomial(OpRule):
 
     def infer_layout(self, inputs, attrs):
         (probs,) = inputs
-        if probs.ndim == 0 or not np.issubdtype(np.dtype(probs.dtype), np.floating):
+        if probs.ndim == 0 or probs.dtype == "bool":
             raise OpError("invalid-shape", f"multinomial: probs is {probs.dtype}{list(probs.shape)}; it must be a "
-                          "floating tensor of at least one dim, the classes last", hint="give probs [..., classes]")
+                          "numeric tensor of at least one dim, the classes last", hint="give probs [..., classes]")
         classes = probs.shape[-1]
         if not attrs["replacement"] and attrs["num_samples"] > classes:
             raise OpError("bad-attr", f"multinomial: {attrs['num_samples']} samples without replacement from "

@@ -50,3 +50,9 @@ RECORDS = [
         OpSample([(2, 3)], {"repeats": 2}),
     ], meshes=MESHES, placements=40, id="copying-repeat_interleave"),
 ]
+RECORDS += [
+    OpRecord("repeat_interleave_grad", [
+        OpSample([(10, 3)], {"repeats": 2, "dim": 0, "shape": [5, 3]}, requires_grad=[False]),
+        OpSample([(2, 6)], {"repeats": [1, 0, 2, 3], "dim": 1, "shape": [2, 4]}, requires_grad=[False]),
+    ], meshes=MESHES, placements=20, backward=False, id="copying-repeat_interleave_grad"),
+]

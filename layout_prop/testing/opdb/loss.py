@@ -34,3 +34,27 @@ RECORDS += [
         OpSample([(4, 6)], {"p": 0.2, "training": False}),
     ], meshes=MESHES, placements=40, id="loss-dropout"),
 ]
+
+# the grad ops on their own (their forward ops' records reach them through --backward too)
+GRAD = dict(requires_grad=[False, False, False, False])
+RECORDS += [
+    OpRecord("cross_entropy_grad", [
+        OpSample([(), (5, 9), (5,)], dtypes=["float32", "float32", "int64"], **GRAD),
+        OpSample([(2, 3), (2, 3, 8), (2, 3)], {"reduction": "none", "label_smoothing": 0.2},
+                 dtypes=["float32", "float32", "int64"], **GRAD),
+    ], meshes=MESHES, placements=20, backward=False, id="loss-cross_entropy_grad"),
+    OpRecord("cross_entropy_parts_grad", [
+        OpSample([(5, 3), (5, 9), (5,), (5,)], dtypes=["float32", "float32", "int64", "float32"], **GRAD),
+    ], meshes=MESHES, placements=20, backward=False, id="loss-cross_entropy_parts_grad"),
+    OpRecord("cross_entropy_combine_grad", [
+        OpSample([(), (5, 3), (5,)], {"num_classes": 9}, dtypes=["float32", "float32", "int64"], **GRAD),
+        OpSample([(5,), (5, 3), (5,)], {"num_classes": 8, "reduction": "none"},
+                 dtypes=["float32", "float32", "int64"], **GRAD),
+    ], meshes=MESHES, placements=20, backward=False, id="loss-cross_entropy_combine_grad"),
+    # integer weights: the kit draws them in [0, 8), non-negative as multinomial needs (normal floats are not)
+    OpRecord("multinomial", [
+        OpSample([(5, 9)], {"num_samples": 3}, dtypes=["int64"], requires_grad=[False]),
+        OpSample([(2, 3, 8)], {"num_samples": 6, "replacement": True, "seed": 3}, dtypes=["int64"],
+                 requires_grad=[False]),
+    ], meshes=MESHES, placements=30, backward=False, id="loss-multinomial"),
+]

@@ -146,3 +146,19 @@ def test_moe_propagation_benchmark_prints_both_graphs_and_the_ratio():
     lines = done.stdout.splitlines()
     assert [line.split()[:2] for line in lines[2:4]] == [["1", "llama"], ["1", "moe"]]
     assert lines[-1].split(":")[0] in ("OK", "OVER") and "1 layers: cold " in lines[-1]
+
+
+def test_moe_layer_on_4_msrun_workers_forward(tmp_path, monkeypatch):
+    """The MoE layer on MindSpore: 4 msrun workers (dp=1, ep=2, tp=2), MindSpore kernels, the
+    token all-to-alls on ep (emulated on CPU's mccl), forward only (CI's slow part stays small)."""
+    pytest.importorskip("mindspore")
+    import os
+    import sys
+
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    spec = moe_spec(1, (("dp", 1), ("ep", 2), ("tp", 2)), capacity_factor=1.0)
+    report = run_graph(load_spec(spec), engine="mindspore", backend="mindspore", backward=False, timeout=120.0,
+                       run_dir=tmp_path)
+    assert report.ok, report.mismatches
+    assert report.ranks == 4 and list(report.outputs) == ["l0_out"]
+    assert "all-to-all" in {c["kind"] for c in report.collectives}

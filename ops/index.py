@@ -327,11 +327,6 @@ class Gather(_LookupRule):
     grad_op = "scatter_add"
     index_splits = True  # index sharded on dim: each rank looks up its indices in the whole of x
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def check_inputs(self, x, index, dim):
         check_same_rank(self.name, [("x", x), ("index", index)])
         check_fits(self.name, index, x, dim)
@@ -402,11 +397,6 @@ class IndexSelect(_LookupRule):
     grad_op = "index_add"
     index_splits = True  # index sharded: each rank looks up its indices in the whole of x
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def check_inputs(self, x, index, dim):
         if index.ndim != 1:
             raise OpError("invalid-rank", f"{self.name}: index has shape {list(index.shape)}; it must be 1-D", hint="flatten index (reshape it to [-1]) and reshape the output back")
@@ -440,11 +430,6 @@ class _ScatterRule(OpRule):
     required_attrs = ("dim",)
     violation_codes = LAYOUT_CODES
     adds = True  # contributions add (split contributions give a partial sum)
-
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
 
     def check_inputs(self, x: TensorSpec, index: TensorSpec, src: TensorSpec, dim: int) -> None:
         raise NotImplementedError
@@ -726,11 +711,6 @@ class GatherNd(OpRule):
     violation_codes = LAYOUT_CODES
     index_splits = True
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def options(self, x: TensorSpec, indices: TensorSpec, k: int, axis: int) -> list[AxisChoice]:
         px, pi = x.layout.placements[axis], indices.layout.placements[axis]
         batch = indices.ndim - 1
@@ -830,11 +810,6 @@ class ScatterNd(OpRule):
     attr_defaults = {"reduction": "none"}
     violation_codes = LAYOUT_CODES
     updates_operand = "updates"
-
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
 
     def adds(self, attrs: dict) -> bool:
         reduction = attrs.get("reduction")
@@ -964,11 +939,6 @@ class MaskedFill(ElementwiseRule):
     required_attrs = ("value",)
     violation_codes = LAYOUT_CODES
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def infer_layout(self, inputs, attrs):
         x, mask = inputs
         check_bool(self.name, "mask", mask)
@@ -1011,11 +981,6 @@ class Where(ElementwiseRule):
     operands = ("condition", "x", "y")
     aliases = ("Where", "Select", "aten.where", "torch.where")
     violation_codes = LAYOUT_CODES
-
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
 
     def infer_layout(self, inputs, attrs):
         condition, x, y = inputs
@@ -1085,11 +1050,6 @@ class MaskedScatter(OpRule):
     attr_defaults: dict = {}
     violation_codes = LAYOUT_CODES
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def infer_layout(self, inputs, attrs):
         x, mask, source = inputs
         _check_mask(self.name, mask, x.shape, "x")
@@ -1151,11 +1111,6 @@ class MaskedScatterSrcGrad(OpRule):
     violation_codes = LAYOUT_CODES
     differentiable = False
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def infer_layout(self, inputs, attrs):
         dy, mask = inputs
         _check_mask(self.name, mask, dy.shape, "dy")
@@ -1205,11 +1160,6 @@ class OneHot(OpRule):
     violation_codes = LAYOUT_CODES
     differentiable = False
 
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
-
     def infer_layout(self, inputs, attrs):
         (indices,) = inputs
         check_integer(self.name, "indices", indices)
@@ -1252,11 +1202,6 @@ class IsIn(OpRule):
     attr_defaults: dict = {}
     violation_codes = LAYOUT_CODES
     differentiable = False
-
-    def sample_inputs(self):
-        from layout_prop.testing.opdb import samples_for
-
-        return samples_for(self.name)
 
     def infer_layout(self, inputs, attrs):
         elements, test = inputs

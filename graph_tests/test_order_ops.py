@@ -349,3 +349,85 @@ def test_maximum_of_partial_maxima_stays_partial():
     rep = _run(spec)
     # the planner reduce-scatters x to S(1) before maximum (cheaper than all-reducing m before cumsum)
     assert _collectives(rep) == [("m/x", "reduce-scatter", "tp")]
+
+
+# ============================================================================ top-k along a sharded dim
+def _topk_spec(nodes, mesh, names, placements, shape) -> dict:
+    return {"mesh": {"shape": list(mesh), "names": list(names)},
+            "inputs": {"x": {"shape": list(shape), "placements": list(placements)}},
+            "nodes": nodes, "outputs": ["top:0", "top:1"]}
+
+
+def _split_topk(k: int, chunks: int) -> list[dict]:
+    return [{"name": "cand", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": k, "chunks": chunks}},
+            {"name": "top", "op": "topk_merge", "inputs": ["cand:0", "cand:1"], "attrs": {"k": k}}]
+
+
+def test_candidates_then_merge_is_topk_and_moves_k_per_rank():
+    """x [6, 40] with its 40 columns on 4 ranks: topk gathers the whole dim (720 bytes per rank); candidates
+    (2 of each rank's 10 columns) then a merge move only the 8 candidates per row, values and indices."""
+    plain = _run(_topk_spec([{"name": "top", "op": "topk", "inputs": ["x"], "attrs": {"k": 2}}], (4,), ("tp",),
+                            ["S(1)"], (6, 40)))
+    split = _run(_topk_spec(_split_topk(2, 4), (4,), ("tp",), ["S(1)"], (6, 40)))
+    assert sum(c["bytes_per_rank"] for c in plain.collectives) == 720
+    # the planner turns the candidates to rows (all-to-all) rather than gathering them: 48 + 96 bytes
+    forward = [c for c in split.collectives if not c["node"].startswith("grad/")]
+    assert sorted((c["node"], c["kind"], c["bytes_per_rank"]) for c in forward) == [
+        ("top/indices", "all-to-all", 96), ("top/values", "all-to-all", 48)]
+    assert split.grads["x"]["max_abs_err"] == 0.0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_candidates_on_a_2x2_mesh_with_uneven_chunks_and_ties(dtype):
+    """Rows on dp, the dim (61 = 31 + 30) on tp, k = 5: the candidates' dim is cut like x's."""
+    spec = _topk_spec(_split_topk(5, 2), (2, 2), ("dp", "tp"), ["S(0)", "S(1)"], (5, 61))
+    spec["inputs"]["x"].update({"dtype": dtype, "requires_grad": dtype == "float32"})
+    graph = load_spec(spec)
+    Propagate().run(graph)
+    assert str(graph.node("cand").meta["specs"][0]) == f"{dtype}[5, 10] (S(0), S(1))"
+    assert not graph.node("cand").meta["violations"]
+    rep = _run(spec, seed=4)
+    assert all(c["node"].startswith(("top/", "grad/")) for c in rep.collectives)  # x itself never moves
+
+
+def test_candidates_refuse_a_cut_that_is_not_their_chunks():
+    """10 on 2 x 2 is cut 3, 2, 3, 2, not torch.chunk(10, 4) = 3, 3, 3, 1: not one chunk per rank."""
+    graph = load_spec(_topk_spec(_split_topk(2, 4), (2, 2), ("dp", "tp"), ["S(1)", "S(1)"], (3, 10)))
+    Propagate().run(graph)
+    (v,) = graph.node("cand").meta["violations"]
+    assert v.code == "sharded-order-dim" and "not torch.chunk(10, 4)" in v.message and v.fixable
+    assert _run(_topk_spec(_split_topk(2, 4), (2, 2), ("dp", "tp"), ["S(1)", "S(1)"], (3, 10))).ok
+
+
+@pytest.mark.parametrize("node, code, text", [
+    ({"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 2, "chunks": 0}}, "bad-value",
+     "topk_candidates: chunks must be an integer >= 1, got 0"),
+    ({"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 7, "chunks": 2}}, "bad-attr",
+     "k=7 is larger than dim 1 of x (size 6)"),
+    ({"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 2}}, "bad-attr",
+     "needs attribute(s) ['chunks']"),
+])
+def test_bad_candidates_input_is_one_line_exit_2(tmp_path, capsys, node, code, text):
+    assert main(["check", _spec(tmp_path, node)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"layout-prop: error: {code}") and text in err, err
+
+
+def test_mindspore_kernels_order_nan_as_numpy():
+    """MindSpore's CPU sort leaves rows with NaN unsorted and its argmax skips NaN: the kernels order NaN
+    themselves (NaN the greatest, ties by index), as the numpy reference."""
+    pytest.importorskip("mindspore")
+    from layout_prop.kernels.mindspore_backend import KERNELS as MS, to_numpy
+
+    x = np.array([[1.0, NAN, 2.0, NAN, -np.inf, 2.0, np.inf, 1.0]], np.float32)
+    cands = K["topk_candidates"](x, k=3, chunks=3)
+    for largest in (True, False):
+        np.testing.assert_array_equal(to_numpy(MS["sort"](x, descending=largest)[1]),
+                                      K["sort"](x, descending=largest)[1])
+        np.testing.assert_array_equal(to_numpy(MS["topk"](x, k=5, largest=largest)[1]),
+                                      K["topk"](x, k=5, largest=largest)[1])
+        np.testing.assert_array_equal(to_numpy(MS["topk_merge"](*cands, k=5, largest=largest)[1]),
+                                      K["topk_merge"](*cands, k=5, largest=largest)[1])
+    np.testing.assert_array_equal(K["sort"](x, descending=True)[1], [[1, 3, 6, 2, 5, 0, 7, 4]])
+    for op in ("argmax", "argmin"):
+        assert to_numpy(MS[op](x, dim=1)).tolist() == K[op](x, dim=1).tolist() == [1]

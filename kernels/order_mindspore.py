@@ -7,7 +7,8 @@ The order is the numpy kernels' (:func:`layout_prop.kernels.order_numpy.stable_o
 lowest index first.  topk is built on ``ops.sort``, which kept ties in index order in both
 directions on MindSpore 2.10 CPU for every dtype and size tried (up to 5,000 elements of
 four distinct values); ``ops.topk`` does not (it returned ties in another order).
-Bools are compared as int32 (MindSpore's CPU sort, argmin and cumsum take no bool).
+Bools are compared as int32 (MindSpore's CPU sort, argmin and cumsum take no bool).  MindSpore's
+CPU sort leaves a row holding NaN unsorted: NaN is ordered by a second stable sort (:func:`_argsort`).
 """
 
 from __future__ import annotations
@@ -31,14 +32,32 @@ def _comparable(x):
     return x.astype(ms.int32) if x.dtype == ms.bool_ else x
 
 
+def _argsort(x, dim, descending):
+    """int64 indices that sort x along ``dim`` stably, NaN the greatest (order_numpy.stable_order).
+
+    MindSpore's CPU sort leaves rows holding NaN unsorted, so NaN is sorted by a second stable
+    sort of the NaN flags, after a sort of the values with NaN read as 0."""
+    b = _backend()
+    ms = b._ms()
+    ops = ms.ops
+    x = _comparable(b.to_tensor(x))
+    dim = dim % x.ndim
+    if x.dtype not in (ms.float16, ms.float32, ms.float64):
+        return ops.sort(x, axis=dim, descending=bool(descending))[1].astype(ms.int64)
+    nan = ops.isnan(x)
+    clean = ops.where(nan, ops.zeros_like(x), x)
+    order = ops.sort(clean, axis=dim, descending=bool(descending))[1].astype(ms.int64)
+    flags = ops.gather_elements(nan.astype(ms.int32), dim, order)
+    by_flag = ops.sort(flags, axis=dim, descending=bool(descending))[1].astype(ms.int64)
+    return ops.gather_elements(order, dim, by_flag)
+
+
 def _sorted(x, dim, descending):
     """``(values, int64 indices)`` of x sorted along ``dim``, ties lowest index first."""
     b = _backend()
-    ms = b._ms()
     x = b.to_tensor(x)
-    _, order = ms.ops.sort(_comparable(x), axis=dim, descending=bool(descending))
-    order = order.astype(ms.int64)
-    return ms.ops.gather_elements(x, dim % x.ndim, order), order
+    order = _argsort(x, dim, descending)
+    return b._ms().ops.gather_elements(x, dim % x.ndim, order), order
 
 
 def _topk(x, k, dim=-1, largest=True, sorted=True):
@@ -51,15 +70,21 @@ def _sort(x, dim=-1, descending=False, stable=False):
 
 
 def _arg(name: str) -> Callable:
+    """argmax / argmin: the first extreme element; a NaN wins (numpy's and torch's answer), which
+    MindSpore's CPU kernels ignore, so the first NaN is found as the argmax of the NaN flags."""
     def kernel(x, dim=None, keepdim=False):
         b = _backend()
         ms = b._ms()
+        ops = ms.ops
         x = _comparable(b.to_tensor(x))
-        if dim is None:
-            out = getattr(ms.ops, name)(x.reshape(-1), 0)
-            return out.astype(ms.int64).reshape((1,) * x.ndim if keepdim else ())
-        out = getattr(ms.ops, name)(x, dim, bool(keepdim))
-        return out.astype(ms.int64)
+        flat = dim is None
+        values, axis, keep = (x.reshape(-1), 0, False) if flat else (x, dim, bool(keepdim))
+        out = getattr(ops, name)(values, axis, keep).astype(ms.int64)
+        if values.dtype in (ms.float16, ms.float32, ms.float64):
+            nan = ops.isnan(values)
+            first_nan = ops.argmax(nan.astype(ms.int32), axis, keep).astype(ms.int64)
+            out = ops.where(ops.any(nan, axis, keep), first_nan, out)
+        return out.reshape((1,) * x.ndim if keepdim else ()) if flat else out
 
     kernel.__name__ = name
     return kernel
@@ -165,6 +190,72 @@ def _prod_grad(dy, x, dims, keepdim=False):
     return ops.permute(grad.reshape(tuple(moved.shape)), inverse)
 
 
+def _topk_candidates(x, k, dim=-1, largest=True, chunks=1, start=0):
+    """The top k of each torch.chunk piece of dim, padded to k with zeros at index -1 (order_numpy's)."""
+    from layout_prop.core.spec import chunk_bounds
+
+    b = _backend()
+    ms = b._ms()
+    ops = ms.ops
+    x = b.to_tensor(x)
+    dim = dim % x.ndim
+    values, indices = [], []
+    for lo, hi in chunk_bounds(x.shape[dim], int(chunks)):
+        v, i = _topk(b._take(x, dim, lo, hi), min(int(k), hi - lo), dim, largest)
+        pad = list(x.shape)
+        pad[dim] = int(k) - v.shape[dim]
+        values += [v, ops.zeros(tuple(pad), x.dtype)]
+        indices += [i + (int(start) + lo), ops.full(tuple(pad), -1, dtype=ms.int64)]
+    return ops.cat(tuple(values), dim), ops.cat(tuple(indices), dim)
+
+
+def _merge_order(values, indices, dim, largest):
+    """order_numpy.merge_order by stable sorts (index, then value, then padding last), which is a
+    lexicographic sort; values compared as :func:`_argsort` compares them."""
+    b = _backend()
+    ms = b._ms()
+    ops = ms.ops
+    values, indices = b.to_tensor(values), b.to_tensor(indices)
+    _, by_index = ops.sort(indices, axis=dim)
+    by_index = by_index.astype(ms.int64)
+    by_value = _argsort(ops.gather_elements(values, dim, by_index), dim, largest)
+    order = ops.gather_elements(by_index, dim, by_value)
+    pad = (ops.gather_elements(indices, dim, order) < 0).astype(ms.int32)
+    _, by_pad = ops.sort(pad, axis=dim)
+    return ops.gather_elements(order, dim, by_pad.astype(ms.int64))
+
+
+def _topk_merge(values, indices, k, dim=-1, largest=True):
+    b = _backend()
+    ops = b._ms().ops
+    values, indices = b.to_tensor(values), b.to_tensor(indices)
+    dim = dim % values.ndim
+    order = b._take(_merge_order(values, indices, dim, largest), dim, 0, int(k))
+    return ops.gather_elements(values, dim, order), ops.gather_elements(indices, dim, order)
+
+
+def _topk_merge_grad(dv, values, indices, k, dim=-1, largest=True):
+    b = _backend()
+    values = b.to_tensor(values)
+    dim = dim % values.ndim
+    order = b._take(_merge_order(values, indices, dim, largest), dim, 0, int(k))
+    return _topk_grad(dv, order, dim, values.shape[dim])
+
+
+def _topk_candidates_grad(dc, indices, dim, size, chunks=1, start=0):
+    """Block c of the candidates into piece c of ``size`` (order_numpy's ``_topk_candidates_grad``)."""
+    from layout_prop.core.spec import chunk_bounds
+
+    b = _backend()
+    dc, indices = b.to_tensor(dc), b.to_tensor(indices)
+    dim = dim % dc.ndim
+    k = dc.shape[dim] // int(chunks)
+    pieces = [_topk_grad(b._take(dc, dim, c * k, (c + 1) * k), b._take(indices, dim, c * k, (c + 1) * k), dim,
+                         hi - lo, int(start) + lo)
+              for c, (lo, hi) in enumerate(chunk_bounds(int(size), int(chunks)))]
+    return b._ms().ops.cat(tuple(pieces), dim)
+
+
 KERNELS: dict[str, Callable] = {
     "topk": _topk,
     "sort": _sort,
@@ -177,4 +268,8 @@ KERNELS: dict[str, Callable] = {
     "topk_grad": _topk_grad,
     "maximum_grad": _maximum_grad,
     "prod_grad": _prod_grad,
+    "topk_candidates": _topk_candidates,
+    "topk_merge": _topk_merge,
+    "topk_merge_grad": _topk_merge_grad,
+    "topk_candidates_grad": _topk_candidates_grad,
 }

@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["KERNELS", "stable_order", "cumsum_dtype", "prod_dtype"]
+__all__ = ["KERNELS", "stable_order", "merge_order", "cumsum_dtype", "prod_dtype"]
 
 
 # ------------------------------------------------------------------------------ the one order
@@ -98,6 +98,56 @@ def _prod(x, dims=None, keepdim=False):
     return np.asarray(np.prod(x, axis=axes, keepdims=bool(keepdim), dtype=prod_dtype(x.dtype)))
 
 
+# ------------------------------------------------------------------------------ top-k along a sharded dim
+def merge_order(values: np.ndarray, indices: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+    """The order of top-k candidates along ``axis``: padding (index < 0) last, then the one order
+    of the values (NaN the greatest), ties by the lowest index; the order topk gives the elements.
+
+    >>> merge_order(np.array([2.0, 3.0, 0.0, 3.0]), np.array([4, 7, -1, 1]), 0, True)
+    array([3, 1, 0, 2])
+    """
+    pad = indices < 0
+    if values.dtype.kind == "f":
+        nan = np.isnan(values)
+        clean = np.where(nan, 0, values)
+        keys = (indices, -clean, ~nan) if descending else (indices, clean, nan)
+    else:
+        keys = (indices, ~values if descending else values)
+    return np.lexsort(keys + (pad,), axis=axis)
+
+
+def _topk_candidates(x, k, dim=-1, largest=True, chunks=1, start=0):
+    """The top ``k`` of each of the ``chunks`` ``torch.chunk`` pieces of ``dim``, concatenated: values and
+    global int64 indices (``start`` + the position in x); a piece shorter than k is padded with zeros at
+    index -1.  A rank holding one piece gets ``chunks=1`` and its piece's first global index as ``start``."""
+    from layout_prop.core.spec import chunk_bounds
+
+    x = np.asarray(x)
+    dim = dim % x.ndim
+    values, indices = [], []
+    for lo, hi in chunk_bounds(x.shape[dim], int(chunks)):
+        piece = np.take(x, np.arange(lo, hi), axis=dim)
+        take = min(int(k), hi - lo)
+        v, i = _topk(piece, take, dim, largest)
+        pad_shape = list(x.shape)
+        pad_shape[dim] = int(k) - take
+        values += [v, np.zeros(pad_shape, x.dtype)]
+        indices += [i + (int(start) + lo), np.full(pad_shape, -1, np.int64)]
+    return np.concatenate(values, axis=dim), np.concatenate(indices, axis=dim)
+
+
+def _topk_merge(values, indices, k, dim=-1, largest=True):
+    """The top ``k`` of the candidates (padding never chosen while k <= the real candidates)."""
+    order = np.take(merge_order(values, indices, dim, largest), np.arange(int(k)), axis=dim)
+    return np.take_along_axis(values, order, axis=dim), np.take_along_axis(indices, order, axis=dim)
+
+
+def _topk_merge_grad(dv, values, indices, k, dim=-1, largest=True):
+    """The cotangent of the candidate values: ``dv`` at the positions the merge chose."""
+    order = np.take(merge_order(values, indices, dim, largest), np.arange(int(k)), axis=dim)
+    return _topk_grad(dv, order, dim, values.shape[dim])
+
+
 # ------------------------------------------------------------------------------ gradients
 def _topk_grad(dv, indices, dim, size, start=0):
     """``dx`` of shape ``dv``'s with ``size`` along ``dim``: ``dv`` scatter-added at ``indices - start``.
@@ -108,15 +158,14 @@ def _topk_grad(dv, indices, dim, size, start=0):
     dv = np.asarray(dv)
     dim = dim % dv.ndim
     dvm = np.moveaxis(dv, dim, -1)
-    idx = np.moveaxis(np.asarray(indices), dim, -1).astype(np.int64) - int(start)
-    out = np.zeros(dvm.shape[:-1] + (int(size),), dtype=dv.dtype)
-    rows = np.broadcast_to(np.arange(int(np.prod(dvm.shape[:-1], dtype=np.int64))).reshape(-1, 1),
-                           (int(np.prod(dvm.shape[:-1], dtype=np.int64)), dvm.shape[-1]))
-    flat_idx = idx.reshape(rows.shape)
-    keep = (flat_idx >= 0) & (flat_idx < int(size))
-    flat_out = out.reshape(-1, int(size))
-    np.add.at(flat_out, (rows[keep], flat_idx[keep]), dvm.reshape(rows.shape)[keep])
-    return np.moveaxis(flat_out.reshape(out.shape), -1, dim)
+    size = int(size)
+    rows = int(np.prod(dvm.shape[:-1], dtype=np.int64))
+    idx = np.moveaxis(np.asarray(indices), dim, -1).astype(np.int64).reshape(rows, dvm.shape[-1]) - int(start)
+    row = np.broadcast_to(np.arange(rows).reshape(-1, 1), idx.shape)
+    keep = (idx >= 0) & (idx < size)
+    out = np.zeros((rows, size), dtype=dv.dtype)
+    np.add.at(out, (row[keep], idx[keep]), dvm.reshape(idx.shape)[keep])
+    return np.moveaxis(out.reshape(dvm.shape[:-1] + (size,)), -1, dim)
 
 
 def _maximum_grad(dy, x, y, minimum=False):
@@ -152,6 +201,25 @@ def _prod_grad(dy, x, dims, keepdim=False):
     return np.ascontiguousarray(np.transpose(grad, np.argsort(kept + dims)))
 
 
+def _topk_candidates_grad(dc, indices, dim, size, chunks=1, start=0):
+    """The candidates' cotangent scatter-added at their global indices, block by block: the ``c``-th
+    block of candidates (``k`` along dim) only into the ``c``-th ``torch.chunk`` piece of ``size``
+    (offset by ``start``), other indices (padding, -1) left out.  So a rank holding one block and
+    its piece (``chunks=1``, its piece's ``start`` and ``size``) computes its part of the whole.
+    """
+    from layout_prop.core.spec import chunk_bounds
+
+    dc = np.asarray(dc)
+    dim = dim % dc.ndim
+    k = dc.shape[dim] // int(chunks)
+    pieces = []
+    for c, (lo, hi) in enumerate(chunk_bounds(int(size), int(chunks))):
+        block = np.arange(c * k, (c + 1) * k)
+        pieces.append(_topk_grad(np.take(dc, block, axis=dim), np.take(indices, block, axis=dim), dim, hi - lo,
+                                 int(start) + lo))
+    return np.concatenate(pieces, axis=dim)
+
+
 KERNELS: dict[str, Callable] = {
     "topk": _topk,
     "sort": _sort,
@@ -164,4 +232,8 @@ KERNELS: dict[str, Callable] = {
     "topk_grad": _topk_grad,
     "maximum_grad": _maximum_grad,
     "prod_grad": _prod_grad,
+    "topk_candidates": _topk_candidates,
+    "topk_merge": _topk_merge,
+    "topk_merge_grad": _topk_merge_grad,
+    "topk_candidates_grad": _topk_candidates_grad,
 }

@@ -62,9 +62,27 @@ other operands are Replicate.
 Violation codes: ``partial-input``, ``sharded-order-dim``, ``sharding-mismatch``,
 ``broadcast-shape`` (a cotangent of the wrong shape).
 
-What is not here (see the report of issue #28): top-k along a sharded dim as local
-top-k candidates gathered and merged, and cumsum along a sharded dim as a local scan plus
-an exclusive scan of the shard totals; neither is one op's layout rule.
+Top-k along a sharded dim
+-------------------------
+topk's rule gathers its dim.  Where the dim is long and sharded (a router over many experts,
+a vocabulary), write the top-k in two ops instead, so that only ``k`` candidates per rank move:
+
+``topk_candidates(x, k, chunks, dim=-1, largest=True) -> (values, indices)``
+    The top ``k`` of each of the ``chunks`` ``torch.chunk`` pieces of ``dim``, concatenated
+    (``chunks * k`` along dim), with global int64 indices; a piece shorter than ``k`` is
+    padded (index -1).  Defined on one device for any layout; with ``dim`` cut into exactly
+    those pieces (``chunks`` ranks along it) each rank computes its own chunk's candidates
+    without communication and the output is sharded like x.
+``topk_merge(values, indices, k, dim=-1, largest=True) -> (values, indices)``
+    The top ``k`` of the candidates in topk's order (padding last, ties by the lowest global
+    index), so ``topk_merge(topk_candidates(x))`` is exactly ``topk(x)``.  Its dim is whole:
+    ``--reshard`` gathers the candidates (or, when cheaper, the planner moves their rows).
+
+Gradients: ``topk_merge_grad`` (the cotangent at the chosen candidate positions) and
+``topk_candidates_grad`` (block ``c`` of the candidates into piece ``c`` of x: local on
+each rank when sharded).  Nothing rewrites a ``topk`` node into the two ops by itself (that
+would be a graph transform of the reshard pass); cumsum along a sharded dim (a local scan
+plus an exclusive scan of the shard totals) is not implemented.
 
 Examples
 --------
@@ -82,6 +100,7 @@ Examples
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from typing import Any, Sequence
 
@@ -91,7 +110,7 @@ from layout_prop.core.errors import OpError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.core.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec, chunk_bounds
 
 from .common import plan_summary
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
@@ -241,6 +260,86 @@ def _cotangent(op: str, dy: TensorSpec, base: Layout, shape: Sequence[int]):
 
 def _with_partials(layout: Layout, partials: dict) -> Layout:
     return layout.with_placements([partials.get(a, p) for a, p in enumerate(layout.placements)])
+
+
+def pair_layouts(op: str, named: Sequence[tuple[str, TensorSpec]], dim: int, linear: int | None = None,
+                 dim_axes: Sequence[int] = ()) -> tuple[list[Layout], list, list[Violation]]:
+    """Operands that must shard alike except along ``dim`` (a cotangent and the indices it is scattered by).
+
+    Per mesh axis: a shard of another dim in any operand cuts them all (a Replicate operand is
+    sliced for free); ``dim`` is whole, except on ``dim_axes``, where every operand is ``S(dim)``;
+    ``P(sum|avg)`` passes through operand ``linear`` where the others are Replicate; any other
+    Partial is reduced.  Returns the wanted layout of each operand, the output placements (those
+    of operand ``linear``, or of the first) and the violations.
+    """
+    mesh = named[0][1].mesh
+    targets: list[list] = [[] for _ in named]
+    out_ps = []
+    issues: list[list] = [[] for _ in named]
+    first = linear if linear is not None else 0
+    values = ", ".join(f"{name} is {spec.layout}" for name, spec in named)
+    for axis in range(mesh.ndim):
+        ps = [spec.layout.placements[axis] for _, spec in named]
+        shard = next((p for p in ps if shard_dim(p) is not None and p.dim != dim), None)
+        if axis in dim_axes:
+            want = [Shard(dim)] * len(ps)
+        elif shard is not None:
+            want = [shard] * len(ps)
+        elif linear is not None and isinstance(ps[linear], Partial) and ps[linear].reduce_op in LINEAR_PARTIALS \
+                and all(isinstance(p, Replicate) for i, p in enumerate(ps) if i != linear):
+            want = [p if i == linear else Replicate() for i, p in enumerate(ps)]
+        else:
+            want = [Replicate()] * len(ps)
+        out_ps.append(want[first])
+        ax = _axis(mesh, axis)
+        for i, ((name, spec), have, target) in enumerate(zip(named, ps, want)):
+            targets[i].append(target)
+            if have == target or isinstance(have, Replicate):
+                continue
+            if isinstance(have, Partial):
+                issues[i].append(("partial-input", f"{name} is {have} on mesh axis {ax}; {op} needs {target} there "
+                                  f"({values})", f"reduce {name} on {ax} first"))
+            elif shard_dim(have) == dim:
+                issues[i].append(("sharded-order-dim", f"{name} dim {dim} is sharded on mesh axis {ax}; {op} works "
+                                  f"along it and needs it whole there ({values})", f"all-gather {name} on {ax}"))
+            else:
+                issues[i].append(("sharding-mismatch", f"{name} is {have} on mesh axis {ax} but {op} computes "
+                                  f"{target} there ({values})", f"give {name} {target} on {ax}"))
+    layouts = [Layout(mesh, t, spec.ndim) for t, (_, spec) in zip(targets, named)]
+    violations = [v for layout, (name, spec), found in zip(layouts, named, issues)
+                  for v in _violations(spec, layout, name, found)]
+    return layouts, out_ps, violations
+
+
+def chunks_match(spec: TensorSpec, dim: int, chunks: int) -> bool:
+    """Whether ``spec``'s cut of ``dim`` is ``torch.chunk(n, chunks)``: each rank holds exactly one chunk.
+
+    True for ``chunks`` pieces on one mesh axis; on several axes (outer first) only when the
+    nested cut gives the same pieces (10 on 2 x 2 is 3, 2, 3, 2, not 3, 3, 3, 1).
+
+    >>> from layout_prop import DeviceMesh
+    >>> mesh = DeviceMesh((2, 2), ("a", "b"))
+    >>> x = TensorSpec((3, 10), "float32", Layout(mesh, ["S(1)", "S(1)"], 2))
+    >>> chunks_match(x, 1, 4), chunks_match(x.with_placements(["R", "S(1)"]), 1, 2)
+    (False, True)
+    >>> chunks_match(TensorSpec((3, 8), "float32", x.layout), 1, 4)
+    True
+    """
+    layout = spec.layout
+    if layout.cut_axes(dim) != layout.dim_axes(dim):
+        return False  # a strided shard of the dim
+    axes = layout.dim_axes(dim)
+    sizes = [spec.mesh.shape[a] for a in axes]
+    if not axes or int(np.prod(sizes)) != chunks:
+        return False
+    bounds = chunk_bounds(spec.shape[dim], chunks)
+    for index, sub in enumerate(itertools.product(*[range(n) for n in sizes])):
+        coords = [0] * spec.mesh.ndim
+        for a, c in zip(axes, sub):
+            coords[a] = c
+        if spec.dim_bounds(dim, tuple(coords)) != bounds[index]:
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------ topk and sort
@@ -540,39 +639,8 @@ class TopKGrad(OpRule):
             v = Violation("broadcast-shape", f"dv has shape {list(dv.shape)} but indices {list(idx.shape)}; both "
                           "have the shape of topk's outputs", "give dv and indices the same shape", operand="indices")
             return RuleResult((None,), (v,), ())
-        dv_ps, idx_ps, out_ps = [], [], []
-        issues: dict[str, list] = {"dv": [], "indices": []}
-        for axis in range(dv.mesh.ndim):
-            pv, pi = dv.layout.placements[axis], idx.layout.placements[axis]
-            shard = next((p for p in (pv, pi) if shard_dim(p) is not None and p.dim != dim), None)
-            if shard is not None:
-                targets = (shard, shard)
-            elif isinstance(pv, Partial) and pv.reduce_op in LINEAR_PARTIALS and isinstance(pi, Replicate):
-                targets = (pv, Replicate())
-            else:
-                targets = (Replicate(), Replicate())
-            dv_ps.append(targets[0])
-            idx_ps.append(targets[1])
-            out_ps.append(targets[0])
-            for name, have, want in (("dv", pv, targets[0]), ("indices", pi, targets[1])):
-                if have == want or isinstance(have, Replicate):
-                    continue
-                ax = _axis(dv.mesh, axis)
-                if isinstance(have, Partial):
-                    issues[name].append(("partial-input", f"{name} is {have} on mesh axis {ax}; topk_grad needs "
-                                         f"{want} there (dv is {dv.layout}, indices {idx.layout})",
-                                         f"reduce {name} on {ax} first"))
-                elif shard_dim(have) == dim:
-                    issues[name].append(("sharded-order-dim", f"{name} dim {dim} is sharded on mesh axis {ax}; "
-                                         "topk_grad scatters along it and needs it whole",
-                                         f"all-gather {name} on {ax}"))
-                else:
-                    issues[name].append(("sharding-mismatch", f"{name} is {have} on mesh axis {ax} but topk_grad "
-                                         f"computes {want} there (dv is {dv.layout}, indices {idx.layout})",
-                                         f"give {name} {want} on {ax}"))
-        dv_want, idx_want = Layout(dv.mesh, dv_ps, dv.ndim), Layout(dv.mesh, idx_ps, idx.ndim)
-        violations = _violations(dv, dv_want, "dv", issues["dv"]) + _violations(idx, idx_want, "indices",
-                                                                                 issues["indices"])
+        (dv_want, idx_want), out_ps, violations = pair_layouts("topk_grad", [("dv", dv), ("indices", idx)], dim,
+                                                               linear=0)
         shape = dv.shape[:dim] + (size,) + dv.shape[dim + 1:]
         out = TensorSpec(shape, dv.dtype, Layout(dv.mesh, out_ps, len(shape)))
         return RuleResult((out,), tuple(violations), (_want(dv_want, dv), _want(idx_want, idx)))
@@ -629,3 +697,231 @@ class ProdGrad(OpRule):
         violations = dy_violations + _violations(x, fixed, "x", issues)
         dx = TensorSpec(x.shape, dy.dtype, _with_partials(fixed, partials))
         return RuleResult((dx,), tuple(violations), (_want(dy_want, dy), _want(fixed, x)))
+
+
+# ------------------------------------------------------------------------------ top-k along a sharded dim
+def _positive_chunks(op: str, attrs: dict, node) -> None:
+    chunks = attrs.get("chunks")
+    if not _is_int(chunks) or chunks < 1:
+        raise OpError("bad-value", f"{op}: chunks must be an integer >= 1, got {chunks!r}", path="attrs.chunks",
+                      node=node, hint="give chunks, how many torch.chunk pieces the dim is cut into (the shard count)")
+
+
+def _chunk_issue(op: str, spec: TensorSpec, operand: str, dim: int, chunks: int, size: int) -> tuple[str, str, str]:
+    axes = spec.layout.cut_axes(dim)
+    names = ", ".join(repr(spec.mesh.names[a]) for a in axes)
+    return ("sharded-order-dim", f"{operand} dim {dim} is cut on mesh axes {names} ({operand} is {spec.layout}), "
+            f"which is not torch.chunk({size}, {chunks}): {op} takes the dim whole or one chunk of "
+            f"chunks={chunks} per rank", f"set chunks to the shard count, or all-gather {operand} on {names}")
+
+
+@register_op
+class TopKCandidates(OpRule):
+    """``topk_candidates(x, k, chunks, dim=-1, largest=True) -> (values, indices)``: the top ``k`` of
+    each ``torch.chunk`` piece of ``dim`` (``chunks`` pieces), concatenated (``chunks * k`` along dim),
+    with global int64 indices; a piece shorter than ``k`` is padded with index -1.
+
+    The first half of top-k along a sharded dim: with ``dim`` cut into exactly those chunks
+    (``chunks`` ranks along it, one chunk each), every rank computes its own candidates
+    (localised attrs ``chunks=1`` and ``start``, its chunk's first index) and the output is
+    sharded like x; ``topk_merge`` wants the candidates whole, so ``--reshard`` gathers
+    ``chunks * k`` values per row instead of the whole dim.  A Replicate dim computes every
+    chunk locally; any other cut is ``sharded-order-dim``.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> x = TensorSpec((3, 10), "float32", Layout(DeviceMesh((4,), ("tp",)), ["S(1)"], 2))
+    >>> rule = get_rule("topk_candidates")
+    >>> attrs = rule.normalize_attrs({"k": 2, "chunks": 4})
+    >>> res = rule.infer_layout((x,), attrs)
+    >>> [str(o) for o in res.outputs], res.violations
+    (['float32[3, 8] (S(1))', 'int64[3, 8] (S(1))'], ())
+    >>> [rule.localize(attrs, (x,), res.outputs, r)["start"] for r in range(4)]
+    [0, 3, 6, 9]
+    """
+
+    name = "topk_candidates"
+    operands = ("x",)
+    num_outputs = 2
+    attr_defaults = {"k": None, "chunks": None, "dim": -1, "largest": True, "start": 0}
+    required_attrs = ("k", "chunks")
+    violation_codes = ORDER_CODES
+    strided = True
+
+    def normalize_attrs(self, attrs, node=None):
+        out = super().normalize_attrs(attrs, node)
+        TopK.normalize_attrs(TopK(), {"k": out["k"]}, node)
+        _positive_chunks(self.name, out, node)
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        dim = check_dim(self.name, "dim", attrs.get("dim", -1), x.ndim)
+        k, chunks = attrs["k"], attrs["chunks"]
+        TopK().count(x, dim, attrs)
+        fixed, issues = whole_dims(self.name, x, "x", [], "")
+        if x.layout.cut_axes(dim) and not chunks_match(x, dim, chunks):
+            issues.append(_chunk_issue(self.name, x, "x", dim, chunks, x.shape[dim]))
+            fixed = fixed.with_placements([Replicate() if shard_dim(p) == dim else p for p in fixed.placements])
+        shape = x.shape[:dim] + (chunks * k,) + x.shape[dim + 1:]
+        outs = (TensorSpec(shape, x.dtype, fixed), TensorSpec(shape, "int64", fixed))
+        return RuleResult(outs, tuple(_violations(x, fixed, "x", issues)), (_want(fixed, x),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        x = inputs[0]
+        dim = attrs.get("dim", -1) % x.ndim
+        if not x.layout.dim_axes(dim):
+            return dict(attrs)
+        lo, _ = x.dim_bounds(dim, x.mesh.coords(rank))
+        return {**attrs, "chunks": 1, "start": lo}
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        x = g.spec(inputs[0])
+        if cotangents[0] is None or not needs[0] or not _is_float(x.dtype):
+            return (None,)
+        dim = attrs.get("dim", -1) % x.ndim
+        return (g.op("topk_candidates_grad", [cotangents[0], outputs[1]],
+                     {"dim": dim, "size": x.shape[dim], "chunks": attrs["chunks"]}),)
+
+
+@register_op
+class TopKCandidatesGrad(OpRule):
+    """``topk_candidates_grad(dc, indices, dim, size, chunks)``: ``dc`` scatter-added into zeros of
+    ``size`` along ``dim`` at the candidates' global indices, block by block: the ``c``-th block of
+    ``k`` candidates into the ``c``-th ``torch.chunk`` piece only (indices outside it, and the
+    padding -1, left out), so that the answer does not depend on where the indices came from.
+
+    Sharded on ``dim`` (one chunk of candidates per rank, the output cut into the same
+    ``torch.chunk`` pieces as the forward's x), each rank scatters its own candidates into
+    its own piece (localised ``start`` and ``size``); a Replicate dim scatters all.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((4,), ("tp",))
+    >>> dc = TensorSpec((3, 8), "float32", Layout(mesh, ["S(1)"], 2))
+    >>> idx = TensorSpec((3, 8), "int64", Layout(mesh, ["S(1)"], 2))
+    >>> rule = get_rule("topk_candidates_grad")
+    >>> attrs = {"dim": 1, "size": 10, "chunks": 4, "start": 0}
+    >>> res = rule.infer_layout((dc, idx), attrs)
+    >>> str(res.outputs[0]), [rule.localize(attrs, (dc, idx), res.outputs, r)["size"] for r in range(4)]
+    ('float32[3, 10] (S(1))', [3, 3, 3, 1])
+    """
+
+    name = "topk_candidates_grad"
+    operands = ("dc", "indices")
+    attr_defaults = {"dim": None, "size": None, "chunks": None, "start": 0}
+    attr_types = {"dim": "int", "size": "int", "chunks": "int"}
+    required_attrs = ("dim", "size", "chunks")
+    violation_codes = GRAD_CODES
+    differentiable = False
+    strided = True
+
+    def infer_layout(self, inputs, attrs):
+        dc, idx = inputs
+        dim = check_dim(self.name, "dim", attrs["dim"], dc.ndim)
+        size, chunks = attrs["size"], attrs["chunks"]
+        if size < 0 or chunks < 1:
+            raise OpError("bad-attr", f"{self.name}: size={size} and chunks={chunks} must be >= 0 and >= 1",
+                          hint="give the forward's size along dim and chunks")
+        if dc.shape != idx.shape or dc.shape[dim] % chunks:
+            v = Violation("broadcast-shape", f"dc has shape {list(dc.shape)} and indices {list(idx.shape)}; both "
+                          f"have the shape of topk_candidates' outputs, chunks={chunks} times k along dim {dim}",
+                          "give dc and indices the candidates' shape", operand="indices")
+            return RuleResult((None,), (v,), ())
+        shape = dc.shape[:dim] + (size,) + dc.shape[dim + 1:]
+        axes = dc.layout.dim_axes(dim) or idx.layout.dim_axes(dim)
+        keep = ()
+        if axes:
+            out_ps = [Shard(dim) if a in axes else Replicate() for a in range(dc.mesh.ndim)]
+            if chunks_match(TensorSpec(shape, dc.dtype, Layout(dc.mesh, out_ps, len(shape))), dim, chunks):
+                keep = axes
+        (dc_want, idx_want), out_ps, violations = pair_layouts(self.name, [("dc", dc), ("indices", idx)], dim,
+                                                               linear=0, dim_axes=keep)
+        out = TensorSpec(shape, dc.dtype, Layout(dc.mesh, out_ps, len(shape)))
+        return RuleResult((out,), tuple(violations), (_want(dc_want, dc), _want(idx_want, idx)))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        out = outputs[0]
+        dim = attrs["dim"] % out.ndim
+        if not out.layout.dim_axes(dim):
+            return dict(attrs)
+        lo, hi = out.dim_bounds(dim, out.mesh.coords(rank))
+        return {**attrs, "chunks": 1, "start": lo, "size": hi - lo}
+
+
+@register_op
+class TopKMerge(OpRule):
+    """``topk_merge(values, indices, k, dim=-1, largest=True) -> (values, indices)``: the top ``k`` of
+    topk_candidates' output, in topk's order (ties by the lowest global index, padding never
+    chosen), so that ``topk_merge(topk_candidates(x))`` is ``topk(x)`` exactly.
+
+    The candidates' ``dim`` is whole (``sharded-order-dim``: ``--reshard`` all-gathers
+    them); their other dims shard alike and the outputs keep those shards.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((4,), ("tp",))
+    >>> c = TensorSpec((3, 8), "float32", Layout(mesh, ["S(1)"], 2))
+    >>> res = get_rule("topk_merge").infer_layout((c, c.with_layout(c.layout)), {"k": 2, "dim": -1, "largest": True})
+    >>> str(res.outputs[0]), [v.code for v in res.violations], [str(w) for w in res.wants]
+    ('float32[3, 2] (R)', ['sharded-order-dim', 'sharded-order-dim'], ['(R)', '(R)'])
+    """
+
+    name = "topk_merge"
+    operands = ("values", "indices")
+    num_outputs = 2
+    attr_defaults = {"k": None, "dim": -1, "largest": True}
+    required_attrs = ("k",)
+    violation_codes = GRAD_CODES
+
+    def normalize_attrs(self, attrs, node=None):
+        out = super().normalize_attrs(attrs, node)
+        TopK.normalize_attrs(TopK(), {"k": out["k"]}, node)
+        return out
+
+    def infer_layout(self, inputs, attrs):
+        values, idx = inputs
+        dim = check_dim(self.name, "dim", attrs.get("dim", -1), values.ndim)
+        k = TopK().count(values, dim, attrs)
+        if values.shape != idx.shape:
+            v = Violation("broadcast-shape", f"values has shape {list(values.shape)} but indices {list(idx.shape)}; "
+                          "both are topk_candidates' outputs", "give values and indices the same shape",
+                          operand="indices")
+            return RuleResult((None, None), (v,), ())
+        (v_want, i_want), out_ps, violations = pair_layouts(self.name, [("values", values), ("indices", idx)], dim)
+        shape = values.shape[:dim] + (k,) + values.shape[dim + 1:]
+        layout = Layout(values.mesh, out_ps, len(shape))
+        outs = (TensorSpec(shape, values.dtype, layout), TensorSpec(shape, "int64", layout))
+        return RuleResult(outs, tuple(violations), (_want(v_want, values), _want(i_want, idx)))
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        if cotangents[0] is None or not needs[0] or not _is_float(g.spec(inputs[0]).dtype):
+            return (None, None)
+        return (g.op("topk_merge_grad", [cotangents[0], inputs[0], inputs[1]],
+                     {"k": attrs["k"], "dim": attrs.get("dim", -1), "largest": bool(attrs.get("largest", True))}),
+                None)
+
+
+@register_op
+class TopKMergeGrad(OpRule):
+    """``topk_merge_grad(dv, values, indices, k, dim=-1, largest=True)``: ``dv`` at the candidate positions
+    the merge chose, zeros elsewhere; the candidates' dim whole, dv like the merge's output."""
+
+    name = "topk_merge_grad"
+    operands = ("dv", "values", "indices")
+    attr_defaults = {"k": None, "dim": -1, "largest": True}
+    required_attrs = ("k",)
+    violation_codes = GRAD_CODES
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        dv, values, idx = inputs
+        dim = check_dim(self.name, "dim", attrs.get("dim", -1), values.ndim)
+        k = TopK().count(values, dim, attrs)
+        want_shape = values.shape[:dim] + (k,) + values.shape[dim + 1:]
+        if values.shape != idx.shape or dv.shape != want_shape:
+            v = Violation("broadcast-shape", f"dv {list(dv.shape)}, values {list(values.shape)} and indices "
+                          f"{list(idx.shape)} are not a merge's cotangent and candidates", "give the forward's shapes",
+                          operand="dv")
+            return RuleResult((None,), (v,), ())
+        wants, out_ps, violations = pair_layouts(self.name, [("dv", dv), ("values", values), ("indices", idx)], dim,
+                                                 linear=0)
+        out = TensorSpec(values.shape, dv.dtype, Layout(dv.mesh, out_ps, values.ndim))
+        return RuleResult((out,), tuple(violations), tuple(_want(w, t) for w, t in zip(wants, inputs)))

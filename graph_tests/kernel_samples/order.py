@@ -12,7 +12,26 @@ def samples(rng, f32) -> dict:
     big = rng.integers(0, 4, (2, 300)).astype(np.int64)  # a longer row of ties
     dv, idx = f32(3, 5, 2), np.array(rng.integers(0, 4, (3, 5, 2)), dtype=np.int64)
     y = f32(5, 1)
+    cand = {}
+    for args, attrs in [((x,), {"k": 2, "chunks": 2, "dim": 1}), ((ties,), {"k": 3, "chunks": 3}),
+                        ((ties,), {"k": 2, "chunks": 4, "largest": False, "start": 5}),
+                        ((float_ties,), {"k": 2, "chunks": 4, "dim": 0})]:
+        cand.setdefault("topk_candidates", []).append((args, attrs))
+    from layout_prop.kernels.order_numpy import KERNELS as numpy_kernels  # candidates with padding and ties
+
+    merges, merge_grads = [], []
+    for args, attrs in cand["topk_candidates"]:
+        values, indices = numpy_kernels["topk_candidates"](*args, **attrs)
+        merge = {"k": attrs["k"], "dim": attrs.get("dim", -1), "largest": attrs.get("largest", True)}
+        merges.append(((values, indices), merge))
+        cot = f32(*numpy_kernels["topk_merge"](values, indices, **merge)[0].shape)
+        merge_grads.append(((cot, values.astype(np.float32), indices), merge))
     return {
+        **cand,
+        "topk_merge": merges,
+        "topk_merge_grad": merge_grads,
+        "topk_candidates_grad": [((dv, idx - 1), {"dim": 2, "size": 4, "chunks": 2}),
+                                 ((dv, idx), {"dim": 1, "size": 3, "chunks": 1, "start": 2})],
         "topk": [((x,), {"k": 2}), ((x,), {"k": 3, "dim": 1, "largest": False}), ((ties,), {"k": 4}),
                  ((ties,), {"k": 2, "dim": 0, "largest": False}), ((float_ties,), {"k": 6}), ((flags,), {"k": 3}),
                  ((big,), {"k": 17}), ((x,), {"k": 0})],

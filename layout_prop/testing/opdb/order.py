@@ -65,4 +65,26 @@ RECORDS = [
         OpSample([(3,), (3, 10)], {"dims": [1]}),
         OpSample([(1, 1, 4), (5, 1, 4)], {"dims": [0], "keepdim": True}),
     ], meshes=_MESHES, placements=40, backward=False),
+    # top-k along a sharded dim: candidates per chunk, gathered, merged (5 on 4 ranks leaves an empty chunk)
+    OpRecord("topk_candidates", [
+        OpSample([(3, 10)], {"k": 2, "chunks": 4}),
+        OpSample([(8, 3)], {"k": 3, "chunks": 2, "dim": 0}),
+        OpSample([(3, 10)], {"k": 3, "chunks": 4, "largest": False}, dtypes=["int32"]),  # ties
+        OpSample([(5, 1, 6)], {"k": 2, "chunks": 4, "dim": 0}),
+    ], meshes=_MESHES, placements=40),
+    OpRecord("topk_merge", [
+        OpSample([(3, 8), (3, 8)], {"k": 3}, dtypes=["float32", "int64"], requires_grad=[True, False]),
+        OpSample([(6, 1, 2), (6, 1, 2)], {"k": 2, "dim": 0, "largest": False}, dtypes=["int32", "int64"],
+                 requires_grad=[False, False]),
+    ], meshes=_MESHES, placements=40),
+    OpRecord("topk_merge_grad", [
+        OpSample([(3, 2), (3, 8), (3, 8)], {"k": 2}, dtypes=["float32", "float32", "int64"],
+                 requires_grad=[True, False, False]),
+    ], meshes=_MESHES, placements=40, backward=False),
+    OpRecord("topk_candidates_grad", [
+        OpSample([(3, 8), (3, 8)], {"dim": 1, "size": 10, "chunks": 4}, dtypes=["float32", "int64"],
+                 requires_grad=[True, False]),
+        OpSample([(6, 3), (6, 3)], {"dim": 0, "size": 8, "chunks": 2}, dtypes=["float32", "int64"],
+                 requires_grad=[True, False]),
+    ], meshes=_MESHES, placements=40, backward=False),
 ]

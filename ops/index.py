@@ -939,6 +939,9 @@ class MaskedFill(ElementwiseRule):
     required_attrs = ("value",)
     violation_codes = LAYOUT_CODES
 
+    def sample_inputs(self):
+        return []  # not the elementwise family's generic samples: verify takes this op's op-database records
+
     def infer_layout(self, inputs, attrs):
         x, mask = inputs
         check_bool(self.name, "mask", mask)
@@ -981,6 +984,9 @@ class Where(ElementwiseRule):
     operands = ("condition", "x", "y")
     aliases = ("Where", "Select", "aten.where", "torch.where")
     violation_codes = LAYOUT_CODES
+
+    def sample_inputs(self):
+        return []  # not the elementwise family's generic samples: verify takes this op's op-database records
 
     def infer_layout(self, inputs, attrs):
         condition, x, y = inputs

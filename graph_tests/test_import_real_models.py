@@ -328,3 +328,40 @@ def test_more_op_types_map_to_registry_ops_and_compute_what_onnx_computes():
     assert not ops & {"opaque", "take"}  # the mask chain folded: a constant times x
     sharded = from_onnx(model, dict(PLAN1, inputs={"x": ["S(0)"], "idx": ["S(0)"], "keep": ["S(0)"], "rows": ["R"]}))
     assert analyze(sharded, reshard=True).ok
+
+
+# ------------------------------------------------------------------ models exported by torch's exporters
+MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
+TP = {"mesh": {"shape": [2], "names": ["tp"]}}
+#: a plan per fixture, in torch's module names (Megatron's column/row pairs)
+FIXTURE_PLANS = {
+    "llama": {"*.self_attn.[qkv]_proj.weight": "colwise", "*.self_attn.o_proj.weight": "rowwise",
+              "*.mlp.gate_proj.weight": "colwise", "*.mlp.up_proj.weight": "colwise",
+              "*.mlp.down_proj.weight": "rowwise", "*": "R"},
+    "gpt2": {"*.mlp.c_fc.weight": "colwise", "*.mlp.c_proj.weight": "rowwise", "*": "R"},
+    "bert": {"*.attention.self.query.weight": "colwise", "*.attention.self.key.weight": "colwise",
+             "*.attention.self.value.weight": "colwise", "*.attention.output.dense.weight": "rowwise",
+             "*.intermediate.dense.weight": "colwise", "encoder.*.output.dense.weight": "rowwise", "*": "R"},
+}
+FIXTURE_PLANS["qwen2"] = FIXTURE_PLANS["llama"]
+FIXTURE_PLANS["bert_torchscript"] = {"*": "R"}  # the TorchScript exporter keeps no module names for MatMul weights
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "bert_torchscript"])
+def test_a_model_torch_exported_imports_with_torchs_names_and_computes_what_torch_computed(name):
+    """The committed fixture (examples/models/make_fixtures.py) with a plan in torch's module names:
+    fully fused, its output on its own weights what torch computed, the sharded backward one device's."""
+    from layout_prop.runner import run_graph
+
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    reference = np.load(MODELS / f"{name}.npz")
+    graph = from_onnx(model, dict(TP, parameters=FIXTURE_PLANS[name]))
+    ops = {n.op for n in graph.nodes if not n.is_input}
+    assert "scaled_dot_product_attention" in ops and not ops & {"softmax", "opaque"}
+    (output,) = [k for k in reference.files if k != "input_ids"]
+    got = one_device(graph, model, {model.graph.input[0].name: reference["input_ids"]})
+    np.testing.assert_allclose(next(iter(got.values())), reference[output], rtol=1e-4, atol=1e-5)
+    sharded = [n.name for n in graph.inputs() if any(p != "R" for p in n.attrs.get("placements", ()))]
+    assert len(sharded) == {"llama": 14, "qwen2": 14, "gpt2": 4, "bert": 12, "bert_torchscript": 0}[name]
+    rep = run_graph(graph, backward=True, seed=2)
+    assert rep.ok, rep.mismatches

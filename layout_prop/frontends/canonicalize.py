@@ -525,6 +525,8 @@ def _attention_mask(g: ModelGraph, v: _View, z: str) -> tuple[str, bool] | None:
             c = g.const(mask)
             if c is not None and c.size > 1 and is_causal_mask(c, lambda f: f <= -1e4):
                 return _other(add, mask), True
+            if c is not None and not np.any(c) and g.shape(_other(add, mask)) == g.shape(z):
+                return _other(add, mask), False  # a padding mask of no padding (BERT fed no attention_mask)
         return None
     where = v.node(z, "where")
     if where is not None:
@@ -600,14 +602,22 @@ def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
     q, kt = mm.inputs
     q, q_factor = _scaled(g, v, q)  # torch's SDPA export scales q and k^T by sqrt(scale) each
     kt, k_factor = _scaled(g, v, kt)
+    before: tuple[MNode, ...] = ()
     if mm.attrs.get("transpose_b"):
         k = kt
     else:
         tr = v.node(kt, "transpose")
-        if tr is None or tr.attrs.get("dims") != [0, 1, 3, 2]:
+        if tr is None or tr.attrs.get("dims") not in ([0, 1, 3, 2], [0, 2, 3, 1]):
             return False
-        k, factor = _scaled(g, v, tr.inputs[0]) if v.only_use(kt) else (tr.inputs[0], 1.0)
-        k_factor *= factor
+        if tr.attrs["dims"] == [0, 1, 3, 2]:
+            k, factor = _scaled(g, v, tr.inputs[0]) if v.only_use(kt) else (tr.inputs[0], 1.0)
+            k_factor *= factor
+        else:  # k^T straight from (B, S, N, D), as the TorchScript exporter writes BERT's: k is its BNSD transpose
+            src = tr.inputs[0]
+            b_, s_, n_, d_ = g.shape(src)
+            k = g.fresh(f"{node.name}_key")
+            g.add_value(Value(k, (b_, n_, s_, d_), g.values[src].dtype))
+            before = (MNode(k, "transpose", [src], [k], {"dims": [0, 2, 1, 3]}, "fused:attention"),)
     scale *= q_factor * k_factor
     qs, ks, vs = g.shape(q), g.shape(k), g.shape(val)
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or qs[:2] != ks[:2] or ks[:3] != vs[:3] or qs[3] != ks[3]:
@@ -615,5 +625,5 @@ def _attention(g: ModelGraph, v: _View, node: MNode) -> bool:
     if causal and qs[2] != ks[2]:
         return False
     _replace(v, node, "scaled_dot_product_attention", [q, k, val],
-             {"layout": "BNSD", "causal": causal, "scale": scale}, "fused:attention")
+             {"layout": "BNSD", "causal": causal, "scale": scale}, "fused:attention", before)
     return True

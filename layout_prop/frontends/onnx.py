@@ -452,10 +452,29 @@ def _torch_name(fx_name: str, scopes: list[str]) -> str:
     the deepest module whose path, dots as underscores, begins the FX name owns it."""
     flat = fx_name[2:]
     for module in sorted((m for m in scopes if m), key=len, reverse=True):
-        prefix = module.replace(".", "_") + "_"
-        if flat.startswith(prefix) and len(flat) > len(prefix):
+        prefix = module.replace(".", "_") + "_"  # FX lowercases names: embeddings.LayerNorm -> embeddings_layernorm
+        if flat.lower().startswith(prefix.lower()) and len(flat) > len(prefix):
             return f"{module}.{flat[len(prefix):]}"
     return flat
+
+
+def _pair_parameters(inits: list[str], names: list[str], ranks: dict[str, int]) -> list[tuple[str, str]]:
+    """Which of a node's initializer inputs ``inits`` is which of its FX parameters ``names``: by name
+    when an initializer keeps torch's, else in order when they are as many, else by kind (a 1-D initializer is the
+    ``*.bias``, another the ``*.weight``: ``aten.linear(x, %p_w, %p_b)`` exported as a MatMul of a
+    folded ``val_N`` weight, or an Add of the bias)."""
+    pairs = [(v, v) for v in inits if v in names]
+    if pairs:
+        return pairs
+    if len(inits) == len(names):  # in order: LayerNormalization(x, scale, B) of aten.layer_norm(x, s, %p_w, %p_b)
+        return list(zip(inits, names))
+    out = []
+    for v in inits:
+        suffix = ".bias" if ranks.get(v) == 1 else ".weight"
+        fitting = [n for n in names if n.endswith(suffix)]
+        if len(fitting) == 1:
+            out.append((v, fitting[0]))
+    return out
 
 
 def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], set[str]] | None:
@@ -470,6 +489,7 @@ def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], s
     ``val_113`` read by the ``MatMul`` of ``aten.linear(x, %p_..._weight)``)."""
     names: dict[str, list[str]] = {}
     read: set[str] = set()
+    ranks = {t.name: len(t.dims) for t in graph.initializer}
     found = False
     for node in graph.node:
         meta = {p.key: p.value for p in node.metadata_props}
@@ -486,10 +506,7 @@ def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], s
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             scopes = []
         torch_names = [_torch_name(p, scopes) for p in params]
-        pairs = [(v, v) for v in inits if v in torch_names]
-        if not pairs and len(inits) == 1 and len(torch_names) == 1:
-            pairs = [(inits[0], torch_names[0])]
-        for init, name in pairs:
+        for init, name in _pair_parameters(inits, torch_names, ranks):
             if name not in names.setdefault(init, []):
                 names[init].append(name)
     return (names, read) if found else None
@@ -617,14 +634,30 @@ class _Reader:
         names, read = found
         taken = set(self.g.values)
         for init, torch_names in names.items():
-            primary = init if init in torch_names else next((n for n in torch_names if n not in taken), init)
+            primary = init if init in torch_names else next((n for n in torch_names if n not in taken), None)
+            if primary is None:  # a copy of a parameter another initializer holds (a tied, transposed weight)
+                primary = self.copy_name(init, torch_names[0], taken)
             if primary != init:
                 self.g.param_names[init] = primary
                 taken.add(primary)
-            others = [n for n in torch_names if n != primary]
+            others = [n for n in torch_names if n != primary and n not in taken]
             if others:
                 self.g.aliases[init] = others
         self.g.constants.update(v for v in read if v not in names)
+
+    def copy_name(self, init: str, name: str, taken: set[str]) -> str:
+        """The name of initializer ``init``, a second copy of parameter ``name`` (whose own
+        initializer holds the name): ``NAME.T`` when it is the transpose of it, else ``NAME.copy``;
+        noted, since the two take gradients of their own."""
+        shape, theirs = self.g.shape(init), self.g.shape(name)
+        base = f"{name}.T" if shape is not None and theirs is not None and tuple(shape) == tuple(theirs)[::-1] and \
+            len(shape) == 2 else f"{name}.copy"
+        new, k = base, 1
+        while new in taken:
+            new, k = f"{base}{k}", k + 1
+        self.g.notes.append(f"initializer {init} is a copy of parameter {name} ({'transposed' if base.endswith('.T') else 'as is'}) "
+                            f"the exporter stored apart (a tied weight): named {new}; the two take gradients of their own")
+        return new
 
     def node(self, node) -> None:
         op = node.op_type
@@ -918,7 +951,8 @@ class _Reader:
                            f"(size {size})", self.source,
                            f"ONNX Gather's indices lie in [-{size}, {size - 1}]" if size else
                            "a dim of size 0 has no index")
-        if int(a.get("axis", 0)) == 0 and value.weight and len(value.shape) == 2 and consts[1] is None:
+        if int(a.get("axis", 0)) == 0 and value.weight and len(value.shape) == 2 and \
+                (consts[1] is None or consts[1].size > 1):  # ids known here too: BERT's token types, positions
             return self.add("embedding", [idx, data], outs, {}, "Gather", name)
         if consts[1] is not None and consts[1].size == 1:  # x[..., i, ...]: a slice, then a squeeze
             axis = axis % rank

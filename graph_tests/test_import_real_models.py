@@ -365,3 +365,42 @@ def test_a_model_torch_exported_imports_with_torchs_names_and_computes_what_torc
     assert len(sharded) == {"llama": 14, "qwen2": 14, "gpt2": 4, "bert": 12, "bert_torchscript": 0}[name]
     rep = run_graph(graph, backward=True, seed=2)
     assert rep.ok, rep.mismatches
+
+
+def biased_attention_model(bias: np.ndarray):
+    """``softmax(q @ k^T / sqrt(d) + bias) @ v`` on BNSD tensors, ``bias`` a constant."""
+    shape = [1, 2, 4, 8]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("q", "k", "v")]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [const("bias", bias.astype(np.float32)), const("root", np.float32(np.sqrt(8.0))),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Div", ["s", "root"], ["sd"]),
+             helper.make_node("Add", ["sd", "bias"], ["z"]), helper.make_node("Softmax", ["z"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="context")]
+    return model_of(nodes, inputs, [y])
+
+
+def test_attention_with_a_bias_is_left_unfused_and_noted_without_one_fused():
+    rng = np.random.default_rng(8)
+    feeds = {n: rng.standard_normal((1, 2, 4, 8)).astype(np.float32) for n in ("q", "k", "v")}
+    position_bias = rng.standard_normal((1, 2, 4, 4))  # T5's relative-position bias: not a mask
+    graph = same_as_onnx(biased_attention_model(position_bias), feeds)
+    assert "scaled_dot_product_attention" not in {n.op for n in graph.nodes}
+    assert any(note.startswith("attention at node context is left unfused") for note in graph.meta["import_notes"])
+    graph = same_as_onnx(biased_attention_model(np.zeros((1, 1, 1, 4))), feeds)  # a padding mask of no padding
+    assert "scaled_dot_product_attention" in {n.op for n in graph.nodes}
+    assert not any("left unfused" in note for note in graph.meta["import_notes"])
+
+
+def test_the_torch_exported_llama_keeps_torchs_names_shares_its_norm_weight_and_takes_no_gradient_into_rope():
+    graph = from_onnx(str(MODELS / "llama.onnx"), dict(TP, parameters=FIXTURE_PLANS["llama"]))
+    inputs = {n.name: n.attrs for n in graph.inputs()}
+    assert inputs["model.layers.1.self_attn.q_proj.weight"]["placements"] == ("S(1)",)  # (in, out): out on tp
+    assert inputs["model.layers.1.self_attn.o_proj.weight"]["placements"] == ("S(0)",)
+    assert not any(name.startswith("val_") for name in inputs)  # every weight named as torch names it
+    rope = [n for n in graph.nodes if n.op == "rotary_position_embedding"]
+    tables = {t for n in rope for t in n.inputs[1:]}
+    assert tables <= set(inputs) and all(inputs[t]["requires_grad"] is False for t in tables)
+    notes = graph.meta["import_notes"]
+    assert any("model.layers.0.input_layernorm.weight is one tensor the exporter de-duplicated" in n and
+               "model.norm.weight" in n for n in notes)

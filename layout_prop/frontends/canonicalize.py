@@ -146,6 +146,8 @@ class Canonicalize:
             if view.edits:  # one rebuild per sweep: a list.index per rewrite made the pass quadratic
                 g.nodes = [new for node in g.nodes for new in view.edits.get(id(node), (node,))]
         g.prune()
+        if "attention" in self.rewrites:
+            _note_biased_attention(g)
         return CanonicalizeResult(dict(counts))
 
 
@@ -496,6 +498,27 @@ def _gelu(g: ModelGraph, v: _View, node: MNode) -> bool:
         _replace(v, node, "gelu", [x], {}, "fused:gelu")
         return True
     return False
+
+
+def _note_biased_attention(g: ModelGraph) -> None:
+    """A note for each ``softmax(scores + bias) @ v`` left unfused because ``bias`` is neither absent
+    nor causal (BERT's padding mask, T5's relative-position bias): the registry's attention takes
+    no additive bias, so such attention is imported op for op."""
+    v = _View(g)
+    for node in g.nodes:
+        if node.op != "matmul_nd" or not node.inputs:
+            continue
+        p = node.inputs[0]
+        guarded = _nan_guard(g, v, p)
+        soft = v.node(guarded if guarded is not None else p, "softmax")
+        shape = g.shape(p)
+        if soft is None or shape is None or len(shape) != 4:
+            continue
+        add = v.node(soft.inputs[0], ("add", "where"))
+        if add is not None:
+            g.notes.append(f"attention at node {node.name} is left unfused (softmax and products op for op): its "
+                           "scores take an additive bias or mask that is not causal (a padding mask, a position "
+                           "bias), and scaled_dot_product_attention takes none")
 
 
 def is_causal_mask(mask: np.ndarray, fill_ok) -> bool:

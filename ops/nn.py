@@ -52,8 +52,8 @@ The ops
     every rank then holds the kv heads of its query heads (kv heads a multiple of the
     axis, say); else k and v are whole on that axis (Megatron's kv head replication, a
     ``sharding-mismatch`` fixed by an all-gather when they are sharded there) and the
-    localised ``kv_head_map`` tells each rank's kernel which of its kv heads each of its
-    query heads uses (leave it out).  Aliases ``ScaledDotProductAttention``, ``sdpa``,
+    kernel attr ``kv_head_map`` (localised, not an attr of the op) tells each rank which of
+    its kv heads each of its query heads uses.  Aliases ``ScaledDotProductAttention``, ``sdpa``,
     ``aten.scaled_dot_product_attention`` (MindSpore's ``FlashAttentionScore`` is the
     op ``flash_attention_score`` of :mod:`.attention`); one output (no softmax statistics).
     Gradients: dq like q; dk and dv like k and v, plus ``P(sum)`` on the mesh axes that
@@ -901,9 +901,6 @@ def _attention_attr_violations(attrs: dict) -> list[Violation]:
         out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of {list(CONTEXT_PARALLEL)}",
                              "all_gather gathers k and v on the axes that shard q's sequence, ulysses moves q, k, v "
                              "to their heads there, auto takes the one moving fewer bytes", "q"))
-    if attrs.get("kv_head_map") is not None:
-        out.append(_bad_attr(f"kv_head_map={attrs['kv_head_map']!r} is given, but it is a rank's own map of its "
-                             "query heads to its kv heads", "leave kv_head_map out (lowering fills it in)", "q"))
     return out
 
 
@@ -1171,8 +1168,7 @@ def _kv_head_axes(q_fixed: Layout, kv_want: Layout, dims: dict) -> set[int]:
     return set(q_fixed.dim_axes(dims["N"])) - set(kv_want.dim_axes(dims["N"]))
 
 
-_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "kv_head_map": None,
-                    "context_parallel": "all_gather"}
+_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "context_parallel": "all_gather"}
 #: how attention runs with q's sequence sharded: gather k and v, all-to-all to the heads (Ulysses), or the cheaper
 CONTEXT_PARALLEL = ("all_gather", "ulysses", "auto")
 

@@ -33,7 +33,8 @@ from layout_prop.core.spec import TensorSpec
 
 DP_TP = DeviceMesh((2, 2), ("dp", "tp"))
 TP = DeviceMesh((2,), ("tp",))
-SHAPE_OPS = ("reshape", "transpose", "slice", "pad_slice", "concat", "unsqueeze", "squeeze", *SPLIT_VARIANTS)
+SHAPE_OPS = ("reshape", "transpose", "slice", "pad_slice", "concat", "unsqueeze", "squeeze", "sharding_constraint",
+             *SPLIT_VARIANTS)
 
 
 def spec(shape, placements, mesh=DP_TP, dtype="float32") -> TensorSpec:
@@ -410,6 +411,8 @@ VIOLATION_CASES = {
     "invalid-squeeze": ("squeeze", {"h": ((4, 6), ["R", "R"])}, {"dim": 0}, "h", ["x dim 0 has size 4, not 1"]),
     "concat-shape": ("concat", {"a": ((4, 6), ["R", "R"]), "b": ((3, 5), ["R", "R"])}, {"axis": 0}, "b",
                      ["x1 has shape [3, 5] but x has [4, 6]", "(dim 1: 5 vs 6)"]),
+    "constraint-unmet": ("sharding_constraint", {"h": ((4, 6), ["S(0)", "R"])}, {"placements": ["R", "S(1)"]}, "h",
+                         ["the value is (S(0), R)", "pins it to (R, S(1))", "all-gather on dp"]),
 }
 
 
@@ -439,7 +442,7 @@ def test_violation_is_located_and_named(code):
 
 
 @pytest.mark.parametrize("code", ["reshape-sharded-dim", "sharded-split-dim", "sharded-concat-dim",
-                                  "sharding-mismatch", "partial-input"])
+                                  "sharding-mismatch", "partial-input", "constraint-unmet"])
 def test_fixable_codes_are_fixed_by_reshard(code):
     op, inputs, attrs, _, _ = VIOLATION_CASES[code]
     data = _one_node_spec(op, inputs, attrs)

@@ -50,8 +50,9 @@ The ops and their layout rules
     vjp: ``dx = dy``, ``dsrc = index_select(dy, index, dim)``.
 ``index_copy(x, index, src, dim)`` (``aten.index_copy``, MindSpore ``InplaceIndexCopy``)
     index_add that writes instead of adding (the last of duplicate indices wins); sharded
-    like scatter.  vjp: ``dx = index_copy(dy, index, zeros_like(src))``, ``dsrc = index_copy_src_grad(dy,
-    index, dim)``: index_select of dy where the index is the last occurrence of its value.
+    like scatter.  vjp: ``dx = index_copy(dy, index, zeros_like(src))``, ``dsrc =
+    index_copy_src_grad(dy, index, dim)``: index_select of dy where the index is the last
+    occurrence of its value.
 ``gather_nd(x, indices)`` (ONNX ``GatherND``, MindSpore ``GatherNd``), ``scatter_nd(x, indices, updates,
     reduction)`` (ONNX ``ScatterND``, MindSpore ``TensorScatterUpdate``) and ``index_put(x, indices,
     values, accumulate)`` (``aten.index_put``, with torch's index tensors stacked on a last dim)
@@ -70,7 +71,7 @@ The ops and their layout rules
     masked_fill(dy, condition, 0)``, each summed back to its operand's shape.
 ``one_hot(indices, num_classes)`` (ONNX ``OneHot``, ``aten.one_hot``, MindSpore ``OneHot``)
     int64 output ``indices.shape + (num_classes,)``; shards of ``indices`` carry over.
-``isin(elements, test_elements)`` (``aten.isin``, ONNX-free)
+``isin(elements, test_elements)`` (``aten.isin``; ONNX has no such op)
     bool of elements' shape; elements' shards carry over, ``test_elements`` whole.
 
 Unusable input is an :class:`~layout_prop.core.errors.OpError` (exit 2): an index
@@ -80,7 +81,9 @@ torch requires (``invalid-rank``, ``invalid-shape``), ``num_classes`` missing or
 (``bad-attr``).  An index outside ``[0, size)`` in the data (one_hot: outside ``[0,
 num_classes)``) is an :class:`~layout_prop.core.errors.ExecutionError`
 ``index-out-of-range`` from the kernel, on one device and on every rank alike (a rank
-checks the global range, not only its piece's).
+checks the global range, not only its piece's).  Negative indices are out of range, as in
+torch (ONNX's GatherElements, Gather and ScatterND count them from the end: an imported
+model that relies on that stops with this error rather than computing something else).
 
 Examples
 --------
@@ -131,13 +134,15 @@ def _is_integer(dtype: str) -> bool:
 def check_integer(op: str, operand: str, spec: TensorSpec) -> None:
     """``invalid-dtype`` unless ``spec`` holds integers (bool is not an index)."""
     if not _is_integer(spec.dtype):
-        raise OpError("invalid-dtype", f"{op}: {operand} has dtype {spec.dtype}; {operand} holds indices", hint=f"give {operand} the dtype int64 or int32 (cast it)")
+        raise OpError("invalid-dtype", f"{op}: {operand} has dtype {spec.dtype}; {operand} holds indices",
+                      hint=f"give {operand} the dtype int64 or int32 (cast it)")
 
 
 def check_bool(op: str, operand: str, spec: TensorSpec) -> None:
     """``invalid-dtype`` unless ``spec`` is a bool tensor."""
     if spec.dtype != "bool":
-        raise OpError("invalid-dtype", f"{op}: {operand} has dtype {spec.dtype}; {operand} must be bool", hint=f"give {operand} the dtype bool (compare, or cast it)")
+        raise OpError("invalid-dtype", f"{op}: {operand} has dtype {spec.dtype}; {operand} must be bool",
+                      hint=f"give {operand} the dtype bool (compare, or cast it)")
 
 
 def normalize_dim(op: str, dim, ndim: int, operand: str = "x") -> int:
@@ -145,7 +150,8 @@ def normalize_dim(op: str, dim, ndim: int, operand: str = "x") -> int:
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
         raise OpError("bad-attr", f"{op}: dim must be an integer, got {dim!r}", hint="give dim as an integer")
     if not -ndim <= dim < ndim:
-        raise OpError("invalid-dims", f"{op}: dim {dim} is out of range for {operand} of rank {ndim}", hint=f"give dim in {-ndim}..{ndim - 1}" if ndim else
+        raise OpError("invalid-dims", f"{op}: dim {dim} is out of range for {operand} of rank {ndim}",
+                      hint=f"give dim in {-ndim}..{ndim - 1}" if ndim else
                       f"{operand} has no dims to index: give it at least one")
     return int(dim) % ndim
 
@@ -399,7 +405,8 @@ class IndexSelect(_LookupRule):
 
     def check_inputs(self, x, index, dim):
         if index.ndim != 1:
-            raise OpError("invalid-rank", f"{self.name}: index has shape {list(index.shape)}; it must be 1-D", hint="flatten index (reshape it to [-1]) and reshape the output back")
+            raise OpError("invalid-rank", f"{self.name}: index has shape {list(index.shape)}; it must be 1-D",
+                          hint="flatten index (reshape it to [-1]) and reshape the output back")
 
     def out_shape(self, x, index, dim):
         return x.shape[:dim] + (index.shape[0],) + x.shape[dim + 1:]
@@ -586,7 +593,8 @@ class IndexAdd(_ScatterRule):
 
     def check_inputs(self, x, index, src, dim):
         if index.ndim != 1:
-            raise OpError("invalid-rank", f"{self.name}: index has shape {list(index.shape)}; it must be 1-D", hint="give index_add a 1-D index (scatter_add takes an index of x's rank)")
+            raise OpError("invalid-rank", f"{self.name}: index has shape {list(index.shape)}; it must be 1-D",
+                          hint=f"give {self.name} a 1-D index (scatter_add takes an index of x's rank)")
         want = x.shape[:dim] + index.shape + x.shape[dim + 1:]
         if src.shape != want:
             raise _shape_error(self.name, f"src has shape {list(src.shape)}; for x {list(x.shape)} and "

@@ -162,3 +162,56 @@ def test_moe_layer_on_4_msrun_workers_forward(tmp_path, monkeypatch):
     assert report.ok, report.mismatches
     assert report.ranks == 4 and list(report.outputs) == ["l0_out"]
     assert "all-to-all" in {c["kind"] for c in report.collectives}
+
+
+# ------------------------------------------------------------------------------ the moe ops themselves
+def _moe_ops_spec(dispatch_attrs: dict, combine_attrs: dict | None = None, x_shape=(8, 4), idx_dtype="int64",
+                  w_shape=(8, 2)) -> dict:
+    """x, indices and weights sharded on 2 token ranks; dispatch, combine."""
+    combine_attrs = dispatch_attrs if combine_attrs is None else combine_attrs
+    return {"mesh": {"shape": [2], "names": ["ep"]},
+            "inputs": {"x": {"shape": list(x_shape), "placements": ["S(0)"]},
+                       "idx": {"shape": [8, 2], "placements": ["S(0)"], "dtype": idx_dtype, "requires_grad": False},
+                       "w": {"shape": list(w_shape), "placements": ["S(0)"]}},
+            "nodes": [{"name": "buf", "op": "moe_dispatch", "inputs": ["x", "idx"], "attrs": dispatch_attrs},
+                      {"name": "y", "op": "moe_combine", "inputs": ["buf", "idx", "w"], "attrs": combine_attrs}]}
+
+
+@pytest.mark.parametrize("spec, needle", [
+    (_moe_ops_spec({"num_experts": 0}), "bad-attr at attrs.num_experts, node 'buf': moe_dispatch: num_experts=0"),
+    (_moe_ops_spec({"num_experts": 4, "capacity_factor": -1}), "capacity_factor=-1 is not a positive number"),
+    (_moe_ops_spec({"num_experts": 4, "groups": 0}), "groups=0 is not a positive integer"),
+    (_moe_ops_spec({"num_experts": 4}, x_shape=(8, 2, 2)), "invalid-shape"),
+    (_moe_ops_spec({"num_experts": 4}, idx_dtype="float32"), "indices has dtype float32"),
+    (_moe_ops_spec({"num_experts": 4}, w_shape=(8, 3)), "weights has shape [8, 3] but indices [8, 2]"),
+    (_moe_ops_spec({"num_experts": 4}, {"num_experts": 4, "capacity_factor": 0.5}),
+     "buffer has 8 slots per expert"),
+])
+def test_unusable_moe_input_is_one_line_exit_2(tmp_path, capsys, spec, needle):
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_token_shards_need_whole_groups_and_capacity_needs_whole_indices(tmp_path, capsys):
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(_moe_ops_spec({"num_experts": 4})))  # groups 1 on 2 token shards
+    assert main(["check", str(path), "--json"]) == 1
+    codes = {(v["node"], v["operand"], v["code"]) for v in json.loads(capsys.readouterr().out)["violations"]}
+    assert ("buf", "x", "uneven-token-groups") in codes
+    # dropless with whole groups: no communication at all; the indices stay sharded like the tokens
+    path.write_text(json.dumps(_moe_ops_spec({"num_experts": 4, "groups": 2})))
+    assert main(["check", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tensors"]["buf"]["placements"] == ["S(1)"] and out["violations"] == []
+    # a capacity counts over all tokens: every rank gets the whole indices (an all-gather of 8 x 2 int64)
+    path.write_text(json.dumps(_moe_ops_spec({"num_experts": 4, "groups": 2, "capacity_factor": 0.5})))
+    assert main(["check", str(path), "--reshard", "--json"]) == 0
+    moves = [(r["node"], r["input"], [s["kind"] for s in r["steps"]])
+             for r in json.loads(capsys.readouterr().out)["redistributions"]]
+    assert moves == [("buf", "idx", ["all-gather"])]  # gathered once, for the combine too
+    assert main(["run", str(path), "--backward", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and set(report["grads"]) == {"x", "w"}

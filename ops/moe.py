@@ -61,7 +61,11 @@ Violation codes
 - ``uneven-token-groups``: the tokens are sharded on n ranks but n does not divide
   ``groups`` or ``groups`` does not divide T (fix: all-gather the tokens, or set groups).
 - ``sharding-mismatch``: indices, weights or buffer not sharded like the tokens.
-- ``invalid-shape``, ``invalid-dtype``, ``invalid-attr``: shapes, dtypes, attrs the ops cannot take.
+
+Unusable input is an ``OpError`` (one line, exit 2), not a violation: ``bad-attr``
+(num_experts, capacity_factor or groups not positive), ``invalid-shape`` (x or y not
+``(T, H)``, indices not ``(T, k)``, weights not the indices' shape, a buffer that is not
+the dispatch's ``(E, groups * block, H)``) and ``invalid-dtype`` (indices not integers).
 
 Examples
 --------
@@ -86,7 +90,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from layout_prop.core.errors import Violation
+from layout_prop.core.errors import OpError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
@@ -96,8 +100,7 @@ from .common import plan_summary
 
 __all__ = ["MoeDispatch", "MoeCombine", "MoeWeightGrad", "MOE_CODES", "moe_block", "get_rule"]
 
-MOE_CODES = ("partial-input", "sharded-choice-dim", "sharded-expert-dim", "uneven-token-groups", "sharding-mismatch",
-             "invalid-shape", "invalid-dtype", "invalid-attr")
+MOE_CODES = ("partial-input", "sharded-choice-dim", "sharded-expert-dim", "uneven-token-groups", "sharding-mismatch")
 LINEAR_PARTIALS = ("sum", "avg")
 _ATTRS = {"num_experts": None, "capacity_factor": None, "groups": 1}
 
@@ -129,41 +132,44 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _attr_violations(attrs: dict, experts_required: bool, operand: str) -> list[Violation]:
-    out = []
+def _check_attrs(op: str, attrs: dict, experts_required: bool) -> None:
+    """``bad-attr`` (an OpError: exit 2) for an attr the op cannot take."""
     e = attrs["num_experts"]
     if (e is not None or experts_required) and (not _is_int(e) or e < 1):
-        out.append(Violation("invalid-attr", f"num_experts={e!r} is not a positive integer",
-                             "give num_experts, the number of experts E (the router's output size)", operand=operand))
+        raise OpError("bad-attr", f"{op}: num_experts={e!r} is not a positive integer", path="attrs.num_experts",
+                      hint="give num_experts, the number of experts E (the router's output size)")
     cf = attrs["capacity_factor"]
     if cf is not None and (isinstance(cf, bool) or not isinstance(cf, numbers.Real) or not math.isfinite(cf)
                            or cf <= 0):
-        out.append(Violation("invalid-attr", f"capacity_factor={cf!r} is not a positive number",
-                             "leave capacity_factor out (no token dropped) or give a number > 0, e.g. 1.25",
-                             operand=operand))
+        raise OpError("bad-attr", f"{op}: capacity_factor={cf!r} is not a positive number",
+                      path="attrs.capacity_factor",
+                      hint="leave capacity_factor out (no token dropped) or give a number > 0, e.g. 1.25")
     g = attrs["groups"]
     if not _is_int(g) or g < 1:
-        out.append(Violation("invalid-attr", f"groups={g!r} is not a positive integer",
-                             "give groups, the number of token shards (1 on one device)", operand=operand))
-    return out
+        raise OpError("bad-attr", f"{op}: groups={g!r} is not a positive integer", path="attrs.groups",
+                      hint="give groups, the number of token shards (1 on one device)")
 
 
-def _route_violations(indices: TensorSpec, weights: TensorSpec | None, tokens: int | None) -> list[Violation]:
-    out = []
+def _check_route(op: str, indices: TensorSpec, weights: TensorSpec | None, tokens: int | None) -> None:
+    """``invalid-shape`` or ``invalid-dtype`` (OpErrors: exit 2) for routing operands the op cannot take."""
     if indices.ndim != 2:
-        out.append(Violation("invalid-shape", f"indices has shape {list(indices.shape)}; the routing indices are "
-                             "(tokens, k), the router's top-k", "give indices the shape (T, k)", operand="indices"))
-    elif tokens is not None and indices.shape[0] != tokens:
-        out.append(Violation("invalid-shape", f"indices has {indices.shape[0]} rows (shape {list(indices.shape)}) but "
-                             f"there are {tokens} tokens", "give indices one row per token", operand="indices"))
+        raise OpError("invalid-shape", f"{op}: indices has shape {list(indices.shape)}; the routing indices are "
+                      "(tokens, k), the router's top-k", hint="give indices the shape (T, k)")
+    if tokens is not None and indices.shape[0] != tokens:
+        raise OpError("invalid-shape", f"{op}: indices has {indices.shape[0]} rows (shape {list(indices.shape)}) but "
+                      f"there are {tokens} tokens", hint="give indices one row per token")
     if not np.issubdtype(np.dtype(indices.dtype), np.integer):
-        out.append(Violation("invalid-dtype", f"indices has dtype {indices.dtype}; expert indices are integers",
-                             "give indices the dtype int64 (top-k's indices) or int32", operand="indices"))
+        raise OpError("invalid-dtype", f"{op}: indices has dtype {indices.dtype}; expert indices are integers",
+                      hint="give indices the dtype int64 (top-k's indices) or int32")
     if weights is not None and tuple(weights.shape) != tuple(indices.shape):
-        out.append(Violation("invalid-shape", f"weights has shape {list(weights.shape)} but indices "
-                             f"{list(indices.shape)}; a routing weight per choice", "give weights the indices' shape",
-                             operand="weights"))
-    return out
+        raise OpError("invalid-shape", f"{op}: weights has shape {list(weights.shape)} but indices "
+                      f"{list(indices.shape)}; a routing weight per choice", hint="give weights the indices' shape")
+
+
+def _check_tokens(op: str, name: str, x: TensorSpec) -> None:
+    if x.ndim != 2:
+        raise OpError("invalid-shape", f"{op}: {name} has shape {list(x.shape)}; tokens are (T, H)",
+                      hint=f"reshape {name} to (tokens, hidden) first")
 
 
 # ------------------------------------------------------------------------------ the layout decision
@@ -324,13 +330,10 @@ class MoeDispatch(_MoeRule):
     def infer_layout(self, inputs, attrs):
         x, indices = inputs[0], inputs[1]
         weights = inputs[2] if len(inputs) > 2 else None
-        violations = _attr_violations(attrs, True, "x")
-        if x.ndim != 2:
-            violations.append(Violation("invalid-shape", f"x has shape {list(x.shape)}; moe_dispatch takes tokens "
-                                        "(T, H)", "reshape the activations to (tokens, hidden) first", operand="x"))
-        violations += _route_violations(indices, weights, x.shape[0] if x.ndim == 2 else None)
-        if violations:
-            return RuleResult((None,), tuple(violations), ())
+        _check_attrs(self.name, attrs, True)
+        _check_tokens(self.name, "x", x)
+        _check_route(self.name, indices, weights, x.shape[0])
+        violations: list[Violation] = []
         tokens, k = indices.shape
         e, groups, cf = attrs["num_experts"], attrs["groups"], attrs["capacity_factor"]
         sides = [weights] + ([indices] if cf is None else [])
@@ -369,11 +372,10 @@ class MoeCombine(_MoeRule):
     def infer_layout(self, inputs, attrs):
         buffer, indices = inputs[0], inputs[1]
         weights = inputs[2] if len(inputs) > 2 else None
-        violations = _attr_violations(attrs, False, "buffer")
-        violations += _route_violations(indices, weights, None)
-        violations += _buffer_shape_violations(buffer, indices, attrs, None)
-        if violations:
-            return RuleResult((None,), tuple(violations), ())
+        _check_attrs(self.name, attrs, False)
+        _check_route(self.name, indices, weights, None)
+        _check_buffer(self.name, buffer, indices, attrs, None)
+        violations: list[Violation] = []
         tokens = indices.shape[0]
         groups, cf = attrs["groups"], attrs["capacity_factor"]
         sides = [weights] + ([indices] if cf is None else [])
@@ -401,28 +403,25 @@ class MoeCombine(_MoeRule):
         return (dbuf, None, dw)[:len(inputs)]
 
 
-def _buffer_shape_violations(buffer: TensorSpec, indices: TensorSpec, attrs: dict,
-                             hidden: int | None) -> list[Violation]:
+def _check_buffer(op: str, buffer: TensorSpec, indices: TensorSpec, attrs: dict, hidden: int | None) -> None:
+    """``invalid-shape`` (an OpError: exit 2) for an expert buffer that is not the dispatch's."""
     if buffer.ndim != 3:
-        return [Violation("invalid-shape", f"buffer has shape {list(buffer.shape)}; the expert buffer is "
-                          "(E, slots, H)", "give the buffer moe_dispatch's output shape", operand="buffer")]
-    out = []
+        raise OpError("invalid-shape", f"{op}: buffer has shape {list(buffer.shape)}; the expert buffer is "
+                      "(E, slots, H)", hint="give the buffer moe_dispatch's output shape")
     e = attrs["num_experts"] if attrs["num_experts"] is not None else buffer.shape[0]
     if buffer.shape[0] != e:
-        out.append(Violation("invalid-shape", f"buffer has {buffer.shape[0]} experts (shape {list(buffer.shape)}) but "
-                             f"num_experts is {e}", "leave num_experts out or give the buffer's E", operand="buffer"))
-    if indices.ndim == 2:
-        tokens, k = indices.shape
-        slots = attrs["groups"] * moe_block(tokens, k, e, attrs["capacity_factor"], attrs["groups"])
-        if buffer.shape[1] != slots:
-            out.append(Violation("invalid-shape", f"buffer has {buffer.shape[1]} slots per expert (shape "
-                                 f"{list(buffer.shape)}) but {tokens} tokens, k={k}, num_experts={e}, capacity_factor="
-                                 f"{attrs['capacity_factor']}, groups={attrs['groups']} give {slots}",
-                                 "give moe_combine the routing attrs of its moe_dispatch", operand="buffer"))
+        raise OpError("invalid-shape", f"{op}: buffer has {buffer.shape[0]} experts (shape {list(buffer.shape)}) but "
+                      f"num_experts is {e}", hint="leave num_experts out or give the buffer's E")
+    tokens, k = indices.shape
+    slots = attrs["groups"] * moe_block(tokens, k, e, attrs["capacity_factor"], attrs["groups"])
+    if buffer.shape[1] != slots:
+        raise OpError("invalid-shape", f"{op}: buffer has {buffer.shape[1]} slots per expert (shape "
+                      f"{list(buffer.shape)}) but {tokens} tokens, k={k}, num_experts={e}, capacity_factor="
+                      f"{attrs['capacity_factor']}, groups={attrs['groups']} give {slots}",
+                      hint="give the op the routing attrs of its moe_dispatch")
     if hidden is not None and buffer.shape[2] != hidden:
-        out.append(Violation("invalid-shape", f"buffer has hidden size {buffer.shape[2]} but y {hidden}",
-                             "give y the tokens' shape (T, H)", operand="buffer"))
-    return out
+        raise OpError("invalid-shape", f"{op}: buffer has hidden size {buffer.shape[2]} but y {hidden}",
+                      hint="give y the tokens' shape (T, H)")
 
 
 @register_op
@@ -436,15 +435,11 @@ class MoeWeightGrad(_MoeRule):
 
     def infer_layout(self, inputs, attrs):
         buffer, y, indices = inputs
-        violations = _attr_violations(attrs, False, "y")
-        if y.ndim != 2:
-            violations.append(Violation("invalid-shape", f"y has shape {list(y.shape)}; tokens are (T, H)",
-                                        "give y the tokens' shape (T, H)", operand="y"))
-        violations += _route_violations(indices, None, y.shape[0] if y.ndim == 2 else None)
-        if not violations:
-            violations += _buffer_shape_violations(buffer, indices, attrs, y.shape[1])
-        if violations:
-            return RuleResult((None,), tuple(violations), ())
+        _check_attrs(self.name, attrs, False)
+        _check_tokens(self.name, "y", y)
+        _check_route(self.name, indices, None, y.shape[0])
+        _check_buffer(self.name, buffer, indices, attrs, y.shape[1])
+        violations: list[Violation] = []
         tokens, k = indices.shape
         groups, cf = attrs["groups"], attrs["capacity_factor"]
         sides = [] if cf is not None else [indices]

@@ -465,27 +465,21 @@ def _repeats(op: str, repeats, n: int) -> list[int] | int:
 
 
 def _repeat_analysis(op: str, x: TensorSpec, attrs: dict):
-    """``(dim, repeats, want, output shape, violations)``; ``dim`` None: x is flattened."""
-    if attrs["dim"] is None:
+    """``(dim, repeats, want, output shape, violations)``; ``dim`` None: x of several dims is flattened."""
+    if attrs["dim"] is None and x.ndim != 1:
         n = int(np.prod(x.shape))
         repeats = _repeats(op, attrs["repeats"], n)
-        dims = range(x.ndim) if x.ndim > 1 else ()
-        want, violations = _unsharded(op, x, tuple(dims), "sharded-repeat-dim", "flattens x first (dim null)",
-                                      lambda p: True)
+        want, violations = _unsharded(op, x, tuple(range(x.ndim)), "sharded-repeat-dim",
+                                      "flattens x first (dim null)", lambda p: True)
         total = n * repeats if isinstance(repeats, int) else sum(repeats)
-        if x.ndim != 1:
-            return None, repeats, want, (total,), violations
-        x = x.with_layout(want)
-        dim = 0
-    else:
-        dim = _dim(op, attrs["dim"], x.ndim)
-        repeats = _repeats(op, attrs["repeats"], x.shape[dim])
+        return None, repeats, want, (total,), violations
+    dim = 0 if attrs["dim"] is None else _dim(op, attrs["dim"], x.ndim)  # a 1-D x flattens to itself
     n = x.shape[dim]
-    cut = [x.mesh.shape[a] for a in x.layout.dim_axes(dim)] if x.layout.dim_axes(dim) else []
+    repeats = _repeats(op, attrs["repeats"], n)
+    cut = [x.mesh.shape[a] for a in x.layout.dim_axes(dim)]
     lined_up = isinstance(repeats, int) and [(a * repeats, b * repeats) for a, b in shard_blocks(n, cut)] == \
         shard_blocks(n * repeats, cut)
-    dims = () if lined_up else (dim,)
-    want, violations = _unsharded(op, x, dims, "sharded-repeat-dim",
+    want, violations = _unsharded(op, x, () if lined_up else (dim,), "sharded-repeat-dim",
                                   "repeats its elements, and the repeated pieces are not the output's chunks",
                                   lambda p: True)
     total = n * repeats if isinstance(repeats, int) else sum(repeats)

@@ -11,8 +11,10 @@ The ops
     whose target is ``ignore_index`` give 0.  ``reduction`` ``none`` keeps one loss per
     token, ``sum`` adds them, ``mean`` divides the sum by the number of tokens that are not
     ignored (NaN when there is none, as torch).  Aliases ``CrossEntropyLoss``,
-    ``SoftmaxCrossEntropyLoss`` (ONNX, which also puts the class dim second),
-    ``aten.cross_entropy_loss``.
+    ``SoftmaxCrossEntropyLoss`` and ``aten.cross_entropy_loss``: those two take the classes in
+    dim 1 (``(N, C, d1, ...)``), which is this op's layout only for 2-D logits; for more dims,
+    move the classes last first (``transpose``), else the target's shape does not match
+    (``invalid-target``) unless ``C`` happens to equal the last dim.
     Layout rule: the class dim is Replicate (``sharded-class-dim``, an all-gather: for a
     vocabulary-sharded logits use the three-op vocab-parallel form below, which never
     gathers the logits), nothing is Partial (``partial-input``: not linear).  Token dims
@@ -340,9 +342,10 @@ class _PartsBase(OpRule):
                           node=node, hint="give ignore_index as an integer")
         return out
 
+    logits_index = 0  # where the logits are among the operands
+
     def localize(self, attrs, inputs, outputs, rank):
-        logits = inputs[1] if self.name.endswith("_grad") else inputs[0]
-        return {**attrs, "vocab_start": logits.local_slices(rank)[-1][0]}
+        return {**attrs, "vocab_start": inputs[self.logits_index].local_slices(rank)[-1][0]}
 
 
 @register_op
@@ -388,6 +391,7 @@ class CrossEntropyPartsGrad(_PartsBase):
 
     name = "cross_entropy_parts_grad"
     operands = ("dparts", "logits", "target", "logits_max")
+    logits_index = 1
     num_outputs = 2
     differentiable = False
 
@@ -429,8 +433,10 @@ class _CombineBase(_CrossEntropyBase):
                           f"integer), got {out['num_classes']!r}", node=node, hint="give num_classes=C")
         return out
 
+    parts_index = 0  # where the parts are among the operands
+
     def localize(self, attrs, inputs, outputs, rank):
-        return _token_slices(attrs, inputs[1] if self.name.endswith("_grad") else inputs[0], rank)
+        return _token_slices(attrs, inputs[self.parts_index], rank)
 
 
 @register_op
@@ -482,11 +488,13 @@ class CrossEntropyCombineGrad(_CombineBase):
 
     name = "cross_entropy_combine_grad"
     operands = ("dy", "parts", "target")
+    parts_index = 1
     num_outputs = 2
     differentiable = False
 
     def infer_layout(self, inputs, attrs):
         dy, parts, target = inputs
+        # the gradient reads no max: a Replicate stand-in of its shape for the shared analysis
         m = TensorSpec(parts.shape[:-1], parts.dtype, Layout(parts.mesh, [Replicate()] * parts.mesh.ndim,
                                                              parts.ndim - 1))
         x_want, t_want, m_want, token_axes, violations = _combine_analysis(self.name, parts, m, target, attrs)

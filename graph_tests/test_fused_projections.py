@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,3 +227,41 @@ def test_imported_fused_projection_with_the_preset(tmp_path):
                          capture_output=True, text=True, env=cli_env(), timeout=120)
     assert run.returncode == 0, run.stderr + run.stdout
     assert "matches one device" in run.stdout
+
+
+# ------------------------------------------------------------------------------ GPT-2 from torch's exporter
+GPT2 = Path(__file__).resolve().parent.parent / "examples" / "models" / "gpt2.onnx"
+MEGATRON_GPT2 = """mesh: {shape: [2], names: [tp]}
+parameters:
+  "*.attn.c_attn.weight": colwise_fused(3)
+  "*.attn.c_proj.weight": rowwise
+  "*.mlp.c_fc.weight": colwise
+  "*.mlp.c_proj.weight": rowwise
+  "*": R
+"""
+
+
+@pytest.mark.skipif(not GPT2.exists(), reason="the GPT-2 fixture of examples/models is not in this checkout")
+def test_gpt2_fixture_megatron_plan_keeps_c_attn_column_parallel(tmp_path):
+    pytest.importorskip("onnx")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(MEGATRON_GPT2)
+    check = subprocess.run(console_command() + ["check", str(GPT2), "--plan", str(plan), "--backward", "--reshard",
+                                                "--json"], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert check.returncode == 0, check.stderr
+    report = json.loads(check.stdout)
+    assert report["ok"] and report["violations"] == []
+    weights = [name for name in report["tensors"] if name.endswith("c_attn.weight")]
+    assert len(weights) == 4 and all(report["tensors"][w]["placements"] == ["_S(1,3)"] for w in weights)  # and grads
+    splits = [t for name, t in report["tensors"].items() if name.startswith("node_Split") and ":" in name]
+    assert len(splits) == 6 and all(t["placements"] == ["S(2)"] for t in splits)  # q, k, v of both layers
+    gathered = {r["input"] for r in report["redistributions"] for s in r["steps"] if s["kind"] == "all-gather"}
+    assert not [g for g in gathered if g.endswith(".weight") or "Split" in g or "Gemm_342" in g], gathered
+    run = subprocess.run(console_command() + ["run", str(GPT2), "--plan", str(plan), "--backward"],
+                         capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert run.returncode == 0 and "matches one device" in run.stdout, run.stderr + run.stdout
+    # a plain column shard cuts across q, k and v
+    plan.write_text(MEGATRON_GPT2.replace("colwise_fused(3)", "colwise"))
+    plain = subprocess.run(console_command() + ["check", str(GPT2), "--plan", str(plan), "--json"],
+                           capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert "sharded-split-dim" in {v["code"] for v in json.loads(plain.stdout)["violations"]}

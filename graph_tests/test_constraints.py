@@ -130,7 +130,8 @@ def test_a_pin_no_redistribution_reaches_stays_a_violation():
 
 # ------------------------------------------------------------------------------ exit 2: the constraint itself
 @pytest.mark.parametrize("constraints, code, words", [
-    ({"y": ["S(0)", "S(1)"], "[xy]": ["R", "R"]}, "conflicting-constraints", "'y' is pinned to ['S(0)', 'S(1)'] by 'y'"),
+    ({"y": ["S(0)", "S(1)"], "[xy]": ["R", "R"]}, "conflicting-constraints",
+     "'y' is pinned to ['S(0)', 'S(1)'] by 'y'"),
     ({"q*": ["R", "R"]}, "unmatched-constraint", "'q*' matches no value"),
     ({"w1": ["R", "R"]}, "unmatched-constraint", "'w1' matches no value"),
     ({"y": ["S(0)"]}, "invalid-layout", "1 placements"),

@@ -1,4 +1,5 @@
-"""The shape ops: reshape, transpose, split/chunk/slice (and pad_slice), concat, unsqueeze, squeeze.
+"""The shape ops: reshape, transpose, split/chunk/slice (and pad_slice), concat, unsqueeze, squeeze,
+and sharding_constraint (a pinned value).
 
 Every op here moves or selects elements without arithmetic, so a Partial value of any
 reduce op passes through (the reduction commutes with moving elements); concat passes a
@@ -62,8 +63,9 @@ The ops and their layout rules
     (``sharded-concat-dim``), except when every operand is cut along it by the same
     mesh axes, each by ``S(axis)`` or ``_S(axis,j)``, in blocks of one size: the output
     is then ``_S(axis,J)`` (``J`` blocks in all) with no communication, the inverse of a
-    split of whole blocks (the gradient of a fused projection); all operands must be sharded alike on the other dims (the
-    output takes, per mesh axis, the first Shard any operand has there, so a Replicate
+    split of whole blocks (the gradient of a fused projection); all operands must be
+    sharded alike on the other dims (the output takes, per mesh axis, the first Shard
+    any operand has there, so a Replicate
     operand is sliced for free; any other difference is ``sharding-mismatch``); a mesh
     axis is Partial in the output when the operands are one Partial or Replicate there
     (a Replicate operand becomes terms by a free ``local-partial``), a Partial operand
@@ -77,6 +79,12 @@ The ops and their layout rules
     becomes Replicate.  Localized attr: ``dim`` becomes the explicit list of dims (a
     rank's local piece may have size-1 dims the global tensor does not).  vjp:
     ``reshape`` back.
+``sharding_constraint(x, placements | tensor_map)`` (alias ``with_sharding_constraint``)
+    ``x`` itself, its output pinned to the given layout: what a spec's ``constraints:``
+    section inserts after a pinned value (:mod:`layout_prop.io.constraints`).  The input
+    is wanted in the pinned layout: a move that costs communication is
+    ``constraint-unmet`` (fixable when a redistribution reaches it).  vjp: the cotangent
+    passes through.
 
 Attribute names: ``axis`` for split/chunk/slice/pad_slice/concat, ``dim`` for
 unsqueeze/squeeze, ``dims`` for transpose.  So that an alias takes its framework's
@@ -102,6 +110,8 @@ Violation codes
 - ``invalid-split``: split sizes, slice or pad bounds that do not fit the dim.
 - ``invalid-squeeze``: squeezing a dim whose size is not 1.
 - ``concat-shape``: concat operands of different ranks or different sizes off the axis.
+- ``constraint-unmet``: a pinned value's layout differs from the pin and reaching it costs
+  communication (fixable: the redistribution; unfixable when none reaches it).
 
 Examples
 --------

@@ -343,11 +343,13 @@ FIXTURE_PLANS = {
              "*.attention.self.value.weight": "colwise", "*.attention.output.dense.weight": "rowwise",
              "*.intermediate.dense.weight": "colwise", "encoder.*.output.dense.weight": "rowwise", "*": "R"},
 }
-FIXTURE_PLANS["qwen2"] = FIXTURE_PLANS["llama"]
+FIXTURE_PLANS["qwen2"] = FIXTURE_PLANS["mistral"] = FIXTURE_PLANS["gemma"] = FIXTURE_PLANS["llama"]
+# Phi-3's fused qkv_proj and gate_up_proj stay replicated here (a column shard would cut across their blocks)
+FIXTURE_PLANS["phi3"] = {"*.self_attn.o_proj.weight": "rowwise", "*.mlp.down_proj.weight": "rowwise", "*": "R"}
 FIXTURE_PLANS["bert_torchscript"] = {"*": "R"}  # the TorchScript exporter keeps no module names for MatMul weights
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "gpt2", "bert", "bert_torchscript"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "gemma", "phi3", "gpt2", "bert", "bert_torchscript"])
 def test_a_model_torch_exported_imports_with_torchs_names_and_computes_what_torch_computed(name):
     """The committed fixture (examples/models/make_fixtures.py) with a plan in torch's module names:
     fully fused, its output on its own weights what torch computed, the sharded backward one device's."""
@@ -362,7 +364,8 @@ def test_a_model_torch_exported_imports_with_torchs_names_and_computes_what_torc
     got = one_device(graph, model, {model.graph.input[0].name: reference["input_ids"]})
     np.testing.assert_allclose(next(iter(got.values())), reference[output], rtol=1e-4, atol=1e-5)
     sharded = [n.name for n in graph.inputs() if any(p != "R" for p in n.attrs.get("placements", ()))]
-    assert len(sharded) == {"llama": 14, "qwen2": 14, "gpt2": 4, "bert": 12, "bert_torchscript": 0}[name]
+    assert len(sharded) == {"llama": 14, "qwen2": 14, "mistral": 14, "gemma": 14, "phi3": 4, "gpt2": 4, "bert": 12,
+                            "bert_torchscript": 0}[name]
     rep = run_graph(graph, backward=True, seed=2)
     assert rep.ok, rep.mismatches
 

@@ -1,14 +1,15 @@
 """Write the tiny real-model fixtures of the importer's tests (issue #29): run by hand, outside CI.
 
 Each model is a randomly initialised Hugging Face model (2 layers, hidden 64, vocabulary 128,
-seed 0) exported to ONNX by torch's exporters, beside the output torch computed for the token
+seed 0: Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2 and BERT) exported to ONNX by torch's
+exporters (dynamo; BERT with the TorchScript exporter too), beside the output torch computed for the token
 ids the tests feed it (``NAME.npz``: ``input_ids`` and ``logits``, or ``last_hidden_state`` for
 BERT).  torch and transformers are not dependencies of layout-prop and are never needed by the
 tests, which read the committed files; to write the files again::
 
     python3 -m venv /tmp/venv-torch
     /tmp/venv-torch/bin/pip install torch==2.13.0 transformers==5.25.0 onnx==1.23.2 onnxscript==0.7.2
-    /tmp/venv-torch/bin/python examples/models/make_fixtures.py
+    /tmp/venv-torch/bin/python examples/models/make_fixtures.py [NAME...]
 
 The versions are those the committed files were written with (``VERSIONS``, checked at start).
 """
@@ -44,6 +45,9 @@ def configs():
     return [
         ("llama", tf.LlamaForCausalLM, tf.LlamaConfig(**decoder, num_key_value_heads=2), "dynamo"),
         ("qwen2", tf.Qwen2ForCausalLM, tf.Qwen2Config(**decoder, num_key_value_heads=2), "dynamo"),
+        ("mistral", tf.MistralForCausalLM, tf.MistralConfig(**decoder, num_key_value_heads=2), "dynamo"),
+        ("gemma", tf.GemmaForCausalLM, tf.GemmaConfig(**decoder, num_key_value_heads=2, head_dim=16), "dynamo"),
+        ("phi3", tf.Phi3ForCausalLM, tf.Phi3Config(**decoder, num_key_value_heads=4, pad_token_id=0), "dynamo"),
         ("gpt2", tf.GPT2LMHeadModel, tf.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                                    use_cache=False), "dynamo"),
         ("bert", tf.BertModel, tf.BertConfig(**dict(common, intermediate_size=128, max_position_embeddings=64)),
@@ -81,15 +85,16 @@ def export(name, cls, config, exporter) -> int:
     return path.stat().st_size
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    """Write every fixture, or those named."""
     check_versions()
-    total = 0
     for name, cls, config, exporter in configs():
-        size = export(name, cls, config, exporter)
-        total += size + (OUT / f"{name}.npz").stat().st_size
-        print(f"{name}: {size:,} bytes ({exporter} exporter)")
+        if not names or name in names:
+            size = export(name, cls, config, exporter)
+            print(f"{name}: {size:,} bytes ({exporter} exporter)")
+    total = sum(p.stat().st_size for p in OUT.glob("*.onnx")) + sum(p.stat().st_size for p in OUT.glob("*.npz"))
     print(f"total {total:,} bytes")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

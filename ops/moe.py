@@ -312,6 +312,7 @@ def _localize(attrs: dict, token_spec: TensorSpec, indices: TensorSpec, rank: in
 
 class _MoeRule(OpRule):
     attr_defaults = dict(_ATTRS)
+    attr_types = {"num_experts": "int | None", "capacity_factor": "float | None", "groups": "int"}
     violation_codes = MOE_CODES
 
 

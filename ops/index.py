@@ -48,7 +48,7 @@ The ops and their layout rules
     ``index`` 1-D, ``src`` x's shape with ``dim`` of ``len(index)``; adds ``src`` slices at
     the indexed positions.  Sharded like scatter_add, the index being the contributions' dim.
     vjp: ``dx = dy``, ``dsrc = index_select(dy, index, dim)``.
-``index_copy(x, index, src, dim)`` (``aten.index_copy``, MindSpore ``InplaceIndexCopy``)
+``index_copy(x, index, src, dim)`` (``aten.index_copy``)
     index_add that writes instead of adding (the last of duplicate indices wins); sharded
     like scatter.  vjp: ``dx = index_copy(dy, index, zeros_like(src))``, ``dsrc =
     index_copy_src_grad(dy, index, dim)``: index_select of dy where the index is the last
@@ -635,7 +635,7 @@ class IndexCopy(IndexAdd):
     """
 
     name = "index_copy"
-    aliases = ("aten.index_copy", "torch.index_copy", "InplaceIndexCopy")
+    aliases = ("aten.index_copy", "torch.index_copy")
     adds = False
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
@@ -912,7 +912,7 @@ class IndexPut(ScatterNd):
 
     name = "index_put"
     operands = ("x", "indices", "values")
-    aliases = ("aten.index_put", "torch.index_put", "IndexPut")
+    aliases = ("aten.index_put", "torch.index_put")  # MindSpore IndexPut takes (x, values, indices): not an alias
     attr_defaults = {"accumulate": False}
     updates_operand = "values"
 

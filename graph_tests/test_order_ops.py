@@ -431,3 +431,81 @@ def test_mindspore_kernels_order_nan_as_numpy():
     np.testing.assert_array_equal(K["sort"](x, descending=True)[1], [[1, 3, 6, 2, 5, 0, 7, 4]])
     for op in ("argmax", "argmin"):
         assert to_numpy(MS[op](x, dim=1)).tolist() == K[op](x, dim=1).tolist() == [1]
+
+
+# ============================================================================ cumsum along a sharded dim
+def _cumsum_spec(nodes, shape=(4, 64), mesh=(4,), names=("sp",), placements=("S(1)",), dtype="float32") -> dict:
+    return {"mesh": {"shape": list(mesh), "names": list(names)},
+            "inputs": {"x": {"shape": list(shape), "placements": list(placements), "dtype": dtype,
+                             "requires_grad": dtype == "float32"}},
+            "nodes": nodes, "outputs": ["y"]}
+
+
+def _split_cumsum(chunks: int, **attrs) -> list[dict]:
+    chunked = {"dim": 1, "chunks": chunks}
+    return [{"name": "t", "op": "chunk_sum", "inputs": ["x"], "attrs": chunked},
+            {"name": "o", "op": "cumsum", "inputs": ["t"],
+             "attrs": {"dim": 1, "exclusive": True, "reverse": attrs.get("reverse", False)}},
+            {"name": "y", "op": "chunk_cumsum", "inputs": ["x", "o"], "attrs": {**chunked, **attrs}}]
+
+
+def test_chunked_cumsum_moves_the_shard_totals_only():
+    """x [4, 64], the scanned dim on 4 ranks: cumsum gathers x (768 bytes per rank); the local scans plus an
+    exclusive scan of the 4 shard totals move 12 bytes forward and 24 backward."""
+    plain = _run(_cumsum_spec([{"name": "y", "op": "cumsum", "inputs": ["x"], "attrs": {"dim": 1}}]))
+    split = _run(_cumsum_spec(_split_cumsum(4)))
+    assert sum(c["bytes_per_rank"] for c in plain.collectives) == 768
+    forward = sorted((c["node"], c["bytes_per_rank"]) for c in split.collectives if not c["node"].startswith("grad/"))
+    assert forward == [("o/x", 12), ("y/offsets", 12)]
+    assert sum(c["bytes_per_rank"] for c in split.collectives) == 48
+
+
+@pytest.mark.parametrize("attrs", [{}, {"exclusive": True}, {"reverse": True}, {"exclusive": True, "reverse": True}])
+def test_chunked_cumsum_is_cumsum(attrs):
+    """The decomposition equals cumsum exactly on int64 (10 on 4 ranks: pieces 3, 3, 3, 1) and its sharded
+    run equals one device."""
+    spec = _cumsum_spec(_split_cumsum(4, **attrs), shape=(3, 10), dtype="int64")
+    rng = np.random.default_rng(5)
+    x = rng.integers(-9, 9, (3, 10))
+    graph = load_spec(spec)
+    Propagate().run(graph)
+    got = execute_global(graph, {"x": x})["y"]
+    np.testing.assert_array_equal(got, K["cumsum"](x, dim=1, **attrs))
+    _run(spec)
+    _run(_cumsum_spec(_split_cumsum(4, **attrs), shape=(3, 10)))  # float32, forward and backward
+
+
+def test_chunked_cumsum_on_a_2x2_mesh_keeps_x_in_place():
+    spec = _cumsum_spec(_split_cumsum(2), shape=(5, 9), mesh=(2, 2), names=("dp", "sp"), placements=("S(0)", "S(1)"))
+    graph = load_spec(spec)
+    Propagate().run(graph)
+    assert str(graph.node("t").meta["specs"][0].layout) == "(S(0), S(1))"
+    assert str(graph.node("y").meta["specs"][0].layout) == "(S(0), S(1))" and not graph.node("y").meta["violations"]
+    rep = _run(spec)
+    # only the totals (3 rows x 2 on rank 0) are gathered on sp, forward and backward
+    assert _collectives(rep) == [("grad/o/cumsum1/x", "all-gather", "sp"), ("o/x", "all-gather", "sp")]
+
+
+@pytest.mark.parametrize("nodes, out", [
+    (_split_topk(3, 3), "top:0"),
+    ([{"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 2, "chunks": 3, "largest": False}}],
+     "c:0"),
+    (_split_cumsum(3), "y"),
+    (_split_cumsum(3, exclusive=True, reverse=True), "y"),
+    ([{"name": "y", "op": "chunk_cumsum", "inputs": ["x"], "attrs": {"dim": 1, "chunks": 3, "reverse": True}}], "y"),
+], ids=["topk-split", "candidates", "cumsum-split", "cumsum-split-exclusive-reverse", "chunk-cumsum"])
+def test_split_graphs_gradients_match_finite_differences(nodes, out):
+    """The backward graph of the split top-k and cumsum against central differences of the forward (x [3, 8])."""
+    graph = load_spec({"mesh": {"shape": [2], "names": ["dp"]},
+                       "inputs": {"x": {"shape": [3, 8], "dtype": "float64"}}, "nodes": nodes, "outputs": [out]})
+    Propagate().run(graph)
+    result = Backward().run(graph)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 8))
+    cot = rng.standard_normal(execute_global(graph, {"x": x})[out].shape)
+    env = execute_global(result.graph, {"x": x, result.cotangents[out]: cot})
+
+    def forward(x):
+        return execute_global(graph, {"x": x})[out]
+
+    np.testing.assert_allclose(env[result.grads["x"]], numeric_grad(forward, [x], 0, cot), rtol=1e-6, atol=1e-8)

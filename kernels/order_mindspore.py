@@ -256,6 +256,60 @@ def _topk_candidates_grad(dc, indices, dim, size, chunks=1, start=0):
     return b._ms().ops.cat(tuple(pieces), dim)
 
 
+def _cat_pieces(pieces, shape, dim, dtype):
+    """Concatenate the non-empty pieces along dim (zeros of ``shape`` when every piece is empty)."""
+    ops = _backend()._ms().ops
+    pieces = [p for p in pieces if p.shape[dim]]
+    return ops.cat(tuple(pieces), dim) if pieces else ops.zeros(tuple(shape), dtype)
+
+
+def _chunk_sum(x, dim, chunks):
+    from layout_prop.core.spec import chunk_bounds
+
+    b = _backend()
+    ops = b._ms().ops
+    x = _accumulating(x)
+    dim = dim % x.ndim
+    one = tuple(1 if d == dim else n for d, n in enumerate(x.shape))
+    sums = [ops.sum(b._take(x, dim, lo, hi), dim, keepdim=True) if hi > lo else ops.zeros(one, x.dtype)
+            for lo, hi in chunk_bounds(x.shape[dim], int(chunks))]
+    return ops.cat(tuple(sums), dim)
+
+
+def _chunk_sum_grad(dt, dim, size, chunks):
+    from layout_prop.core.spec import chunk_bounds
+
+    b = _backend()
+    ops = b._ms().ops
+    dt = b.to_tensor(dt)
+    dim = dim % dt.ndim
+    shape = list(dt.shape)
+    pieces = []
+    for c, (lo, hi) in enumerate(chunk_bounds(int(size), int(chunks))):
+        shape[dim] = hi - lo
+        if hi > lo:
+            pieces.append(ops.broadcast_to(b._take(dt, dim, c, c + 1), tuple(shape)))
+    shape[dim] = int(size)
+    return _cat_pieces(pieces, shape, dim, dt.dtype)
+
+
+def _chunk_cumsum(x, offsets=None, dim=0, chunks=1, exclusive=False, reverse=False):
+    from layout_prop.core.spec import chunk_bounds
+
+    b = _backend()
+    x = _accumulating(x)
+    dim = dim % x.ndim
+    pieces = []
+    for c, (lo, hi) in enumerate(chunk_bounds(x.shape[dim], int(chunks))):
+        if hi == lo:
+            continue
+        scan = _cumsum(b._take(x, dim, lo, hi), dim, exclusive, reverse)
+        if offsets is not None:
+            scan = scan + b._take(b.to_tensor(offsets), dim, c, c + 1).astype(scan.dtype)
+        pieces.append(scan)
+    return _cat_pieces(pieces, x.shape, dim, x.dtype)
+
+
 KERNELS: dict[str, Callable] = {
     "topk": _topk,
     "sort": _sort,
@@ -272,4 +326,7 @@ KERNELS: dict[str, Callable] = {
     "topk_merge": _topk_merge,
     "topk_merge_grad": _topk_merge_grad,
     "topk_candidates_grad": _topk_candidates_grad,
+    "chunk_sum": _chunk_sum,
+    "chunk_sum_grad": _chunk_sum_grad,
+    "chunk_cumsum": _chunk_cumsum,
 }

@@ -148,6 +148,44 @@ def _topk_merge_grad(dv, values, indices, k, dim=-1, largest=True):
     return _topk_grad(dv, order, dim, values.shape[dim])
 
 
+# ------------------------------------------------------------------------------ cumsum along a sharded dim
+def _pieces(x: np.ndarray, dim: int, chunks: int, size: int | None = None):
+    """The ``torch.chunk`` bounds of ``dim`` (or of ``size``) in ``chunks`` pieces."""
+    from layout_prop.core.spec import chunk_bounds
+
+    return chunk_bounds(x.shape[dim] if size is None else int(size), int(chunks))
+
+
+def _chunk_sum(x, dim, chunks):
+    """The sum of each ``torch.chunk`` piece of ``dim``: ``chunks`` along dim (int64 for integers)."""
+    x = np.asarray(x)
+    dim = dim % x.ndim
+    dtype = cumsum_dtype(x.dtype)
+    return np.concatenate([np.sum(np.take(x, np.arange(lo, hi), axis=dim), axis=dim, keepdims=True, dtype=dtype)
+                           for lo, hi in _pieces(x, dim, chunks)], axis=dim)
+
+
+def _chunk_sum_grad(dt, dim, size, chunks):
+    """``dt``'s c-th element along dim repeated over the c-th piece of ``size``."""
+    dt = np.asarray(dt)
+    dim = dim % dt.ndim
+    lengths = [hi - lo for lo, hi in _pieces(dt, dim, chunks, size)]
+    return np.repeat(dt, lengths, axis=dim)
+
+
+def _chunk_cumsum(x, offsets=None, dim=0, chunks=1, exclusive=False, reverse=False):
+    """The cumsum of each piece of ``dim`` on its own, plus ``offsets``' c-th element on piece c."""
+    x = np.asarray(x)
+    dim = dim % x.ndim
+    out = []
+    for c, (lo, hi) in enumerate(_pieces(x, dim, chunks)):
+        scan = _cumsum(np.take(x, np.arange(lo, hi), axis=dim), dim, exclusive, reverse)
+        if offsets is not None:
+            scan = scan + np.take(offsets, [c], axis=dim).astype(scan.dtype, copy=False)
+        out.append(scan)
+    return np.concatenate(out, axis=dim).astype(cumsum_dtype(x.dtype), copy=False)
+
+
 # ------------------------------------------------------------------------------ gradients
 def _topk_grad(dv, indices, dim, size, start=0):
     """``dx`` of shape ``dv``'s with ``size`` along ``dim``: ``dv`` scatter-added at ``indices - start``.
@@ -236,4 +274,7 @@ KERNELS: dict[str, Callable] = {
     "topk_merge": _topk_merge,
     "topk_merge_grad": _topk_merge_grad,
     "topk_candidates_grad": _topk_candidates_grad,
+    "chunk_sum": _chunk_sum,
+    "chunk_sum_grad": _chunk_sum_grad,
+    "chunk_cumsum": _chunk_cumsum,
 }

@@ -80,9 +80,27 @@ a vocabulary), write the top-k in two ops instead, so that only ``k`` candidates
 
 Gradients: ``topk_merge_grad`` (the cotangent at the chosen candidate positions) and
 ``topk_candidates_grad`` (block ``c`` of the candidates into piece ``c`` of x: local on
-each rank when sharded).  Nothing rewrites a ``topk`` node into the two ops by itself (that
-would be a graph transform of the reshard pass); cumsum along a sharded dim (a local scan
-plus an exclusive scan of the shard totals) is not implemented.
+each rank when sharded).
+
+Cumsum along a sharded dim
+--------------------------
+A local scan plus an exclusive scan of the shard totals, in three ops, so that only the
+``chunks`` totals per row move::
+
+    t = chunk_sum(x, dim, chunks)                 # each rank sums its piece
+    o = cumsum(t, dim, exclusive=True)            # the totals gathered (chunks per row)
+    y = chunk_cumsum(x, o, dim, chunks)           # each rank scans its piece, plus its offset
+
+``chunk_sum(x, dim, chunks)`` sums each ``torch.chunk`` piece of dim; ``chunk_cumsum(x,
+offsets?, dim, chunks, exclusive=False, reverse=False)`` scans each piece on its own and
+adds ``offsets``' c-th element on piece c (with ``reverse``, give it the reverse exclusive
+scan).  Both keep a dim cut into exactly those pieces sharded (localised ``chunks=1``), gather
+any other cut, and are linear: gradients ``chunk_cumsum`` the other way and ``chunk_sum`` of
+the cotangent, and ``chunk_sum_grad`` (each total's cotangent over its piece).  The result
+equals cumsum up to float rounding (exactly on integers): the sums are added in another order.
+
+Nothing rewrites a ``topk`` or ``cumsum`` node into these ops by itself: that would be a
+graph transform of the reshard pass.  Write them in the spec where the dim is sharded.
 
 Examples
 --------
@@ -925,3 +943,184 @@ class TopKMergeGrad(OpRule):
                                                  linear=0)
         out = TensorSpec(values.shape, dv.dtype, Layout(dv.mesh, out_ps, values.ndim))
         return RuleResult((out,), tuple(violations), tuple(_want(w, t) for w, t in zip(wants, inputs)))
+
+
+# ------------------------------------------------------------------------------ cumsum along a sharded dim
+def _chunked_dim(op: str, spec: TensorSpec, operand: str, dim: int, chunks: int,
+                 issues: list) -> tuple[int, ...]:
+    """The mesh axes that cut ``dim`` into one ``torch.chunk`` piece of ``chunks`` per rank (``()``: the
+    dim whole); an issue when the dim is cut otherwise."""
+    if not spec.layout.cut_axes(dim):
+        return ()
+    if chunks_match(spec, dim, chunks):
+        return spec.layout.dim_axes(dim)
+    issues.append(_chunk_issue(op, spec, operand, dim, chunks, spec.shape[dim]))
+    return ()
+
+
+def _chunk_localize(attrs: dict, spec: TensorSpec, rank: int) -> dict:
+    """A rank holding one chunk of ``spec``'s dim computes ``chunks=1`` on it."""
+    dim = attrs["dim"] % spec.ndim
+    if not spec.layout.dim_axes(dim):
+        return dict(attrs)
+    return {**attrs, "chunks": 1}
+
+
+class _ChunkRule(OpRule):
+    """Ops defined per ``torch.chunk`` piece of ``dim`` (``chunks`` pieces): a dim cut into exactly
+    those pieces stays sharded, a whole dim computes every piece, any other cut is gathered."""
+
+    attr_types = {"dim": "int", "chunks": "int"}
+    violation_codes = GRAD_CODES
+    strided = True
+
+    def normalize_attrs(self, attrs, node=None):
+        out = super().normalize_attrs(attrs, node)
+        _positive_chunks(self.name, out, node)
+        return out
+
+
+@register_op
+class ChunkSum(_ChunkRule):
+    """``chunk_sum(x, dim, chunks)``: the sum of each ``torch.chunk`` piece of ``dim``, ``chunks`` along dim.
+
+    With the dim cut into those pieces each rank sums its own (the output holds one per rank);
+    the shard totals of a cumsum along a sharded dim.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> x = TensorSpec((3, 10), "float32", Layout(DeviceMesh((4,), ("sp",)), ["S(1)"], 2))
+    >>> str(get_rule("chunk_sum").infer_layout((x,), {"dim": 1, "chunks": 4}).outputs[0])
+    'float32[3, 4] (S(1))'
+    """
+
+    name = "chunk_sum"
+    operands = ("x",)
+    attr_defaults = {"dim": None, "chunks": None}
+    required_attrs = ("dim", "chunks")
+
+    def infer_layout(self, inputs, attrs):
+        (x,) = inputs
+        dim = check_dim(self.name, "dim", attrs["dim"], x.ndim)
+        chunks = attrs["chunks"]
+        fixed, issues = whole_dims(self.name, x, "x", [], "")
+        keep = _chunked_dim(self.name, x, "x", dim, chunks, issues)
+        fixed = fixed.with_placements([Replicate() if shard_dim(p) == dim and a not in keep else p
+                                       for a, p in enumerate(fixed.placements)])
+        shape = x.shape[:dim] + (chunks,) + x.shape[dim + 1:]
+        out = TensorSpec(shape, _cumsum_dtype(x.dtype), fixed)
+        return RuleResult((out,), tuple(_violations(x, fixed, "x", issues)), (_want(fixed, x),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return _chunk_localize(attrs, inputs[0], rank)
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        x = g.spec(inputs[0])
+        if cotangents[0] is None or not needs[0] or not _is_float(x.dtype):
+            return (None,)
+        dim = attrs["dim"] % x.ndim
+        return (g.op("chunk_sum_grad", [cotangents[0]], {"dim": dim, "size": x.shape[dim],
+                                                         "chunks": attrs["chunks"]}),)
+
+
+@register_op
+class ChunkSumGrad(_ChunkRule):
+    """``chunk_sum_grad(dt, dim, size, chunks)``: ``dt``'s ``c``-th element along dim repeated over the
+    ``c``-th ``torch.chunk`` piece of ``size``; local where dt holds one element per rank."""
+
+    name = "chunk_sum_grad"
+    operands = ("dt",)
+    attr_defaults = {"dim": None, "size": None, "chunks": None}
+    attr_types = {"dim": "int", "size": "int", "chunks": "int"}
+    required_attrs = ("dim", "size", "chunks")
+    differentiable = False
+
+    def infer_layout(self, inputs, attrs):
+        (dt,) = inputs
+        dim = check_dim(self.name, "dim", attrs["dim"], dt.ndim)
+        size, chunks = attrs["size"], attrs["chunks"]
+        if size < 0:
+            raise OpError("bad-attr", f"chunk_sum_grad: size={size} is negative", path="attrs.size",
+                          hint="give x's size along dim")
+        if dt.shape[dim] != chunks:
+            v = Violation("broadcast-shape", f"dt has {dt.shape[dim]} elements along dim {dim}, not chunks={chunks}",
+                          "give dt chunk_sum's output shape", operand="dt")
+            return RuleResult((None,), (v,), ())
+        shape = dt.shape[:dim] + (size,) + dt.shape[dim + 1:]
+        axes = dt.layout.dim_axes(dim)
+        if axes and not chunks_match(TensorSpec(shape, dt.dtype, dt.layout.with_placements(
+                [p if shard_dim(p) != dim or a in axes else Replicate() for a, p in enumerate(dt.layout.placements)]
+        )), dim, chunks):
+            axes = ()
+        (want,), out_ps, violations = pair_layouts(self.name, [("dt", dt)], dim, linear=0, dim_axes=axes)
+        out = TensorSpec(shape, dt.dtype, Layout(dt.mesh, out_ps, len(shape)))
+        return RuleResult((out,), tuple(violations), (_want(want, dt),))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        out = outputs[0]
+        dim = attrs["dim"] % out.ndim
+        if not out.layout.dim_axes(dim):
+            return dict(attrs)
+        lo, hi = out.dim_bounds(dim, out.mesh.coords(rank))
+        return {**attrs, "chunks": 1, "size": hi - lo}
+
+
+@register_op
+class ChunkCumSum(_ChunkRule):
+    """``chunk_cumsum(x, offsets?, dim, chunks, exclusive=False, reverse=False)``: the cumsum of each
+    ``torch.chunk`` piece of ``dim`` on its own, plus ``offsets``' ``c``-th element along dim on
+    piece ``c``.
+
+    ``chunk_cumsum(x, cumsum(chunk_sum(x), exclusive=True))`` is the cumsum of x (up to float
+    rounding: the sums are added in another order).  With x's dim cut into the chunks, every
+    rank scans its own piece and adds its own offset (offsets wanted sharded like x on the dim:
+    a free slice of the whole exclusive scan), so only the ``chunks`` shard totals move.
+
+    >>> from layout_prop import DeviceMesh, Layout, TensorSpec
+    >>> mesh = DeviceMesh((4,), ("sp",))
+    >>> x = TensorSpec((3, 10), "float32", Layout(mesh, ["S(1)"], 2))
+    >>> o = TensorSpec((3, 4), "float32", Layout(mesh, ["R"], 2))
+    >>> res = get_rule("chunk_cumsum").infer_layout((x, o), get_rule("chunk_cumsum").normalize_attrs(
+    ...     {"dim": 1, "chunks": 4}))
+    >>> str(res.outputs[0]), res.violations, [str(w) for w in res.wants]
+    ('float32[3, 10] (S(1))', (), ['None', '(S(1))'])
+    """
+
+    name = "chunk_cumsum"
+    operands = ("x",)
+    optional_operands = ("offsets",)
+    attr_defaults = {"dim": None, "chunks": None, "exclusive": False, "reverse": False}
+    required_attrs = ("dim", "chunks")
+
+    def infer_layout(self, inputs, attrs):
+        x = inputs[0]
+        dim = check_dim(self.name, "dim", attrs["dim"], x.ndim)
+        chunks = attrs["chunks"]
+        named = [("x", x)]
+        if len(inputs) > 1:
+            offsets = inputs[1]
+            if offsets.ndim != x.ndim or offsets.shape[dim] != chunks or any(
+                    a != b for d, (a, b) in enumerate(zip(offsets.shape, x.shape)) if d != dim):
+                v = Violation("broadcast-shape", f"offsets has shape {list(offsets.shape)}; chunk_cumsum of x "
+                              f"{list(x.shape)} takes x's shape with chunks={chunks} along dim {dim}",
+                              "give offsets chunk_sum's output shape", operand="offsets")
+                return RuleResult((None,), (v,), ())
+            named.append(("offsets", offsets))
+        keep = _chunked_dim(self.name, x, "x", dim, chunks, [])  # another cut: pair_layouts gathers it
+        wants, out_ps, violations = pair_layouts(self.name, named, dim, dim_axes=keep)
+        out = TensorSpec(x.shape, _cumsum_dtype(x.dtype), Layout(x.mesh, out_ps, x.ndim))
+        return RuleResult((out,), tuple(violations), tuple(_want(w, t) for w, t in zip(wants, inputs)))
+
+    def localize(self, attrs, inputs, outputs, rank):
+        return _chunk_localize(attrs, outputs[0], rank)
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[0]
+        if dy is None or not _is_float(g.spec(inputs[0]).dtype):
+            return (None,) * len(inputs)
+        chunked = {"dim": attrs["dim"], "chunks": attrs["chunks"]}
+        dx = g.op("chunk_cumsum", [dy], {**chunked, "exclusive": bool(attrs.get("exclusive")),
+                                         "reverse": not attrs.get("reverse")}) if needs[0] else None
+        if len(inputs) == 1:
+            return (dx,)
+        doffsets = g.op("chunk_sum", [dy], chunked) if needs[1] else None
+        return dx, doffsets

@@ -26,8 +26,16 @@ def samples(rng, f32) -> dict:
         merges.append(((values, indices), merge))
         cot = f32(*numpy_kernels["topk_merge"](values, indices, **merge)[0].shape)
         merge_grads.append(((cot, values.astype(np.float32), indices), merge))
+    offsets = f32(3, 4, 4)
     return {
         **cand,
+        "chunk_sum": [((x,), {"dim": 1, "chunks": 4}), ((ties,), {"dim": 1, "chunks": 3}),
+                      ((flags,), {"dim": 0, "chunks": 2}), ((x,), {"dim": 0, "chunks": 4})],
+        "chunk_sum_grad": [((f32(3, 4, 4),), {"dim": 1, "size": 5, "chunks": 4}),
+                           ((f32(2, 3),), {"dim": 1, "size": 7, "chunks": 3})],
+        "chunk_cumsum": [((x, offsets), {"dim": 1, "chunks": 4}), ((x,), {"dim": 1, "chunks": 2, "reverse": True}),
+                         ((x, offsets), {"dim": 1, "chunks": 4, "exclusive": True, "reverse": True}),
+                         ((ties,), {"dim": 1, "chunks": 3})],
         "topk_merge": merges,
         "topk_merge_grad": merge_grads,
         "topk_candidates_grad": [((dv, idx - 1), {"dim": 2, "size": 4, "chunks": 2}),

@@ -87,4 +87,20 @@ RECORDS = [
         OpSample([(6, 3), (6, 3)], {"dim": 0, "size": 8, "chunks": 2}, dtypes=["float32", "int64"],
                  requires_grad=[True, False]),
     ], meshes=_MESHES, placements=40, backward=False),
+    # cumsum along a sharded dim: shard totals, their exclusive scan, local scans plus the offsets
+    OpRecord("chunk_sum", [
+        OpSample([(3, 10)], {"dim": 1, "chunks": 4}),
+        OpSample([(5, 1, 2)], {"dim": 0, "chunks": 4}, dtypes=["int32"]),
+        OpSample([(8, 3)], {"dim": 0, "chunks": 2}),
+    ], meshes=_MESHES, placements=40),
+    OpRecord("chunk_sum_grad", [
+        OpSample([(3, 4)], {"dim": 1, "size": 10, "chunks": 4}),
+        OpSample([(2, 6)], {"dim": 0, "size": 5, "chunks": 2}),
+    ], meshes=_MESHES, placements=40, backward=False),
+    OpRecord("chunk_cumsum", [
+        OpSample([(3, 10), (3, 4)], {"dim": 1, "chunks": 4}),
+        OpSample([(5, 1, 2), (4, 1, 2)], {"dim": 0, "chunks": 4, "exclusive": True, "reverse": True}),
+        OpSample([(8, 3)], {"dim": 0, "chunks": 2, "reverse": True}),
+        OpSample([(3, 10), (3, 2)], {"dim": 1, "chunks": 2}, dtypes=["int64", "int64"]),
+    ], meshes=_MESHES, placements=40),
 ]

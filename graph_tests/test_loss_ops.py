@@ -143,15 +143,17 @@ def test_vocab_parallel_check_moves_no_logits():
     assert ("parts", ["S(0)", "P(sum)"], ["S(0)", "R"], ["all-reduce"]) in moves
 
 
-def test_single_cross_entropy_on_sharded_classes_names_the_vocab_parallel_form():
+def test_single_cross_entropy_moves_sharded_classes_to_tokens_and_names_the_vocab_parallel_form():
     spec = vocab_parallel_spec((4,), ["S(2)"], ["R"], "mean")
     spec["nodes"] = [{"name": "loss", "op": "cross_entropy", "inputs": ["logits", "target"]}]
     violations = analyze(load_spec(spec)).report()["violations"]
     assert [v["code"] for v in violations] == ["sharded-class-dim"]
     assert "cross_entropy_parts" in violations[0]["hint"]
+    assert "all-to-all logits on 'a' to shard its dim 0 instead" in violations[0]["hint"]  # the larger token dim
     report = run_graph(load_spec(spec), backward=True, seed=0)
-    assert report.ok, report.mismatches  # --reshard gathers the logits: right, but not vocab-parallel
-    assert [c["kind"] for c in report.collectives] == ["all-gather"]
+    assert report.ok, report.mismatches  # right, but it moves logits: tokens instead of classes, there and back
+    assert [(c["kind"], c["node"]) for c in report.collectives] == [("all-to-all", "loss/logits"),
+                                                                    ("all-to-all", "grad/logits")]
 
 
 @pytest.mark.parametrize("change, code", [

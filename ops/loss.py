@@ -15,9 +15,12 @@ The ops
     dim 1 (``(N, C, d1, ...)``), which is this op's layout only for 2-D logits; for more dims,
     move the classes last first (``transpose``), else the target's shape does not match
     (``invalid-target``) unless ``C`` happens to equal the last dim.
-    Layout rule: the class dim is Replicate (``sharded-class-dim``, an all-gather: for a
-    vocabulary-sharded logits use the three-op vocab-parallel form below, which never
-    gathers the logits), nothing is Partial (``partial-input``: not linear).  Token dims
+    Layout rule: the class dim is whole on every rank (``sharded-class-dim``); the rule then
+    wants the mesh axis that cut the classes to cut a token dim instead (the one the target
+    is sharded on there, else the largest unsharded one: an all-to-all, which moves 1/n of
+    what an all-gather moves; an all-gather when no token dim is left).  For vocabulary-
+    sharded logits, the three-op vocab-parallel form below moves no logits at all.  Nothing
+    is Partial (``partial-input``: not linear).  Token dims
     shard freely; the target shards like the logits' token dims (a Replicate logits
     follows a sharded target by a free local slice).  A sharded token dim leaves ``Shard``
     in a ``none`` loss and ``P(sum)`` in a ``sum`` or ``mean``.  The ``mean`` needs the
@@ -140,11 +143,13 @@ def token_analysis(op: str, x: TensorSpec, target: TensorSpec, name: str, vocab_
                              f"linear in it, so every rank needs whole values", f"reduce {name} on {ax} first"))
             p = Replicate()
         elif isinstance(p, Shard) and p.dim == last and not vocab_ok:
+            p = _token_dim_for(x, q, whole_target)
+            move = (f"all-to-all {name} on {ax} to shard its dim {p.dim} instead" if isinstance(p, Shard) else
+                    f"all-gather {name} on {ax}")
             x_issues.append(("sharded-class-dim", f"{name} dim {last} (the classes, size {x.shape[last]}) is "
                              f"sharded on mesh axis {ax} ({name} is {x.layout}), but {op} takes whole rows",
-                             f"all-gather {name} on {ax}, or write the vocab-parallel form (max, "
-                             "cross_entropy_parts, cross_entropy_combine), which moves no logits"))
-            p = Replicate()
+                             f"{move}, or write the vocab-parallel form (max, cross_entropy_parts, "
+                             "cross_entropy_combine), which moves no logits"))
         elif isinstance(p, Replicate) and isinstance(q, Shard) and not whole_target:
             p = Shard(q.dim)  # follow the sharded target: a free local slice of x
         x_ps.append(p)
@@ -162,6 +167,19 @@ def token_analysis(op: str, x: TensorSpec, target: TensorSpec, name: str, vocab_
     t_want = Layout(target.mesh, t_ps, target.ndim)
     violations = _move_violations(x, x_want, name, x_issues) + _move_violations(target, t_want, "target", t_issues)
     return x_want, t_want, token_axes, violations
+
+
+def _token_dim_for(x: TensorSpec, q, whole_target: bool):
+    """Where a mesh axis that shards the classes moves instead: the token dim the target is sharded on there,
+    else x's largest token dim that no mesh axis shards (an all-to-all, which moves 1/n of what an all-gather
+    moves), else nowhere (Replicate: an all-gather)."""
+    if isinstance(q, Shard) and not whole_target:
+        return Shard(q.dim)
+    cut = {p.dim for p in x.layout.placements if isinstance(p, Shard)}
+    free = [d for d in range(x.ndim - 1) if d not in cut and x.shape[d] > 1]
+    if not free:
+        return Replicate()
+    return Shard(max(free, key=lambda d: (x.shape[d], -d)))
 
 
 def _loss_spec(x: TensorSpec, token_axes: dict, reduction: str, dtype: str) -> TensorSpec:

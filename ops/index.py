@@ -107,7 +107,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from layout_prop.core.errors import OpError, Violation
+from layout_prop.core.errors import OpError, Violation, cut
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Placement, Replicate, Shard
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
@@ -148,9 +148,9 @@ def check_bool(op: str, operand: str, spec: TensorSpec) -> None:
 def normalize_dim(op: str, dim, ndim: int, operand: str = "x") -> int:
     """``dim`` in ``[0, ndim)`` (negative counts from the end); ``invalid-dims`` otherwise."""
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-        raise OpError("bad-attr", f"{op}: dim must be an integer, got {dim!r}", hint="give dim as an integer")
+        raise OpError("bad-attr", f"{op}: dim must be an integer, got {cut(dim)}", hint="give dim as an integer")
     if not -ndim <= dim < ndim:
-        raise OpError("invalid-dims", f"{op}: dim {dim} is out of range for {operand} of rank {ndim}",
+        raise OpError("invalid-dims", f"{op}: dim {cut(dim)} is out of range for {operand} of rank {ndim}",
                       hint=f"give dim in {-ndim}..{ndim - 1}" if ndim else
                       f"{operand} has no dims to index: give it at least one")
     return int(dim) % ndim
@@ -823,7 +823,7 @@ class ScatterNd(OpRule):
         reduction = attrs.get("reduction")
         if reduction not in REDUCTIONS:
             raise OpError("bad-attr", f"{self.name}: reduction must be one of {list(REDUCTIONS)}, got "
-                          f"{reduction!r}", hint="give reduction none (write) or add")
+                          f"{cut(reduction)}", hint="give reduction none (write) or add")
         return reduction == "add"
 
     def check_inputs(self, x: TensorSpec, indices: TensorSpec, updates: TensorSpec) -> int:
@@ -919,7 +919,7 @@ class IndexPut(ScatterNd):
     def adds(self, attrs: dict) -> bool:
         accumulate = attrs.get("accumulate")
         if not isinstance(accumulate, bool):
-            raise OpError("bad-attr", f"{self.name}: accumulate must be true or false, got {accumulate!r}",
+            raise OpError("bad-attr", f"{self.name}: accumulate must be true or false, got {cut(accumulate)}",
                           hint="give accumulate as a boolean")
         return accumulate
 
@@ -955,7 +955,7 @@ class MaskedFill(ElementwiseRule):
         check_bool(self.name, "mask", mask)
         value = attrs.get("value")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise OpError("bad-attr", f"{self.name}: value must be a number, got {value!r}",
+            raise OpError("bad-attr", f"{self.name}: value must be a number, got {cut(value)}",
                           hint="give value as a number (float('-inf') is written -.inf in YAML)")
         if broadcast_shapes([x.shape, mask.shape]) != x.shape:
             raise _shape_error(self.name, f"mask of shape {list(mask.shape)} does not broadcast to x's "
@@ -1131,7 +1131,7 @@ class MaskedScatterSrcGrad(OpRule):
         shape = attrs.get("shape")
         if not isinstance(shape, (list, tuple)) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
                                                        for n in shape):
-            raise OpError("bad-attr", f"{self.name}: shape must be a list of non-negative integers, got {shape!r}",
+            raise OpError("bad-attr", f"{self.name}: shape must be a list of non-negative integers, got {cut(shape)}",
                           hint="give the source's shape")
 
         def options(axis):
@@ -1179,7 +1179,7 @@ class OneHot(OpRule):
         check_integer(self.name, "indices", indices)
         classes = attrs.get("num_classes")
         if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
-            raise OpError("bad-attr", f"{self.name}: num_classes must be an integer >= 1, got {classes!r}",
+            raise OpError("bad-attr", f"{self.name}: num_classes must be an integer >= 1, got {cut(classes)}",
                           hint="give num_classes, the number of classes (torch's -1, inferred from the data, "
                                "is not supported: a layout cannot depend on the data)")
 

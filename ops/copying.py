@@ -51,7 +51,8 @@ The ops
     repeated dim may stay sharded when the repeats are one int and every rank's piece,
     repeated, is exactly its ``torch.chunk`` piece of the output (10 on 2 ranks repeated
     3 times: 5 + 5 -> 15 + 15); else it is unsharded (``sharded-repeat-dim``, an
-    all-gather); with ``dim`` null every dim of x is.  Other dims keep their shards; any
+    all-gather).  With ``dim`` null, dim 0 may stay sharded on the same condition (a
+    piece of whole rows flattens to a contiguous block), the other dims are unsharded.  Other dims keep their shards; any
     Partial passes through.  vjp: ``repeat_interleave_grad`` (the sum of each element's
     copies), in x's layout.  Aliases ``RepeatInterleave``, ``aten.repeat_interleave``.
 
@@ -469,9 +470,16 @@ def _repeat_analysis(op: str, x: TensorSpec, attrs: dict):
     if attrs["dim"] is None and x.ndim != 1:
         n = int(np.prod(x.shape))
         repeats = _repeats(op, attrs["repeats"], n)
-        want, violations = _unsharded(op, x, tuple(range(x.ndim)), "sharded-repeat-dim",
-                                      "flattens x first (dim null)", lambda p: True)
         total = n * repeats if isinstance(repeats, int) else sum(repeats)
+        # a piece of whole rows (only dim 0 cut) flattens to a contiguous block; it stays if the block repeated
+        # is exactly the rank's torch.chunk piece of the output
+        cut = [x.mesh.shape[a] for a in x.layout.dim_axes(0)] if x.ndim else []
+        per_row = n // x.shape[0] * repeats if x.ndim and x.shape[0] and isinstance(repeats, int) else None
+        keep = per_row is not None and [(a * per_row, b * per_row) for a, b in shard_blocks(x.shape[0], cut)] == \
+            shard_blocks(total, cut)
+        dims = tuple(range(1 if keep else 0, x.ndim))
+        want, violations = _unsharded(op, x, dims, "sharded-repeat-dim", "flattens x first (dim null)",
+                                      lambda p: True)
         return None, repeats, want, (total,), violations
     dim = 0 if attrs["dim"] is None else _dim(op, attrs["dim"], x.ndim)  # a 1-D x flattens to itself
     n = x.shape[dim]
@@ -513,8 +521,7 @@ class RepeatInterleave(OpRule):
     def infer_layout(self, inputs, attrs):
         (x,) = inputs
         dim, repeats, want, shape, violations = _repeat_analysis(self.name, x, attrs)
-        out_layout = Layout(x.mesh, want.placements if dim is not None else
-                            [p if p.is_partial() else Replicate() for p in want.placements], len(shape))
+        out_layout = Layout(x.mesh, want.placements, len(shape))  # dim null: only dim 0 may stay cut
         return RuleResult((TensorSpec(shape, x.dtype, out_layout),), tuple(violations), (_want(want, x),))
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
@@ -542,15 +549,12 @@ class RepeatInterleaveGrad(OpRule):
         shape = tuple(attrs["shape"])
         placements = attrs["placements"] or ["R"] * dy.mesh.ndim
         x = TensorSpec(shape, dy.dtype, Layout(dy.mesh, placements, len(shape)))
-        dim, repeats, want, out_shape, _ = _repeat_analysis("repeat_interleave", x, attrs)
+        _, _, want, out_shape, _ = _repeat_analysis("repeat_interleave", x, attrs)
         if tuple(dy.shape) != tuple(out_shape):
             raise OpError("invalid-shape", f"{self.name}: dy has shape {list(dy.shape)}, not the forward output's "
                           f"{list(out_shape)}", hint="give dy the forward output's shape")
         x_layout = Layout(dy.mesh, [Replicate() if p.is_partial() else p for p in want.placements], len(shape))
-        if dim is None:
-            dy_want = Layout(dy.mesh, [Replicate()] * dy.mesh.ndim, 1)
-        else:
-            dy_want = x_layout
+        dy_want = Layout(dy.mesh, x_layout.placements, dy.ndim)  # the output's layout (dim null: dim 0's cut)
         violations = _move_violations(dy, dy_want, "dy", [])
         return RuleResult((TensorSpec(shape, dy.dtype, x_layout),), tuple(violations), (_want(dy_want, dy),))
 

@@ -48,11 +48,14 @@ RECORDS = [
         OpSample([(4, 3)], {"repeats": 3, "dim": 0}),
         OpSample([(2, 4)], {"repeats": [1, 0, 2, 3], "dim": 1}),
         OpSample([(2, 3)], {"repeats": 2}),
+        OpSample([(4, 2, 3)], {"repeats": 2}),  # flattened: rows 1 each on 4 ranks stay sharded
+        OpSample([(5, 2)], {"repeats": 3}),  # flattened: 2, 2, 1, 0 rows repeated are not the output's chunks
     ], meshes=MESHES, placements=40, id="copying-repeat_interleave"),
 ]
 RECORDS += [
     OpRecord("repeat_interleave_grad", [
         OpSample([(10, 3)], {"repeats": 2, "dim": 0, "shape": [5, 3]}, requires_grad=[False]),
         OpSample([(2, 6)], {"repeats": [1, 0, 2, 3], "dim": 1, "shape": [2, 4]}, requires_grad=[False]),
+        OpSample([(48,)], {"repeats": 2, "shape": [4, 2, 3]}, requires_grad=[False]),
     ], meshes=MESHES, placements=20, backward=False, id="copying-repeat_interleave_grad"),
 ]

@@ -455,3 +455,59 @@ def test_context_parallel_must_be_known():
     (v,) = infer("sdpa", q, q, q, context_parallel="ring").violations
     assert (v.code, v.message) == ("invalid-attr", "context_parallel='ring' is not one of ['all_gather', 'ulysses', "
                                    "'auto']")
+
+
+# ==================================================================== zig-zag order (load balance)
+def test_zigzag_order_balances_causal_work_over_the_shards():
+    # 16 tokens on 4 shards, causal: the natural order gives shard r rows 4r..4r+3, seeing 10, 26, 42, 58 keys;
+    # the zig-zag order (chunks r and 7 - r of 2 tokens) gives every shard 34
+    for zigzag, expected in ((0, [10, 26, 42, 58]), (4, [34, 34, 34, 34])):
+        mask = nn_numpy.causal_visible(16, 16, 0, zigzag)
+        assert [int(mask[4 * r:4 * r + 4].sum()) for r in range(4)] == expected
+
+
+def test_zigzag_attention_is_natural_attention_in_the_stored_order():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 12, 3)) for _ in range(3))
+    positions = nn_numpy.zigzag_positions(12, 3)
+    stored = [t[:, :, positions] for t in (q, k, v)]
+    got = nn_numpy.scaled_dot_product_attention(*stored, causal=True, zigzag=3)
+    want = nn_numpy.scaled_dot_product_attention(q, k, v, causal=True)[:, :, positions]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    got = attention_numpy.flash_attention_score(*[np.transpose(t, (0, 2, 1, 3)) for t in stored], head_num=2,
+                                                input_layout="BSND", sparse_mode=2, zigzag=3, scale=3 ** -0.5)
+    np.testing.assert_allclose(np.transpose(got, (0, 2, 1, 3)), want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("sdpa", {"causal": True, "zigzag": 4}),
+    ("sdpa", {"causal": True, "zigzag": 4, "context_parallel": "ulysses"}),
+])
+def test_zigzag_sequence_sharded_runs_forward_and_backward(op, attrs):
+    run(attention_spec({"shape": [4], "names": ["cp"]}, (1, 4, 16, 2), (1, 4, 16, 2), ["S(2)"], ["S(2)"], op=op,
+                       attrs=attrs))
+
+
+def test_flash_zigzag_runs_and_bad_lengths_are_invalid_shape():
+    run(attention_spec({"shape": [2, 2], "names": ["dp", "cp"]}, (2, 8, 8), (2, 8, 8), ["S(0)", "S(1)"],
+                       ["S(0)", "S(1)"], op="FlashAttentionScore", attrs={"head_num": 2, "sparse_mode": 2,
+                                                                          "zigzag": 2}))
+    q = spec((1, 4, 10, 2), ["R"], CP4)
+    (v,) = infer("sdpa", q, q, q, causal=True, zigzag=4).violations
+    assert (v.code, v.message) == ("invalid-shape", "zigzag=4 keeps the sequence in 8 chunks, but the query sequence "
+                                   "is 10 and the key sequence 10")
+
+
+def test_zigzag_mindspore_kernels_match_numpy():
+    pytest.importorskip("mindspore")
+    from layout_prop.kernels.mindspore_backend import KERNELS as MS, to_numpy
+
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((1, 2, 4, 3)).astype(np.float32)  # rows 4..7 of a sequence of 8 in zig-zag order
+    k, v, dy = (rng.standard_normal(s).astype(np.float32) for s in ((1, 2, 8, 3), (1, 2, 8, 3), (1, 2, 4, 3)))
+    attrs = {"causal": True, "q_offset": 4, "zigzag": 2}
+    for op, args in (("scaled_dot_product_attention", (q, k, v)), ("scaled_dot_product_attention_grad", (dy, q, k, v))):
+        want = nn_numpy.KERNELS[op](*args, **attrs)
+        got = MS[op](*args, **attrs)
+        for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            np.testing.assert_allclose(to_numpy(g), w, rtol=1e-5, atol=1e-5)

@@ -83,7 +83,7 @@ class _Prepared:
     """q, k, v in BNSD (k and v with one head per query head), and the mask (``attention_numpy._Prepared``)."""
 
     def __init__(self, q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                 actual_seq_kvlen, q_start, q_total, kv_head_map):
+                 actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag=0):
         from .mindspore_backend import _expand_kv, _kv_index
 
         self.qb = _to_bnsd(q, input_layout, head_num)
@@ -97,13 +97,13 @@ class _Prepared:
         self.kb, self.vb = _expand_kv(kb, self.index), _expand_kv(vb, self.index)
         sq, skv = self.qb.shape[2], self.kb.shape[2]
         self.mask = attention_mask(sq, skv, q_start, sq if q_total is None else q_total, sparse_mode, pre_tokens,
-                                   next_tokens, actual_seq_qlen, actual_seq_kvlen)
+                                   next_tokens, actual_seq_qlen, actual_seq_kvlen, zigzag)
 
 
 def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                            pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
                            q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather", seed=0,
-                           b_start=0, b_total=None, head_start=0, head_total=None):
+                           zigzag=0, b_start=0, b_total=None, head_start=0, head_total=None):
     from .mindspore_backend import _as_result, _floated, _ms
 
     ops = _ms().ops
@@ -111,7 +111,7 @@ def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scal
     if head_num == 0:  # no query head on this rank
         return _as_result(ops.zeros(q.shape, q.dtype), q, k, v)
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
     probs = _dropped(_probs(p.qb, p.kb, p.mask, scale), _draws(p, keep_prob, seed, b_start, b_total, head_start,
                                                                 head_total, q_start, q_total), keep_prob)
     return _as_result(_from_bnsd(ops.matmul(probs, p.vb), input_layout).reshape(q.shape), q, k, v)
@@ -120,8 +120,8 @@ def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scal
 def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
                                 sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
                                 actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
-                                context_parallel="all_gather", seed=0, b_start=0, b_total=None, head_start=0,
-                                head_total=None):
+                                context_parallel="all_gather", seed=0, zigzag=0, b_start=0, b_total=None,
+                                head_start=0, head_total=None):
     from .mindspore_backend import _floated, _ms, _reduce_kv
 
     ops = _ms().ops
@@ -129,7 +129,7 @@ def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="B
     if head_num == 0:  # no query head on this rank: it adds nothing to any gradient
         return tuple(ops.zeros(t.shape, t.dtype) for t in (q, k, v))
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
     dyb = _to_bnsd(dy, input_layout, head_num)
     probs = _probs(p.qb, p.kb, p.mask, scale)
     keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from .nn_numpy import _f, _result, expand_kv, kv_index, reduce_kv
+from .nn_numpy import _f, _result, expand_kv, kv_index, reduce_kv, zigzag_positions
 
 __all__ = ["KERNELS", "flash_attention_score", "flash_attention_score_grad", "visible", "attention_mask", "to_bnsd",
            "from_bnsd", "dropout_keep"]
@@ -83,11 +83,15 @@ def visible(rows: np.ndarray, cols: np.ndarray, sq: int, skv: int, sparse_mode: 
 
 
 def attention_mask(q_rows: int, skv: int, q_start: int, q_total: int, sparse_mode: int, pre_tokens: int,
-                   next_tokens: int, actual_seq_qlen=None, actual_seq_kvlen=None) -> np.ndarray:
-    """The ``(q_rows, skv)`` mask of query rows ``q_start ...`` of ``q_total``: one sequence, or
-    the packed sequences whose cumulative ends are ``actual_seq_qlen`` / ``actual_seq_kvlen``."""
+                   next_tokens: int, actual_seq_qlen=None, actual_seq_kvlen=None, zigzag: int = 0) -> np.ndarray:
+    """The ``(q_rows, skv)`` mask of query rows ``q_start ...`` of ``q_total``: one sequence (stored
+    in zig-zag order for ``zigzag`` shards: ``nn_numpy.zigzag_positions``), or the packed sequences
+    whose cumulative ends are ``actual_seq_qlen`` / ``actual_seq_kvlen``."""
     rows = q_start + np.arange(q_rows)
     cols = np.arange(skv)
+    if zigzag:
+        positions = zigzag_positions(skv, zigzag)
+        rows, cols = positions[rows], positions
     if actual_seq_qlen is None:
         return visible(rows, cols, q_total, skv, sparse_mode, pre_tokens, next_tokens)
     q_ends, kv_ends = np.asarray(actual_seq_qlen, np.int64), np.asarray(actual_seq_kvlen, np.int64)
@@ -140,7 +144,7 @@ class _Prepared:
     """q, k, v in BNSD (k and v with one head per query head), the mask and what undoes it."""
 
     def __init__(self, q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                 actual_seq_kvlen, q_start, q_total, kv_head_map):
+                 actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag=0):
         self.qb = to_bnsd(q, input_layout, head_num)
         kv_heads = _kv_heads(head_num, q.shape[-1], k.shape[-1]) if input_layout in ("BSH", "SBH") else None
         kb, vb = to_bnsd(k, input_layout, kv_heads), to_bnsd(v, input_layout, kv_heads)
@@ -149,20 +153,20 @@ class _Prepared:
         self.kb, self.vb = expand_kv(kb, self.index), expand_kv(vb, self.index)
         sq, skv = self.qb.shape[2], self.kb.shape[2]
         self.mask = attention_mask(sq, skv, q_start, sq if q_total is None else q_total, sparse_mode, pre_tokens,
-                                   next_tokens, actual_seq_qlen, actual_seq_kvlen)
+                                   next_tokens, actual_seq_qlen, actual_seq_kvlen, zigzag)
 
 
 def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                           pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
                           q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather", seed=0,
-                          b_start=0, b_total=None, head_start=0, head_total=None):
+                          zigzag=0, b_start=0, b_total=None, head_start=0, head_total=None):
     """``dropout(softmax(mask(scale * q k^T))) v`` in ``input_layout``; ``b_start``... locate a rank's
     piece of the probabilities for the dropout draws (localised)."""
     q, k, v = _f(query), _f(key), _f(value)
     if head_num == 0:  # no query head on this rank
         return _result(np.zeros(q.shape), q, k, v)
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
     probs = _probs(p.qb, p.kb, p.mask, scale)
     keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)
     if keep is not None:
@@ -173,14 +177,14 @@ def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale
 def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
                                sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
                                actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
-                               context_parallel="all_gather", seed=0, b_start=0, b_total=None, head_start=0,
-                               head_total=None):
+                               context_parallel="all_gather", seed=0, zigzag=0, b_start=0, b_total=None,
+                               head_start=0, head_total=None):
     """``(dq, dk, dv)``, recomputing the probabilities."""
     dy, q, k, v = _f(dy), _f(query), _f(key), _f(value)
     if head_num == 0:  # no query head on this rank: it adds nothing to any gradient
         return tuple(np.zeros(t.shape, t.dtype) for t in (q, k, v))
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
     dyb = to_bnsd(dy, input_layout, head_num)
     probs = _probs(p.qb, p.kb, p.mask, scale)
     keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)

@@ -510,15 +510,15 @@ def _to_bnsd(t, layout: str):
     return _ms().ops.permute(t, _ATTENTION_DIMS[layout])
 
 
-def _attention_probs(q, k, causal, scale, q_offset):
+def _attention_probs(q, k, causal, scale, q_offset, zigzag=0):
+    from .nn_numpy import causal_visible
+
     ops = _ms().ops
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = ops.matmul(q, ops.swapaxes(k, -1, -2)) * scale
     if causal:
-        rows = np.arange(q.shape[-2])[:, None] + q_offset
-        cols = np.arange(k.shape[-2])[None, :]
-        visible = to_tensor(cols <= rows)  # row i sees key j <= i + q_offset (top-left)
+        visible = to_tensor(causal_visible(q.shape[-2], k.shape[-2], q_offset, zigzag))  # top-left
         scores = ops.where(visible, scores, ops.full_like(scores, -np.inf))
     return _softmax(scores, axis=-1), scale
 
@@ -558,25 +558,25 @@ def _reduce_kv(grad, kv_heads: int, index):
 
 
 def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
-          context_parallel="all_gather"):
+          context_parallel="all_gather", zigzag=0):
     ops = _ms().ops
     q, k, v = _floated(q), _floated(k), _floated(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
     index = _kv_index(qb.shape[1], kb.shape[1], kv_head_map)
     kb, vb = _expand_kv(kb, index), _expand_kv(vb, index)
-    probs, _ = _attention_probs(qb, kb, causal, scale, q_offset)
+    probs, _ = _attention_probs(qb, kb, causal, scale, q_offset, zigzag)
     return _as_result(_to_bnsd(ops.matmul(probs, vb), layout), q, k, v)
 
 
 def _sdpa_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
-               context_parallel="all_gather"):
+               context_parallel="all_gather", zigzag=0):
     ops = _ms().ops
     dy, q, k, v = _floated(dy), _floated(q), _floated(k), _floated(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))
     kv_heads = kb.shape[1]
     index = _kv_index(qb.shape[1], kv_heads, kv_head_map)
     kb, vb = _expand_kv(kb, index), _expand_kv(vb, index)
-    probs, used_scale = _attention_probs(qb, kb, causal, scale, q_offset)
+    probs, used_scale = _attention_probs(qb, kb, causal, scale, q_offset, zigzag)
     dv = ops.matmul(ops.swapaxes(probs, -1, -2), dyb)
     dprobs = ops.matmul(dyb, ops.swapaxes(vb, -1, -2))
     dscores = probs * (dprobs - ops.sum(dprobs * probs, -1, True)) * used_scale

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["KERNELS", "GELU_C", "GELU_K", "kv_index", "expand_kv", "reduce_kv"]
+__all__ = ["KERNELS", "GELU_C", "GELU_K", "kv_index", "expand_kv", "reduce_kv", "zigzag_positions", "causal_visible"]
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
@@ -206,16 +206,42 @@ def _to_bnsd(t: np.ndarray, layout: str) -> np.ndarray:
     return np.transpose(t, ATTENTION_DIMS[layout])
 
 
-def _attention_probs(q, k, causal, scale, q_offset):
+def _attention_probs(q, k, causal, scale, q_offset, zigzag=0):
     """Softmax probabilities (B, N, Sq, Skv) and the scale used; q, k in BNSD."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     scores = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
     if causal:
-        rows = np.arange(q.shape[-2])[:, None] + q_offset
-        cols = np.arange(k.shape[-2])[None, :]
-        scores = np.where(cols <= rows, scores, -np.inf)  # row i sees key j <= i + q_offset (top-left)
+        scores = np.where(causal_visible(q.shape[-2], k.shape[-2], q_offset, zigzag), scores, -np.inf)
     return softmax(scores, axis=-1), scale
+
+
+def zigzag_positions(n: int, ranks: int) -> np.ndarray:
+    """The position in the sequence of each stored index of a sequence of ``n`` kept in zig-zag
+    order for ``ranks`` shards (0: the natural order): 2 * ranks chunks, shard i holding chunks i
+    and 2 * ranks - 1 - i, so that causal attention gives every shard as many query-key pairs.
+
+    >>> zigzag_positions(8, 2).tolist()  # chunks 0, 3 | 1, 2
+    [0, 1, 6, 7, 2, 3, 4, 5]
+    """
+    index = np.arange(n)
+    if not ranks or not n:
+        return index
+    size = n // (2 * ranks)
+    chunk, within = index // size, index % size
+    shard, second = chunk // 2, chunk % 2
+    return np.where(second == 0, shard, 2 * ranks - 1 - shard) * size + within
+
+
+def causal_visible(sq: int, skv: int, q_offset: int, zigzag: int = 0) -> np.ndarray:
+    """The top-left causal mask of ``sq`` query rows from global row ``q_offset`` on: row i sees key
+    j when j <= i, both as positions in the sequence (:func:`zigzag_positions` of the stored order)."""
+    rows = np.arange(sq) + q_offset
+    cols = np.arange(skv)
+    if zigzag:
+        positions = zigzag_positions(skv, zigzag)
+        rows, cols = positions[rows], positions
+    return cols[None, :] <= rows[:, None]
 
 
 def kv_index(q_heads: int, kv_heads: int, kv_head_map=None):
@@ -249,26 +275,26 @@ def reduce_kv(grad: np.ndarray, kv_heads: int, index) -> np.ndarray:
 
 
 def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
-                                 context_parallel="all_gather"):
+                                 context_parallel="all_gather", zigzag=0):
     """``softmax(q k^T * scale + mask) v``; ``q_offset`` is the global index of q's first row;
     k and v may have fewer heads than q (``kv_head_map``: :func:`kv_index`)."""
     q, k, v = _f(q), _f(k), _f(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
     index = kv_index(qb.shape[1], kb.shape[1], kv_head_map)
     kb, vb = expand_kv(kb, index), expand_kv(vb, index)
-    probs, _ = _attention_probs(qb, kb, causal, scale, q_offset)
+    probs, _ = _attention_probs(qb, kb, causal, scale, q_offset, zigzag)
     return _result(_to_bnsd(np.matmul(probs, vb), layout), q, k, v)
 
 
 def scaled_dot_product_attention_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0,
-                                      kv_head_map=None, context_parallel="all_gather"):
+                                      kv_head_map=None, context_parallel="all_gather", zigzag=0):
     """``(dq, dk, dv)``, recomputing the probabilities."""
     dy, q, k, v = _f(dy), _f(q), _f(k), _f(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))
     kv_heads = kb.shape[1]
     index = kv_index(qb.shape[1], kv_heads, kv_head_map)
     kb, vb = expand_kv(kb, index), expand_kv(vb, index)
-    probs, used_scale = _attention_probs(qb, kb, causal, scale, q_offset)
+    probs, used_scale = _attention_probs(qb, kb, causal, scale, q_offset, zigzag)
     dv = np.matmul(np.swapaxes(probs, -1, -2), dyb)
     dprobs = np.matmul(dyb, np.swapaxes(vb, -1, -2))
     dscores = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True)) * used_scale

@@ -4,7 +4,7 @@ The op
 ------
 ``flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
 sparse_mode=0, pre_tokens=2147483647, next_tokens=2147483647, actual_seq_qlen=None, actual_seq_kvlen=None,
-context_parallel="all_gather", seed=0)``
+context_parallel="all_gather", seed=0, zigzag=0)``
     MindSpore's ``ops.flash_attention_score`` (the CANN kernel FlashAttentionScore, torch_npu's
     ``npu_fusion_attention``): ``softmax(mask(scale * q k^T)) v`` per batch and head.  Aliases
     ``FlashAttentionScore``, ``npu_fusion_attention``.  One output, the
@@ -50,6 +50,10 @@ context_parallel="all_gather", seed=0)``
     its local ``head_num`` and, for grouped-query heads, its ``kv_head_map`` (all localised).
     The output has query's shape and layout.
 
+    ``zigzag=P`` (default 0): the sequence is stored in the zig-zag order of 2P chunks and
+    the mask compares positions in the sequence, as for ``scaled_dot_product_attention``
+    (one sequence of a multiple of 2P tokens; not with TND).
+
     Context parallelism: ``context_parallel`` ``all_gather`` (default), ``ulysses`` or
     ``auto``, as for ``scaled_dot_product_attention``: with query's sequence sharded on a
     mesh axis, gather key and value there, or move query, key and value from the sequence
@@ -57,7 +61,7 @@ context_parallel="all_gather", seed=0)``
     bytes.  Ring attention (key/value blocks passed around the axis, overlapped with the
     blocks' compute; zig-zag order for causal balance) moves the bytes of the all-gather
     and is not a strategy here: lowering has no point-to-point step and no op that runs
-    collectives inside its kernel, and a zig-zag shard is no placement.
+    collectives inside its kernel.  Its load-balanced order is the ``zigzag`` attr.
 
 Grad op (``differentiable = False``)
     ``flash_attention_score_grad(dy, query, key, value) -> (dq, dk, dv)`` (aliases
@@ -74,7 +78,7 @@ Violation codes
 - ``broadcast-shape``: a cotangent of the wrong shape.
 - ``invalid-shape``: shapes the layout or head_num cannot take (ranks, B, D, head counts).
 - ``invalid-attr``: an attr value the op cannot take (head_num, scale, keep_prob, seed,
-  sparse_mode, pre/next_tokens, the sequence lengths, context_parallel).
+  sparse_mode, pre/next_tokens, the sequence lengths, context_parallel, zigzag).
 - ``invalid-input-layout``: an ``input_layout`` other than BSH, SBH, BNSD, BSND, TND.
 
 Examples
@@ -106,7 +110,7 @@ from layout_prop.core.spec import TensorSpec
 
 from .nn import (CONTEXT_PARALLEL, _cotangent, _is_float, _is_number, _move_violations, _partial_issue, _want,
                  _with_partials, float_dtype, gqa_heads_problem, head_ranges, heads_for_sequence, kv_head_map,
-                 kv_heads_follow, moved_bytes, ulysses_issue)
+                 kv_heads_follow, moved_bytes, ulysses_issue, zigzag_problems)
 
 __all__ = ["FlashAttentionScore", "FlashAttentionScoreGrad", "FA_LAYOUTS", "get_rule"]
 
@@ -125,7 +129,7 @@ CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-m
          "invalid-shape", "invalid-attr", "invalid-input-layout")
 ATTRS = {"head_num": None, "input_layout": "BSH", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 0,
          "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX, "actual_seq_qlen": None, "actual_seq_kvlen": None,
-         "context_parallel": "all_gather", "seed": 0}
+         "context_parallel": "all_gather", "seed": 0, "zigzag": 0}
 
 
 def _bad_attr(message: str, hint: str) -> Violation:
@@ -163,6 +167,13 @@ def _attr_violations(attrs: dict) -> list[Violation]:
     for name in ("pre_tokens", "next_tokens"):
         if not _is_int(attrs[name]):
             out.append(_bad_attr(f"{name}={attrs[name]!r} is not an integer", f"give {name} as an integer"))
+    zigzag = attrs["zigzag"]
+    if not _is_int(zigzag) or zigzag < 0:
+        out.append(_bad_attr(f"zigzag={zigzag!r} is not a non-negative integer", "give zigzag, the number of "
+                             "sequence shards the zig-zag order balances (0: the natural order)"))
+    elif zigzag and layout == "TND":
+        out.append(_bad_attr(f"zigzag={zigzag} with input_layout TND: packed sequences keep their own order",
+                             "use zigzag with one sequence per batch row (BSH, SBH, BNSD, BSND)"))
     if attrs["context_parallel"] not in CONTEXT_PARALLEL:
         out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of {list(CONTEXT_PARALLEL)}",
                              "all_gather gathers key and value on the axes that shard query's sequence, ulysses "
@@ -238,6 +249,8 @@ def _shape_violations(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict, 
     problem = gqa_heads_problem(heads, kv_heads, f"head_num {heads}", (q, k, v))
     if problem is not None:
         out.append(problem)
+    if attrs["zigzag"] and not out:
+        out += zigzag_problems(q.shape[dims["S"]], k.shape[dims["S"]], attrs["zigzag"], "query")
     if layout == "TND" and not out:
         for name, t in (("actual_seq_qlen", q), ("actual_seq_kvlen", k)):
             problem = _cumulative_problem(name, attrs[name], t.shape[0])

@@ -68,6 +68,12 @@ The ops
     output then has the heads sharded.  The whole-graph solver (``plan``, and ``analyze``
     on small graphs) may also choose the heads strategy under ``all_gather`` when it
     moves fewer bytes.  Ring attention is not a strategy here (see :mod:`.attention`).
+    Load balance, ``zigzag=P`` (default 0): q, k and v hold one sequence stored in the
+    zig-zag order of ``2P`` chunks (shard i of P holds chunks i and 2P-1-i: Llama 3's and
+    ring attention's load-balanced order, which the data and the rotary positions must
+    follow); the causal mask compares positions in the sequence, so sharding the stored
+    sequence on P ranks gives every rank as many visible query-key pairs.  The length
+    must be a multiple of 2P (``invalid-shape``); q_offset stays 0.
 ``swiglu(x, dim=-1)``
     Cuts x into halves ``a, b`` along ``dim``: ``silu(a) * b``.  The split dim is
     Replicate (``sharded-split-dim``: a ``torch.chunk`` shard of it does not hold
@@ -897,6 +903,13 @@ def _attention_attr_violations(attrs: dict) -> list[Violation]:
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
         out.append(_bad_attr(f"q_offset={offset!r} is not a non-negative integer",
                              "leave q_offset out (each rank's offset is filled in by lowering)", "q"))
+    zigzag = attrs.get("zigzag", 0)
+    if isinstance(zigzag, bool) or not isinstance(zigzag, numbers.Integral) or zigzag < 0:
+        out.append(_bad_attr(f"zigzag={zigzag!r} is not a non-negative integer", "give zigzag, the number of "
+                             "sequence shards the zig-zag order balances (0: the natural order)", "q"))
+    elif zigzag and attrs["q_offset"] != 0:
+        out.append(_bad_attr(f"zigzag={zigzag} with q_offset={attrs['q_offset']!r}: a zig-zag ordered sequence is "
+                             "one whole sequence", "leave q_offset out with zigzag", "q"))
     if attrs.get("context_parallel", "all_gather") not in CONTEXT_PARALLEL:
         out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of {list(CONTEXT_PARALLEL)}",
                              "all_gather gathers k and v on the axes that shard q's sequence, ulysses moves q, k, v "
@@ -1071,6 +1084,8 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
             violations.append(Violation("invalid-shape", f"q's head dim D is 0 (q {list(q.shape)}): the default "
                                         "scale 1/sqrt(D) is undefined", "give q and k a head dim of at least 1, "
                                         "or an explicit scale", operand="q"))
+    if not violations and attrs["zigzag"]:
+        violations += zigzag_problems(q.shape[dims["S"]], k.shape[dims["S"]], attrs["zigzag"], "q")
     if violations:
         return None, (None, None), [None, None, None], violations, dims
     q_fixed, issues = _whole_dims(q, "q", [dims["D"]], "sharded-head-dim", ATTENTION_OP,
@@ -1088,6 +1103,15 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
         wants.append(_want(want, t))
         kv_wants.append(want)
     return q_fixed, tuple(kv_wants), wants, violations, dims
+
+
+def zigzag_problems(sq: int, skv: int, zigzag: int, operand: str) -> list[Violation]:
+    """``invalid-shape`` unless the query and key sequences are one sequence of ``2 * zigzag`` equal chunks."""
+    if sq == skv and sq % (2 * zigzag) == 0:
+        return []
+    return [Violation("invalid-shape", f"zigzag={zigzag} keeps the sequence in {2 * zigzag} chunks, but the query "
+                      f"sequence is {sq} and the key sequence {skv}", f"give query and key one sequence of a "
+                      f"multiple of {2 * zigzag} tokens, or zigzag=0", operand=operand)]
 
 
 def moved_bytes(spec: TensorSpec, want: Layout) -> float:
@@ -1168,7 +1192,8 @@ def _kv_head_axes(q_fixed: Layout, kv_want: Layout, dims: dict) -> set[int]:
     return set(q_fixed.dim_axes(dims["N"])) - set(kv_want.dim_axes(dims["N"]))
 
 
-_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "context_parallel": "all_gather"}
+_ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "context_parallel": "all_gather",
+                    "zigzag": 0}
 #: how attention runs with q's sequence sharded: gather k and v, all-to-all to the heads (Ulysses), or the cheaper
 CONTEXT_PARALLEL = ("all_gather", "ulysses", "auto")
 

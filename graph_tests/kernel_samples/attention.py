@@ -20,6 +20,8 @@ def samples(rng, f32) -> dict:
         (tnd, {"head_num": 4, "sparse_mode": 3, **packed}),
         (tnd, {"head_num": 4, "sparse_mode": 2, "q_start": 2, "q_total": 9, **packed}),
         (bsh, {"head_num": 4, "keep_prob": 0.7, "seed": 3}),  # dropout, one device
+        ((f32(1, 4, 8), f32(1, 8, 4), f32(1, 8, 4)),
+         {"head_num": 2, "sparse_mode": 2, "zigzag": 2, "q_start": 4, "q_total": 8}),  # half of a zig-zag sequence
         (bnsd, {"head_num": 4, "input_layout": "BNSD", "keep_prob": 0.8, "seed": 5, "b_start": 2, "b_total": 4,
                 "head_start": 4, "head_total": 8, "q_start": 3, "q_total": 6}),  # a rank's piece of the draws
     ]

@@ -56,6 +56,7 @@ RECORDS += [
         OpSample([(2, 8, 8, 2), (2, 4, 8, 2), (2, 4, 8, 2)], {"causal": True, "context_parallel": "ulysses"}),
         OpSample([(1, 8, 4, 4), (1, 8, 4, 4), (1, 8, 4, 2)], {"layout": "BSND", "context_parallel": "auto"},
                  partial_ok=False),
+        OpSample([(2, 4, 8, 2), (2, 2, 8, 2), (2, 2, 8, 2)], {"causal": True, "zigzag": 2}, partial_ok=False),
     ], meshes=MESHES, placements=30, id="attention-context-parallel"),
     OpRecord("flash_attention_score", [
         OpSample([(2, 8, 16), (2, 8, 8), (2, 8, 8)], {"head_num": 4, "sparse_mode": 2, "context_parallel": "auto"},

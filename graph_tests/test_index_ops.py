@@ -305,6 +305,12 @@ def test_partial_operands():
     assert str(res.outputs[0].layout) == "(P(sum))" and str(res.wants[2]) == "(P(sum))" and not res.violations
     res = get_rule("gather").infer_layout((spec((4, 6), ["P(max)"]), spec((4, 2), ["R"], "int64")), {"dim": 1})
     assert [(v.code, v.operand) for v in res.violations] == [("partial-input", "x")]
+    c, y = spec((4, 1), ["R"], "bool"), spec((6,), ["R"])
+    res = get_rule("where").infer_layout((c, x, y), {})  # linear in (x, y): y becomes terms for free
+    assert str(res.outputs[0].layout) == "(P(sum))" and not res.violations and str(res.wants[2]) == "(P(sum))"
+    res = get_rule("where").infer_layout((spec((4, 1), ["P(sum)"], "bool"), x, y), {})
+    assert sorted((v.code, v.operand) for v in res.violations) == [("partial-input", "condition"),
+                                                                   ("partial-input", "x")]
     res = get_rule("one_hot").infer_layout((spec((4,), ["P(sum)"], "int64"),), {"num_classes": 8})
     assert [(v.code, v.operand) for v in res.violations] == [("partial-input", "indices")]
 

@@ -66,8 +66,10 @@ The ops and their layout rules
     keeps any shard, mask and source stay whole (the count of true places before a
     rank's piece depends on the whole mask).  See the class.
 ``where(condition, x, y)`` (ONNX ``Where``, ``aten.where``, MindSpore ``Select``)
-    ``condition`` bool; numpy broadcasting; elementwise rule (Partial operands are
-    reduced first).  vjp: ``dx = where(condition, dy, zeros_like(dy))``, ``dy_y =
+    ``condition`` bool; numpy broadcasting; elementwise rule.  where is linear in (x, y)
+    together: x and/or y ``P(sum|avg)`` (the other the same Partial or Replicate, made
+    terms for free) with a Replicate condition pass the Partial through; any other
+    Partial operand is reduced first.  vjp: ``dx = where(condition, dy, zeros_like(dy))``, ``dy_y =
     masked_fill(dy, condition, 0)``, each summed back to its operand's shape.
 ``one_hot(indices, num_classes)`` (ONNX ``OneHot``, ``aten.one_hot``, MindSpore ``OneHot``)
     int64 output ``indices.shape + (num_classes,)``; shards of ``indices`` carry over.
@@ -986,6 +988,14 @@ class Where(ElementwiseRule):
     >>> res = Where().infer_layout((c, x, y), {})
     >>> str(res.outputs[0]), res.violations
     ('float32[4, 6] (S(0))', ())
+
+    A partial x passes through, y becoming terms of the same sum for free:
+
+    >>> c = TensorSpec((4, 1), "bool", Layout(mesh, ["R"], 2))
+    >>> x = TensorSpec((4, 6), "float32", Layout(mesh, ["P(sum)"], 2))
+    >>> res = Where().infer_layout((c, x, y), {})
+    >>> str(res.outputs[0].layout), res.violations, [str(w) for w in res.wants]
+    ('(P(sum))', (), ['None', 'None', '(P(sum))'])
     """
 
     name = "where"
@@ -1002,7 +1012,27 @@ class Where(ElementwiseRule):
         if broadcast_shapes([t.shape for t in inputs]) is None:
             raise _shape_error(self.name, f"shapes {[list(t.shape) for t in inputs]} of condition, x and y "
                                "do not broadcast", "make the shapes equal or 1 in every dim, aligned from the right")
-        return super().infer_layout(inputs, attrs)
+        res = super().infer_layout(inputs, attrs)
+        out = res.outputs[0]
+        partial = {a: p for a, p in enumerate(out.layout.placements) if isinstance(p, Partial)}
+        if not partial:
+            return res
+        wants = list(res.wants)
+        for i in (1, 2):  # a Replicate x or y on a partial axis becomes terms of it, for free (local-partial)
+            want = wants[i] or inputs[i].layout
+            want = want.with_placements([partial.get(a, p) for a, p in enumerate(want.placements)])
+            wants[i] = None if want == inputs[i].layout else want
+        return RuleResult(res.outputs, res.violations, tuple(wants))
+
+    def _partial_out(self, ps):
+        """``P(sum|avg)`` where x and/or y are that Partial (the other Replicate) and the condition
+        is Replicate: where is linear in (x, y) together."""
+        condition, *values = ps
+        ops = {p.reduce_op for p in values if isinstance(p, Partial)}
+        if isinstance(condition, Replicate) and len(ops) == 1 and ops <= set(LINEAR_PARTIALS) \
+                and all(isinstance(p, (Replicate, Partial)) for p in values):
+            return Partial(ops.pop())
+        return None
 
     def out_dtype(self, inputs, attrs):
         return str(np.result_type(np.dtype(inputs[1].dtype), np.dtype(inputs[2].dtype)))

@@ -609,8 +609,9 @@ class Multinomial(OpRule):
     replacement, class ``c`` of row ``r`` gets the key ``log(u) / w`` with ``u`` drawn at
     ``r * classes + c`` (Efraimidis and Spirakis 2006) and the ``num_samples`` largest keys
     are the samples, in order.  The class dim is whole on every rank
-    (``sharded-class-dim``), probs is not Partial (``partial-input``); the rows shard
-    freely, and the samples shard like them.  Not differentiable.  A row whose weights
+    (``sharded-class-dim``: the mesh axis moves to the largest unsharded row dim, an
+    all-to-all, else it is gathered), probs is not Partial (``partial-input``); the rows
+    shard freely, and the samples shard like them.  Not differentiable.  A row whose weights
     are negative, not finite, or too few positive for the draws is an ``ExecutionError``
     (``invalid-probs``) when the kernel runs.  Aliases ``Multinomial``, ``aten.multinomial``.
 
@@ -662,10 +663,12 @@ class Multinomial(OpRule):
                                "sampling is not linear in the weights", f"reduce probs on {ax} first"))
                 p = Replicate()
             elif isinstance(p, Shard) and p.dim == last:
+                p = _token_dim_for(probs, Replicate(), True)  # a row dim instead (an all-to-all), else gathered
+                move = f"all-to-all probs on {ax} to shard its dim {p.dim}" if isinstance(p, Shard) else \
+                    f"all-gather probs on {ax}"
                 issues.append(("sharded-class-dim", f"probs dim {last} (the classes, size {classes}) is sharded on "
                                f"mesh axis {ax} (probs is {probs.layout}); a draw needs the row's whole weights",
-                               f"all-gather probs on {ax}"))
-                p = Replicate()
+                               move))
             ps.append(p)
         want = Layout(probs.mesh, ps, probs.ndim)
         shape = probs.shape[:-1] + (attrs["num_samples"],)

@@ -116,6 +116,10 @@ def _replace(v: "_View", old: MNode, op: str, inputs: list[str], attrs: dict, so
 
 
 REWRITES = ("dense", "silu", "rms_norm", "rope", "silu_mul", "gelu", "batched_transpose", "attention")
+#: ops of which a rewrite needs one in the graph to match anything
+_TRIGGERS = {"dense": {"linear"}, "silu": {"sigmoid"}, "rms_norm": {"mean"}, "rope": {"neg", "slice_step"},
+             "silu_mul": {"silu"}, "gelu": {"erf", "tanh"}, "batched_transpose": {"transpose"},
+             "attention": {"softmax"}}
 
 
 class Canonicalize:
@@ -138,7 +142,10 @@ class Canonicalize:
         _drop_identities(g, counts)
         table = {"dense": _dense, "silu": _silu, "rms_norm": _rms_norm, "rope": _rope, "silu_mul": _silu_mul,
                  "gelu": _gelu, "batched_transpose": _batched_transpose, "attention": _attention}
-        for rewrite in (table[name] for name in self.rewrites):
+        for name in self.rewrites:
+            if not _TRIGGERS[name] & {node.op for node in g.nodes}:
+                continue  # nothing this rewrite could match: skip the sweep (and its view of the graph)
+            rewrite = table[name]
             view = _View(g)
             for node in g.nodes:
                 if rewrite(g, view, node):
@@ -146,7 +153,7 @@ class Canonicalize:
             if view.edits:  # one rebuild per sweep: a list.index per rewrite made the pass quadratic
                 g.nodes = [new for node in g.nodes for new in view.edits.get(id(node), (node,))]
         g.prune()
-        if "attention" in self.rewrites:
+        if "attention" in self.rewrites and any(node.op == "softmax" for node in g.nodes):
             _note_biased_attention(g)
         return CanonicalizeResult(dict(counts))
 

@@ -32,6 +32,7 @@ from .ir import MNode, ModelGraph, Value
 __all__ = ["from_onnx", "read_onnx"]
 
 
+@lru_cache(maxsize=None)  # called per node: the import statements cost more than the lookup
 def _onnx():
     try:
         import onnx  # noqa: F401
@@ -516,8 +517,9 @@ def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], s
 class _Reader:
     """Turns one ONNX graph into a ModelGraph."""
 
-    def __init__(self, model, source: str, computed: frozenset[str] = frozenset()) -> None:
+    def __init__(self, model, source: str, computed: frozenset[str] = frozenset(), torch_meta=None) -> None:
         self.onnx = _onnx()
+        self.torch_meta = torch_meta  # what _torch_parameters found (None: no torch metadata)
         self.computed = computed  # float initializers computed from no parameter: folded like constants
         self.model = model
         self.source = source
@@ -603,7 +605,7 @@ class _Reader:
             array, read = _tensor_array(init, f"initializer {init.name!r}", self.source)  # weights: not read
             self.const_value(init.name, array, weight=True, read=read)
         initializers = {t.name for t in graph.initializer}
-        self.torch_names(graph)
+        self.torch_names()
         listed: set[str] = set()
         for inp in graph.input:
             if inp.name in listed:
@@ -621,17 +623,15 @@ class _Reader:
         self.g.outputs = [o.name for o in graph.output]
         return self.g
 
-    def torch_names(self, graph) -> None:
+    def torch_names(self) -> None:
         """Name the weights as torch does, from the dynamo exporter's node metadata
         (:func:`_torch_parameters`): a weight named by the exporter (``val_113``) takes its
         parameter's torch name, a de-duplicated tensor the first of its names and the others as
         aliases; a float weight that nodes with metadata read but that no parameter names (a
         rotary cos/sin table or a mask the exporter computed and folded) is a constant."""
-        weights = {v.name for v in self.g.values.values() if v.weight and v.dtype.startswith("float")}
-        found = _torch_parameters(graph, weights)
-        if found is None:
+        if self.torch_meta is None:
             return
-        names, read = found
+        names, read = self.torch_meta
         taken = set(self.g.values)
         for init, torch_names in names.items():
             primary = init if init in torch_names else next((n for n in torch_names if n not in taken), None)
@@ -1110,30 +1110,22 @@ def _static_shape(info) -> tuple[int, ...] | None:
     return tuple(int(d.dim_value) for d in t.shape.dim)
 
 
-def _has_dynamic_values(inferred) -> bool:
-    graph = inferred.graph
-    return any(info.type.HasField("tensor_type") and _static_shape(info) is None
-               for info in list(graph.value_info) + list(graph.output))
-
-
 #: rounds of folding and shape inference at most (each round folds every chain it can reach; a
 #: new round is needed only when a folded value fixes a shape that lets a ``Shape`` node fold)
 MAX_FOLD_ROUNDS = 4
 
 
-def _computed_initializers(model) -> frozenset[str]:
+def _computed_initializers(model, torch_meta) -> frozenset[str]:
     """The float initializers computed from no parameter, which folding may go through (a
     parameter is never folded into a constant): those torch's node metadata shows read while no
     parameter names them (buffers such as a rotary ``inv_freq``, tables the exporter folded), and
     those named like a rotary buffer (:func:`~layout_prop.frontends.ir.is_computed_table`)."""
     from .ir import is_computed_table
 
-    graph = model.graph
-    floats = {t.name for t in graph.initializer if _dtype_name(t.data_type).startswith("float")}
-    found = _torch_parameters(graph, floats)
+    floats = {t.name for t in model.graph.initializer if _dtype_name(t.data_type).startswith("float")}
     computed = {name for name in floats if is_computed_table(name)}
-    if found is not None:
-        names, read = found
+    if torch_meta is not None:  # what _torch_parameters found
+        names, read = torch_meta
         computed |= {v for v in read if v not in names}
     return frozenset(computed)
 
@@ -1194,9 +1186,9 @@ def _fold_constant_nodes(model, inferred, source: str, computed: frozenset[str] 
 def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGraph:
     """Read an ONNX model into a :class:`ModelGraph` (no canonicalisation yet).
 
-    When shape inference leaves a dynamic dim although every input's shape is fixed, the
-    model's constant chains are folded into ``Constant`` nodes (:func:`_fold_constant_nodes`)
-    and shapes inferred again, up to :data:`MAX_FOLD_ROUNDS` times."""
+    When the reader meets a dim shape inference left dynamic (``dynamic-shape``), the model's
+    constant chains are folded into ``Constant`` nodes (:func:`_fold_constant_nodes`) and shapes
+    inferred again, up to :data:`MAX_FOLD_ROUNDS` times."""
     onnx = _onnx()
     model, source = _load(path_or_model)
     model_copy = onnx.ModelProto()
@@ -1205,12 +1197,19 @@ def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGrap
     _fix_input_shapes(model_copy, plan, source)
     _check_ranges(model_copy, source)
     inferred = _infer(model_copy, source)
-    computed = _computed_initializers(model_copy)
-    for _ in range(MAX_FOLD_ROUNDS):
-        if not _has_dynamic_values(inferred) or not _fold_constant_nodes(model_copy, inferred, source, computed):
-            break
-        inferred = _infer(model_copy, source)
-    return _Reader(inferred, source, computed).read()
+    floats = {t.name for t in model_copy.graph.initializer if _dtype_name(t.data_type).startswith("float")}
+    torch_meta = _torch_parameters(model_copy.graph, floats)
+    computed = _computed_initializers(model_copy, torch_meta)
+    rounds = 0
+    while True:
+        try:
+            return _Reader(inferred, source, computed, torch_meta).read()
+        except SpecError as err:  # a dim left dynamic: fold what is constant, infer again (a static model pays nothing)
+            rounds += 1
+            if err.code != "dynamic-shape" or rounds > MAX_FOLD_ROUNDS or \
+                    not _fold_constant_nodes(model_copy, inferred, source, computed):
+                raise
+            inferred = _infer(model_copy, source)
 
 
 def from_onnx(path_or_model: Any, plan: ShardingPlan | str | Path | dict, *, opaque: bool = False,

@@ -406,6 +406,8 @@ def test_candidates_refuse_a_cut_that_is_not_their_chunks():
      "k=7 is larger than dim 1 of x (size 6)"),
     ({"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 2}}, "bad-attr",
      "needs attribute(s) ['chunks']"),
+    ({"name": "m", "op": "topk_merge", "inputs": ["x", "x"], "attrs": {"k": 7}}, "bad-attr",
+     "topk_merge: k=7 is larger than dim 1 of values (size 6)"),
 ])
 def test_bad_candidates_input_is_one_line_exit_2(tmp_path, capsys, node, code, text):
     assert main(["check", _spec(tmp_path, node)]) == 2

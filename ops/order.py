@@ -172,6 +172,22 @@ def check_dim(op: str, attr: str, value: Any, ndim: int) -> int:
     return int(value) % max(ndim, 1)
 
 
+def check_k_attr(op: str, k: Any, node=None) -> None:
+    """``bad-value`` at load time unless ``k`` is an integer >= 0."""
+    if not _is_int(k) or k < 0:
+        raise OpError("bad-value", f"{op}: k must be a non-negative integer, got {k!r}", path="attrs.k",
+                      node=node, hint="give k, how many elements to keep, as an integer >= 0")
+
+
+def check_k(op: str, k: Any, x: TensorSpec, dim: int, operand: str = "x") -> int:
+    """``k`` as a count of elements of ``dim`` of ``x`` (0..size); ``bad-attr`` (exit 2) otherwise."""
+    if not _is_int(k) or not 0 <= k <= x.shape[dim]:
+        raise OpError("bad-attr", f"{op}: k={k!r} is larger than dim {dim} of {operand} (size {x.shape[dim]})"
+                      if _is_int(k) and k > 0 else f"{op}: k={k!r} is not an integer >= 0", path="attrs.k",
+                      hint=f"give k an integer in 0..{x.shape[dim]}")
+    return int(k)
+
+
 def check_dims(op: str, dims: Any, ndim: int) -> tuple[int, ...]:
     """Sorted non-negative dims of ``dims`` (an int, a list of ints, None for all); ``bad-attr`` otherwise.
 
@@ -416,19 +432,11 @@ class TopK(_SelectRule):
 
     def normalize_attrs(self, attrs, node=None):
         out = super().normalize_attrs(attrs, node)
-        k = out["k"]
-        if not _is_int(k) or k < 0:
-            raise OpError("bad-value", f"topk: k must be a non-negative integer, got {k!r}", path="attrs.k",
-                          node=node, hint="give k, how many elements to keep, as an integer >= 0")
+        check_k_attr(self.name, out["k"], node)
         return out
 
     def count(self, x, dim, attrs):
-        k = attrs["k"]
-        if not _is_int(k) or not 0 <= k <= x.shape[dim]:
-            raise OpError("bad-attr", f"topk: k={k!r} is larger than dim {dim} of x (size {x.shape[dim]})"
-                          if _is_int(k) and k > 0 else f"topk: k={k!r} is not an integer >= 0", path="attrs.k",
-                          hint=f"give k an integer in 0..{x.shape[dim]}")
-        return int(k)
+        return check_k(self.name, attrs["k"], x, dim)
 
 
 @register_op
@@ -767,7 +775,7 @@ class TopKCandidates(OpRule):
 
     def normalize_attrs(self, attrs, node=None):
         out = super().normalize_attrs(attrs, node)
-        TopK.normalize_attrs(TopK(), {"k": out["k"]}, node)
+        check_k_attr(self.name, out["k"], node)
         _positive_chunks(self.name, out, node)
         return out
 
@@ -775,7 +783,7 @@ class TopKCandidates(OpRule):
         (x,) = inputs
         dim = check_dim(self.name, "dim", attrs.get("dim", -1), x.ndim)
         k, chunks = attrs["k"], attrs["chunks"]
-        TopK().count(x, dim, attrs)
+        check_k(self.name, k, x, dim)
         fixed, issues = whole_dims(self.name, x, "x", [], "")
         if x.layout.cut_axes(dim) and not chunks_match(x, dim, chunks):
             issues.append(_chunk_issue(self.name, x, "x", dim, chunks, x.shape[dim]))
@@ -891,13 +899,13 @@ class TopKMerge(OpRule):
 
     def normalize_attrs(self, attrs, node=None):
         out = super().normalize_attrs(attrs, node)
-        TopK.normalize_attrs(TopK(), {"k": out["k"]}, node)
+        check_k_attr(self.name, out["k"], node)
         return out
 
     def infer_layout(self, inputs, attrs):
         values, idx = inputs
         dim = check_dim(self.name, "dim", attrs.get("dim", -1), values.ndim)
-        k = TopK().count(values, dim, attrs)
+        k = check_k(self.name, attrs["k"], values, dim, "values")
         if values.shape != idx.shape:
             v = Violation("broadcast-shape", f"values has shape {list(values.shape)} but indices {list(idx.shape)}; "
                           "both are topk_candidates' outputs", "give values and indices the same shape",
@@ -932,7 +940,7 @@ class TopKMergeGrad(OpRule):
     def infer_layout(self, inputs, attrs):
         dv, values, idx = inputs
         dim = check_dim(self.name, "dim", attrs.get("dim", -1), values.ndim)
-        k = TopK().count(values, dim, attrs)
+        k = check_k(self.name, attrs["k"], values, dim, "values")
         want_shape = values.shape[:dim] + (k,) + values.shape[dim + 1:]
         if values.shape != idx.shape or dv.shape != want_shape:
             v = Violation("broadcast-shape", f"dv {list(dv.shape)}, values {list(values.shape)} and indices "

@@ -407,3 +407,13 @@ def test_the_torch_exported_llama_keeps_torchs_names_shares_its_norm_weight_and_
     notes = graph.meta["import_notes"]
     assert any("model.layers.0.input_layernorm.weight is one tensor the exporter de-duplicated" in n and
                "model.norm.weight" in n for n in notes)
+
+
+def test_gpt2s_tied_head_keeps_its_name_and_its_transposed_copy_is_named_apart():
+    graph = from_onnx(str(MODELS / "gpt2.onnx"), dict(TP, parameters={"lm_head.weight": "vocab", "*": "R"}))
+    inputs = {n.name: n.attrs for n in graph.inputs()}
+    assert inputs["lm_head.weight"]["placements"] == ("S(0)",)  # the embedding table, rows on tp
+    assert inputs["lm_head.weight.T"]["shape"] == (64, 128) and inputs["lm_head.weight.T"]["requires_grad"]
+    assert graph.meta["import_sources"]["lm_head.weight.T"] == "val_308"
+    assert any(n.startswith("initializer val_308 is a copy of parameter lm_head.weight (transposed)")
+               for n in graph.meta["import_notes"])

@@ -506,7 +506,8 @@ def _torch_parameters(graph, weights: set[str]) -> tuple[dict[str, list[str]], s
             scopes = [str(m) for m in ast.literal_eval(meta.get(TORCH_NAME_SCOPES, "[]"))]
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             scopes = []
-        torch_names = [_torch_name(p, scopes) for p in params]
+        by_flat = {v.replace(".", "_").lower(): v for v in inits}  # an initializer keeping torch's name
+        torch_names = [by_flat.get(p[2:].lower()) or _torch_name(p, scopes) for p in params]
         for init, name in _pair_parameters(inits, torch_names, ranks):
             if name not in names.setdefault(init, []):
                 names[init].append(name)

@@ -371,6 +371,8 @@ def test_ulysses_moves_q_k_v_from_the_sequence_to_the_heads():
     assert q_violation.message == (
         "context_parallel='ulysses': q's sequence is sharded on mesh axis 'cp' (q is (S(2))); attention runs with the "
         "heads sharded there instead ((S(1)): Ulysses, an all-to-all of q, key and value, and of the output back)")
+    k_violation = next(v for v in res.violations if v.operand == "k")
+    assert (k_violation.code, k_violation.hint) == ("sharded-kv-sequence", "all-to-all k on 'cp' to its heads (dim 1)")
     # the gradient rule agrees: dy arrives with the heads sharded, nothing is partial
     heads = spec((2, 8, 16, 4), ["S(1)"], CP4)
     res = infer("scaled_dot_product_attention_grad", heads, heads, heads, heads, causal=True,

@@ -332,6 +332,10 @@ def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict
         axis_name = repr(t.mesh.names[axis])
         if isinstance(p, Partial):
             issues.append(_partial_issue(t, name, axis, OP, "is not linear in it, so every rank needs whole values"))
+        elif isinstance(p, Shard) and p.dim == dims["S"] and want.placements[axis] == Shard(heads.dim):
+            issues.append(("sharded-kv-sequence", f"{name}'s sequence dim {p.dim} (size {t.shape[p.dim]}) is sharded "
+                           f"on mesh axis {axis_name} ({name} is {t.layout}); with Ulysses attention shards the heads "
+                           f"there", f"all-to-all {name} on {axis_name} to its heads (dim {heads.dim})"))
         elif isinstance(p, Shard) and p.dim == dims["S"]:
             issues.append(("sharded-kv-sequence", f"{name}'s sequence dim {p.dim} (size {t.shape[p.dim]}) is sharded "
                            f"on mesh axis {axis_name} ({name} is {t.layout}); every query row attends to the whole "

@@ -1041,6 +1041,10 @@ def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict
         if isinstance(p, Partial):
             issues.append(_partial_issue(t, name, axis, ATTENTION_OP, "is not linear in it (only sum or avg "
                                          "partials of v alone would be), so every rank needs whole values"))
+        elif isinstance(p, Shard) and p.dim == s and want.placements[axis] == Shard(dims["N"]):
+            issues.append(("sharded-kv-sequence", f"{name}'s sequence dim {s} (S, size {t.shape[s]}) is sharded on "
+                           f"mesh axis {axis_name} ({name} is {t.layout}); with Ulysses attention shards the heads "
+                           f"there", f"all-to-all {name} on {axis_name} to its heads (dim {dims['N']})"))
         elif isinstance(p, Shard) and p.dim == s:
             issues.append(("sharded-kv-sequence", f"{name}'s sequence dim {s} (S, size {t.shape[s]}) is sharded on "
                            f"mesh axis {axis_name} ({name} is {t.layout}); every query row attends to the whole "

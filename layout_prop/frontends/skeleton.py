@@ -52,48 +52,30 @@ class InputRow:
     dtype: str
 
 
-def _producer_op(spec: dict, value: str) -> str | None:
-    """The op computing ``value``, looking through reshapes, transposes and casts."""
-    producers = {nd["name"]: nd for nd in spec["nodes"]}
-    for _ in range(64):
-        nd = producers.get(value)
-        if nd is None:
-            return None
-        if nd["op"] not in _PASS_THROUGH or not nd["inputs"]:
-            return nd["op"]
-        value = nd["inputs"][0]
-    return None
+def _through_moves(producers: dict[str, dict], value: str) -> list[str]:
+    """``value`` and the values it is computed from by reshapes, transposes and casts, nearest first."""
+    chain = [value]
+    while len(chain) < 64:
+        nd = producers.get(chain[-1])
+        if nd is None or nd["op"] not in _PASS_THROUGH or not nd["inputs"]:
+            break
+        chain.append(nd["inputs"][0])
+    return chain
 
 
-def _suggest(spec: dict, name: str, uses) -> tuple[str, str]:
-    """``(consumer op, suggested preset)`` of parameter ``name``."""
-    consumers = [(nd, i) for nd in spec["nodes"] for i, v in enumerate(nd["inputs"]) if v == name]
-    first = consumers[0][0]["op"] if consumers else "-"
+def _suggest(spec: dict, producers: dict[str, dict], name: str, uses) -> tuple[str, str]:
+    """``(consumer op, suggested preset)`` of parameter ``name``: ``vocab`` for an embedding table,
+    ``rowwise`` for the weight of a product whose input comes from attention or an activation,
+    ``colwise`` for another product's, ``R`` for the rest."""
     if any(u.embedding for u in uses):
         return "embedding", "vocab"
     if not uses:
+        first = next((nd["op"] for nd in spec["nodes"] if name in nd["inputs"]), "-")
         return first, "R"
-    product = next((nd for nd in spec["nodes"] if nd["op"] == uses[0].op and
-                    any(_reaches(spec, name, v) for v in nd["inputs"][1:2])), None)
-    source = _producer_op(spec, product["inputs"][0]) if product is not None else None
-    return uses[0].op, "rowwise" if source in _SECOND_HALF else "colwise"
-
-
-def _reaches(spec: dict, weight: str, value: str) -> bool:
-    """Whether ``value`` is ``weight`` or computed from it by reshapes, transposes and casts."""
-    return value == weight or _producer_chain_has(spec, value, weight)
-
-
-def _producer_chain_has(spec: dict, value: str, weight: str) -> bool:
-    producers = {nd["name"]: nd for nd in spec["nodes"]}
-    for _ in range(64):
-        nd = producers.get(value)
-        if nd is None or nd["op"] not in _PASS_THROUGH or not nd["inputs"]:
-            return False
-        value = nd["inputs"][0]
-        if value == weight:
-            return True
-    return False
+    product = next((nd for nd in spec["nodes"] if nd["op"] == uses[0].op and len(nd["inputs"]) > 1 and
+                    name in _through_moves(producers, nd["inputs"][1])), None)
+    source = producers.get(_through_moves(producers, product["inputs"][0])[-1]) if product is not None else None
+    return uses[0].op, "rowwise" if source is not None and source["op"] in _SECOND_HALF else "colwise"
 
 
 def describe_model(path: str | Path, *, opaque: bool = False, fuse: bool = True
@@ -118,9 +100,10 @@ def describe_model(path: str | Path, *, opaque: bool = False, fuse: bool = True
             Canonicalize().run(model)
         spec, weights = to_spec(model, opaque=opaque)
     uses = parameter_uses(spec, weights)
+    producers = {nd["name"]: nd for nd in spec["nodes"]}
     params = []
     for w in weights:
-        consumer, preset = _suggest(spec, w, uses[w])
+        consumer, preset = _suggest(spec, producers, w, uses[w])
         params.append(ParameterRow(w, tuple(spec["inputs"][w]["shape"]), consumer, preset,
                                    tuple(model.spec_aliases.get(w, ()))))
     weight_set = set(weights)

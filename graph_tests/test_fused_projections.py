@@ -62,6 +62,21 @@ def test_split_pieces_take_plain_shards():
     assert analyze(load_spec(chunk)).tensors()["chunk2:0"]["placements"] == ["_S(1,3)"]
 
 
+@pytest.mark.parametrize("mesh, combo, out", [
+    ((2,), ("S(1)", "R", "S(1)"), ["_S(1,3)"]),  # the replicated cotangent is sliced alike for free
+    ((2, 2), ("S(1)", "S(1)", "R", "R", "S(1)", "S(1)"), ["_S(1,3)", "_S(1,3)"]),  # nested chunks
+    ((2, 2), ("S(0)", "_S(1,2)", "S(0)", "R"), ["S(0)", "_S(1,3)"]),  # k/v fused already, q whole
+])
+def test_concat_of_whole_blocks_is_free_and_correct(mesh, combo, out):
+    shapes = [(4, 5)] * (len(combo) // len(mesh)) if combo[1] != "_S(1,2)" else [(4, 10), (4, 5)]
+    spec = single_op_spec("concat", OpSample(shapes, {"axis": 1}), mesh, combo)
+    analysis = analyze(load_spec(spec))
+    assert analysis.check.violations == [] and analysis.tensors()["concat"]["placements"] == out
+    report = Report("concat")
+    check_spec(spec, frozenset(get_rule("concat").violation_codes) | GENERIC_CODES, True, 0, report)
+    assert report.accepted == 1 and not report.mismatches, report.to_dict()
+
+
 def test_pieces_across_blocks_are_still_gathered():
     # q of 2 and k/v of 5 do not line up with 3 blocks of 4: the split axis is gathered, as before
     spec = single_op_spec("split3", OpSample([(4, 12)], {"axis": 1, "sizes": [2, 5, 5]}), (2,), ("_S(1,3)",))

@@ -312,14 +312,21 @@ class TestConcat:
         assert sorted(codes(res)) == ["partial-input", "partial-input"]
 
     def test_sharded_concat_dim(self):
-        res = infer("concat", spec((4, 6), ["R", "R"]), spec((4, 6), ["S(0)", "R"]), axis=0)
+        # x (4 rows) is no whole number of x1's blocks (6 rows): x1 is gathered
+        res = infer("concat", spec((4, 6), ["R", "R"]), spec((6, 6), ["S(0)", "R"]), axis=0)
         assert codes(res) == ["sharded-concat-dim"]
         v = res.violations[0]
         assert v.operand == "x1"
-        for fragment in ("x1 dim 0 (size 4)", "2 ways", "mesh axis 'dp'", "along dim 0 (sizes [4, 4])"):
+        for fragment in ("x1 dim 0 (size 6)", "2 ways", "mesh axis 'dp'", "along dim 0 (sizes [4, 6])"):
             assert fragment in v.message, (fragment, v.message)
         assert v.hint == "all-gather x1 dim 0 on 'dp' before the concat, or shard another dim on 'dp'"
         assert layouts(res) == ["(R, R)"]
+
+    def test_concat_of_whole_blocks_stays_sharded(self):
+        # equal blocks: x1's rows stay where they are, x is sliced alike for free, the output is _S(0,2)
+        res = infer("concat", spec((4, 6), ["R", "R"]), spec((4, 6), ["S(0)", "R"]), axis=0)
+        assert codes(res) == [] and layouts(res) == ["(_S(0,2), R)"]
+        assert [str(w) if w is not None else None for w in res.wants] == ["(S(0), R)", None]
 
     def test_operands_sharded_differently_off_the_axis(self):
         x = spec((4, 6, 2), ["S(0)", "R"])

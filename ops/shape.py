@@ -939,40 +939,60 @@ def _concat_target(inputs: Sequence[TensorSpec], axis: int) -> Layout:
     return Layout(mesh, ps, inputs[0].ndim)
 
 
-def _strided_concat(inputs: Sequence[TensorSpec], axis: int) -> dict[int, StridedShard] | None:
+def _strided_concat(inputs: Sequence[TensorSpec], axis: int) -> tuple[dict[int, StridedShard], list] | None:
     """The strided placements of a concat of whole blocks along a sharded ``axis``, or None.
 
-    When every operand is cut along ``axis`` by the same mesh axes (of size > 1), each
-    by ``S(axis)`` (one block) or by ``_S(axis,j)`` (``j`` blocks), and all blocks have
-    one size, each rank holds its chunk of every block: the concat is ``_S(axis,J)``
-    (``J`` the total block count) on those mesh axes with no communication (the
-    gradient of a fused q/k/v split, split's inverse).
+    When the operands cut along ``axis`` are all cut by the same mesh axes (of size > 1),
+    each by ``S(axis)`` (one block) or by ``_S(axis,j)`` (``j`` blocks), with blocks of
+    one size, and the other operands are Replicate on those mesh axes and a whole number
+    of such blocks long (a free local slice cuts them alike), each rank holds its chunk
+    of every block: the concat is ``_S(axis,J)`` (``J`` the total block count) on those
+    mesh axes with no communication (the gradient of a fused q/k/v split, split's
+    inverse).  Returns the output's placements on those mesh axes and, per operand, the
+    placement it is taken in there.
 
     >>> from layout_prop import DeviceMesh
     >>> mesh = DeviceMesh((2,), ("tp",))
     >>> q = TensorSpec((4, 4), "float32", Layout(mesh, ["S(1)"], 2))
     >>> kv = TensorSpec((4, 8), "float32", Layout(mesh, ["_S(1,2)"], 2))
-    >>> _strided_concat([q, kv], 1), _strided_concat([q, q.with_placements(["R"])], 1)
-    ({0: StridedShard(dim=1, split_factor=3)}, None)
+    >>> _strided_concat([q, kv], 1)
+    ({0: StridedShard(dim=1, split_factor=3)}, [Shard(dim=1), StridedShard(dim=1, split_factor=2)])
+    >>> _strided_concat([q, kv.with_placements(["R"])], 1)[1]  # a replicated operand is sliced for free
+    [Shard(dim=1), StridedShard(dim=1, split_factor=2)]
+    >>> _strided_concat([q.with_placements(["R"]), q.with_placements(["R"])], 1) is None
+    True
     """
-    cutting = {_cutting_axes(t.layout, axis) for t in inputs}
+    cut = [_cutting_axes(t.layout, axis) for t in inputs]
+    cutting = {c for c in cut if c}
     if len(cutting) != 1:
         return None
     axes = cutting.pop()
-    if not axes:
-        return None
-    total, sizes = 0, set()
-    for t in inputs:
+    blocks: list[int | None] = []
+    sizes = set()
+    for t, c in zip(inputs, cut):
+        if not c:
+            blocks.append(None)
+            continue
         kinds = {t.layout.placements[a] for a in axes}
         if len(kinds) != 1:
             return None
         p = kinds.pop()
-        blocks = p.split_factor if isinstance(p, StridedShard) else 1
-        total += blocks
-        sizes.add(t.shape[axis] // blocks)
-    if total < 2 or len(sizes) != 1 or 0 in sizes:
+        j = p.split_factor if isinstance(p, StridedShard) else 1
+        blocks.append(j)
+        sizes.add(t.shape[axis] // j)
+    if len(sizes) != 1 or 0 in sizes:
         return None
-    return {a: StridedShard(axis, total) for a in axes}
+    m = sizes.pop()
+    for i, (t, j) in enumerate(zip(inputs, blocks)):
+        if j is None:  # a whole operand: sliced into its blocks for free, if it is Replicate there and fits them
+            if t.shape[axis] % m or not all(isinstance(t.layout.placements[a], Replicate) for a in axes):
+                return None
+            blocks[i] = t.shape[axis] // m
+    total = sum(blocks)
+    if total < 2:
+        return None
+    taken = [StridedShard(axis, j) if j >= 2 else Shard(axis) for j in blocks]
+    return {a: StridedShard(axis, total) for a in axes}, taken
 
 
 def _concat_axis_violations(rule: OpRule, inputs, axis: int, target: Layout,
@@ -1072,13 +1092,13 @@ class Concat(_ShapeOpRule):
             # a strided shard from one operand inside another's shard of that dim: no layout holds both
             target = target.with_placements([Replicate() if isinstance(p, StridedShard) else p
                                              for p in target.placements])
-        aligned = _strided_concat(inputs, axis) or {}
+        aligned, taken = _strided_concat(inputs, axis) or ({}, None)
         if aligned:
             target = target.with_placements([aligned.get(a, p) for a, p in enumerate(target.placements)])
         wants, violations = [], []
         found_all = _concat_axis_violations(self, inputs, axis, target, tuple(aligned))
         for i, (t, found) in enumerate(zip(inputs, found_all)):
-            want = target.with_placements([t.layout.placements[a] if a in aligned else p
+            want = target.with_placements([taken[i] if a in aligned else p
                                            for a, p in enumerate(target.placements)]) if aligned else target
             want = want if want != t.layout else None
             wants.append(want)

@@ -406,6 +406,10 @@ def test_candidates_refuse_a_cut_that_is_not_their_chunks():
      "k=7 is larger than dim 1 of x (size 6)"),
     ({"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 2}}, "bad-attr",
      "needs attribute(s) ['chunks']"),
+    ({"name": "c", "op": "topk_candidates", "inputs": ["x"], "attrs": {"k": 2, "chunks": 1000000000}}, "bad-attr",
+     "topk_candidates: chunks=1000000000 is more than the dim's 6 elements and the mesh's 2 ranks"),
+    ({"name": "c", "op": "chunk_cumsum", "inputs": ["x"], "attrs": {"dim": 0, "chunks": 5}}, "bad-attr",
+     "chunk_cumsum: chunks=5 is more than the dim's 4 elements"),
     ({"name": "m", "op": "topk_merge", "inputs": ["x", "x"], "attrs": {"k": 7}}, "bad-attr",
      "topk_merge: k=7 is larger than dim 1 of values (size 6)"),
 ])

@@ -733,6 +733,16 @@ def _positive_chunks(op: str, attrs: dict, node) -> None:
                       node=node, hint="give chunks, how many torch.chunk pieces the dim is cut into (the shard count)")
 
 
+def check_chunks(op: str, chunks: int, size: int, mesh) -> None:
+    """``bad-attr`` unless ``chunks`` is at most the dim's size or the mesh's rank count, whichever is
+    larger (more pieces would all be empty: a hostile spec's ``chunks: 1e9`` must not make a billion)."""
+    limit = max(size, mesh.size)
+    if chunks > limit:
+        raise OpError("bad-attr", f"{op}: chunks={chunks} is more than the dim's {size} elements and the "
+                      f"mesh's {mesh.size} ranks", path="attrs.chunks",
+                      hint=f"give chunks the shard count of the dim (at most {limit})")
+
+
 def _chunk_issue(op: str, spec: TensorSpec, operand: str, dim: int, chunks: int, size: int) -> tuple[str, str, str]:
     axes = spec.layout.cut_axes(dim)
     names = ", ".join(repr(spec.mesh.names[a]) for a in axes)
@@ -783,6 +793,7 @@ class TopKCandidates(OpRule):
         (x,) = inputs
         dim = check_dim(self.name, "dim", attrs.get("dim", -1), x.ndim)
         k, chunks = attrs["k"], attrs["chunks"]
+        check_chunks(self.name, chunks, x.shape[dim], x.mesh)
         check_k(self.name, k, x, dim)
         fixed, issues = whole_dims(self.name, x, "x", [], "")
         if x.layout.cut_axes(dim) and not chunks_match(x, dim, chunks):
@@ -844,6 +855,7 @@ class TopKCandidatesGrad(OpRule):
         dc, idx = inputs
         dim = check_dim(self.name, "dim", attrs["dim"], dc.ndim)
         size, chunks = attrs["size"], attrs["chunks"]
+        check_chunks(self.name, chunks, size, dc.mesh)
         if size < 0 or chunks < 1:
             raise OpError("bad-attr", f"{self.name}: size={size} and chunks={chunks} must be >= 0 and >= 1",
                           hint="give the forward's size along dim and chunks")
@@ -1010,6 +1022,7 @@ class ChunkSum(_ChunkRule):
         (x,) = inputs
         dim = check_dim(self.name, "dim", attrs["dim"], x.ndim)
         chunks = attrs["chunks"]
+        check_chunks(self.name, chunks, x.shape[dim], x.mesh)
         fixed, issues = whole_dims(self.name, x, "x", [], "")
         keep = _chunked_dim(self.name, x, "x", dim, chunks, issues)
         fixed = fixed.with_placements([Replicate() if shard_dim(p) == dim and a not in keep else p
@@ -1046,6 +1059,7 @@ class ChunkSumGrad(_ChunkRule):
         (dt,) = inputs
         dim = check_dim(self.name, "dim", attrs["dim"], dt.ndim)
         size, chunks = attrs["size"], attrs["chunks"]
+        check_chunks(self.name, chunks, size, dt.mesh)
         if size < 0:
             raise OpError("bad-attr", f"chunk_sum_grad: size={size} is negative", path="attrs.size",
                           hint="give x's size along dim")
@@ -1103,6 +1117,7 @@ class ChunkCumSum(_ChunkRule):
         x = inputs[0]
         dim = check_dim(self.name, "dim", attrs["dim"], x.ndim)
         chunks = attrs["chunks"]
+        check_chunks(self.name, chunks, x.shape[dim], x.mesh)
         named = [("x", x)]
         if len(inputs) > 1:
             offsets = inputs[1]

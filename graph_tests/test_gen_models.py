@@ -38,6 +38,8 @@ def _run_backward(spec: dict):
     (["moe"], {"dp": 2, "ep": 2, "tp": 2}, 21),
     (["moe", "--capacity-factor", "0.5", "--router", "sigmoid", "--shared-experts", "1", "--full"],
      {"dp": 2, "ep": 2, "tp": 2}, 29),
+    (["moe", "--capacity-factor", "1.0", "--capacity-scope", "group", "--experts", "8"], {"dp": 2, "ep": 2, "tp": 2},
+     21),
 ])
 def test_two_layers_on_eight_ranks_match_one_device(capsys, args, mesh, grads):
     spec = _generate(capsys, [*args, "--layers", "2"])
@@ -123,6 +125,8 @@ def test_moe_capacity_drops_tokens_in_global_order():
     (["llama", "--vocab", "128"], "--vocab needs --full"),
     (["moe", "--capacity-factor", "0"], "--capacity-factor"),
     (["moe", "--mesh", "dp=2,sp=2,tp=2"], "needs exactly the mesh axes dp, ep and tp"),
+    (["moe", "--capacity-scope", "group"], "--capacity-scope needs --capacity-factor"),
+    (["gpt", "--capacity-scope", "group"], "gen gpt does not take --capacity-scope"),
 ])
 def test_bad_flags_are_one_line_exit_2(args, needle):
     proc = subprocess.run([*console_command(), "gen", *args], capture_output=True, text=True, env=cli_env(),
@@ -215,3 +219,22 @@ def test_token_shards_need_whole_groups_and_capacity_needs_whole_indices(tmp_pat
     assert main(["run", str(path), "--backward", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and set(report["grads"]) == {"x", "w"}
+
+
+def test_group_capacity_keeps_the_buffer_at_the_capacity(capsys):
+    """--capacity-scope group: each token shard's own capacity, so the buffer holds about
+    factor x tokens x top-k slots (here 1.0 x 64 x 2 over 8 experts: 16 each) and the indices
+    are not gathered; the global capacity gives each of the 8 shards min(capacity, 8) slots."""
+    base = ["moe", "--capacity-factor", "1.0", "--experts", "8", "--seq", "16"]
+    shapes = {}
+    for scope in ("global", "group"):
+        spec = _generate(capsys, [*base, "--capacity-scope", scope])
+        graph = load_spec(spec)
+        from layout_prop.api import analyze
+
+        analysis = analyze(graph, reshard=True)
+        report = analysis.report()
+        shapes[scope] = report["tensors"]["l0_dispatch"]["shape"]
+        gathered = [r for r in report["redistributions"] if r["input"] == "l0_topk:1" and r["node"] == "l0_dispatch"]
+        assert bool(gathered) == (scope == "global")
+    assert shapes == {"global": [8, 64, 32], "group": [8, 16, 32]}

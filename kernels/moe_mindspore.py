@@ -28,7 +28,8 @@ def _route(indices, attrs: dict, tokens_default: int, local_default: int):
     local = attrs.get("local_tokens")
     local = local_default if local is None else local
     return route(to_numpy(indices), attrs["num_experts"], attrs.get("capacity_factor"), attrs.get("groups", 1),
-                 tokens, attrs.get("token_start", 0), attrs.get("indices_start", 0), local), tokens, local
+                 tokens, attrs.get("token_start", 0), attrs.get("indices_start", 0), local,
+                 attrs.get("capacity_scope", "global")), tokens, local
 
 
 def _index(values: np.ndarray):
@@ -64,7 +65,7 @@ def moe_dispatch(x, indices, weights=None, num_experts: int = 1, **attrs):
     r, tokens, local = _route(indices, attrs, x.shape[0], x.shape[0])
     dtype = _dtype(x, weights)
     slots = _local_slots(local, tokens, to_tensor(indices).shape[1], num_experts, attrs.get("capacity_factor"),
-                         attrs.get("groups", 1))
+                         attrs.get("groups", 1), attrs.get("capacity_scope", "global"))
     out = ms.ops.zeros((num_experts, slots) + tuple(x.shape[1:]), dtype)
     if r.token.size == 0:
         return out

@@ -57,17 +57,19 @@ def group_size(tokens: int, groups: int) -> int:
     return max(1, -(-tokens // max(groups, 1)))
 
 
-def block_size(tokens: int, top_k: int, num_experts: int, capacity_factor, groups: int) -> int:
-    """Slots of one group in one expert: the group's tokens, at most the expert's capacity.
+def block_size(tokens: int, top_k: int, num_experts: int, capacity_factor, groups: int,
+               capacity_scope: str = "global") -> int:
+    """Slots of one group in one expert: the group's tokens, at most the expert's capacity
+    (with ``capacity_scope="group"``, the capacity of the group's own tokens).
 
     A token names an expert at most once (top-k indices are distinct), so a group of c
     tokens sends an expert at most c of them: dropless routing drops nothing.
 
-    >>> block_size(16, 2, 4, None, 2), block_size(16, 2, 4, 0.5, 2)
-    (8, 4)
+    >>> block_size(16, 2, 4, None, 2), block_size(16, 2, 4, 0.5, 2), block_size(16, 2, 4, 0.5, 2, "group")
+    (8, 4, 2)
     """
     c = group_size(tokens, groups)
-    cap = capacity(tokens, top_k, num_experts, capacity_factor)
+    cap = capacity(c if capacity_scope == "group" else tokens, top_k, num_experts, capacity_factor)
     return c if cap is None else min(c, cap)
 
 
@@ -82,14 +84,16 @@ class Route(NamedTuple):
 
 
 def route(indices, num_experts: int, capacity_factor=None, groups: int = 1, tokens: int | None = None,
-          token_start: int = 0, indices_start: int = 0, local_tokens: int | None = None) -> Route:
+          token_start: int = 0, indices_start: int = 0, local_tokens: int | None = None,
+          capacity_scope: str = "global") -> Route:
     """The kept choices of the local tokens ``[token_start, token_start + local_tokens)`` and their slots.
 
     ``indices`` holds the rows ``[indices_start, indices_start + len(indices))`` of the global
     ``(tokens, k)`` indices.  Choices are ordered by (token, choice).  A choice of expert e
     is kept when it is among the first ``block`` choices of e in its token group and, with
     a capacity, among the first ``capacity`` choices of e over ALL tokens (the whole
-    indices are needed then); its slot is ``group * block + (its rank in the group)``,
+    indices are needed then; with ``capacity_scope="group"`` the group's own capacity is
+    its block, and the group's indices suffice); its slot is ``group * block + (its rank in the group)``,
     counted from the first local group.  An expert index outside ``[0, num_experts)`` is
     no expert: that choice is dropped (as embedding gives zeros for an id outside its table).
     """
@@ -98,8 +102,8 @@ def route(indices, num_experts: int, capacity_factor=None, groups: int = 1, toke
     tokens = rows if tokens is None else int(tokens)
     local_tokens = tokens if local_tokens is None else int(local_tokens)
     c = group_size(tokens, groups)
-    block = block_size(tokens, k, num_experts, capacity_factor, groups)
-    cap = capacity(tokens, k, num_experts, capacity_factor)
+    block = block_size(tokens, k, num_experts, capacity_factor, groups, capacity_scope)
+    cap = capacity(tokens, k, num_experts, capacity_factor) if capacity_scope == "global" else None
     flat = indices.reshape(-1)
     token = np.repeat(np.arange(rows, dtype=np.int64) + indices_start, k)
     valid = (flat >= 0) & (flat < num_experts)
@@ -132,9 +136,10 @@ def _dtype(*arrays) -> np.dtype:
     return np.result_type(*[_float(a).dtype for a in arrays if a is not None])
 
 
-def _local_slots(local_tokens: int, tokens: int, top_k: int, num_experts: int, capacity_factor, groups: int) -> int:
+def _local_slots(local_tokens: int, tokens: int, top_k: int, num_experts: int, capacity_factor, groups: int,
+                 capacity_scope: str = "global") -> int:
     """The slots of the local groups: ``(local groups) * block``."""
-    block = block_size(tokens, top_k, num_experts, capacity_factor, groups)
+    block = block_size(tokens, top_k, num_experts, capacity_factor, groups, capacity_scope)
     if local_tokens == tokens:
         return groups * block
     return local_tokens // group_size(tokens, groups) * block  # a rank holds whole groups
@@ -142,14 +147,16 @@ def _local_slots(local_tokens: int, tokens: int, top_k: int, num_experts: int, c
 
 def moe_dispatch(x, indices, weights=None, num_experts: int = 1, capacity_factor=None, groups: int = 1,
                  tokens: int | None = None, token_start: int = 0, indices_start: int = 0,
-                 local_tokens: int | None = None) -> np.ndarray:
+                 local_tokens: int | None = None, capacity_scope: str = "global") -> np.ndarray:
     """``buffer[e, slot] = weights[t, j] * x[t]`` (weight 1 without weights) for each kept choice."""
     x = _float(x)
     local_tokens = x.shape[0] if local_tokens is None else local_tokens
     tokens = x.shape[0] if tokens is None else tokens
-    r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens)
+    r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens,
+              capacity_scope)
     dtype = _dtype(x, weights)
-    slots = _local_slots(local_tokens, tokens, np.shape(indices)[1], num_experts, capacity_factor, groups)
+    slots = _local_slots(local_tokens, tokens, np.shape(indices)[1], num_experts, capacity_factor, groups,
+                         capacity_scope)
     out = np.zeros((num_experts, slots) + x.shape[1:], dtype=dtype)
     rows = x[r.token].astype(dtype)
     if weights is not None:
@@ -160,13 +167,14 @@ def moe_dispatch(x, indices, weights=None, num_experts: int = 1, capacity_factor
 
 def moe_combine(buffer, indices, weights=None, num_experts: int | None = None, capacity_factor=None,
                 groups: int = 1, tokens: int | None = None, token_start: int = 0, indices_start: int = 0,
-                local_tokens: int | None = None) -> np.ndarray:
+                local_tokens: int | None = None, capacity_scope: str = "global") -> np.ndarray:
     """``out[t] = sum_j weights[t, j] * buffer[e, slot]`` over the kept choices of token t."""
     buffer = _float(buffer)
     num_experts = buffer.shape[0] if num_experts is None else num_experts
     tokens = np.shape(indices)[0] if tokens is None else tokens
     local_tokens = tokens if local_tokens is None else local_tokens
-    r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens)
+    r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens,
+              capacity_scope)
     dtype = _dtype(buffer, weights)
     rows = buffer[r.expert, r.slot].astype(dtype)
     if weights is not None:
@@ -178,13 +186,14 @@ def moe_combine(buffer, indices, weights=None, num_experts: int | None = None, c
 
 def moe_weight_grad(buffer, y, indices, num_experts: int | None = None, capacity_factor=None, groups: int = 1,
                     tokens: int | None = None, token_start: int = 0, indices_start: int = 0,
-                    local_tokens: int | None = None) -> np.ndarray:
+                    local_tokens: int | None = None, capacity_scope: str = "global") -> np.ndarray:
     """``out[t, j] = <y[t], buffer[e, slot]>`` for each kept choice, 0 for a dropped one."""
     buffer, y = _float(buffer), _float(y)
     num_experts = buffer.shape[0] if num_experts is None else num_experts
     tokens = y.shape[0] if tokens is None else tokens
     local_tokens = y.shape[0] if local_tokens is None else local_tokens
-    r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens)
+    r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens,
+              capacity_scope)
     dtype = _dtype(buffer, y)
     out = np.zeros((local_tokens, np.shape(indices)[1]), dtype=dtype)
     out[r.token, r.choice] = np.sum(buffer[r.expert, r.slot].astype(dtype) * y[r.token].astype(dtype), axis=-1)

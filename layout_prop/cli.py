@@ -213,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
     ge.add_argument("--capacity-factor", type=_positive_float_arg, help="moe: expert capacity, ceil(factor x tokens "
                     "x top-k / E) over the global token count, tokens past it dropped in token order (default: "
                     "none, no token dropped)")
+    ge.add_argument("--capacity-scope", choices=["global", "group"], default="global", help="moe: where the "
+                    "capacity counts: over all tokens, dropped in global token order (default), or per token shard "
+                    "(Megatron's drop-and-pad: a buffer of about factor x tokens x top-k slots)")
     ge.add_argument("--shared-experts", type=_non_negative_int, default=0, help="moe: always-on SwiGLU experts "
                     "beside the routed ones (default 0)")
     ge.add_argument("--router", choices=["softmax", "sigmoid"], default="softmax", help="moe: router scores, "

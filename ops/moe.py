@@ -16,6 +16,13 @@ capacity factor, an expert takes at most ``capacity = ceil(capacity_factor * T *
 choices, counted over the GLOBAL token count, and keeps the first ones in GLOBAL token
 order; ``block = min(capacity, T / groups)``.  The result is defined by the attrs and the
 global indices alone, so one device and every sharded run keep and drop the same tokens.
+The price of dropping in global order with static shapes: a group may hold all of an
+expert's kept tokens, so each group gets ``min(capacity, T / groups)`` slots per expert and
+the buffer (and its all-to-all) is up to ``groups`` times the capacity.  With
+``capacity_scope="group"`` the capacity is counted per group instead (Megatron's
+drop-and-pad, each rank's own tokens: ``block = ceil(capacity_factor * (T / groups) * k /
+E)``), in the group's token order: a buffer of about ``capacity_factor * T * k`` slots, and
+the same tokens dropped on one device and sharded, since the groups are an attr.
 Choices are ordered by (token, choice); an index outside ``[0, E)`` names no expert and is
 dropped (as embedding gives zeros for an id outside its table).
 
@@ -28,20 +35,20 @@ rank holds whole groups: it dispatches them into its own slot blocks, so the buf
 dim is sharded on the same axes, without communication.  The move to expert parallelism,
 buffer ``S(1) -> S(0)`` on the ``ep`` axis, is then an ordinary redistribution: the
 ``all-to-all`` of the token dispatch, which ``check --reshard`` reports and costs; the
-combine wants the slot dim back (the second all-to-all).  With a capacity the indices are
-whole on every rank (``all-gather`` of ``T * k`` integers, the routing counts every rank
-needs to drop in global order); without one they shard like the tokens.  The hidden dim
+combine wants the slot dim back (the second all-to-all).  With a global capacity the
+indices are whole on every rank (``all-gather`` of ``T * k`` integers, the routing counts
+every rank needs to drop in global order); otherwise they shard like the tokens.  The hidden dim
 of x shards freely (the buffer's last dim), ``P(sum|avg)`` of x passes through (the ops
 are linear in x and in the weights; not both partial), and the k dim of indices and
 weights is whole.
 
 The ops
 -------
-``moe_dispatch(x, indices, weights?, num_experts, capacity_factor=None, groups=1)``
+``moe_dispatch(x, indices, weights?, num_experts, capacity_factor=None, groups=1, capacity_scope="global")``
     ``x (T, H)`` -> ``buffer (E, groups * block, H)``: ``buffer[e, slot] = weights[t, j] * x[t]``
     (1 without weights) for each kept choice ``(t, j)`` of expert ``e``, zeros elsewhere.
     Aliases ``MoeDispatch``, ``moe_token_permute``, ``npu_moe_init_routing``.
-``moe_combine(buffer, indices, weights?, num_experts=None, capacity_factor=None, groups=1)``
+``moe_combine(buffer, indices, weights?, num_experts=None, capacity_factor=None, groups=1, ...)``
     ``buffer (E, slots, H)`` -> ``(T, H)``: ``out[t] = sum_j weights[t, j] * buffer[e, slot]``
     over the kept choices.  Aliases ``MoeCombine``, ``moe_token_unpermute``,
     ``npu_moe_finalize_routing``.
@@ -63,7 +70,7 @@ Violation codes
 - ``sharding-mismatch``: indices, weights or buffer not sharded like the tokens.
 
 Unusable input is an ``OpError`` (one line, exit 2), not a violation: ``bad-attr``
-(num_experts, capacity_factor or groups not positive), ``invalid-shape`` (x or y not
+(num_experts, capacity_factor or groups not positive, capacity_scope not global or group), ``invalid-shape`` (x or y not
 ``(T, H)``, indices not ``(T, k)``, weights not the indices' shape, a buffer that is not
 the dispatch's ``(E, groups * block, H)``) and ``invalid-dtype`` (indices not integers).
 
@@ -102,7 +109,9 @@ __all__ = ["MoeDispatch", "MoeCombine", "MoeWeightGrad", "MOE_CODES", "moe_block
 
 MOE_CODES = ("partial-input", "sharded-choice-dim", "sharded-expert-dim", "uneven-token-groups", "sharding-mismatch")
 LINEAR_PARTIALS = ("sum", "avg")
-_ATTRS = {"num_experts": None, "capacity_factor": None, "groups": 1}
+_ATTRS = {"num_experts": None, "capacity_factor": None, "groups": 1, "capacity_scope": "global"}
+#: where a capacity counts: over all tokens (the default), or per token group (Megatron's drop-and-pad)
+CAPACITY_SCOPES = ("global", "group")
 
 
 # ------------------------------------------------------------------------------ sizes
@@ -117,15 +126,22 @@ def moe_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor) -> 
     return int(math.ceil(float(capacity_factor) * tokens * top_k / max(num_experts, 1)))
 
 
-def moe_block(tokens: int, top_k: int, num_experts: int, capacity_factor, groups: int) -> int:
-    """Slots of one token group in one expert: the group's tokens, at most the capacity.
+def moe_block(tokens: int, top_k: int, num_experts: int, capacity_factor, groups: int,
+              capacity_scope: str = "global") -> int:
+    """Slots of one token group in one expert: the group's tokens, at most the capacity (of
+    all tokens, or with ``capacity_scope="group"`` of the group's).
 
-    >>> moe_block(16, 2, 4, None, 2), moe_block(16, 2, 4, 0.5, 2)
-    (8, 4)
+    >>> moe_block(16, 2, 4, None, 2), moe_block(16, 2, 4, 0.5, 2), moe_block(16, 2, 4, 0.5, 2, "group")
+    (8, 4, 2)
     """
     group = max(1, -(-tokens // max(groups, 1)))
-    cap = moe_capacity(tokens, top_k, num_experts, capacity_factor)
+    cap = moe_capacity(group if capacity_scope == "group" else tokens, top_k, num_experts, capacity_factor)
     return group if cap is None else min(group, cap)
+
+
+def _global_capacity(attrs: dict) -> bool:
+    """Whether every rank needs the whole indices: a capacity counted over all tokens."""
+    return attrs["capacity_factor"] is not None and attrs["capacity_scope"] == "global"
 
 
 def _is_int(value) -> bool:
@@ -148,6 +164,10 @@ def _check_attrs(op: str, attrs: dict, experts_required: bool) -> None:
     if not _is_int(g) or g < 1:
         raise OpError("bad-attr", f"{op}: groups={g!r} is not a positive integer", path="attrs.groups",
                       hint="give groups, the number of token shards (1 on one device)")
+    if attrs["capacity_scope"] not in CAPACITY_SCOPES:
+        raise OpError("bad-attr", f"{op}: capacity_scope={attrs['capacity_scope']!r} is not one of "
+                      f"{list(CAPACITY_SCOPES)}", path="attrs.capacity_scope",
+                      hint="leave capacity_scope out (global) or give 'group'")
 
 
 def _check_route(op: str, indices: TensorSpec, weights: TensorSpec | None, tokens: int | None) -> None:
@@ -223,8 +243,9 @@ def _decide(driver: TensorSpec, token_dim: int, hidden_dim: int, expert_dim: int
 
 def _layout(spec, roles: Roles, token_dim: int | None, hidden_dim: int | None,
             partial: str = "partial", hidden_partial: bool = False) -> Layout:
-    """The layout of a tensor (a spec, or ``(mesh, ndim)``) under ``roles``: the token and hidden dims sharded where decided, the
-    ``partial`` kind's Partial kept, ``P(sum)`` on hidden axes when ``hidden_partial``."""
+    """The layout of a tensor (a spec, or ``(mesh, ndim)``) under ``roles``: the token and
+    hidden dims sharded where decided, the ``partial`` kind's Partial kept, ``P(sum)`` on
+    hidden axes when ``hidden_partial``."""
     ps = []
     for kind, p in zip(roles.kinds, roles.partials):
         if kind == "token" and token_dim is not None:
@@ -285,10 +306,10 @@ def _check_move(name: str, spec: TensorSpec | None, want: Layout, roles: Roles, 
     return want
 
 
-def _route_wants(roles: Roles, indices: TensorSpec, weights: TensorSpec | None, capacity_factor,
+def _route_wants(roles: Roles, indices: TensorSpec, weights: TensorSpec | None, whole: bool,
                  violations: list, groups: int, tokens: int) -> list[Layout | None]:
-    """The wants of indices (token-sharded without a capacity, whole with one) and weights."""
-    idx_want = _layout(indices, roles, None if capacity_factor is not None else 0, None, partial="-")
+    """The wants of indices (token-sharded, or whole under a global capacity) and weights."""
+    idx_want = _layout(indices, roles, None if whole else 0, None, partial="-")
     wants = [_check_move("indices", indices, idx_want, roles, violations, choice_dim=1, groups=groups, tokens=tokens)]
     if weights is not None:
         w_want = _layout(weights, roles, 0, None, partial="-")
@@ -312,7 +333,8 @@ def _localize(attrs: dict, token_spec: TensorSpec, indices: TensorSpec, rank: in
 
 class _MoeRule(OpRule):
     attr_defaults = dict(_ATTRS)
-    attr_types = {"num_experts": "int | None", "capacity_factor": "float | None", "groups": "int"}
+    attr_types = {"num_experts": "int | None", "capacity_factor": "float | None", "groups": "int",
+                  "capacity_scope": "str"}
     violation_codes = MOE_CODES
 
 
@@ -337,11 +359,12 @@ class MoeDispatch(_MoeRule):
         violations: list[Violation] = []
         tokens, k = indices.shape
         e, groups, cf = attrs["num_experts"], attrs["groups"], attrs["capacity_factor"]
-        sides = [weights] + ([indices] if cf is None else [])
+        whole = _global_capacity(attrs)
+        sides = [weights] + ([] if whole else [indices])
         roles = _decide(x, 0, 1, None, sides, tokens, groups)
         x_want = _check_move("x", x, _layout(x, roles, 0, 1), roles, violations, groups=groups, tokens=tokens)
-        wants = [x_want] + _route_wants(roles, indices, weights, cf, violations, groups, tokens)
-        slots = groups * moe_block(tokens, k, e, cf, groups)
+        wants = [x_want] + _route_wants(roles, indices, weights, whole, violations, groups, tokens)
+        slots = groups * moe_block(tokens, k, e, cf, groups, attrs["capacity_scope"])
         out = TensorSpec((e, slots, x.shape[1]), _float_dtype(x, weights), _layout((x.mesh, 3), roles, 1, 2))
         return RuleResult((out,), tuple(violations), tuple(wants))
 
@@ -378,12 +401,12 @@ class MoeCombine(_MoeRule):
         _check_buffer(self.name, buffer, indices, attrs, None)
         violations: list[Violation] = []
         tokens = indices.shape[0]
-        groups, cf = attrs["groups"], attrs["capacity_factor"]
-        sides = [weights] + ([indices] if cf is None else [])
+        groups, whole = attrs["groups"], _global_capacity(attrs)
+        sides = [weights] + ([] if whole else [indices])
         roles = _decide(buffer, 1, 2, 0, sides, tokens, groups)
         b_want = _check_move("buffer", buffer, _layout(buffer, roles, 1, 2), roles, violations, expert_dim=0,
                              groups=groups, tokens=tokens)
-        wants = [b_want] + _route_wants(roles, indices, weights, cf, violations, groups, tokens)
+        wants = [b_want] + _route_wants(roles, indices, weights, whole, violations, groups, tokens)
         out = TensorSpec((tokens, buffer.shape[2]), _float_dtype(buffer, weights),
                          _layout((buffer.mesh, 2), roles, 0, 1))
         return RuleResult((out,), tuple(violations), tuple(wants))
@@ -414,7 +437,8 @@ def _check_buffer(op: str, buffer: TensorSpec, indices: TensorSpec, attrs: dict,
         raise OpError("invalid-shape", f"{op}: buffer has {buffer.shape[0]} experts (shape {list(buffer.shape)}) but "
                       f"num_experts is {e}", hint="leave num_experts out or give the buffer's E")
     tokens, k = indices.shape
-    slots = attrs["groups"] * moe_block(tokens, k, e, attrs["capacity_factor"], attrs["groups"])
+    slots = attrs["groups"] * moe_block(tokens, k, e, attrs["capacity_factor"], attrs["groups"],
+                                        attrs["capacity_scope"])
     if buffer.shape[1] != slots:
         raise OpError("invalid-shape", f"{op}: buffer has {buffer.shape[1]} slots per expert (shape "
                       f"{list(buffer.shape)}) but {tokens} tokens, k={k}, num_experts={e}, capacity_factor="
@@ -442,13 +466,13 @@ class MoeWeightGrad(_MoeRule):
         _check_buffer(self.name, buffer, indices, attrs, y.shape[1])
         violations: list[Violation] = []
         tokens, k = indices.shape
-        groups, cf = attrs["groups"], attrs["capacity_factor"]
-        sides = [] if cf is not None else [indices]
+        groups, whole = attrs["groups"], _global_capacity(attrs)
+        sides = [] if whole else [indices]
         roles = _decide(y, 0, 1, None, sides, tokens, groups, other=buffer)
         y_want = _check_move("y", y, _layout(y, roles, 0, 1), roles, violations, groups=groups, tokens=tokens)
         b_want = _check_move("buffer", buffer, _layout(buffer, roles, 1, 2, partial="partial_other"), roles,
                              violations, expert_dim=0, groups=groups, tokens=tokens)
-        idx_want = _route_wants(roles, indices, None, cf, violations, groups, tokens)
+        idx_want = _route_wants(roles, indices, None, whole, violations, groups, tokens)
         out = TensorSpec((tokens, k), _float_dtype(buffer, y),
                          _layout((y.mesh, 2), roles, 0, None, partial="both", hidden_partial=True))
         return RuleResult((out,), tuple(violations), (b_want, y_want, *idx_want))

@@ -1,6 +1,7 @@
 """Kernel samples of the moe op family (see the package docstring): dropless and with a
-capacity, with and without routing weights, some indices naming no expert, and the local
-piece of a rank (a later token range, whole indices) as a sharded run calls the kernels."""
+capacity (global, and per group), with and without routing weights, some indices naming no
+expert, and the local piece of a rank (a later token range, whole indices) as a sharded run
+calls the kernels."""
 
 import numpy as np
 
@@ -13,8 +14,12 @@ def samples(rng, f32) -> dict:
     dropless = {"num_experts": 4, "groups": 4}
     capped = {"num_experts": 4, "capacity_factor": 1.0, "groups": 4}
     piece = {**capped, "tokens": 8, "token_start": 4, "local_tokens": 4, "indices_start": 0}  # rank 1 of 2
+    grouped = {**capped, "capacity_scope": "group"}  # 1 slot per expert and group of 2 tokens: 4 slots
     return {
-        "moe_dispatch": [((x, idx, w), dropless), ((x, idx), capped), ((x[4:], idx, w[4:]), piece)],
-        "moe_combine": [((buf, idx, w), dropless), ((buf, idx), capped), ((buf[:, 4:], idx, w[4:]), piece)],
-        "moe_weight_grad": [((buf, x, idx), dropless), ((buf, x, idx), capped), ((buf[:, 4:], x[4:], idx), piece)],
+        "moe_dispatch": [((x, idx, w), dropless), ((x, idx), capped), ((x[4:], idx, w[4:]), piece),
+                         ((x, idx, w), grouped)],
+        "moe_combine": [((buf, idx, w), dropless), ((buf, idx), capped), ((buf[:, 4:], idx, w[4:]), piece),
+                        ((buf[:, :4], idx, w), grouped)],
+        "moe_weight_grad": [((buf, x, idx), dropless), ((buf, x, idx), capped), ((buf[:, 4:], x[4:], idx), piece),
+                            ((buf[:, :4], x, idx), grouped)],
     }

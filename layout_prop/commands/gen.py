@@ -21,16 +21,19 @@ def _refuse_foreign_flags(args) -> None:
     """A flag of another model is bad usage (one line, exit 2), never silently ignored."""
     from layout_prop.core.errors import SpecError
 
-    foreign = {"llama": ("dropout", "experts", "top_k", "capacity_factor", "shared_experts", "router"),
-               "gpt": ("kv_heads", "full", "tie_embeddings", "experts", "top_k", "capacity_factor", "shared_experts",
-                       "router"),
+    moe_only = ("experts", "top_k", "capacity_factor", "capacity_scope", "shared_experts", "router")
+    foreign = {"llama": ("dropout", *moe_only),
+               "gpt": ("kv_heads", "full", "tie_embeddings", *moe_only),
                "moe": ("dropout",)}[args.model]
-    defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "shared_experts": 0,
-                "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False}
+    defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "capacity_scope": "global",
+                "shared_experts": 0, "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False}
     given = [f"--{name.replace('_', '-')}" for name in foreign if getattr(args, name, defaults[name]) != defaults[name]]
     if given:
         raise SpecError("bad-usage", f"gen {args.model} does not take {', '.join(given)}",
                         hint="see layout-prop gen --help for which flags each model takes")
+    if args.model == "moe" and args.capacity_scope != "global" and args.capacity_factor is None:
+        raise SpecError("bad-usage", "--capacity-scope needs --capacity-factor (without one no token is dropped)",
+                        hint="add --capacity-factor, e.g. 1.25, or leave --capacity-scope out")
     needs_full = not args.full and args.model != "gpt"
     if needs_full and (args.tie_embeddings or args.vocab != 64):
         flag = "--tie-embeddings" if args.tie_embeddings else "--vocab"
@@ -50,7 +53,8 @@ def build_spec(args) -> dict:
         return gpt_spec(args.layers, mesh, vocab=args.vocab, dropout=args.dropout, **common)
     if args.model == "moe":
         return moe_spec(args.layers, mesh, experts=args.experts, top_k=args.top_k,
-                        capacity_factor=args.capacity_factor, shared_experts=args.shared_experts, router=args.router,
+                        capacity_factor=args.capacity_factor, capacity_scope=args.capacity_scope,
+                        shared_experts=args.shared_experts, router=args.router,
                         kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
                         tie_embeddings=args.tie_embeddings, **common)
     if not args.full and args.kv_heads is None:

@@ -273,7 +273,8 @@ def gpt_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("sp
 
 def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep", 2), ("tp", 2)),
              batch: int = 4, seq: int = 8, hidden: int = 32, heads: int = 4, ffn: int = 32,
-             experts: int = 4, top_k: int = 2, capacity_factor: float | None = None, shared_experts: int = 0,
+             experts: int = 4, top_k: int = 2, capacity_factor: float | None = None, capacity_scope: str = "global",
+             shared_experts: int = 0,
              router: str = "softmax", kv_heads: int | None = None, dtype: str = "float32", mode: int = 0,
              full: bool = False, vocab: int = 64, tie_embeddings: bool = False) -> dict:
     """The spec dict of ``layers`` MoE decoder layers (see the module docstring); ``ffn`` is each
@@ -288,6 +289,9 @@ def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep
     if capacity_factor is not None and not capacity_factor > 0:
         raise SpecError("bad-value", f"capacity-factor must be positive, got {capacity_factor}",
                         hint="leave --capacity-factor out (no token dropped) or give e.g. 1.25")
+    if capacity_scope not in ("global", "group"):
+        raise SpecError("bad-value", f"capacity-scope {capacity_scope!r} is not global or group",
+                        hint="give --capacity-scope global (the default) or group")
     if shared_experts < 0:
         raise SpecError("bad-value", f"shared-experts must be at least 0, got {shared_experts}",
                         hint="give --shared-experts 0 or more")
@@ -309,6 +313,8 @@ def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep
     _rope_inputs(b, seq, hidden // heads, None)
     col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
     routing = {"num_experts": experts, "capacity_factor": capacity_factor, "groups": groups}
+    if capacity_scope != "global":
+        routing["capacity_scope"] = capacity_scope
     for i in range(layers):
         p = f"l{i}_"
         _llama_attention_params(b, p, hidden, heads, kv_heads)

@@ -5,7 +5,7 @@ a token may name one twice, which the slot arithmetic must count), with 4 expert
 name none and are dropped.  Eight tokens in 4 groups let every token shard of the (4,)
 and (2, 2) meshes hold whole groups; ``groups: 1`` on sharded tokens is
 ``uneven-token-groups``.  A capacity factor of 1.0 with 4 experts drops choices, in global
-token order.
+token order; with ``capacity_scope: group`` each group of 2 tokens keeps 1 choice per expert.
 """
 
 from . import OpRecord, OpSample
@@ -20,12 +20,16 @@ RECORDS = [
         OpSample([(8, 3), (8, 2), (8, 2)], {"num_experts": 4, "capacity_factor": 1.0, "groups": 4}, **_ROUTED),
         OpSample([(6, 4), (6, 1)], {"num_experts": 8, "groups": 2}, **_INDICES),
         OpSample([(8, 2), (8, 2), (8, 2)], {"num_experts": 8}, **_ROUTED),
-    ], meshes=_MESHES, placements=60, id="moe-dispatch"),
+        OpSample([(8, 3), (8, 2), (8, 2)], {"num_experts": 4, "capacity_factor": 1.0, "groups": 4,
+                                            "capacity_scope": "group"}, **_ROUTED),
+    ], meshes=_MESHES, placements=40, id="moe-dispatch"),
     OpRecord("moe_combine", [
         OpSample([(8, 8, 3), (8, 2), (8, 2)], {"groups": 4}, **_ROUTED),
         OpSample([(4, 8, 3), (8, 2), (8, 2)], {"num_experts": 4, "capacity_factor": 1.0, "groups": 4}, **_ROUTED),
         OpSample([(8, 6, 4), (6, 1)], {"groups": 2}, **_INDICES),
-    ], meshes=_MESHES, placements=60, id="moe-combine"),
+        OpSample([(4, 4, 3), (8, 2), (8, 2)], {"capacity_factor": 1.0, "groups": 4, "capacity_scope": "group"},
+                 **_ROUTED),
+    ], meshes=_MESHES, placements=40, id="moe-combine"),
     OpRecord("moe_weight_grad", [
         OpSample([(8, 8, 3), (8, 3), (8, 2)], {"groups": 4}, dtypes=["float32", "float32", "int64"]),
         OpSample([(4, 8, 3), (8, 3), (8, 2)], {"capacity_factor": 1.0, "groups": 4},

@@ -1,4 +1,4 @@
-"""The importers' pointwise ops (sqrt, rsqrt, reciprocal, sigmoid, tanh, erf, pow): kernels,
+"""The importers' pointwise ops (sqrt, rsqrt, reciprocal, sigmoid, tanh, erf, pow, relu, cos, sin, gelu_erf): kernels,
 gradients against central finite differences, layouts on several ranks."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ CASES = [("sqrt", {}, np.sqrt), ("rsqrt", {}, lambda x: 1 / np.sqrt(x)), ("recip
          ("sigmoid", {}, lambda x: 1 / (1 + np.exp(-x))), ("tanh", {}, np.tanh),
          ("erf", {}, np.vectorize(math.erf)), ("pow", {"exponent": 3.0}, lambda x: x ** 3),
          ("pow", {"exponent": 0.5}, np.sqrt), ("pow", {"exponent": 1.0}, lambda x: x),
-         ("relu", {}, lambda x: np.maximum(x, 0))]
-SIGNED = {"relu", "sigmoid", "tanh", "erf"}  # tried on both signs (the others need positive inputs)
+         ("relu", {}, lambda x: np.maximum(x, 0)), ("cos", {}, np.cos), ("sin", {}, np.sin),
+         ("gelu_erf", {}, lambda x: x * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2))))]
+SIGNED = {"relu", "sigmoid", "tanh", "erf", "cos", "sin", "gelu_erf"}  # tried on both signs (the others need x > 0)
 
 
 def _spec(op, attrs, mesh=(1,), placements=("R",), dtype="float64"):
@@ -50,7 +51,7 @@ def test_kernel_and_gradient(op, attrs, reference):
 
 
 @pytest.mark.parametrize("op,attrs", [(c[0], c[1]) for c in CASES[:7] + CASES[9:]],
-                         ids=[c[0] for c in CASES[:7] + CASES[9:]])
+                         ids=[c[0] for c in CASES[:7] + CASES[9:]])  # pow once
 def test_sharded_runs_match_one_device_and_partial_is_refused(op, attrs):
     # exp first: every op sees positive values (sqrt and rsqrt of the random inputs stay finite)
     spec = _spec(op, attrs, mesh=(2, 2), placements=("S(0)", "S(1)"), dtype="float32")

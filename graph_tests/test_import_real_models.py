@@ -129,7 +129,8 @@ def dynamo_like_model():
     h = "x"
     for layer, weight in ((0, "val_7"), (1, "val_19")):
         scope = ["", "layers", f"layers.{layer}"]
-        nodes.append(torch_meta(helper.make_node("MatMul", [h, weight], [f"linear_{layer}"], name=f"node_linear_{layer}"),
+        matmul = helper.make_node("MatMul", [h, weight], [f"linear_{layer}"], name=f"node_linear_{layer}")
+        nodes.append(torch_meta(matmul,
                                 f"%linear_{layer} : [num_users=1] = call_function[target=torch.ops.aten.linear.default]"
                                 f"(args = (%{h}, %p_layers_{layer}_q_proj_weight), kwargs = {{}})",
                                 scope + [f"layers.{layer}.q_proj", f"linear_{layer}"]))
@@ -292,7 +293,8 @@ def coverage_model():
     """GatherElements, CumSum, Where on a run-time condition, Sin, Cos, CastLike and a Gather of run-time
     indices, beside a mask chain of Range, Equal, LessOrEqual, Not, And, CastLike and GatherND that folds."""
     f = TensorProto.FLOAT
-    inputs = [helper.make_tensor_value_info("x", f, [4, 6]), helper.make_tensor_value_info("idx", TensorProto.INT64, [4, 3]),
+    inputs = [helper.make_tensor_value_info("x", f, [4, 6]),
+              helper.make_tensor_value_info("idx", TensorProto.INT64, [4, 3]),
               helper.make_tensor_value_info("keep", TensorProto.BOOL, [4, 6]),
               helper.make_tensor_value_info("rows", TensorProto.INT64, [2])]
     outputs = [helper.make_tensor_value_info(n, f, None) for n in ("g", "s", "sel", "masked")]
@@ -307,7 +309,8 @@ def coverage_model():
              helper.make_node("Gather", ["x", "rows"], ["sel"], axis=0),
              # a mask from constants only: (pos <= 3) and not (pos == 0), through GatherND, cast like x
              helper.make_node("Range", ["zero", "six", "one"], ["pos"]),
-             helper.make_node("LessOrEqual", ["pos", "three"], ["le"]), helper.make_node("Equal", ["pos", "zero"], ["eq"]),
+             helper.make_node("LessOrEqual", ["pos", "three"], ["le"]),
+             helper.make_node("Equal", ["pos", "zero"], ["eq"]),
              helper.make_node("Not", ["eq"], ["ne"]), helper.make_node("And", ["le", "ne"], ["m"]),
              helper.make_node("Unsqueeze", ["m", "zero"], ["m2"]),
              const("where_nd", np.array([[0]], np.int64)),

@@ -478,7 +478,8 @@ def apply_plan(spec: dict, weights: list[str], plan: ShardingPlan, aliases: dict
                             path="parameters", hint="give every name of a shared tensor the same layout, or "
                             "export with distinct weights")
         if notes is not None:
-            notes.append(f"parameter {w} is one tensor the exporter de-duplicated, shared as {', '.join([w] + others)}: "
+            shared = ", ".join([w] + others)
+            notes.append(f"parameter {w} is one tensor the exporter de-duplicated, shared as {shared}: "
                          f"its layout {resolved[w]} applies to all of them")
     return spec
 

@@ -656,8 +656,9 @@ class _Reader:
         new, k = base, 1
         while new in taken:
             new, k = f"{base}{k}", k + 1
-        self.g.notes.append(f"initializer {init} is a copy of parameter {name} ({'transposed' if base.endswith('.T') else 'as is'}) "
-                            f"the exporter stored apart (a tied weight): named {new}; the two take gradients of their own")
+        how = "transposed" if base.endswith(".T") else "as is"
+        self.g.notes.append(f"initializer {init} is a copy of parameter {name} ({how}) the exporter stored apart "
+                            f"(a tied weight): named {new}; the two take gradients of their own")
         return new
 
     def node(self, node) -> None:

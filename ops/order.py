@@ -412,7 +412,12 @@ class _SelectRule(OpRule):
 
 @register_op
 class TopK(_SelectRule):
-    """``topk(x, k, dim=-1, largest=True, sorted=True) -> (values, indices)``.
+    """``topk(x, k, dim=-1, largest=True, sorted=True) -> (values, indices)``: the ``k`` greatest (or least)
+    elements along ``dim`` and their int64 indices, ties lowest index first, NaN the greatest.
+
+    ``dim`` whole on every rank (``sharded-order-dim``, fixed by an all-gather), x not Partial;
+    other dims shard freely and both outputs keep x's layout.  For a long sharded dim, write
+    ``topk_candidates`` then ``topk_merge`` instead (only ``k`` candidates per rank move).
 
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> x = TensorSpec((4, 6), "float32", Layout(DeviceMesh((2,), ("tp",)), ["S(0)"], 2))
@@ -441,7 +446,8 @@ class TopK(_SelectRule):
 
 @register_op
 class Sort(_SelectRule):
-    """``sort(x, dim=-1, descending=False, stable=False) -> (values, indices)``; always stable."""
+    """``sort(x, dim=-1, descending=False, stable=False) -> (values, indices)``; always stable (ties lowest
+    index first, NaN the greatest).  ``dim`` whole on every rank, x not Partial, other dims free."""
 
     name = "sort"
     aliases = ("Sort", "aten.sort")
@@ -476,7 +482,8 @@ class _ArgRule(OpRule):
 
 @register_op
 class ArgMax(_ArgRule):
-    """``argmax(x, dim=None, keepdim=False)``: int64 index of the first greatest element."""
+    """``argmax(x, dim=None, keepdim=False)``: int64 index of the first greatest element (a NaN wins);
+    ``dim=None`` over the flattened x.  The dim (every dim for None) whole, x not Partial, other dims free."""
 
     name = "argmax"
     aliases = ("Argmax", "ArgMax", "aten.argmax")
@@ -484,7 +491,8 @@ class ArgMax(_ArgRule):
 
 @register_op
 class ArgMin(_ArgRule):
-    """``argmin(x, dim=None, keepdim=False)``: int64 index of the first least element."""
+    """``argmin(x, dim=None, keepdim=False)``: int64 index of the first least element (a NaN wins, as numpy
+    and torch); ``dim=None`` over the flattened x.  The dim whole, x not Partial, other dims free."""
 
     name = "argmin"
     aliases = ("Argmin", "ArgMin", "aten.argmin")
@@ -497,7 +505,10 @@ def _cumsum_dtype(dtype: str) -> str:
 
 @register_op
 class CumSum(OpRule):
-    """``cumsum(x, dim, exclusive=False, reverse=False)``; linear, so ``P(sum)`` passes through.
+    """``cumsum(x, dim, exclusive=False, reverse=False)``: the running sum along ``dim`` (MindSpore CumSum's
+    ``exclusive`` and ``reverse``); integers in int64.  ``dim`` whole on every rank, other dims free;
+    linear, so ``P(sum)`` (floats, int64) and ``P(avg)`` (floats) pass through.  For a long sharded
+    dim, write ``chunk_sum``, ``cumsum(exclusive)`` and ``chunk_cumsum`` instead.
 
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> x = TensorSpec((4, 6), "int32", Layout(DeviceMesh((2,), ("tp",)), ["S(1)"], 2))
@@ -543,7 +554,8 @@ class CumSum(OpRule):
 # ------------------------------------------------------------------------------ prod
 @register_op
 class Prod(OpRule):
-    """``prod(x, dims=None, keepdim=False)``: the reduced dims whole, x not Partial.
+    """``prod(x, dims=None, keepdim=False)``: the product over ``dims`` (integers in int64); the reduced
+    dims whole on every rank, x not Partial, kept dims shard freely.
 
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> x = TensorSpec((4, 6, 5), "float32", Layout(DeviceMesh((2, 2), ("dp", "tp")), ["S(2)", "S(1)"], 3))
@@ -613,7 +625,8 @@ class _ExtremumRule(ElementwiseRule):
 
 @register_op
 class Maximum(_ExtremumRule):
-    """``maximum(x, y)`` with broadcasting; ``P(max)`` passes through."""
+    """``maximum(x, y)`` with numpy broadcasting, sharded like the elementwise ops; ``P(max)`` operands beside
+    Replicate ones stay ``P(max)``.  Gradient to the greater operand, half to each on a tie."""
 
     name = "maximum"
     aliases = ("Maximum", "aten.maximum")
@@ -622,7 +635,8 @@ class Maximum(_ExtremumRule):
 
 @register_op
 class Minimum(_ExtremumRule):
-    """``minimum(x, y)`` with broadcasting; ``P(min)`` passes through."""
+    """``minimum(x, y)`` with numpy broadcasting, sharded like the elementwise ops; ``P(min)`` operands beside
+    Replicate ones stay ``P(min)``.  Gradient to the lesser operand, half to each on a tie."""
 
     name = "minimum"
     aliases = ("Minimum", "aten.minimum")

@@ -1,19 +1,17 @@
 """The copying family beyond the op database: kernels against references built element by element,
-the layouts that stay sharded without communication, and unusable input as exit 2 with one line."""
+the layouts that stay sharded without communication, and unusable input as exit 2 with one line (the command line run in this process)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 
+from layout_prop.cli import main
 from layout_prop.io.loader import load_spec
 from layout_prop.kernels.copying_numpy import pad, repeat_interleave, repeat_interleave_grad
 from layout_prop.runner import run_graph
-
-from .cli_support import cli_env, console_command
 
 
 def test_pad_kernel_places_x_and_the_value():
@@ -53,11 +51,12 @@ def test_layouts_that_need_no_communication(op, attrs, placements):
     ({"op": "pad", "attrs": {"pad": [1, 1], "mode": "reflect"}}, "bad-attr"),
     ({"op": "unbind3", "attrs": {"dim": 0}}, "invalid-shape"),  # dim 0 has size 4
 ])
-def test_unusable_copying_input_is_one_line_and_exit_2(node, code):
+def test_unusable_copying_input_is_one_line_and_exit_2(node, code, tmp_path, capsys):
     spec = {"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 6]}},
             "nodes": [{"name": "y", "inputs": ["x"], **node}]}
-    done = subprocess.run(console_command() + ["check", "-"], input=json.dumps(spec), capture_output=True,
-                          text=True, env=cli_env(), timeout=60)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and code in lines[0] and "Traceback" not in done.stderr, done.stderr
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and code in lines[0] and "Traceback" not in err, out + err

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from layout_prop.api import analyze
+from layout_prop.cli import main
 from layout_prop.core.errors import ExecutionError
 from layout_prop.io.loader import load_spec
 from layout_prop.kernels.loss_numpy import (counter_uniform, cross_entropy, cross_entropy_grad, dropout,
@@ -23,6 +24,15 @@ from layout_prop.runner import execute_global, random_inputs, run_graph
 from .cli_support import cli_env, console_command
 
 MASK64 = (1 << 64) - 1
+
+
+def cli(tmp_path, capsys, spec: dict, *args: str) -> tuple[int, str, str]:
+    """``layout-prop COMMAND spec.json ARGS`` in this process: (exit code, stdout, stderr)."""
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    code = main([args[0], str(path), *args[1:]])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def splitmix64_reference(state: int) -> int:
@@ -127,14 +137,13 @@ def test_vocab_parallel_cross_entropy_equals_one_device_and_cross_entropy(mesh, 
     np.testing.assert_allclose(three, one, rtol=2e-6, atol=1e-6)
 
 
-def test_vocab_parallel_check_moves_no_logits():
+def test_vocab_parallel_check_moves_no_logits(tmp_path, capsys):
     """Megatron's communication: the all-reduce of the max and of the three parts, never the logits (and for
     the mean over data-parallel tokens, a gather of the integer target)."""
     spec = vocab_parallel_spec((2, 2), ["S(0)", "S(2)"], ["S(0)", "R"], "mean", classes=512, shape=(4, 16))
-    done = subprocess.run(console_command() + ["check", "-", "--reshard", "--backward", "--json"],
-                          input=json.dumps(spec), capture_output=True, text=True, env=cli_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    code, out, err = cli(tmp_path, capsys, spec, "check", "--reshard", "--backward", "--json")
+    assert code == 0, err
+    report = json.loads(out)
     moves = [(r["input"], r["from"], r["to"], [s["kind"] for s in r["steps"]]) for r in report["redistributions"]]
     assert not [m for m in moves if m[0] == "logits" or "all-to-all" in m[3]], moves
     # the mean counts the tokens that are not ignored over the whole (integer) target: its one gather
@@ -162,7 +171,7 @@ def test_single_cross_entropy_moves_sharded_classes_to_tokens_and_names_the_voca
     ({"attrs": {"reduction": "avg"}}, "bad-attr"),
     ({"attrs": {"label_smoothing": 1.5}}, "bad-attr"),
 ])
-def test_unusable_cross_entropy_input_is_one_line_and_exit_2(change, code):
+def test_unusable_cross_entropy_input_is_one_line_and_exit_2(change, code, tmp_path, capsys):
     spec = {"mesh": {"shape": [2]},
             "inputs": {"logits": {"shape": [5, 3, 9]},
                        "target": {"shape": change.get("target_shape", [5, 3]),
@@ -171,11 +180,10 @@ def test_unusable_cross_entropy_input_is_one_line_and_exit_2(change, code):
                        "attrs": change.get("attrs", {})}]}
     if spec["inputs"]["target"]["dtype"] == "float32":
         spec["inputs"]["target"]["requires_grad"] = False
-    done = subprocess.run(console_command() + ["check", "-"], input=json.dumps(spec), capture_output=True,
-                          text=True, env=cli_env(), timeout=60)
-    assert done.returncode == 2, done.stdout + done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and code in lines[0] and "Traceback" not in done.stderr, done.stderr
+    exit_code, out, err = cli(tmp_path, capsys, spec, "check")
+    assert exit_code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and code in lines[0] and "Traceback" not in err, err
 
 
 def test_target_out_of_range_is_an_execution_error_not_a_wrong_answer():
@@ -218,13 +226,12 @@ def test_dropout_gradient_uses_the_forward_mask():
 
 
 @pytest.mark.parametrize("p", [1.0, -0.1, "half"])
-def test_dropout_p_outside_0_1_is_exit_2(p):
+def test_dropout_p_outside_0_1_is_exit_2(p, tmp_path, capsys):
     spec = {"mesh": {"shape": [2]}, "inputs": {"x": {"shape": [4, 4]}},
             "nodes": [{"name": "y", "op": "dropout", "inputs": ["x"], "attrs": {"p": p}}]}
-    done = subprocess.run(console_command() + ["check", "-"], input=json.dumps(spec), capture_output=True,
-                          text=True, env=cli_env(), timeout=60)
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "bad-attr" in done.stderr or "bad-value" in done.stderr
+    code, out, err = cli(tmp_path, capsys, spec, "check")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "bad-attr" in err or "bad-value" in err
 
 
 # ------------------------------------------------------------------------------ multinomial

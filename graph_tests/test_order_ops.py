@@ -515,3 +515,21 @@ def test_split_graphs_gradients_match_finite_differences(nodes, out):
         return execute_global(graph, {"x": x})[out]
 
     np.testing.assert_allclose(env[result.grads["x"]], numeric_grad(forward, [x], 0, cot), rtol=1e-6, atol=1e-8)
+
+
+def test_argmax_along_a_sharded_dim_is_the_split_top_1():
+    """argmax(x, dim, keepdim=True) is topk_merge(topk_candidates(x, k=1), k=1)'s indices, ties and NaN included,
+    so the split form serves argmax along a sharded dim too (8 of 32 values per row move instead of 32)."""
+    spec = _topk_spec(_split_topk(1, 4), (4,), ("tp",), ["S(1)"], (5, 32))
+    spec["inputs"]["x"].update({"dtype": "int32", "requires_grad": False})
+    graph = load_spec(spec)
+    Propagate().run(graph)
+    rng = np.random.default_rng(2)
+    ints = rng.integers(0, 4, (5, 32)).astype(np.int32)
+    np.testing.assert_array_equal(execute_global(graph, {"x": ints})["top:1"], K["argmax"](ints, dim=1, keepdim=True))
+    floats = rng.standard_normal((5, 32))
+    floats[rng.random(floats.shape) < 0.05] = NAN
+    np.testing.assert_array_equal(K["topk_merge"](*K["topk_candidates"](floats, k=1, chunks=4), k=1)[1],
+                                  K["argmax"](floats, dim=1, keepdim=True))
+    rep = _run(spec, seed=2)
+    assert all(c["node"].startswith("top/") for c in rep.collectives)

@@ -80,7 +80,9 @@ a vocabulary), write the top-k in two ops instead, so that only ``k`` candidates
 
 Gradients: ``topk_merge_grad`` (the cotangent at the chosen candidate positions) and
 ``topk_candidates_grad`` (block ``c`` of the candidates into piece ``c`` of x: local on
-each rank when sharded).
+each rank when sharded).  With ``k=1`` the merged indices are ``argmax(x, dim,
+keepdim=True)`` (ties and NaN included), so the split form serves argmax too; argmin is
+``largest=False`` where x holds no NaN (argmin picks a NaN, the least-first order puts it last).
 
 Cumsum along a sharded dim
 --------------------------

@@ -58,9 +58,27 @@ def test_llama_full_is_a_training_graph_with_gqa(capsys):
     assert spec["inputs"]["embed"]["shape"] == [96, 32] and spec["inputs"]["head"]["shape"] == [96, 32]
     assert spec["inputs"]["l0_wk"]["shape"] == [16, 32]  # 2 kv heads of 8
     ops = [n["op"] for n in spec["nodes"]]
-    assert ops[0] == "embedding" and ops[-3:] == ["rms_norm", "linear", "cross_entropy"]
+    assert ops[0] == "embedding"
+    assert ops[-5:] == ["rms_norm", "linear", "max", "cross_entropy_parts", "cross_entropy_combine"]
+    assert spec["nodes"][-1]["attrs"] == {"num_classes": 96}
     tied = _generate(capsys, ["llama", "--full", "--tie-embeddings"])
-    assert "head" not in tied["inputs"] and tied["nodes"][-2]["inputs"] == ["final_h", "embed"]
+    assert "head" not in tied["inputs"] and tied["nodes"][-4]["inputs"] == ["final_h", "embed"]
+
+
+def test_the_loss_is_vocab_parallel_the_logits_never_move(capsys):
+    """Megatron's vocab-parallel cross entropy: on tp only the all-reduce of the max (one
+    number a token) and of the parts (three numbers a token); no all-gather of the logits."""
+    spec = _generate(capsys, ["llama", "--full", "--layers", "1", "--vocab", "96"])
+    from layout_prop.api import analyze
+
+    report = analyze(load_spec(spec), reshard=True, backward=True).report()
+    assert report["tensors"]["logits"]["placements"][2] == "S(2)"  # the vocabulary on tp
+    moves = {(r["node"], r["input"]): [(s["kind"], s["mesh_axis"], s["bytes_per_rank"]) for s in r["steps"]]
+             for r in report["redistributions"]}
+    tokens = 2 * 8 // 4  # a rank's tokens: batch 2 on dp, sequence 8 on sp (tp holds the vocabulary)
+    assert moves[("loss_parts", "logits_max")] == [("all-reduce", "tp", tokens * 4)]
+    assert moves[("loss", "loss_parts")] == [("all-reduce", "tp", tokens * 3 * 4)]
+    assert not [key for key in moves if key[1] == "logits"]
 
 
 def test_gpt_has_learned_positions_layer_norm_gelu_and_dropout(capsys):
@@ -70,7 +88,7 @@ def test_gpt_has_learned_positions_layer_norm_gelu_and_dropout(capsys):
     drops = [n for n in spec["nodes"] if n["op"] == "dropout"]
     assert len(drops) == 5 and {d["attrs"]["p"] for d in drops} == {0.2}
     assert len({d["attrs"]["seed"] for d in drops}) == 5  # each dropout draws its own mask
-    assert {n["op"] for n in spec["nodes"]} >= {"layer_norm", "gelu", "cross_entropy"}
+    assert {n["op"] for n in spec["nodes"]} >= {"layer_norm", "gelu", "cross_entropy_combine"}
     assert "rotary_position_embedding" not in {n["op"] for n in spec["nodes"]}
 
 

@@ -21,7 +21,9 @@ attention (k and v projections of ``kv_heads * head_dim`` rows).
 With ``full=True`` the spec is a training graph: token ids and labels ``(B, S)`` in, a
 vocabulary-parallel embedding (table rows on tp), the layers, a final RMSNorm, the output
 head (column-parallel, or the embedding table itself with ``tie_embeddings``) and the
-mean cross entropy of the next-token labels out (one scalar).
+mean cross entropy of the next-token labels out (one scalar), in Megatron's
+vocabulary-parallel form (max, cross_entropy_parts, cross_entropy_combine: the logits
+never move).
 
 :func:`gpt_spec` writes GPT-3 (Megatron-LM's GPT): token and learned position embeddings,
 pre-LayerNorm layers of attention (no RoPE) and a GELU MLP of ``ffn`` (4 x hidden by
@@ -49,7 +51,7 @@ Examples
 ['l1_out']
 >>> full = llama_spec(layers=1, full=True, kv_heads=2, vocab=64)
 >>> full["inputs"]["l0_wk"]["shape"], full["nodes"][-1]["op"], full["outputs"]
-([16, 32], 'cross_entropy', ['loss'])
+([16, 32], 'cross_entropy_combine', ['loss'])
 >>> moe = moe_spec(layers=1, experts=4, top_k=2)
 >>> [n["op"] for n in moe["nodes"] if n["op"].startswith("moe_")]
 ['moe_dispatch', 'moe_combine']
@@ -182,12 +184,20 @@ def _lm_inputs(b: _Builder, batch: int, seq: int, vocab: int, hidden: int, ids_p
 
 
 def _lm_head(b: _Builder, h: str, vocab: int, hidden: int, tie: bool) -> str:
-    """The output head (the embedding table when tied) and the mean cross entropy: the loss."""
+    """The output head (the embedding table when tied) and the mean cross entropy: the loss.
+
+    The head is vocabulary-parallel (rows on tp), so the logits are sharded on the
+    vocabulary, and the loss is Megatron's vocab-parallel cross entropy in its three nodes
+    (the max, the per-token parts, the combine: an all-reduce of the max and of three
+    numbers a token on tp; the logits never move).
+    """
     table = "embed"
     if not tie:
         table = b.param("head", [vocab, hidden], b.placements(tp="S(0)"))
     logits = b.node("logits", "linear", [h, table])
-    return b.node("loss", "cross_entropy", [logits, "labels"])
+    m = b.node("logits_max", "max", [logits], dims=[-1])
+    parts = b.node("loss_parts", "cross_entropy_parts", [logits, "labels", m])
+    return b.node("loss", "cross_entropy_combine", [parts, m, "labels"], num_classes=vocab)
 
 
 def llama_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("sp", 2), ("tp", 2)),

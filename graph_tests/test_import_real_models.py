@@ -420,3 +420,39 @@ def test_gpt2s_tied_head_keeps_its_name_and_its_transposed_copy_is_named_apart()
     assert graph.meta["import_sources"]["lm_head.weight.T"] == "val_308"
     assert any(n.startswith("initializer val_308 is a copy of parameter lm_head.weight (transposed)")
                for n in graph.meta["import_notes"])
+
+
+def test_inference_dropout_is_the_identity_and_training_dropout_the_registry_op():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inference = model_of([const("ratio", np.float32(0.1)), helper.make_node("Dropout", ["x", "ratio"], ["y"])],
+                         [x], [y])
+    feeds = {"x": np.random.default_rng(9).standard_normal((4, 6)).astype(np.float32)}
+    graph = same_as_onnx(inference, feeds)
+    assert [n.op for n in graph.nodes if not n.is_input] == ["identity"]
+    training = model_of([const("ratio", np.float32(0.25)), const("mode", np.bool_(True)),
+                         helper.make_node("Dropout", ["x", "ratio", "mode"], ["y"])], [x], [y])
+    graph = from_onnx(training, PLAN1)
+    (drop,) = [n for n in graph.nodes if not n.is_input]
+    assert drop.op == "dropout" and drop.attrs["p"] == 0.25 and drop.attrs["training"] is True
+    assert any("training dropout (p=0.25)" in note for note in graph.meta["import_notes"])
+
+
+def test_t5s_relative_position_buckets_fold():
+    """T5's bucket arithmetic on constant positions (Range, Sub, Abs, Sign, Log, Floor, Ceil, Min, Cast) folds."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    nodes = [const("zero", np.array(0, np.int64)), const("four", np.array(4, np.int64)),
+             const("one", np.array(1, np.int64)), const("axis", np.array([1], np.int64)),
+             const("half", np.float32(0.5)), const("cap", np.float32(3.0)),
+             helper.make_node("Range", ["zero", "four", "one"], ["pos"]),
+             helper.make_node("Unsqueeze", ["pos", "axis"], ["col"]),
+             helper.make_node("Sub", ["pos", "col"], ["rel"]),
+             helper.make_node("Cast", ["rel"], ["relf"], to=TensorProto.FLOAT),
+             helper.make_node("Abs", ["relf"], ["dist"]), helper.make_node("Sign", ["relf"], ["sign"]),
+             helper.make_node("Add", ["dist", "half"], ["d1"]), helper.make_node("Log", ["d1"], ["lg"]),
+             helper.make_node("Floor", ["lg"], ["fl"]), helper.make_node("Ceil", ["lg"], ["ce"]),
+             helper.make_node("Add", ["fl", "ce"], ["b0"]), helper.make_node("Min", ["b0", "cap"], ["b1"]),
+             helper.make_node("Mul", ["b1", "sign"], ["bias"]), helper.make_node("Add", ["x", "bias"], ["y"])]
+    graph = same_as_onnx(model_of(nodes, [x], [y]), {"x": np.zeros((4, 4), np.float32)})
+    assert [n.op for n in graph.nodes if not n.is_input] == ["add"]

@@ -27,7 +27,7 @@ from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 from layout_prop.io.plan_file import ShardingPlan, load_plan
 from . import limits, read_model_bytes
-from .ir import MNode, ModelGraph, Value
+from .ir import MNode, ModelGraph, Value, scalar_value
 
 __all__ = ["from_onnx", "read_onnx"]
 
@@ -394,6 +394,10 @@ def _fold_table() -> dict[str, Callable]:
         "Exp": lambda c, a: np.exp(c[0]),
         "IsNaN": lambda c, a: np.isnan(c[0]),
         "Abs": lambda c, a: np.abs(c[0]),
+        "Log": lambda c, a: np.log(c[0]),  # T5's relative-position buckets
+        "Floor": lambda c, a: np.floor(c[0]),
+        "Ceil": lambda c, a: np.ceil(c[0]),
+        "Sign": lambda c, a: np.sign(c[0]),
         "Xor": lambda c, a: np.logical_xor(c[0], c[1]),
         "ReduceSum": lambda c, a: np.sum(c[0], axis=None if len(c) < 2 or c[1] is None else tuple(int(x) for x in c[1]),
                                          keepdims=bool(a.get("keepdims", 1))),
@@ -810,6 +814,20 @@ class _Reader:
 
     def op_Cast(self, name, ins, outs, a, consts):
         self.add("cast", ins, outs, {"dtype": self.g.values[outs[0]].dtype}, "Cast", name)
+
+    def op_Dropout(self, name, ins, outs, a, consts):
+        """Inference dropout (no ``training_mode``, or a constant false one) is the identity; training
+        dropout of a constant ratio is ``dropout(x; p)`` (the registry's counter-based draws: a valid
+        mask, not onnxruntime's); a used mask output or a run-time ratio or mode is left unmapped."""
+        ratio = consts[1] if len(ins) > 1 and ins[1] else np.float32(0.5)
+        mode = consts[2] if len(ins) > 2 and ins[2] else np.bool_(False)
+        if any(outs[1:]) or ratio is None or mode is None:
+            return self.add("unmapped:Dropout", [v for v in ins if v], [o for o in outs if o], {}, "Dropout", name)
+        if not bool(np.asarray(mode).reshape(-1)[0]):
+            return self.add("identity", ins[:1], outs[:1], {}, "Dropout", name)
+        self.add("dropout", ins[:1], outs[:1], {"p": scalar_value(ratio), "seed": 0, "training": True}, "Dropout", name)
+        self.g.notes.append(f"node {name} (Dropout) is training dropout (p={scalar_value(ratio)}): its draws are "
+                            "layout-prop's counter-based ones, so outputs differ from onnxruntime's")
 
     def op_CastLike(self, name, ins, outs, a, consts):
         """A cast to the dtype of the second input (torch's dynamo exporter writes it before scalar

@@ -256,3 +256,48 @@ def test_group_capacity_keeps_the_buffer_at_the_capacity(capsys):
         gathered = [r for r in report["redistributions"] if r["input"] == "l0_topk:1" and r["node"] == "l0_dispatch"]
         assert bool(gathered) == (scope == "global")
     assert shapes == {"global": [8, 64, 32], "group": [8, 16, 32]}
+
+
+def _route_by_hand(indices, experts, capacity_factor, groups, scope):
+    """The routing's definition, one choice at a time: {(token, choice): (expert, slot)}."""
+    import math
+
+    tokens, k = indices.shape
+    c = -(-tokens // groups)
+    scope_tokens = c if scope == "group" else tokens
+    cap = None if capacity_factor is None else math.ceil(capacity_factor * scope_tokens * k / experts)
+    block = c if cap is None else min(c, cap)
+    seen_global, seen_group, out = {}, {}, {}
+    for t in range(tokens):
+        for j in range(k):
+            e = int(indices[t, j])
+            if not 0 <= e < experts:
+                continue
+            p, q = seen_global.get(e, 0), seen_group.get((e, t // c), 0)
+            seen_global[e], seen_group[(e, t // c)] = p + 1, q + 1
+            if q < block and (cap is None or scope == "group" or p < cap):
+                out[(t, j)] = (e, (t // c) * block + q)
+    return out, block
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_route_is_its_definition(seed):
+    """moe_numpy.route (what both backends' kernels use) against the definition computed one
+    choice at a time, with repeated and out-of-range expert indices, every capacity setting;
+    and the rule's slot count (ops/moe.py) equals the kernels' (kernels/moe_numpy.py)."""
+    from layout_prop.kernels.moe_numpy import block_size
+    from layout_prop.ops.moe import moe_block
+
+    rng = np.random.default_rng(seed)
+    tokens, k, experts = int(rng.integers(1, 13)), int(rng.integers(1, 4)), int(rng.integers(1, 6))
+    indices = rng.integers(-1, experts + 1, (tokens, k))
+    for groups in (1, 2, 3):
+        for cf in (None, 0.5, 1.0, 2.0):
+            for scope in ("global", "group"):
+                want, block = _route_by_hand(indices, experts, cf, groups, scope)
+                r = route(indices, experts, cf, groups, capacity_scope=scope)
+                got = {(t, j): (e, s) for t, j, e, s in zip(r.token.tolist(), r.choice.tolist(), r.expert.tolist(),
+                                                           r.slot.tolist())}
+                assert got == want
+                assert moe_block(tokens, k, experts, cf, groups, scope) == block_size(tokens, k, experts, cf, groups,
+                                                                                       scope) == block

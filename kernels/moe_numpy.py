@@ -93,8 +93,8 @@ def route(indices, num_experts: int, capacity_factor=None, groups: int = 1, toke
     is kept when it is among the first ``block`` choices of e in its token group and, with
     a capacity, among the first ``capacity`` choices of e over ALL tokens (the whole
     indices are needed then; with ``capacity_scope="group"`` the group's own capacity is
-    its block, and the group's indices suffice); its slot is ``group * block + (its rank in the group)``,
-    counted from the first local group.  An expert index outside ``[0, num_experts)`` is
+    its block, and the group's indices suffice); its slot is ``group * block + (its rank
+    in the group)``, counted from the first local group.  An expert index outside ``[0, num_experts)`` is
     no expert: that choice is dropped (as embedding gives zeros for an id outside its table).
     """
     indices = np.asarray(indices).astype(np.int64, copy=False)
@@ -110,12 +110,10 @@ def route(indices, num_experts: int, capacity_factor=None, groups: int = 1, toke
     expert = np.where(valid, flat, 0)
     group = token // c
     # rank of each choice among the earlier choices of its expert: globally, and in its group
-    one_hot = np.zeros((flat.size, max(num_experts, 1)), dtype=np.int64)
-    one_hot[np.arange(flat.size), expert] = valid
-    order = np.take_along_axis(np.cumsum(one_hot, axis=0) - one_hot, expert[:, None], axis=1)[:, 0]
-    group_first = np.searchsorted(group, group, side="left")  # first choice of the same group
-    before = np.concatenate([np.zeros((1, one_hot.shape[1]), np.int64), np.cumsum(one_hot, axis=0)])
-    in_group = order - np.take_along_axis(before[group_first], expert[:, None], axis=1)[:, 0]
+    # (invalid choices sort past every expert and are never kept)
+    label = np.where(valid, expert, num_experts)
+    order = _rank_in_class(label)
+    in_group = _rank_in_class(label * (group.max(initial=0) + 1) + group)
     keep = valid & (in_group < block)
     if cap is not None:
         keep &= order < cap
@@ -125,6 +123,19 @@ def route(indices, num_experts: int, capacity_factor=None, groups: int = 1, toke
     slot = (group - first_group) * block + in_group
     choice = np.tile(np.arange(k, dtype=np.int64), rows)
     return Route(token[keep] - token_start, choice[keep], expert[keep], slot[keep])
+
+
+def _rank_in_class(labels: np.ndarray) -> np.ndarray:
+    """For each entry, how many earlier entries have its label (a stable sort; O(n log n)).
+
+    >>> _rank_in_class(np.array([2, 0, 2, 2, 0]))
+    array([0, 0, 1, 2, 1])
+    """
+    perm = np.argsort(labels, kind="stable")
+    ordered = labels[perm]
+    ranks = np.empty(labels.size, dtype=np.int64)
+    ranks[perm] = np.arange(labels.size) - np.searchsorted(ordered, ordered, side="left")
+    return ranks
 
 
 def _float(x) -> np.ndarray:

@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from layout_prop.core.errors import LayoutPropError, SpecError, cut
+from layout_prop.core.errors import CONTROL_CHARS, LayoutPropError, SpecError, cut
 from layout_prop.core.graph import Graph, Node
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
@@ -53,6 +54,10 @@ __all__ = ["Constraint", "parse_constraints", "apply_constraints", "PINNED_SUFFI
 #: the name of the node pinning value ``v`` is ``v + PINNED_SUFFIX``
 PINNED_SUFFIX = "/pinned"
 CONSTRAINT_OP = "sharding_constraint"
+#: the longest pattern (a value name is at most 256 characters; a spec's strings at most 4,096)
+MAX_PATTERN = 1024
+_GLOB = re.compile(r"[*?\[]")
+_UNPRINTABLE = re.compile(f"[\n{CONTROL_CHARS}]")
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,11 @@ def parse_constraints(data: Any, mesh: DeviceMesh, path: str = "constraints") ->
         if not isinstance(pattern, str) or not pattern:
             raise _err("bad-type", f"a constraint's pattern must be a value name or a glob, got {cut(pattern)}",
                        path, "write the value's name (node, or node:i), or a glob such as \"l*_attn_out\"")
+        if len(pattern) > MAX_PATTERN or _UNPRINTABLE.search(pattern):
+            raise _err("bad-value", f"constraint pattern {cut(pattern, 60)} is "
+                       + (f"{len(pattern)} characters long, over the limit {MAX_PATTERN}"
+                          if len(pattern) > MAX_PATTERN else "not printable (a control or invisible character)"),
+                       path, "write a value name or a glob of printable characters")
         out.append(Constraint(pattern, _placements(entry, mesh, f"{path}[{pattern!r}]")))
     return tuple(out)
 
@@ -136,9 +146,14 @@ def apply_constraints(graph: Graph, constraints: tuple[Constraint, ...]) -> Grap
     if not constraints:
         return graph
     values = [v for node in graph.nodes if not node.is_input for v in node.outputs]
+    known = set(values)
     pins: dict[str, Constraint] = {}
     for c in constraints:
-        matched = [v for v in values if fnmatch.fnmatchcase(v, c.pattern)]
+        if _GLOB.search(c.pattern):  # one compiled pattern over every value
+            match = re.compile(fnmatch.translate(c.pattern)).match
+            matched = [v for v in values if match(v)]
+        else:  # a value's name
+            matched = [c.pattern] if c.pattern in known else []
         if not matched:
             raise _err("unmatched-constraint", f"constraint pattern {cut(c.pattern)} matches no value", c.path,
                        _unmatched_hint(graph, c.pattern, values))

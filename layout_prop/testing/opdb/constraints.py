@@ -17,7 +17,7 @@ def _mapped(shape, tensor_map) -> OpSample:
 
 RECORDS = [
     OpRecord("sharding_constraint", [_pinned((4, 6), ["S(0)"]), _pinned((4, 6), ["R"]), _pinned((6, 4), ["S(1)"]),
-                                     _pinned((8, 2), ["_S(0,2)"])],
+                                     _pinned((8, 2), ["_S(0,2)"]), _pinned((4, 6), ["P(sum)"])],
              meshes=((4,),), placements="all", id="constraint-1d"),
     # tensor_map pins fit any mesh (0 is its last axis), as the gradient test's 1-axis meshes need
     OpRecord("sharding_constraint", [_mapped((4, 6), [0, -1]), _mapped((5, 3), [-1, 0]), _mapped((4, 6), [-1, -1])],

@@ -1222,7 +1222,11 @@ class Squeeze(_ShapeOpRule):
 # ------------------------------------------------------------------------------ sharding_constraint
 @register_op
 class ShardingConstraint(_ShapeOpRule):
-    """``sharding_constraint(x, placements)``: ``x`` itself, pinned to the layout ``placements``.
+    """``sharding_constraint(x, placements | tensor_map)``: ``x`` itself, pinned to that layout.
+
+    Exactly one of ``placements`` (one per mesh axis) and ``tensor_map`` (one entry per
+    tensor dim, MindSpore's convention) is given; ``pattern`` names the constraint in
+    messages.
 
     What a spec's (or plan's) ``constraints:`` section becomes (JAX's
     ``with_sharding_constraint``, MindSpore's per-op ``shard()``): the loader inserts one

@@ -456,3 +456,15 @@ def test_t5s_relative_position_buckets_fold():
              helper.make_node("Mul", ["b1", "sign"], ["bias"]), helper.make_node("Add", ["x", "bias"], ["y"])]
     graph = same_as_onnx(model_of(nodes, [x], [y]), {"x": np.zeros((4, 4), np.float32)})
     assert [n.op for n in graph.nodes if not n.is_input] == ["add"]
+
+
+def test_the_skeleton_suggests_colwise_fused_for_gpt2s_c_attn_and_runs(tmp_path, capsys):
+    skeleton = tmp_path / "gpt2.yaml"
+    assert main(["import", str(MODELS / "gpt2.onnx"), "-o", str(skeleton)]) == 0
+    plan = yaml.safe_load(skeleton.read_text())["parameters"]
+    assert plan["transformer.h.0.attn.c_attn.weight"] == "colwise_fused(3)"  # split into q, k, v after it
+    assert plan["transformer.h.0.attn.c_proj.weight"] == "rowwise"
+    assert plan["transformer.h.0.mlp.c_fc.weight"] == "colwise" and plan["transformer.h.0.mlp.c_proj.weight"] == "rowwise"
+    capsys.readouterr()
+    assert main(["run", str(MODELS / "gpt2.onnx"), "--plan", str(skeleton), "--backward"]) == 0
+    assert "matches one device" in capsys.readouterr().out

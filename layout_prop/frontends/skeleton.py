@@ -75,7 +75,51 @@ def _suggest(spec: dict, producers: dict[str, dict], name: str, uses) -> tuple[s
     product = next((nd for nd in spec["nodes"] if nd["op"] == uses[0].op and len(nd["inputs"]) > 1 and
                     name in _through_moves(producers, nd["inputs"][1])), None)
     source = producers.get(_through_moves(producers, product["inputs"][0])[-1]) if product is not None else None
-    return uses[0].op, "rowwise" if source is not None and source["op"] in _SECOND_HALF else "colwise"
+    if source is not None and source["op"] in _SECOND_HALF:
+        return uses[0].op, "rowwise"
+    blocks = _fused_blocks(spec, product) if product is not None else None
+    return uses[0].op, f"colwise_fused({blocks})" if blocks else "colwise"
+
+
+def _fused_blocks(spec: dict, product: dict) -> int | None:
+    """K when the product's output (through a bias add, reshapes, casts) is split into K equal
+    pieces along its last dim (GPT-2's ``c_attn`` into q, k and v): a fused projection, column
+    parallel as Megatron shards it with ``colwise_fused(K)``; else None."""
+    from layout_prop.io.plan_file import PRESETS
+
+    if "colwise_fused" not in PRESETS:
+        return None
+    consumers: dict[str, list[dict]] = {}
+    for nd in spec["nodes"]:
+        for v in nd["inputs"]:
+            consumers.setdefault(v, []).append(nd)
+    value = product["name"]
+    for _ in range(16):
+        after = consumers.get(value, [])
+        if len(after) != 1:
+            return None
+        nd = after[0]
+        op = nd["op"]
+        if op in ("add", "reshape", "cast", "identity"):
+            value = nd["name"]
+            continue
+        k = op[len("split"):] if op.startswith("split") else op[len("chunk"):] if op.startswith("chunk") else ""
+        sizes = nd["attrs"].get("sizes")
+        axis = nd["attrs"].get("axis", nd["attrs"].get("dim"))
+        rank = len(_spec_shape(spec, value) or ())
+        if k.isdigit() and axis is not None and rank and axis % rank == rank - 1 and \
+                (sizes is None or len(set(sizes)) == 1):
+            return int(k)
+        return None
+    return None
+
+
+def _spec_shape(spec: dict, value: str) -> tuple[int, ...] | None:
+    """The shape of ``value`` where the spec says it: a reshape's ``shape`` attr or an input's shape."""
+    if value in spec["inputs"]:
+        return tuple(spec["inputs"][value]["shape"])
+    nd = next((n for n in spec["nodes"] if n["name"] == value), None)
+    return tuple(nd["attrs"]["shape"]) if nd is not None and nd["op"] == "reshape" else None
 
 
 def describe_model(path: str | Path, *, opaque: bool = False, fuse: bool = True

@@ -301,3 +301,15 @@ def test_route_is_its_definition(seed):
                 assert got == want
                 assert moe_block(tokens, k, experts, cf, groups, scope) == block_size(tokens, k, experts, cf, groups,
                                                                                        scope) == block
+
+
+def test_gen_refuses_a_spec_over_the_loaders_limit(monkeypatch, capsys, tmp_path):
+    """The --layers limit is set for Llama layers; larger MoE layers could pass it and write a
+    spec that check refuses (10,000 layers with a shared expert: 75 MB).  Here with the limit
+    lowered so that one layer is over it."""
+    monkeypatch.setattr("layout_prop.io.loader.MAX_SPEC_BYTES", 4000)
+    out = tmp_path / "moe.json"
+    assert main(["gen", "moe", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too-large" in err[0] and "over the 4,000 bytes a spec may have" in err[0]
+    assert not out.exists()

@@ -23,7 +23,7 @@ def _refuse_foreign_flags(args) -> None:
 
     moe_only = ("experts", "top_k", "capacity_factor", "capacity_scope", "shared_experts", "router")
     foreign = {"llama": ("dropout", *moe_only),
-               "gpt": ("kv_heads", "full", "tie_embeddings", *moe_only),
+               "gpt": ("kv_heads", *moe_only),  # --full and --tie-embeddings: what gpt always is
                "moe": ("dropout",)}[args.model]
     defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "capacity_scope": "global",
                 "shared_experts": 0, "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False}
@@ -64,11 +64,16 @@ def build_spec(args) -> dict:
 
 
 def run(args) -> int:
-    from layout_prop.io.loader import format_spec, load_spec
+    from layout_prop.core.errors import SpecError
+    from layout_prop.io.loader import MAX_SPEC_BYTES, format_spec, load_spec
 
     spec = build_spec(args)
     load_spec(spec)  # never write a spec that check would refuse
     text = format_spec(spec, args.output)
+    size = len(text.encode())
+    if size > MAX_SPEC_BYTES:  # MoE layers are larger than Llama's, which the --layers limit is set for
+        raise SpecError("too-large", f"the spec of {args.layers:,} layers would be {size:,} bytes, over the "
+                        f"{MAX_SPEC_BYTES:,} bytes a spec may have", hint="generate fewer layers")
     if args.output is None:
         print(text, end="")
     else:

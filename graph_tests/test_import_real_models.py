@@ -321,6 +321,7 @@ def coverage_model():
 
 
 def test_more_op_types_map_to_registry_ops_and_compute_what_onnx_computes():
+    """Also GatherND and ScatterND (duplicate index tuples added up) on run-time indices."""
     rng = np.random.default_rng(7)
     feeds = {"x": rng.standard_normal((4, 6)).astype(np.float32), "idx": rng.integers(0, 6, (4, 3)),
              "keep": rng.random((4, 6)) < 0.5, "rows": np.array([3, 1])}
@@ -329,6 +330,13 @@ def test_more_op_types_map_to_registry_ops_and_compute_what_onnx_computes():
     ops = {n.op for n in graph.nodes if not n.is_input}
     assert {"gather", "cumsum", "where", "sin", "cos", "index_select"} <= ops
     assert not ops & {"opaque", "take"}  # the mask chain folded: a constant times x
+    nd = model_of([helper.make_node("GatherND", ["x", "pairs"], ["picked"]),
+                   helper.make_node("ScatterND", ["x", "pairs", "picked"], ["y"], reduction="add")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6]),
+                   helper.make_tensor_value_info("pairs", TensorProto.INT64, [3, 2])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=18)
+    graph = same_as_onnx(nd, {"x": feeds["x"], "pairs": np.array([[0, 1], [3, 5], [0, 1]])})
+    assert [n.op for n in graph.nodes if not n.is_input] == ["gather_nd", "scatter_nd"]
     sharded = from_onnx(model, dict(PLAN1, inputs={"x": ["S(0)"], "idx": ["S(0)"], "keep": ["S(0)"], "rows": ["R"]}))
     assert analyze(sharded, reshard=True).ok
 

@@ -1008,6 +1008,20 @@ class _Reader:
                                 f"[0, {self.g.shape(data)[axis]}) (ONNX also allows negative ones)")
         self.add("gather", [data, idx], outs, {"dim": axis}, "GatherElements", name)
 
+    def op_GatherND(self, name, ins, outs, a, consts):
+        """``gather_nd(x, indices)`` (no batch dims: other forms stay unmapped)."""
+        if int(a.get("batch_dims", 0)) != 0:
+            return self.add("unmapped:GatherND", ins, outs, {}, "GatherND", name)
+        self.add("gather_nd", ins[:2], outs, {}, "GatherND", name)
+
+    def op_ScatterND(self, name, ins, outs, a, consts):
+        """``scatter_nd(x, indices, updates; reduction)`` for reduction none or add."""
+        reduction = a.get("reduction", b"none")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+        if reduction not in ("none", "add"):
+            return self.add("unmapped:ScatterND", ins, outs, {}, "ScatterND", name)
+        self.add("scatter_nd", ins[:3], outs, {"reduction": reduction}, "ScatterND", name)
+
     def op_CumSum(self, name, ins, outs, a, consts):
         if consts[1] is None:
             return self.add("unmapped:CumSum", ins, outs, {}, "CumSum", name)

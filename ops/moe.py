@@ -262,6 +262,16 @@ def _layout(spec, roles: Roles, token_dim: int | None, hidden_dim: int | None,
     return Layout(mesh, ps, ndim)
 
 
+#: why an operand is wanted otherwise on a mesh axis, by the axis's role (see Roles)
+_AXIS_REASONS = {
+    "token": ": the tokens are sharded there, so it shards its token dim alike",
+    "hidden": ": the hidden dim is sharded there, and every rank routes all of its tokens",
+    "partial": ": a partial sum passes through there, so the other operands are whole",
+    "partial_other": ": a partial sum passes through there, so the other operands are whole",
+    "none": ": the tokens are not sharded there",
+}
+
+
 def _issue(name: str, spec: TensorSpec, want: Layout, roles: Roles, expert_dim: int | None,
            choice_dim: int | None, groups: int, tokens: int) -> tuple[str, str, str]:
     """The code, message and hint of the first mesh axis where ``spec`` is not ``want``."""
@@ -287,8 +297,9 @@ def _issue(name: str, spec: TensorSpec, want: Layout, roles: Roles, expert_dim: 
                     f"groups={groups} is not a multiple of {n} or does not divide the {tokens} tokens, so a rank "
                     "would not hold whole token groups", f"set groups to a multiple of {n} dividing {tokens} "
                     f"(gen moe does), or all-gather {name} on {ax}")
+        why = _AXIS_REASONS.get(roles.kinds[axis], "")
         return ("sharding-mismatch", f"{name} is {have} on mesh axis {ax} ({where}) but the routing computes "
-                f"{need} there", f"give {name} the layout {want}")
+                f"{need} there{why}", f"give {name} the layout {want}")
     return ("sharding-mismatch", f"{spec.layout} is not {want}", f"give {name} the layout {want}")
 
 

@@ -330,6 +330,8 @@ def test_more_op_types_map_to_registry_ops_and_compute_what_onnx_computes():
     ops = {n.op for n in graph.nodes if not n.is_input}
     assert {"gather", "cumsum", "where", "sin", "cos", "index_select"} <= ops
     assert not ops & {"opaque", "take"}  # the mask chain folded: a constant times x
+    sharded = from_onnx(model, dict(PLAN1, inputs={"x": ["S(0)"], "idx": ["S(0)"], "keep": ["S(0)"], "rows": ["R"]}))
+    assert analyze(sharded, reshard=True).ok
     nd = model_of([helper.make_node("GatherND", ["x", "pairs"], ["picked"]),
                    helper.make_node("ScatterND", ["x", "pairs", "picked"], ["y"], reduction="add")],
                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6]),
@@ -337,8 +339,20 @@ def test_more_op_types_map_to_registry_ops_and_compute_what_onnx_computes():
                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], opset=18)
     graph = same_as_onnx(nd, {"x": feeds["x"], "pairs": np.array([[0, 1], [3, 5], [0, 1]])})
     assert [n.op for n in graph.nodes if not n.is_input] == ["gather_nd", "scatter_nd"]
-    sharded = from_onnx(model, dict(PLAN1, inputs={"x": ["S(0)"], "idx": ["S(0)"], "keep": ["S(0)"], "rows": ["R"]}))
-    assert analyze(sharded, reshard=True).ok
+
+
+def test_one_hot_and_a_wide_expand_map_to_registry_ops():
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])
+    col = helper.make_tensor_value_info("col", TensorProto.FLOAT, [4, 1])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("hot", "wide")]
+    nodes = [const("depth", np.array(5, np.int64)), const("values", np.array([0.0, 1.0], np.float32)),
+             const("shape", np.array([4, 100], np.int64)),
+             helper.make_node("OneHot", ["ids", "depth", "values"], ["hot"], axis=-1),
+             helper.make_node("Expand", ["col", "shape"], ["wide"])]  # 100 copies: torch's expand, not concats
+    feeds = {"ids": np.array([[0, 4, 2], [1, 1, 3]]),
+             "col": np.random.default_rng(10).standard_normal((4, 1)).astype(np.float32)}
+    graph = same_as_onnx(model_of(nodes, [ids, col], outs), feeds)
+    assert sorted(n.op for n in graph.nodes if not n.is_input) == ["cast", "expand", "one_hot"]
 
 
 # ------------------------------------------------------------------ models exported by torch's exporters
@@ -472,7 +486,8 @@ def test_the_skeleton_suggests_colwise_fused_for_gpt2s_c_attn_and_runs(tmp_path,
     plan = yaml.safe_load(skeleton.read_text())["parameters"]
     assert plan["transformer.h.0.attn.c_attn.weight"] == "colwise_fused(3)"  # split into q, k, v after it
     assert plan["transformer.h.0.attn.c_proj.weight"] == "rowwise"
-    assert plan["transformer.h.0.mlp.c_fc.weight"] == "colwise" and plan["transformer.h.0.mlp.c_proj.weight"] == "rowwise"
+    assert plan["transformer.h.0.mlp.c_fc.weight"] == "colwise"
+    assert plan["transformer.h.0.mlp.c_proj.weight"] == "rowwise"
     capsys.readouterr()
     assert main(["run", str(MODELS / "gpt2.onnx"), "--plan", str(skeleton), "--backward"]) == 0
     assert "matches one device" in capsys.readouterr().out

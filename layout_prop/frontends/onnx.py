@@ -1008,6 +1008,18 @@ class _Reader:
                                 f"[0, {self.g.shape(data)[axis]}) (ONNX also allows negative ones)")
         self.add("gather", [data, idx], outs, {"dim": axis}, "GatherElements", name)
 
+    def op_OneHot(self, name, ins, outs, a, consts):
+        """``one_hot(indices; num_classes)`` (then a cast) for values ``[0, 1]`` on a new last axis and
+        indices in ``[0, depth)``; other forms stay unmapped."""
+        depth, values = consts[1], consts[2]
+        rank = len(self.g.shape(outs[0]))
+        if depth is None or values is None or values.size != 2 or list(values.reshape(-1)) != [0, 1] or \
+                int(a.get("axis", -1)) % rank != rank - 1:
+            return self.add("unmapped:OneHot", ins, outs, {}, "OneHot", name)
+        hot = self.new_value(f"{outs[0]}_int64", self.g.shape(outs[0]), "int64")
+        self.add("one_hot", ins[:1], [hot], {"num_classes": int(np.asarray(depth).reshape(-1)[0])}, "OneHot", name)
+        self.add("cast", [hot], outs, {"dtype": self.g.values[outs[0]].dtype}, "OneHot", f"{name}_cast")
+
     def op_GatherND(self, name, ins, outs, a, consts):
         """``gather_nd(x, indices)`` (no batch dims: other forms stay unmapped)."""
         if int(a.get("batch_dims", 0)) != 0:

@@ -146,14 +146,21 @@ def test_moe_capacity_drops_tokens_in_global_order():
     (["moe", "--capacity-scope", "group"], "--capacity-scope needs --capacity-factor"),
     (["gpt", "--capacity-scope", "group"], "gen gpt does not take --capacity-scope"),
 ])
-def test_bad_flags_are_one_line_exit_2(args, needle):
-    proc = subprocess.run([*console_command(), "gen", *args], capture_output=True, text=True, env=cli_env(),
-                          timeout=60)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+def test_bad_flags_are_one_line_exit_2(capsys, args, needle):
+    assert main(["gen", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_a_bad_flag_is_one_line_from_the_console_script():
+    proc = subprocess.run([*console_command(), "gen", "moe", "--experts", "4", "--top-k", "5"], capture_output=True,
+                          text=True, env=cli_env(), timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == ["layout-prop: error: bad-value: top-k 5 is not in 1..4 (the number of "
+                                                "experts) (hint: give --top-k at most --experts)"]
 
 
 def test_moe_propagation_benchmark_prints_both_graphs_and_the_ratio():

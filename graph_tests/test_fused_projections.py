@@ -37,6 +37,9 @@ STRIDED3 = [
     ("split2", [(4, 12)], {"axis": 1, "sizes": [4, 8]}, {(2, 2): [("S(0)", "_S(1,3)"), ("_S(1,3)", "R")]}),
     ("chunk3", [(2, 9)], {"axis": 1}, {(4,): [("_S(1,3)",)], (2, 2): [("_S(1,3)", "_S(1,3)"), ("S(0)", "_S(1,3)")]}),
     ("chunk2", [(2, 12)], {"axis": 1}, {(2, 2): [("R", "_S(1,6)")]}),  # 2 pieces of 3 blocks: _S(1,3) each
+    ("slice", [(4, 15)], {"axis": 1, "start": 5, "stop": 15}, {(4,): [("_S(1,3)",)],
+                                                               (2, 2): [("_S(1,3)", "_S(1,3)"), ("S(0)", "_S(1,3)")]}),
+    ("pad_slice", [(4, 5)], {"axis": 1, "start": 10, "size": 15}, {(4,): [("S(1)",)], (2, 2): [("S(1)", "S(1)")]}),
 ]
 
 
@@ -75,6 +78,28 @@ def test_concat_of_whole_blocks_is_free_and_correct(mesh, combo, out):
     report = Report("concat")
     check_spec(spec, frozenset(get_rule("concat").violation_codes) | GENERIC_CODES, True, 0, report)
     assert report.accepted == 1 and not report.mismatches, report.to_dict()
+
+
+def test_phi3_style_slices_of_a_fused_projection_stay_sharded():
+    # Phi-3's exporter cuts qkv with three Slices (not a Split): whole blocks of _S(1,3) stay sharded, forward and
+    # backward (the gradient pads each piece among zero blocks, _S(1,3) again)
+    spec = {"mesh": {"shape": [2, 2], "names": ["dp", "tp"]},
+            "inputs": {"x": {"shape": [4, 8], "placements": ["S(0)", "R"]},
+                       "w": {"shape": [8, 30], "placements": ["R", "_S(1,3)"]}},
+            "nodes": [{"name": "h", "op": "matmul", "inputs": ["x", "w"]},
+                      {"name": "q", "op": "slice", "inputs": ["h"], "attrs": {"axis": 1, "start": 0, "stop": 10}},
+                      {"name": "k", "op": "slice", "inputs": ["h"], "attrs": {"axis": 1, "start": 10, "stop": 20}},
+                      {"name": "v", "op": "slice", "inputs": ["h"], "attrs": {"axis": 1, "start": 20}},
+                      {"name": "qk", "op": "mul", "inputs": ["q", "k"]},
+                      {"name": "o", "op": "add", "inputs": ["qk", "v"]}],
+            "outputs": ["o"]}
+    analysis = analyze(load_spec(spec), backward=True)
+    assert analysis.check.violations == []
+    tensors = analysis.tensors()
+    assert [tensors[n]["placements"] for n in "qkv"] == [["S(0)", "S(1)"]] * 3  # blocks of 10: chunks 5, 5
+    assert tensors["grad:w"]["placements"] == ["R", "_S(1,3)"]
+    assert not [s for r in analysis.report()["redistributions"] for s in r["steps"] if s["kind"] == "all-gather"]
+    assert run_graph(load_spec(spec), backward=True).ok
 
 
 def test_pieces_across_blocks_are_still_gathered():

@@ -52,12 +52,17 @@ The ops and their layout rules
     One axis, Python slice semantics with step 1 (negative and out-of-range bounds as
     in ``x[start:stop]``); torch ``narrow`` and MindSpore ``Slice``/``StridedSlice`` are
     written as one ``slice`` node per sliced axis.  The sliced axis must be unsharded
-    (``sharded-split-dim``) unless the slice keeps the whole axis.  Localized attrs:
-    ``start``/``stop`` normalised.  vjp: ``pad_slice``.
+    (``sharded-split-dim``) unless the slice keeps the whole axis, or keeps whole blocks
+    of a strided shard ``_S(axis,k)`` (Phi-3 slices q, k and v out of its fused
+    projection): then the piece is ``S(axis)`` (``_S(axis,j)`` for ``j`` blocks) with no
+    communication, as for split.  Localized attrs: ``start``/``stop`` normalised (the
+    rank's chunks for whole blocks).  vjp: ``pad_slice``.
 ``pad_slice(x, axis, start, size)``
     Zero-pads ``x`` along ``axis`` to length ``size``, ``x`` landing at ``start``: the
     gradient of ``slice``.  The padded axis must be unsharded (``sharded-split-dim``)
-    unless nothing is padded.  vjp: ``slice``.
+    unless nothing is padded, or ``x`` is cut by ``S(axis)`` / ``_S(axis,j)`` alike and
+    lands at a block boundary of a whole number of its blocks: then the output is
+    ``_S(axis,K)`` (the gradient of a slice of whole blocks).  vjp: ``slice``.
 ``concat(x, x1, ..., axis=0)`` (aliases ``Concat``, ``cat``, ``aten.cat``, ``concatenate``)
     Variadic.  The concat axis must be unsharded in every operand
     (``sharded-concat-dim``), except when every operand is cut along it by the same
@@ -657,6 +662,21 @@ def _piece_layout(layout: Layout, axis: int, blocks: int) -> Layout:
     return layout.with_placements(ps)
 
 
+def _padded_blocks(x: TensorSpec, axis: int, start: int, size: int) -> tuple[int, int] | None:
+    """``(m, total)`` when ``x``, cut along ``axis`` by ``S(axis)`` or ``_S(axis,j)`` alike on every
+    cutting mesh axis (blocks of ``m``), lands at a block boundary ``start`` of a dim of ``size``, a
+    whole number ``total`` of blocks: the padded value is then ``_S(axis,total)`` (``S`` for one)."""
+    placements = {x.layout.placements[a] for a in _cutting_axes(x.layout, axis)}
+    if len(placements) != 1:
+        return None
+    p = placements.pop()
+    j = p.split_factor if isinstance(p, StridedShard) else 1
+    m = x.shape[axis] // j
+    if m == 0 or start % m or size % m:
+        return None
+    return m, size // m
+
+
 class _PiecesRule(_ShapeOpRule):
     """Shared rule of ``splitN`` and ``chunkN``: N outputs, cut along one unsharded axis, or along a
     strided one (``_S(axis,k)``) when every piece is made of whole blocks (a fused q/k/v projection)."""
@@ -850,9 +870,12 @@ class Slice(_ShapeOpRule):
             return RuleResult((None,), (problem,), ())
         lo, hi = bounds
         want, violations = None, []
+        shape = x.shape[:axis] + (hi - lo,) + x.shape[axis + 1:]
+        blocks = _block_pieces(x, axis, [(lo, hi)]) if hi - lo != x.shape[axis] else None
+        if blocks is not None:  # whole blocks of a strided shard (Phi-3's q, k, v sliced from qkv): no communication
+            return RuleResult((TensorSpec(shape, x.dtype, _piece_layout(x.layout, axis, blocks[0])),), (), (None,))
         if hi - lo != x.shape[axis]:
             want, violations = _unsharded_axis(x, axis, "slice", f"keeps only [{lo}:{hi}) of it")
-        shape = x.shape[:axis] + (hi - lo,) + x.shape[axis + 1:]
         return RuleResult((TensorSpec(shape, x.dtype, want or x.layout),), tuple(violations), (want,))
 
     def localize(self, attrs, inputs, outputs, rank):
@@ -860,6 +883,10 @@ class Slice(_ShapeOpRule):
         axis, (lo, hi), _ = self._analyse(x, attrs)
         if hi - lo == x.shape[axis]:  # the whole axis: keep the whole local piece, sharded or not
             return {"axis": axis, "start": 0, "stop": None}
+        if _block_pieces(x, axis, [(lo, hi)]) is not None:  # the rank's chunk of each block from lo to hi
+            k = _strided_blocks(x, axis)
+            m, chunk = x.shape[axis] // k, x.local_shape(rank)[axis] // k
+            return {"axis": axis, "start": lo // m * chunk, "stop": hi // m * chunk}
         return {"axis": axis, "start": lo, "stop": hi}
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
@@ -899,15 +926,25 @@ class PadSlice(_ShapeOpRule):
                           f"size={size!r}", f"give integers with 0 <= start and start + {n} <= size", operand="x")
             return RuleResult((None,), (v,), ())
         want, violations = None, []
+        shape = x.shape[:axis] + (size,) + x.shape[axis + 1:]
+        placed = _padded_blocks(x, axis, start, size) if size != n else None
+        if placed is not None:  # whole blocks placed among zero blocks: the gradient of a slice of whole blocks
+            return RuleResult((TensorSpec(shape, x.dtype, _piece_layout(x.layout, axis, placed[1])),), (), (None,))
         if size != n:
             want, violations = _unsharded_axis(x, axis, "pad_slice", f"pads it to [{start}:{start + n}) of {size}")
-        shape = x.shape[:axis] + (size,) + x.shape[axis + 1:]
         return RuleResult((TensorSpec(shape, x.dtype, want or x.layout),), tuple(violations), (want,))
 
     def localize(self, attrs, inputs, outputs, rank):
-        # unsharded axis: the global size; nothing padded: the rank's piece of a sharded axis
-        axis = normalize_dim(attrs["axis"], inputs[0].ndim)
-        return {"axis": axis, "start": attrs["start"], "size": outputs[0].local_shape(rank)[axis]}
+        # unsharded axis: the global size; nothing padded: the rank's piece of a sharded axis; whole blocks: the
+        # rank's chunk of each, x's at its block's place
+        x = inputs[0]
+        axis = normalize_dim(attrs["axis"], x.ndim)
+        size = outputs[0].local_shape(rank)[axis]
+        placed = _padded_blocks(x, axis, attrs["start"], attrs["size"]) if attrs["size"] != x.shape[axis] else None
+        if placed is not None:
+            m, total = placed
+            return {"axis": axis, "start": attrs["start"] // m * (size // total), "size": size}
+        return {"axis": axis, "start": attrs["start"], "size": size}
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         if cotangents[0] is None:

@@ -42,6 +42,16 @@ RECORDS = [
              meshes=MESHES, placements="all", id="strided-split3"),
     OpRecord("chunk2", [_strided([(6, 4)], {"axis": 0}), _strided([(2, 10)], {"axis": 1})], meshes=MESHES,
              placements="all", id="strided-chunk2"),  # 10 = 2 blocks of 5: uneven chunks 3, 2 of each
+    # Phi-3 slices q, k, v out of its fused projection: a slice of whole blocks stays sharded too, and its
+    # gradient pads S(d) / _S(d,j) pieces among zero blocks into _S(d,N)
+    OpRecord("slice", [_strided([(4, 8)], {"axis": 1, "start": 0, "stop": 4}),
+                       _strided([(2, 10)], {"axis": 1, "start": 5}),  # blocks of 5: uneven chunks 3, 2
+                       _strided([(12, 2)], {"axis": 0, "start": 6, "stop": 12})],
+             meshes=MESHES, placements="all", id="strided-slice-blocks"),
+    OpRecord("pad_slice", [_strided([(4, 4)], {"axis": 1, "start": 4, "size": 8}),
+                           _strided([(4, 4)], {"axis": 1, "start": 0, "size": 12}),
+                           _strided([(8, 3)], {"axis": 0, "start": 8, "size": 24})],
+             meshes=MESHES, placements="all", id="strided-pad_slice-blocks"),
     # the gradient of that split: S(d) pieces of one size concat into _S(d,N)
     OpRecord("concat", [_strided([(4, 3), (4, 3)], {"axis": 1}), _strided([(4, 2), (4, 4)], {"axis": 1}),
                         _strided([(6, 2), (6, 2), (6, 2)], {"axis": 0})],

@@ -1,11 +1,13 @@
 """Write the tiny real-model fixtures of the importer's tests (issue #29): run by hand, outside CI.
 
 Each model is a randomly initialised Hugging Face model (2 layers, hidden 64, vocabulary 128,
-seed 0: Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2 and BERT) exported to ONNX by torch's
-exporters (dynamo; BERT with the TorchScript exporter too), beside the output torch computed for the token
-ids the tests feed it (``NAME.npz``: ``input_ids`` and ``logits``, or ``last_hidden_state`` for
-BERT).  torch and transformers are not dependencies of layout-prop and are never needed by the
-tests, which read the committed files; to write the files again::
+seed 0: Llama, Qwen2, Mistral, Gemma, Phi-3, GPT-2, BERT and T5) exported to ONNX by torch's
+exporters (dynamo; BERT and the whole T5 encoder-decoder with the TorchScript exporter: the
+dynamo exporter wrote T5's dropout in training mode), beside the output torch computed for
+the token ids the tests feed it (``NAME.npz``: ``input_ids``, T5's ``decoder_input_ids``, and
+``logits``, or ``last_hidden_state`` for BERT; at most 5 MB in all).  torch and transformers
+are not dependencies of layout-prop and are never needed by the tests, which read the
+committed files; to write the files again::
 
     python3 -m venv /tmp/venv-torch
     /tmp/venv-torch/bin/pip install torch==2.13.0 transformers==5.25.0 onnx==1.23.2 onnxscript==0.7.2
@@ -54,6 +56,10 @@ def configs():
          "dynamo"),
         ("bert_torchscript", tf.BertModel,
          tf.BertConfig(**dict(common, intermediate_size=128, max_position_embeddings=64)), "torchscript"),
+        # the whole encoder-decoder; heads of 8 and a feed-forward of 32 keep it in the size bound
+        ("t5_torchscript", tf.T5ForConditionalGeneration,
+         tf.T5Config(vocab_size=VOCAB, d_model=64, d_kv=8, d_ff=32, num_layers=2, num_heads=4, use_cache=False,
+                     decoder_start_token_id=0), "torchscript"),
     ]
 
 
@@ -63,8 +69,11 @@ def export(name, cls, config, exporter) -> int:
     torch.manual_seed(0)
     model = cls(config).eval()
     ids = torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    feeds = {"input_ids": ids}
+    if config.is_encoder_decoder:  # T5: the decoder's token ids too
+        feeds["decoder_input_ids"] = torch.randint(0, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        out = model(input_ids=ids)
+        out = model(**feeds)
     key = "logits" if hasattr(out, "logits") else "last_hidden_state"
     path = OUT / f"{name}.onnx"
     if exporter == "dynamo":
@@ -76,12 +85,13 @@ def export(name, cls, config, exporter) -> int:
                 super().__init__()
                 self.inner = inner
 
-            def forward(self, input_ids):
-                return getattr(self.inner(input_ids=input_ids), key)
+            def forward(self, *ids):
+                return getattr(self.inner(**dict(zip(feeds, ids))), key)
 
-        torch.onnx.export(Outputs(model), (ids,), str(path), dynamo=False, input_names=["input_ids"],
+        torch.onnx.export(Outputs(model), tuple(feeds.values()), str(path), dynamo=False, input_names=list(feeds),
                           output_names=[key], opset_version=17)
-    np.savez_compressed(OUT / f"{name}.npz", input_ids=ids.numpy(), **{key: getattr(out, key).numpy()})
+    arrays = {**{k: v.numpy() for k, v in feeds.items()}, key: getattr(out, key).numpy()}
+    np.savez_compressed(OUT / f"{name}.npz", **arrays)
     return path.stat().st_size
 
 

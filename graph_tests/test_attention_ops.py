@@ -292,9 +292,9 @@ def test_flash_sequence_sharding_of_key_is_fixed_by_an_all_gather():
 @pytest.mark.parametrize("attrs, code, message", [
     ({"head_num": 3}, "invalid-shape", "query's H (dim 2) is 16, not a multiple of head_num=3"),
     ({"head_num": 4, "keep_prob": 1.5}, "invalid-attr", "keep_prob=1.5 is not a probability in (0, 1]"),
-    ({"head_num": 4, "sparse_mode": 1}, "invalid-attr",
-     "sparse_mode=1 is not one of [0, 2, 3, 4] (0 band, 2 top-left causal, 3 bottom-right causal, 4 band from the "
-     "bottom-right)"),
+    ({"head_num": 4, "sparse_mode": 5}, "invalid-attr",
+     "sparse_mode=5 is not one of [0, 1, 2, 3, 4] (0 band, 1 attn_mask only, 2 top-left causal, 3 bottom-right "
+     "causal, 4 band from the bottom-right)"),
     ({"head_num": 4, "input_layout": "BHS"}, "invalid-input-layout",
      "input_layout 'BHS' is not one of ['BSH', 'SBH', 'BNSD', 'BSND', 'TND']"),
     ({"head_num": 4, "actual_seq_qlen": [2, 8]}, "invalid-attr",
@@ -513,3 +513,55 @@ def test_zigzag_mindspore_kernels_match_numpy():
         got = MS[op](*args, **attrs)
         for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             np.testing.assert_allclose(to_numpy(g), w, rtol=1e-5, atol=1e-5)
+
+
+# ==================================================================== flash_attention_score's attn_mask
+def test_attn_mask_follows_query_rows_batch_and_heads():
+    mesh = DeviceMesh((2, 2), ("dp", "cp"))
+    q = spec((2, 8, 16), ["S(0)", "S(1)"], mesh)
+    kv = spec((2, 8, 16), ["S(0)", "R"], mesh)
+    for mask_shape, want in (((8, 8), "(R, S(0))"), ((2, 1, 8, 8), "(S(0), S(2))"), ((1, 4, 8, 8), "(R, S(2))")):
+        mask = spec(mask_shape, ["R", "R"], mesh, dtype="bool")
+        res = infer("flash_attention_score", q, kv, kv, mask, head_num=4)
+        assert res.violations == () and wants(res)[3] == want, mask_shape
+    sharded = spec((8, 8), ["R", "S(1)"], mesh, dtype="bool")  # keys cut: every row needs all its keys
+    res = infer("flash_attention_score", q, kv, kv, sharded, head_num=4)
+    assert [(v.code, v.operand, v.fixable) for v in res.violations] == [("sharding-mismatch", "attn_mask", True)]
+
+
+def test_attn_mask_shapes_and_modes():
+    q = spec((2, 8, 16), ["R"])
+    (v,) = infer("flash_attention_score", q, q, q, spec((8, 4), ["R"], dtype="bool"), head_num=4).violations
+    assert (v.code, v.operand) == ("invalid-shape", "attn_mask")
+    assert v.message == ("attn_mask has shape [8, 4], but query [2, 8, 16] and key [2, 8, 16] (BSH) take (8, 8) or "
+                         "(2 or 1, 4 or 1, 8, 8)")
+    (v,) = infer("flash_attention_score", q, q, q, head_num=4, sparse_mode=1).violations
+    assert v.message == "sparse_mode=1 (allMask) computes what attn_mask allows, but no attn_mask is given"
+    # modes 2-4 ignore the mask (MindSpore's compressed 2048 x 2048 causal mask): no shape asked, no move
+    res = infer("flash_attention_score", q, q, q, spec((2048, 2048), ["S(0)"], dtype="bool"), head_num=4,
+                sparse_mode=2)
+    assert res.violations == () and wants(res)[3] is None
+
+
+def test_attn_mask_of_a_lower_triangle_is_top_left_causal_and_mode_1_reads_the_mask_alone():
+    rng = np.random.default_rng(9)
+    q, k, v = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 4))
+    upper = np.triu(np.ones((5, 5), bool), 1)  # True: masked out
+    fa = attention_numpy.flash_attention_score
+    np.testing.assert_allclose(fa(q, k, v, upper, head_num=2), fa(q, k, v, head_num=2, sparse_mode=2), rtol=1e-12)
+    np.testing.assert_allclose(fa(q, k, v, upper, head_num=2, sparse_mode=1, pre_tokens=0, next_tokens=0),
+                               fa(q, k, v, head_num=2, sparse_mode=2), rtol=1e-12)
+    # mode 0 keeps its band too: band 0..0 and the lower triangle leave the diagonal
+    diagonal = fa(q, k, v, upper, head_num=2, pre_tokens=0, next_tokens=0)
+    np.testing.assert_allclose(diagonal[..., :2], v[..., :2], rtol=1e-12)
+
+
+def test_attn_mask_runs_sharded_forward_and_backward():
+    # a padding mask per batch row (B, 1, S1, S2), batch on dp and the query rows on cp (k, v gathered)
+    mesh = {"shape": [2, 2], "names": ["dp", "cp"]}
+    spec_dict = attention_spec(mesh, (2, 8, 16), (2, 8, 8), ["S(0)", "S(1)"], ["S(0)", "R"],
+                               op="FlashAttentionScore", attrs={"head_num": 4, "sparse_mode": 1})
+    spec_dict["inputs"]["m"] = {"shape": [2, 1, 8, 8], "dtype": "bool", "requires_grad": False}
+    spec_dict["nodes"][0]["inputs"].append("m")
+    rep = run(spec_dict)
+    assert sorted(rep.grads) == ["k", "q", "v"]

@@ -83,7 +83,7 @@ class _Prepared:
     """q, k, v in BNSD (k and v with one head per query head), and the mask (``attention_numpy._Prepared``)."""
 
     def __init__(self, q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                 actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag=0):
+                 actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag=0, attn_mask=None):
         from .mindspore_backend import _expand_kv, _kv_index
 
         self.qb = _to_bnsd(q, input_layout, head_num)
@@ -98,9 +98,15 @@ class _Prepared:
         sq, skv = self.qb.shape[2], self.kb.shape[2]
         self.mask = attention_mask(sq, skv, q_start, sq if q_total is None else q_total, sparse_mode, pre_tokens,
                                    next_tokens, actual_seq_qlen, actual_seq_kvlen, zigzag)
+        if attn_mask is not None and sparse_mode in (0, 1):  # 1 or True: the query must not see the key
+            from .mindspore_backend import to_numpy
+
+            allowed = ~to_numpy(attn_mask).astype(bool)
+            self.mask = self.mask & (allowed if allowed.ndim == 4 else allowed[None, None])
 
 
-def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
+def _flash_attention_score(query, key, value, attn_mask=None, head_num=1,
+                           input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                            pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
                            q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather", seed=0,
                            zigzag=0, b_start=0, b_total=None, head_start=0, head_total=None):
@@ -111,13 +117,14 @@ def _flash_attention_score(query, key, value, head_num, input_layout="BSH", scal
     if head_num == 0:  # no query head on this rank
         return _as_result(ops.zeros(q.shape, q.dtype), q, k, v)
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag, attn_mask)
     probs = _dropped(_probs(p.qb, p.kb, p.mask, scale), _draws(p, keep_prob, seed, b_start, b_total, head_start,
                                                                 head_total, q_start, q_total), keep_prob)
     return _as_result(_from_bnsd(ops.matmul(probs, p.vb), input_layout).reshape(q.shape), q, k, v)
 
 
-def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
+def _flash_attention_score_grad(dy, query, key, value, attn_mask=None, head_num=1,
+                                input_layout="BSH", scale=1.0, keep_prob=1.0,
                                 sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
                                 actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
                                 context_parallel="all_gather", seed=0, zigzag=0, b_start=0, b_total=None,
@@ -129,7 +136,7 @@ def _flash_attention_score_grad(dy, query, key, value, head_num, input_layout="B
     if head_num == 0:  # no query head on this rank: it adds nothing to any gradient
         return tuple(ops.zeros(t.shape, t.dtype) for t in (q, k, v))
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag, attn_mask)
     dyb = _to_bnsd(dy, input_layout, head_num)
     probs = _probs(p.qb, p.kb, p.mask, scale)
     keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)

@@ -74,6 +74,8 @@ def visible(rows: np.ndarray, cols: np.ndarray, sq: int, skv: int, sparse_mode: 
     """Which keys each query row sees, rows and columns given as positions in one sequence of
     ``sq`` queries and ``skv`` keys (the op's module docstring gives the modes)."""
     i, j = rows[:, None], cols[None, :]
+    if sparse_mode == 1:  # attn_mask alone decides
+        return np.ones((len(rows), len(cols)), bool)
     if sparse_mode == 2:
         return np.broadcast_to(j <= i, (len(rows), len(cols)))
     if sparse_mode == 3:
@@ -144,7 +146,7 @@ class _Prepared:
     """q, k, v in BNSD (k and v with one head per query head), the mask and what undoes it."""
 
     def __init__(self, q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                 actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag=0):
+                 actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag=0, attn_mask=None):
         self.qb = to_bnsd(q, input_layout, head_num)
         kv_heads = _kv_heads(head_num, q.shape[-1], k.shape[-1]) if input_layout in ("BSH", "SBH") else None
         kb, vb = to_bnsd(k, input_layout, kv_heads), to_bnsd(v, input_layout, kv_heads)
@@ -154,9 +156,13 @@ class _Prepared:
         sq, skv = self.qb.shape[2], self.kb.shape[2]
         self.mask = attention_mask(sq, skv, q_start, sq if q_total is None else q_total, sparse_mode, pre_tokens,
                                    next_tokens, actual_seq_qlen, actual_seq_kvlen, zigzag)
+        if attn_mask is not None and sparse_mode in (0, 1):  # 1 or True: the query must not see the key
+            allowed = ~np.asarray(attn_mask).astype(bool)
+            self.mask = self.mask & (allowed if allowed.ndim == 4 else allowed[None, None])
 
 
-def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
+def flash_attention_score(query, key, value, attn_mask=None, head_num=1,
+                          input_layout="BSH", scale=1.0, keep_prob=1.0, sparse_mode=0,
                           pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None, actual_seq_kvlen=None,
                           q_start=0, q_total=None, kv_head_map=None, context_parallel="all_gather", seed=0,
                           zigzag=0, b_start=0, b_total=None, head_start=0, head_total=None):
@@ -166,7 +172,7 @@ def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale
     if head_num == 0:  # no query head on this rank
         return _result(np.zeros(q.shape), q, k, v)
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag, attn_mask)
     probs = _probs(p.qb, p.kb, p.mask, scale)
     keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)
     if keep is not None:
@@ -174,7 +180,8 @@ def flash_attention_score(query, key, value, head_num, input_layout="BSH", scale
     return _result(from_bnsd(np.matmul(probs, p.vb), input_layout).reshape(q.shape), q, k, v)
 
 
-def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BSH", scale=1.0, keep_prob=1.0,
+def flash_attention_score_grad(dy, query, key, value, attn_mask=None, head_num=1,
+                               input_layout="BSH", scale=1.0, keep_prob=1.0,
                                sparse_mode=0, pre_tokens=INT32_MAX, next_tokens=INT32_MAX, actual_seq_qlen=None,
                                actual_seq_kvlen=None, q_start=0, q_total=None, kv_head_map=None,
                                context_parallel="all_gather", seed=0, zigzag=0, b_start=0, b_total=None,
@@ -184,7 +191,7 @@ def flash_attention_score_grad(dy, query, key, value, head_num, input_layout="BS
     if head_num == 0:  # no query head on this rank: it adds nothing to any gradient
         return tuple(np.zeros(t.shape, t.dtype) for t in (q, k, v))
     p = _Prepared(q, k, v, head_num, input_layout, sparse_mode, pre_tokens, next_tokens, actual_seq_qlen,
-                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag)
+                  actual_seq_kvlen, q_start, q_total, kv_head_map, zigzag, attn_mask)
     dyb = to_bnsd(dy, input_layout, head_num)
     probs = _probs(p.qb, p.kb, p.mask, scale)
     keep = _draws(p, keep_prob, seed, b_start, b_total, head_start, head_total, q_start, q_total)

@@ -19,15 +19,22 @@ context_parallel="all_gather", seed=0, zigzag=0)``
     The mask, by ``sparse_mode``, for query row i and key j (of one sequence of ``Sq``
     queries and ``Skv`` keys); a row that sees no key gives zeros:
 
-    - 0: the band ``i - pre_tokens <= j <= i + next_tokens`` (the defaults: no mask).  MindSpore
-      reads this band from the ``attn_mask`` tensor it is given; this op takes no mask tensor
-      and computes the band the attrs describe.
+    - 0: the band ``i - pre_tokens <= j <= i + next_tokens`` (the defaults: no band), and
+      what the optional fourth operand ``attn_mask`` allows.  MindSpore reads the band from
+      ``attn_mask`` (pre/next_tokens only tell its kernel which blocks to skip); here both
+      count, so give the defaults or the band the mask holds.
+    - 1: what ``attn_mask`` allows (required then).
     - 2: top-left causal, ``j <= i``.
     - 3: bottom-right causal, ``j <= i + Skv - Sq``.
     - 4: the band from the bottom-right corner: ``|j - i - (Skv - Sq)|`` within
       ``[-pre_tokens, next_tokens]``.
 
-    Modes 1 (a full mask tensor) and 5 to 8 (prefix, varlen variants) are ``invalid-attr``.
+    ``attn_mask`` (bool or integers, 1 or True where a query must not see a key) is
+    ``(S1, S2)`` or ``(B or 1, N1 or 1, S1, S2)`` whatever the input layout; modes 2 to 4
+    ignore it (MindSpore's compressed 2048 x 2048 causal mask), as TND takes none for
+    modes 0 and 1.  It follows query: its S1 shards like query's rows, B and N1 (when not
+    1) like query's batch and heads, S2 whole.  Modes 5 to 8 (prefix, varlen variants)
+    are ``invalid-attr``.
     ``TND``: ``actual_seq_qlen`` and ``actual_seq_kvlen`` (required then, None otherwise) are
     the cumulative ends of the sequences packed along T (``[3, 5]``: tokens 0-2 and 3-4), as
     many for q as for k and v, the last one T; a query attends only to the keys of its own
@@ -123,7 +130,8 @@ FA_LAYOUTS = {
     "BSND": {"B": 0, "S": 1, "heads": 2, "D": 3},
     "TND": {"B": None, "S": 0, "heads": 1, "D": 2},
 }
-SPARSE_MODES = (0, 2, 3, 4)
+SPARSE_MODES = (0, 1, 2, 3, 4)
+MASK_MODES = (0, 1)  # the modes that read attn_mask; 2-4 take MindSpore's compressed causal mask, ignored here
 INT32_MAX = 2 ** 31 - 1
 CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-mismatch", "broadcast-shape",
          "invalid-shape", "invalid-attr", "invalid-input-layout")
@@ -161,9 +169,9 @@ def _attr_violations(attrs: dict) -> list[Violation]:
                              "give seed, the key of the dropout draws, as an integer"))
     mode = attrs["sparse_mode"]
     if not _is_int(mode) or mode not in SPARSE_MODES:
-        out.append(_bad_attr(f"sparse_mode={mode!r} is not one of {list(SPARSE_MODES)} (0 band, 2 top-left causal, "
-                             "3 bottom-right causal, 4 band from the bottom-right)",
-                             "modes 1 and 5-8 need a mask or prefix tensor, which this op does not take"))
+        out.append(_bad_attr(f"sparse_mode={mode!r} is not one of {list(SPARSE_MODES)} (0 band, 1 attn_mask only, "
+                             "2 top-left causal, 3 bottom-right causal, 4 band from the bottom-right)",
+                             "modes 5-8 need a prefix tensor or a varlen variant, which this op does not take"))
     for name in ("pre_tokens", "next_tokens"):
         if not _is_int(attrs[name]):
             out.append(_bad_attr(f"{name}={attrs[name]!r} is not an integer", f"give {name} as an integer"))
@@ -361,12 +369,73 @@ def _kv_issues(name: str, t: TensorSpec, want: Layout, q: TensorSpec, dims: dict
     return issues
 
 
-def _analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
-    """``(q_fixed, kv_wants, wants, violations, dims, heads)``; ``q_fixed`` None when unusable."""
+def _mask_violations(mask: TensorSpec | None, q: TensorSpec, k: TensorSpec, attrs: dict, dims: dict) -> list:
+    """attn_mask: needed by sparse_mode 1, ``(S1, S2)`` or ``(B or 1, N1 or 1, S1, S2)`` for modes 0 and 1."""
+    mode, layout = attrs["sparse_mode"], attrs["input_layout"]
+    if mask is None:
+        if mode == 1:
+            return [_bad_attr("sparse_mode=1 (allMask) computes what attn_mask allows, but no attn_mask is given",
+                              "give attn_mask as the fourth operand, or use sparse_mode 0")]
+        return []
+    if mode not in MASK_MODES:
+        return []
+    if layout == "TND":
+        return [_bad_attr(f"attn_mask with input_layout TND and sparse_mode {mode}: packed sequences take "
+                          "MindSpore's compressed causal masks only", "use sparse_mode 2 or 3 (no mask needed)")]
+    sq, skv, b = q.shape[dims["S"]], k.shape[dims["S"]], q.shape[dims["B"]]
+    n = attrs["head_num"]
+    fits = mask.ndim in (2, 4) and tuple(mask.shape[-2:]) == (sq, skv) and \
+        (mask.ndim == 2 or (mask.shape[0] in (1, b) and mask.shape[1] in (1, n)))
+    if fits:
+        return []
+    return [Violation("invalid-shape", f"attn_mask has shape {list(mask.shape)}, but query {list(q.shape)} and key "
+                      f"{list(k.shape)} ({layout}) take ({sq}, {skv}) or ({b} or 1, {n} or 1, {sq}, {skv})",
+                      "give attn_mask the shape (S1, S2) or (B, N1, S1, S2), 1 or True where a query must not "
+                      "see a key", operand="attn_mask")]
+
+
+def _mask_layout(mask: TensorSpec, q_fixed: Layout, dims: dict, heads: _Heads) -> Layout:
+    """attn_mask's layout: query's row shards on S1, its batch and head shards on B and N1 (when not 1)."""
+    ps = []
+    for p in q_fixed.placements:
+        target = Replicate()
+        if isinstance(p, Shard):
+            if p.dim == dims["S"]:
+                target = Shard(mask.ndim - 2)
+            elif mask.ndim == 4 and p.dim == dims["B"] and mask.shape[0] > 1:
+                target = Shard(0)
+            elif mask.ndim == 4 and p.dim == heads.dim and mask.shape[1] > 1:
+                target = Shard(1)
+        ps.append(target)
+    return Layout(mask.mesh, ps, mask.ndim)
+
+
+def _mask_issues(mask: TensorSpec, want: Layout) -> list:
+    issues = []
+    for axis, (p, w) in enumerate(zip(mask.layout.placements, want.placements)):
+        if p == w:
+            continue
+        name = repr(mask.mesh.names[axis])
+        if isinstance(p, Partial):
+            issues.append(_partial_issue(mask, "attn_mask", axis, OP, "reads it whole, as a mask"))
+        else:
+            issues.append(("sharding-mismatch", f"attn_mask is {p} on mesh axis {name} but {w} there follows "
+                           f"query's rows, batch and heads (attn_mask is {mask.layout})",
+                           f"give attn_mask the layout {want}"))
+    return issues
+
+
+def _analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict, mask: TensorSpec | None = None):
+    """``(q_fixed, kv_wants, wants, violations, dims, heads)``; ``q_fixed`` None when unusable.
+
+    ``wants`` has one more entry, attn_mask's, when a mask is given.
+    """
     violations = _attr_violations(attrs)
     dims = FA_LAYOUTS.get(attrs["input_layout"])
     if not violations:
         violations = _shape_violations(q, k, v, attrs, dims)
+    if not violations:
+        violations = _mask_violations(mask, q, k, attrs, dims)
     if violations:
         return None, (None, None), [None, None, None], violations, dims, None
     heads = _Heads(q, dims, attrs)
@@ -383,6 +452,10 @@ def _analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
         violations += _move_violations(t, want, name, _kv_issues(name, t, want, q, dims, heads))
         wants.append(_want(want, t))
         kv_wants.append(want)
+    if mask is not None:
+        want = _mask_layout(mask, q_fixed, dims, heads) if attrs["sparse_mode"] in MASK_MODES else mask.layout
+        violations += _move_violations(mask, want, "attn_mask", _mask_issues(mask, want))
+        wants.append(_want(want, mask))
     return q_fixed, tuple(kv_wants), wants, violations, dims, heads
 
 
@@ -432,14 +505,16 @@ class FlashAttentionScore(OpRule):
 
     name = OP
     operands = ("query", "key", "value")
+    optional_operands = ("attn_mask",)
     aliases = ("FlashAttentionScore", "npu_fusion_attention")
     attr_defaults = dict(ATTRS)
     required_attrs = ("head_num",)
     violation_codes = CODES
 
     def infer_layout(self, inputs, attrs):
-        q, k, v = inputs
-        q_fixed, _, wants, violations, _, _ = _analysis(q, k, v, attrs)
+        q, k, v = inputs[:3]
+        mask = inputs[3] if len(inputs) > 3 else None
+        q_fixed, _, wants, violations, _, _ = _analysis(q, k, v, attrs, mask)
         out = None
         if q_fixed is not None:
             out = TensorSpec(q.shape, float_dtype(q.dtype, k.dtype, v.dtype), q_fixed)
@@ -451,9 +526,10 @@ class FlashAttentionScore(OpRule):
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
         if dy is None:
-            return (None, None, None)
+            return (None,) * len(inputs)
         grads = g.op(f"{OP}_grad", [dy, *inputs], dict(attrs), num_outputs=3)
-        return tuple(gv if need and _is_float(g.spec(i).dtype) else None for gv, need, i in zip(grads, needs, inputs))
+        out = tuple(gv if need and _is_float(g.spec(i).dtype) else None for gv, need, i in zip(grads, needs, inputs))
+        return out + (None,) * (len(inputs) - 3)  # no gradient for attn_mask
 
 
 @register_op
@@ -467,6 +543,7 @@ class FlashAttentionScoreGrad(OpRule):
 
     name = f"{OP}_grad"
     operands = ("dy", "query", "key", "value")
+    optional_operands = ("attn_mask",)
     aliases = ("FlashAttentionScoreGrad", "npu_fusion_attention_grad")
     num_outputs = 3
     attr_defaults = dict(ATTRS)
@@ -475,8 +552,9 @@ class FlashAttentionScoreGrad(OpRule):
     differentiable = False
 
     def infer_layout(self, inputs, attrs):
-        dy, q, k, v = inputs
-        q_fixed, kv_wants, wants, violations, dims, heads = _analysis(q, k, v, attrs)
+        dy, q, k, v = inputs[:4]
+        mask = inputs[4] if len(inputs) > 4 else None
+        q_fixed, kv_wants, wants, violations, dims, heads = _analysis(q, k, v, attrs, mask)
         if q_fixed is None:
             return RuleResult((None,) * 3, tuple(violations), ())
         dy_want, partials, dy_violations, dy_ok = _cotangent(dy, q_fixed, q.shape, OP)

@@ -1,9 +1,12 @@
 """Kernel samples of the attention op family (see the package docstring): every input layout,
 the sparse modes, grouped-query heads (with and without a rank's ``kv_head_map``), a rank's
-piece of the query rows (``q_start``, ``q_total``), packed sequences (TND) and dropout."""
+piece of the query rows (``q_start``, ``q_total``), packed sequences (TND), dropout and attn_mask."""
 
 
-def samples(rng, f32) -> dict:
+def samples(rng, f32_wide) -> dict:
+    def f32(*shape):  # unit scale: with f32's 3 standard deviations the softmax saturates (scores ~ 18), where
+        return f32_wide(*shape) / 3  # float32 rounding in the backward exceeds the 1e-5 the comparison allows
+
     bsh = (f32(2, 5, 16), f32(2, 6, 8), f32(2, 6, 8))  # 4 query heads of 4, 2 kv heads
     sbh = (f32(5, 2, 8), f32(4, 2, 8), f32(4, 2, 8))
     bnsd = (f32(2, 4, 3, 4), f32(2, 2, 6, 4), f32(2, 2, 6, 4))
@@ -25,5 +28,8 @@ def samples(rng, f32) -> dict:
         (bnsd, {"head_num": 4, "input_layout": "BNSD", "keep_prob": 0.8, "seed": 5, "b_start": 2, "b_total": 4,
                 "head_start": 4, "head_total": 8, "q_start": 3, "q_total": 6}),  # a rank's piece of the draws
     ]
+    masked = bsh + (rng.random((2, 1, 5, 6)) < 0.3,)  # attn_mask (B, 1, S1, S2), True: masked out
+    forward += [(masked, {"head_num": 4, "sparse_mode": 1}),
+                (bsh + (rng.random((5, 6)) < 0.3,), {"head_num": 4, "pre_tokens": 2, "next_tokens": 0})]
     grad = [((f32(*args[0].shape),) + args, attrs) for args, attrs in forward]
     return {"flash_attention_score": forward, "flash_attention_score_grad": grad}

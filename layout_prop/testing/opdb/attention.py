@@ -48,6 +48,16 @@ RECORDS += [
         OpSample([(2, 3, 4, 4), (2, 3, 4, 4), (2, 3, 2, 4), (2, 3, 2, 4)],
                  {"head_num": 4, "input_layout": "BSND", "sparse_mode": 4, "pre_tokens": 0, "next_tokens": 1}),
     ], meshes=MESHES, placements=30, id="flash_attention_score_grad"),
+    # attn_mask, the optional fourth operand: (S1, S2) with the band of mode 0, (B, N1, S1, S2) alone in mode 1
+    OpRecord("flash_attention_score", [
+        OpSample([(2, 5, 8), (2, 6, 4), (2, 6, 4), (5, 6)], {"head_num": 2, "pre_tokens": 3, "next_tokens": 1},
+                 dtypes=["float32", "float32", "float32", "bool"], requires_grad=[True, True, True, False],
+                 partial_ok=False),
+        OpSample([(2, 4, 4, 2), (2, 2, 6, 2), (2, 2, 6, 2), (2, 4, 4, 6)],
+                 {"head_num": 4, "input_layout": "BNSD", "sparse_mode": 1},
+                 dtypes=["float32", "float32", "float32", "bool"], requires_grad=[True, True, True, False],
+                 partial_ok=False),
+    ], meshes=MESHES, placements=30, id="flash_attention_score-attn_mask"),
 ]
 
 # context parallelism: q's sequence sharded, then Ulysses (q, k, v moved to the heads) or the cheaper strategy

@@ -20,9 +20,9 @@ The ops
     is sharded on there, else the largest unsharded one: an all-to-all, which moves 1/n of
     what an all-gather moves; an all-gather when no token dim is left).  For vocabulary-
     sharded logits, the three-op vocab-parallel form below moves no logits at all.  Nothing
-    is Partial (``partial-input``: not linear).  Token dims
-    shard freely; the target shards like the logits' token dims (a Replicate logits
-    follows a sharded target by a free local slice).  A sharded token dim leaves ``Shard``
+    is Partial (``partial-input``: not linear).  Token dims shard freely; the target
+    shards like the logits' token dims (a Replicate logits follows a sharded target by a
+    free local slice).  A sharded token dim leaves ``Shard``
     in a ``none`` loss and ``P(sum)`` in a ``sum`` or ``mean``.  The ``mean`` needs the
     global count of the tokens that are not ignored, which depends on the data: the rule
     wants the whole target on every rank (a small all-gather of the integer target, never
@@ -49,7 +49,9 @@ The only communication is the all-reduce of ``m`` and of ``parts``: the logits n
 move.  A layout-prop node runs one kernel, which cannot communicate, so one node cannot
 hold both all-reduces: that is why the vocab-parallel form is three nodes.  Gradients:
 ``cross_entropy_parts_grad`` and ``cross_entropy_combine_grad``; the two paths through
-``m`` cancel exactly in exact arithmetic (the loss does not depend on the shift).
+``m`` cancel in exact arithmetic (the loss does not depend on the shift), but each op's
+gradient is its own, so the backward all-reduces the max's (near zero) cotangent once
+more, a number a token, where Megatron treats the max as a constant.
 
 ``dropout(x, p=0.5, seed=0, training=True)`` and ``multinomial(probs, num_samples,
 replacement=False, seed=0)`` draw from ``counter_uniform(seed, global element index)``

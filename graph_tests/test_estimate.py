@@ -47,6 +47,13 @@ def test_attention_counts_both_products_and_its_gradient_twice():
                    {"layout": "BSND"}).flops == fwd.flops
     grad = op_cost("scaled_dot_product_attention_grad", (q, q, q, q), (q, q, q), (2,) * 4, (2,) * 3, {})
     assert grad.flops == 2 * fwd.flops
+    # flash_attention_score's fused layouts: BSH (H = N * D) and packed TND, counted as one sequence of T tokens
+    bsh = (2, 16, 32)
+    assert op_cost("flash_attention_score", (bsh,) * 3, (bsh,), (2,) * 3, (2,),
+                   {"input_layout": "BSH", "head_num": 4}).flops == fwd.flops
+    tnd = (32, 4, 8)
+    assert op_cost("flash_attention_score", (tnd,) * 3, (tnd,), (2,) * 3, (2,),
+                   {"input_layout": "TND", "head_num": 4}).flops == 4 * 32 * 32 * 4 * 8
 
 
 def test_roofline_takes_the_slower_of_compute_and_memory():

@@ -55,8 +55,8 @@ def only(result, code: str):
 # ============================================================================ aliases
 @pytest.mark.parametrize("alias, name", [
     ("RmsNorm", "rms_norm"), ("npu_rms_norm", "rms_norm"), ("LayerNorm", "layer_norm"), ("Softmax", "softmax"),
-    ("LogSoftmax", "log_softmax"), ("FlashAttentionScore", "scaled_dot_product_attention"),
-    ("npu_fusion_attention", "scaled_dot_product_attention"), ("sdpa", "scaled_dot_product_attention"),
+    ("LogSoftmax", "log_softmax"), ("FlashAttentionScore", "flash_attention_score"),
+    ("npu_fusion_attention", "flash_attention_score"), ("sdpa", "scaled_dot_product_attention"),
     ("npu_swiglu", "swiglu"), ("Swiglu", "swiglu"), ("SiLU", "silu"), ("GeLU", "gelu"), ("Exp", "exp"),
     ("Div", "div"), ("Cast", "cast"), ("Muls", "scale"),
 ])
@@ -215,8 +215,9 @@ def test_partial_attention_inputs():
 
 
 @pytest.mark.parametrize("shapes, message", [
-    ([(2, 4, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16)],
-     "k's N (dim 1) is 2 but q's is 4 (q [2, 4, 8, 16], k [2, 2, 8, 16], v [2, 2, 8, 16])"),
+    ([(2, 4, 8, 16), (2, 3, 8, 16), (2, 3, 8, 16)],  # (2 kv heads for 4 query heads is grouped-query attention)
+     "q has 4 heads but k and v have 3 (dim 1; q [2, 4, 8, 16], k [2, 3, 8, 16], v [2, 3, 8, 16]): grouped-query "
+     "attention needs q's head count to be a multiple of k's and v's"),
     ([(2, 4, 8, 16), (2, 4, 8, 8), (2, 4, 8, 16)],
      "k's D (dim 3) is 8 but q's is 16 (q [2, 4, 8, 16], k [2, 4, 8, 8], v [2, 4, 8, 16])"),
     ([(2, 4, 8, 16), (2, 4, 8, 16), (2, 4, 6, 16)],

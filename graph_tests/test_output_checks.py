@@ -1,8 +1,8 @@
 """Where a command's output goes is checked before the work.
 
 ``plan -o /dev/full`` or ``plan -o SOME_FOLDER`` was refused only after the whole solve
-(36-54 s).  Every command that writes a file (``plan -o``, ``import -o``, ``viz -o``, the
-demo's HTML) now checks its target first (:func:`layout_prop.io.output.check_output`).  Each
+(36-54 s).  Every command that writes a file (``plan -o``, ``import -o``, ``viz -o``, ``gen -o``,
+the demo's HTML) now checks its target first (:func:`layout_prop.io.output.check_output`).  Each
 CLI case below gives an input that does not exist with a bad output: the answer must be
 ``write-failed`` (not ``spec-not-found``), which shows that the check comes before anything is
 read, and nothing may be left behind.
@@ -27,6 +27,7 @@ COMMANDS = [
     ("plan-model", ["plan", "missing.onnx", "--plan", "missing-plan.yaml", "-o", "OUT"]),
     ("import", ["import", "missing.onnx", "--plan", "missing-plan.yaml", "-o", "OUT"]),
     ("viz", ["viz", "missing.yaml", "-o", "OUT"]),
+    ("gen", ["gen", "llama", "-o", "OUT"]),  # (no input: the check comes before the model is built)
 ]
 # (id, the output, the reason said)
 TARGETS = [

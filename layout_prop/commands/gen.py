@@ -67,6 +67,10 @@ def run(args) -> int:
     from layout_prop.core.errors import SpecError
     from layout_prop.io.loader import MAX_SPEC_BYTES, format_spec, load_spec
 
+    if args.output is not None:
+        from layout_prop.io.output import check_output
+
+        check_output(args.output)  # a folder, a missing folder, /dev/full: said before the model is built
     spec = build_spec(args)
     load_spec(spec)  # never write a spec that check would refuse
     text = format_spec(spec, args.output)

@@ -43,7 +43,7 @@ __all__ = ["OpCost", "VECTOR_FLOPS", "MATMUL", "ATTENTION", "FREE", "op_cost", "
 MATMUL = ("einsum", "matmul", "batch_matmul", "linear")
 ATTENTION = ("scaled_dot_product_attention", "scaled_dot_product_attention_grad", "flash_attention_score",
              "flash_attention_score_grad")
-FREE = ("reshape", "squeeze", "unsqueeze", "redistribute", "identity", "opaque", "expand")
+FREE = ("reshape", "squeeze", "unsqueeze", "redistribute", "identity", "opaque", "expand", "sharding_constraint")
 
 #: the vector ops, with the FLOPs an output element costs
 VECTOR_FLOPS = {
@@ -51,6 +51,25 @@ VECTOR_FLOPS = {
     "relu": 1, "relu_grad": 1, "cast": 1, "sum_to": 1, "sum": 1, "mean": 1, "max": 1, "sum_grad": 1,
     "max_grad": 2, "embedding": 1, "embedding_grad": 1, "concat": 1, "slice": 1, "pad_slice": 1,
     "transpose": 1, **{f"split{n}": 1 for n in range(2, 9)}, **{f"chunk{n}": 1 for n in range(2, 9)},
+    # index family: memory-bound lookups and writes
+    "gather": 1, "gather_nd": 1, "index_select": 1, "index_add": 1, "index_copy": 1, "index_copy_src_grad": 1,
+    "index_put": 1, "scatter": 1, "scatter_add": 1, "scatter_nd": 1, "scatter_nd_src_grad": 1,
+    "scatter_src_grad": 1, "masked_fill": 1, "masked_scatter": 1, "masked_scatter_src_grad": 1, "where": 1,
+    "one_hot": 1, "isin": 2,
+    # order family: a sort costs about log2 of its dim in comparisons an element (10: dims up to ~1,000)
+    "topk": 10, "sort": 10, "topk_candidates": 10, "topk_merge": 10, "topk_grad": 1, "topk_candidates_grad": 1,
+    "topk_merge_grad": 1, "argmax": 1, "argmin": 1, "cumsum": 1, "chunk_sum": 1, "chunk_cumsum": 1,
+    "chunk_sum_grad": 1, "prod": 1, "prod_grad": 3, "maximum": 1, "minimum": 1, "maximum_grad": 2,
+    # copying family (the fills write their output)
+    "pad": 1, "stack": 1, **{f"unbind{n}": 1 for n in range(2, 9)}, "repeat_interleave": 1,
+    "repeat_interleave_grad": 1, "full_like": 1, "zeros_like": 1, "ones_like": 1, "new_ones": 1,
+    # loss family and the random ops (a counter hash an element)
+    "cross_entropy_parts": 5, "cross_entropy_parts_grad": 5, "cross_entropy_combine": 5,
+    "cross_entropy_combine_grad": 5, "dropout": 8, "multinomial": 10,
+    # expert routing: copies of tokens into and out of the expert buffer
+    "moe_dispatch": 1, "moe_combine": 2, "moe_weight_grad": 2,
+    # the importers' pointwise ops
+    "cos": 4, "sin": 4, "gelu_erf": 8, "gelu_erf_grad": 12,
     "softmax": 5, "log_softmax": 5, "softmax_grad": 4, "log_softmax_grad": 4,
     "rms_norm": 4, "rms_norm_grad": 8, "layer_norm": 6, "layer_norm_grad": 10,
     "gelu": 8, "gelu_grad": 12, "silu": 4, "silu_grad": 6, "swiglu": 5, "swiglu_grad": 9, "silu_mul": 5,
@@ -120,6 +139,9 @@ def _attention_flops(op: str, shapes, attrs) -> int:
         else:
             b, n, sq, d = q
             sk = k[2]
+    elif len(q) == 3 and layout == "TND":  # packed sequences: counted as one of T tokens (an upper bound)
+        sq, n, d = q
+        b, sk = 1, k[0]
     elif len(q) == 3:  # BSH / SBH: heads inside the hidden dim
         b, sq, d = q if layout != "SBH" else (q[1], q[0], q[2])
         n = 1

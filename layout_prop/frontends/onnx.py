@@ -1008,6 +1008,69 @@ class _Reader:
                                 f"[0, {self.g.shape(data)[axis]}) (ONNX also allows negative ones)")
         self.add("gather", [data, idx], outs, {"dim": axis}, "GatherElements", name)
 
+    def _constant_index(self, op: str, name: str, data: str, idx: str, axis: int, index: np.ndarray | None) -> str:
+        """An index input of ``GatherElements``/``ScatterElements`` along ``axis`` of ``data``: a constant one
+        out of ``[-s, s)`` is ``bad-model``, a negative one taken into ``[0, s)`` (a new constant); a run-time
+        one is noted (torch's ops take ``[0, s)``, ONNX also negative indices).  Returns the index to read."""
+        size = self.g.shape(data)[axis]
+        if index is None:
+            self.g.notes.append(f"node {name} ({op}) is torch's: its run-time indices must lie in [0, {size}) "
+                                "(ONNX also allows negative ones)")
+            return idx
+        if not index.size:
+            return idx
+        low, high = int(index.min()), int(index.max())
+        if low < -size or high >= size:
+            raise _bad(f"node {name!r} ({op}) has index {low if low < -size else high}, out of range for dim {axis} "
+                       f"of {data!r} (size {size})", self.source,
+                       f"ONNX {op}' indices lie in [-{size}, {size - 1}]" if size else "a dim of size 0 has no index")
+        if low >= 0:
+            return idx
+        wrapped = self.g.fresh(f"{idx}_wrapped")
+        self.const_value(wrapped, np.where(index < 0, index + size, index))
+        return wrapped
+
+    def _axis(self, op: str, name: str, value: str, axis: int) -> int:
+        """``axis`` of ``value`` in ``[0, rank)``; ``bad-model`` out of ``[-rank, rank)``."""
+        rank = len(self.g.shape(value))
+        if not -rank <= axis < rank:
+            raise _bad(f"node {name!r} ({op}) has axis {axis}, out of range for {value!r} of rank {rank}",
+                       self.source, f"ONNX {op}'s axis lies in [-{rank}, {rank - 1}]")
+        return axis % rank
+
+    def op_TopK(self, name, ins, outs, a, consts):
+        """``topk(x; k, dim, largest, sorted)`` with its two outputs (values, int64 indices; ties lowest
+        index first, as ONNX says) for a constant ``K``; a run-time ``K`` stays unmapped.  ``K`` larger
+        than the dim, or negative, is ``bad-model``."""
+        x = ins[0]
+        axis = self._axis("TopK", name, x, int(a.get("axis", -1)))
+        if consts[1] is None or consts[1].size != 1:
+            return self.add("unmapped:TopK", [v for v in ins if v], [o for o in outs if o], {}, "TopK", name)
+        k, size = int(np.asarray(consts[1]).reshape(-1)[0]), self.g.shape(x)[axis]
+        if not 0 <= k <= size:
+            raise _bad(f"node {name!r} (TopK) has K={k}, out of range for dim {axis} of {x!r} (size {size})",
+                       self.source, f"ONNX TopK's K lies in [0, {size}] for this input")
+        values, indices = outs[0], outs[1] if len(outs) > 1 else ""
+        if not indices:  # an unused indices output: a value of its own for topk's second output
+            indices = self.new_value(f"{values}_indices", self.g.shape(values), "int64")
+        elif self.g.values[indices].dtype != "int64":
+            return self.add("unmapped:TopK", [v for v in ins if v], [o for o in outs if o], {}, "TopK", name)
+        self.add("topk", [x], [values, indices], {"k": k, "dim": axis, "largest": bool(a.get("largest", 1)),
+                                                   "sorted": bool(a.get("sorted", 1))}, "TopK", name)
+
+    def op_ScatterElements(self, name, ins, outs, a, consts):
+        """torch's scatter: ``scatter(x, index, src; dim)`` for reduction none, ``scatter_add`` for add (a
+        constant index checked and taken into [0, s), a run-time one noted); mul, max and min stay unmapped."""
+        data, idx, src = ins[:3]
+        axis = self._axis("ScatterElements", name, data, int(a.get("axis", 0)))
+        reduction = a.get("reduction", b"none")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+        if reduction not in ("none", "add"):
+            return self.add("unmapped:ScatterElements", ins[:3], outs, {}, "ScatterElements", name)
+        idx = self._constant_index("ScatterElements", name, data, idx, axis, consts[1])
+        self.add("scatter" if reduction == "none" else "scatter_add", [data, idx, src], outs, {"dim": axis},
+                 "ScatterElements", name)
+
     def op_OneHot(self, name, ins, outs, a, consts):
         """``one_hot(indices; num_classes)`` (then a cast) for values ``[0, 1]`` on a new last axis and
         indices in ``[0, depth)``; other forms stay unmapped."""

@@ -104,6 +104,7 @@ class _Sweep:
         self.nodes: dict[str, Node] = {}
         self.changed: set[str] = set()  # values whose spec differs from the given graph's
         self.moved: dict[tuple[str, object], str] = {}  # (value, wanted layout) -> redistribute node
+        self.moves_of: dict[str, list[str]] = {}  # value -> its redistribute nodes so far, in order
         self.inserted = 0
         # pure functions of (spec, wanted layout), kept in the propagate cache so that later runs share them
         self.free: dict = self.propagate.cache.setdefault(_FREE, {})
@@ -115,6 +116,7 @@ class _Sweep:
         if self.changed and not self.changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
         if node.meta[meta.VIOLATIONS]:
+            node = self._reuse_moves(node)
             for _ in range(self.reshard.max_rounds):
                 if not any(v.fixable for v in node.meta[meta.VIOLATIONS]):
                     break
@@ -139,6 +141,55 @@ class _Sweep:
         spec = self.spec
         self.propagate.visit(self.graph, copy, tuple([spec(value) for value in inputs]))
         return copy
+
+    def _reuse_moves(self, node: Node) -> Node:
+        """``node``, reading an input from a redistribute node already in the graph where that
+        makes the node's own moves cheaper.
+
+        A move another consumer asked for is paid once, whoever reads it: a rule that sees only
+        its own operands does not know that, and may choose to move a second operand (or leave
+        a partial sum to reduce later) where reading the moved value costs nothing more.  The
+        backward of a linear is the case: the output cotangent is gathered for the input
+        gradient, and the weight gradient reading that gathered cotangent needs no move of its
+        own and is no partial sum.  Each input with moved versions is tried in turn, each
+        substitution kept when the node's cost (:meth:`_cost`) falls strictly.
+        """
+        if not any(v.fixable for v in node.meta[meta.VIOLATIONS]) or self.moves_of.keys().isdisjoint(node.inputs):
+            return node
+        best, best_cost = node, self._cost(node)
+        for i, value in enumerate(node.inputs):
+            for moved in self.moves_of.get(value, ()):
+                inputs = list(best.inputs)
+                inputs[i] = moved
+                candidate = self._visit_copy(node, tuple(inputs))
+                cost = self._cost(candidate)
+                if cost < best_cost:
+                    best, best_cost = candidate, cost
+        return best
+
+    def _cost(self, node: Node) -> float:
+        """Bytes per rank of the moves ``node``'s rule asks for, plus reducing any partial output
+        to Replicate (what a partial sum costs its consumers at most); infinite when a violation
+        is not fixable by a move."""
+        m = node.meta
+        if any(not v.fixable for v in m[meta.VIOLATIONS]):
+            return float("inf")
+        total = 0
+        for value, want in zip(node.inputs, m[meta.WANTS]):
+            if want is not None:
+                total += self._bytes(self.spec(value), want)
+        for spec in m[meta.SPECS]:
+            if spec is not None and spec.layout.has_partial():
+                reduced = ["R" if p.is_partial() else p for p in spec.layout.placements]
+                total += self._bytes(spec, spec.layout.with_placements(reduced))
+        return total
+
+    def _bytes(self, spec, want) -> float:
+        """Bytes per rank of moving ``spec`` to ``want`` (infinite when no redistribution can)."""
+        try:
+            return plan_redistribution(spec, want).bytes_per_rank
+        except LayoutPropError:
+            return float("inf")
 
     def _is_free(self, spec, want) -> bool | None:
         """Whether moving ``spec`` to ``want`` costs nothing (None: no redistribution can)."""
@@ -174,6 +225,7 @@ class _Sweep:
             if name is None:
                 name = self._insert_move(node, i, value, spec, want)
                 self.moved[key] = name
+                self.moves_of.setdefault(value, []).append(name)
             inputs[i] = name
         return tuple(inputs)
 

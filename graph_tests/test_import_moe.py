@@ -239,6 +239,8 @@ def test_topk_and_scatter_elements_forms_compute_what_onnx_computes():
         np.testing.assert_allclose(g_, w, rtol=1e-6)
     rows = next(n for n in graph.inputs() if n.name.startswith("rows"))
     assert rows.name == "rows_wrapped"
+    assert any("(ScatterElements) is torch's: its run-time indices must lie in [0, 3)" in note
+               for note in graph.meta["import_notes"])
 
 
 def test_scatter_elements_mul_stays_unmapped_and_a_run_time_k_is_a_dynamic_shape(capsys, tmp_path):

@@ -133,7 +133,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--emulate-nodes", type=_count_arg, metavar="N",
                    help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
     r.add_argument("--rtol", type=_tolerance, default=None,
-                   help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2)")
+                   help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2, bfloat16 "
+                        "8e-2)")
+    r.add_argument("--inputs", type=Path, default=None, metavar="FILE.npz",
+                   help="global arrays of some or all graph inputs, keyed by input name (numpy.savez; no pickles); "
+                        "the others are drawn at random, or with MODEL --plan PLAN are the model's own weights")
     from .io.sizes import GRAMMAR as SIZE_GRAMMAR  # --max-memory's grammar, the same as plan --memory-per-rank's
 
     r.add_argument("--max-memory", type=_memory_size, default=None, metavar="SIZE",
@@ -179,6 +183,22 @@ def _parser() -> argparse.ArgumentParser:
     ve.add_argument("--jobs", type=_jobs_arg, default=1,
                     help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
     ve.add_argument("--json", action="store_true", help="print one JSON object")
+
+    au = sub.add_parser("audit", help="judge a hyper-parallel checkout's sharding rules by execution",
+                        epilog=RUNS_CODE)
+    au.add_argument("path", metavar="PATH", type=Path,
+                    help="a hyper-parallel checkout (the folder holding hyper_parallel/); its package is imported, "
+                         "so its code RUNS with your permissions")
+    au.add_argument("--op", action="append", metavar="NAME", help="an upstream op name (repeatable; default all)")
+    au.add_argument("--module", type=Path, action="append", metavar="FILE",
+                    help="a Python file defining DistributedOp subclasses that register more ops (repeatable; "
+                         "imported after the checkout, its code RUNS)")
+    au.add_argument("--mesh", action="append", type=_mesh_arg, metavar="AxB",
+                    help="a mesh shape such as 4 or 2x2 (repeatable; default 4 and 2x2)")
+    au.add_argument("--samples", type=_positive_int, default=256, metavar="N",
+                    help="input combinations per case and mesh, a seeded sample beyond N (default 256)")
+    au.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
+    au.add_argument("--json", action="store_true", help="print one JSON object")
 
     _add_model_args(_add_viz_parser(sub))
     _add_import_parser(sub)
@@ -459,7 +479,7 @@ def _samples_arg(text: str) -> int | str:
 #: each has ``run(args) -> exit code``
 COMMANDS = {"check": "check", "run": "run", "demo": "demo", "explain": "explain", "verify": "verify", "viz": "viz",
             "import": "import_model", "plan": "plan", "gen": "gen", "ops": "ops", "lower": "lower",
-            "estimate": "estimate"}
+            "estimate": "estimate", "audit": "audit"}
 
 
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)

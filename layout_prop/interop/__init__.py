@@ -1,0 +1,10 @@
+"""Working with other projects' sharding rules: ``audit`` judges hyper-parallel's ``infer_layout`` numerically.
+
+May import: core, io, ops, kernels, passes, engines, testing (graph_tests/test_layering.py).
+"""
+
+from .audit import AuditReport, OpAudit, run_audit
+from .hyper_parallel import Checkout, from_upstream, load_checkout, to_upstream, upstream_text
+
+__all__ = ["AuditReport", "OpAudit", "run_audit", "Checkout", "load_checkout", "to_upstream", "from_upstream",
+           "upstream_text"]

@@ -1,0 +1,420 @@
+"""Judge hyper-parallel's ``infer_layout`` answers by execution with layout-prop's kernels.
+
+For each upstream op with audit cases (:mod:`.cases`), every input layout combination
+(each operand R, S(d) for each dim of size > 1 and, where the case allows, P(sum), on
+each mesh axis; a seeded sample beyond ``budget`` combinations) on each mesh is put to the
+upstream rule.  An answer is judged the way layout-prop judges its own rules: the seeded
+global inputs are cut by the input layouts (Partial inputs split into random terms), the
+op runs on every rank with layout-prop's numpy kernel (the rule's localized attrs; the
+rule's own ``get_expand_impl`` where it has one, around the same kernel), the local
+results are assembled by the layouts the rule claims, and compared with one device.
+
+Each combination lands in one class: ``right`` (accepted, equal to one device), ``wrong``
+(accepted, different, or a local shape that does not fit the claimed layout),
+``over_strict`` (rejected, while layout-prop's rule accepts the same inputs without any
+redistribution and its answer, judged the same way, is right), ``rejected`` (the rest of
+the refusals) and ``unjudged`` (an answer outside what can be executed here: a partial op
+layout-prop does not model, an expansion that does not run on numpy arrays).  The first
+combination of each class with the fewest mesh axes and sharded or partial placements is
+kept as its reproducer, written in hyper-parallel's terms and as a layout-prop spec.
+
+Only the forward is judged: an upstream rule has no gradient rule of its own to execute.
+Uneven shards are cut as ``torch.chunk`` does (DTensor's convention, and layout-prop's).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from layout_prop.core import meta
+from layout_prop.core.errors import ExecutionError, LayoutPropError, OpError, describe
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.redistribute import plan_redistribution
+from layout_prop.core.registry import OpRule, get_rule
+from layout_prop.core.spec import TensorSpec
+from layout_prop.engines.collectives import apply_plan, assemble, scatter_global
+from layout_prop.io.loader import load_spec
+from layout_prop.kernels.numpy_backend import KERNELS, get_kernel
+from layout_prop.passes.propagate import Propagate
+
+from .cases import NOT_MAPPED, Case, cases_for
+from .hyper_parallel import Checkout, from_upstream, quiet_backend, to_upstream, upstream_text
+
+__all__ = ["AuditReport", "OpAudit", "Finding", "run_audit", "DEFAULT_MESHES", "CLASSES"]
+
+DEFAULT_MESHES = ((4,), (2, 2))
+MESH_NAMES = {1: ("tp",), 2: ("dp", "tp"), 3: ("dp", "tp", "sp")}
+CLASSES = ("right", "wrong", "over_strict", "rejected", "unjudged")
+RTOL = 1e-9  # float64 throughout: the comparison only has rounding to forgive
+
+
+@dataclass
+class Finding:
+    """One combination, as a reproducer in both projects' terms."""
+
+    kind: str
+    upstream_op: str
+    case: Case
+    mesh: DeviceMesh
+    placements: tuple[tuple[str, ...], ...]
+    upstream_answer: str
+    ours: str
+    message: str = ""
+
+    def weight(self) -> tuple[int, int]:
+        sharded = sum(1 for ps in self.placements for p in ps if p != "R")
+        return (self.mesh.ndim, sharded)
+
+    def upstream_code(self) -> str:
+        lines = ["from hyper_parallel.core.layout import Layout",
+                 "from hyper_parallel.core.shard.ops.parallel_ops_register import get_distributed_op"]
+        names = []
+        for i, (shape, ps) in enumerate(zip(self.case.shapes, self.placements)):
+            var = f"in{i}"
+            names.append(var)
+            lines += upstream_text(Layout(self.mesh, ps, len(shape)), var)
+        slots = ", ".join("None" if s is None else names[s] for s in self.case.slots)
+        comma = "," if len(self.case.slots) == 1 else ""
+        lines.append(f"get_distributed_op({self.upstream_op!r}).infer_layout(({slots}{comma}), "
+                     f"{self.case.extra_args!r})  # global shapes {[list(s) for s in self.case.shapes]}")
+        return "\n".join(lines)
+
+    def spec(self) -> dict:
+        return _single_spec(self.case, self.mesh, self.placements)
+
+    def to_dict(self) -> dict:
+        return {"class": self.kind, "mesh": list(self.mesh.shape),
+                "inputs": {f"in{i}": {"shape": list(s), "placements": list(p)}
+                           for i, (s, p) in enumerate(zip(self.case.shapes, self.placements))},
+                "extra_args": repr(self.case.extra_args), "upstream": self.upstream_code(),
+                "upstream_answer": self.upstream_answer, "layout_prop_answer": self.ours,
+                "layout_prop_spec": self.spec(), "message": self.message}
+
+
+@dataclass
+class OpAudit:
+    """The counts of one upstream op over its cases and meshes, with one reproducer per class."""
+
+    name: str
+    op: str
+    source: str
+    combinations: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in CLASSES})
+    examples: dict[str, Finding] = field(default_factory=dict)
+    unjudged_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def accepted(self) -> int:
+        return self.counts["right"] + self.counts["wrong"] + self.counts["unjudged"]
+
+    def add(self, finding: Finding) -> None:
+        self.combinations += 1
+        self.counts[finding.kind] += 1
+        if finding.kind == "unjudged":
+            self.unjudged_reasons[finding.message] = self.unjudged_reasons.get(finding.message, 0) + 1
+        old = self.examples.get(finding.kind)
+        if old is None or finding.weight() < old.weight():
+            self.examples[finding.kind] = finding
+
+    def to_dict(self) -> dict:
+        return {"op": self.name, "layout_prop_op": self.op, "source": self.source,
+                "combinations": self.combinations, "accepted": self.accepted,
+                **{k: self.counts[k] for k in CLASSES},
+                "unjudged_reasons": dict(sorted(self.unjudged_reasons.items())),
+                "reproducers": {k: self.examples[k].to_dict() for k in CLASSES
+                                if k in self.examples and k in ("wrong", "over_strict", "rejected")}}
+
+
+@dataclass
+class AuditReport:
+    root: str
+    meshes: list
+    ops: list[OpAudit] = field(default_factory=list)
+    not_mapped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not any(a.counts["wrong"] for a in self.ops)
+
+    def totals(self) -> dict[str, int]:
+        out = {k: sum(a.counts[k] for a in self.ops) for k in CLASSES}
+        out["combinations"] = sum(a.combinations for a in self.ops)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checkout": self.root, "meshes": [list(m) for m in self.meshes],
+                "totals": self.totals(), "ops": [a.to_dict() for a in self.ops],
+                "not_mapped": dict(sorted(self.not_mapped.items())),
+                "failed_to_load": dict(sorted(self.failed.items()))}
+
+
+# --------------------------------------------------------------------------- combinations
+def _choices(shape: Sequence[int], partial: bool) -> list[str]:
+    out = ["R"] + [f"S({d})" for d, n in enumerate(shape) if n != 1]
+    return out + (["P(sum)"] if partial else [])
+
+
+def _combos(case: Case, mesh: DeviceMesh, budget: int, rng: random.Random):
+    """Per operand, its placements (one per mesh axis): every combination, or a seeded sample of ``budget``."""
+    per_operand = [list(itertools.product(*[_choices(s, case.partial)] * mesh.ndim)) for s in case.shapes]
+    total = 1
+    for options in per_operand:
+        total *= len(options)
+    if total <= budget:
+        yield from itertools.product(*per_operand)
+        return
+    seen = set()
+    while len(seen) < budget:
+        combo = tuple(rng.choice(options) for options in per_operand)
+        if combo not in seen:
+            seen.add(combo)
+            yield combo
+
+
+def _single_spec(case: Case, mesh: DeviceMesh, placements) -> dict:
+    rule = get_rule(case.op)
+    names = [rule.operand_name(i) for i in range(len(case.shapes))]
+    inputs = {}
+    for i, (name, shape, ps) in enumerate(zip(names, case.shapes, placements)):
+        entry: dict[str, Any] = {"shape": list(shape), "placements": list(ps)}
+        if case.dtypes:
+            entry["dtype"] = case.dtypes[i]
+        else:
+            entry["dtype"] = "float64"
+        inputs[name] = entry
+    outs = [rule.name] if rule.num_outputs == 1 else [f"{rule.name}:{k}" for k in range(rule.num_outputs)]
+    return {"mesh": {"shape": list(mesh.shape), "names": list(mesh.names)}, "inputs": inputs,
+            "nodes": [{"name": rule.name, "op": rule.name, "inputs": names, "attrs": dict(case.attrs)}],
+            "outputs": outs}
+
+
+def _global_inputs(case: Case, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, shape in enumerate(case.shapes):
+        dtype = case.dtypes[i] if case.dtypes else "float64"
+        if np.dtype(dtype).kind == "f":
+            out.append(rng.standard_normal(shape).astype(dtype))
+        else:
+            high = case.int_high[i] if case.int_high else 4
+            out.append(rng.integers(0, max(high, 1), shape).astype(dtype))
+    return out
+
+
+def _outputs(result) -> tuple:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+# --------------------------------------------------------------------------- execution
+def _localized(rule: OpRule, attrs: dict, in_specs, out_specs, rank: int) -> dict:
+    if type(rule).localize is OpRule.localize:
+        return attrs
+    return rule.localize(attrs, tuple(in_specs), tuple(out_specs), rank)
+
+
+def execute(rule: OpRule, attrs: dict, in_specs: Sequence[TensorSpec], locals_in: Sequence[list],
+            out_specs: Sequence[TensorSpec], reference: Sequence[np.ndarray],
+            wrap: Callable | None = None) -> str | None:
+    """Run ``rule``'s kernel on every rank, assemble by ``out_specs``, compare with ``reference``.
+
+    ``wrap(rank, call)`` may return the callable to run on a rank's local arrays instead of
+    ``call`` (an upstream expansion around the kernel).  Returns None when every output
+    agrees, else what differs (a kernel failure or a local shape the layout does not give
+    counts as a difference).
+    """
+    kernel = get_kernel(rule.name, KERNELS)
+    size = in_specs[0].mesh.size
+    per_rank = []
+    for rank in range(size):
+        local_attrs = _localized(rule, attrs, in_specs, out_specs, rank)
+        args = [locals_in[i][rank] for i in range(len(in_specs))]
+
+        def call(*a, _attrs=local_attrs):
+            return kernel(*a, **_attrs)
+
+        fn = wrap(rank, call) if wrap is not None else None
+        try:
+            res = fn(*args) if fn is not None else call(*args)
+        except LayoutPropError as err:
+            return f"rank {rank}: {err}"
+        except Exception as exc:  # the local shapes the layouts give do not run: the answer is wrong
+            return f"the kernel failed on rank {rank} with local shapes {[list(a.shape) for a in args]}: " \
+                   f"{describe(exc)}"
+        per_rank.append(_outputs(res))
+    for k, (spec, ref) in enumerate(zip(out_specs, reference)):
+        try:
+            got = assemble([np.asarray(r[k]) for r in per_rank], spec, rtol=RTOL, atol=RTOL)
+        except ExecutionError as err:
+            return f"output {k}: {err.message}"
+        if got.shape != ref.shape:
+            return f"output {k}: assembled shape {list(got.shape)}, one device {list(ref.shape)}"
+        ok = np.array_equal(got, ref) if ref.dtype.kind not in "fc" else \
+            np.allclose(got, ref, rtol=RTOL, atol=RTOL * max(1.0, float(np.nanmax(np.abs(ref), initial=0))),
+                        equal_nan=True)
+        if not ok:
+            diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+            at = [int(i) for i in np.unravel_index(int(diff.argmax()), diff.shape)]
+            return f"output {k} differs from one device: max abs error {float(diff.max()):.3g} at {at}"
+    return None
+
+
+def _our_answer(case: Case, mesh: DeviceMesh, placements):
+    """layout-prop's rule on the same inputs: (violation codes, output specs, wants, attrs)."""
+    graph = load_spec(_single_spec(case, mesh, placements))
+    Propagate().run(graph)
+    node = next(n for n in graph.topo_order() if n.op != "input")
+    m = node.meta
+    codes = sorted({v.code for v in m.get(meta.VIOLATIONS, ())})
+    return codes, tuple(m[meta.SPECS]), tuple(m.get(meta.WANTS, ())), m[meta.ATTRS]
+
+
+def _describe_ours(codes, out_specs) -> str:
+    if codes:
+        return "rejects: " + ", ".join(codes)
+    return "accepts: " + "; ".join(str(s.layout) for s in out_specs if s is not None)
+
+
+def _judge_ours(rule, in_specs, locals_in, out_specs, wants, attrs, reference) -> str | None:
+    """Our accepted answer, judged by the same execution (free wanted moves applied first)."""
+    specs, arrays = list(in_specs), list(locals_in)
+    for i, want in enumerate(wants):
+        if want is None or want == specs[i].layout:
+            continue
+        plan = plan_redistribution(specs[i], want)
+        if not plan.is_free:
+            return f"operand {i} needs communication ({specs[i].layout} -> {want})"
+        arrays[i] = apply_plan(plan, arrays[i])
+        specs[i] = plan.dst
+    return execute(rule, attrs, specs, arrays, out_specs, reference)
+
+
+# --------------------------------------------------------------------------- one op
+def _wrap_for(checkout: Checkout, up_op, case: Case, up_out, layouts, extra_args):
+    """The upstream expansion around the kernel (Add and Linear scale a term), when the class has one."""
+    get_impl = getattr(type(up_op), "get_expand_impl", None)
+    if get_impl is None or get_impl is checkout.base_class.get_expand_impl:
+        return None
+    position = {s: p for p, s in enumerate(case.slots) if s is not None}
+
+    def wrap(rank: int, call: Callable):
+        def func(*upos):
+            return call(*[upos[position[i]] for i in range(len(case.shapes))])
+
+        with quiet_backend(checkout):
+            impl = up_op.get_expand_impl(func, up_out[0] if len(up_out) == 1 else up_out, layouts,
+                                         copy.deepcopy(extra_args))
+        if impl is None:
+            return None
+
+        def run(*args):
+            upos = [None] * len(case.slots)
+            for i, a in enumerate(args):
+                upos[position[i]] = a
+            return impl(*upos)
+
+        return run
+
+    return wrap
+
+
+def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMesh, audit: OpAudit,
+               budget: int, seed: int) -> None:
+    """Every input combination of ``case`` on ``mesh``, into ``audit``'s counts."""
+    rule = get_rule(case.op)
+    globals_ = _global_inputs(case, seed)
+    attrs = rule.normalize_attrs(dict(case.attrs))
+    reference = _outputs(get_kernel(rule.name, KERNELS)(*globals_, **attrs))
+    reference = tuple(np.asarray(r) for r in reference)
+    rng = random.Random(f"{seed}:{name}:{case.describe()}:{mesh.shape}")
+    split_rng = np.random.default_rng(seed)
+    for placements in _combos(case, mesh, budget, rng):
+        try:
+            in_specs = [TensorSpec(s, (case.dtypes[i] if case.dtypes else "float64"), Layout(mesh, ps, len(s)))
+                        for i, (s, ps) in enumerate(zip(case.shapes, placements))]
+        except LayoutPropError:  # a layout that cannot exist (a size-1 dim on several devices): not tried
+            continue
+        locals_in = [scatter_global(g, spec, split_rng) for g, spec in zip(globals_, in_specs)]
+        layouts = tuple(None if s is None else to_upstream(checkout, in_specs[s].layout) for s in case.slots)
+        extra_args = copy.deepcopy(case.extra_args)
+        codes, our_specs, wants, our_attrs = _our_answer(case, mesh, placements)
+        ours = _describe_ours(codes, our_specs)
+        finding = Finding("rejected", name, case, mesh, tuple(tuple(p) for p in placements), "", ours)
+        try:
+            with quiet_backend(checkout):
+                answer = up_op.infer_layout(layouts, extra_args)
+        except Exception as exc:  # the rule refuses these inputs (ValueError, mostly)
+            finding.upstream_answer = "raises " + describe(exc)
+            if not codes:
+                problem = _judge_ours(rule, in_specs, locals_in, our_specs, wants, our_attrs, reference)
+                if problem is None:
+                    finding.kind = "over_strict"
+                else:
+                    finding.message = f"layout-prop's own answer is wrong here too: {problem}"
+            audit.add(finding)
+            continue
+        up_out = [a for a in _outputs(answer) if a is not None and hasattr(a, "tensor_map")]
+        finding.upstream_answer = "; ".join(str(_safe_layout(a, mesh)) for a in up_out)
+        n = min(len(up_out), len(reference))
+        if n == 0:
+            finding.kind, finding.message = "unjudged", "the rule returned no Layout"
+            audit.add(finding)
+            continue
+        try:
+            out_specs = [TensorSpec(reference[k].shape, str(reference[k].dtype), from_upstream(up_out[k], mesh))
+                         for k in range(n)]
+        except LayoutPropError as err:
+            unsupported = err.code == "unsupported-layout"
+            finding.kind = "unjudged" if unsupported else "wrong"
+            finding.message = err.message if unsupported else f"the claimed layout cannot exist: {err.message}"
+            audit.add(finding)
+            continue
+        wrap = _wrap_for(checkout, up_op, case, up_out, layouts, case.extra_args)
+        problem = execute(rule, attrs, in_specs, locals_in, out_specs, reference[:n], wrap)
+        finding.kind = "right" if problem is None else "wrong"
+        finding.message = problem or ""
+        audit.add(finding)
+
+
+def _safe_layout(up, mesh: DeviceMesh) -> str:
+    try:
+        return str(from_upstream(up, mesh))
+    except LayoutPropError:
+        return f"tensor_map {up.tensor_map} partial {up.partial}"
+
+
+def run_audit(checkout: Checkout, ops: Sequence[str] | None = None, meshes: Sequence[Sequence[int]] = DEFAULT_MESHES,
+              budget: int = 256, seed: int = 0, progress: Callable[[str], None] | None = None) -> AuditReport:
+    """Audit the checkout's ops (all, or the names in ``ops``) on ``meshes``.
+
+    ``budget`` bounds the combinations tried per case and mesh (a seeded sample beyond it).
+    Raises ``OpError`` ``unknown-op`` for a name in ``ops`` that the checkout does not register.
+    """
+    report = AuditReport(str(checkout.root), [tuple(m) for m in meshes], failed=dict(checkout.failed))
+    names = sorted(checkout.ops) if ops is None else list(ops)
+    for name in names:
+        if name not in checkout.ops:
+            known = ", ".join(sorted(checkout.ops)[:8])
+            raise OpError("unknown-op", f"the checkout registers no op {name!r}",
+                          hint=f"name an op of its ops/yaml files (e.g. {known})")
+    for name in names:
+        cases = cases_for(name)
+        if not cases:
+            report.not_mapped[name] = NOT_MAPPED.get(name, "no audit case written")
+            continue
+        if progress is not None:
+            progress(name)
+        audit = OpAudit(name, get_rule(cases[0].op).name, checkout.sources.get(name, "?"))
+        for case in cases:
+            for shape in meshes:
+                mesh = DeviceMesh(tuple(shape), MESH_NAMES[len(shape)])
+                audit_case(checkout, name, checkout.ops[name], case, mesh, audit, budget, seed)
+        report.ops.append(audit)
+    return report

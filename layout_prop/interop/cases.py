@@ -1,0 +1,159 @@
+"""How each upstream op is called: the layout-prop op that executes it, sample shapes and extra args.
+
+hyper-parallel's dispatcher hands a rule ``infer_layout(layouts, extra_args)``: one layout
+per positional argument (``None`` for a non-tensor one) and the non-tensor arguments in
+order; ops registered "with shape" get the input shapes as the last extra arg.  A
+:class:`Case` writes one such call for one sample: the shapes of the tensor operands (in
+our op's operand order), where each sits in upstream's ``layouts`` (``slots``), the
+``extra_args``, and our op's attrs for the same call.  Shapes mix uneven dims (6 or 5 on 4
+devices) and size-1 dims.
+
+An upstream op with no entry in :data:`CASES` is listed as not mapped, with the reason
+from :data:`NOT_MAPPED` (or "no audit case written" when none is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Case", "CASES", "NOT_MAPPED", "cases_for"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One sample call of an upstream op and of the layout-prop op that executes it.
+
+    Parameters
+    ----------
+    op : str
+        The layout-prop op (canonical name or alias).
+    shapes : tuple of tuple of int
+        Global shapes of the tensor operands, in the layout-prop op's operand order.
+    slots : tuple
+        Upstream's ``layouts`` positions: an operand index, or None for a non-tensor argument.
+    extra_args : Any
+        Upstream's ``extra_args`` for this call.
+    attrs : dict
+        The layout-prop op's attrs for the same call.
+    dtypes : tuple of str, optional
+        Per operand (default float64 for all).
+    int_high : tuple of int, optional
+        Per operand, the exclusive upper bound of random integers (index operands).
+    partial : bool
+        Try ``P(sum)`` inputs too.
+    """
+
+    op: str
+    shapes: tuple
+    slots: tuple
+    extra_args: Any = ()
+    attrs: dict = field(default_factory=dict)
+    dtypes: tuple | None = None
+    int_high: tuple | None = None
+    partial: bool = True
+
+    def describe(self) -> str:
+        return f"{self.op} on shapes {[list(s) for s in self.shapes]}" + (f" {self.attrs}" if self.attrs else "")
+
+
+def _shapes_arg(shapes) -> list:
+    return [list(s) for s in shapes]
+
+
+def _unary(op: str) -> list[Case]:
+    return [Case(op, ((6, 1, 5),), (0,), ())]
+
+
+def _binary(op: str, with_shapes: bool = True) -> list[Case]:
+    out = []
+    for shapes in (((6, 5), (6, 5)), ((6, 1, 5), (5,)), ((6, 5), (1, 5))):
+        extra = [_shapes_arg(shapes)] if with_shapes else []
+        out.append(Case(op, shapes, (0, 1), extra))
+    return out
+
+
+def _matmul(transposes=(False, False), extra: bool = True) -> Case:
+    ta, tb = transposes
+    x = (4, 6) if ta else (6, 4)
+    w = (5, 4) if tb else (4, 5)
+    return Case("matmul", (x, w), (0, 1), [ta, tb] if extra else [],
+                {"transpose_a": ta, "transpose_b": tb})
+
+
+def _build() -> dict[str, list[Case]]:
+    cases: dict[str, list[Case]] = {}
+    for name in ("ReLU", "Sigmoid", "Silu", "Cos", "Sin", "Neg", "Exp", "relu", "gelu", "rsqrt", "sigmoid", "silu",
+                 "cos", "sin", "neg", "exp"):
+        cases[name] = _unary(name)
+    for name in ("Add", "Sub", "Mul", "Div", "RealDiv", "Minimum", "add", "sub", "mul", "div"):
+        cases[name] = _binary(name)
+    cases["MatMul"] = [_matmul((False, False)), _matmul((False, True)), _matmul((True, False))]
+    cases["matmul"] = [_matmul((False, False), extra=False)]
+    cases["MatMulExt"] = [_matmul((False, False), extra=False)]
+    cases["BatchMatMul"] = [Case("batch_matmul", ((2, 6, 4), (2, 4, 5)), (0, 1), [False, False]),
+                            Case("batch_matmul", ((2, 6, 4), (2, 5, 4)), (0, 1), [False, True],
+                                 {"transpose_b": True})]
+    for name in ("Dense", "linear"):
+        cases[name] = [Case("linear", ((6, 4), (5, 4), (5,)), (0, 1, 2), []),
+                       Case("linear", ((6, 4), (5, 4)), (0, 1, None), [])]
+    for name in ("Softmax", "softmax"):
+        cases[name] = [Case("softmax", ((6, 5),), (0,), [-1] if name == "softmax" else [(-1,)], {"axis": -1}),
+                       Case("softmax", ((6, 1, 5),), (0,), [0] if name == "softmax" else [(0,)], {"axis": 0})]
+    cases["RmsNorm"] = [Case("rms_norm", ((6, 5), (5,)), (0, 1, None), [1e-6], {"eps": 1e-6}, partial=False)]
+    cases["layer_norm"] = [Case("layer_norm", ((6, 5), (5,), (5,)), (0, None, 1, 2), [[5], 1e-5], {"eps": 1e-5})]
+    cases["topk"] = [Case("topk", ((6, 5),), (0,), [2, -1], {"k": 2, "dim": -1}),
+                     Case("topk", ((6, 5),), (0,), [2, 0], {"k": 2, "dim": 0})]
+    cases["sort"] = [Case("sort", ((6, 5),), (0,), [-1], {"dim": -1}), Case("sort", ((6, 5),), (0,), [0], {"dim": 0})]
+    cases["GatherD"] = [Case("gather", ((6, 5), (6, 3)), (0, None, 1), [1], {"dim": 1}, dtypes=("float64", "int64"),
+                             int_high=(0, 5)),
+                        Case("gather", ((6, 5), (3, 5)), (0, None, 1), [0], {"dim": 0}, dtypes=("float64", "int64"),
+                             int_high=(0, 6))]
+    for name in ("Transpose", "permute"):
+        cases[name] = [Case("transpose", ((6, 1, 5),), (0,), [(2, 0, 1)], {"dims": [2, 0, 1]})]
+    for name in ("Concat", "cat"):
+        cases[name] = [Case("concat", ((3, 5), (2, 5), (6, 5)), (0, 1, 2), [0], {"axis": 0}),
+                       Case("concat", ((6, 1), (6, 5)), (0, 1), [1], {"axis": 1})]
+    cases["cumsum"] = [Case("cumsum", ((6, 5),), (0,), [1], {"dim": 1}), Case("cumsum", ((6, 5),), (0,), [0], {"dim": 0})]
+    for name, op in (("sum", "sum"), ("mean", "mean")):
+        cases[name] = [Case(op, ((6, 1, 5),), (0,), [[2], False], {"dims": [2], "keepdim": False}),
+                       Case(op, ((6, 1, 5),), (0,), [[0], True], {"dims": [0], "keepdim": True})]
+    for name in ("ExpandDims", "unsqueeze"):
+        cases[name] = [Case("unsqueeze", ((6, 5),), (0,), [1], {"dim": 1})]
+    return cases
+
+
+#: upstream op name -> its sample calls
+CASES: dict[str, list[Case]] = _build()
+
+#: upstream ops audit does not run, and why
+NOT_MAPPED: dict[str, str] = {
+    "FloorDiv": "layout-prop has no floor_div op",
+    "AddScalar": "a tensor and a Python scalar: no layout-prop op takes a scalar operand",
+    "SubScalar": "a tensor and a Python scalar: no layout-prop op takes a scalar operand",
+    "Log": "layout-prop has no log op", "log": "layout-prop has no log op",
+    "NotEqual": "layout-prop has no comparison ops", "not_equal": "layout-prop has no comparison ops",
+    "LessEqual": "layout-prop has no comparison ops", "GreaterEqual": "layout-prop has no comparison ops",
+    "LogicalOr": "layout-prop has no logical ops", "__and__": "layout-prop has no logical ops",
+    "__or__": "layout-prop has no logical ops", "__eq__": "layout-prop has no comparison ops",
+    "ge": "layout-prop has no comparison ops", "gt": "layout-prop has no comparison ops",
+    "le": "layout-prop has no comparison ops", "lt": "layout-prop has no comparison ops",
+    "Contiguous": "a memory-format op: no values change", "contiguous": "a memory-format op: no values change",
+    "CellBackwardHook": "a hook, not a computation",
+    "Square": "layout-prop has no square op", "square": "layout-prop has no square op",
+    "ToDtype": "no audit case written (cast)", "Cast": "no audit case written (cast)",
+    "cast": "no audit case written (cast)", "long": "a dtype conversion: no audit case written",
+    "int": "a dtype conversion: no audit case written", "float": "a dtype conversion: no audit case written",
+    "Tile": "layout-prop has no tile op",
+    "reshape": "the rule also returns the local shape to reshape to: not judged by this audit yet",
+    "Reshape": "the rule also returns the local shape to reshape to: not judged by this audit yet",
+    "view": "the rule also returns the local shape to reshape to: not judged by this audit yet",
+    "FlashAttentionScore": "its rule class is no DistributedOp (a Cell-level expansion with its own communication)",
+    "npu_fusion_attention": "its rule class is no DistributedOp (a Cell-level expansion with its own communication)",
+    "scaled_dot_product_attention": "its rule class is no DistributedOp (an expansion with its own communication)",
+}
+
+
+def cases_for(name: str) -> list[Case]:
+    """The sample calls of upstream op ``name`` (empty when it is not mapped)."""
+    return CASES.get(name, [])

@@ -1,0 +1,242 @@
+"""Load the sharding rules of a hyper-parallel checkout, and convert its layouts to ours.
+
+hyper-parallel (MindSpore's hyper-parallel package, Apache-2.0) registers one
+``DistributedOp`` instance per op name: its ``yaml/`` files under
+``hyper_parallel/core/shard/ops`` name the class and module of each op, and instantiating
+the class registers it.  :func:`load_checkout` does the same from a path the user gives,
+without copying any of it into this repository, and returns the registry.
+
+Nothing of the checkout's communication layer runs: a ``Layout`` builds a device mesh,
+which would initialise a process group (HCCL or mccl).  While the checkout's code runs,
+:func:`quiet_backend` replaces the platform's ``init_process_group`` and the mesh's
+``_init_process_groups`` by no-ops (and restores them afterwards); the rules only read
+the mesh's shape, names and rank list.  Importing the package still imports its platform
+layer (MindSpore here); when that import fails the load is refused with one line
+(``upstream-import-failed``).
+
+Layout conversions: :func:`to_upstream` writes one of our layouts as
+``Layout(mesh_shape, alias_name)(*alias_tensor_map)`` plus ``set_partial_by_dev_axis``;
+:func:`from_upstream` reads a ``Layout`` back (device matrix, tensor_map, partial status);
+:func:`upstream_text` writes the reproducer form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from layout_prop.core.errors import LayoutError, LayoutPropError, SpecError, cut, describe
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+
+__all__ = ["Checkout", "load_checkout", "quiet_backend", "to_upstream", "from_upstream", "upstream_text",
+           "OPS_DIR"]
+
+#: where a checkout keeps its rules, relative to its root
+OPS_DIR = Path("hyper_parallel") / "core" / "shard" / "ops"
+#: the partial ops both sides know
+_PARTIAL_OPS = ("sum", "avg", "max", "min")
+
+
+@dataclass
+class Checkout:
+    """A loaded hyper-parallel checkout.
+
+    ``ops`` maps each registered op name to its ``DistributedOp`` instance; ``sources``
+    to the yaml file (or module) that registered it; ``layout_class`` is the checkout's
+    ``Layout``; ``failed`` maps op names whose class could not be loaded to the reason.
+    """
+
+    root: Path
+    ops: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    layout_class: Any = None
+    base_class: Any = None
+    registry: dict = field(default_factory=dict)
+
+
+def _check_root(path: Path) -> Path:
+    root = Path(path)
+    if not (root / OPS_DIR).is_dir():
+        raise SpecError("not-a-checkout", f"the folder has no {OPS_DIR.as_posix()}",
+                        path=str(path), hint="give the folder that holds hyper_parallel/ (a hyper-parallel checkout)")
+    return root.resolve()
+
+
+@contextlib.contextmanager
+def quiet_backend(checkout: Checkout | None = None):
+    """Run the checkout's code with its process-group set-up replaced by no-ops (restored on exit)."""
+    platform_mod = sys.modules.get("hyper_parallel.platform")
+    mesh_mod = sys.modules.get("hyper_parallel.core.device_mesh")
+    saved = []
+    if platform_mod is not None:
+        platform = platform_mod.get_platform()
+        saved.append((platform, "init_process_group", platform.__dict__.get("init_process_group")))
+        platform.init_process_group = lambda *args, **kwargs: None
+    if mesh_mod is not None:
+        cls = mesh_mod.DeviceMesh
+        saved.append((cls, "_init_process_groups", cls.__dict__.get("_init_process_groups")))
+        cls._init_process_groups = staticmethod(lambda *args, **kwargs: {})
+    try:
+        yield
+    finally:
+        for owner, name, old in saved:
+            if old is None:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, old)
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except LayoutPropError:
+        raise
+    except BaseException as exc:  # an ImportError, or a platform layer failing as it starts: one line
+        raise SpecError("upstream-import-failed", f"importing {name} failed: {describe(exc)}",
+                        hint="the checkout's platform layer (MindSpore) must import in this Python; "
+                             "run `python -c 'import " + name + "'` with the checkout on PYTHONPATH to see why") \
+            from None
+
+
+def _yaml_entries(ops_dir: Path) -> list[tuple[str, dict, str]]:
+    import yaml
+
+    entries = []
+    for path in sorted((ops_dir / "yaml").glob("*.yaml")):
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise SpecError("bad-checkout", f"cannot read {path.name}: {describe(exc)}", path=str(path),
+                            hint="the checkout's ops/yaml files must be readable YAML") from None
+        if not isinstance(data, dict):
+            continue
+        default = data.pop("__default__", None) or {}
+        for name, config in data.items():
+            merged = {**default, **(config or {})}
+            entries.append((str(name), merged, path.name))
+    return entries
+
+
+def load_checkout(path: str | Path) -> Checkout:
+    """Import the ``DistributedOp`` classes of the checkout at ``path`` and instantiate each yaml entry.
+
+    Raises ``SpecError`` ``not-a-checkout`` for a folder without ``hyper_parallel/core/shard/ops``,
+    ``upstream-import-failed`` when its package or Layout type does not import.  A single op
+    whose class does not load is recorded in ``Checkout.failed`` (the others still load).
+    """
+    root = _check_root(Path(path))
+    loaded = sys.modules.get("hyper_parallel")
+    if loaded is not None and getattr(loaded, "__file__", None):
+        where = Path(loaded.__file__).resolve().parent.parent
+        if where != root:
+            raise SpecError("upstream-already-loaded", f"this process already imported hyper_parallel from "
+                            f"{cut(str(where))!r}", hint="audit one checkout per process")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    checkout = Checkout(root=root)
+    layout_mod = _import("hyper_parallel.core.layout")
+    ops_mod = _import("hyper_parallel.core.shard.ops.parallel_ops")
+    register_mod = _import("hyper_parallel.core.shard.ops.parallel_ops_register")
+    checkout.layout_class = layout_mod.Layout
+    checkout.base_class = ops_mod.DistributedOp
+    checkout.registry = register_mod._DISTRIBUTED_OPS  # the dict upstream registers into
+    with quiet_backend(checkout):
+        for name, config, source in _yaml_entries(root / OPS_DIR):
+            try:
+                module_name = config.get("distributed_op_module") or \
+                    "hyper_parallel.core.shard.ops." + str(config["distributed_op_file"])
+                module = importlib.import_module(module_name)
+                cls = getattr(module, str(config["distributed_op_class"]))
+                instance = cls(name)
+            except Exception as exc:  # one op that does not load is reported; the rest load
+                checkout.failed[name] = f"{source}: {describe(exc)}"
+                continue
+            checkout.ops[name] = instance
+            checkout.sources[name] = source
+    return checkout
+
+
+def add_registered(checkout: Checkout, source: str) -> list[str]:
+    """Take into ``checkout.ops`` every op registered in upstream's registry since loading (a user's module)."""
+    new = []
+    for name, op in checkout.registry.items():
+        if checkout.ops.get(name) is not op:
+            checkout.ops[name] = op
+            checkout.sources[name] = source
+            checkout.failed.pop(name, None)
+            new.append(name)
+    return new
+
+
+# --------------------------------------------------------------------------- layouts
+def to_upstream(checkout: Checkout, layout: Layout):
+    """Our ``layout`` as the checkout's ``Layout`` (same device matrix, alias names, tensor_map, partial)."""
+    mesh = layout.mesh
+    base = checkout.layout_class(tuple(mesh.shape), tuple(mesh.names), init_backend=False)
+    out = base(*_alias_map(layout))
+    for axis, op in layout.partial_axes().items():
+        out.set_partial_by_dev_axis(mesh.names[axis], op)
+    return out
+
+
+def _alias_map(layout: Layout) -> tuple:
+    names = layout.mesh.names
+    out = []
+    for entry in layout.tensor_map():
+        if isinstance(entry, tuple):
+            out.append(tuple(names[layout.mesh.ndim - 1 - k] for k in entry))
+        else:
+            out.append("None" if entry == -1 else names[layout.mesh.ndim - 1 - entry])
+    return tuple(out)
+
+
+def from_upstream(up, mesh: DeviceMesh) -> Layout:
+    """The checkout's ``Layout`` ``up`` as ours on ``mesh``; ``LayoutError`` when it has no such form.
+
+    ``unsupported-layout`` for a partial op we do not model (prod, all) or another mesh;
+    ``invalid-layout`` for a tensor_map that is no layout (a mesh axis used twice...).
+    """
+    shape = tuple(int(n) for n in up.mesh_shape)
+    if shape != tuple(mesh.shape):
+        raise LayoutError("unsupported-layout", f"the rule answered on mesh {list(shape)}, the inputs were on "
+                          f"{list(mesh.shape)}", hint="an output layout is on the inputs' device matrix")
+    tensor_map = up.tensor_map
+    if tensor_map is None:
+        raise LayoutError("invalid-layout", "the rule answered a Layout without a tensor_map",
+                          hint="call the Layout with one alias per tensor dim")
+    partial = {}
+    for axis, op in enumerate(up.partial):
+        if op is None:
+            continue
+        if op not in _PARTIAL_OPS:
+            raise LayoutError("unsupported-layout", f"partial op {op!r} on mesh axis {mesh.names[axis]!r}",
+                              hint=f"layout-prop models the partial ops {', '.join(_PARTIAL_OPS)}")
+        partial[axis] = op
+    entries = [tuple(int(k) for k in e) if isinstance(e, (tuple, list)) else int(e) for e in tensor_map]
+    return Layout.from_tensor_map(mesh, entries, partial)
+
+
+def upstream_text(layout: Layout, var: str) -> list[str]:
+    """Python lines that build ``layout`` as the checkout's ``Layout`` in ``var``.
+
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> upstream_text(Layout(DeviceMesh((2, 2), ("dp", "tp")), ["S(0)", "P"], 2), "x")
+    ['x = Layout((2, 2), ("dp", "tp"))("dp", "None")', 'x.set_partial_by_dev_axis("tp", "sum")']
+    """
+    mesh = layout.mesh
+    comma = "," if mesh.ndim == 1 else ""
+    shape = "(" + ", ".join(map(str, mesh.shape)) + comma + ")"
+    names = "(" + ", ".join(f'"{n}"' for n in mesh.names) + comma + ")"
+    args = ", ".join("(" + ", ".join(f'"{x}"' for x in e) + ")" if isinstance(e, tuple) else f'"{e}"'
+                     for e in _alias_map(layout))
+    lines = [f"{var} = Layout({shape}, {names})({args})"]
+    for axis, op in layout.partial_axes().items():
+        lines.append(f'{var}.set_partial_by_dev_axis("{mesh.names[axis]}", "{op}")')
+    return lines

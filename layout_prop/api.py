@@ -184,6 +184,16 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
         notes.extend(completed.notes)
     if not completed.chosen:  # (complete leaves the graph propagated with what it chose)
         propagate.run(graph)
+    if reshard:  # ops whose rule has a sharded form of several nodes (passes/expand.py) take it where cheaper
+        from layout_prop.passes.expand import Expand
+
+        expanded = Expand(propagate).run(graph)
+        notes.extend(expanded.notes)
+        if expanded.expanded:
+            graph = expanded.graph
+            if plan is not None:  # the solver's plan of the graph before: ask again on the expanded one
+                plan = _global_choice(graph, backward)
+                chosen = None if plan is None else plan.chosen
     if plan is None and reshard and any(v.fixable for n in graph.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
         plan = _global_choice(graph, backward)  # only when there is something to fix
         chosen = None if plan is None else plan.chosen

@@ -19,7 +19,9 @@ The ops
     wants the mesh axis that cut the classes to cut a token dim instead (the one the target
     is sharded on there, else the largest unsharded one: an all-to-all, which moves 1/n of
     what an all-gather moves; an all-gather when no token dim is left).  For vocabulary-
-    sharded logits, the three-op vocab-parallel form below moves no logits at all.  Nothing
+    sharded logits, the three-op vocab-parallel form below moves no logits at all, and
+    ``check --reshard`` and ``run`` write the node as that form by themselves where it moves
+    fewer bytes than the logits' move (the rule's ``expand`` hook, ``passes/expand.py``).  Nothing
     is Partial (``partial-input``: not linear).  Token dims shard freely; the target
     shards like the logits' token dims (a Replicate logits follows a sharded target by a
     free local slice).  A sharded token dim leaves ``Shard``
@@ -271,6 +273,20 @@ class CrossEntropy(_CrossEntropyBase):
         if cotangents[0] is None or not needs[0]:
             return (None, None)
         return (g.op("cross_entropy_grad", [cotangents[0], inputs[0], inputs[1]], attrs), None)
+
+    def expand(self, b, inputs, attrs, specs):
+        """The vocabulary-parallel form where a mesh axis shards the classes: ``max``, ``cross_entropy_parts``
+        and ``cross_entropy_combine`` (nodes ``NAME/max``, ``NAME/parts``, then ``NAME``), which move a max
+        and three parts per token instead of the logits; None where no mesh axis shards the classes."""
+        logits = specs[0]
+        last = logits.ndim - 1
+        if not any(type(p) is Shard and p.dim == last for p in logits.layout.placements):
+            return None
+        m = b.op("max", [inputs[0]], {"dims": [-1]}, name="max")
+        parts = b.op("cross_entropy_parts", [inputs[0], inputs[1], m], {"ignore_index": attrs["ignore_index"]},
+                     name="parts")
+        combine = {name: attrs[name] for name in CE_DEFAULTS}
+        return b.result("cross_entropy_combine", [parts, m, inputs[1]], {**combine, "num_classes": logits.shape[-1]})
 
 
 @register_op

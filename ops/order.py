@@ -101,8 +101,10 @@ any other cut, and are linear: gradients ``chunk_cumsum`` the other way and ``ch
 the cotangent, and ``chunk_sum_grad`` (each total's cotangent over its piece).  The result
 equals cumsum up to float rounding (exactly on integers): the sums are added in another order.
 
-Nothing rewrites a ``topk`` or ``cumsum`` node into these ops by itself: that would be a
-graph transform of the reshard pass.  Write them in the spec where the dim is sharded.
+``check --reshard``, ``run`` and ``lower`` write a ``topk`` or ``cumsum`` node whose dim is cut
+into one ``torch.chunk`` piece per rank along it as these ops by themselves (the rules'
+``expand`` hooks, applied by ``passes/expand.py``), where their moves cost fewer bytes than the
+plain rule's gather; the spec may also write them by hand.
 
 Examples
 --------
@@ -378,6 +380,16 @@ def chunks_match(spec: TensorSpec, dim: int, chunks: int) -> bool:
     return True
 
 
+def _dim_chunks(spec: TensorSpec, dim: int) -> int | None:
+    """How many ranks along ``dim`` hold one ``torch.chunk`` piece of it each (None: ``dim`` is whole, or cut
+    another way): the ``chunks`` of the split forms of topk and cumsum."""
+    axes = spec.layout.dim_axes(dim)
+    if not axes:
+        return None
+    chunks = int(np.prod([spec.mesh.shape[a] for a in axes]))
+    return chunks if chunks > 1 and chunks_match(spec, dim, chunks) else None
+
+
 # ------------------------------------------------------------------------------ topk and sort
 class _SelectRule(OpRule):
     """Shared rule of topk and sort: two outputs of x's layout, ``dim`` whole, x not Partial."""
@@ -418,8 +430,9 @@ class TopK(_SelectRule):
     elements along ``dim`` and their int64 indices, ties lowest index first, NaN the greatest.
 
     ``dim`` whole on every rank (``sharded-order-dim``, fixed by an all-gather), x not Partial;
-    other dims shard freely and both outputs keep x's layout.  For a long sharded dim, write
-    ``topk_candidates`` then ``topk_merge`` instead (only ``k`` candidates per rank move).
+    other dims shard freely and both outputs keep x's layout.  For a long sharded dim, ``--reshard``
+    writes the node as ``topk_candidates`` then ``topk_merge`` (only ``k`` candidates per rank move)
+    where that moves fewer bytes.
 
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> x = TensorSpec((4, 6), "float32", Layout(DeviceMesh((2,), ("tp",)), ["S(0)"], 2))
@@ -444,6 +457,21 @@ class TopK(_SelectRule):
 
     def count(self, x, dim, attrs):
         return check_k(self.name, attrs["k"], x, dim)
+
+    def expand(self, b, inputs, attrs, specs):
+        """``topk_candidates`` then ``topk_merge`` (nodes ``NAME/candidates``, then ``NAME``) where ``dim`` is cut
+        into one ``torch.chunk`` piece per rank along it, so that ``k`` candidates per rank move instead of the
+        dim; None for any other cut (a strided shard, uneven nested pieces) or a whole dim."""
+        (x,) = specs
+        dim = attrs["dim"] % x.ndim
+        chunks = _dim_chunks(x, dim)
+        if chunks is None:
+            return None
+        values, indices = b.op("topk_candidates", [inputs[0]], {"k": attrs["k"], "chunks": chunks, "dim": dim,
+                                                                 "largest": bool(attrs["largest"])},
+                               num_outputs=2, name="candidates")
+        return b.result("topk_merge", [values, indices], {"k": attrs["k"], "dim": dim,
+                                                           "largest": bool(attrs["largest"])})
 
 
 @register_op
@@ -510,7 +538,8 @@ class CumSum(OpRule):
     """``cumsum(x, dim, exclusive=False, reverse=False)``: the running sum along ``dim`` (MindSpore CumSum's
     ``exclusive`` and ``reverse``); integers in int64.  ``dim`` whole on every rank, other dims free;
     linear, so ``P(sum)`` (floats, int64) and ``P(avg)`` (floats) pass through.  For a long sharded
-    dim, write ``chunk_sum``, ``cumsum(exclusive)`` and ``chunk_cumsum`` instead.
+    dim, ``--reshard`` writes the node as ``chunk_sum``, ``cumsum(exclusive)`` and ``chunk_cumsum``
+    (only the shard totals move) where that moves fewer bytes.
 
     >>> from layout_prop import DeviceMesh, Layout, TensorSpec
     >>> x = TensorSpec((4, 6), "int32", Layout(DeviceMesh((2,), ("tp",)), ["S(1)"], 2))
@@ -551,6 +580,22 @@ class CumSum(OpRule):
             return (None,)
         return (g.op("cumsum", [cotangents[0]], {"dim": attrs["dim"], "exclusive": bool(attrs.get("exclusive")),
                                                  "reverse": not attrs.get("reverse")}),)
+
+    def expand(self, b, inputs, attrs, specs):
+        """``chunk_sum``, an exclusive ``cumsum`` of the chunk totals and ``chunk_cumsum`` (nodes ``NAME/totals``,
+        ``NAME/offsets``, then ``NAME``) where ``dim`` is cut into one ``torch.chunk`` piece per rank along it,
+        so that ``chunks`` totals per row move instead of the dim; None for any other cut or a whole dim."""
+        (x,) = specs
+        dim = attrs["dim"] % x.ndim
+        chunks = _dim_chunks(x, dim)
+        if chunks is None:
+            return None
+        reverse = bool(attrs["reverse"])
+        totals = b.op("chunk_sum", [inputs[0]], {"dim": dim, "chunks": chunks}, name="totals")
+        offsets = b.op("cumsum", [totals], {"dim": dim, "exclusive": True, "reverse": reverse}, name="offsets")
+        return b.result("chunk_cumsum", [inputs[0], offsets], {"dim": dim, "chunks": chunks,
+                                                               "exclusive": bool(attrs["exclusive"]),
+                                                               "reverse": reverse})
 
 
 # ------------------------------------------------------------------------------ prod

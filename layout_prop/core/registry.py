@@ -30,7 +30,7 @@ from .layout import Layout
 from .spec import TensorSpec
 
 __all__ = ["OpSample", "OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder",
-           "apply_rule", "ATTR_KINDS", "attr_type", "check_attr_type"]
+           "ExpandBuilder", "apply_rule", "ATTR_KINDS", "attr_type", "check_attr_type"]
 
 _RULES: dict[str, "OpRule"] = {}
 _ALIASES: dict[str, str] = {}
@@ -54,6 +54,26 @@ class GradBuilder(Protocol):
 
     def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None,
            num_outputs: int = 1) -> str | tuple[str, ...]:
+        ...
+
+    def spec(self, value: str) -> TensorSpec:
+        ...
+
+
+class ExpandBuilder(Protocol):
+    """What an :meth:`OpRule.expand` hook uses to write its subgraph (the expand pass supplies it).
+
+    ``op`` adds an intermediate node named ``NODE/name`` (``name`` defaults to the op's name) and
+    returns its value(s); ``result`` adds the last node, named like the node it replaces and with
+    as many outputs, so that consumers and graph outputs read it unchanged.  Both propagate at
+    once; ``spec`` is the spec of any value the subgraph reads or made.
+    """
+
+    def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None, num_outputs: int = 1,
+           name: str | None = None) -> str | tuple[str, ...]:
+        ...
+
+    def result(self, op: str, inputs: Sequence[str], attrs: dict | None = None) -> str | tuple[str, ...]:
         ...
 
     def spec(self, value: str) -> TensorSpec:
@@ -179,6 +199,19 @@ class OpRule(ABC):
         """Add the nodes computing input cotangents; one value (or None) per input."""
         raise OpError("no-vjp", f"op {self.name!r} has no gradient rule",
                       hint="mark its inputs requires_grad: false, or register a vjp for the op")
+
+    def expand(self, b: ExpandBuilder, inputs: tuple[str, ...], attrs: dict,
+               specs: tuple[TensorSpec, ...]) -> str | tuple[str, ...] | None:
+        """A subgraph of other ops computing this node on ``specs`` without moving its big input
+        (default None: the node stays as it is).
+
+        Asked by the expand pass (``check --reshard``, ``run``) for a node whose rule asks a move;
+        it returns ``b.result(...)`` after writing the subgraph with ``b``, or None where it has no
+        better form for these layouts (the input is not sharded where the plain rule moves it).
+        The pass keeps the subgraph only when its own moves cost fewer bytes per rank than the
+        plain rule's, and the result must have the node's output shapes and dtypes.
+        """
+        return None
 
 
 # ------------------------------------------------------------------------------ attr types

@@ -1,0 +1,220 @@
+"""expand: write a node as the subgraph its rule offers where that moves fewer bytes.
+
+A transforming pass, run by :func:`layout_prop.api.analyze` after propagation when it
+reshards (``check --reshard``, ``run``, ``lower``, ``plan``'s measurements).  Some ops
+have a sharded strategy that one node cannot hold, because a node runs one kernel and a
+kernel cannot communicate: vocabulary-parallel cross entropy, top-k and cumsum along a
+sharded dim.  Their rules offer it through :meth:`~layout_prop.core.registry.OpRule.expand`:
+given the input specs, a subgraph of other ops (``max``, ``cross_entropy_parts``,
+``cross_entropy_combine``; ``topk_candidates``, ``topk_merge``; ``chunk_sum``, ``cumsum``,
+``chunk_cumsum``) that computes the node without moving its big input.
+
+One sweep in topological order copies every node and propagates it again (so that a
+node sees what the expansions before it changed).  A node whose rule asks a move (a
+fixable violation) and whose rule has an ``expand`` hook is offered to the hook; its
+subgraph replaces the node when every violation in it is fixable and its moves cost
+strictly fewer bytes per rank than the moves the plain rule asks (the forward node's own
+moves: the backward is not compared).  The subgraph's nodes are named ``NODE/...`` and
+its last node takes the node's own name and outputs, so consumers and graph outputs read
+it unchanged; its result must have the node's output shapes and dtypes.  The given graph
+is left as it was.  The reshard pass then inserts the subgraph's (small) moves, and the
+backward pass differentiates it through its own ops' vjps.
+
+Examples
+--------
+>>> from layout_prop.io.loader import load_spec
+>>> g = load_spec('''
+... mesh: {shape: [4], names: [tp]}
+... inputs: {x: {shape: [6, 40], placements: ["S(1)"]}}
+... nodes: [{name: top, op: topk, inputs: [x], attrs: {k: 2}}]
+... outputs: ["top:0", "top:1"]
+... ''')
+>>> result = Expand().run(g)
+>>> [(n.name, n.op) for n in result.graph.nodes]
+[('x', 'input'), ('top/candidates', 'topk_candidates'), ('top', 'topk_merge')]
+>>> result.notes
+['expand: top (topk) written as top/candidates (topk_candidates), top (topk_merge): 432 bytes per rank of \
+redistribution instead of 720']
+>>> [n.op for n in g.nodes]  # the given graph is unchanged
+['input', 'topk']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutPropError, OpError
+from layout_prop.core.graph import Graph, Node
+from layout_prop.core.redistribute import plan_redistribution
+from layout_prop.core.registry import OpRule, get_rule
+from layout_prop.core.spec import TensorSpec
+
+from .propagate import Propagate, value_spec
+
+__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM"]
+
+#: node metadata key on the nodes of an expansion: the name of the node they replace
+EXPANDED_FROM = "expanded_from"
+
+
+@dataclass
+class ExpandResult:
+    graph: Graph
+    expanded: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> its subgraph's node names
+    notes: list[str] = field(default_factory=list)
+
+
+class Expand:
+    name = "expand"
+
+    def __init__(self, propagate: Propagate | None = None) -> None:
+        self.propagate = propagate or Propagate()
+
+    def run(self, graph: Graph) -> ExpandResult:
+        """Propagate ``graph`` (in place, if it is not yet), then build the expanded graph.
+
+        The graph itself is returned when no node is a candidate (no rule with an ``expand``
+        hook asks a move), or when no hook's subgraph is kept.
+        """
+        nodes = graph.topo_order()
+        if any(meta.SPECS not in n.meta for n in nodes):
+            self.propagate.run(graph)
+        if not any(_candidate(n) for n in nodes):
+            return ExpandResult(graph)
+        new = Graph(graph.mesh)
+        new.outputs = list(graph.outputs)
+        new.meta.update(graph.meta)
+        result = ExpandResult(new)
+        for node in nodes:
+            copy = Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta))
+            specs = tuple([value_spec(new, value) for value in node.inputs])
+            self.propagate.visit(new, copy, specs)
+            built = self._expansion(new, graph, copy, specs, result.notes) if _candidate(copy) else None
+            if built is None:
+                new.add_node(copy)
+                continue
+            for part in built:
+                new.add_node(part)
+            result.expanded[node.name] = tuple(part.name for part in built)
+        if not result.expanded:
+            return ExpandResult(graph, notes=result.notes)
+        return result
+
+    def _expansion(self, new: Graph, old: Graph, node: Node, specs: tuple, notes: list[str]) -> list[Node] | None:
+        """The subgraph ``node``'s rule offers, when it is kept (see the module docstring), else None."""
+        if any(spec is None for spec in specs):
+            return None
+        rule = get_rule(node.op, node=node.name)
+        builder = _Builder(new, old, self.propagate, node)
+        try:
+            got = rule.expand(builder, node.inputs, node.meta[meta.ATTRS], specs)
+        except LayoutPropError as err:  # the hook's ops refused these inputs: the node stays as written
+            notes.append(f"expand: {node.name} ({node.op}) kept as it is: its expansion failed: {err}")
+            return None
+        if got is None:
+            return None
+        _check_result(rule, node, builder)
+        if any(not v.fixable for part in builder.nodes for v in part.meta[meta.VIOLATIONS]):
+            return None
+        plain = _move_bytes(node, specs, set())
+        mine, moved = 0, set()  # a value moved to one layout for several nodes of the subgraph is moved once
+        for part in builder.nodes:
+            cost = _move_bytes(part, tuple(builder.spec(value) for value in part.inputs), moved)
+            mine = None if cost is None or mine is None else mine + cost
+        if plain is None or mine is None or mine >= plain:
+            return None
+        written = ", ".join(f"{part.name} ({part.op})" for part in builder.nodes)
+        notes.append(f"expand: {node.name} ({node.op}) written as {written}: {mine} bytes per rank of "
+                     f"redistribution instead of {plain}")
+        return builder.nodes
+
+
+def _candidate(node: Node) -> bool:
+    """Whether ``node``'s rule asks a move and has an ``expand`` hook."""
+    if node.is_input or not any(v.fixable for v in node.meta.get(meta.VIOLATIONS, ())):
+        return False
+    return type(get_rule(node.op, node=node.name)).expand is not OpRule.expand
+
+
+def _move_bytes(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> int | None:
+    """Bytes per rank of the moves ``node``'s rule asks for its inputs (None: some cannot be planned), but
+    those in ``moved`` (``(value, layout)``, added to)."""
+    total = 0
+    for value, spec, want in zip(node.inputs, specs, node.meta[meta.WANTS]):
+        if want is None or spec is None or (value, want) in moved:
+            continue
+        moved.add((value, want))
+        try:
+            total += plan_redistribution(spec, want).bytes_per_rank
+        except LayoutPropError:
+            return None
+    return total
+
+
+def _check_result(rule, node: Node, builder: "_Builder") -> None:
+    """``bad-rule`` unless the hook ended with ``result`` and its outputs have the node's shapes and dtypes."""
+    last = builder.nodes[-1] if builder.nodes else None
+    if last is None or last is not builder.done:
+        raise OpError("bad-rule", f"the expand hook of {rule.name!r} did not end its subgraph with b.result(...)",
+                      node=node.name, hint="write the last node of the subgraph with b.result")
+    for value, have, want in zip(node.outputs, last.meta[meta.SPECS], node.meta[meta.SPECS]):
+        if want is not None and (have is None or have.shape != want.shape or have.dtype != want.dtype):
+            got = "no spec" if have is None else f"{have.dtype}{list(have.shape)}"
+            raise OpError("bad-rule", f"the expansion of {rule.name!r} gives {value} as {got}, not the node's "
+                          f"{want.dtype}{list(want.shape)}", node=node.name,
+                          hint="an expansion computes the node's own outputs")
+
+
+class _Builder:
+    """The ExpandBuilder handed to an expand hook: nodes named after ``node``, propagated at once."""
+
+    def __init__(self, new: Graph, old: Graph, propagate: Propagate, node: Node) -> None:
+        self.new = new  # the expanded graph so far: the subgraph reads its values
+        self.old = old
+        self.propagate = propagate
+        self.node = node
+        self.nodes: list[Node] = []
+        self.specs: dict[str, TensorSpec | None] = {}  # the subgraph's values so far
+        self.done: Node | None = None
+
+    def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None, num_outputs: int = 1,
+           name: str | None = None) -> str | tuple[str, ...]:
+        rule = get_rule(op, node=self.node.name)
+        return self._add(Node(self._fresh(f"{self.node.name}/{name or rule.name}"), rule.name, tuple(inputs),
+                              dict(attrs or {}), num_outputs))
+
+    def result(self, op: str, inputs: Sequence[str], attrs: dict | None = None) -> str | tuple[str, ...]:
+        rule = get_rule(op, node=self.node.name)
+        self.done = Node(self.node.name, rule.name, tuple(inputs), dict(attrs or {}), self.node.num_outputs)
+        return self._add(self.done)
+
+    def spec(self, value: str) -> TensorSpec | None:
+        if value in self.specs:
+            return self.specs[value]
+        return value_spec(self.new, value)
+
+    def _add(self, node: Node) -> str | tuple[str, ...]:
+        if self.done is not None and node is not self.done:
+            raise OpError("bad-rule", f"the expand hook of {self.node.op!r} added {node.op} after b.result",
+                          node=self.node.name, hint="b.result writes the last node of the subgraph")
+        for value in node.inputs:
+            if value not in self.specs and not self.new.has_value(value):
+                raise OpError("bad-rule", f"the expansion of {self.node.op!r} reads {value!r}, which is neither "
+                              "an input of the node nor a value of its subgraph", node=self.node.name,
+                              hint="an expansion reads the node's inputs and its own values")
+        node.meta[EXPANDED_FROM] = self.node.name
+        self.propagate.visit(self.new, node, tuple([self.spec(value) for value in node.inputs]))
+        self.specs.update(zip(node.outputs, node.meta[meta.SPECS]))
+        self.nodes.append(node)
+        return node.outputs[0] if node.num_outputs == 1 else node.outputs
+
+    def _fresh(self, base: str) -> str:
+        """``base``, or ``base2``, ``base3``...: the first name neither graph nor the subgraph has."""
+        taken = {part.name for part in self.nodes}
+        name, i = base, 1
+        while name in self.old or name in self.new or name in taken or self.old.has_value(name):
+            i += 1
+            name = f"{base}{i}"
+        return name

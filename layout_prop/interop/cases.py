@@ -120,6 +120,13 @@ def _build() -> dict[str, list[Case]]:
                        Case(op, ((6, 1, 5),), (0,), [[0], True], {"dims": [0], "keepdim": True})]
     for name in ("ExpandDims", "unsqueeze"):
         cases[name] = [Case("unsqueeze", ((6, 5),), (0,), [1], {"dim": 1})]
+    # the seed op: hyper-parallel's snapshot has no rule for it; a proposal registered by a user's module
+    # (audit --module) is judged on cos/sin of x's rank and of lower rank (broadcast), mode 0
+    cases["RotaryPositionEmbedding"] = [
+        Case("rotary_position_embedding", ((2, 3, 5, 4), (1, 1, 5, 4), (1, 1, 5, 4)), (0, 1, 2), [0], {"mode": 0},
+             partial=False),
+        Case("rotary_position_embedding", ((2, 3, 5, 4), (5, 4), (5, 4)), (0, 1, 2), [0], {"mode": 0},
+             partial=False)]
     return cases
 
 

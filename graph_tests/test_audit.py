@@ -1,0 +1,121 @@
+"""``layout-prop audit``: hyper-parallel's own rules judged by execution, over the shared snapshot.
+
+Bounded for CI: a few ops, one or two small meshes, sampled combinations.  Skipped where the
+snapshot is missing (CI has it at ../shared/upstream/hyper-parallel).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from layout_prop.cli import main
+
+SNAPSHOT = Path(__file__).resolve().parent.parent.parent / "shared" / "upstream" / "hyper-parallel"
+pytestmark = pytest.mark.skipif(not (SNAPSHOT / "hyper_parallel" / "core" / "shard" / "ops").is_dir(),
+                                reason=f"no hyper-parallel snapshot at {SNAPSHOT}")
+
+
+@pytest.fixture(scope="module")
+def checkout():
+    from layout_prop.interop.hyper_parallel import load_checkout
+
+    return load_checkout(SNAPSHOT)
+
+
+def _audit(checkout, names, meshes=((4,),), budget=64):
+    from layout_prop.interop.audit import run_audit
+
+    return run_audit(checkout, names, meshes=meshes, budget=budget)
+
+
+def test_the_snapshot_loads_every_yaml_op(checkout):
+    assert len(checkout.ops) > 100 and not checkout.failed
+    assert type(checkout.ops["MatMul"]).__name__ == "MatMulDistributedOp"
+
+
+def test_softmax_answers_are_all_right_and_sharded_axes_rejected(checkout):
+    report = _audit(checkout, ["Softmax"], meshes=((4,), (2, 2)))
+    counts = report.ops[0].counts
+    assert report.ok and counts["wrong"] == 0
+    assert counts["right"] > 0 and counts["rejected"] > 0
+
+
+def test_matmul_with_a_partial_weight_is_caught(checkout):
+    """MatMul's rule checks no Partial input: R @ P(sum) is answered R, which execution refutes."""
+    report = _audit(checkout, ["MatMul"])
+    audit = report.ops[0]
+    assert not report.ok and audit.counts["wrong"] > 0
+    wrong = audit.examples["wrong"]
+    assert wrong.placements == (("R",), ("P(sum)",))
+    assert wrong.upstream_answer == "(R)" and wrong.ours == "accepts: (P(sum))"
+    assert 'in1.set_partial_by_dev_axis("tp", "sum")' in wrong.upstream_code()
+    # over-strict: the contracting dim sharded on w only; layout-prop slices x locally and answers P(sum)
+    over = audit.examples["over_strict"]
+    assert over.placements == (("R",), ("S(0)",)) and over.ours == "accepts: (P(sum))"
+
+
+def _seed_rpe_rule(base, layout_class):
+    """The seed's RotaryPositionEmbedding proposal, written naively in upstream's shape (deliberately wrong).
+
+    It follows the issue's text: D never sharded, no Partial, output = x's layout, and cos/sin "sharded
+    like x" compared entry by entry from the left, which is wrong for a lower-rank (broadcast) cos/sin.
+    """
+
+    class SeedRotaryPositionEmbedding(base):
+        def infer_layout(self, layouts, extra_args):
+            self._check_partial_inputs(layouts)
+            x = layouts[0]
+            for layout in layouts:
+                if layout.tensor_map[-1] != -1:
+                    raise ValueError("D must not be sharded")
+            for layout in layouts[1:]:
+                for i, entry in enumerate(layout.tensor_map):
+                    if entry != -1 and entry != x.tensor_map[i]:
+                        raise ValueError(f"cos/sin dim {i} must be sharded like x")
+            return layout_class.__call__(x, *x.alias_tensor_map)
+
+    return SeedRotaryPositionEmbedding
+
+
+def test_a_deliberately_wrong_rule_in_upstream_shape_is_caught(checkout):
+    from layout_prop.interop.hyper_parallel import add_registered
+
+    cls = _seed_rpe_rule(checkout.base_class, checkout.layout_class)
+    cls("RotaryPositionEmbedding")  # registers itself, as upstream's yaml loading does
+    try:
+        assert add_registered(checkout, "test") == ["RotaryPositionEmbedding"]
+        report = _audit(checkout, ["RotaryPositionEmbedding"], budget=48)
+    finally:
+        checkout.registry.pop("RotaryPositionEmbedding", None)
+        checkout.ops.pop("RotaryPositionEmbedding", None)
+    audit = report.ops[0]
+    assert not report.ok and audit.counts["wrong"] > 0 and audit.counts["right"] > 0
+    wrong = audit.examples["wrong"]
+    # x sharded on S with a replicated cos: "R broadcasts" claims a full cos fits x's local piece
+    assert wrong.placements == (("S(2)",), ("R",), ("R",)), wrong.placements
+    assert "broadcast-shape" in wrong.message  # the kernel refuses the local shapes the claim implies
+
+
+def test_cli_json_and_exit_codes(checkout, capsys):
+    code = main(["audit", str(SNAPSHOT), "--op", "topk", "--op", "ReLU", "--mesh", "4", "--samples", "16", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["ok"] is False
+    by_op = {o["op"]: o for o in data["ops"]}
+    assert by_op["ReLU"]["wrong"] == 0 and by_op["topk"]["wrong"] > 0  # topk passes P(sum) through
+    assert by_op["topk"]["reproducers"]["wrong"]["layout_prop_spec"]["nodes"][0]["op"] == "topk"
+    assert main(["audit", str(SNAPSHOT), "--op", "ReLU", "--mesh", "4"]) == 0
+    assert "every accepted answer is right" in capsys.readouterr().out
+
+
+def test_a_folder_without_rules_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["audit", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not-a-checkout" in err[0]
+
+
+def test_an_unknown_op_is_exit_2(checkout, capsys):
+    assert main(["audit", str(SNAPSHOT), "--op", "NoSuchOp"]) == 2
+    assert "unknown-op" in capsys.readouterr().err

@@ -29,8 +29,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "runner": frozenset({"core", "io", "kernels", "passes", "engines", "api"}),
     "viz": frozenset({"core", "io", "passes", "api"}),
     "testing": frozenset({"core", "io", "ops", "kernels", "passes", "api", "runner"}),
+    "interop": frozenset({"core", "io", "ops", "kernels", "passes", "engines", "testing"}),
     "commands": frozenset({"core", "io", "ops", "kernels", "passes", "planner", "perf", "engines", "frontends", "api",
-                           "runner", "viz", "testing"}),
+                           "runner", "viz", "testing", "interop"}),
     "cli": frozenset({"core", "io", "commands", "package"}),
     # layout_prop/__init__.py: the public names, from the core; analyze and register_kernel lazily
     "package": frozenset({"core", "api", "kernels"}),

@@ -110,7 +110,7 @@ from layout_prop.core.errors import LayoutPropError, OpError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Placement, Replicate, Shard, StridedShard
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.core.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec, is_float_dtype, numpy_dtype
 
 from .common import plan_summary
 from .elementwise import sum_to_shape
@@ -1188,7 +1188,7 @@ class ReduceMean(ReduceSum):
     aliases = ("ReduceMean", "aten.mean", "reduce_mean")
 
     def out_dtype(self, x):
-        return x.dtype if np.issubdtype(np.dtype(x.dtype), np.floating) else "float32"
+        return x.dtype if is_float_dtype(numpy_dtype(x.dtype)) else "float32"
 
     def localize(self, attrs, inputs, outputs, rank):
         dims = normalize_dims(attrs.get("dims"), inputs[0].ndim)

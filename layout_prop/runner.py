@@ -36,20 +36,29 @@ from typing import Any, Sequence
 import numpy as np
 
 from .core import meta
-from .core.errors import ExecutionError, LayoutPropError
+from .core.errors import ExecutionError, LayoutPropError, SpecError, cut
 from .core.graph import Graph, last_uses
 from .core.placement import shard_dim
+from .core.spec import FLOAT_DTYPES, is_float_dtype, numpy_dtype
 
 __all__ = ["RunReport", "run_graph", "MemoryEstimate", "estimate_run_memory", "check_run_memory",
            "TimeEstimate", "estimate_run_time", "check_run_time", "SIM_COSTS", "DEFAULT_MAX_TIME",
-           "available_memory", "execute_global", "random_inputs", "TOLERANCES", "compare", "count_nonfinite",
+           "available_memory", "execute_global", "random_inputs", "check_given_inputs", "TOLERANCES", "compare", "count_nonfinite",
            "format_nonfinite"]
 
-TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "int32": 0.0, "int64": 0.0, "bool": 0.0}
+#: the relative tolerance of each dtype (against the reference's largest magnitude).  bfloat16
+#: keeps 8 significant bits, 3 fewer than float16 (a roundoff 8 times larger): its 8e-2 is
+#: float16's 1e-2 scaled by that.  The sharded run and one device round every op's output
+#: alike, but a partial sum is rounded before its reduction and a sum is reduced in another
+#: order; later ops carry each difference.  Measured on the Llama block (dp=2, sp=2, tp=2, run
+#: --backward, seeds 0-9): worst 2.3e-2 with 1 layer, 4.1e-2 with 2 (float16: 1.3e-2 with 2,
+#: over its 1e-2 once)
+TOLERANCES = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-2, "bfloat16": 8e-2, "int32": 0.0, "int64": 0.0,
+              "bool": 0.0}
 #: when the ranks run other kernels than the numpy reference (MindSpore, CANN), results differ by
 #: their own rounding too: measured up to 2.5e-5 (float32) on the Llama block's gradients on CPU
-CROSS_BACKEND_TOLERANCES = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "int32": 0.0, "int64": 0.0,
-                            "bool": 0.0}
+CROSS_BACKEND_TOLERANCES = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 8e-2, "int32": 0.0,
+                            "int64": 0.0, "bool": 0.0}
 
 
 @dataclass
@@ -84,22 +93,82 @@ def _finite(errors: dict[str, dict[str, float]]) -> dict[str, dict[str, float | 
     return {name: {k: (v if math.isfinite(v) else None) for k, v in err.items()} for name, err in errors.items()}
 
 
-def random_inputs(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+def random_inputs(graph: Graph, seed: int, given=()) -> dict[str, np.ndarray]:
     """Seeded global arrays for every graph input of a propagated graph: normal floats (with
     the scale the consumers ask for, :meth:`OpRule.input_scale`: 1/sqrt(fan-in) for the
-    weights of products), small ints."""
+    weights of products), small ints.  The inputs named in ``given`` are left out (and draw
+    nothing: the others' draws then differ from a run that draws every input)."""
     rng = np.random.default_rng(seed)
     out = {}
     for node in graph.inputs():
+        if node.name in given:
+            continue
         spec = node.meta[meta.SPECS][0]
-        dt = np.dtype(spec.dtype)
-        if dt.kind == "f":
+        dt = numpy_dtype(spec.dtype)
+        if is_float_dtype(dt):
             out[node.name] = (rng.standard_normal(spec.shape) * _input_scale(graph, node.name)).astype(dt)
         elif dt.kind == "b":
             out[node.name] = rng.integers(0, 2, spec.shape).astype(bool)
         else:
             out[node.name] = rng.integers(0, 8, spec.shape).astype(dt)
     return out
+
+
+def check_given_inputs(graph: Graph, arrays: dict[str, Any], source: str = "inputs") -> dict[str, np.ndarray]:
+    """The arrays a user gives for some graph inputs, checked against the graph's input specs
+    (by name: its shape and dtype) and returned as the run takes them.
+
+    The dtype must be the input's own, but for bfloat16, which numpy cannot save as such: a
+    bfloat16 input also takes float32 or float64 values (rounded to bfloat16, to nearest even)
+    and the 2-byte void arrays ``numpy.save`` writes for ``ml_dtypes.bfloat16`` (its bits).
+
+    Raises
+    ------
+    SpecError
+        ``unknown-input`` (a name that is no graph input), ``shape-mismatch``, ``bad-dtype``;
+        each names ``source`` and the input (``path``: ``SOURCE:NAME``).
+
+    Examples
+    --------
+    >>> from layout_prop.io.loader import load_spec
+    >>> g = load_spec("mesh: {shape: [2]}\\ninputs: {x: {shape: [2], dtype: bfloat16}}\\nnodes: []")
+    >>> check_given_inputs(g, {"x": np.array([1.0, 1.00390625])})["x"].tolist()  # 1 + 2^-8 rounds to 1
+    [1.0, 1.0]
+    >>> check_given_inputs(g, {"y": np.zeros(2)}, "a.npz")
+    Traceback (most recent call last):
+        ...
+    layout_prop.core.errors.SpecError: unknown-input at a.npz:y: a.npz holds 'y', which is not an input of the graph (hint: name arrays by the graph's inputs: ['x'])
+    """
+    nodes = {node.name: node for node in graph.inputs()}
+    out = {}
+    for name, array in arrays.items():
+        where = f"{source}:{name}"
+        node = nodes.get(name)
+        if node is None:
+            raise SpecError("unknown-input", f"{source} holds {cut(name)}, which is not an input of the graph",
+                            path=where, hint=f"name arrays by the graph's inputs: {cut(list(nodes))}")
+        array = np.asarray(array)
+        shape, dtype = tuple(node.attrs["shape"]), node.attrs["dtype"]
+        if array.shape != shape:
+            raise SpecError("shape-mismatch", f"{source} gives {name} shape {list(array.shape)}, but the graph's "
+                            f"input has shape {list(shape)}", path=where,
+                            hint=f"save an array of shape {list(shape)} under {cut(name)}")
+        out[name] = _given_dtype(array, dtype, source, name)
+    return out
+
+
+def _given_dtype(array: np.ndarray, dtype: str, source: str, name: str) -> np.ndarray:
+    """``array`` as an input of dtype ``dtype`` (:func:`check_given_inputs`), or ``bad-dtype``."""
+    if array.dtype.name == dtype:
+        return array
+    if dtype == "bfloat16":
+        if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.fields is None:
+            return array.view(numpy_dtype("bfloat16"))  # np.save's record of an ml_dtypes.bfloat16 array
+        if array.dtype.kind == "f" and array.dtype.itemsize >= 4:
+            return array.astype(numpy_dtype("bfloat16"))
+    also = " (or float32 values, rounded)" if dtype == "bfloat16" else ""
+    raise SpecError("bad-dtype", f"{source} gives {name} dtype {array.dtype}, but the graph's input is {dtype}",
+                    path=f"{source}:{name}", hint=f"save {cut(name)} as {dtype}{also}: array.astype({dtype!r})")
 
 
 def _input_scale(graph: Graph, value: str) -> float:
@@ -128,6 +197,7 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,
     With ``wanted`` (value names), every other value is dropped right after its last use
     (as the simulator does with its ``wanted``) and only the wanted values are returned.
     """
+    from layout_prop.engines.simulator import call_kernel
     from layout_prop.kernels.numpy_backend import KERNELS, get_kernel
 
     kernels = KERNELS if kernels is None else kernels
@@ -146,8 +216,9 @@ def execute_global(graph: Graph, inputs: dict[str, np.ndarray], kernels=None,
             continue
         fn = get_kernel(node.op, kernels)
         args = [env[v] for v in node.inputs]
+        dtypes = tuple(None if s is None else s.dtype for s in node.meta[meta.SPECS])
         try:
-            res = fn(*args, **node.meta[meta.ATTRS])
+            res = call_kernel(fn, args, node.meta[meta.ATTRS], dtypes)
         except LayoutPropError:
             raise
         except Exception as exc:  # a kernel that cannot run these inputs: say where, never a traceback
@@ -209,7 +280,7 @@ def count_nonfinite(got: np.ndarray, ref: np.ndarray) -> dict[str, int] | None:
     >>> count_nonfinite(np.array([1, 2]), np.array([1, 2])) is None
     True
     """
-    if ref.dtype.kind not in "fc":
+    if ref.dtype.kind not in "fc" and not is_float_dtype(ref.dtype):
         return None
     bad = ~np.isfinite(ref)
     if not bad.any():
@@ -554,7 +625,7 @@ def _quiet_numerics():
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
               seed: int = 0, reshard: bool = True, rtol: float | None = None, verify: bool = False,
               max_memory: int | None = None, check_memory: bool = True, max_time: float | None = None,
-              check_time: bool = True, **engine_options) -> RunReport:
+              check_time: bool = True, inputs: dict[str, Any] | None = None, **engine_options) -> RunReport:
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
     ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
@@ -568,8 +639,11 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     On the simulator its time is estimated next (:func:`estimate_run_time`) and a run over
     ``max_time`` seconds (default :data:`DEFAULT_MAX_TIME`) is refused with
     ``run-too-large`` too; ``check_time=False`` skips it.  Both before any rank's attrs
-    are made.
+    are made.  ``inputs`` gives the global arrays of some or all graph inputs by name
+    (checked first, :func:`check_given_inputs`); the others are drawn from ``seed``
+    (:func:`random_inputs`).
     """
+    given = check_given_inputs(graph, inputs or {})
     if backend is None:
         backend = "numpy" if engine == "sim" else "mindspore"
     from layout_prop.api import analyze
@@ -599,7 +673,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     program = Lower().run(g).program
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
-    inputs = random_inputs(g, seed)
+    inputs = {**random_inputs(g, seed, given=given), **given}
     with _quiet_numerics():
         reference = execute_global(g, inputs, wanted=list(g.outputs))
     rng = np.random.default_rng(seed + 1)
@@ -620,7 +694,7 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     # a value is only as exact as the least precise dtype it went through: use the loosest tolerance of the graph
     table = TOLERANCES if backend == "numpy" else CROSS_BACKEND_TOLERANCES
     dtypes = {s.dtype for n in g.nodes for s in n.meta[meta.SPECS] if s is not None}
-    loosest = max((table[d] for d in dtypes if d.startswith("float")), default=None)
+    loosest = max((table[d] for d in dtypes if d in FLOAT_DTYPES), default=None)
     for value in g.outputs:
         node, index = g.producer(value)
         spec = node.meta[meta.SPECS][index]

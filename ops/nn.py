@@ -150,7 +150,7 @@ from layout_prop.core.errors import LayoutPropError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.core.spec import DTYPES, TensorSpec
+from layout_prop.core.spec import DTYPES, TensorSpec, is_float_dtype, numpy_dtype
 
 from .common import plan_summary
 from .elementwise import ElementwiseRule, sum_to_shape
@@ -181,15 +181,15 @@ POINTWISE_CODES = ("broadcast-shape", "partial-input", "sharding-mismatch", "inv
 def float_dtype(*dtypes: str) -> str:
     """The floating dtype an op computes in: numpy's promotion, integers and bools as float32.
 
-    >>> float_dtype("float16"), float_dtype("int64"), float_dtype("float16", "float32")
-    ('float16', 'float32', 'float32')
+    >>> float_dtype("float16"), float_dtype("int64"), float_dtype("float16", "float32"), float_dtype("bfloat16")
+    ('float16', 'float32', 'float32', 'bfloat16')
     """
-    floats = [np.dtype(d) if np.issubdtype(np.dtype(d), np.floating) else np.dtype("float32") for d in dtypes]
+    floats = [numpy_dtype(d) if is_float_dtype(numpy_dtype(d)) else np.dtype("float32") for d in dtypes]
     return str(np.result_type(*floats))
 
 
 def _is_float(dtype: str) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating)
+    return is_float_dtype(numpy_dtype(dtype))  # bfloat16 too (numpy's issubdtype says no to it)
 
 
 def cast_is_linear(src: str, dst: str) -> bool:

@@ -1,15 +1,105 @@
-"""``layout-prop run``: lower, execute every rank, assemble, and compare with one device."""
+"""``layout-prop run``: lower, execute every rank, assemble, and compare with one device.
+
+The graph inputs are drawn at random (``--seed``) unless given: ``--inputs FILE.npz`` holds
+arrays by input name (:func:`read_inputs`), and a model run with ``--plan`` feeds the model's
+own initialisers (:func:`load_with_weights`); the file wins over the model's weights.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
+from pathlib import Path
 
-from layout_prop.core.errors import ExecutionError, SpecError
+import numpy as np
+
+from layout_prop.core.errors import ExecutionError, SpecError, cut
 
 from .model_input import load_graph
 from .printing import print_json
 
-__all__ = ["run"]
+__all__ = ["run", "read_inputs", "load_with_weights", "MAX_INPUTS_BYTES"]
+
+#: the largest ``--inputs`` file read (its bytes are read whole, then parsed by numpy): 2 GiB
+MAX_INPUTS_BYTES = 2 ** 31
+_NPZ_HINT = "write it with numpy.savez(FILE, name=array, ...), one array per graph input name"
+
+
+def read_inputs(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file by name, read without unpickling anything.
+
+    Raises
+    ------
+    SpecError
+        ``inputs-not-found`` (cannot be read), ``inputs-too-large`` (over
+        :data:`MAX_INPUTS_BYTES`), ``bad-inputs`` (not an .npz archive, a damaged one, or an array
+        stored as a pickle: object arrays are refused, ``allow_pickle=False``).
+    """
+    from layout_prop.io.loader import read_file_bytes
+
+    data = read_file_bytes(path, MAX_INPUTS_BYTES, what="inputs", missing="inputs-not-found",
+                           too_large="inputs-too-large", hint="check the path; " + _NPZ_HINT)
+    where = str(path)
+    if not data.startswith(b"PK"):
+        what = "a single .npy array" if data.startswith(b"\x93NUMPY") else "not an .npz archive"
+        raise SpecError("bad-inputs", f"{cut(where)} is {what}", path=where, hint=_NPZ_HINT)
+    arrays = {}
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+            for name in archive.files:
+                arrays[name] = archive[name]
+    except ValueError as exc:
+        if "pickle" in str(exc) or "Object arrays" in str(exc):
+            raise SpecError("bad-inputs", f"{cut(where)} holds an array stored as a pickle (dtype object), which is "
+                            "never loaded", path=where, hint="save numeric or bool arrays only") from None
+        raise SpecError("bad-inputs", f"{cut(where)} cannot be read as .npz: {_first_line(exc)}", path=where,
+                        hint=_NPZ_HINT) from None
+    except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise SpecError("bad-inputs", f"{cut(where)} cannot be read as .npz: {_first_line(exc)}", path=where,
+                        hint=_NPZ_HINT) from None
+    return arrays
+
+
+def _first_line(exc: Exception) -> str:
+    return cut((str(exc).splitlines() or [""])[0] or type(exc).__name__)
+
+
+def load_with_weights(args) -> tuple:
+    """``(graph, weights, unread)``: the graph :func:`load_graph` gives, and for ``MODEL --plan
+    PLAN`` the model's own value of each weight and constant input (by input name, from
+    ``graph.meta["import_sources"]``), with the names of those whose data was not read (kept
+    in external data files: they are drawn at random)."""
+    from layout_prop.frontends import is_model_path
+
+    if not is_model_path(str(args.spec)) or getattr(args, "plan", None) is None:
+        return load_graph(args), {}, []  # (load_graph refuses a model without a plan)
+    from layout_prop.core.dependencies import require_model_reader
+    from layout_prop.core.graph import paused_gc
+    from layout_prop.frontends import build_graph, read_model
+    from layout_prop.io.plan_file import load_plan
+
+    require_model_reader(str(args.spec))
+    plan = load_plan(Path(args.plan))
+    with paused_gc():
+        model = read_model(args.spec, plan)
+        graph = build_graph(model, plan, opaque=getattr(args, "opaque", False))
+    weights, unread = {}, []
+    for name, value in graph.meta["import_sources"].items():
+        const = model.values[value].const if value in model.values else None
+        if const is None:
+            continue
+        if _unread(const):
+            unread.append(name)
+        else:
+            weights[name] = const
+    return graph, weights, unread
+
+
+def _unread(array: np.ndarray) -> bool:
+    """A tensor the importer did not read (``frontends.limits.unread``: read-only zeros of
+    stride 0 that take no memory)."""
+    return array.size > 1 and not array.flags.writeable and all(s == 0 for s in array.strides)
 
 
 def run(args) -> int:
@@ -37,7 +127,13 @@ def run(args) -> int:
                              hint="use --engine mindspore for the mindspore and cann backends")
     timeout = 300.0 if args.timeout is None else args.timeout
     options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
-    graph = load_graph(args)
+    graph, weights, unread = load_with_weights(args)
+    from_file = {}
+    if args.inputs is not None:  # checked here, so that an error names the file
+        from layout_prop.runner import check_given_inputs
+
+        from_file = check_given_inputs(graph, read_inputs(args.inputs), str(args.inputs))
+    given = {**weights, **from_file}
     from layout_prop.io.progress import Progress
 
     with Progress(0, "msrun", enabled=False if args.json else None) as bar:  # drawn only on a terminal
@@ -45,7 +141,8 @@ def run(args) -> int:
             options["progress"] = bar.show
         rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
                         reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory,
-                        max_time=args.max_time, **options)
+                        max_time=args.max_time, inputs=given, **options)
+    rep.extra["inputs"] = _input_sources(graph, weights, from_file, unread)
     if rep.extra.get("node_rank"):  # not node 0: node 0 prints the report; the status is the same everywhere
         summary = {"ok": rep.ok, "node_rank": rep.extra["node_rank"], "nodes": len(rep.extra["nodes"])}
         print(json.dumps(summary) if args.json else f"node {summary['node_rank']} of {summary['nodes']}: "
@@ -64,6 +161,8 @@ def run(args) -> int:
             print(f"nothing was executed: {len(rep.violations)} violation(s) {why}")
             return 1
         print(f"engine {rep.engine}, {rep.ranks} ranks")
+        if given:
+            print(f"  inputs: {_sources_line(rep.extra['inputs'], args.inputs)}")
         for line in rep.extra.get("node_map", []):
             print(f"  {line}")
         for title, table in (("output", rep.outputs), ("grad", rep.grads)):
@@ -86,3 +185,29 @@ def run(args) -> int:
         for item in rep.nonfinite:
             print(f"  {format_nonfinite(item)}")
     return 0 if rep.ok else 1
+
+
+def _input_sources(graph, weights: dict, from_file: dict, unread: list[str]) -> dict[str, list[str]]:
+    """Where each graph input's value came from: ``{"file": [...], "model": [...], "random": [...]}``
+    (``unread``: the model's weights not read from external data, drawn at random)."""
+    names = [node.name for node in graph.inputs()]
+    return {"file": [n for n in names if n in from_file],
+            "model": [n for n in names if n in weights and n not in from_file],
+            "random": [n for n in names if n not in from_file and n not in weights],
+            "unread": [n for n in unread if n not in from_file]}
+
+
+def _sources_line(sources: dict[str, list[str]], path) -> str:
+    """``2 from in.npz, 9 the model's own, 1 drawn at random (x)``."""
+    parts = []
+    if sources["file"]:
+        parts.append(f"{len(sources['file'])} from {cut(str(path))}")
+    if sources["model"]:
+        parts.append(f"{len(sources['model'])} the model's own")
+    if sources["random"]:
+        shown = ", ".join(sources["random"][:4]) + (", ..." if len(sources["random"]) > 4 else "")
+        parts.append(f"{len(sources['random'])} drawn at random ({cut(shown)})")
+    line = ", ".join(parts)
+    if sources["unread"]:
+        line += f"; {len(sources['unread'])} weights in external data files are not read (drawn at random)"
+    return line

@@ -42,19 +42,59 @@ from .mesh import MAX_TENSOR_RANK, DeviceMesh
 from .placement import StridedShard
 
 __all__ = ["TensorSpec", "chunk_bounds", "chunk_classes", "rank_classes", "class_ranks", "class_of_rank", "DTYPES",
-           "FLOAT_DTYPES", "check_dtype"]
+           "FLOAT_DTYPES", "check_dtype", "numpy_dtype", "is_float_dtype"]
 
-DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool")
 #: the dtypes that take a gradient (an integer or bool input, such as token ids or a mask, does not)
-FLOAT_DTYPES = ("float16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def check_dtype(dtype) -> str:
-    """Return the canonical dtype name or raise ``bad-dtype``."""
+    """Return the canonical dtype name or raise ``bad-dtype``.
+
+    >>> check_dtype("bfloat16"), check_dtype(np.float32)
+    ('bfloat16', 'float32')
+    """
     name = str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
     if name not in DTYPES:
         raise LayoutError("bad-dtype", f"unsupported dtype {dtype!r}", hint=f"use one of {', '.join(DTYPES)}")
+    if name == "bfloat16":
+        numpy_dtype(name)  # registers the name with numpy: the rules' np.dtype("bfloat16") then works
     return name
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a dtype name; ``bfloat16`` is ``ml_dtypes.bfloat16`` (numpy has none),
+    imported only when asked for.
+
+    >>> numpy_dtype("float32"), numpy_dtype("bfloat16").itemsize
+    (dtype('float32'), 2)
+    """
+    if name == "bfloat16":
+        return _bfloat16()
+    return np.dtype(name)
+
+
+@lru_cache(maxsize=1)
+def _bfloat16() -> np.dtype:
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise LayoutError("bad-dtype", "bfloat16 needs the ml_dtypes package (numpy has no bfloat16), which is not "
+                          "installed", hint="pip install ml_dtypes (a dependency of layout-prop, onnx and MindSpore)"
+                          ) from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_float_dtype(dtype) -> bool:
+    """Whether a numpy dtype is a floating one, bfloat16 included (numpy's ``kind`` of
+    ``ml_dtypes.bfloat16`` is ``'V'``, not ``'f'``).
+
+    >>> is_float_dtype(np.dtype("float16")), is_float_dtype(numpy_dtype("bfloat16")), is_float_dtype(np.int64)
+    (True, True, False)
+    """
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
 def chunk_bounds(n: int, k: int) -> tuple[tuple[int, int], ...]:

@@ -15,6 +15,17 @@ buffer is provably nobody else's (:func:`_exclusively_held`).  On the Llama back
 this is where most of the simulator's fresh memory went: the data-parallel weight
 gradients, reduced over dp and then sp.  Results are bit-identical either way.
 
+bfloat16
+--------
+numpy has no bfloat16 arithmetic of its own (``ml_dtypes`` gives the type and casts): every
+kernel that reads or writes a bfloat16 value computes in float32 and rounds each bfloat16
+output once, to nearest even (:func:`call_kernel`, which the one-device reference calls
+too), and a collective on bfloat16 pieces reduces them in float32 and rounds the result
+once, as a kernel's output.  So every op's output is what a bfloat16 device stores; the
+sharded run and one device then differ by where that rounding falls (a partial sum is
+rounded before it is reduced), which the dtype's tolerance covers
+(:data:`layout_prop.runner.TOLERANCES`).
+
 Examples
 --------
 >>> import numpy as np
@@ -47,11 +58,12 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 from layout_prop.core.graph import last_uses
+from layout_prop.core.spec import TensorSpec, numpy_dtype
 
 from .collectives import DONATING_STEPS, apply_step, may_overlap_itself, scatter_global
 from layout_prop.kernels.numpy_backend import KERNELS, get_kernel
 
-__all__ = ["Simulator"]
+__all__ = ["Simulator", "call_kernel"]
 
 
 class Simulator:
@@ -141,7 +153,8 @@ class Simulator:
     def _run_kernel(self, op, env: dict[str, list[np.ndarray]], ranks: int) -> dict[str, list[np.ndarray]]:
         """The kernel's outputs on every rank, by value name."""
         fn = get_kernel(op.op, self.kernels, self.backend)
-        results = [_call_kernel(fn, op, [env[v][r] for v in op.inputs], r) for r in range(ranks)]
+        dtypes = tuple(spec.dtype for spec in op.specs)
+        results = [_call_kernel(fn, op, [env[v][r] for v in op.inputs], r, dtypes) for r in range(ranks)]
         if len(op.outputs) == 1:
             return {op.outputs[0]: [np.asarray(res) for res in results]}
         return {value: [np.asarray(res[k]) for res in results] for k, value in enumerate(op.outputs)}
@@ -149,6 +162,9 @@ class Simulator:
     def _run_step(self, op, env: dict[str, list[np.ndarray]], gives_up: bool) -> None:
         """Run a slice or collective; with ``gives_up`` its input dies here and may be donated."""
         value, result = op.inputs[0], op.outputs[0]
+        if _is_bfloat16(env[value][0]):
+            env[result] = _bfloat16_step(op.step, env[value])
+            return
         if not (gives_up and op.step.kind in DONATING_STEPS):
             env[result] = apply_step(op.step, env[value])
             return
@@ -162,9 +178,61 @@ class Simulator:
             self.donated[result] = reused
 
 
-def _call_kernel(fn: Callable, op, args: list[np.ndarray], rank: int):
+def _is_bfloat16(array) -> bool:
+    return getattr(array, "dtype", None) is not None and array.dtype.name == "bfloat16"
+
+
+def call_kernel(fn: Callable, args: Sequence, attrs: dict, out_dtypes: Sequence[str | None]):
+    """``fn(*args, **attrs)``, through float32 where bfloat16 is involved (module docstring).
+
+    When an argument is bfloat16, or an output's dtype (``out_dtypes``, from the output specs)
+    is, the bfloat16 arguments are passed as float32 (exactly: every bfloat16 is a float32),
+    an attr ``"bfloat16"`` (a cast's target dtype) as ``"float32"``, and each output whose
+    dtype is bfloat16 is rounded to bfloat16 once; the kernels never see a bfloat16 array.
+    Otherwise the kernel is called as it is.
+
+    >>> import numpy as np
+    >>> from layout_prop.core.spec import numpy_dtype
+    >>> x = np.array([1.0, 1.0 + 2 ** -8], np.float32).astype(numpy_dtype("bfloat16"))  # 1 + 2^-8 rounds to 1
+    >>> y = call_kernel(lambda a, b: a + b, [x, x], {}, ["bfloat16"])
+    >>> y.dtype.name, y.tolist()
+    ('bfloat16', [2.0, 2.0])
+    >>> call_kernel(lambda a: a * 3, [np.float32(1.0)], {}, ["float32"])
+    3.0
+    """
+    if not any(_is_bfloat16(a) for a in args) and "bfloat16" not in out_dtypes:
+        return fn(*args, **attrs)
+    args = [np.asarray(a, dtype=np.float32) if _is_bfloat16(a) else a for a in args]
+    attrs = {k: "float32" if isinstance(v, str) and v == "bfloat16" else v for k, v in attrs.items()}
+    result = fn(*args, **attrs)
+    if len(out_dtypes) == 1:
+        return _rounded(result, out_dtypes[0])
+    return tuple(_rounded(r, dtype) for r, dtype in zip(result, out_dtypes))
+
+
+def _rounded(result, dtype: str | None):
+    """A kernel's output, rounded to bfloat16 when its dtype is bfloat16 (else as it is)."""
+    if dtype != "bfloat16":
+        return result
+    return np.asarray(result).astype(numpy_dtype("bfloat16"))
+
+
+def _bfloat16_step(step, pieces: list[np.ndarray]) -> list[np.ndarray]:
+    """A slice or collective on bfloat16 pieces: run on their float32 values, each resulting
+    piece rounded once to bfloat16 (a result shared by several ranks stays one array)."""
+    widened = [np.asarray(p, dtype=np.float32) for p in pieces]
+    rounded: dict[int, np.ndarray] = {}
+    out = []
+    for piece in apply_step(step, widened):
+        if id(piece) not in rounded:
+            rounded[id(piece)] = piece.astype(numpy_dtype("bfloat16"))
+        out.append(rounded[id(piece)])
+    return out
+
+
+def _call_kernel(fn: Callable, op, args: list[np.ndarray], rank: int, out_dtypes: Sequence[str] = ()):
     try:
-        return fn(*args, **op.attrs[rank])
+        return call_kernel(fn, args, op.attrs[rank], out_dtypes)
     except ExecutionError:
         raise
     except Exception as exc:  # a kernel failing on a rank's local shapes is reported, not hidden
@@ -182,7 +250,13 @@ def _cut_input(op, global_inputs: dict[str, np.ndarray], rng: np.random.Generato
     if op.name not in global_inputs:
         raise ExecutionError("missing-input", f"no value given for graph input {op.name!r}",
                              input=op.name, hint="give every graph input an array")
-    return scatter_global(np.asarray(global_inputs[op.name]), op.specs[0], rng)
+    spec = op.specs[0]
+    if spec.dtype != "bfloat16":
+        return scatter_global(np.asarray(global_inputs[op.name]), spec, rng)
+    # cut in float32 (a Partial input's random terms are float terms), each piece rounded once
+    wide = TensorSpec(spec.shape, "float32", spec.layout)
+    pieces = scatter_global(np.asarray(global_inputs[op.name], dtype=np.float32), wide, rng)
+    return [piece.astype(numpy_dtype("bfloat16")) for piece in pieces]
 
 
 def _wanted_locals(program, wanted: Sequence[str]) -> dict[str, str]:

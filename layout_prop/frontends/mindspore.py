@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from layout_prop.core.errors import SpecError, cut
+from layout_prop.core.spec import numpy_dtype
 from layout_prop.core.graph import Graph
 from layout_prop.io.loader import MAX_ATTR_ITEMS
 from layout_prop.io.plan_file import ShardingPlan, load_plan
@@ -49,7 +50,7 @@ __all__ = ["from_cell", "from_mindir", "read_mindir"]
 # mind_ir TensorProto.DataType -> numpy dtype name
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
            11: "float64", 17: "float64", 16: "bfloat16"}
-_SUPPORTED = ("float16", "float32", "float64", "int32", "int64", "bool")
+_SUPPORTED = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool")
 _GRAPH_PREFIX = re.compile(r"^\d+(_\d+)*_.*construct")  # 12_11_1___main___Net_construct_3
 _FA_LAYOUTS = {0: "BSH", 1: "BNSD", 2: "SBH", 3: "BSND", 4: "TND"}  # FlashAttentionScore's input_layout enum
 
@@ -126,9 +127,11 @@ def _tensor_array(t, source: str, what: str) -> np.ndarray:
     its dims and data type take (``bad-model`` otherwise); a tensor saved without data is zeros
     of its shape, of at most ``MAX_CONSTANT_ELEMENTS`` (``too-large`` past it)."""
     dtype = _DTYPES.get(t.data_type)
-    if dtype is None or dtype == "bfloat16":
+    if dtype is None:
         raise SpecError("unsupported-dtype", f"{what} has MindIR data type {t.data_type}",
-                        path=source, hint="export the cell in float32 (or float16/float64)")
+                        path=source, hint="export the cell in float32 (or float16/bfloat16/float64)")
+    if dtype == "bfloat16":
+        dtype = numpy_dtype(dtype)  # ml_dtypes.bfloat16: numpy has none of its own
     if t.raw_data:
         return limits.from_bytes(t.raw_data, t.dims, dtype, what, source, _HINT)
     for field in ("float_data", "int64_data", "int32_data", "double_data"):
@@ -254,7 +257,7 @@ class _Reader:
         name = _DTYPES.get(code, f"type {code}")
         if name not in _SUPPORTED:
             raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=self.source,
-                            hint="export the cell in float32 (or float16/float64)")
+                            hint="export the cell in float32 (or float16/bfloat16/float64)")
         return name
 
     def value_of(self, raw: str) -> str:

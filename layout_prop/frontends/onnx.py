@@ -78,9 +78,9 @@ def _dtype_name(elem_type: int) -> str:
 
 def _dtype(elem_type: int, what: str, source: str) -> str:
     name = _dtype_name(elem_type)
-    if name not in ("float16", "float32", "float64", "int32", "int64", "bool"):
+    if name not in ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool"):
         raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=source,
-                        hint="export the model in float32 (or float16/float64)")
+                        hint="export the model in float32 (or float16/bfloat16/float64)")
     return name
 
 
@@ -572,7 +572,7 @@ class _Reader:
             raise SpecError("unsupported-dtype", f"constant {name!r} has dtype "
                             f"{'complex' if array.dtype.kind == 'c' else 'string'}", path=self.source,
                             hint="the importer reads numeric and boolean tensors only")
-        if dtype not in ("float16", "float32", "float64", "int32", "int64", "bool"):
+        if dtype not in ("float16", "bfloat16", "float32", "float64", "int32", "int64", "bool"):
             dtype = "int64" if np.issubdtype(array.dtype, np.integer) else "float32"
             # an unread tensor stays an array of zeros that takes no memory (of the new dtype: bounded again)
             array = array.astype(dtype) if read else \

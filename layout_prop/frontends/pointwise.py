@@ -41,7 +41,7 @@ from layout_prop.core.registry import register_op
 
 __all__ = ["POINTWISE_OPS"]
 
-_FLOATS = ("float16", "float32", "float64")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 class _Unary(PointwiseRule):

@@ -105,6 +105,7 @@ def test_cli_json_and_exit_codes(checkout, capsys):
     assert code == 1 and data["ok"] is False
     by_op = {o["op"]: o for o in data["ops"]}
     assert by_op["ReLU"]["wrong"] == 0 and by_op["topk"]["wrong"] > 0  # topk passes P(sum) through
+    assert by_op["topk"]["wrong_silently"] == by_op["topk"]["wrong"]  # the local top-k runs: no error warns
     assert by_op["topk"]["reproducers"]["wrong"]["layout_prop_spec"]["nodes"][0]["op"] == "topk"
     assert main(["audit", str(SNAPSHOT), "--op", "ReLU", "--mesh", "4"]) == 0
     assert "every accepted answer is right" in capsys.readouterr().out

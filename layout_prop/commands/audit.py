@@ -26,7 +26,8 @@ def _print_report(report) -> None:
     for audit in report.ops:
         c = audit.counts
         print(f"{audit.name} (layout-prop {audit.op}): {audit.combinations} combinations: accepted "
-              f"{audit.accepted} (right {c['right']}, wrong {c['wrong']}, unjudged {c['unjudged']}), rejected "
+              f"{audit.accepted} (right {c['right']}, wrong {c['wrong']} ({audit.silent} silently), unjudged "
+              f"{c['unjudged']}), rejected "
               f"{c['rejected'] + c['over_strict']} (over-strict {c['over_strict']})")
         for reason, n in sorted(audit.unjudged_reasons.items()):
             print(f"  unjudged {n}: {reason}")
@@ -40,7 +41,8 @@ def _print_report(report) -> None:
     for name, reason in sorted(report.failed.items()):
         print(f"failed to load {name}: {reason}")
     t = report.totals()
-    print(f"total: {t['combinations']} combinations, right {t['right']}, wrong {t['wrong']}, over-strict "
+    print(f"total: {t['combinations']} combinations, right {t['right']}, wrong {t['wrong']} "
+          f"({t['wrong_silently']} silently), over-strict "
           f"{t['over_strict']}, rejected {t['rejected']}, unjudged {t['unjudged']}")
     print("every accepted answer is right" if report.ok else "WRONG answers found")
 

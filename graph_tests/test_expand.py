@@ -212,3 +212,18 @@ def test_a_hook_that_does_not_end_with_result_is_a_bad_rule(monkeypatch):
     with pytest.raises(OpError) as err:
         Expand().run(load_spec(topk_spec((4,), ["S(1)"], (6, 40), k=2)))
     assert err.value.code == "bad-rule" and "did not end its subgraph with b.result" in str(err.value)
+
+
+def test_the_consumers_of_an_expanded_node_see_its_layout():
+    """A per-token loss on 4 ranks: the plain rule moves the classes' axis to a token dim (loss S(1)); the
+    expansion leaves the loss whole on every rank (R), and the node reading it is propagated again."""
+    spec = ce_spec((4,), ["S(2)"], ["R"], shape=(3, 5), classes=100, reduction="none")
+    spec["nodes"].append({"name": "scaled", "op": "mul", "inputs": ["loss", "loss"]})
+    spec["outputs"] = ["scaled"]
+    plain = analyze(load_spec(spec))
+    assert plain.tensors()["scaled"]["placements"] == ["S(1)"]
+    graph = load_spec(spec)
+    expanded = analyze(graph, reshard=True, backward=True, verify=True)
+    assert expanded.tensors()["scaled"]["placements"] == ["R"]
+    assert graph.node("scaled").meta["specs"][0].layout.placement_strs() == ["S(1)"]  # the given graph unchanged
+    assert set(run_ok(spec).grads) == {"logits"}  # run --backward equals one device

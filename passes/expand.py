@@ -9,15 +9,16 @@ given the input specs, a subgraph of other ops (``max``, ``cross_entropy_parts``
 ``cross_entropy_combine``; ``topk_candidates``, ``topk_merge``; ``chunk_sum``, ``cumsum``,
 ``chunk_cumsum``) that computes the node without moving its big input.
 
-One sweep in topological order copies every node and propagates it again (so that a
-node sees what the expansions before it changed).  A node whose rule asks a move (a
+One sweep in topological order builds the new graph: a node that reads a value whose spec
+an expansion changed is propagated again (a copy), every other node is shared with the
+given graph, which is left as it was.  A node whose rule asks a move (a
 fixable violation) and whose rule has an ``expand`` hook is offered to the hook; its
 subgraph replaces the node when every violation in it is fixable and its moves cost
 strictly fewer bytes per rank than the moves the plain rule asks (the forward node's own
 moves: the backward is not compared).  The subgraph's nodes are named ``NODE/...`` and
 its last node takes the node's own name and outputs, so consumers and graph outputs read
-it unchanged; its result must have the node's output shapes and dtypes.  The given graph
-is left as it was.  The reshard pass then inserts the subgraph's (small) moves, and the
+it unchanged; its result must have the node's output shapes and dtypes.  The reshard pass
+then inserts the subgraph's (small) moves, and the
 backward pass differentiates it through its own ops' vjps.
 
 Examples
@@ -51,7 +52,7 @@ from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import OpRule, get_rule
 from layout_prop.core.spec import TensorSpec
 
-from .propagate import Propagate, value_spec
+from .propagate import Propagate
 
 __all__ = ["Expand", "ExpandResult", "EXPANDED_FROM"]
 
@@ -83,35 +84,63 @@ class Expand:
             self.propagate.run(graph)
         if not any(_candidate(n) for n in nodes):
             return ExpandResult(graph)
-        new = Graph(graph.mesh)
-        new.outputs = list(graph.outputs)
-        new.meta.update(graph.meta)
-        result = ExpandResult(new)
+        sweep = _Sweep(self.propagate, graph)
         for node in nodes:
-            copy = Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta))
-            specs = tuple([value_spec(new, value) for value in node.inputs])
-            self.propagate.visit(new, copy, specs)
-            built = self._expansion(new, graph, copy, specs, result.notes) if _candidate(copy) else None
-            if built is None:
-                new.add_node(copy)
-                continue
-            for part in built:
-                new.add_node(part)
-            result.expanded[node.name] = tuple(part.name for part in built)
-        if not result.expanded:
-            return ExpandResult(graph, notes=result.notes)
-        return result
+            sweep.add(node)
+        if not sweep.expanded:
+            return ExpandResult(graph, notes=sweep.notes)
+        return ExpandResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.expanded,
+                            sweep.notes)
 
-    def _expansion(self, new: Graph, old: Graph, node: Node, specs: tuple, notes: list[str]) -> list[Node] | None:
+
+class _Sweep:
+    """The state of one sweep: the new graph's nodes so far, by name, in order.
+
+    A node whose inputs kept their specs is shared with the given graph; one that reads a
+    value whose spec changed (downstream of an expansion) is propagated again as a copy,
+    and so is a candidate, before its hook is asked.
+    """
+
+    def __init__(self, propagate: Propagate, graph: Graph) -> None:
+        self.propagate = propagate
+        self.graph = graph
+        self.nodes: dict[str, Node] = {}
+        self.changed: set[str] = set()  # values whose spec differs from the given graph's
+        self.expanded: dict[str, tuple[str, ...]] = {}
+        self.notes: list[str] = []
+
+    def spec(self, value: str) -> TensorSpec | None:
+        """The spec of ``value`` (a value of the given graph) in the new graph."""
+        producer, index = self.graph.producer(value)
+        return self.nodes[producer.name].meta[meta.SPECS][index]
+
+    def add(self, node: Node) -> None:
+        m = node.meta
+        if not _candidate(node) and self.changed.isdisjoint(node.inputs):
+            self.nodes[node.name] = node
+            return
+        copy = Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(m))
+        specs = tuple([self.spec(value) for value in node.inputs])
+        self.propagate.visit(self.graph, copy, specs)
+        built = self._expansion(copy, specs) if _candidate(copy) else None
+        last = copy if built is None else built[-1]
+        for part in built or (copy,):
+            self.nodes[part.name] = part
+        if built is not None:
+            self.expanded[node.name] = tuple(part.name for part in built)
+        if last.meta[meta.SPECS] != m[meta.SPECS]:
+            self.changed.update(node.outputs)
+
+    def _expansion(self, node: Node, specs: tuple) -> list[Node] | None:
         """The subgraph ``node``'s rule offers, when it is kept (see the module docstring), else None."""
         if any(spec is None for spec in specs):
             return None
         rule = get_rule(node.op, node=node.name)
-        builder = _Builder(new, old, self.propagate, node)
+        builder = _Builder(self, node, specs)
         try:
             got = rule.expand(builder, node.inputs, node.meta[meta.ATTRS], specs)
         except LayoutPropError as err:  # the hook's ops refused these inputs: the node stays as written
-            notes.append(f"expand: {node.name} ({node.op}) kept as it is: its expansion failed: {err}")
+            self.notes.append(f"expand: {node.name} ({node.op}) kept as it is: its expansion failed: {err}")
             return None
         if got is None:
             return None
@@ -126,8 +155,8 @@ class Expand:
         if plain is None or mine is None or mine >= plain:
             return None
         written = ", ".join(f"{part.name} ({part.op})" for part in builder.nodes)
-        notes.append(f"expand: {node.name} ({node.op}) written as {written}: {mine} bytes per rank of "
-                     f"redistribution instead of {plain}")
+        self.notes.append(f"expand: {node.name} ({node.op}) written as {written}: {mine} bytes per rank of "
+                          f"redistribution instead of {plain}")
         return builder.nodes
 
 
@@ -170,13 +199,11 @@ def _check_result(rule, node: Node, builder: "_Builder") -> None:
 class _Builder:
     """The ExpandBuilder handed to an expand hook: nodes named after ``node``, propagated at once."""
 
-    def __init__(self, new: Graph, old: Graph, propagate: Propagate, node: Node) -> None:
-        self.new = new  # the expanded graph so far: the subgraph reads its values
-        self.old = old
-        self.propagate = propagate
+    def __init__(self, sweep: _Sweep, node: Node, specs: tuple) -> None:
+        self.sweep = sweep
         self.node = node
         self.nodes: list[Node] = []
-        self.specs: dict[str, TensorSpec | None] = {}  # the subgraph's values so far
+        self.specs: dict[str, TensorSpec | None] = dict(zip(node.inputs, specs))  # what the subgraph may read
         self.done: Node | None = None
 
     def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None, num_outputs: int = 1,
@@ -191,30 +218,29 @@ class _Builder:
         return self._add(self.done)
 
     def spec(self, value: str) -> TensorSpec | None:
-        if value in self.specs:
-            return self.specs[value]
-        return value_spec(self.new, value)
+        return self.specs[value]
 
     def _add(self, node: Node) -> str | tuple[str, ...]:
         if self.done is not None and node is not self.done:
             raise OpError("bad-rule", f"the expand hook of {self.node.op!r} added {node.op} after b.result",
                           node=self.node.name, hint="b.result writes the last node of the subgraph")
         for value in node.inputs:
-            if value not in self.specs and not self.new.has_value(value):
+            if value not in self.specs:
                 raise OpError("bad-rule", f"the expansion of {self.node.op!r} reads {value!r}, which is neither "
                               "an input of the node nor a value of its subgraph", node=self.node.name,
                               hint="an expansion reads the node's inputs and its own values")
         node.meta[EXPANDED_FROM] = self.node.name
-        self.propagate.visit(self.new, node, tuple([self.spec(value) for value in node.inputs]))
+        self.sweep.propagate.visit(self.sweep.graph, node, tuple([self.specs[value] for value in node.inputs]))
         self.specs.update(zip(node.outputs, node.meta[meta.SPECS]))
         self.nodes.append(node)
         return node.outputs[0] if node.num_outputs == 1 else node.outputs
 
     def _fresh(self, base: str) -> str:
-        """``base``, or ``base2``, ``base3``...: the first name neither graph nor the subgraph has."""
+        """``base``, or ``base2``, ``base3``...: the first name no graph nor the subgraph has."""
+        graph, nodes = self.sweep.graph, self.sweep.nodes
         taken = {part.name for part in self.nodes}
         name, i = base, 1
-        while name in self.old or name in self.new or name in taken or self.old.has_value(name):
+        while name in graph or name in nodes or name in taken or graph.has_value(name):
             i += 1
             name = f"{base}{i}"
         return name

@@ -8,7 +8,13 @@ their gradients' costs, edge costs and the ILP, from a new process's state), whe
 ILP was proven optimal within its time limit (else its gap), and the
 measured bytes per rank per step (forward and backward) of the planned spec and of
 Megatron's layouts as ``gen llama`` writes them, with their ratio, from the same run.
-Run: ``python benchmarks/plan.py [--layers 1 8 32] [--memory-per-rank BYTES]``.
+With ``--compare-cache`` it first builds each problem twice (after one warm-up build), from a
+cold start of the redistribution caches each time,
+with move costs remembered across edges (the planner's default) and without (each edge
+alone, as before), and prints the two construction times (candidates and edge costs, the
+ILP left out) and the distinct moves priced.
+Run: ``python benchmarks/plan.py [--layers 1 8 32] [--memory-per-rank BYTES] [--mesh dp=2,sp=2,tp=2]
+[--compare-cache]``.
 """
 
 from __future__ import annotations
@@ -20,30 +26,61 @@ from layout_prop.api import clear_caches
 from layout_prop.io.loader import load_spec
 from layout_prop.frontends.generate import llama_spec
 from layout_prop.commands.plan import graph_to_spec, measure, parse_bytes
-from layout_prop.planner.solver import realise, solve
+from layout_prop.planner.solver import Problem, default_cap, realise, solve
 
 MESH = (("dp", 2), ("sp", 1), ("tp", 4))
 
 
-def auto_spec(layers: int) -> dict:
-    spec = llama_spec(layers, MESH)
+def auto_spec(layers: int, mesh=MESH) -> dict:
+    spec = llama_spec(layers, mesh)
     for name, inp in spec["inputs"].items():
         inp["placements"] = ["S(0)", "R", "R"] if name == "x" else "auto"
     return spec
+
+
+def _mesh(text: str):
+    return tuple((name, int(size)) for name, size in (part.split("=") for part in text.split(",")))
+
+
+def build_seconds(layers: int, mesh, cache: bool) -> tuple[float, int]:
+    """Seconds to build the problem (strategies and the program's edge costs) from a cold start,
+    and the moves priced (with the cache: distinct ones)."""
+    clear_caches()
+    graph = load_spec(auto_spec(layers, mesh))
+    start = time.perf_counter()
+    problem = Problem(graph, True, "bytes", None, cap=default_cap(graph.mesh), cache_moves=cache)
+    problem._program()
+    return time.perf_counter() - start, len(problem._move_cache)
+
+
+def compare_cache(layers_list, mesh) -> None:
+    print("| layers | build, moves cached (s) | build, per edge only (s) | speed-up | distinct moves |")
+    print("|---|---|---|---|---|")
+    build_seconds(1, mesh, True)  # warm-up: the first build imports and sets up what every later one reuses
+    for layers in layers_list:
+        uncached, _ = build_seconds(layers, mesh, False)
+        cached, moves = build_seconds(layers, mesh, True)
+        print(f"| {layers} | {cached:.1f} | {uncached:.1f} | {uncached / cached:.2f} | {moves} |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--memory-per-rank", type=parse_bytes, default=None)
+    parser.add_argument("--mesh", type=_mesh, default=MESH, help="axes and sizes, like dp=2,sp=2,tp=2")
+    parser.add_argument("--compare-cache", action="store_true",
+                        help="first time the problem's construction with and without the move cache")
     args = parser.parse_args()
-    print(f"mesh {' x '.join(f'{n}={s}' for n, s in MESH)}; memory limit per rank: {args.memory_per_rank}")
+    mesh = args.mesh
+    print(f"mesh {' x '.join(f'{n}={s}' for n, s in mesh)}; memory limit per rank: {args.memory_per_rank}")
+    if args.compare_cache:
+        compare_cache(args.layers, mesh)
     print("| layers | nodes | classes | strategies | solve (s) | proven optimal | plan bytes/step | Megatron bytes/step "
           "| plan / Megatron |")
     print("|---|---|---|---|---|---|---|---|---|")
     for layers in args.layers:
         clear_caches()
-        graph = load_spec(auto_spec(layers))
+        graph = load_spec(auto_spec(layers, mesh))
         start = time.perf_counter()
         solution = solve(graph, memory_limit=args.memory_per_rank)
         seconds = time.perf_counter() - start
@@ -52,7 +89,7 @@ def main() -> None:
             node.attrs["placements"] = solution.layouts[node.name]
         realised, _ = realise(planned, solution.strategies)
         plan = measure(load_spec(graph_to_spec(realised)))
-        megatron = measure(load_spec(llama_spec(layers, MESH)))
+        megatron = measure(load_spec(llama_spec(layers, mesh)))
         ratio = plan["bytes_per_step"] / megatron["bytes_per_step"]
         proven = "yes" if solution.optimal else f"no (gap {solution.gap:.1%})"
         print(f"| {layers} | {len(graph)} | {solution.classes} | {solution.variables} | {seconds:.1f} | {proven} | "

@@ -329,8 +329,15 @@ def _add_plan_parser(sub) -> None:
                    help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
     p.add_argument("--memory-per-rank", metavar="SIZE", help="the memory limit per rank, like 16GiB, 512M or 2GB "
                    f"(default none); {SIZE_GRAMMAR}")
-    p.add_argument("--objective", choices=["bytes", "time"], default="bytes",
-                   help="minimise bytes per rank per step (default) or modelled time with the mesh's links")
+    p.add_argument("--objective", choices=["bytes", "time"], default=None,
+                   help="minimise bytes per rank per step (the default without --cluster) or modelled time: with "
+                   "--cluster the training step's (compute and collectives; the default with it), else the "
+                   "redistributions' with the mesh's links")
+    p.add_argument("--cluster", metavar="NAME|FILE", help="price the step on this cluster profile (a100-80g, "
+                   "h100-80g, ascend-910b, or a cluster YAML file), as layout-prop estimate does")
+    p.add_argument("--time-limit", metavar="SECONDS", type=_time_limit_arg, default=None,
+                   help="seconds the whole command may take: building the model, the solves, the memory ladder "
+                   "(default 60; up to 86400)")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
                    help="count the optimizer's states in memory (adam: 2 per parameter; default none, as sgd)")
     p.add_argument("--forward-only", action="store_true", help="plan for inference: the forward's moves only")
@@ -405,6 +412,14 @@ def _finite_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a finite number")
+    return value
+
+
+def _time_limit_arg(text: str) -> float:
+    """plan --time-limit: seconds in (0, 86400]."""
+    value = _finite_float(text)
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{value} is not in (0, 86400] seconds")
     return value
 
 

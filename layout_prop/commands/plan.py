@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,9 +87,10 @@ def graph_to_spec(graph: Graph, links: dict | None = None) -> dict:
     return {"mesh": mesh, "inputs": inputs, "nodes": nodes, "outputs": list(graph.outputs)}
 
 
-def measure(graph: Graph, optimizer: str | None = None, links: dict | None = None) -> dict[str, Any]:
+def measure(graph: Graph, optimizer: str | None = None, links: dict | None = None, cluster=None) -> dict[str, Any]:
     """Bytes per rank (forward; forward and backward), modelled time and memory per rank of
-    ``graph`` as ``check --reshard`` resolves it.  The graph is not changed."""
+    ``graph`` as ``check --reshard`` resolves it; with ``cluster``, also ``step_time_s``, the
+    training step ``layout-prop estimate`` models on it.  The graph is not changed."""
     from layout_prop.api import analyze
     from layout_prop.passes.memory import Memory
     from layout_prop.core.links import links_of
@@ -98,13 +100,33 @@ def measure(graph: Graph, optimizer: str | None = None, links: dict | None = Non
     forward = analyze(graph.copy_structure(), reshard=True)
     full = analyze(graph.copy_structure(), reshard=True, backward=True)
     time_us = sum(plan_cost(r.plan, "time", links) for r in full.check.redistributions)
-    return {
+    out = {
         "ok": forward.ok and full.ok,
         "forward_bytes_per_rank": forward.check.total_bytes_per_rank,
         "bytes_per_step": full.check.total_bytes_per_rank,
         "time_us_per_step": round(time_us, 3),
         "memory_per_rank": Memory(optimizer).run(full.graph).to_dict(),
     }
+    if cluster is not None:
+        from layout_prop.perf.step import estimate_step
+
+        out["step_time_s"] = estimate_step(full.graph, cluster).step_time_s
+    return out
+
+
+def score(figures: dict[str, Any], objective: str, backward: bool) -> float:
+    """The measured figure ``objective`` minimises: bytes per step (forward only without
+    ``backward``), the modelled step time on the cluster when measured with one, else the
+    links' modelled time of the redistributions.
+
+    >>> score({"bytes_per_step": 10, "forward_bytes_per_rank": 4, "time_us_per_step": 2.5}, "bytes", False)
+    4.0
+    """
+    if objective == "bytes":
+        return float(figures["bytes_per_step"] if backward else figures["forward_bytes_per_rank"])
+    if "step_time_s" in figures:
+        return float(figures["step_time_s"])
+    return float(figures["time_us_per_step"])
 
 
 @dataclass
@@ -129,10 +151,17 @@ class PlanReport:
         from layout_prop.passes.memory import format_bytes
 
         s = self.solver
-        lines = [f"plan: objective {s['objective']}, {s['classes']} node classes, {s['strategies']} strategies, "
-                 f"solved in {s['seconds']:.2f} s (modelled {s['modelled_cost']:g} "
-                 f"{'bytes per rank' if s['objective'] == 'bytes' else 'us'} per step"
-                 f"{'' if s['optimal'] else ', not proven optimal'})"]
+        objective = s["objective"] + (f" on {s['cluster']}" if s.get("cluster") else "")
+        if "classes" in s:
+            unit = "bytes per rank" if s["objective"] == "bytes" else "us"
+            head = (f"plan: objective {objective}, {s['classes']} node classes, {s['strategies']} strategies, "
+                    f"{s['seconds']:.2f} s of a {s['time_limit']:g} s limit (modelled {s['modelled_cost']:g} {unit} "
+                    f"per step, {s['optimality']})")
+        else:
+            head = f"plan: objective {objective}, no plan found in {s['seconds']:.2f} s of a {s['time_limit']:g} s limit"
+        if s.get("kept") == "baseline":
+            head += "; the baseline is kept"
+        lines = [head]
         rows = [("input", "layout", "baseline", "declared")]
         for name, layout in self.layouts.items():
             base = self.baseline_layouts.get(name)
@@ -146,6 +175,8 @@ class PlanReport:
         lines.append("")
         p, b = self.plan, self.baseline
         table = [("per rank", "plan", "baseline"),
+                 *([("modelled step time (s)", f"{p['step_time_s']:.6g}", f"{b['step_time_s']:.6g}")]
+                   if "step_time_s" in p else []),
                  ("bytes per step (forward + backward)", str(p["bytes_per_step"]), str(b["bytes_per_step"])),
                  ("bytes, forward only", str(p["forward_bytes_per_rank"]), str(b["forward_bytes_per_rank"])),
                  ("modelled time per step (us)", f"{p['time_us_per_step']:g}", f"{b['time_us_per_step']:g}"),
@@ -159,55 +190,146 @@ class PlanReport:
         return "\n".join(lines)
 
 
+#: seconds the whole plan command may take by default (--time-limit): building the model, every solve, the ladder
+DEFAULT_TIME_LIMIT = 60.0
+#: the solver stops this many times the baseline's measurement before the limit, to measure its last plan
+RESERVE = 1.5
+
+
 def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
-              optimizer: str | None = None, baseline: Graph | None = None) -> PlanReport:
+              optimizer: str | None = None, baseline: Graph | None = None,
+              time_limit: float = DEFAULT_TIME_LIMIT, cluster=None) -> PlanReport:
     """Solve ``graph`` (a loaded spec), realise the plan and measure it and the baseline.
 
     With ``memory_limit`` the plan returned holds at most that many bytes per rank as
     measured (:func:`measure`), never only by the model; :class:`InfeasiblePlan` (with the
-    given limit, and the measured memory of the least plan found) when none does.
+    given limit, and the measured memory of the least plan found) when none does and the
+    baseline does not fit either.
+
+    Never worse than the baseline: the baseline (``baseline``, else ``graph``'s own layouts
+    completed as ``check`` completes them) is measured first; when it fits ``memory_limit``
+    and beats every plan found under ``objective`` (:func:`score`; the same score in less
+    memory beats too), or the
+    time ran out before a plan was found, the baseline is the plan reported and written, and
+    a note says so.  ``time_limit`` seconds bound everything (the baseline's measurement, the
+    model's construction, every solve and measurement of the memory ladder); the solver's
+    search gets what is left.  With ``cluster`` (``objective="time"``) the solver minimises
+    the modelled step time on it, compute included, and both are measured with
+    ``layout-prop estimate``'s model (``step_time_s``).
     """
     from layout_prop.core.links import links_of
+    from layout_prop.planner.solver import Deadline, InfeasiblePlan, PlanTimeout
 
+    start = time.perf_counter()
+    priced = cluster if objective == "time" else None  # the solver's cluster; the figures use it either way
     links = links_of(graph)
     base_graph = baseline if baseline is not None else graph
     auto = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
     notes: list[str] = []
-    if memory_limit is None:
-        solution, realised, moves, plan = _attempt(graph, backward, objective, None, optimizer, links, None)
+    base = measure(base_graph, optimizer, links, cluster)
+    base_spec, baseline_layouts = _baseline_spec(base_graph, links if graph.meta.get("links") else None)
+    # the solver stops early enough to realise and measure its last plan (about what the baseline took)
+    deadline = Deadline(time_limit, reserve=RESERVE * (time.perf_counter() - start), start=start)
+    base_fits = base["ok"] and (memory_limit is None or base["memory_per_rank"]["total"] <= memory_limit)
+    found = None
+    try:
+        if memory_limit is None:
+            found = _attempt(graph, backward, objective, None, optimizer, links, None, deadline=deadline,
+                             cluster=cluster, priced=priced)
+        else:
+            found = _fit(graph, backward, objective, memory_limit, optimizer, links, notes, deadline, cluster, priced)
+    except PlanTimeout as err:
+        if not base_fits:
+            raise
+        notes.append(f"the time limit of {err.limit:g} s ran out while {err.doing}, before any plan was found: "
+                     "the baseline is reported and written")
+    except InfeasiblePlan:
+        if not base_fits:
+            raise
+        notes.append(f"the planner found no plan within the memory limit of {memory_limit} bytes per rank, but the "
+                     f"baseline fits ({base['memory_per_rank']['total']} bytes): the baseline is reported and written")
+    seconds = round(deadline.elapsed(), 3)
+    solver: dict[str, Any] = {"objective": objective, "cluster": None if cluster is None else cluster.name,
+                              "time_limit": time_limit, "seconds": seconds, "backward": backward}
+    if found is not None:
+        solution, realised, moves, plan = found
+        solver.update(_solver_figures(solution, moves))
+        if not solution.optimal:
+            gap = solver["gap"]
+            notes.append(f"the solver ran out of time ({solution.seconds:.0f} s): the plan is the best found, " +
+                         (f"within {gap:.1%} of the best bound" if gap is not None else "with no bound proven yet"))
+        if base_fits and _better(base, plan, objective, backward):
+            notes.append(f"the baseline beats the plan found under the {objective} objective "
+                         f"({_shown(score(plan, objective, backward), objective)} against the baseline's "
+                         f"{_shown(score(base, objective, backward), objective)}"
+                         f"{' within the memory limit' if memory_limit is not None else ''}): "
+                         "the baseline is kept, reported and written as the plan")
+            found = None
+    if found is None:
+        solver["kept"] = "baseline"
+        solver.setdefault("optimal", False)
+        solver.setdefault("optimality", "the baseline: no plan found beats it")
+        spec, layouts, plan = base_spec, dict(baseline_layouts), base
     else:
-        solution, realised, moves, plan = _fit(graph, backward, objective, memory_limit, optimizer, links, notes)
-    spec = graph_to_spec(realised, links if graph.meta.get("links") else None)
-    base = measure(base_graph, optimizer, links)
-    from layout_prop.api import analyze
-
-    completed = analyze(base_graph.copy_structure())
-    baseline_layouts = {n.name: list(n.meta["specs"][0].layout.placement_strs()) for n in completed.graph.inputs()}
-    layouts = {name: list(spec["inputs"][name]["placements"]) for name in spec["inputs"]}
-    gap = solution.gap if math.isfinite(solution.gap) else None  # HiGHS's gap is infinite before it has a bound
-    solver = {"objective": objective, "classes": solution.classes, "strategies": solution.variables,
-              "seconds": round(solution.seconds, 3), "modelled_cost": round(solution.cost, 3),
-              "modelled_memory": solution.memory, "moves": moves, "backward": backward,
-              "optimal": solution.optimal, "gap": gap}
-    if not solution.optimal:
-        notes.append(f"the solver ran out of time ({solution.seconds:.0f} s): the plan is the best found, " +
-                     (f"within {gap:.1%} of the best bound" if gap is not None else "with no bound proven yet"))
+        solver["kept"] = "plan"
+        spec = graph_to_spec(realised, links if graph.meta.get("links") else None)
+        layouts = {name: list(spec["inputs"][name]["placements"]) for name in spec["inputs"]}
     return PlanReport(spec, layouts, auto, plan, base, baseline_layouts, solver, notes)
 
 
+def _better(base: dict, plan: dict, objective: str, backward: bool) -> bool:
+    """Whether the baseline beats the plan: a lower score, or the same score in less memory."""
+    b, p = score(base, objective, backward), score(plan, objective, backward)
+    return b < p or (b == p and base["memory_per_rank"]["total"] < plan["memory_per_rank"]["total"])
+
+
+def _shown(value: float, objective: str) -> str:
+    return f"{value:g} bytes per rank" if objective == "bytes" else f"{value:g}"
+
+
+def _solver_figures(solution, moves: int) -> dict[str, Any]:
+    """The solver's part of the report: its size, its modelled figures and what it proved."""
+    gap = solution.gap if math.isfinite(solution.gap) else None  # HiGHS's gap is infinite before it has a bound
+    if not solution.optimal:
+        optimality = "not proven optimal"
+    elif solution.pruned:
+        optimality = f"optimal among the {solution.cap} strategies kept per node"
+    else:
+        optimality = "proven optimal"
+    return {"classes": solution.classes, "strategies": solution.variables,
+            "solve_seconds": round(solution.seconds, 3), "modelled_cost": round(solution.cost, 3),
+            "modelled_memory": solution.memory, "moves": moves, "optimal": solution.optimal and not solution.pruned,
+            "optimality": optimality, "pruned_nodes": solution.pruned, "strategies_kept_per_node": solution.cap,
+            "gap": gap}
+
+
+def _baseline_spec(graph: Graph, links: dict | None) -> tuple[dict, dict[str, list[str]]]:
+    """The baseline as a planned spec (its layouts completed, an explicit redistribute node
+    wherever ``check --reshard`` moves a value) and its inputs' layouts."""
+    from layout_prop.api import analyze
+
+    resolved = analyze(graph.copy_structure(), reshard=True).graph
+    layouts = {}
+    for node in resolved.inputs():
+        placements = list(node.meta["specs"][0].layout.placement_strs())
+        node.attrs["placements"] = placements
+        layouts[node.name] = placements
+    return graph_to_spec(resolved, links), layouts
+
+
 def _attempt(graph: Graph, backward: bool, objective: str, model_limit: int | None, optimizer: str | None,
-             links: dict, problem, least_memory: bool = False):
+             links: dict, problem, least_memory: bool = False, deadline=None, cluster=None, priced=None):
     """Solve under ``model_limit`` (the memory model's), realise the plan and measure it:
     (solution, realised graph, moves inserted, measured figures)."""
     from layout_prop.planner.solver import realise, solve
 
     solution = solve(graph, backward=backward, objective=objective, memory_limit=model_limit, optimizer=optimizer,
-                     problem=problem, least_memory=least_memory)
+                     problem=problem, least_memory=least_memory, deadline=deadline, cluster=priced)
     planned = graph.copy_structure()
     for node in planned.inputs():
         node.attrs["placements"] = solution.layouts[node.name]
     realised, moves = realise(planned, solution.strategies)
-    return solution, realised, moves, measure(realised, optimizer, links)
+    return solution, realised, moves, measure(realised, optimizer, links, cluster)
 
 
 #: times the model's limit is tightened after a plan measured over the user's limit
@@ -217,7 +339,7 @@ LADDER = 6
 
 
 def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: str | None, links: dict,
-         notes: list[str]):
+         notes: list[str], deadline=None, cluster=None, priced=None):
     """The cheapest plan found whose measured memory per rank is at most ``limit``.
 
     The program's memory constraint is a model, and the memory pass measures something else:
@@ -241,8 +363,11 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
     as given and the least measured memory of the plans tried (over ``limit``, and held by a
     plan the planner built): the least the search found, not a proof that nothing between
     the two fits.
+
+    The search stops where ``deadline`` falls: the cheapest plan tried that fits is returned
+    (with a note), and :class:`PlanTimeout` is raised when none was.
     """
-    from layout_prop.planner.solver import InfeasiblePlan
+    from layout_prop.planner.solver import InfeasiblePlan, PlanTimeout
 
     problem = None
     tried: dict = {}  # the plans measured: their strategies -> (measured memory, found)
@@ -253,10 +378,14 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
         tried[tuple(solution.strategies[n] for n in sorted(solution.strategies))] = (held, found)
         return held
 
+    def attempt(model_limit, least_memory=False):
+        return _attempt(graph, backward, objective, model_limit, optimizer, links, problem, least_memory,
+                        deadline, cluster, priced)
+
     model_limit: int | None = limit
     for _ in range(1 + TIGHTEN_ROUNDS):
         try:
-            found = _attempt(graph, backward, objective, model_limit, optimizer, links, problem)
+            found = attempt(model_limit)
         except InfeasiblePlan as err:  # the model puts every plan over: a plan of the ladder may still fit
             problem = err.problem
             break
@@ -268,15 +397,21 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
         if model_limit < 0:
             break
     over = sorted({held for held, _ in tried.values()})
-    least = _attempt(graph, backward, objective, None, optimizer, links, problem, least_memory=True)
-    remember(least)
-    cheapest = _attempt(graph, backward, objective, None, optimizer, links, problem)
-    remember(cheapest)
-    low, high = least[0].memory, cheapest[0].memory
-    for k in range(1, LADDER + 1):
-        step = low + (high - low) * k // (LADDER + 1)
-        if low < step < high:
-            remember(_attempt(graph, backward, objective, step, optimizer, links, problem))
+    try:
+        least = attempt(None, least_memory=True)
+        remember(least)
+        cheapest = attempt(None)
+        remember(cheapest)
+        low, high = least[0].memory, cheapest[0].memory
+        for k in range(1, LADDER + 1):
+            step = low + (high - low) * k // (LADDER + 1)
+            if low < step < high:
+                remember(attempt(step))
+    except PlanTimeout as err:
+        if not any(held <= limit for held, _ in tried.values()):
+            raise
+        notes.append(f"the time limit of {err.limit:g} s ran out while {err.doing} on the memory ladder: the "
+                     f"cheapest of the {len(tried)} plans measured that fits is reported")
     fitting = [found for held, found in tried.values() if held <= limit]
     if not fitting:
         smallest = min(held for held, _ in tried.values())
@@ -299,6 +434,13 @@ def run(args) -> int:
     from layout_prop.planner.solver import InfeasiblePlan
 
     limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
+    cluster = None
+    if args.cluster is not None:
+        from layout_prop.perf.clusters import get_cluster
+
+        cluster = get_cluster(args.cluster)
+    objective = args.objective or ("time" if cluster is not None else "bytes")
+    time_limit = args.time_limit if args.time_limit is not None else DEFAULT_TIME_LIMIT
     if args.output is not None:
         from layout_prop.io.output import check_output
 
@@ -310,8 +452,8 @@ def run(args) -> int:
         raise SpecError("bad-baseline", f"the baseline {str(args.baseline)!r} is not the same model on the same mesh",
                         hint="give a baseline with the same mesh and inputs (gen llama with the same sizes)")
     try:
-        report = plan_spec(graph, backward=not args.forward_only, objective=args.objective, memory_limit=limit,
-                           optimizer=args.optimizer, baseline=baseline)
+        report = plan_spec(graph, backward=not args.forward_only, objective=objective, memory_limit=limit,
+                           optimizer=args.optimizer, baseline=baseline, time_limit=time_limit, cluster=cluster)
     except InfeasiblePlan as err:
         if args.json:
             print(json.dumps({"ok": False, "error": err.code, "message": err.message,

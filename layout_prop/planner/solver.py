@@ -85,7 +85,8 @@ from layout_prop.core.spec import TensorSpec
 from layout_prop.passes.memory import optimizer_states_per_parameter
 from layout_prop.passes.propagate import Propagate, value_spec
 
-__all__ = ["Problem", "Strategy", "Solution", "solve", "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan"]
+__all__ = ["Problem", "Strategy", "Solution", "solve", "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan",
+           "Deadline", "PlanTimeout"]
 
 OBJECTIVES = ("bytes", "time")
 CAP = 32  # strategies kept per node on a mesh of at most 2 axes of more than one rank (module docstring)
@@ -153,6 +154,7 @@ class Strategy:
     outputs: tuple[TensorSpec, ...]
     grads: tuple[TensorSpec | None, ...] = ()
     inner: Moves = ()
+    work: tuple = ()  # the OpCost of the op and of its vjp's ops on their local shapes (the time objective)
 
     def describe(self) -> str:
         return ", ".join("(" + ", ".join(s.layout.placement_strs()) + ")" for s in self.outputs)
@@ -183,7 +185,7 @@ class _Rules:
         return value
 
     def vjp(self, node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...]):
-        """(grad spec per input, inner moves) of ``node`` run on ``inputs``."""
+        """(grad spec per input, inner moves, OpCost of each backward op) of ``node`` run on ``inputs``."""
         key = (node.op, attrs_key(node.meta[meta.ATTRS]), inputs, requires)
         found = self.vjps.get(key)
         if found is None:
@@ -213,15 +215,29 @@ def _vjp(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...])
     if any(n.meta.get(meta.VIOLATIONS) for n in fixed.nodes):
         return None
     inner: list = []
+    work: list = []
     for n in fixed.nodes:
         if n.meta.get(meta.INSERTED_BY) == "reshard":
             plan = plan_redistribution(value_spec(fixed, n.inputs[0]), n.meta[meta.SPECS][0].layout)
             inner.extend(_moves(plan))
+        elif not n.is_input and n.name != "node" and n.op != "redistribute":
+            work.append(_work(n.op, [value_spec(fixed, v) for v in n.inputs], n.meta[meta.SPECS], n.attrs))
     grads = []
     for i, name in enumerate(names):
         total = back.grads.get(name)
         grads.append(None if total is None else value_spec(fixed, fixed.node(total).inputs[0]))
-    return tuple(grads), tuple(inner)
+    return tuple(grads), tuple(inner), tuple(w for w in work if w is not None)
+
+
+def _work(op: str, inputs: Sequence[TensorSpec | None], outputs: Sequence[TensorSpec | None], attrs: dict):
+    """The :class:`~layout_prop.perf.costs.OpCost` of ``op`` on rank 0's local shapes (None: a spec unknown)."""
+    from layout_prop.perf.costs import op_cost
+
+    if any(s is None for s in inputs) or not outputs or any(s is None for s in outputs):
+        return None
+    dtype = inputs[0].dtype if inputs else outputs[0].dtype
+    return op_cost(op, [s.local_shape(0) for s in inputs], [s.local_shape(0) for s in outputs],
+                   [s.itemsize for s in inputs], [s.itemsize for s in outputs], dict(attrs), dtype=dtype)
 
 
 def _axis_options(spec: TensorSpec, axis: int, partial: bool) -> list:
@@ -267,12 +283,15 @@ def input_candidates(spec: TensorSpec) -> list[Layout]:
 
 def node_strategies(node: Node, specs: Sequence[TensorSpec], rules: _Rules, partial_ok: Sequence[bool],
                     seeds: Iterable[tuple[Layout, ...]] = (), cap: int | None = None,
-                    limit: int = 20000) -> list[tuple[tuple[Layout, ...], tuple[TensorSpec, ...]]]:
+                    limit: int = 20000, dropped: list | None = None
+                    ) -> list[tuple[tuple[Layout, ...], tuple[TensorSpec, ...]]]:
     """The (received input layouts, output specs) the node's rule accepts (module docstring).
 
     At most ``cap`` of them: the ``seeds`` the rule accepts first (the layouts the node
     has in the propagated and in the greedily resharded graph, so that the greedy plan
-    stays a candidate), then the ones holding the fewest bytes per rank.
+    stays a candidate), then the ones holding the fewest bytes per rank.  ``dropped``, when
+    given, gets the number of accepted strategies left out (by ``cap``, or because more than
+    ``limit`` combinations were there to try) appended.
     """
     found: dict[tuple[Layout, ...], tuple[TensorSpec, ...]] = {}
     for seed in seeds:
@@ -296,9 +315,11 @@ def node_strategies(node: Node, specs: Sequence[TensorSpec], rules: _Rules, part
                     valid.append(combo)
         per_axis_valid.append(valid)
     count = 0
+    cut = 0
     for combos in itertools.product(*per_axis_valid):
         count += 1
         if count > limit:
+            cut = 1  # at least one combination was not tried
             break
         layouts = []
         for i, s in enumerate(specs):
@@ -311,7 +332,11 @@ def node_strategies(node: Node, specs: Sequence[TensorSpec], rules: _Rules, part
     items = list(found.items())
     if cap is not None and len(items) > cap:
         rest = sorted(items[first:], key=lambda item: (_held_bytes(item), str(item[0])))
-        items = items[:first] + rest[:max(0, cap - first)]
+        kept = items[:first] + rest[:max(0, cap - first)]
+        cut += len(items) - len(kept)
+        items = kept
+    if dropped is not None:
+        dropped.append(cut)
     return items
 
 
@@ -373,6 +398,60 @@ def node_classes(graph: Graph, repeat: int = REPEAT, auto: Iterable[str] = ()) -
     return out
 
 
+def _cluster_price(moves: Moves, mesh, cluster) -> float:
+    """Microseconds of ``moves`` priced by algorithm on ``cluster``'s links
+    (:func:`~layout_prop.perf.collectives.collective_time`)."""
+    from layout_prop.perf.collectives import collective_time
+
+    shape = tuple(mesh.shape)
+    return sum(collective_time(kind, nbytes, shape, axis, cluster) for axis, kind, nbytes in moves) * 1e6
+
+
+# --------------------------------------------------------------------------- the time limit
+class PlanTimeout(LayoutPropError):
+    """The plan's time limit (``limit`` seconds, the whole command's) ran out while ``doing``."""
+
+    def __init__(self, limit: float, doing: str) -> None:
+        self.limit, self.doing = limit, doing
+        super().__init__("plan-timeout", f"the time limit of {limit:g} s ran out while {doing}",
+                         hint="raise --time-limit, or give fewer auto inputs")
+
+
+class Deadline:
+    """A time limit of ``limit`` seconds from now, for everything a plan does.
+
+    >>> d = Deadline(30)
+    >>> 29 < d.remaining() <= 30, d.check("building")
+    (True, None)
+    >>> Deadline(0).check("solving")
+    Traceback (most recent call last):
+    ...
+    layout_prop.planner.solver.PlanTimeout: plan-timeout: the time limit of 0 s ran out while solving (hint: raise --time-limit, or give fewer auto inputs)
+    """
+
+    def __init__(self, limit: float, reserve: float = 0.0, start: float | None = None) -> None:
+        import time
+
+        self.limit = float(limit)
+        self.start = time.perf_counter() if start is None else start  # a time.perf_counter() value
+        self.end = self.start + self.limit - reserve  # ``reserve``: seconds kept for the work after the last check
+
+    def remaining(self) -> float:
+        import time
+
+        return self.end - time.perf_counter()
+
+    def elapsed(self) -> float:
+        import time
+
+        return time.perf_counter() - self.start
+
+    def check(self, doing: str) -> None:
+        """Raise :class:`PlanTimeout` when the time is up."""
+        if self.remaining() <= 0:
+            raise PlanTimeout(self.limit, doing)
+
+
 # --------------------------------------------------------------------------- the program
 class InfeasiblePlan(LayoutPropError):
     """No plan fits the memory limit ``limit`` (bytes per rank, as the user gave it).
@@ -415,15 +494,35 @@ class Solution:
     optimal: bool = True  # proven optimal (else the best found within the time limit)
     gap: float = 0.0  # the solver's relative gap to the best bound
     problem: Any = field(default=None, repr=False)  # the Problem solved (to solve again under another limit)
+    pruned: int = 0  # node classes whose accepted strategies were cut to ``cap``: optimal among those kept only
+    cap: int | None = None  # strategies kept per node
 
 
 class Problem:
-    """The candidate strategies of every node class of a graph, and the program over them."""
+    """The candidate strategies of every node class of a graph, and the program over them.
+
+    ``deadline`` (a :class:`Deadline`) bounds the construction and the solves: past it,
+    :class:`PlanTimeout`.  ``cache_moves`` remembers each move's cost by (source spec,
+    target layout, gradient spec) across all edges (off: only within an edge, as before;
+    ``benchmarks/plan.py --no-cache`` measures the difference).  ``cluster`` (a
+    :class:`~layout_prop.perf.clusters.Cluster`, with ``objective="time"``) prices the
+    collectives by algorithm on its links and adds every op's compute (module docstring).
+    ``pruned`` counts the node classes whose accepted strategies were cut to ``cap``.
+    """
 
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
-                 repeat: int = REPEAT, cap: int | None = None) -> None:
+                 repeat: int = REPEAT, cap: int | None = None, *, deadline: "Deadline | None" = None,
+                 cache_moves: bool = True, cluster=None) -> None:
         if objective not in OBJECTIVES:
             raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
+        if cluster is not None and objective != "time":
+            raise SpecError("bad-value", f"a cluster prices time, not the objective {objective!r}",
+                        hint="use the time objective with a cluster")
+        self.deadline = deadline
+        self.cluster = cluster
+        self.cache_moves = cache_moves
+        self._move_cache: dict = {}
+        self.pruned = 0
         links = links_of(graph)
         self.graph = graph = graph.copy_structure()  # auto inputs propagated as Replicate, the caller's untouched
         self.auto = set()
@@ -469,7 +568,29 @@ class Problem:
         return seeds
 
     def price(self, moves: Moves) -> float:
+        if self.cluster is not None:
+            return _cluster_price(moves, self.mesh, self.cluster)
         return _price(moves, self.objective, self.links, self.mesh, tie=True)
+
+    def compute(self, strategy: Strategy) -> float:
+        """Microseconds of the strategy's op and its vjp's ops on ``cluster`` (0 without one)."""
+        if self.cluster is None:
+            return 0.0
+        from layout_prop.perf.costs import op_time
+
+        return sum(op_time(w, self.cluster) for w in strategy.work) * 1e6
+
+    def optimizer_time(self, spec: TensorSpec) -> float:
+        """Microseconds of AdamW's step on a parameter's local shard (``perf.step``'s 7 passes over
+        its bytes), on ``cluster`` (0 without one or without backward)."""
+        if self.cluster is None or not self.backward:
+            return 0.0
+        c = self.cluster
+        return 7 * spec.local_nbytes(0) / (c.hbm_bytes_per_s * c.memory_efficiency) * 1e6
+
+    def check_time(self, doing: str) -> None:
+        if self.deadline is not None:
+            self.deadline.check(doing)
 
     # ---------------------------------------------------------------- candidates
     def _build(self) -> None:
@@ -491,19 +612,29 @@ class Problem:
             if any(s is None for s in specs):
                 raise LayoutPropError("unplannable", f"node {node.name!r} has inputs whose layout no rule can "
                                       f"describe", node=node.name, hint="fix the violations check reports first")
+            self.check_time("building the candidate strategies")
             flags = [partial_ok.setdefault(v, self._may_be_partial(v)) for v in node.inputs]
-            found = node_strategies(node, specs, self.rules, flags, self.seeds.get(node.name, ()), self.cap)
+            dropped: list[int] = []
+            found = node_strategies(node, specs, self.rules, flags, self.seeds.get(node.name, ()), self.cap,
+                                    dropped=dropped)
+            self.pruned += 1 if dropped[0] else 0
             requires = tuple(self.requires.get(v, False) for v in node.inputs)
             out = []
             for layouts, outputs in found:
+                self.check_time("building the candidate strategies' gradients")
                 received = tuple(s.with_layout(l) for s, l in zip(specs, layouts))
-                grads, inner = (), ()
+                grads, inner, work = (), (), ()
                 if self.backward and any(requires) and get_rule(node.op).differentiable:
                     got = self.rules.vjp(node, received, requires)
                     if got is None:
                         continue
-                    grads, inner = got
-                out.append(Strategy(layouts, outputs, grads, inner))
+                    grads, inner, work = got
+                if self.cluster is not None:
+                    forward = _work(node.op, received, outputs, node.meta[meta.ATTRS])
+                    work = ((forward,) if forward is not None else ()) + tuple(work)
+                else:
+                    work = ()
+                out.append(Strategy(layouts, outputs, grads, inner, work))
             if not out:
                 raise LayoutPropError("unplannable", f"no layout of node {node.name!r} ({node.op}) is accepted by "
                                       f"its rule", node=node.name, hint="check the node's shapes and attrs")
@@ -548,11 +679,17 @@ class Problem:
         objective = mem if minimise_memory else cost + 1e-9 * mem
         a = coo_matrix((vals, (rows, cols)), shape=(len(lo), total)).tocsr()
         integrality = np.concatenate([np.ones(nvars), np.zeros(total - nvars)])
+        limit = self.time_limit
+        if self.deadline is not None:
+            self.deadline.check("solving")
+            limit = min(limit, self.deadline.remaining())
         res = milp(objective, constraints=LinearConstraint(a, lo, hi), integrality=integrality,
-                   bounds=Bounds(lower, upper), options={"time_limit": self.time_limit})
+                   bounds=Bounds(lower, upper), options={"time_limit": limit})
         if res.x is None:
             if res.status == 1:  # out of time before any plan was found
-                raise LayoutPropError("plan-timeout", f"the solver found no plan within {self.time_limit:g} s",
+                if self.deadline is not None:
+                    raise PlanTimeout(self.deadline.limit, "solving")
+                raise LayoutPropError("plan-timeout", f"the solver found no plan within {limit:g} s",
                                       hint="raise the time limit, or give fewer auto inputs")
             return None
         self.optimal = res.status == 0
@@ -615,15 +752,18 @@ class Problem:
                 if node.is_input:
                     factor = 2 + self.states if node.attrs.get("requires_grad") else 1
                     mem[var] += factor * s.outputs[0].local_nbytes(0)
+                    if node.attrs.get("requires_grad"):
+                        cost[var] += self.optimizer_time(s.outputs[0])
                     continue
                 mem[var] += sum(o.local_nbytes(0) for o in s.outputs)
-                cost[var] += self.price(s.inner)
+                cost[var] += self.price(s.inner) + self.compute(s)
             if node.is_input:
                 continue
             for i, value in enumerate(node.inputs):
                 producer, j = graph.producer(value)
                 key = (self.classes[producer.name], j, cls, i)
                 if key not in pairs:
+                    self.check_time("building the edge costs")
                     pairs[key] = self._edge(*key, self.requires.get(value, False))
                 counts[key] = counts.get(key, 0) + 1
         z_vars: dict[tuple, int] = {}
@@ -679,8 +819,9 @@ class Problem:
         """(producer strategy, consumer strategy) -> (forward cost, backward cost) of the edge;
         missing: impossible."""
         table: dict = {}
-        moves: dict = {}
+        moves: dict = self._move_cache if self.cache_moves else {}
         for kn, s in enumerate(self.strategies[cls]):
+            self.check_time("building the edge costs")
             want = s.inputs[i]
             g = s.grads[i] if self.backward and grad and s.grads else None
             for ku, p in enumerate(self.strategies[pcls]):
@@ -727,7 +868,8 @@ def _requires_grad(graph: Graph) -> dict[str, bool]:
 
 def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
           optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = None,
-          alternatives: bool = False, problem: "Problem | None" = None, least_memory: bool = False) -> Solution:
+          alternatives: bool = False, problem: "Problem | None" = None, least_memory: bool = False,
+          deadline: Deadline | None = None, cluster=None, cache_moves: bool = True) -> Solution:
     """Choose every ``auto`` input's layout and every node's strategy (module docstring).
 
     Parameters
@@ -755,6 +897,13 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     least_memory : bool
         Choose the plan holding the least memory by the memory model (the cheapest of those),
         whatever ``memory_limit`` says.
+    deadline : Deadline, optional
+        The time limit of everything (building the problem, every solve): past it,
+        :class:`PlanTimeout`.
+    cluster : Cluster, optional
+        With ``objective="time"``: price collectives and every op's compute on this cluster.
+    cache_moves : bool
+        Remember move costs across edges (:class:`Problem`).
 
     Raises
     ------
@@ -765,7 +914,10 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
 
     start = time.perf_counter()
     if problem is None:
-        problem = Problem(graph, backward, objective, optimizer, repeat=repeat, cap=cap or default_cap(graph.mesh))
+        problem = Problem(graph, backward, objective, optimizer, repeat=repeat, cap=cap or default_cap(graph.mesh),
+                          deadline=deadline, cluster=cluster, cache_moves=cache_moves)
+    elif deadline is not None:
+        problem.deadline = deadline
     found = None if least_memory else problem.solve(memory_limit)
     if found is None:
         least = problem.solve(None, minimise_memory=True)
@@ -782,7 +934,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     layouts = {n.name: tuple(strategies[n.name].outputs[0].layout.placement_strs()) for n in graph.inputs()}
     variables = sum(len(s) for s in problem.strategies.values())
     sol = Solution(strategies, layouts, value, memory, objective, len(problem.strategies), variables,
-                   optimal=problem.optimal, gap=problem.gap, problem=problem)
+                   optimal=problem.optimal, gap=problem.gap, problem=problem, pruned=problem.pruned,
+                   cap=problem.cap)
     if alternatives:
         for node in graph.inputs():
             if node.attrs.get("placements") != "auto":

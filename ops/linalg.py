@@ -38,7 +38,8 @@ The einsum sharding rule, per mesh axis:
   operands, a ``P(max)``/``P(min)`` operand, or a partial operand beside a sharded one
   is ``partial-input`` (the cheaper of reducing it or gathering the others is wanted).
   Reducing a partial operand is costed at twice its bytes (an all-reduce), gathering a
-  sharded one at its bytes.
+  sharded one at its bytes, counting the bytes a rank handles: the operand's size over
+  its shards on the other mesh axes (a batch cut on ``dp`` is that much smaller on ``tp``).
 
 Lowering needs no localised attrs for the products: consistent letters give matching
 local shapes (uneven and empty chunks included).  Gradients are einsums of the
@@ -326,11 +327,22 @@ class EinsumLayout:
     plans: tuple[AxisPlan, ...]
 
 
-def _move_cost(spec: TensorSpec, have: Placement, want: Placement) -> int:
+def _move_cost(spec: TensorSpec, axis: int, have: Placement, want: Placement) -> int:
+    """What moving ``spec`` from ``have`` to ``want`` on mesh axis ``axis`` costs a rank, roughly.
+
+    The bytes a rank moves there are those of the piece the ranks along ``axis`` share: the
+    tensor divided by its shards on the other mesh axes.  (Global bytes would make a data-parallel
+    activation, cut on a large ``dp`` axis, look costlier to reduce on ``tp`` than gathering a
+    weight every rank holds whole on ``dp``: it is not.)
+    """
     if have == want or isinstance(have, Replicate):
         return 0  # nothing, or a free local slice
     factor = MOVE_COST_PARTIAL if isinstance(have, Partial) else MOVE_COST_SHARD
-    return factor * spec.nbytes
+    pieces = 1
+    for a, p in enumerate(spec.layout.placements):
+        if a != axis and isinstance(p, (Shard, StridedShard)):
+            pieces *= spec.mesh.shape[a]
+    return factor * (spec.nbytes // pieces)
 
 
 def _cut(dim: int, split_factor: int) -> Placement:
@@ -380,7 +392,8 @@ def _choose_axis(axis: int, operands: Sequence[EinsumOperand], sizes: dict[str, 
     best, best_cost = None, None
     for letter, kept, split_factor in candidates:
         plan = _plan_candidate(axis, operands, sizes, output, letter, kept, split_factor)
-        cost = sum(_move_cost(op.spec, op.spec.layout.placements[axis], t) for op, t in zip(operands, plan.targets))
+        cost = sum(_move_cost(op.spec, axis, op.spec.layout.placements[axis], t)
+                   for op, t in zip(operands, plan.targets))
         if best_cost is None or cost < best_cost:
             best, best_cost = plan, cost
     assert best is not None
@@ -853,7 +866,7 @@ def _embedding_axis(axis: int, ids: TensorSpec, table: TensorSpec) -> EmbeddingA
     options.append(EmbeddingAxis("none", Replicate(), Replicate(), Replicate()))
 
     def cost(d: EmbeddingAxis) -> int:
-        return _move_cost(ids, i_p, d.ids_target) + _move_cost(table, t_p, d.table_target)
+        return _move_cost(ids, axis, i_p, d.ids_target) + _move_cost(table, axis, t_p, d.table_target)
 
     return min(options, key=cost)  # min keeps the first of equal costs
 

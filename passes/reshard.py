@@ -42,6 +42,7 @@ from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph, Node
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import get_rule
+from layout_prop.core.spec import TensorSpec
 
 from .propagate import Propagate
 
@@ -88,6 +89,11 @@ class Reshard:
 
 _FREE = "reshard.free"  # private key of the propagate cache: (spec, wanted layout) -> plan is free (None: no plan)
 _MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
+
+
+def _reduced(layout):
+    """``layout`` with every Partial axis Replicate."""
+    return layout.with_placements(["R" if p.is_partial() else p for p in layout.placements])
 
 
 class _Sweep:
@@ -143,45 +149,68 @@ class _Sweep:
         return copy
 
     def _reuse_moves(self, node: Node) -> Node:
-        """``node``, reading an input from a redistribute node already in the graph where that
-        makes the node's own moves cheaper.
+        """``node``, with an input read from a redistribute node already in the graph, or from a
+        new all-reduce of a partial input, where that makes the node cheaper.
 
-        A move another consumer asked for is paid once, whoever reads it: a rule that sees only
-        its own operands does not know that, and may choose to move a second operand (or leave
-        a partial sum to reduce later) where reading the moved value costs nothing more.  The
-        backward of a linear is the case: the output cotangent is gathered for the input
-        gradient, and the weight gradient reading that gathered cotangent needs no move of its
-        own and is no partial sum.  Each input with moved versions is tried in turn, each
-        substitution kept when the node's cost (:meth:`_cost`) falls strictly.
+        A move another consumer asked for is paid once, whoever reads it; a rule that sees only
+        its own operands does not know that, and chooses each product alone.  The backward of a
+        linear is the case: the output cotangent is moved for the input gradient, and the
+        weight gradient reading that moved cotangent needs no move of its own and is no partial
+        sum; and with a partial (tp) output cotangent, gathering the weight for the input
+        gradient moves fewer bytes than reducing the cotangent, but leaves the input gradient a
+        partial sum, while the reduced cotangent also serves the weight gradient.  Each input
+        is tried in turn with each version, and a version kept when the node's cost
+        (:meth:`_cost`: its moves, reducing a partial output, and a new all-reduce) falls
+        strictly.  The rule's own choice stands on a tie.
         """
-        if not any(v.fixable for v in node.meta[meta.VIOLATIONS]) or self.moves_of.keys().isdisjoint(node.inputs):
+        if not any(v.fixable for v in node.meta[meta.VIOLATIONS]):
             return node
-        best, best_cost = node, self._cost(node)
+        specs = [self.spec(value) for value in node.inputs]
+        choice: list[str | TensorSpec | None] = [None] * len(specs)  # per input: a moved value, a reduced spec
+        best = self._cost(node, specs)
         for i, value in enumerate(node.inputs):
-            for moved in self.moves_of.get(value, ()):
-                inputs = list(best.inputs)
-                inputs[i] = moved
-                candidate = self._visit_copy(node, tuple(inputs))
-                cost = self._cost(candidate)
-                if cost < best_cost:
-                    best, best_cost = candidate, cost
-        return best
+            for option, spec, extra in self._versions(value, specs[i]):
+                trial = list(specs)
+                trial[i] = spec
+                copy = Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta))
+                self.propagate.visit(self.graph, copy, tuple(trial))
+                cost = extra + self._cost(copy, trial)
+                if cost < best:
+                    best, specs, choice[i] = cost, trial, option
+        if not any(c is not None for c in choice):
+            return node
+        inputs = list(node.inputs)
+        for i, option in enumerate(choice):
+            if isinstance(option, str):
+                inputs[i] = option
+            elif option is not None:
+                inputs[i] = self._move(node, i, node.inputs[i], self.spec(node.inputs[i]), option.layout)
+        return self._visit_copy(node, tuple(inputs))
 
-    def _cost(self, node: Node) -> float:
-        """Bytes per rank of the moves ``node``'s rule asks for, plus reducing any partial output
-        to Replicate (what a partial sum costs its consumers at most); infinite when a violation
-        is not fixable by a move."""
+    def _versions(self, value: str, spec):
+        """``(option, spec, bytes)`` of every other version of ``value`` a node could read: the
+        redistribute nodes of it so far (paid already), and its all-reduce when it is partial."""
+        for moved in self.moves_of.get(value, ()):
+            yield moved, self.spec(moved), 0
+        if spec is not None and spec.layout.has_partial():
+            reduced = spec.with_layout(_reduced(spec.layout))
+            if (value, reduced.layout) not in self.moved:
+                yield reduced, reduced, self._bytes(spec, reduced.layout)
+
+    def _cost(self, node: Node, specs) -> float:
+        """Bytes per rank of the moves ``node``'s rule asks for on inputs of ``specs``, plus
+        reducing any partial output to Replicate (what a partial sum costs its consumers at
+        most); infinite when a violation is not fixable by a move."""
         m = node.meta
         if any(not v.fixable for v in m[meta.VIOLATIONS]):
             return float("inf")
         total = 0
-        for value, want in zip(node.inputs, m[meta.WANTS]):
+        for spec, want in zip(specs, m[meta.WANTS]):
             if want is not None:
-                total += self._bytes(self.spec(value), want)
+                total += self._bytes(spec, want)
         for spec in m[meta.SPECS]:
             if spec is not None and spec.layout.has_partial():
-                reduced = ["R" if p.is_partial() else p for p in spec.layout.placements]
-                total += self._bytes(spec, spec.layout.with_placements(reduced))
+                total += self._bytes(spec, _reduced(spec.layout))
         return total
 
     def _bytes(self, spec, want) -> float:
@@ -220,14 +249,18 @@ class _Sweep:
             free = self._is_free(spec, want)
             if free is None or (free and value not in flagged):
                 continue
-            key = (value, want)  # a Layout: its hash is cached
-            name = self.moved.get(key)
-            if name is None:
-                name = self._insert_move(node, i, value, spec, want)
-                self.moved[key] = name
-                self.moves_of.setdefault(value, []).append(name)
-            inputs[i] = name
+            inputs[i] = self._move(node, i, value, spec, want)
         return tuple(inputs)
+
+    def _move(self, node: Node, index: int, value: str, spec, want) -> str:
+        """The redistribute node moving ``value`` to ``want``: the one already made, or a new one."""
+        key = (value, want)  # a Layout: its hash is cached
+        name = self.moved.get(key)
+        if name is None:
+            name = self._insert_move(node, index, value, spec, want)
+            self.moved[key] = name
+            self.moves_of.setdefault(value, []).append(name)
+        return name
 
     def _insert_move(self, node: Node, index: int, value: str, spec, want) -> str:
         """Append a redistribute node moving ``value`` (``spec``) to ``want`` for input ``index`` of ``node``."""

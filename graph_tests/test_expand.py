@@ -227,3 +227,35 @@ def test_the_consumers_of_an_expanded_node_see_its_layout():
     assert expanded.tensors()["scaled"]["placements"] == ["R"]
     assert graph.node("scaled").meta["specs"][0].layout.placement_strs() == ["S(1)"]  # the given graph unchanged
     assert set(run_ok(spec).grads) == {"logits"}  # run --backward equals one device
+
+
+def _with_hook(monkeypatch, hook):
+    """``topk``'s rule with ``hook`` as its expand, as the pass finds it."""
+    real = get_rule("topk")
+    rule = type("Hooked", (type(real),), {"expand": hook})()
+    monkeypatch.setattr(expand_module, "get_rule", lambda op, node=None: rule if op == "topk" else get_rule(op))
+
+
+def test_a_hook_whose_result_has_another_shape_is_a_bad_rule(monkeypatch):
+    def hook(self, b, inputs, attrs, specs):
+        values, indices = b.op("topk_candidates", [inputs[0]], {"k": attrs["k"], "chunks": 4}, num_outputs=2)
+        return b.result("topk_merge", [values, indices], {"k": 1})  # one element where the node keeps two
+
+    _with_hook(monkeypatch, hook)
+    with pytest.raises(OpError) as err:
+        Expand().run(load_spec(topk_spec((4,), ["S(1)"], (6, 40), k=2)))
+    assert err.value.code == "bad-rule" and "gives top:0 as float32[6, 1], not the node's float32[6, 2]" in \
+        str(err.value)
+
+
+def test_a_hook_whose_ops_refuse_the_inputs_leaves_the_node_with_a_note(monkeypatch):
+    def hook(self, b, inputs, attrs, specs):
+        return b.result("topk_merge", [inputs[0], inputs[0]], {"k": 99})  # k larger than the dim: bad-attr
+
+    _with_hook(monkeypatch, hook)
+    graph = load_spec(topk_spec((4,), ["S(1)"], (6, 40), k=2))
+    result = Expand().run(graph)
+    assert result.graph is graph and not result.expanded
+    assert result.notes == ["expand: top (topk) kept as it is: its expansion failed: bad-attr at attrs.k, node 'top': "
+                            "topk_merge: k=99 is larger than dim 1 of values (size 40) (hint: give k an integer in "
+                            "0..40)"]

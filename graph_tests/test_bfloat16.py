@@ -1,0 +1,204 @@
+"""bfloat16 everywhere a dtype goes: specs, bytes, kernels (through float32), run, plan, estimate, ONNX.
+
+The numpy kernels compute in float32 and round each bfloat16 output once
+(:func:`layout_prop.engines.simulator.call_kernel`); what that computes is checked against
+float64 on the same (bfloat16) inputs, not only against itself, and the sharded run against
+one device within bfloat16's tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from layout_prop.api import analyze
+from layout_prop.cli import main
+from layout_prop.core.errors import LayoutError
+from layout_prop.core.spec import check_dtype, numpy_dtype
+from layout_prop.engines.simulator import call_kernel
+from layout_prop.io.loader import load_spec
+from layout_prop.runner import TOLERANCES, execute_global, random_inputs, run_graph
+
+LLAMA = Path(__file__).resolve().parent.parent / "examples" / "llama_block.yaml"
+BF16 = numpy_dtype("bfloat16")
+
+
+def llama_text(dtype: str) -> str:
+    return LLAMA.read_text().replace("dtype: float32", f"dtype: {dtype}")
+
+
+def test_bfloat16_is_a_dtype_of_two_bytes():
+    graph = analyze(load_spec(llama_text("bfloat16"))).graph
+    specs = [s for n in graph.nodes for s in n.meta["specs"] if s is not None]
+    assert {s.dtype for s in specs} == {"bfloat16"} and {s.itemsize for s in specs} == {2}
+    assert check_dtype(BF16) == "bfloat16"
+    with pytest.raises(LayoutError) as err:
+        check_dtype("float8")
+    assert err.value.code == "bad-dtype" and "bfloat16" in err.value.hint
+
+
+def test_call_kernel_computes_in_float32_and_rounds_to_nearest_even():
+    """1 + 2^-8 lies halfway between the bfloat16 neighbours 1 and 1 + 2^-7: it rounds to the even 1;
+    1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6, and rounds to the even 1 + 2^-6."""
+    one = np.ones(2, np.float32).astype(BF16)
+    steps = np.array([2.0 ** -8, 3 * 2.0 ** -8], np.float32)  # float32 arguments: exact
+    seen = []
+    out = call_kernel(lambda a, b: seen.append((a.dtype, b.dtype)) or a + b, [one, steps], {}, ["bfloat16"])
+    assert seen == [(np.float32, np.float32)]  # the kernel never sees bfloat16
+    assert out.dtype == BF16 and out.astype(np.float64).tolist() == [1.0, 1.0 + 2.0 ** -6]
+    cast = call_kernel(lambda a, dtype: a.astype(dtype), [one], {"dtype": "bfloat16"}, ["bfloat16"])
+    assert cast.dtype == BF16
+
+
+def test_one_device_in_bfloat16_is_float64_on_the_same_inputs_within_bfloat16_rounding():
+    """The Llama block's forward and backward on one device, bfloat16 against float64 fed the
+    same (bfloat16) values: the float32 compute path computes the op, not something else."""
+    bf = analyze(load_spec(llama_text("bfloat16")), backward=True).graph
+    f64 = analyze(load_spec(llama_text("float64")), backward=True).graph
+    inputs = random_inputs(bf, seed=0)
+    wide = {name: a.astype(np.float64) for name, a in inputs.items()}
+    got = execute_global(bf, inputs, wanted=bf.outputs)
+    want = execute_global(f64, wide, wanted=f64.outputs)
+    assert len(got) > 10
+    for name in bf.outputs:
+        assert got[name].dtype == BF16, name
+        g, w = got[name].astype(np.float64), want[name]
+        assert np.abs(g - w).max() <= 3e-2 * np.abs(w).max(), name
+
+
+def test_the_sharded_llama_block_in_bfloat16_matches_one_device_forward_and_backward(capsys):
+    graph = load_spec(llama_text("bfloat16"))
+    report = run_graph(graph, backward=True, seed=1)
+    assert report.ok, report.mismatches
+    assert len(report.grads) == 10  # x and the 9 weights
+    worst = max(e["max_rel_err"] for table in (report.outputs, report.grads) for e in table.values())
+    assert 0 < worst <= TOLERANCES["bfloat16"]  # rounding differs (partial sums are rounded), within tolerance
+
+
+def test_run_on_the_command_line_and_its_bytes(tmp_path, capsys):
+    bf, f32 = tmp_path / "bf16.yaml", tmp_path / "f32.yaml"
+    bf.write_text(llama_text("bfloat16"))
+    f32.write_text(llama_text("float32"))
+    assert main(["run", str(bf), "--backward", "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["ok"] and len(ran["grads"]) == 10
+    assert main(["run", str(f32), "--backward", "--json"]) == 0
+    ran32 = json.loads(capsys.readouterr().out)
+    assert [c["bytes_per_rank"] * 2 for c in ran["collectives"]] == [c["bytes_per_rank"] for c in ran32["collectives"]]
+    assert main(["check", str(bf), "--backward", "--reshard", "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out)
+    assert main(["check", str(f32), "--backward", "--reshard", "--json"]) == 0
+    checked32 = json.loads(capsys.readouterr().out)
+    assert checked["memory_per_rank"]["total"] * 2 == checked32["memory_per_rank"]["total"]
+
+
+def test_estimate_prices_bfloat16_at_its_peak(tmp_path, capsys):
+    """a100-80g: 312 TFLOP/s in bfloat16, 156 in float32; half the bytes."""
+    out = {}
+    for dtype in ("bfloat16", "float32"):
+        path = tmp_path / f"{dtype}.yaml"
+        path.write_text(llama_text(dtype))
+        assert main(["estimate", str(path), "--cluster", "a100-80g", "--json"]) == 0
+        out[dtype] = json.loads(capsys.readouterr().out)
+    assert out["bfloat16"]["compute_s"] == pytest.approx(out["float32"]["compute_s"] / 2, rel=1e-9)
+    assert out["bfloat16"]["memory_per_rank_bytes"] * 2 == out["float32"]["memory_per_rank_bytes"]
+
+
+MLP_AUTO = """\
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x: {shape: [8, 16], placements: ["S(0)", R], dtype: bfloat16}
+  w: {shape: [16, 32], placements: auto, dtype: bfloat16}
+  w2: {shape: [32, 16], placements: auto, dtype: bfloat16}
+nodes:
+  - {name: h, op: matmul, inputs: [x, w]}
+  - {name: a, op: relu, inputs: [h]}
+  - {name: y, op: matmul, inputs: [a, w2]}
+outputs: [y]
+"""
+
+
+def test_plan_fills_auto_layouts_of_a_bfloat16_spec_and_the_plan_runs(tmp_path, capsys):
+    pytest.importorskip("scipy")
+    spec, planned = tmp_path / "auto.yaml", tmp_path / "planned.yaml"
+    spec.write_text(MLP_AUTO)
+    assert main(["plan", str(spec), "-o", str(planned)]) == 0
+    capsys.readouterr()
+    assert "auto" not in planned.read_text() and planned.read_text().count("bfloat16") == 3
+    assert main(["run", str(planned), "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert "grad w2:" in out and out.strip().endswith("matches one device")
+
+
+def bfloat16_onnx_model():
+    """relu(x @ w) @ w2, every tensor BFLOAT16 (the initialisers stored as raw bfloat16)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 6)) / 3).astype(np.float32).astype(BF16)
+    w2 = (rng.standard_normal((6, 8)) / 3).astype(np.float32).astype(BF16)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["a"], name="act"),
+             helper.make_node("MatMul", ["a", "w2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [4, 8])],
+                              initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_an_onnx_model_in_bfloat16_imports_checks_and_runs(tmp_path, capsys):
+    """Imported as bfloat16, computed on its own weights as onnx's ReferenceEvaluator does (within
+    bfloat16 rounding), and its sharded forward and backward match one device."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    from layout_prop.commands.run import load_with_weights
+    from layout_prop.runner import check_given_inputs
+
+    model = bfloat16_onnx_model()
+    path, plan = tmp_path / "bf16.onnx", tmp_path / "plan.yaml"
+    onnx.save(model, str(path))
+    plan.write_text("mesh: {shape: [2, 2], names: [dp, tp]}\ninputs: {x: ['S(0)', R]}\n"
+                    "parameters: {w: colwise, w2: rowwise}\n")
+    assert main(["import", str(path), "--plan", str(plan), "-o", str(tmp_path / "spec.json")]) == 0
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    assert {k: v["dtype"] for k, v in spec["inputs"].items()} == {"x": "bfloat16", "w": "bfloat16", "w2": "bfloat16"}
+
+    from argparse import Namespace
+
+    graph, weights, _ = load_with_weights(Namespace(spec=str(path), plan=str(plan), opaque=False))
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32).astype(BF16)
+    a = analyze(graph)
+    (got,) = execute_global(a.graph, check_given_inputs(a.graph, {**weights, "x": x}), wanted=a.graph.outputs).values()
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    assert got.dtype == BF16 and want.dtype == BF16
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    assert np.abs(g - w).max() <= 2e-2 * np.abs(w).max()
+
+    capsys.readouterr()
+    assert main(["run", str(path), "--plan", str(plan), "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert "grad x:" in out and "grad w:" in out and "grad w2:" in out and out.strip().endswith("matches one device")
+
+
+def test_run_inputs_takes_bfloat16_as_numpy_saves_it_and_as_float32(tmp_path, capsys):
+    """np.savez writes an ml_dtypes.bfloat16 array as 2-byte voids: read back as bfloat16, bit for
+    bit; float32 values are rounded to bfloat16."""
+    from layout_prop.runner import check_given_inputs
+
+    graph = load_spec("mesh: {shape: [2]}\ninputs: {x: {shape: [3], dtype: bfloat16}}\nnodes: []")
+    x = np.array([1.0, -2.5, 3.140625], np.float32).astype(BF16)
+    path = tmp_path / "x.npz"
+    np.savez(path, x=x)
+    stored = np.load(path, allow_pickle=False)["x"]
+    assert stored.dtype.kind == "V"
+    back = check_given_inputs(graph, {"x": stored})["x"]
+    assert back.dtype == BF16 and back.tobytes() == x.tobytes()
+    rounded = check_given_inputs(graph, {"x": np.array([1.0, 1.00390625, 3.14159], np.float32)})["x"]
+    assert rounded.astype(np.float64).tolist() == [1.0, 1.0, 3.140625]

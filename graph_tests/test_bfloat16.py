@@ -202,3 +202,30 @@ def test_run_inputs_takes_bfloat16_as_numpy_saves_it_and_as_float32(tmp_path, ca
     assert back.dtype == BF16 and back.tobytes() == x.tobytes()
     rounded = check_given_inputs(graph, {"x": np.array([1.0, 1.00390625, 3.14159], np.float32)})["x"]
     assert rounded.astype(np.float64).tolist() == [1.0, 1.0, 3.140625]
+
+
+def test_mindspore_kernels_take_bfloat16_through_float32():
+    """The MindSpore table: bfloat16 arguments become float32 tensors (MindSpore's CPU MatMul has no
+    bfloat16), a cast to bfloat16 is mindspore.bfloat16; rounded, the products equal numpy's path."""
+    pytest.importorskip("mindspore")
+    from layout_prop.kernels import mindspore_backend as ms_kernels
+    from layout_prop.kernels.numpy_backend import KERNELS
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype(np.float32).astype(BF16)
+    w = rng.standard_normal((8, 6)).astype(np.float32).astype(BF16)
+    for name, args, attrs in (("matmul", [x, w], {}), ("softmax", [x], {"axis": -1})):
+        got = ms_kernels.to_numpy(ms_kernels.KERNELS[name](*args, **attrs)).astype(BF16)
+        want = call_kernel(KERNELS[name], args, attrs, ["bfloat16"])
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2 ** -7, atol=2 ** -12)
+    values = rng.standard_normal(5).astype(np.float32)
+    cast = ms_kernels.to_numpy(ms_kernels.KERNELS["cast"](values, dtype="bfloat16"))
+    assert cast.dtype == BF16 and cast.tobytes() == values.astype(BF16).tobytes()
+
+
+def test_the_mindspore_engine_refuses_bfloat16_before_any_worker_starts(tmp_path, capsys):
+    path = tmp_path / "bf16.yaml"
+    path.write_text(MLP_AUTO.replace("auto", "[R, R]"))
+    assert main(["run", str(path), "--engine", "mindspore"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unsupported-dtype" in err and "--engine sim" in err

@@ -66,7 +66,10 @@ def to_tensor(value: Any):
     ms = _ms()
     if isinstance(value, ms.Tensor):
         return value
-    return ms.Tensor(np.ascontiguousarray(value))
+    array = np.ascontiguousarray(value)
+    if array.dtype.name == "bfloat16":  # computed in float32, as the numpy kernels are (MindSpore's CPU
+        array = array.astype(np.float32)  # kernels have no bfloat16 MatMul); the engine rounds each output
+    return ms.Tensor(array)
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -79,7 +82,12 @@ def to_numpy(value: Any) -> np.ndarray:
     """
     ms = _ms()
     if isinstance(value, ms.Tensor):
-        return np.array(value.asnumpy(), copy=True)
+        array = np.array(value.asnumpy(), copy=True)
+        if array.dtype.name == "bfloat16":  # MindSpore's own numpy bfloat16, not ml_dtypes': exactly through float32
+            from layout_prop.core.spec import numpy_dtype
+
+            array = array.astype(np.float32).astype(numpy_dtype("bfloat16"))
+        return array
     return np.asarray(value)
 
 
@@ -189,9 +197,11 @@ def _rpe_grad_cann(dy, x, cos, sin, mode=0, input_layout=None):
 
 # --------------------------------------------------------------------------- dtypes (as the numpy kernels)
 def _ms_dtype(dtype):
-    """The MindSpore dtype of a numpy dtype (or its name)."""
+    """The MindSpore dtype of a numpy dtype (or its name); bfloat16 (ml_dtypes') is ``mindspore.bfloat16``."""
     from mindspore.common.dtype import pytype_to_dtype
 
+    if str(dtype) == "bfloat16":
+        return _ms().bfloat16
     return pytype_to_dtype(np.dtype(dtype))
 
 

@@ -77,7 +77,7 @@ from layout_prop.core.errors import OpError
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard
 from layout_prop.core.registry import OpRule, RuleResult, register_op
-from layout_prop.core.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec, is_float_dtype, numpy_dtype
 
 from .nn import _move_violations
 
@@ -121,7 +121,7 @@ def check_target(op: str, target: TensorSpec, token_shape: Sequence[int], what: 
 
 
 def _check_logits(op: str, logits: TensorSpec, name: str = "logits") -> None:
-    if logits.ndim == 0 or not np.issubdtype(np.dtype(logits.dtype), np.floating):
+    if logits.ndim == 0 or not is_float_dtype(numpy_dtype(logits.dtype)):
         raise OpError("invalid-shape", f"{op}: {name} is {logits.dtype}{list(logits.shape)}; it must be a floating "
                       "tensor of at least one dim, the classes last", hint=f"give {name} the shape [..., classes]")
 
@@ -347,7 +347,7 @@ def _per_token_want(op: str, name: str, spec: TensorSpec, want: Layout, why: str
 
 
 def _check_per_token(op: str, spec: TensorSpec, name: str, shape: Sequence[int]) -> None:
-    if tuple(spec.shape) != tuple(shape) or not np.issubdtype(np.dtype(spec.dtype), np.floating):
+    if tuple(spec.shape) != tuple(shape) or not is_float_dtype(numpy_dtype(spec.dtype)):
         raise OpError("invalid-shape", f"{op}: {name} is {spec.dtype}{list(spec.shape)} but must be a floating "
                       f"tensor of shape {list(shape)}", hint=f"give {name} one value per token")
 
@@ -446,7 +446,7 @@ class CrossEntropyPartsGrad(_PartsBase):
 
 
 def _combine_analysis(op: str, parts: TensorSpec, m: TensorSpec, target: TensorSpec, attrs: dict):
-    if parts.ndim == 0 or parts.shape[-1] != PARTS or not np.issubdtype(np.dtype(parts.dtype), np.floating):
+    if parts.ndim == 0 or parts.shape[-1] != PARTS or not is_float_dtype(numpy_dtype(parts.dtype)):
         raise OpError("invalid-shape", f"{op}: parts is {parts.dtype}{list(parts.shape)}; it must be the floating "
                       f"[..., {PARTS}] output of cross_entropy_parts", hint="give it cross_entropy_parts' output")
     check_target(op, target, parts.shape[:-1], "the parts' token dims are")
@@ -601,7 +601,7 @@ class Dropout(OpRule):
 
     def infer_layout(self, inputs, attrs):
         (x,) = inputs
-        if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        if not is_float_dtype(numpy_dtype(x.dtype)):
             raise OpError("invalid-dtype", f"dropout: x has dtype {x.dtype}; dropout scales floating values",
                           hint="cast x to a floating dtype first")
         return RuleResult((TensorSpec(x.shape, x.dtype, x.layout),))

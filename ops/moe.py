@@ -101,7 +101,7 @@ from layout_prop.core.errors import OpError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.core.spec import TensorSpec
+from layout_prop.core.spec import TensorSpec, is_float_dtype, numpy_dtype
 
 from .common import plan_summary
 
@@ -330,8 +330,8 @@ def _route_wants(roles: Roles, indices: TensorSpec, weights: TensorSpec | None, 
 
 
 def _float_dtype(*specs: TensorSpec | None) -> str:
-    dts = [np.dtype(s.dtype) for s in specs if s is not None]
-    dts = [d if np.issubdtype(d, np.floating) else np.dtype("float32") for d in dts]
+    dts = [numpy_dtype(s.dtype) for s in specs if s is not None]
+    dts = [d if is_float_dtype(d) else np.dtype("float32") for d in dts]
     return str(np.result_type(*dts))
 
 

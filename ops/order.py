@@ -132,7 +132,7 @@ from layout_prop.core.errors import OpError, Violation
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
-from layout_prop.core.spec import TensorSpec, chunk_bounds
+from layout_prop.core.spec import TensorSpec, chunk_bounds, is_float_dtype, numpy_dtype
 
 from .common import plan_summary
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
@@ -151,7 +151,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_float(dtype: str) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating)
+    return is_float_dtype(numpy_dtype(dtype))
 
 
 def _axis(mesh, axis: int) -> str:

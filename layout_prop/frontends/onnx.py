@@ -25,6 +25,7 @@ import numpy as np
 
 from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
+from layout_prop.core.spec import is_float_dtype
 from layout_prop.io.plan_file import ShardingPlan, load_plan
 from . import limits, read_model_bytes
 from .ir import MNode, ModelGraph, Value, scalar_value
@@ -1255,7 +1256,7 @@ def _fold_constant_nodes(model, inferred, source: str, computed: frozenset[str] 
         if init.data_location == onnx.TensorProto.EXTERNAL:
             continue
         array, _ = _tensor_array(init, f"initializer {init.name!r}", source)
-        if init.name in computed or not (np.issubdtype(array.dtype, np.floating) and array.size > 1):
+        if init.name in computed or not (is_float_dtype(array.dtype) and array.size > 1):
             consts[init.name] = array
     shapes = {info.name: _static_shape(info) for info in
               list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)}

@@ -154,7 +154,8 @@ class Strategy:
     outputs: tuple[TensorSpec, ...]
     grads: tuple[TensorSpec | None, ...] = ()
     inner: Moves = ()
-    work: tuple = ()  # the OpCost of the op and of its vjp's ops on their local shapes (the time objective)
+    work: tuple = ()  # the OpCost of its vjp's ops on their local shapes (the time objective on a cluster)
+    op: Any = None  # the OpCost of the op itself on its local shapes (idem)
 
     def describe(self) -> str:
         return ", ".join("(" + ", ".join(s.layout.placement_strs()) + ")" for s in self.outputs)
@@ -507,12 +508,16 @@ class Problem:
     ``benchmarks/plan.py --no-cache`` measures the difference).  ``cluster`` (a
     :class:`~layout_prop.perf.clusters.Cluster`, with ``objective="time"``) prices the
     collectives by algorithm on its links and adds every op's compute (module docstring).
-    ``pruned`` counts the node classes whose accepted strategies were cut to ``cap``.
+    With a cluster, ``overlap`` (the default) counts the data-parallel gradient
+    synchronisation (the moves of a parameter's gradient back to its layout) as ``layout-prop
+    estimate`` does: hidden behind the backward's compute, only what exceeds it exposed (one
+    continuous variable at least their difference; the estimate's floor of the last bucket is
+    left out).  ``pruned`` counts the node classes whose accepted strategies were cut to ``cap``.
     """
 
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
                  repeat: int = REPEAT, cap: int | None = None, *, deadline: "Deadline | None" = None,
-                 cache_moves: bool = True, cluster=None) -> None:
+                 cache_moves: bool = True, cluster=None, overlap: bool = True) -> None:
         if objective not in OBJECTIVES:
             raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
         if cluster is not None and objective != "time":
@@ -520,6 +525,7 @@ class Problem:
                         hint="use the time objective with a cluster")
         self.deadline = deadline
         self.cluster = cluster
+        self.overlap = overlap
         self.cache_moves = cache_moves
         self._move_cache: dict = {}
         self.pruned = 0
@@ -572,13 +578,15 @@ class Problem:
             return _cluster_price(moves, self.mesh, self.cluster)
         return _price(moves, self.objective, self.links, self.mesh, tie=True)
 
-    def compute(self, strategy: Strategy) -> float:
-        """Microseconds of the strategy's op and its vjp's ops on ``cluster`` (0 without one)."""
+    def compute(self, strategy: Strategy, backward_only: bool = False) -> float:
+        """Microseconds of the strategy's op and its vjp's ops on ``cluster`` (0 without one);
+        ``backward_only``: the vjp's alone."""
         if self.cluster is None:
             return 0.0
         from layout_prop.perf.costs import op_time
 
-        return sum(op_time(w, self.cluster) for w in strategy.work) * 1e6
+        ops = strategy.work if backward_only or strategy.op is None else (strategy.op,) + tuple(strategy.work)
+        return sum(op_time(w, self.cluster) for w in ops) * 1e6
 
     def optimizer_time(self, spec: TensorSpec) -> float:
         """Microseconds of AdamW's step on a parameter's local shard (``perf.step``'s 7 passes over
@@ -629,12 +637,12 @@ class Problem:
                     if got is None:
                         continue
                     grads, inner, work = got
+                op = None
                 if self.cluster is not None:
-                    forward = _work(node.op, received, outputs, node.meta[meta.ATTRS])
-                    work = ((forward,) if forward is not None else ()) + tuple(work)
+                    op = _work(node.op, received, outputs, node.meta[meta.ATTRS])
                 else:
                     work = ()
-                out.append(Strategy(layouts, outputs, grads, inner, work))
+                out.append(Strategy(layouts, outputs, grads, inner, work, op))
             if not out:
                 raise LayoutPropError("unplannable", f"no layout of node {node.name!r} ({node.op}) is accepted by "
                                       f"its rule", node=node.name, hint="check the node's shapes and attrs")
@@ -743,6 +751,8 @@ class Problem:
 
         for cls, strats in self.strategies.items():
             add_row([(index[(cls, k)], 1.0) for k in range(len(strats))], 1.0, 1.0)
+        overlap = self.cluster is not None and self.backward and self.overlap
+        sync: list[tuple[int, float]] = []  # the gradient synchronisation, minus the backward's compute
         pairs: dict[tuple, dict] = {}
         counts: dict[tuple, int] = {}
         for node in graph.topo_order():
@@ -757,6 +767,8 @@ class Problem:
                     continue
                 mem[var] += sum(o.local_nbytes(0) for o in s.outputs)
                 cost[var] += self.price(s.inner) + self.compute(s)
+                if overlap:
+                    sync.append((var, -self.compute(s, backward_only=True)))
             if node.is_input:
                 continue
             for i, value in enumerate(node.inputs):
@@ -781,8 +793,12 @@ class Problem:
             by_u: dict[int, list[int]] = {}
             by_n: dict[int, list[int]] = {}
             by_move: dict[tuple[int, Layout], list[int]] = {}
+            producer = graph.node(pcls)
+            syncs = overlap and producer.is_input and bool(producer.attrs.get("requires_grad"))
             for (ku, kn), (fwd, bwd) in table.items():
-                var = new_var(count * bwd)
+                var = new_var(0.0 if syncs else count * bwd)
+                if syncs:
+                    sync.append((var, count * bwd))
                 by_u.setdefault(ku, []).append(var)
                 by_n.setdefault(kn, []).append(var)
                 target = self.strategies[cls][kn].inputs[i]
@@ -799,6 +815,8 @@ class Problem:
                 add_row([(v, 1.0) for v in es] + [(z_vars[(pcls, j, ku, target)], -1.0)], -np.inf, 0.0)
         for zkey, var in z_vars.items():
             cost[var] *= z_count[zkey]
+        if overlap and sync:  # exposed >= synchronisation - backward compute, and >= 0
+            add_row(sync + [(new_var(1.0, np.inf), -1.0)], -np.inf, 0.0)
         self._built = {"index": index, "nvars": nvars, "total": len(cost), "cost": cost,
                        "mem": np.array(mem), "upper": upper, "rows": rows, "cols": cols, "vals": vals,
                        "lo": lo, "hi": hi}

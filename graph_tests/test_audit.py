@@ -120,3 +120,24 @@ def test_a_folder_without_rules_is_one_line_and_exit_2(tmp_path, capsys):
 def test_an_unknown_op_is_exit_2(checkout, capsys):
     assert main(["audit", str(SNAPSHOT), "--op", "NoSuchOp"]) == 2
     assert "unknown-op" in capsys.readouterr().err
+
+
+def test_audit_module_adds_a_proposal_from_a_file(checkout, tmp_path, capsys):
+    """``--module FILE``: a file of the user's DistributedOp subclasses, imported after the checkout."""
+    module = tmp_path / "wrong_softmax.py"
+    module.write_text(
+        "from hyper_parallel.core.shard.ops.parallel_ops import DistributedOp\n\n\n"
+        "class AnyAxisSoftmax(DistributedOp):\n"
+        "    '''Deliberately wrong: accepts a sharded softmax axis and keeps the layout.'''\n\n"
+        "    def infer_layout(self, layouts, extra_args):\n"
+        "        return layouts[0]\n\n\n"
+        "AnyAxisSoftmax('Softmax')\n")
+    upstream_softmax = checkout.registry["Softmax"]
+    try:
+        code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "Softmax", "--mesh", "4", "--json"])
+    finally:
+        checkout.registry["Softmax"] = upstream_softmax  # the registry is the process's: put upstream's back
+    data = json.loads(capsys.readouterr().out)
+    softmax = data["ops"][0]
+    assert code == 1 and softmax["source"] == str(module)
+    assert softmax["wrong"] > 0 and softmax["reproducers"]["wrong"]["inputs"]["in0"]["placements"] == ["S(1)"]

@@ -227,7 +227,8 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     auto = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
     notes: list[str] = []
     base = measure(base_graph, optimizer, links, cluster)
-    base_spec, baseline_layouts = _baseline_spec(base_graph, links if graph.meta.get("links") else None)
+    base_spec, baseline_layouts, resolved = _baseline_spec(base_graph, links if graph.meta.get("links") else None)
+    seeds = (resolved,)  # the baseline's layouts stay among the solver's candidates
     # the solver stops early enough to realise and measure its last plan (about what the baseline took)
     deadline = Deadline(time_limit, reserve=RESERVE * (time.perf_counter() - start), start=start)
     base_fits = base["ok"] and (memory_limit is None or base["memory_per_rank"]["total"] <= memory_limit)
@@ -235,9 +236,10 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     try:
         if memory_limit is None:
             found = _attempt(graph, backward, objective, None, optimizer, links, None, deadline=deadline,
-                             cluster=cluster, priced=priced)
+                             cluster=cluster, priced=priced, seeds=seeds)
         else:
-            found = _fit(graph, backward, objective, memory_limit, optimizer, links, notes, deadline, cluster, priced)
+            found = _fit(graph, backward, objective, memory_limit, optimizer, links, notes, deadline, cluster, priced,
+                         seeds)
     except PlanTimeout as err:
         if not base_fits:
             raise
@@ -303,9 +305,9 @@ def _solver_figures(solution, moves: int) -> dict[str, Any]:
             "gap": gap}
 
 
-def _baseline_spec(graph: Graph, links: dict | None) -> tuple[dict, dict[str, list[str]]]:
+def _baseline_spec(graph: Graph, links: dict | None) -> tuple[dict, dict[str, list[str]], Graph]:
     """The baseline as a planned spec (its layouts completed, an explicit redistribute node
-    wherever ``check --reshard`` moves a value) and its inputs' layouts."""
+    wherever ``check --reshard`` moves a value), its inputs' layouts, and the resolved graph."""
     from layout_prop.api import analyze
 
     resolved = analyze(graph.copy_structure(), reshard=True).graph
@@ -314,17 +316,19 @@ def _baseline_spec(graph: Graph, links: dict | None) -> tuple[dict, dict[str, li
         placements = list(node.meta["specs"][0].layout.placement_strs())
         node.attrs["placements"] = placements
         layouts[node.name] = placements
-    return graph_to_spec(resolved, links), layouts
+    return graph_to_spec(resolved, links), layouts, resolved
 
 
 def _attempt(graph: Graph, backward: bool, objective: str, model_limit: int | None, optimizer: str | None,
-             links: dict, problem, least_memory: bool = False, deadline=None, cluster=None, priced=None):
+             links: dict, problem, least_memory: bool = False, deadline=None, cluster=None, priced=None,
+             seeds=()):
     """Solve under ``model_limit`` (the memory model's), realise the plan and measure it:
     (solution, realised graph, moves inserted, measured figures)."""
     from layout_prop.planner.solver import realise, solve
 
     solution = solve(graph, backward=backward, objective=objective, memory_limit=model_limit, optimizer=optimizer,
-                     problem=problem, least_memory=least_memory, deadline=deadline, cluster=priced)
+                     problem=problem, least_memory=least_memory, deadline=deadline, cluster=priced,
+                     seed_graphs=seeds)
     planned = graph.copy_structure()
     for node in planned.inputs():
         node.attrs["placements"] = solution.layouts[node.name]
@@ -339,7 +343,7 @@ LADDER = 6
 
 
 def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: str | None, links: dict,
-         notes: list[str], deadline=None, cluster=None, priced=None):
+         notes: list[str], deadline=None, cluster=None, priced=None, seeds=()):
     """The cheapest plan found whose measured memory per rank is at most ``limit``.
 
     The program's memory constraint is a model, and the memory pass measures something else:
@@ -380,7 +384,7 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
 
     def attempt(model_limit, least_memory=False):
         return _attempt(graph, backward, objective, model_limit, optimizer, links, problem, least_memory,
-                        deadline, cluster, priced)
+                        deadline, cluster, priced, seeds)
 
     model_limit: int | None = limit
     for _ in range(1 + TIGHTEN_ROUNDS):

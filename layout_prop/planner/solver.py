@@ -513,11 +513,15 @@ class Problem:
     estimate`` does: hidden behind the backward's compute, only what exceeds it exposed (one
     continuous variable at least their difference; the estimate's floor of the last bucket is
     left out).  ``pruned`` counts the node classes whose accepted strategies were cut to ``cap``.
+    ``seed_graphs`` are resolved graphs of the same model (a baseline as ``check --reshard``
+    resolves it) whose layouts every node keeps among its candidates, as it keeps the greedy
+    plan's, so that the program can choose the baseline.
     """
 
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
                  repeat: int = REPEAT, cap: int | None = None, *, deadline: "Deadline | None" = None,
-                 cache_moves: bool = True, cluster=None, overlap: bool = True) -> None:
+                 cache_moves: bool = True, cluster=None, overlap: bool = True, seed_graphs: Sequence[Graph] = ()
+                 ) -> None:
         if objective not in OBJECTIVES:
             raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
         if cluster is not None and objective != "time":
@@ -549,26 +553,33 @@ class Problem:
         self.cap = cap
         self.time_limit = TIME_LIMIT
         self.optimal, self.gap = True, 0.0
-        self.seeds = self._seeds()
+        self.seeds = self._seeds(seed_graphs)
         self.strategies: dict[str, list[Strategy]] = {}
         self._build()
 
-    def _seeds(self) -> dict[str, list[tuple[Layout, ...]]]:
+    def _seeds(self, extra: Sequence[Graph] = ()) -> dict[str, list[tuple[Layout, ...]]]:
         """Per op node, the layouts it receives as propagated and after the greedy reshard."""
         from layout_prop.passes.reshard import Reshard
 
         seeds: dict[str, list] = {}
-        graphs = [self.graph]
+        graphs = [self.graph, *extra]
         try:
             graphs.append(Reshard(self.propagate).run(self.graph).graph)
         except LayoutPropError:
             pass
+        self.seed_inputs: dict[str, list[Layout]] = {}  # an auto input's layouts in the extra graphs
         for g in graphs:
             for node in g.topo_order():
-                if node.is_input or node.meta.get(meta.INSERTED_BY) or node.name not in self.graph:
+                if node.meta.get(meta.INSERTED_BY) or node.name not in self.graph:
+                    continue
+                if node.is_input:
+                    spec = value_spec(g, node.name)
+                    if node.name in self.auto and spec is not None and _same_shapes([spec], [node.name], self.graph):
+                        self.seed_inputs.setdefault(node.name, []).append(spec.layout)
                     continue
                 specs = [value_spec(g, v) for v in node.inputs]
-                if any(s is None for s in specs):
+                if any(s is None for s in specs) or not _same_shapes(specs, self.graph.node(node.name).inputs,
+                                                                      self.graph):
                     continue
                 seeds.setdefault(node.name, []).append(tuple(s.layout for s in specs))
         return seeds
@@ -612,6 +623,7 @@ class Problem:
                 spec = node.meta[meta.SPECS][0]
                 if node.name in self.auto:
                     layouts = input_candidates(spec.with_layout(Layout.replicated(self.mesh, spec.ndim)))
+                    layouts += [l for l in dict.fromkeys(self.seed_inputs.get(node.name, ())) if l not in layouts]
                 else:
                     layouts = [spec.layout]
                 self.strategies[cls] = [Strategy((), (spec.with_layout(l),)) for l in layouts]
@@ -872,6 +884,17 @@ class Problem:
                 for n in self.graph.topo_order()}
 
 
+def _same_shapes(specs: Sequence[TensorSpec], values: Sequence[str], graph: Graph) -> bool:
+    """Whether ``specs`` (another graph's) have the shapes and dtypes of ``values`` in ``graph``."""
+    if len(specs) != len(values):
+        return False
+    for spec, value in zip(specs, values):
+        own = value_spec(graph, value)
+        if own is None or (own.shape, own.dtype, own.mesh) != (spec.shape, spec.dtype, spec.mesh):
+            return False
+    return True
+
+
 def _requires_grad(graph: Graph) -> dict[str, bool]:
     req: dict[str, bool] = {}
     for node in graph.topo_order():
@@ -887,7 +910,8 @@ def _requires_grad(graph: Graph) -> dict[str, bool]:
 def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
           optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = None,
           alternatives: bool = False, problem: "Problem | None" = None, least_memory: bool = False,
-          deadline: Deadline | None = None, cluster=None, cache_moves: bool = True) -> Solution:
+          deadline: Deadline | None = None, cluster=None, cache_moves: bool = True,
+          seed_graphs: Sequence[Graph] = ()) -> Solution:
     """Choose every ``auto`` input's layout and every node's strategy (module docstring).
 
     Parameters
@@ -922,6 +946,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
         With ``objective="time"``: price collectives and every op's compute on this cluster.
     cache_moves : bool
         Remember move costs across edges (:class:`Problem`).
+    seed_graphs : sequence of Graph
+        Resolved graphs (a baseline) whose layouts stay candidates (:class:`Problem`).
 
     Raises
     ------
@@ -933,7 +959,7 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     start = time.perf_counter()
     if problem is None:
         problem = Problem(graph, backward, objective, optimizer, repeat=repeat, cap=cap or default_cap(graph.mesh),
-                          deadline=deadline, cluster=cluster, cache_moves=cache_moves)
+                          deadline=deadline, cluster=cluster, cache_moves=cache_moves, seed_graphs=seed_graphs)
     elif deadline is not None:
         problem.deadline = deadline
     found = None if least_memory else problem.solve(memory_limit)

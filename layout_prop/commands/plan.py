@@ -87,10 +87,12 @@ def graph_to_spec(graph: Graph, links: dict | None = None) -> dict:
     return {"mesh": mesh, "inputs": inputs, "nodes": nodes, "outputs": list(graph.outputs)}
 
 
-def measure(graph: Graph, optimizer: str | None = None, links: dict | None = None, cluster=None) -> dict[str, Any]:
+def measure(graph: Graph, optimizer: str | None = None, links: dict | None = None, cluster=None,
+            backward: bool = True) -> dict[str, Any]:
     """Bytes per rank (forward; forward and backward), modelled time and memory per rank of
     ``graph`` as ``check --reshard`` resolves it; with ``cluster``, also ``step_time_s``, the
-    training step ``layout-prop estimate`` models on it.  The graph is not changed."""
+    training step ``layout-prop estimate`` models on it (without ``backward``: the forward's
+    compute and communication alone, for inference).  The graph is not changed."""
     from layout_prop.api import analyze
     from layout_prop.passes.memory import Memory
     from layout_prop.core.links import links_of
@@ -110,7 +112,11 @@ def measure(graph: Graph, optimizer: str | None = None, links: dict | None = Non
     if cluster is not None:
         from layout_prop.perf.step import estimate_step
 
-        out["step_time_s"] = estimate_step(full.graph, cluster).step_time_s
+        if backward:
+            out["step_time_s"] = estimate_step(full.graph, cluster).step_time_s
+        else:
+            step = estimate_step(forward.graph, cluster)
+            out["step_time_s"] = step.compute_s + step.communication_s
     return out
 
 
@@ -226,7 +232,7 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     base_graph = baseline if baseline is not None else graph
     auto = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
     notes: list[str] = []
-    base = measure(base_graph, optimizer, links, cluster)
+    base = measure(base_graph, optimizer, links, cluster, backward)
     base_spec, baseline_layouts, resolved = _baseline_spec(base_graph, links if graph.meta.get("links") else None)
     seeds = (resolved,)  # the baseline's layouts stay among the solver's candidates
     # the solver stops early enough to realise and measure its last plan (about what the baseline took)
@@ -333,7 +339,7 @@ def _attempt(graph: Graph, backward: bool, objective: str, model_limit: int | No
     for node in planned.inputs():
         node.attrs["placements"] = solution.layouts[node.name]
     realised, moves = realise(planned, solution.strategies)
-    return solution, realised, moves, measure(realised, optimizer, links, cluster)
+    return solution, realised, moves, measure(realised, optimizer, links, cluster, backward)
 
 
 #: times the model's limit is tightened after a plan measured over the user's limit

@@ -193,6 +193,9 @@ def _parser() -> argparse.ArgumentParser:
     au.add_argument("--module", type=Path, action="append", metavar="FILE",
                     help="a Python file defining DistributedOp subclasses that register more ops (repeatable; "
                          "imported after the checkout, its code RUNS)")
+    au.add_argument("--platform", action="store_true",
+                    help="import the checkout's package with its own platform layer (MindSpore or torch) instead of "
+                         "layout-prop's stand-in")
     au.add_argument("--mesh", action="append", type=_mesh_arg, metavar="AxB",
                     help="a mesh shape such as 4 or 2x2 (repeatable; default 4 and 2x2)")
     au.add_argument("--samples", type=_positive_int, default=256, metavar="N",

@@ -22,7 +22,7 @@ def _print_finding(kind: str, finding) -> None:
 
 def _print_report(report) -> None:
     meshes = ", ".join("x".join(map(str, m)) for m in report.meshes)
-    print(f"audit of {report.root} on meshes {meshes}")
+    print(f"audit of {report.root} on meshes {meshes} (platform layer: {report.platform})")
     for audit in report.ops:
         c = audit.counts
         print(f"{audit.name} (layout-prop {audit.op}): {audit.combinations} combinations: accepted "
@@ -53,7 +53,7 @@ def run(args) -> int:
 
     from .verify import import_module_file
 
-    checkout = load_checkout(args.path)
+    checkout = load_checkout(args.path, platform=args.platform)
     for module in args.module or ():
         import_module_file(module)
         add_registered(checkout, str(module))

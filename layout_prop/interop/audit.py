@@ -140,6 +140,7 @@ class OpAudit:
 class AuditReport:
     root: str
     meshes: list
+    platform: str = ""
     ops: list[OpAudit] = field(default_factory=list)
     not_mapped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
@@ -155,7 +156,8 @@ class AuditReport:
         return out
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "checkout": self.root, "meshes": [list(m) for m in self.meshes],
+        return {"ok": self.ok, "checkout": self.root, "platform": self.platform,
+                "meshes": [list(m) for m in self.meshes],
                 "totals": self.totals(), "ops": [a.to_dict() for a in self.ops],
                 "not_mapped": dict(sorted(self.not_mapped.items())),
                 "failed_to_load": dict(sorted(self.failed.items()))}
@@ -219,6 +221,14 @@ def _outputs(result) -> tuple:
 
 
 # --------------------------------------------------------------------------- execution
+#: the start of execute()'s answer when the rule's own expansion (get_expand_impl) failed outside the kernel
+EXPANSION_FAILED = "the rule's expansion did not run on numpy arrays"
+
+
+class _KernelFailed(Exception):
+    """A layout-prop kernel raised (args[0]), as opposed to the upstream code around it."""
+
+
 def _localized(rule: OpRule, attrs: dict, in_specs, out_specs, rank: int) -> dict:
     if type(rule).localize is OpRule.localize:
         return attrs
@@ -243,17 +253,23 @@ def execute(rule: OpRule, attrs: dict, in_specs: Sequence[TensorSpec], locals_in
         args = [locals_in[i][rank] for i in range(len(in_specs))]
 
         def call(*a, _attrs=local_attrs):
-            return kernel(*a, **_attrs)
+            try:
+                return kernel(*a, **_attrs)
+            except Exception as exc:
+                raise _KernelFailed(exc) from exc
 
-        fn = wrap(rank, call) if wrap is not None else None
         try:
+            fn = wrap(rank, call) if wrap is not None else None
             with np.errstate(all="ignore"):  # rsqrt of a negative input is NaN on both sides, and agrees
                 res = fn(*args) if fn is not None else call(*args)
-        except LayoutPropError as err:
-            return f"rank {rank}: {err}"
-        except Exception as exc:  # the local shapes the layouts give do not run: the answer is wrong
+        except _KernelFailed as failed:  # the local shapes the layouts give do not run: the answer is wrong
+            exc = failed.args[0]
+            if isinstance(exc, LayoutPropError):
+                return f"rank {rank}: {exc}"
             return f"the kernel failed on rank {rank} with local shapes {[list(a.shape) for a in args]}: " \
                    f"{describe(exc)}"
+        except Exception as exc:  # the rule's own expansion around the kernel: not ours to judge
+            return f"{EXPANSION_FAILED}: {describe(exc)}"
         per_rank.append(_outputs(res))
     for k, (spec, ref) in enumerate(zip(out_specs, reference)):
         try:
@@ -387,6 +403,8 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         problem = execute(rule, attrs, in_specs, locals_in, out_specs, reference[:n], wrap)
         finding.kind = "right" if problem is None else "wrong"
         finding.message = problem or ""
+        if problem is not None and problem.startswith(EXPANSION_FAILED):
+            finding.kind = "unjudged"  # (the message says how the expansion failed)
         finding.silent = problem is not None and problem.startswith("output ")
         audit.add(finding)
 
@@ -405,7 +423,8 @@ def run_audit(checkout: Checkout, ops: Sequence[str] | None = None, meshes: Sequ
     ``budget`` bounds the combinations tried per case and mesh (a seeded sample beyond it).
     Raises ``OpError`` ``unknown-op`` for a name in ``ops`` that the checkout does not register.
     """
-    report = AuditReport(str(checkout.root), [tuple(m) for m in meshes], failed=dict(checkout.failed))
+    report = AuditReport(str(checkout.root), [tuple(m) for m in meshes], checkout.platform,
+                         failed=dict(checkout.failed))
     names = sorted(checkout.ops) if ops is None else list(ops)
     for name in names:
         if name not in checkout.ops:

@@ -6,13 +6,14 @@ hyper-parallel (MindSpore's hyper-parallel package, Apache-2.0) registers one
 the class registers it.  :func:`load_checkout` does the same from a path the user gives,
 without copying any of it into this repository, and returns the registry.
 
-Nothing of the checkout's communication layer runs: a ``Layout`` builds a device mesh,
-which would initialise a process group (HCCL or mccl).  While the checkout's code runs,
-:func:`quiet_backend` replaces the platform's ``init_process_group`` and the mesh's
-``_init_process_groups`` by no-ops (and restores them afterwards); the rules only read
-the mesh's shape, names and rank list.  Importing the package still imports its platform
-layer (MindSpore here); when that import fails the load is refused with one line
-(``upstream-import-failed``).
+Nothing of the checkout's platform layer runs by default: its package ``__init__`` (which
+imports the whole API and starts MindSpore or torch) is skipped, and ``get_platform()``
+returns a stand-in that gives the rules what they read (a numpy Tensor, rank 0, no process
+groups).  With ``platform=True`` the package is imported as it is; a ``Layout`` then builds a
+device mesh that would initialise a process group (HCCL or mccl), so while the checkout's
+code runs :func:`quiet_backend` replaces the platform's ``init_process_group`` and the
+mesh's ``_init_process_groups`` by no-ops (and restores them afterwards).  A module that
+does not import is refused with one line (``upstream-import-failed``).
 
 Layout conversions: :func:`to_upstream` writes one of our layouts as
 ``Layout(mesh_shape, alias_name)(*alias_tensor_map)`` plus ``set_partial_by_dev_axis``;
@@ -25,9 +26,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from layout_prop.core.errors import LayoutError, LayoutPropError, SpecError, cut, describe
 from layout_prop.core.layout import Layout
@@ -57,6 +61,7 @@ class Checkout:
     failed: dict[str, str] = field(default_factory=dict)
     layout_class: Any = None
     base_class: Any = None
+    platform: str = ""  # "stand-in" (layout-prop's, the default) or "package" (hyper-parallel's own)
     registry: dict = field(default_factory=dict)
 
 
@@ -93,6 +98,81 @@ def quiet_backend(checkout: Checkout | None = None):
                 setattr(owner, name, old)
 
 
+class _HostTensor(np.ndarray):
+    """A numpy array with the few torch/MindSpore Tensor methods the rules' mesh code calls."""
+
+    def __new__(cls, data, dtype=None):
+        return np.asarray(data, dtype=dtype).view(cls)
+
+    def int(self):  # noqa: A003 - the Tensor method's name
+        return self.astype(np.int32).view(_HostTensor)
+
+    def nonzero(self):
+        return np.argwhere(np.asarray(self)).view(_HostTensor)
+
+    def numel(self) -> int:
+        return int(self.size)
+
+
+def _host_tensor(data, *args) -> _HostTensor:
+    return np.asarray(data).view(_HostTensor)
+
+
+class _HostPlatform:
+    """What the rules and their ``Layout``/``DeviceMesh`` read of hyper-parallel's platform layer.
+
+    One process, rank 0, no process groups: ``infer_layout`` reads a mesh's shape, names and
+    rank list only.  An attribute not listed here raises ``AttributeError`` naming it.
+    """
+
+    Tensor = _HostTensor
+    tensor = staticmethod(_host_tensor)
+
+    @staticmethod
+    def tensor_to_numpy(tensor):
+        return np.asarray(tensor)
+
+    @staticmethod
+    def get_rank() -> int:
+        return 0
+
+    @staticmethod
+    def get_world_size() -> int:
+        return 1 << 20  # every mesh is "the last pipeline stage" (Layout.repeat_num)
+
+    @staticmethod
+    def init_process_group(*args, **kwargs) -> None:
+        return None
+
+    def __getattr__(self, name):
+        raise AttributeError(f"layout-prop's stand-in for hyper-parallel's platform layer has no {name!r} "
+                             f"(audit runs the rules without MindSpore or torch)")
+
+
+_HOST_PLATFORM = _HostPlatform()
+
+
+def _install_host_platform(root: Path) -> None:
+    """Put ``hyper_parallel`` (without running its ``__init__``) and a platform stand-in in ``sys.modules``.
+
+    The package's ``__init__`` imports its whole API, and ``hyper_parallel.platform`` starts
+    MindSpore or torch; the rules need neither (``core``, ``core/shard`` and ``core/shard/ops``
+    have empty ``__init__`` files).  A snapshot that needs a newer MindSpore than the installed
+    one loads this way too.
+    """
+    package_dir = root / "hyper_parallel"
+    package = types.ModuleType("hyper_parallel")
+    package.__path__ = [str(package_dir)]
+    package.__file__ = str(package_dir / "__init__.py")
+    platform = types.ModuleType("hyper_parallel.platform")
+    platform.__path__ = [str(package_dir / "platform")]
+    platform.__file__ = str(package_dir / "platform" / "__init__.py")
+    platform.get_platform = lambda: _HOST_PLATFORM
+    package.platform = platform
+    sys.modules["hyper_parallel"] = package
+    sys.modules["hyper_parallel.platform"] = platform
+
+
 def _import(name: str):
     try:
         return importlib.import_module(name)
@@ -124,8 +204,13 @@ def _yaml_entries(ops_dir: Path) -> list[tuple[str, dict, str]]:
     return entries
 
 
-def load_checkout(path: str | Path) -> Checkout:
+def load_checkout(path: str | Path, platform: bool = False) -> Checkout:
     """Import the ``DistributedOp`` classes of the checkout at ``path`` and instantiate each yaml entry.
+
+    By default the package's ``__init__`` and its platform layer do not run: a stand-in gives
+    the rules what they read (:func:`_install_host_platform`).  ``platform=True`` imports the
+    package as it is, with its platform layer (MindSpore or torch must import).  The first
+    load in a process decides; a later one reuses it.
 
     Raises ``SpecError`` ``not-a-checkout`` for a folder without ``hyper_parallel/core/shard/ops``,
     ``upstream-import-failed`` when its package or Layout type does not import.  A single op
@@ -140,7 +225,13 @@ def load_checkout(path: str | Path) -> Checkout:
                             f"{cut(str(where))!r}", hint="audit one checkout per process")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    if loaded is None and not platform:
+        _install_host_platform(root)
     checkout = Checkout(root=root)
+    if platform:
+        _import("hyper_parallel")  # the package's own __init__, which starts its platform layer
+    checkout.platform = "stand-in" if _import("hyper_parallel.platform").get_platform() is _HOST_PLATFORM \
+        else "package"
     layout_mod = _import("hyper_parallel.core.layout")
     ops_mod = _import("hyper_parallel.core.shard.ops.parallel_ops")
     register_mod = _import("hyper_parallel.core.shard.ops.parallel_ops_register")

@@ -229,3 +229,48 @@ def test_the_mindspore_engine_refuses_bfloat16_before_any_worker_starts(tmp_path
     assert main(["run", str(path), "--engine", "mindspore"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unsupported-dtype" in err and "--engine sim" in err
+
+
+@pytest.mark.parametrize("placements", [["P(sum)", "S(0)"], ["P(max)", "P(sum)"], ["P(avg)", "R"], ["P(min)", "S(1)"]])
+def test_partial_bfloat16_inputs_are_cut_into_terms_that_reduce_to_the_value_exactly(placements):
+    """The simulator cuts a Partial bfloat16 input in float32 with random terms, keeping the plain
+    split (value and identity) where a term would not be a bfloat16: the terms reduce back exactly,
+    for values from 1e-4 to 1e2, and most elements keep random terms on several ranks."""
+    from layout_prop.core.layout import Layout
+    from layout_prop.core.mesh import DeviceMesh
+    from layout_prop.core.spec import TensorSpec
+    from layout_prop.engines.collectives import assemble
+    from layout_prop.engines.simulator import _cut_bfloat16
+
+    spec = TensorSpec((6, 5), "bfloat16", Layout(DeviceMesh((2, 2), ("a", "b")), placements, 2))
+    value = (np.random.default_rng(0).standard_normal((6, 5)) * np.logspace(-4, 2, 5)).astype(np.float32)
+    value = value.astype(BF16).astype(np.float32)
+    pieces = _cut_bfloat16(value, spec, np.random.default_rng(1))
+    assert {p.dtype for p in pieces} == {BF16}
+    wide = TensorSpec(spec.shape, "float32", spec.layout)
+    assert (assemble([p.astype(np.float32) for p in pieces], wide) == value).all()
+
+
+#: op-database records run in bfloat16 (their float32 operands): Partial and sharded operands of
+#: products, reductions, norms, softmax, the order ops (ties), division
+BFLOAT16_RECORDS = ("linalg-matmul", "linalg-sum", "rms_norm", "softmax", "div", "prod", "topk", "mul")
+
+
+@pytest.mark.parametrize("name", BFLOAT16_RECORDS)
+def test_op_database_records_in_bfloat16_match_one_device(name):
+    """verify_op on the record's samples with float32 operands made bfloat16, (2,) and (2, 2), 20
+    combinations a sample and mesh, forward and backward: every accepted or resharded combination
+    equals one device within bfloat16's tolerance."""
+    import dataclasses
+
+    from layout_prop.testing import verify_op
+    from layout_prop.testing.opdb import all_records
+
+    (record,) = [r for r in all_records() if r.name == name]
+    samples = [dataclasses.replace(s, dtypes=["bfloat16" if d == "float32" else d
+                                              for d in (s.dtypes or ["float32"] * len(s.shapes))])
+               for s in record.samples]
+    report = verify_op(record.op, samples, meshes=((2,), (2, 2)), placements=20, backward=record.backward,
+                       codes=record.codes, shrink_limit=0)
+    assert report.ok, [m for m in report.mismatches[:2]]
+    assert report.accepted + report.resharded > 0

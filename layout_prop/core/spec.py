@@ -70,9 +70,12 @@ def numpy_dtype(name: str) -> np.dtype:
     >>> numpy_dtype("float32"), numpy_dtype("bfloat16").itemsize
     (dtype('float32'), 2)
     """
-    if name == "bfloat16":
-        return _bfloat16()
-    return np.dtype(name)
+    if name != "bfloat16":
+        return np.dtype(name)
+    dtype = _bfloat16()
+    if np.sctypeDict.get("bfloat16") is not dtype.type:  # MindSpore registers its own numpy bfloat16 under
+        np.sctypeDict["bfloat16"] = dtype.type  # the name when imported: np.dtype("bfloat16") is ml_dtypes' again
+    return dtype
 
 
 @lru_cache(maxsize=1)
@@ -81,8 +84,7 @@ def _bfloat16() -> np.dtype:
         import ml_dtypes
     except ImportError:
         raise LayoutError("bad-dtype", "bfloat16 needs the ml_dtypes package (numpy has no bfloat16), which is not "
-                          "installed", hint="pip install ml_dtypes (a dependency of layout-prop, onnx and MindSpore)"
-                          ) from None
+                          "installed", hint="pip install ml_dtypes (a dependency of layout-prop and onnx)") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 

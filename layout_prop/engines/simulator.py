@@ -253,10 +253,33 @@ def _cut_input(op, global_inputs: dict[str, np.ndarray], rng: np.random.Generato
     spec = op.specs[0]
     if spec.dtype != "bfloat16":
         return scatter_global(np.asarray(global_inputs[op.name]), spec, rng)
-    # cut in float32 (a Partial input's random terms are float terms), each piece rounded once
+    return _cut_bfloat16(np.asarray(global_inputs[op.name], dtype=np.float32), spec, rng)
+
+
+def _cut_bfloat16(value: np.ndarray, spec, rng: np.random.Generator | None) -> list[np.ndarray]:
+    """Every rank's bfloat16 piece of the float32 ``value`` (whose elements are bfloat16 values).
+
+    Cut in float32 (:func:`scatter_global`).  The random terms of a Partial input are exact in
+    float32 but not always in bfloat16 (a residual ``0.001 - 1.75``): an element where any
+    rank's term would round keeps the plain split instead on every rank (the value on the
+    first term of each Partial axis, the reduction's identity elsewhere), which is exact.  So
+    the terms reduce to the value exactly, as they do in float32.
+    """
+    bf16 = numpy_dtype("bfloat16")
     wide = TensorSpec(spec.shape, "float32", spec.layout)
-    pieces = scatter_global(np.asarray(global_inputs[op.name], dtype=np.float32), wide, rng)
-    return [piece.astype(numpy_dtype("bfloat16")) for piece in pieces]
+    pieces = scatter_global(value, wide, rng)
+    if rng is None or not spec.layout.partial_axes():
+        return [piece.astype(bf16) for piece in pieces]
+    rounded = [piece.astype(bf16).astype(np.float32) for piece in pieces]
+    inexact = np.zeros(spec.shape, dtype=bool)
+    for rank, (piece, back) in enumerate(zip(pieces, rounded)):
+        with np.errstate(invalid="ignore"):
+            inexact[spec.local_index(rank)] |= ~((back == piece) | (np.isnan(back) & np.isnan(piece)))
+    if not inexact.any():
+        return [back.astype(bf16) for back in rounded]
+    plain = scatter_global(value, wide, None)
+    return [np.where(inexact[spec.local_index(rank)], plain[rank], back).astype(bf16)
+            for rank, back in enumerate(rounded)]
 
 
 def _wanted_locals(program, wanted: Sequence[str]) -> dict[str, str]:

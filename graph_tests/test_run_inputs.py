@@ -141,3 +141,31 @@ def test_a_model_runs_on_its_own_weights_and_the_token_ids_given(tmp_path, capsy
     inputs = check_given_inputs(a.graph, {**weights, "input_ids": reference["input_ids"]})
     (logits,) = execute_global(a.graph, inputs, wanted=a.graph.outputs).values()
     np.testing.assert_allclose(logits, reference["logits"], rtol=1e-4, atol=1e-5)
+
+
+def test_weights_left_in_external_data_are_drawn_and_said_so(tmp_path, capsys):
+    """A weight over 1 KiB in an external data file is not read by the importer: run draws it at
+    random and says so, unless the npz gives it; a small one (the bias, read) is the model's."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32)  # 4 KiB
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+             helper.make_node("Add", ["h", "b"], ["y"], name="bias")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+                              initializer=[numpy_helper.from_array(w, "w"),
+                                           numpy_helper.from_array(np.ones(32, np.float32), "b")])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model),
+              save_as_external_data=True, all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("mesh: {shape: [2], names: [tp]}\nparameters: {w: colwise}\n")
+    assert main(["run", str(model), "--plan", str(plan)]) == 0
+    assert ("  inputs: 1 the model's own, 2 drawn at random ('x, w'); 1 weights in external data files are not "
+            "read (drawn at random)") in capsys.readouterr().out.splitlines()
+    given = tmp_path / "w.npz"
+    np.savez(given, w=w)
+    assert main(["run", str(model), "--plan", str(plan), "--inputs", str(given), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["inputs"] == {"file": ["w"], "model": ["b"], "random": ["x"], "unread": []}

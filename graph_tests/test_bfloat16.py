@@ -274,3 +274,33 @@ def test_op_database_records_in_bfloat16_match_one_device(name):
                        codes=record.codes, shrink_limit=0)
     assert report.ok, [m for m in report.mismatches[:2]]
     assert report.accepted + report.resharded > 0
+
+
+def test_a_mindspore_cell_in_bfloat16_imports_with_its_weights(tmp_path, capsys):
+    """A cell with a bfloat16 parameter, exported to MindIR and read back: the input and the
+    weight are bfloat16, the weight's bits are the cell's, and run --backward matches one device."""
+    ms = pytest.importorskip("mindspore")
+    from mindspore import Parameter, Tensor, nn, ops
+
+    from layout_prop.frontends.mindspore import read_mindir
+
+    weights = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+
+    class Scale(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = Parameter(Tensor(weights, ms.bfloat16), name="w")
+
+        def construct(self, x):
+            return ops.mul(x, self.w)
+
+    ms.export(Scale(), Tensor(np.ones((4, 8), np.float32), ms.bfloat16), file_name=str(tmp_path / "scale"),
+              file_format="MINDIR")
+    model = read_mindir(tmp_path / "scale.mindir")
+    assert model.values["x"].dtype == "bfloat16" and model.values["w"].dtype == "bfloat16"
+    assert model.values["w"].const.tobytes() == weights.astype(BF16).tobytes()
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("mesh: {shape: [2], names: [tp]}\ninputs: {x: ['S(0)']}\nparameters: {w: ['S(0)']}\n")
+    assert main(["run", str(tmp_path / "scale.mindir"), "--plan", str(plan), "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert "inputs: 1 the model's own, 1 drawn at random ('x')" in out and "grad w:" in out

@@ -258,6 +258,8 @@ class _Reader:
         if name not in _SUPPORTED:
             raise SpecError("unsupported-dtype", f"{what} has dtype {name}", path=self.source,
                             hint="export the cell in float32 (or float16/bfloat16/float64)")
+        if name == "bfloat16":
+            numpy_dtype(name)  # ml_dtypes' type, under the name numpy then knows (the weights are read by name)
         return name
 
     def value_of(self, raw: str) -> str:

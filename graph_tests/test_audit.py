@@ -108,6 +108,8 @@ def test_cli_json_and_exit_codes(checkout, capsys):
     assert by_op["ReLU"]["wrong"] == 0 and by_op["topk"]["wrong"] > 0  # topk passes P(sum) through
     assert by_op["topk"]["wrong_silently"] == by_op["topk"]["wrong"]  # the local top-k runs: no error warns
     assert by_op["topk"]["reproducers"]["wrong"]["layout_prop_spec"]["nodes"][0]["op"] == "topk"
+    again = main(["audit", str(SNAPSHOT), "--op", "topk", "--op", "ReLU", "--mesh", "4", "--samples", "16", "--json"])
+    assert again == 1 and json.loads(capsys.readouterr().out) == data  # the same report every run
     assert main(["audit", str(SNAPSHOT), "--op", "ReLU", "--mesh", "4"]) == 0
     assert "every accepted answer is right" in capsys.readouterr().out
 

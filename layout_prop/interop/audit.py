@@ -371,7 +371,10 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         locals_in = [scatter_global(g, spec, split_rng) for g, spec in zip(globals_, in_specs)]
         layouts = tuple(None if s is None else to_upstream(checkout, in_specs[s].layout) for s in case.slots)
         extra_args = copy.deepcopy(case.extra_args)
-        codes, our_specs, wants, our_attrs = _our_answer(case, mesh, placements)
+        try:
+            codes, our_specs, wants, our_attrs = _our_answer(case, mesh, placements)
+        except LayoutPropError as err:  # layout-prop cannot even state these inputs: no answer to offer
+            codes, our_specs, wants, our_attrs = [err.code], (), (), attrs
         ours = _describe_ours(codes, our_specs)
         finding = Finding("rejected", name, case, mesh, tuple(tuple(p) for p in placements), "", ours)
         try:

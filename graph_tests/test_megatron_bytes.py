@@ -83,3 +83,66 @@ def test_megatron_layouts_run_equal_to_one_device():
     rep = run_graph(load_spec(llama_spec(1, mesh=MESH)), backward=True, seed=2)
     assert rep.ok, rep.mismatches
     assert len(rep.grads) == 10  # x, the two norm weights, the seven matrices
+
+
+# ------------------------------------------------------------------ Megatron-LM 2021: no sequence parallelism
+def _megatron_2021(b: int = 2, s: int = 8, h: int = 32, heads: int = 4) -> dict:
+    """One GPT layer and the final norm in Megatron-LM's 2021 layouts on dp=2 x tp=4: activations
+    S(0) on dp and Replicate on tp, q/k/v/fc1 column-parallel, wo/fc2 row-parallel, the norms
+    replicated.  No explicit all-reduce: the row-parallel outputs stay P(sum) on tp and the reshard
+    pass places the reductions (the residual stream is a partial sum until a norm needs it whole)."""
+    d = h // heads
+    act, col, row, rep = ["S(0)", "R"], ["R", "S(0)"], ["R", "S(1)"], ["R", "R"]
+    inputs = {"x": {"shape": [b, s, h], "placements": act}}
+    for w, shape, pl in (("ln1_w", [h], rep), ("ln1_b", [h], rep), ("wq", [h, h], col), ("wk", [h, h], col),
+                         ("wv", [h, h], col), ("wo", [h, h], row), ("ln2_w", [h], rep), ("ln2_b", [h], rep),
+                         ("fc1", [4 * h, h], col), ("fc2", [h, 4 * h], row), ("lnf_w", [h], rep),
+                         ("lnf_b", [h], rep)):
+        inputs[w] = {"shape": shape, "placements": pl}
+    nodes = []
+
+    def node(name, op, args, **attrs):
+        nodes.append({"name": name, "op": op, "inputs": args, "attrs": attrs})
+        return name
+
+    ln = node("ln1", "layer_norm", ["x", "ln1_w", "ln1_b"])
+    qkv = []
+    for n in "qkv":
+        split = node(n + "_heads", "reshape", [node(n, "linear", [ln, "w" + n])], shape=[b, s, heads, d])
+        qkv.append(node(n + "_bnsd", "transpose", [split], dims=[0, 2, 1, 3]))
+    probs = node("probs", "softmax", [node("scores", "einsum", qkv[:2], equation="bnsd,bntd->bnst")], axis=-1)
+    attn = node("attn", "einsum", [probs, qkv[2]], equation="bnst,bntd->bnsd")
+    merged = node("merged", "reshape", [node("attn_bsnd", "transpose", [attn], dims=[0, 2, 1, 3])], shape=[b, s, h])
+    res1 = node("res1", "add", ["x", node("proj", "linear", [merged, "wo"])])
+    ln2 = node("ln2", "layer_norm", [res1, "ln2_w", "ln2_b"])
+    up = node("gelu", "gelu", [node("fc1_out", "linear", [ln2, "fc1"])])
+    out = node("out", "add", [res1, node("fc2_out", "linear", [up, "fc2"])])
+    node("lnf", "layer_norm", [out, "lnf_w", "lnf_b"])
+    return {"mesh": {"shape": [2, 4], "names": ["dp", "tp"]}, "inputs": inputs, "nodes": nodes, "outputs": ["lnf"]}
+
+
+# Megatron-LM's collectives for that graph, per rank: an activation is [2, 8, 32] fp32 = 2048 bytes,
+# 1024 a dp rank, whole on tp; its ring all-reduce over tp=4 sends 2 x 3/4 x 1024 = 1536.
+AR_2021 = 2 * 3 * (2 * 8 * 32 * 4 // 2) // 4
+FORWARD_2021 = 2 * AR_2021  # after wo and after fc2 (here: before ln2 and before lnf)
+BACKWARD_2021 = 2 * AR_2021  # the input gradients of q/k/v and of fc1 (before the norms' backward)
+# over dp=2, each rank's local shards: wq, wk, wv, wo 32 x 32 / 4 on tp, fc1, fc2 128 x 32 / 4, six norm vectors
+DP_2021 = 4 * (32 * 32 * 4 // 4) + 2 * (128 * 32 * 4 // 4) + 6 * (32 * 4)
+
+
+def test_megatron_2021_layouts_move_the_hand_count():
+    assert (FORWARD_2021, BACKWARD_2021, DP_2021) == (3072, 3072, 13056)
+    a = analyze(load_spec(_megatron_2021()), reshard=True, backward=True)
+    assert a.ok
+    assert a.check.total_bytes_per_rank == FORWARD_2021 + BACKWARD_2021 + DP_2021 == 19200
+    steps = Counter((s.kind, s.mesh_axis_name) for r in a.check.redistributions for s in r.plan.steps
+                    if s.bytes_per_rank)  # (x is made a free local partial for the first residual add)
+    # no weight gathered on tp (the dx of a row-parallel linear reads the all-reduced cotangent), and
+    # no norm weight gradient reduced over tp (each norm's backward reads a whole cotangent)
+    assert steps == Counter({("all-reduce", "tp"): 4, ("all-reduce", "dp"): 12})
+
+
+def test_megatron_2021_layouts_run_equal_to_one_device():
+    rep = run_graph(load_spec(_megatron_2021()), backward=True, seed=1)
+    assert rep.ok, rep.mismatches
+    assert len(rep.grads) == 13

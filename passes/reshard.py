@@ -5,8 +5,11 @@ A transforming pass: one sweep in topological order builds the new graph, insert
 they change; unchanged nodes are shared with the given graph, which is left as it was.
 Only wants that cost communication, or that a violation names, get a node; free local
 slices stay implicit (lowering slices locally).  A value moved to the same layout for
-several consumers is moved once.  Violations that no redistribution can fix (a bad
-mode, shapes that do not broadcast) remain.
+several consumers is moved once, and a node that asks for moves, or passes a partial sum
+through, may read another consumer's moved value or an all-reduced partial input instead
+where that moves fewer bytes (``_Sweep._reuse_moves``: what makes the backward of
+Megatron's layouts cost what Megatron-LM's collectives cost).  Violations that no
+redistribution can fix (a bad mode, shapes that do not broadcast) remain.
 
 This sweep is greedy: each node's moves are chosen when it is reached.  On graphs of 2 to
 :data:`~layout_prop.planner.solver.GLOBAL_NODES` ops, :func:`layout_prop.api.analyze` (so
@@ -121,8 +124,9 @@ class _Sweep:
         m = node.meta
         if self.changed and not self.changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
-        if node.meta[meta.VIOLATIONS]:
+        if node.meta[meta.VIOLATIONS] or self._passes_partial(node):
             node = self._reuse_moves(node)
+        if node.meta[meta.VIOLATIONS]:
             for _ in range(self.reshard.max_rounds):
                 if not any(v.fixable for v in node.meta[meta.VIOLATIONS]):
                     break
@@ -158,13 +162,17 @@ class _Sweep:
         weight gradient reading that moved cotangent needs no move of its own and is no partial
         sum; and with a partial (tp) output cotangent, gathering the weight for the input
         gradient moves fewer bytes than reducing the cotangent, but leaves the input gradient a
-        partial sum, while the reduced cotangent also serves the weight gradient.  Each input
-        is tried in turn with each version, and a version kept when the node's cost
-        (:meth:`_cost`: its moves, reducing a partial output, and a new all-reduce) falls
-        strictly.  The rule's own choice stands on a tie.
+        partial sum, while the reduced cotangent also serves the weight gradient.  A node that
+        passes a partial sum through (a layer norm's backward on a tp-partial cotangent) is
+        tried too: reducing its input first may leave its outputs (the norm weights' gradients)
+        whole.  Each input is tried in turn with each version, and a version kept when the
+        node's cost (:meth:`_cost`: its moves, reducing a partial output, and a new all-reduce)
+        falls strictly.  The rule's own choice stands on a tie; a node with a violation no move
+        fixes is left as it is.
         """
-        if not any(v.fixable for v in node.meta[meta.VIOLATIONS]):
-            return node
+        violations = node.meta[meta.VIOLATIONS]
+        if any(not v.fixable for v in violations) or not (violations or self._passes_partial(node)):
+            return node  # what no move fixes is reported as it is
         specs = [self.spec(value) for value in node.inputs]
         choice: list[str | TensorSpec | None] = [None] * len(specs)  # per input: a moved value, a reduced spec
         best = self._cost(node, specs)
@@ -186,6 +194,14 @@ class _Sweep:
             elif option is not None:
                 inputs[i] = self._move(node, i, node.inputs[i], self.spec(node.inputs[i]), option.layout)
         return self._visit_copy(node, tuple(inputs))
+
+    def _passes_partial(self, node: Node) -> bool:
+        """Whether ``node`` has a partial output and reads a partial input (a partial sum passed
+        through a linear op: reducing before may be cheaper than after)."""
+        specs = node.meta[meta.SPECS]
+        if not any(s is not None and s.layout.has_partial() for s in specs):
+            return False
+        return any(s is not None and s.layout.has_partial() for s in map(self.spec, node.inputs))
 
     def _versions(self, value: str, spec):
         """``(option, spec, bytes)`` of every other version of ``value`` a node could read: the

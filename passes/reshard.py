@@ -39,6 +39,7 @@ graph(mesh=DeviceMesh(dp=2)):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError
@@ -91,12 +92,26 @@ class Reshard:
 
 
 _FREE = "reshard.free"  # private key of the propagate cache: (spec, wanted layout) -> plan is free (None: no plan)
+_BYTES = "reshard.bytes"  # private key of the propagate cache: (spec, wanted layout) -> bytes per rank of the move
 _MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
 
 
+@lru_cache(maxsize=4096)
+def _partial(layout) -> bool:
+    """Whether ``layout`` has a Partial axis (cached: asked of every node's values)."""
+    return layout.has_partial()
+
+
+@lru_cache(maxsize=4096)
 def _reduced(layout):
-    """``layout`` with every Partial axis Replicate."""
+    """``layout`` with every Partial axis Replicate (cached: a model's layers repeat a few layouts)."""
     return layout.with_placements(["R" if p.is_partial() else p for p in layout.placements])
+
+
+@lru_cache(maxsize=4096)
+def _reduced_spec(spec):
+    """``spec`` with every Partial axis Replicate (cached: one object for equal specs)."""
+    return spec.with_layout(_reduced(spec.layout))
 
 
 class _Sweep:
@@ -118,6 +133,7 @@ class _Sweep:
         # pure functions of (spec, wanted layout), kept in the propagate cache so that later runs share them
         self.free: dict = self.propagate.cache.setdefault(_FREE, {})
         self.move_meta: dict = self.propagate.cache.setdefault(_MOVE_META, {})
+        self.bytes: dict = self.propagate.cache.setdefault(_BYTES, {})
 
     def add(self, node: Node) -> None:
         """Append ``node`` (shared, or a propagated copy) after the moves its rule asks for."""
@@ -174,17 +190,24 @@ class _Sweep:
         if any(not v.fixable for v in violations) or not (violations or self._passes_partial(node)):
             return node  # what no move fixes is reported as it is
         specs = [self.spec(value) for value in node.inputs]
+        if self.moves_of.keys().isdisjoint(node.inputs) and not any(
+                s is not None and _partial(s.layout) for s in specs):
+            return node  # no other version of any input
+        values = list(node.inputs)
+        best = self._cost(node, values, specs)
+        if not best:
+            return node  # nothing to save
         choice: list[str | TensorSpec | None] = [None] * len(specs)  # per input: a moved value, a reduced spec
-        best = self._cost(node, specs)
         for i, value in enumerate(node.inputs):
             for option, spec, extra in self._versions(value, specs[i]):
-                trial = list(specs)
+                trial, named = list(specs), list(values)
                 trial[i] = spec
+                named[i] = option if isinstance(option, str) else None
                 copy = Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta))
                 self.propagate.visit(self.graph, copy, tuple(trial))
-                cost = extra + self._cost(copy, trial)
+                cost = extra + self._cost(copy, named, trial)
                 if cost < best:
-                    best, specs, choice[i] = cost, trial, option
+                    best, specs, values, choice[i] = cost, trial, named, option
         if not any(c is not None for c in choice):
             return node
         inputs = list(node.inputs)
@@ -199,42 +222,48 @@ class _Sweep:
         """Whether ``node`` has a partial output and reads a partial input (a partial sum passed
         through a linear op: reducing before may be cheaper than after)."""
         specs = node.meta[meta.SPECS]
-        if not any(s is not None and s.layout.has_partial() for s in specs):
+        if not any(s is not None and _partial(s.layout) for s in specs):
             return False
-        return any(s is not None and s.layout.has_partial() for s in map(self.spec, node.inputs))
+        return any(s is not None and _partial(s.layout) for s in map(self.spec, node.inputs))
 
     def _versions(self, value: str, spec):
         """``(option, spec, bytes)`` of every other version of ``value`` a node could read: the
         redistribute nodes of it so far (paid already), and its all-reduce when it is partial."""
         for moved in self.moves_of.get(value, ()):
             yield moved, self.spec(moved), 0
-        if spec is not None and spec.layout.has_partial():
-            reduced = spec.with_layout(_reduced(spec.layout))
+        if spec is not None and _partial(spec.layout):
+            reduced = _reduced_spec(spec)
             if (value, reduced.layout) not in self.moved:
                 yield reduced, reduced, self._bytes(spec, reduced.layout)
 
-    def _cost(self, node: Node, specs) -> float:
-        """Bytes per rank of the moves ``node``'s rule asks for on inputs of ``specs``, plus
-        reducing any partial output to Replicate (what a partial sum costs its consumers at
-        most); infinite when a violation is not fixable by a move."""
+    def _cost(self, node: Node, values, specs) -> float:
+        """Bytes per rank of the moves ``node``'s rule asks for on inputs ``values`` of ``specs``
+        (none for a move already made: it is paid), plus reducing any partial output to
+        Replicate (what a partial sum costs its consumers at most); infinite when a violation
+        is not fixable by a move."""
         m = node.meta
         if any(not v.fixable for v in m[meta.VIOLATIONS]):
             return float("inf")
         total = 0
-        for spec, want in zip(specs, m[meta.WANTS]):
-            if want is not None:
+        for value, spec, want in zip(values, specs, m[meta.WANTS]):
+            if want is not None and (value, want) not in self.moved:
                 total += self._bytes(spec, want)
         for spec in m[meta.SPECS]:
-            if spec is not None and spec.layout.has_partial():
+            if spec is not None and _partial(spec.layout):
                 total += self._bytes(spec, _reduced(spec.layout))
         return total
 
     def _bytes(self, spec, want) -> float:
         """Bytes per rank of moving ``spec`` to ``want`` (infinite when no redistribution can)."""
-        try:
-            return plan_redistribution(spec, want).bytes_per_rank
-        except LayoutPropError:
-            return float("inf")
+        key = (spec, want)
+        known = self.bytes.get(key)
+        if known is None:
+            try:
+                known = plan_redistribution(spec, want).bytes_per_rank
+            except LayoutPropError:
+                known = float("inf")
+            self.bytes[key] = known
+        return known
 
     def _is_free(self, spec, want) -> bool | None:
         """Whether moving ``spec`` to ``want`` costs nothing (None: no redistribution can)."""

@@ -96,10 +96,17 @@ _BYTES = "reshard.bytes"  # private key of the propagate cache: (spec, wanted la
 _MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
 
 
-@lru_cache(maxsize=4096)
+_PARTIAL: dict = {}  # layout -> whether it has a Partial axis (asked of every node's values)
+
+
 def _partial(layout) -> bool:
-    """Whether ``layout`` has a Partial axis (cached: asked of every node's values)."""
-    return layout.has_partial()
+    """Whether ``layout`` has a Partial axis (cached in ``_PARTIAL``)."""
+    known = _PARTIAL.get(layout)
+    if known is None:
+        if len(_PARTIAL) > 4096:
+            _PARTIAL.clear()
+        known = _PARTIAL[layout] = layout.has_partial()
+    return known
 
 
 @lru_cache(maxsize=4096)
@@ -221,10 +228,17 @@ class _Sweep:
     def _passes_partial(self, node: Node) -> bool:
         """Whether ``node`` has a partial output and reads a partial input (a partial sum passed
         through a linear op: reducing before may be cheaper than after)."""
-        specs = node.meta[meta.SPECS]
-        if not any(s is not None and _partial(s.layout) for s in specs):
+        partial = _PARTIAL.get  # plain loops: this runs on every node of the sweep
+        for spec in node.meta[meta.SPECS]:
+            if spec is not None and (partial(spec.layout) or _partial(spec.layout)):
+                break
+        else:
             return False
-        return any(s is not None and _partial(s.layout) for s in map(self.spec, node.inputs))
+        for value in node.inputs:
+            spec = self.spec(value)
+            if spec is not None and (partial(spec.layout) or _partial(spec.layout)):
+                return True
+        return False
 
     def _versions(self, value: str, spec):
         """``(option, spec, bytes)`` of every other version of ``value`` a node could read: the

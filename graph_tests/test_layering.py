@@ -21,7 +21,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ops": frozenset({"core"}),
     "kernels": frozenset({"core"}),
     "passes": frozenset({"core"}),
-    "planner": frozenset({"core", "io", "passes"}),
+    "planner": frozenset({"core", "io", "passes", "perf"}),
     "perf": frozenset({"core", "io", "passes"}),
     "engines": frozenset({"core", "io", "kernels"}),
     "frontends": frozenset({"core", "io", "ops", "kernels"}),

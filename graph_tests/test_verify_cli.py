@@ -73,8 +73,6 @@ def test_verify_text_counts_add_up(capsys):
 
 
 def test_large_enumeration_prints_advice_first_on_stderr(capsys, monkeypatch):
-    import layout_prop.cli as cli
-
     monkeypatch.setattr("layout_prop.commands.verify.VERIFY_ADVICE_THRESHOLD", 1)
     assert main(["verify", "neg", "--mesh", "2"]) == 0
     err = capsys.readouterr().err.splitlines()

@@ -137,6 +137,7 @@ class _Sweep:
         self.moved: dict[tuple[str, object], str] = {}  # (value, wanted layout) -> redistribute node
         self.moves_of: dict[str, list[str]] = {}  # value -> its redistribute nodes so far, in order
         self.inserted = 0
+        self.graph_inputs = {n.name for n in graph.inputs()}
         # pure functions of (spec, wanted layout), kept in the propagate cache so that later runs share them
         self.free: dict = self.propagate.cache.setdefault(_FREE, {})
         self.move_meta: dict = self.propagate.cache.setdefault(_MOVE_META, {})
@@ -235,6 +236,8 @@ class _Sweep:
         else:
             return False
         for value in node.inputs:
+            if value in self.graph_inputs:  # a partial graph input is the user's declared layout: kept
+                continue
             spec = self.spec(value)
             if spec is not None and (partial(spec.layout) or _partial(spec.layout)):
                 return True

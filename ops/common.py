@@ -14,6 +14,7 @@ __all__ = [
     "without_partial",
     "free_or_violation",
     "plan_summary",
+    "move_violations",
     "Move",
 ]
 
@@ -64,3 +65,23 @@ def free_or_violation(spec: TensorSpec, want: Layout | None, operand: str, code:
         return None
     return Violation(code, message, hint, operand=operand, fixable=move.fixable,
                      details={"want": [str(p) for p in want.placements]})
+
+
+def move_violations(spec: TensorSpec, want: Layout, operand: str,
+                     issues: list[tuple[str, str, str]]) -> list[Violation]:
+    """The issues found on ``operand`` as violations, when moving it to ``want`` costs communication.
+
+    ``issues`` holds ``(code, message, hint)`` per offending mesh axis.  A move that is a
+    free local slice is no violation (lowering slices locally).
+    """
+    if want == spec.layout:
+        return []
+    free, fixable, _ = plan_summary(spec, want)
+    if free:
+        return []
+    if not issues:
+        issues = [("sharding-mismatch", f"{operand} is {spec.layout} but the kernel needs {want}",
+                   f"give {operand} the layout {want}")]
+    details = {"want": want.placement_strs()}
+    return [Violation(code, message, hint, operand=operand, fixable=fixable, details=details)
+            for code, message, hint in issues]

@@ -152,7 +152,7 @@ from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.core.spec import DTYPES, TensorSpec, is_float_dtype, numpy_dtype
 
-from .common import plan_summary
+from .common import move_violations as _move_violations
 from .elementwise import ElementwiseRule, sum_to_shape
 
 __all__ = [
@@ -224,26 +224,6 @@ def _names(mesh, axes) -> str:
 
 def _dims_text(dims: Sequence[int]) -> str:
     return str(list(dims))
-
-
-def _move_violations(spec: TensorSpec, want: Layout, operand: str,
-                     issues: list[tuple[str, str, str]]) -> list[Violation]:
-    """The issues found on ``operand`` as violations, when moving it to ``want`` costs communication.
-
-    ``issues`` holds ``(code, message, hint)`` per offending mesh axis.  A move that is a
-    free local slice is no violation (lowering slices locally).
-    """
-    if want == spec.layout:
-        return []
-    free, fixable, _ = plan_summary(spec, want)
-    if free:
-        return []
-    if not issues:
-        issues = [("sharding-mismatch", f"{operand} is {spec.layout} but the kernel needs {want}",
-                   f"give {operand} the layout {want}")]
-    details = {"want": want.placement_strs()}
-    return [Violation(code, message, hint, operand=operand, fixable=fixable, details=details)
-            for code, message, hint in issues]
 
 
 def _partial_issue(spec: TensorSpec, operand: str, axis: int, op: str, why: str) -> tuple[str, str, str]:

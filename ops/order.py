@@ -134,7 +134,7 @@ from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard, 
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.core.spec import TensorSpec, chunk_bounds, is_float_dtype, numpy_dtype
 
-from .common import plan_summary
+from .common import move_violations as _violations
 from .elementwise import ElementwiseRule, broadcast_shapes, sum_to_shape
 
 __all__ = ["TopK", "Sort", "ArgMax", "ArgMin", "CumSum", "Prod", "Maximum", "Minimum", "TopKGrad",
@@ -209,21 +209,6 @@ def check_dims(op: str, dims: Any, ndim: int) -> tuple[int, ...]:
         raise OpError("bad-attr", f"{op}: dims {list(items)} name a dim twice", path="attrs.dims",
                       hint="name each dim once")
     return tuple(sorted(out))
-
-
-def _violations(spec: TensorSpec, want: Layout, operand: str, issues: list[tuple[str, str, str]]) -> list[Violation]:
-    """The issues found on ``operand`` as violations, when moving it to ``want`` costs communication."""
-    if want == spec.layout:
-        return []
-    free, fixable, _ = plan_summary(spec, want)
-    if free:
-        return []
-    if not issues:
-        issues = [("sharding-mismatch", f"{operand} is {spec.layout} but the kernel needs {want}",
-                   f"give {operand} the layout {want}")]
-    details = {"want": want.placement_strs()}
-    return [Violation(code, message, hint, operand=operand, fixable=fixable, details=details)
-            for code, message, hint in issues]
 
 
 def whole_dims(op: str, spec: TensorSpec, operand: str, dims: Sequence[int], why: str,

@@ -11,18 +11,18 @@ import pkgutil
 import pytest
 
 
-
-PACKAGES = ("layout_prop", "layout_prop.testing", "layout_prop.frontends", "layout_prop.viz",
-            "layout_prop.ops", "layout_prop.passes", "layout_prop.kernels")
+#: The roots of the installed tree: ``ops``, ``passes`` and ``kernels`` live in folders of their own
+#: (setuptools package_dir), so a walk from ``layout_prop`` alone does not reach them.
+ROOTS = ("layout_prop", "layout_prop.ops", "layout_prop.passes", "layout_prop.kernels")
 
 
 def _modules():
-    # the sub-packages live in other folders (setuptools package_dir), so walk each one
+    # every module and sub-package under each root, recursively: a new room is covered without a list to keep
     names = set()
-    for pkg_name in PACKAGES:
-        pkg = importlib.import_module(pkg_name)
-        names.add(pkg_name)
-        for info in pkgutil.iter_modules(pkg.__path__, pkg_name + "."):
+    for root in ROOTS:
+        pkg = importlib.import_module(root)
+        names.add(root)
+        for info in pkgutil.walk_packages(pkg.__path__, root + "."):
             names.add(info.name)
     return sorted(names)
 

@@ -58,7 +58,7 @@ from .propagate import value_spec
 if TYPE_CHECKING:  # networkx is imported where a program is turned into a networkx graph
     import networkx
 
-__all__ = ["Lower", "LocalOp", "Program", "LowerResult", "local_ops"]
+__all__ = ["Lower", "LocalOp", "Program", "LowerResult", "local_ops", "permute_op"]
 
 #: The local op kind of each step that needs no communication.
 _LOCAL_OP_KIND = {"local-slice": "slice", "local-partial": "local"}
@@ -121,6 +121,10 @@ class Program:
                 d["dim"] = st.dim
             if st.dst_dim is not None:
                 d["dst_dim"] = st.dst_dim
+            if st.shift is not None:  # a point-to-point permute: the coordinates it receives from and sends to
+                d["shift"] = st.shift
+                d["cyclic"] = st.cyclic
+                d["recv_from"], d["send_to"] = _permute_peers(self.mesh, rank, st)
             d["bytes_per_rank"] = st.bytes_per_rank
         d["source"] = op.source
         return d
@@ -158,6 +162,9 @@ class Program:
                 extra = f" dim {d['dim']}" if "dim" in d else ""
                 extra += f" -> dim {d['dst_dim']}" if "dst_dim" in d else ""
                 extra += f" op {d['reduce_op']}" if "reduce_op" in d else ""
+                if "shift" in d:
+                    extra += f" shift {d['shift']}{' cyclic' if d['cyclic'] else ''}: recv from {d['recv_from']}, " \
+                             f"send to {d['send_to']}"
                 group = "" if op.kind != "collective" else f" group {d['group']}, {d['bytes_per_rank']} bytes"
                 lines.append(f"  {outs} = {op.kind}({', '.join(op.inputs)}) {shapes} {op.op} on "
                              f"{d['mesh_axis']}{extra}{group}")
@@ -316,6 +323,24 @@ def _has_none(specs: tuple) -> bool:
         if spec is None:
             return True
     return False
+
+
+def _permute_peers(mesh: DeviceMesh, rank: int, step: Step) -> tuple[int | None, int | None]:
+    """``(sender, receiver)`` of ``rank`` in a permute step (None where there is none: a line's ends)."""
+    group = mesh.group(rank, step.mesh_axis)
+    n, k = len(group), group.index(rank)
+    peers = []
+    for other in (k - step.shift, k + step.shift):
+        if step.cyclic:
+            other %= n
+        peers.append(int(group[other]) if 0 <= other < n else None)
+    return peers[0], peers[1]
+
+
+def permute_op(value: str, step: Step, name: str, source: str) -> LocalOp:
+    """The local op of a point-to-point ``permute`` step (:func:`~layout_prop.core.redistribute.permute_step`)
+    from local value ``value`` to ``name``: a ``collective`` every engine runs as it runs the others."""
+    return LocalOp(name, "collective", step.kind, (value,), (name,), (step.dst,), step=step, source=source)
 
 
 def _kind(step: Step) -> str:

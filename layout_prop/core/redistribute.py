@@ -131,12 +131,17 @@ __all__ = [
     "reduce_ops_commute",
     "clear_caches",
     "step_bytes",
+    "permute_step",
+    "PERMUTE",
 ]
 
 STEP_KINDS = ("local-slice", "local-partial", "all-gather", "all-to-all", "reduce-scatter", "all-reduce")
 #: The step kinds that run on each rank's own data, without communication.
 LOCAL_STEPS = ("local-slice", "local-partial")
 _KIND_ORDER = {kind: i for i, kind in enumerate(STEP_KINDS)}
+#: The point-to-point step kind (XLA's collective-permute, torch's send/recv pairs): never
+#: part of a planned redistribution, made by :func:`permute_step` (pipeline stages, rings).
+PERMUTE = "permute"
 
 DstLike = Union[Layout, TensorSpec, Sequence]
 
@@ -165,6 +170,12 @@ class Step:
         sharded.
     dst_dim : int, optional
         For an all-to-all, the dim that becomes sharded.
+    shift : int, optional
+        For a ``permute`` (point-to-point, :func:`permute_step`): the rank at coordinate
+        ``c`` of the mesh axis receives the piece of coordinate ``c - shift``.
+    cyclic : bool
+        For a ``permute``: coordinates wrap around (a ring); otherwise a rank with no
+        sender receives zeros.
     """
 
     kind: str
@@ -175,6 +186,8 @@ class Step:
     reduce_op: str | None = None
     dim: int | None = None
     dst_dim: int | None = None
+    shift: int | None = None
+    cyclic: bool = False
 
     @property
     def mesh_axis_name(self) -> str:
@@ -193,6 +206,9 @@ class Step:
             out["dst_dim"] = self.dst_dim
         if self.reduce_op is not None:
             out["reduce_op"] = self.reduce_op
+        if self.shift is not None:
+            out["shift"] = self.shift
+            out["cyclic"] = self.cyclic
         out["bytes_per_rank"] = self.bytes_per_rank
         return out
 
@@ -204,6 +220,8 @@ class Step:
             args.append(f"dim={self.dim}")
         if self.dst_dim is not None:
             args.append(f"dst_dim={self.dst_dim}")
+        if self.shift is not None:
+            args.append(f"shift={self.shift}{', cyclic' if self.cyclic else ''}")
         return f"{self.kind}({', '.join(args)}) on {self.mesh_axis_name!r}: {self.bytes_per_rank} B"
 
 
@@ -633,3 +651,83 @@ def _overlap(a: TensorSpec, b: TensorSpec, rank: int) -> int:
         count *= max(0, min(hi1, hi2) - max(lo1, lo2))
     return int(count)
 
+
+
+# --------------------------------------------------------------------------- point-to-point
+def permute_step(spec: TensorSpec, mesh_axis: int | str, shift: int = 1, cyclic: bool = False,
+                 dst: TensorSpec | None = None) -> Step:
+    """A point-to-point ``permute`` step: along mesh axis ``mesh_axis``, the ranks at coordinate
+    ``c`` receive the pieces of the ranks at coordinate ``c - shift``, every other coordinate equal.
+
+    XLA calls it collective-permute; torch writes it as send/recv pairs.  With ``cyclic`` the
+    coordinates wrap (a ring, as ring attention passes K/V); otherwise a rank whose sender
+    would lie outside the axis receives zeros of its local shape (a pipeline's first stage
+    receives nothing from before it).
+
+    Parameters
+    ----------
+    spec : TensorSpec
+        The value moved; every rank's piece has this spec's local shape.
+    mesh_axis : int or str
+        The axis index or name.
+    shift : int
+        Coordinates moved, positive or negative (``1``: stage ``s`` to ``s + 1``); not 0
+        modulo the axis size.
+    cyclic : bool
+        Wrap around the axis.
+    dst : TensorSpec, optional
+        The spec after the move (default ``spec``): a ring shifting shards may relabel them;
+        every rank's local shape must be its sender's.
+
+    Returns
+    -------
+    Step
+        ``kind='permute'``, ``shift``, ``cyclic``; ``bytes_per_rank`` the largest piece a
+        sending rank sends (one link transfer per rank).
+
+    Raises
+    ------
+    LayoutError
+        ``bad-permute`` for a shift of 0 (mod the axis size for a ring), an axis not in the
+        mesh, or a ``dst`` whose local shapes are not the senders'.
+
+    Examples
+    --------
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> from layout_prop.core.layout import Layout
+    >>> mesh = DeviceMesh((2, 2), ("pp", "tp"))
+    >>> x = TensorSpec((4, 8), "float32", Layout(mesh, ["R", "S(1)"], 2))
+    >>> step = permute_step(x, "pp")
+    >>> step.to_dict()
+    {'kind': 'permute', 'mesh_axis': 'pp', 'shift': 1, 'cyclic': False, 'bytes_per_rank': 64}
+    """
+    mesh = spec.mesh
+    if isinstance(mesh_axis, str):
+        if mesh_axis not in mesh.names:
+            raise LayoutError("bad-permute", f"no mesh axis {mesh_axis!r} to permute along (mesh {mesh})",
+                              hint=f"use one of {', '.join(mesh.names)}")
+        mesh_axis = mesh.names.index(mesh_axis)
+    if not 0 <= mesh_axis < mesh.ndim:
+        raise LayoutError("bad-permute", f"mesh axis {mesh_axis} out of range for {mesh}",
+                          hint=f"use 0..{mesh.ndim - 1}")
+    n = mesh.shape[mesh_axis]
+    if shift == 0 or (cyclic and shift % n == 0):
+        raise LayoutError("bad-permute", f"a permute by {shift} on axis {mesh.names[mesh_axis]!r} of size {n} "
+                          f"moves nothing", hint="shift by a non-zero amount, not a multiple of the axis size")
+    dst = spec if dst is None else dst
+    sent = 0
+    for rank in range(mesh.size):
+        coords = list(mesh.coords(rank))
+        target = coords[mesh_axis] + shift
+        if cyclic:
+            target %= n
+        elif not 0 <= target < n:
+            continue  # this rank sends nothing
+        coords[mesh_axis] = target
+        receiver = mesh.rank(coords)
+        if tuple(dst.local_shape(receiver)) != tuple(spec.local_shape(rank)):
+            raise LayoutError("bad-permute", f"rank {receiver} would receive a piece of shape "
+                              f"{list(spec.local_shape(rank))} from rank {rank} but holds "
+                              f"{list(dst.local_shape(receiver))}", hint="a permute moves pieces of equal shapes")
+        sent = max(sent, spec.local_nbytes(rank))
+    return Step(PERMUTE, mesh_axis, spec, dst, sent, shift=int(shift), cyclic=bool(cyclic))

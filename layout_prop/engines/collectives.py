@@ -66,6 +66,7 @@ __all__ = [
     "all_reduce",
     "reduce_scatter",
     "all_to_all",
+    "permute",
     "local_slice",
     "local_partial",
     "gathered",
@@ -681,8 +682,35 @@ def _run_group(step: Step, arrays: list[np.ndarray], into_first: bool = False) -
         return reduce_scatter(arrays, step.reduce_op, step.dim, into_first=into_first)
     if step.kind == "all-to-all":
         return all_to_all(arrays, split_dim=step.dst_dim, concat_dim=step.dim)
+    if step.kind == "permute":
+        return permute(arrays, step.shift, step.cyclic)
     raise ExecutionError("unknown-step", f"unknown step kind {step.kind!r}",
-                         hint="steps are local-slice, local-partial, all-gather, all-reduce, reduce-scatter, all-to-all")
+                         hint="steps are local-slice, local-partial, all-gather, all-reduce, reduce-scatter, "
+                              "all-to-all, permute")
+
+
+def permute(arrays: Sequence[np.ndarray], shift: int, cyclic: bool = False) -> list[np.ndarray]:
+    """Point-to-point: group member ``k`` gets member ``k - shift``'s array (XLA's collective-permute).
+
+    With ``cyclic`` the index wraps around the group; otherwise a member with no sender gets
+    zeros of its own array's shape and dtype.
+
+    >>> a = [np.array([0]), np.array([1]), np.array([2])]
+    >>> [r.tolist() for r in permute(a, 1)], [r.tolist() for r in permute(a, -1, cyclic=True)]
+    ([[0], [0], [1]], [[1], [2], [0]])
+    """
+    arrays = _check_group(arrays, "permute")
+    n = len(arrays)
+    out = []
+    for k in range(n):
+        source = k - shift
+        if cyclic:
+            source %= n
+        if 0 <= source < n:
+            out.append(_read_only(np.asarray(arrays[source])))
+        else:
+            out.append(np.zeros_like(arrays[k]))
+    return out
 
 
 def step_split_factor(step: Step) -> int:

@@ -58,7 +58,13 @@ functions) have no CPU kernel, nor does the new ``all_gather_into_tensor``.  So 
   (:func:`layout_prop.engines.collectives.gathered`, as the simulator does);
 - reduce-scatter: *emulated*: an all-reduce (as above) then the rank's chunk;
 - all-to-all: *emulated*: an all-gather along the concat dim, then the rank's chunk
-  along the split dim (:func:`chunk`).
+  along the split dim (:func:`chunk`);
+- permute (point-to-point, a pipeline's send/recv or a ring's shift): *emulated*: MindSpore's
+  send/receive primitives are not used on CPU (whether mccl runs them was not measured; the
+  all-reduce above is what is known to work), so every member writes its piece, as int32
+  words, into its slot of a zero buffer, one native int32 sum-all-reduce over the axis's group
+  brings all pieces, and each rank keeps its sender's (zeros where it has none):
+  bit-exact, and ``n`` times the bytes of a real send (:meth:`Communicator.permute`).
 
 On Ascend (HCCL) the native AllGather, ReduceScatter and AlltoAll primitives are used
 where shapes are even (:data:`ASCEND_CAPS`; not exercised on a machine without Ascend).
@@ -647,6 +653,19 @@ class Communicator:
         gathered, _, how = self.all_gather(array, concat_dim, sizes, group)
         return chunk(gathered, split_dim, group.size, group.index), True, f"all-gather ({how}), then the local chunk"
 
+    def permute(self, array: np.ndarray, shift: int, cyclic: bool, group: GroupInfo):
+        """``(result, emulated, impl)``: the piece of group member ``index - shift`` (zeros if none)."""
+        source = group.index - shift
+        if cyclic:
+            source %= group.size
+        if group.size == 1:
+            return (array.copy() if source == 0 else np.zeros_like(array)), False, "group of one: copy"
+        summed = self._sum_words(terms_buffer(array, group.index, group.size), group)
+        if not 0 <= source < group.size:
+            return np.zeros_like(array), True, "pieces gathered by all_reduce(sum) of int32 words; no sender: zeros"
+        piece = decode_words(summed[source], array.dtype)
+        return piece, True, "pieces gathered by all_reduce(sum) of int32 words, the sender's kept"
+
     def run_step(self, op, array: np.ndarray) -> tuple[np.ndarray, dict]:
         """Run the collective ``op`` (a LocalOp of kind ``collective``) on this rank's ``array``."""
         step = op.step
@@ -661,9 +680,11 @@ class Communicator:
             result, emulated, impl = self.reduce_scatter(array, step.reduce_op, step.dim, group)
         elif step.kind == "all-to-all":
             result, emulated, impl = self.all_to_all(array, step.dst_dim, step.dim, sizes, group)
+        elif step.kind == "permute":
+            result, emulated, impl = self.permute(array, step.shift, step.cyclic, group)
         else:
             raise ExecutionError("unknown-step", f"unknown collective kind {step.kind!r}",
-                                 hint="collectives are all-gather, all-reduce, reduce-scatter, all-to-all")
+                                 hint="collectives are all-gather, all-reduce, reduce-scatter, all-to-all, permute")
         record = {"value": op.outputs[0], "source": op.source, "kind": step.kind,
                   "mesh_axis": self.mesh.names[step.mesh_axis], "group": list(group.ranks),
                   "emulated": emulated, "impl": impl, "seconds": time.perf_counter() - start}

@@ -19,6 +19,11 @@ all-gather or reduce-scatter or all-to-all, twice that for an all-reduce):
   reduce-scatter moves the ``(m-1)`` remote pieces over the rails and ``(g-1)`` pieces of
   ``m`` times the size inside; an all-to-all sends ``n-g`` of its ``n-1`` blocks across nodes.
 
+A ``permute`` (point-to-point: pipeline stages, a ring's shift) is one link transfer,
+``nbytes / B + latency``, over the intra-node link when a group of the axis fits in one node
+and over the inter-node link when it spans several (some pair then crosses nodes, and the
+slowest pair sets the step's time).
+
 Bandwidths are the profile's times its ``link_efficiency``.
 
 Examples
@@ -39,7 +44,7 @@ from .clusters import Cluster, Network
 
 __all__ = ["axis_span", "collective_time", "KINDS"]
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "local-partial", "local-slice")
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "permute", "local-partial", "local-slice")
 
 
 def axis_span(mesh_shape: tuple[int, ...], axis: int, devices_per_node: int) -> tuple[int, int]:
@@ -67,6 +72,8 @@ def collective_time(kind: str, nbytes: float, mesh_shape: tuple[int, ...], axis:
         return 0.0
     g, m = axis_span(mesh_shape, axis, cluster.devices_per_node)
     eff = cluster.link_efficiency
+    if kind == "permute":
+        return _ring(nbytes, 1, cluster.intra if m == 1 else cluster.inter, eff)
     if m == 1 or g == 1:
         link = cluster.intra if m == 1 else cluster.inter
         if kind == "all-reduce":

@@ -1,0 +1,110 @@
+"""Pipeline parallelism: the point-to-point ``permute`` step, schedules, stage assignment and
+a pipelined graph run on simulated ranks (and msrun) against one device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layout_prop import DeviceMesh, Layout, TensorSpec
+from layout_prop.core.errors import LayoutError
+from layout_prop.core.redistribute import permute_step
+from layout_prop.engines.collectives import apply_step
+from layout_prop.engines.simulator import Simulator
+from layout_prop.passes.lower import LocalOp, Program, permute_op
+from layout_prop.perf.clusters import get_cluster
+from layout_prop.perf.collectives import collective_time
+
+
+# --------------------------------------------------------------------------- the permute step
+def _pieces(spec: TensorSpec) -> list[np.ndarray]:
+    """Rank r's piece: its local shape filled with r (so every move is visible)."""
+    return [np.full(spec.local_shape(r), float(r), np.float32) for r in range(spec.mesh.size)]
+
+
+def test_permute_moves_each_piece_to_the_next_coordinate_of_its_axis():
+    mesh = DeviceMesh((3, 2), ("pp", "tp"))  # rank = 2 * pp + tp
+    x = TensorSpec((4, 6), "float32", Layout(mesh, ["R", "S(1)"], 2))
+    out = apply_step(permute_step(x, "pp", 1), _pieces(x))
+    # pp=0 has no sender (zeros); pp=1 holds pp=0's pieces, pp=2 pp=1's, tp coordinate kept
+    assert [float(o[0, 0]) for o in out] == [0.0, 0.0, 0.0, 1.0, 2.0, 3.0]
+    assert not out[0].any() and not out[1].any()
+    ring = apply_step(permute_step(x, "pp", -1, cyclic=True), _pieces(x))
+    assert [float(o[0, 0]) for o in ring] == [2.0, 3.0, 4.0, 5.0, 0.0, 1.0]
+    on_tp = apply_step(permute_step(x, "tp", 1, cyclic=True), _pieces(x))
+    assert [float(o[0, 0]) for o in on_tp] == [1.0, 0.0, 3.0, 2.0, 5.0, 4.0]
+
+
+def test_permute_bytes_and_its_step_record():
+    mesh = DeviceMesh((2, 2), ("pp", "tp"))
+    x = TensorSpec((4, 8), "float32", Layout(mesh, ["R", "S(1)"], 2))
+    step = permute_step(x, "pp")
+    assert step.bytes_per_rank == 4 * 4 * 4  # a rank's piece: 4 x 4 float32
+    assert step.to_dict() == {"kind": "permute", "mesh_axis": "pp", "shift": 1, "cyclic": False,
+                              "bytes_per_rank": 64}
+
+
+def test_permute_lowered_runs_on_the_simulator_and_prints_its_peers():
+    mesh = DeviceMesh((4,), ("pp",))
+    x = TensorSpec((3,), "float64", Layout(mesh, ["R"], 1))
+    prog = Program(mesh)
+    prog.add(LocalOp("x", "input", "input", (), ("x",), (x,)))
+    prog.add(permute_op("x", permute_step(x, 0, 2, cyclic=True), "y", "y"))
+    pieces = [np.arange(3.0) + 10 * r for r in range(4)]
+    out = Simulator().execute(prog, {}, scattered={"x": pieces})
+    assert [o.tolist() for o in out["y"]] == [pieces[2].tolist(), pieces[3].tolist(), pieces[0].tolist(),
+                                               pieces[1].tolist()]
+    assert "permute on pp shift 2 cyclic: recv from 3, send to 3" in prog.format(1)
+    assert prog.op_dict(prog.ops[1], 0)["recv_from"] == 2
+
+
+@pytest.mark.parametrize("shift, cyclic", [(0, False), (4, True), (-8, True)])
+def test_a_permute_that_moves_nothing_is_refused(shift, cyclic):
+    x = TensorSpec((4,), "float32", Layout(DeviceMesh((4,), ("pp",)), ["R"], 1))
+    with pytest.raises(LayoutError) as info:
+        permute_step(x, "pp", shift, cyclic)
+    assert info.value.code == "bad-permute"
+
+
+def test_a_permute_between_unequal_pieces_is_refused():
+    x = TensorSpec((3,), "float32", Layout(DeviceMesh((2,), ("cp",)), ["S(0)"], 1))  # pieces of 2 and 1
+    with pytest.raises(LayoutError, match="receive a piece of shape"):
+        permute_step(x, "cp", 1, cyclic=True)
+    with pytest.raises(LayoutError, match="no mesh axis 'pp'"):
+        permute_step(x, "pp")
+
+
+def test_permute_is_one_link_transfer_on_the_axis_placement():
+    a100 = get_cluster("a100-80g")
+    nbytes = 64 * 2**20
+    intra = nbytes / (a100.intra.GBps * 1e9 * a100.link_efficiency) + a100.intra.latency_us * 1e-6
+    inter = nbytes / (a100.inter.GBps * 1e9 * a100.link_efficiency) + a100.inter.latency_us * 1e-6
+    assert collective_time("permute", nbytes, (8,), 0, a100) == pytest.approx(intra)  # 8 ranks: one node
+    assert collective_time("permute", nbytes, (4, 8), 0, a100) == pytest.approx(inter)  # pp across nodes
+    assert collective_time("permute", nbytes, (4, 8), 1, a100) == pytest.approx(intra)
+
+
+def test_permute_on_4_msrun_workers_matches_the_simulator(tmp_path):
+    """The worker's emulated permute (int32 words through one all-reduce on the axis's group):
+    a line on pp of a (2, 2) mesh (zeros on pp=0), a ring on tp, float64 and int32, bit for bit."""
+    pytest.importorskip("mindspore")
+    from layout_prop.engines.msrun_engine import MsrunEngine
+
+    mesh = DeviceMesh((2, 2), ("pp", "tp"))
+    x = TensorSpec((2, 2, 3), "float64", Layout(mesh, ["S(0)", "S(1)"], 3))  # every rank a different piece
+    k = TensorSpec((2, 2, 5), "int32", Layout(mesh, ["S(0)", "S(1)"], 3))
+    prog = Program(mesh)
+    prog.add(LocalOp("x", "input", "input", (), ("x",), (x,)))
+    prog.add(LocalOp("k", "input", "input", (), ("k",), (k,)))
+    prog.add(permute_op("x", permute_step(x, "pp", 1), "x_next", "x_next"))
+    prog.add(permute_op("k", permute_step(k, "tp", 1, cyclic=True), "k_ring", "k_ring"))
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.standard_normal(x.shape), "k": rng.integers(-1000, 1000, k.shape).astype(np.int32)}
+    want = Simulator().execute(prog, inputs)
+    got = MsrunEngine(backend="numpy", timeout=120.0, run_dir=tmp_path).execute(prog, inputs,
+                                                                               wanted=["x_next", "k_ring"])
+    for name in ("x_next", "k_ring"):
+        for rank in range(4):
+            assert got[name][rank].dtype == want[name][rank].dtype
+            assert np.array_equal(got[name][rank], want[name][rank]), (name, rank)
+    assert not want["x_next"][0].any() and np.array_equal(want["x_next"][2], want["x"][0])

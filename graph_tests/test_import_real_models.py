@@ -5,6 +5,7 @@ a plan.  The models are small hand-written ONNX graphs laid out as torch's expor
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -499,3 +500,39 @@ def test_the_skeleton_suggests_colwise_fused_for_gpt2s_c_attn_and_runs(tmp_path,
     capsys.readouterr()
     assert main(["run", str(MODELS / "gpt2.onnx"), "--plan", str(skeleton), "--backward"]) == 0
     assert "matches one device" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------- pins by module path
+def test_a_pin_by_torchs_module_path_pins_each_layers_o_proj_output(tmp_path, capsys):
+    """``model.layers.*.self_attn.o_proj`` in a plan's constraints pins the output of each layer's o_proj (the
+    module path the dynamo exporter keeps in the node metadata): with --reshard the row-parallel sum is
+    reduce-scattered into it, and the run matches one device forward and backward."""
+    pinned = dict(TP, parameters=FIXTURE_PLANS["llama"], constraints={"model.layers.*.self_attn.o_proj": ["S(1)"]})
+    graph = from_onnx(str(MODELS / "llama.onnx"), pinned)
+    pins = [n for n in graph.nodes if n.op == "sharding_constraint"]
+    producers = [graph.node(n.inputs[0]) for n in pins]
+    assert [p.inputs[1] for p in producers] == [f"model.layers.{i}.self_attn.o_proj.weight" for i in (0, 1)]
+    assert all(n.attrs["pattern"] == "model.layers.*.self_attn.o_proj" for n in pins)
+    plan = plan_path(tmp_path, pinned)
+    model = str(MODELS / "llama.onnx")
+    assert main(["check", model, "--plan", str(plan), "--json"]) == 1
+    unmet = [v for v in json.loads(capsys.readouterr().out)["violations"] if v["code"] == "constraint-unmet"]
+    assert sorted(v["input"] for v in unmet) == sorted(p.name for p in producers)
+    assert main(["check", model, "--plan", str(plan), "--reshard", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    moves = {r["node"]: [s["kind"] for s in r["steps"]] for r in report["redistributions"]}
+    assert all(moves[n.name] == ["reduce-scatter"] for n in pins), moves
+    assert all(report["tensors"][n.name]["placements"] == ["S(1)"] for n in pins)
+    assert main(["run", model, "--plan", str(plan), "--backward"]) == 0
+    assert "matches one device" in capsys.readouterr().out
+
+
+def test_two_patterns_pinning_one_module_output_differently_are_exit_2(tmp_path, capsys):
+    # self_attn returns its o_proj's output: both patterns name that value
+    plan = plan_path(tmp_path, dict(TP, parameters=FIXTURE_PLANS["llama"], constraints={
+        "model.layers.*.self_attn.o_proj": ["S(1)"], "model.layers.0.self_attn": ["R"]}))
+    err = one_line_error(capsys, ["check", str(MODELS / "llama.onnx"), "--plan", str(plan)], "conflicting-constraints")
+    assert "'model.layers.*.self_attn.o_proj'" in err and "'model.layers.0.self_attn'" in err
+    plan = plan_path(tmp_path, dict(TP, constraints={"model.layers.7.self_attn": ["R"]}))
+    err = one_line_error(capsys, ["check", str(MODELS / "llama.onnx"), "--plan", str(plan)], "unmatched-constraint")
+    assert "no module's output" in err

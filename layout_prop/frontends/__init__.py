@@ -55,6 +55,10 @@ def build_spec(model: ModelGraph, plan: ShardingPlan, *, opaque: bool = False, f
     spec, weights = to_spec(model, opaque=opaque)
     notes: list[str] = []
     spec = apply_plan(spec, weights, plan, model.spec_aliases, notes)
+    if plan.constraints and model.spec_modules:  # patterns match module paths too: pins named by their values
+        from layout_prop.io.constraints import resolve_module_pins
+
+        spec["constraints"] = resolve_module_pins(plan.constraints, spec, model.spec_values, model.spec_modules)
     return spec, list(model.notes) + notes + compare_declared(model, spec)
 
 

@@ -81,6 +81,12 @@ class ModelGraph:
         self.spec_sources: dict[str, str] = {}
         # (node, input values, the split count per dim of each) a model declares (MindSpore shard())
         self.declared: list[tuple[str, list[str | None], tuple]] = []
+        # the torch module path of the node producing a value (model.layers.0.self_attn.o_proj), from the
+        # exporter's node metadata when a plan pins activations; after to_spec, by spec value name
+        # (spec_modules) beside every value the spec's nodes produce (spec_values)
+        self.modules: dict[str, str] = {}
+        self.spec_modules: dict[str, str] = {}
+        self.spec_values: list[str] = []
 
     # -------------------------------------------------------------- building
     def add_value(self, value: Value) -> str:
@@ -211,7 +217,7 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
             constants.append(spec_name[value])
         return spec_name[value]
 
-    def emit(base: str, op: str, args: list[str], attrs: dict, outputs: list[str]) -> None:
+    def emit(base: str, op: str, args: list[str], attrs: dict, outputs: list[str], module: str = "") -> None:
         name = unique(base)  # the node's own name when it has one (/layers.0/attention/wq/MatMul)
         nodes.append({"name": name, "op": op, "inputs": args, "attrs": attrs})
         if len(outputs) == 1:
@@ -219,6 +225,11 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
         else:
             for i, out in enumerate(outputs):
                 spec_name[out] = f"{name}:{i}"
+        if model.modules:  # a plan pins activations of a model with module paths
+            for out in outputs:
+                model.spec_values.append(spec_name[out])
+                if module:
+                    model.spec_modules[spec_name[out]] = module
 
     for node in model.nodes:
         lowered = _lower(model, node)
@@ -250,7 +261,8 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
             outs = node.outputs if last else [f"{node.outputs[0]}__{k}"]
             args = [prev if a == "__prev__" else a for a in args]
             base = node.name if last else f"{node.name}__{k}"
-            emit(base, op, [spec_name[a] if a in spec_name else use(a) for a in args], attrs, outs)
+            emit(base, op, [spec_name[a] if a in spec_name else use(a) for a in args], attrs, outs,
+                 model.modules.get(node.outputs[0], ""))
             prev = outs[0]
     if unknown:
         listed = ", ".join(f"{op} (x{n}, first {sanitize(first[op])})" for op, n in unknown.most_common())

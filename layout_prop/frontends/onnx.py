@@ -452,6 +452,19 @@ TORCH_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 _FX_PARAMETER = re.compile(r"%(p_[A-Za-z0-9_]+)")
 
 
+def _module_path(node) -> str:
+    """The torch module a node of the dynamo exporter comes from (``model.layers.0.self_attn.o_proj``): the
+    deepest of its ``name_scopes`` but the last (the FX node's own name); ``""`` without that metadata."""
+    for prop in node.metadata_props:
+        if prop.key == TORCH_NAME_SCOPES:
+            try:
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return ""
+            return str(scopes[-2]) if isinstance(scopes, list) and len(scopes) >= 2 else ""
+    return ""
+
+
 def _torch_name(fx_name: str, scopes: list[str]) -> str:
     """The parameter's name in torch (``model.layers.0.self_attn.q_proj.weight``) from its FX name
     (``p_model_layers_0_self_attn_q_proj_weight``) and the module scopes of the node reading it:
@@ -534,6 +547,7 @@ class _Reader:
         self.count = 0
         self.defined: dict[str, Any] = {}  # ONNX value name -> what defines it (each value is defined once)
         self.unread: set[str] = set()  # constants whose data stays in an external file: never folded
+        self.keep_modules = False  # record each value's torch module path (ModelGraph.modules)
 
     # values ---------------------------------------------------------------
     def value_info(self, info, what: str) -> None:
@@ -624,8 +638,16 @@ class _Reader:
         for info in list(graph.value_info) + list(graph.output):
             if info.name not in self.g.values:
                 self.value_info(info, "value")
-        for node in graph.node:
-            self.node(node)
+        if self.keep_modules:
+            for node in graph.node:
+                first = len(self.g.nodes)
+                self.node(node)
+                module = _module_path(node)
+                if module:
+                    self.g.modules.update((v, module) for n in self.g.nodes[first:] for v in n.outputs)
+        else:
+            for node in graph.node:
+                self.node(node)
         self.g.outputs = [o.name for o in graph.output]
         return self.g
 
@@ -1313,7 +1335,9 @@ def read_onnx(path_or_model: Any, plan: ShardingPlan | None = None) -> ModelGrap
     rounds = 0
     while True:
         try:
-            return _Reader(inferred, source, computed, torch_meta).read()
+            reader = _Reader(inferred, source, computed, torch_meta)
+            reader.keep_modules = bool(plan is not None and plan.constraints)  # module paths a pin may name
+            return reader.read()
         except SpecError as err:  # a dim left dynamic: fold what is constant, infer again (a static model pays nothing)
             rounds += 1
             if err.code != "dynamic-shape" or rounds > MAX_FOLD_ROUNDS or \

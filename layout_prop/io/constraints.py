@@ -17,6 +17,12 @@ layout for every consumer.  Propagation meets it: a move that costs communicatio
 ``constraint-unmet`` violation, which ``--reshard`` fixes by inserting the redistribution,
 and ``plan`` sees a node whose output layout is fixed.
 
+For a model torch's dynamo exporter wrote, a pattern also matches the module path of the
+node producing a value: ``model.layers.*.self_attn.o_proj`` pins each layer's ``o_proj``
+output (a value produced inside a module that a node outside it reads, :func:`module_outputs`).
+The importer resolves such patterns to the values they pin (:func:`resolve_module_pins`), each
+entry ``VALUE: {placements: [...], pattern: PATTERN}`` keeping the pattern for messages.
+
 Unusable constraints are :class:`SpecError` (exit 2), each naming the pattern:
 ``bad-type`` / ``bad-placement`` / ``invalid-layout`` (a malformed entry),
 ``unmatched-constraint`` (a pattern that matches no value: graph inputs take their
@@ -49,7 +55,8 @@ from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.placement import parse_placement
 
-__all__ = ["Constraint", "parse_constraints", "apply_constraints", "PINNED_SUFFIX", "CONSTRAINT_OP"]
+__all__ = ["Constraint", "parse_constraints", "apply_constraints", "match_pins", "module_outputs",
+           "resolve_module_pins", "PINNED_SUFFIX", "CONSTRAINT_OP"]
 
 #: the name of the node pinning value ``v`` is ``v + PINNED_SUFFIX``
 PINNED_SUFFIX = "/pinned"
@@ -62,14 +69,24 @@ _UNPRINTABLE = re.compile(f"[\n{CONTROL_CHARS}]")
 
 @dataclass(frozen=True)
 class Constraint:
-    """One ``pattern: placements`` entry of a ``constraints:`` section."""
+    """One ``pattern: placements`` entry of a ``constraints:`` section.
+
+    ``origin`` is the pattern the user wrote when ``pattern`` is a value name an importer
+    resolved it to (a module path of an imported model, :func:`resolve_module_pins`); messages
+    name it."""
 
     pattern: str
     placements: tuple[str, ...]
+    origin: str = ""
+
+    @property
+    def label(self) -> str:
+        """The pattern as the user wrote it."""
+        return self.origin or self.pattern
 
     @property
     def path(self) -> str:
-        return f"constraints[{self.pattern!r}]"
+        return f"constraints[{self.label!r}]"
 
 
 def _err(code: str, message: str, path: str, hint: str) -> SpecError:
@@ -99,7 +116,14 @@ def parse_constraints(data: Any, mesh: DeviceMesh, path: str = "constraints") ->
                        + (f"{len(pattern)} characters long, over the limit {MAX_PATTERN}"
                           if len(pattern) > MAX_PATTERN else "not printable (a control or invisible character)"),
                        path, "write a value name or a glob of printable characters")
-        out.append(Constraint(pattern, _placements(entry, mesh, f"{path}[{pattern!r}]")))
+        origin = ""
+        if isinstance(entry, dict) and "pattern" in entry and len(entry) == 2:  # a pin an importer resolved
+            origin = entry["pattern"]
+            if not isinstance(origin, str) or not origin or len(origin) > MAX_PATTERN or _UNPRINTABLE.search(origin):
+                raise _err("bad-type", f"a constraint's pattern must be a printable string, got {cut(origin)}",
+                           f"{path}[{pattern!r}].pattern", "write the pattern the pin came from, or leave it out")
+            entry = {k: v for k, v in entry.items() if k != "pattern"}
+        out.append(Constraint(pattern, _placements(entry, mesh, f"{path}[{pattern!r}]"), origin))
     return tuple(out)
 
 
@@ -146,23 +170,8 @@ def apply_constraints(graph: Graph, constraints: tuple[Constraint, ...]) -> Grap
     if not constraints:
         return graph
     values = [v for node in graph.nodes if not node.is_input for v in node.outputs]
-    known = set(values)
-    pins: dict[str, Constraint] = {}
-    for c in constraints:
-        if _GLOB.search(c.pattern):  # one compiled pattern over every value
-            match = re.compile(fnmatch.translate(c.pattern)).match
-            matched = [v for v in values if match(v)]
-        else:  # a value's name
-            matched = [c.pattern] if c.pattern in known else []
-        if not matched:
-            raise _err("unmatched-constraint", f"constraint pattern {cut(c.pattern)} matches no value", c.path,
-                       _unmatched_hint(graph, c.pattern, values))
-        for v in matched:
-            other = pins.setdefault(v, c)
-            if other.placements != c.placements:
-                raise _err("conflicting-constraints", f"value {cut(v)} is pinned to {list(other.placements)} by "
-                           f"{other.pattern!r} and to {list(c.placements)} by {c.pattern!r}", c.path,
-                           "pin each value once: narrow one of the patterns, or give both the same placements")
+    inputs = [n.name for n in graph.inputs()]
+    pins = match_pins(constraints, values, inputs=inputs)
     taken = {n.name for n in graph.nodes} | set(values)
     renamed: dict[str, str] = {}
     nodes: list[Node] = []
@@ -177,9 +186,109 @@ def apply_constraints(graph: Graph, constraints: tuple[Constraint, ...]) -> Grap
             name = _fresh(v + PINNED_SUFFIX, taken)
             taken.add(name)
             renamed[v] = name
-            nodes.append(Node(name, CONSTRAINT_OP, (v,), {"placements": list(c.placements), "pattern": c.pattern}))
+            nodes.append(Node(name, CONSTRAINT_OP, (v,), {"placements": list(c.placements), "pattern": c.label}))
     outputs = [renamed.get(v, v) for v in graph.outputs]
     return Graph.from_nodes(graph.mesh, nodes, outputs, graph.meta)
+
+
+def match_pins(constraints: tuple[Constraint, ...], values: list[str], modules: dict[str, list[str]] | None = None,
+               inputs: list[str] = ()) -> dict[str, Constraint]:
+    """Each pinned value of ``values`` with the constraint pinning it.
+
+    A pattern matches a value's name and, given ``modules`` (value -> the module paths it is an
+    output of, :func:`module_outputs`), those module paths: ``model.layers.*.self_attn.o_proj``
+    pins the output of every layer's ``o_proj``.
+
+    Raises
+    ------
+    SpecError
+        ``unmatched-constraint`` (a pattern that matches no value), ``conflicting-constraints``
+        (two patterns pinning one value differently), each naming the pattern.
+    """
+    known = set(values)
+    pins: dict[str, Constraint] = {}
+    for c in constraints:
+        if _GLOB.search(c.pattern):  # one compiled pattern over every value
+            match = re.compile(fnmatch.translate(c.pattern)).match
+            matched = [v for v in values if match(v)]
+        else:  # a value's name (or a module's path)
+            match = c.pattern.__eq__
+            matched = [c.pattern] if c.pattern in known else []
+        if modules:
+            taken = set(matched)
+            matched += [v for v, paths in modules.items() if v not in taken and any(match(p) for p in paths)]
+        if not matched:
+            raise _err("unmatched-constraint", f"constraint pattern {cut(c.label)} matches no value"
+                       + (" and no module's output" if modules else ""), c.path,
+                       _unmatched_hint(inputs, c.pattern, values, modules))
+        for v in matched:
+            other = pins.setdefault(v, c)
+            if other.placements != c.placements:
+                raise _err("conflicting-constraints", f"value {cut(v)} is pinned to {list(other.placements)} by "
+                           f"{other.label!r} and to {list(c.placements)} by {c.label!r}", c.path,
+                           "pin each value once: narrow one of the patterns, or give both the same placements")
+    return pins
+
+
+def module_outputs(nodes: list[dict], outputs: list[str], modules: dict[str, str]) -> dict[str, list[str]]:
+    """The module paths each value of an imported spec is an output of, deepest first.
+
+    ``modules`` gives the module path of the node producing a value (torch's
+    ``model.layers.0.self_attn.o_proj``, from the exporter's node metadata).  A value is an
+    output of its producer's module and of each enclosing module (``model.layers.0.self_attn``,
+    ``model.layers.0``, ...) that a node outside it reads it from, or that the graph returns it
+    from; a value read only inside a module is none of its outputs.  A node whose module is
+    unknown counts as outside every module.
+
+    Examples
+    --------
+    >>> nodes = [{"name": "mm", "inputs": ["x"]}, {"name": "bias", "inputs": ["mm"]},
+    ...          {"name": "act", "inputs": ["bias"]}]
+    >>> module_outputs(nodes, ["act"], {"mm": "l.0.fc", "bias": "l.0.fc", "act": "l.0.act"})
+    {'bias': ['l.0.fc'], 'act': ['l.0.act', 'l.0', 'l']}
+    """
+    readers: dict[str, list[str | None]] = {}
+    for nd in nodes:
+        name = nd["name"]
+        module = modules.get(name, modules.get(f"{name}:0"))
+        for v in nd.get("inputs", ()):
+            readers.setdefault(v, []).append(module)
+    returned = set(outputs)
+    out: dict[str, list[str]] = {}
+    for v, path in modules.items():
+        if not path:
+            continue
+        parts = path.split(".")
+        found = []
+        for k in range(len(parts), 0, -1):
+            scope = ".".join(parts[:k])
+            inside = scope + "."
+            if v not in returned and all(q is not None and (q == scope or q.startswith(inside))
+                                         for q in readers.get(v, ())):
+                break  # read only inside this module: an output of no enclosing module either
+            found.append(scope)
+        if found:
+            out[v] = found
+    return out
+
+
+def resolve_module_pins(constraints: tuple[Constraint, ...], spec: dict, values: list[str],
+                        modules: dict[str, str]) -> dict:
+    """An imported spec's ``constraints:`` entry with every pin named by its value.
+
+    ``values`` are the values the spec's nodes produce, ``modules`` the module path of the
+    node producing each (:func:`module_outputs`); a pattern matches value names and module
+    paths (:func:`match_pins`).  Each pin keeps the pattern it came from (``{placements: [...],
+    pattern: PATTERN}``), which messages name.
+
+    Raises
+    ------
+    SpecError
+        ``unmatched-constraint``, ``conflicting-constraints``, naming the pattern.
+    """
+    inputs = list(spec.get("inputs", ()))
+    pins = match_pins(constraints, values, module_outputs(spec["nodes"], spec.get("outputs", []), modules), inputs)
+    return {v: {"placements": list(c.placements), "pattern": c.label} for v, c in pins.items()}
 
 
 def _fresh(base: str, taken: set[str]) -> str:
@@ -190,11 +299,13 @@ def _fresh(base: str, taken: set[str]) -> str:
     return name
 
 
-def _unmatched_hint(graph: Graph, pattern: str, values: list[str]) -> str:
-    inputs = [n.name for n in graph.inputs() if fnmatch.fnmatchcase(n.name, pattern)]
+def _unmatched_hint(inputs: list[str], pattern: str, values: list[str],
+                    modules: dict[str, list[str]] | None = None) -> str:
+    inputs = [n for n in inputs if fnmatch.fnmatchcase(n, pattern)]
     if inputs:
         return f"{cut(inputs[0])} is a graph input: give its layout in inputs (constraints pin values nodes produce)"
-    close = difflib.get_close_matches(pattern, values, n=1)
+    paths = list(dict.fromkeys(p for found in (modules or {}).values() for p in found))
+    close = difflib.get_close_matches(pattern, paths + values, n=1)
     if close:
         return f"did you mean {close[0]!r}?"
     return f"values are named like {values[0]!r}" if values else "the graph has no nodes"

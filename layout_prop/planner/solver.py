@@ -79,9 +79,10 @@ from layout_prop.core.layout import Layout
 from layout_prop.core.links import DEFAULT_LINK, Link, links_of  # noqa: F401  (DEFAULT_LINK: the doctests)
 from layout_prop.core.placement import Partial, Replicate, Shard
 from layout_prop.core.redistribute import Redistribution, plan_redistribution
-from layout_prop.core.registry import get_rule
+from layout_prop.core.registry import OpRule, get_rule
 from layout_prop.core.spec import TensorSpec
 
+from layout_prop.passes.expand import EXPANDED_FROM
 from layout_prop.passes.memory import optimizer_states_per_parameter
 from layout_prop.passes.propagate import Propagate, value_spec
 
@@ -156,6 +157,8 @@ class Strategy:
     inner: Moves = ()
     work: tuple = ()  # the OpCost of its vjp's ops on their local shapes (the time objective on a cluster)
     op: Any = None  # the OpCost of the op itself on its local shapes (idem)
+    expanded: bool = False  # run as the subgraph its rule's expand hook writes (passes/expand.py)
+    forward_work: tuple = ()  # then the OpCost of the subgraph's forward ops (``op`` is None)
 
     def describe(self) -> str:
         return ", ".join("(" + ", ".join(s.layout.placement_strs()) + ")" for s in self.outputs)
@@ -164,10 +167,12 @@ class Strategy:
 class _Rules:
     """Memoised rule evaluations and gradient costs, shared by every node of a solve."""
 
-    def __init__(self, propagate: Propagate) -> None:
+    def __init__(self, propagate: Propagate, expansions: bool = True) -> None:
         self.propagate = propagate
+        self.expand = expansions  # price the expand pass's forms (off: only the plain rule's moves)
         self.results: dict = {}
         self.vjps: dict = {}
+        self.expansions: dict = {}
 
     def infer(self, node: Node, specs: tuple[TensorSpec, ...]):
         key = (node.op, attrs_key(node.meta[meta.ATTRS]), specs)
@@ -191,6 +196,19 @@ class _Rules:
         found = self.vjps.get(key)
         if found is None:
             found = self.vjps[key] = _vjp(node, inputs, requires)
+        return found
+
+    def expansion(self, node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...] | None = None):
+        """The expanded form the expand pass writes for ``node`` received in ``inputs``
+        (:func:`_expansion`), or None where it writes none; ``requires`` None: the forward alone."""
+        if not self.expand or not _expandable(node.op):
+            return None
+        key = (node.op, attrs_key(node.meta[meta.ATTRS]), inputs, requires)
+        try:
+            return self.expansions[key]
+        except KeyError:
+            pass
+        found = self.expansions[key] = _expansion(node, inputs, requires)
         return found
 
 
@@ -228,6 +246,68 @@ def _vjp(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...])
         total = back.grads.get(name)
         grads.append(None if total is None else value_spec(fixed, fixed.node(total).inputs[0]))
     return tuple(grads), tuple(inner), tuple(w for w in work if w is not None)
+
+
+def _expandable(op: str) -> bool:
+    """Whether ``op``'s rule has an ``expand`` hook (passes/expand.py)."""
+    return type(get_rule(op)).expand is not OpRule.expand
+
+
+def _expansion(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...] | None):
+    """What ``node`` costs when it receives ``inputs`` and the expand pass writes it as its rule's
+    subgraph (vocab-parallel cross entropy, top-k or cumsum along a sharded dim): None where the
+    pass would not (no violation, no subgraph, or one moving no fewer bytes than the plain rule's
+    moves), else ``(outputs, grads, inner, work, forward work)``: the subgraph's output specs, the
+    gradient spec per input (``requires`` None: the forward alone, ``()``), the collectives of the
+    subgraph resharded (its forward's, and with ``requires`` its backward's), the OpCost of each
+    backward op and of each forward op of the subgraph.  The one-node graph goes through the passes
+    :func:`layout_prop.api.analyze` runs (propagate, expand, backward, reshard), so the plan is priced
+    as the measurement of its realised graph resolves it."""
+    from layout_prop.passes.backward import Backward
+    from layout_prop.passes.expand import Expand
+    from layout_prop.passes.reshard import Reshard
+
+    mesh = inputs[0].mesh
+    flags = requires if requires is not None else (False,) * len(inputs)
+    g = Graph(mesh)
+    names = []
+    for i, (spec, req) in enumerate(zip(inputs, flags)):
+        names.append(g.input(f"in{i}", shape=spec.shape, dtype=spec.dtype,
+                             placements=spec.layout.placement_strs(), requires_grad=req))
+    outs = g.op("node", node.op, names, dict(node.attrs), node.num_outputs)
+    g.output(*([outs] if isinstance(outs, str) else outs))
+    propagate = Propagate()
+    try:
+        propagate.run(g)
+        result = Expand(propagate).run(g)
+        if not result.expanded:
+            return None
+        forward = result.graph
+        outputs = tuple(forward.node("node").meta[meta.SPECS])
+        back = Backward(propagate).run(forward) if requires is not None and any(requires) else None
+        fixed = Reshard(propagate).run(back.graph if back is not None else forward).graph
+    except LayoutPropError:
+        return None
+    if any(o is None for o in outputs) or any(n.meta.get(meta.VIOLATIONS) for n in fixed.nodes):
+        return None
+    parts = set(result.expanded["node"])
+    inner: list = []
+    work: list = []
+    forward_work: list = []
+    for n in fixed.nodes:
+        if n.meta.get(meta.INSERTED_BY) == "reshard":
+            plan = plan_redistribution(value_spec(fixed, n.inputs[0]), n.meta[meta.SPECS][0].layout)
+            inner.extend(_moves(plan))
+        elif not n.is_input and n.op != "redistribute":
+            cost = _work(n.op, [value_spec(fixed, v) for v in n.inputs], n.meta[meta.SPECS], n.attrs)
+            (forward_work if n.name in parts else work).append(cost)
+    grads: list = []
+    if back is not None:
+        for name in names:
+            total = back.grads.get(name)
+            grads.append(None if total is None else value_spec(fixed, fixed.node(total).inputs[0]))
+    return (outputs, tuple(grads), tuple(inner), tuple(w for w in work if w is not None),
+            tuple(w for w in forward_work if w is not None))
 
 
 def _work(op: str, inputs: Sequence[TensorSpec | None], outputs: Sequence[TensorSpec | None], attrs: dict):
@@ -312,7 +392,8 @@ def node_strategies(node: Node, specs: Sequence[TensorSpec], rules: _Rules, part
                     break
                 layouts.append(layout)
             else:
-                if rules.infer(node, tuple(s.with_layout(l) for s, l in zip(specs, layouts))) is not None:
+                given = tuple(s.with_layout(l) for s, l in zip(specs, layouts))
+                if rules.infer(node, given) is not None or rules.expansion(node, given) is not None:
                     valid.append(combo)
         per_axis_valid.append(valid)
     count = 0
@@ -350,7 +431,10 @@ def _try(node: Node, specs: Sequence[TensorSpec], layouts: tuple[Layout, ...], r
     """Add the strategy of receiving ``layouts`` (after the free slices the rule asks for) if accepted."""
     given = tuple(s.with_layout(l) for s, l in zip(specs, layouts))
     res = rules.infer(node, given)
-    if res is None:
+    if res is None:  # the rule asks a move: the expand pass may write the node's sharded form instead
+        expanded = rules.expansion(node, given)
+        if expanded is not None:
+            found.setdefault(layouts, expanded[0])
         return
     outputs, wants = res
     if any(w is not None and w != g.layout for w, g in zip(wants, given)):
@@ -515,13 +599,17 @@ class Problem:
     left out).  ``pruned`` counts the node classes whose accepted strategies were cut to ``cap``.
     ``seed_graphs`` are resolved graphs of the same model (a baseline as ``check --reshard``
     resolves it) whose layouts every node keeps among its candidates, as it keeps the greedy
-    plan's, so that the program can choose the baseline.
+    plan's, so that the program can choose the baseline.  With ``expansions`` (the default) a node
+    whose rule has an ``expand`` hook also has the strategies the expand pass writes as a subgraph
+    (vocab-parallel cross entropy, top-k and cumsum along a sharded dim): it receives its input
+    where the plain rule would move it, and costs the subgraph's own moves, forward and backward
+    (:func:`_expansion`); off, such a node is priced as the plain rule's moves only.
     """
 
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
                  repeat: int = REPEAT, cap: int | None = None, *, deadline: "Deadline | None" = None,
-                 cache_moves: bool = True, cluster=None, overlap: bool = True, seed_graphs: Sequence[Graph] = ()
-                 ) -> None:
+                 cache_moves: bool = True, cluster=None, overlap: bool = True, seed_graphs: Sequence[Graph] = (),
+                 expansions: bool = True) -> None:
         if objective not in OBJECTIVES:
             raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
         if cluster is not None and objective != "time":
@@ -547,7 +635,7 @@ class Problem:
         self.states = optimizer_states_per_parameter(optimizer)
         self.propagate = Propagate()
         self.propagate.run(graph)
-        self.rules = _Rules(self.propagate)
+        self.rules = _Rules(self.propagate, expansions)
         self.classes = node_classes(graph, repeat, self.auto)
         self.requires = _requires_grad(graph)
         self.cap = cap
@@ -577,9 +665,12 @@ class Problem:
                     if node.name in self.auto and spec is not None and _same_shapes([spec], [node.name], self.graph):
                         self.seed_inputs.setdefault(node.name, []).append(spec.layout)
                     continue
-                specs = [value_spec(g, v) for v in node.inputs]
-                if any(s is None for s in specs) or not _same_shapes(specs, self.graph.node(node.name).inputs,
-                                                                      self.graph):
+                own = self.graph.node(node.name)
+                # a node the expand pass wrote as a subgraph (its last node has its name) received the values
+                # the node reads, before the subgraph's own moves
+                read = own.inputs if node.meta.get(EXPANDED_FROM) == node.name and node.op != own.op else node.inputs
+                specs = [value_spec(g, v) for v in read]
+                if any(s is None for s in specs) or not _same_shapes(specs, own.inputs, self.graph):
                     continue
                 seeds.setdefault(node.name, []).append(tuple(s.layout for s in specs))
         return seeds
@@ -596,7 +687,9 @@ class Problem:
             return 0.0
         from layout_prop.perf.costs import op_time
 
-        ops = strategy.work if backward_only or strategy.op is None else (strategy.op,) + tuple(strategy.work)
+        ops = tuple(strategy.work)
+        if not backward_only:
+            ops += (() if strategy.op is None else (strategy.op,)) + tuple(strategy.forward_work)
         return sum(op_time(w, self.cluster) for w in ops) * 1e6
 
     def optimizer_time(self, spec: TensorSpec) -> float:
@@ -643,18 +736,25 @@ class Problem:
             for layouts, outputs in found:
                 self.check_time("building the candidate strategies' gradients")
                 received = tuple(s.with_layout(l) for s, l in zip(specs, layouts))
-                grads, inner, work = (), (), ()
-                if self.backward and any(requires) and get_rule(node.op).differentiable:
+                grads, inner, work, forward = (), (), (), ()
+                expanded = self.rules.infer(node, received) is None
+                if expanded:  # priced as the expand pass writes it
+                    differentiates = self.backward and any(requires) and get_rule(node.op).differentiable
+                    got = self.rules.expansion(node, received, requires if differentiates else None)
+                    if got is None:
+                        continue
+                    outputs, grads, inner, work, forward = got
+                elif self.backward and any(requires) and get_rule(node.op).differentiable:
                     got = self.rules.vjp(node, received, requires)
                     if got is None:
                         continue
                     grads, inner, work = got
                 op = None
                 if self.cluster is not None:
-                    op = _work(node.op, received, outputs, node.meta[meta.ATTRS])
+                    op = None if expanded else _work(node.op, received, outputs, node.meta[meta.ATTRS])
                 else:
-                    work = ()
-                out.append(Strategy(layouts, outputs, grads, inner, work, op))
+                    work = forward = ()
+                out.append(Strategy(layouts, outputs, grads, inner, work, op, expanded, forward))
             if not out:
                 raise LayoutPropError("unplannable", f"no layout of node {node.name!r} ({node.op}) is accepted by "
                                       f"its rule", node=node.name, hint="check the node's shapes and attrs")
@@ -911,7 +1011,7 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
           optimizer: str | None = None, repeat: int = REPEAT, cap: int | None = None,
           alternatives: bool = False, problem: "Problem | None" = None, least_memory: bool = False,
           deadline: Deadline | None = None, cluster=None, cache_moves: bool = True,
-          seed_graphs: Sequence[Graph] = ()) -> Solution:
+          seed_graphs: Sequence[Graph] = (), expansions: bool = True) -> Solution:
     """Choose every ``auto`` input's layout and every node's strategy (module docstring).
 
     Parameters
@@ -948,6 +1048,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
         Remember move costs across edges (:class:`Problem`).
     seed_graphs : sequence of Graph
         Resolved graphs (a baseline) whose layouts stay candidates (:class:`Problem`).
+    expansions : bool
+        Price the forms the expand pass writes (:class:`Problem`).
 
     Raises
     ------
@@ -959,7 +1061,8 @@ def solve(graph: Graph, *, backward: bool = True, objective: str = "bytes", memo
     start = time.perf_counter()
     if problem is None:
         problem = Problem(graph, backward, objective, optimizer, repeat=repeat, cap=cap or default_cap(graph.mesh),
-                          deadline=deadline, cluster=cluster, cache_moves=cache_moves, seed_graphs=seed_graphs)
+                          deadline=deadline, cluster=cluster, cache_moves=cache_moves, seed_graphs=seed_graphs,
+                          expansions=expansions)
     elif deadline is not None:
         problem.deadline = deadline
     found = None if least_memory else problem.solve(memory_limit)

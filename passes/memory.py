@@ -170,9 +170,10 @@ class Memory:
 
     name = "memory"
 
-    def __init__(self, optimizer: str | None = None) -> None:
+    def __init__(self, optimizer: str | None = None, zero=None) -> None:
         self.states = optimizer_states_per_parameter(optimizer)
         self.optimizer = optimizer
+        self.zero = zero  # a passes.zero.ZeroConfig: the ZeRO paper's mixed-precision figures (zero_figures)
 
     def run(self, graph: Graph) -> MemoryReport:
         """Every rank's memory for ``graph`` (propagated; resharded if it is to be lowered)."""
@@ -190,6 +191,7 @@ class Memory:
         # Specs are keyed by identity (uniqued specs are mostly one object; equal ones have
         # equal bytes)
         param_keys = [walk.key(n.meta[meta.SPECS][0]) for n in params]
+        zero_keys = None if self.zero is None else _zero_keys(graph, params, walk, self.zero)
         specs = list(walk.specs.values())
         mesh = graph.mesh
         starts = rank_classes(specs, mesh)
@@ -201,8 +203,12 @@ class Memory:
             index = merged.get(nbytes)
             if index is None:
                 index = merged[nbytes] = len(classes)
-                p = sum(nbytes[k] for k in param_keys)
-                classes.append(RankMemory(rank, p, p, self.states * p, walk.peak(nbytes)))
+                if zero_keys is None:
+                    p = sum(nbytes[k] for k in param_keys)
+                    classes.append(RankMemory(rank, p, p, self.states * p, walk.peak(nbytes)))
+                else:
+                    figures = zero_figures(nbytes, zero_keys, self.zero.stage, self.states)
+                    classes.append(RankMemory(rank, *figures, walk.peak(nbytes)))
             lookup.append(index)
         rank_class = np.asarray(lookup, dtype=np.int64)[class_of_rank(starts, mesh)]
         backward = "backward" in map(dict.get, metas, repeat(meta.INSERTED_BY))
@@ -315,6 +321,48 @@ def _peak_python(born: list[int], last: list[int], sizes: list[int]) -> int:
         peak = max(peak, live)
         live -= freed[index]
     return peak
+
+
+def _zero_keys(graph: Graph, params: list, walk: "_Walk", zero) -> list[tuple[int, int, int]]:
+    """Per parameter, (key of its whole spec, key of its ZeRO shard's spec, itemsize) in ``walk``:
+    the whole is the layout the ops read (the gathered copy's at stage 3), the shard the one its
+    optimizer state lives in (:func:`~layout_prop.passes.zero.shard_layouts`; at stage 0 the whole)."""
+    from layout_prop.core.spec import TensorSpec
+
+    from .zero import ZeroConfig, shard_layouts, whole_layouts
+
+    shards = shard_layouts(graph, zero if zero.stage else ZeroConfig(0, ()))
+    wholes = whole_layouts(graph)
+    keys = []
+    for node in params:
+        spec = node.meta[meta.SPECS][0]
+        whole = TensorSpec(spec.shape, spec.dtype, wholes.get(node.name, spec.layout))
+        shard = TensorSpec(spec.shape, spec.dtype, shards.get(node.name, spec.layout))
+        keys.append((walk.key(whole), walk.key(shard), spec.itemsize))
+    return keys
+
+
+def zero_figures(nbytes: tuple[int, ...], keys: list[tuple[int, int, int]], stage: int,
+                 adam_states: int) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer states) bytes of one rank under ZeRO ``stage``.
+
+    The convention of the ZeRO paper (Rajbhandari et al., 2020, "ZeRO: Memory Optimizations
+    Toward Training Trillion Parameter Models", section 3.1 and figure 1): parameters and
+    gradients in the model's dtype (2 + 2 bytes an element in fp16/bf16), optimizer states
+    K bytes an element: Adam's two fp32 moments (8), plus an fp32 master copy of the
+    parameters when the model's dtype is 16-bit (4; K = 12 in the paper's mixed precision);
+    SGD keeps no moment (K = 4 for the master copy in 16-bit, else 0).  Stage 1 shards the
+    optimizer states, stage 2 the gradients too, stage 3 the parameters too: a sharded kind
+    counts the shard's elements (``keys``' second spec), the others the whole piece's.
+    """
+    params = grads = states = 0
+    for whole, shard, itemsize in keys:
+        elements_whole, elements_shard = nbytes[whole] // itemsize, nbytes[shard] // itemsize
+        k = (4 * adam_states) + (4 if itemsize < 4 else 0)
+        params += itemsize * (elements_shard if stage >= 3 else elements_whole)
+        grads += itemsize * (elements_shard if stage >= 2 else elements_whole)
+        states += k * (elements_shard if stage >= 1 else elements_whole)
+    return params, grads, states
 
 
 def _is_cotangent(name: str) -> bool:

@@ -1,0 +1,64 @@
+"""``layout-prop export SPEC|MODEL --to hyper-parallel|mindspore|torch``: the checked plan as code and as data."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+__all__ = ["run", "export_text"]
+
+
+def _writers():
+    from layout_prop.interop.export_hyper_parallel import export_hyper_parallel
+    from layout_prop.interop.export_mindspore import export_mindspore
+    from layout_prop.interop.export_torch import export_torch
+
+    return {"hyper-parallel": export_hyper_parallel, "mindspore": export_mindspore, "torch": export_torch}
+
+
+def export_text(graph, target: str, *, data_inputs=None, source: str = ""):
+    """``(plan, code)``: the :class:`~layout_prop.interop.export_plan.ExportPlan` of ``graph`` and ``target``'s module text."""
+    from layout_prop.api import analyze
+    from layout_prop.interop.export_plan import collect
+
+    done = analyze(graph, reshard=True).graph
+    plan = collect(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore")
+    return plan, _writers()[target](plan)
+
+
+def _load(args):
+    """The graph of ``args.spec``: a spec as every command loads it, a model through the importer's
+    ``build_graph`` (which records the model's own weight names, so its inputs are told from its parameters)."""
+    from layout_prop.frontends import is_model_path
+
+    from .model_input import load_graph
+
+    if not is_model_path(str(args.spec)) or args.plan is None:
+        return load_graph(args)  # a spec, or the missing-plan error
+    from layout_prop.core.dependencies import require_model_reader
+    from layout_prop.frontends import build_graph, read_model
+    from layout_prop.io.plan_file import load_plan
+
+    require_model_reader(str(args.spec))
+    plan = load_plan(Path(args.plan))
+    return build_graph(read_model(args.spec, plan), plan, opaque=args.opaque)
+
+
+def run(args) -> int:
+    from layout_prop.io.output import write_output
+    from layout_prop.interop.export_plan import format_data
+
+    graph = _load(args)
+    source = Path(str(args.spec)).name
+    plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
+    if args.output is None:
+        print(code, end="")
+    else:
+        write_output(args.output, code)
+        print(f"wrote {args.output} ({args.to}: {len(plan.parameters)} parameter(s), {len(plan.inputs)} input(s))",
+              file=sys.stderr)
+    if args.data is not None:
+        fmt = "json" if str(args.data).lower().endswith(".json") else "yaml"
+        write_output(args.data, format_data(plan, fmt))
+        print(f"wrote {args.data} (the plan as data: import --plan reads it)", file=sys.stderr)
+    return 0

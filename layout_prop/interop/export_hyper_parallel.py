@@ -1,0 +1,102 @@
+"""``layout-prop export --to hyper-parallel``: a Python module building hyper-parallel's ``DeviceMesh`` and ``ShardingPlan``.
+
+The module imports from hyper-parallel's own modules (``hyper_parallel.core.device_mesh``,
+``core.placement_types``, ``core.shard.sharding_plan``), defines ``make_mesh(device_type)`` and
+``SHARDING_PLAN`` (``plan`` for parameters by the model's own names and dims, ``input_plan`` for
+the model's inputs by argument name, ``output_plan`` with the layouts layout-prop predicts for the
+outputs), ready for ``shard_module(model, make_mesh(), SHARDING_PLAN)``.  Placements are
+``Shard(d)``, ``Replicate()`` and ``Partial(op)`` per mesh axis; a strided shard has no such
+placement and is ``not-expressible``.  Constant inputs (rotary tables the exporter folded) are no
+parameters of the model and are listed in a comment only.
+
+>>> from layout_prop.core.mesh import DeviceMesh
+>>> from layout_prop.core.layout import Layout
+>>> placements_text(Layout(DeviceMesh((2, 2), ("dp", "tp")), ["S(0)", "P"], 2), "parameter", "w")
+'(Shard(0), Partial("sum"))'
+"""
+
+from __future__ import annotations
+
+from layout_prop.core.layout import Layout
+
+from .export_plan import ExportPlan, not_expressible, placement_args
+
+__all__ = ["export_hyper_parallel", "placements_text"]
+
+TARGET = "hyper-parallel"
+
+
+def placements_text(layout: Layout, what: str, name: str) -> str:
+    """``layout`` as a tuple of hyper-parallel placements (Python text)."""
+    items = []
+    for kind, arg in placement_args(layout):
+        if kind == "R":
+            items.append("Replicate()")
+        elif kind == "S":
+            items.append(f"Shard({arg})")
+        elif kind == "P":
+            items.append(f'Partial("{arg}")')
+        else:
+            raise not_expressible(TARGET, what, name, layout, "hyper-parallel has no strided shard placement",
+                                  "gather that mesh axis (R) or keep the fused weight's blocks unsplit (colwise)")
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _ranks(shape: tuple[int, ...]) -> str:
+    import numpy as np
+
+    return repr(np.arange(int(np.prod(shape))).reshape(shape).tolist())
+
+
+def export_hyper_parallel(plan: ExportPlan) -> str:
+    """The Python module text for ``plan`` (see the module docstring)."""
+    mesh = plan.mesh
+    comma = "," if mesh.ndim == 1 else ""
+    lines = [
+        f'"""hyper-parallel sharding plan written by layout-prop export from {plan.source or "a graph"}.',
+        "",
+        "Every layout was checked by layout-prop (check --reshard). Parameters are keyed by the model's own",
+        "names and laid out in its own dims. Use: model = shard_module(model, make_mesh(), SHARDING_PLAN)",
+        '"""',
+        "from hyper_parallel.core.device_mesh import DeviceMesh",
+        "from hyper_parallel.core.placement_types import Partial, Replicate, Shard  # noqa: F401",
+        "from hyper_parallel.core.shard.sharding_plan import ShardingPlan",
+        "",
+        f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
+        f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",
+        f"RANKS = {_ranks(tuple(mesh.shape))}",
+        "",
+        "",
+        'def make_mesh(device_type="npu"):',
+        '    """The device mesh layout-prop checked the plan on."""',
+        "    return DeviceMesh(device_type, RANKS, mesh_dim_names=MESH_DIM_NAMES)",
+        "",
+        "",
+        "SHARDING_PLAN = ShardingPlan(",
+        "    plan={",
+    ]
+    constants = []
+    for name, t in plan.parameters.items():
+        if t.kind == "constant":
+            constants.append(name)
+            continue
+        lines.append(f"        {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
+    lines.append("    },")
+    if plan.inputs:
+        lines.append('    input_plan={"input": {')
+        for name, t in plan.inputs.items():
+            lines.append(f"        {name!r}: {placements_text(t.layout, 'input', name)},")
+        lines.append("    }},")
+    outs = list(plan.outputs.items())
+    if len(outs) == 1:
+        lines.append(f'    output_plan={{"output": {placements_text(outs[0][1], "output", outs[0][0])}}},'
+                     f"  # {outs[0][0]}, as layout-prop predicts it")
+    elif outs:
+        lines.append('    output_plan={"output": [')
+        for name, layout in outs:
+            lines.append(f"        {placements_text(layout, 'output', name)},  # {name}")
+        lines.append("    ]},")
+    lines.append(")")
+    if constants:
+        lines.append(f"# constants (no parameters of the model, not in the plan): {', '.join(constants)}")
+    return "\n".join(lines) + "\n"

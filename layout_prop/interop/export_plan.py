@@ -1,0 +1,246 @@
+"""What ``layout-prop export`` hands to another framework: the checked layouts of a graph, by the model's own names.
+
+:func:`collect` analyses a graph (a spec, an imported model, or ``plan``'s output) and returns an
+:class:`ExportPlan`: the mesh, each graph input's layout as layout-prop resolved it (``auto``
+completed), split into the model's *inputs* (data the training script passes in) and its
+*parameters* (weights and constants), the layouts layout-prop predicts for the graph's outputs and,
+for the MindSpore target, the layouts every op node receives after ``check --reshard``.
+
+The same plan is written as data (:func:`plan_data`, :func:`format_data`): a sharding-plan file
+(``mesh``, ``inputs``, ``parameters``, the format ``import --plan`` reads, every name exact: glob
+characters escaped) whose layouts are in layout-prop's own dims of each tensor, so that importing
+the model again with it, or writing its placements back into the spec, gives the same layouts.
+
+A parameter of an ONNX model that torch's exporter stored transposed (a ``Linear`` weight folded into
+a ``MatMul`` as ``(in, out)``) is exported to torch and hyper-parallel in the module's own dims
+(``(out, in)``): :attr:`ExportTensor.transposed` says so, and :meth:`ExportTensor.own_layout` swaps
+the two dims of its shards.
+
+Examples
+--------
+>>> from layout_prop.io.loader import load_spec
+>>> g = load_spec('''
+... mesh: {shape: [2], names: [tp]}
+... inputs:
+...   x: {shape: [4, 8]}
+...   w: {shape: [8, 6], placements: ["S(1)"]}
+... nodes:
+...   - {name: y, op: matmul, inputs: [x, w]}
+... outputs: [y]
+... ''')
+>>> from layout_prop.api import analyze
+>>> plan = collect(g, analyze(g, reshard=True).graph, data_inputs=["x"])
+>>> sorted(plan.parameters), sorted(plan.inputs), plan.outputs["y"].placement_strs()
+(['w'], ['x'], ['S(1)'])
+>>> print(format_data(plan, "yaml"), end="")
+# layout-prop export: 1 input(s), 1 parameter(s); layout-prop predicts the outputs: y: [S(1)]
+mesh: {shape: [2], names: [tp]}
+inputs:
+  x: {placements: [R]}
+parameters:
+  w: [S(1)]
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from layout_prop.core import meta
+from layout_prop.core.errors import LayoutError, SpecError
+from layout_prop.core.graph import Graph
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
+
+__all__ = ["ExportTensor", "ExportNode", "ExportPlan", "collect", "plan_data", "format_data", "not_expressible",
+           "TARGETS"]
+
+#: the frameworks ``export --to`` writes for
+TARGETS = ("hyper-parallel", "mindspore", "torch")
+
+
+def not_expressible(target: str, what: str, name: str, layout: Layout, why: str, hint: str) -> LayoutError:
+    """The one-line error for a layout ``target`` cannot state (``not-expressible``), naming the tensor and layout."""
+    return LayoutError("not-expressible", f"{target} cannot express the layout {layout.placement_strs()} of "
+                       f"{what} {name!r}: {why}", hint=hint)
+
+
+@dataclass(frozen=True)
+class ExportTensor:
+    """One graph input: its name, the model's own name for it, shape, dtype and resolved layout.
+
+    ``transposed`` is true for a 2-D weight that the model holds as the transpose of the
+    graph's tensor (torch's ``Linear`` weight, ``(out, in)``, read by an ONNX ``MatMul`` as ``(in, out)``).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: Layout
+    kind: str  # "input" (data), "parameter" or "constant"
+    transposed: bool = False
+    consumers: tuple[str, ...] = ()  # the ops reading it (embedding, matmul, linear...)
+
+    def own_layout(self) -> Layout:
+        """The layout in the model's own dims (the two dims swapped for a ``transposed`` weight)."""
+        if not self.transposed:
+            return self.layout
+        swapped = []
+        for p in self.layout.placements:
+            if isinstance(p, Shard):
+                p = Shard(1 - p.dim)
+            elif isinstance(p, StridedShard):
+                p = StridedShard(1 - p.dim, p.split_factor)
+            swapped.append(p)
+        return Layout(self.layout.mesh, swapped, self.layout.ndim)
+
+    @property
+    def own_shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.shape)) if self.transposed else self.shape
+
+
+@dataclass(frozen=True)
+class ExportNode:
+    """An op node of the resharded graph: the layouts it receives and makes (MindSpore's strategies)."""
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    in_layouts: tuple[Layout | None, ...]
+    out_layouts: tuple[Layout | None, ...]
+
+
+@dataclass
+class ExportPlan:
+    """The checked layouts of one graph, ready to be written for a target (see the module docstring)."""
+
+    mesh: DeviceMesh
+    source: str
+    inputs: dict[str, ExportTensor] = field(default_factory=dict)
+    parameters: dict[str, ExportTensor] = field(default_factory=dict)
+    outputs: dict[str, Layout] = field(default_factory=dict)
+    nodes: list[ExportNode] = field(default_factory=list)
+    model: bool = False  # imported from a model file (names are the model's own)
+
+    def tensors(self) -> dict[str, ExportTensor]:
+        return {**self.inputs, **self.parameters}
+
+
+def _value_spec(graph: Graph, value: str):
+    node, index = graph.producer(value)
+    specs = node.meta.get(meta.SPECS) or ()
+    return specs[index] if index < len(specs) else None
+
+
+def _stored_transposed(graph: Graph, name: str, shape: tuple[int, ...]) -> bool:
+    """Whether an imported parameter is a torch ``Linear`` weight the ONNX exporter folded as ``(in, out)``.
+
+    That is a 2-D ``*.weight`` read only as the right operand of an untransposed ``matmul``.
+    """
+    if len(shape) != 2 or not name.endswith(".weight"):
+        return False
+    uses = graph.consumers(name)
+    return bool(uses) and all(node.op == "matmul" and index == 1 and not node.attrs.get("transpose_b")
+                              for node, index in uses)
+
+
+def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
+            nodes: bool = False) -> ExportPlan:
+    """Gather what an export writes from ``graph`` and ``done``, the graph analysed as ``check --reshard``
+    does (``layout_prop.api.analyze(graph, reshard=True).graph``).
+
+    ``data_inputs`` names the graph inputs that are the model's inputs (passed in by the
+    training script); ``None`` takes them from an imported model (every graph input that is no
+    weight of the file: ``graph.meta["import_sources"]``), and for a spec means none. An unknown
+    name is ``unknown-input``.  ``nodes`` also gathers every op node's received layouts.
+    """
+    sources = graph.meta.get("import_sources")
+    model = sources is not None
+    names = [n.name for n in graph.inputs()]
+    if data_inputs is None:
+        data = [n for n in names if model and n not in sources]
+    else:
+        data = list(data_inputs)
+        for name in data:
+            if name not in names:
+                raise SpecError("unknown-input", f"{name!r} is not a graph input", path="--input",
+                                hint=f"graph inputs: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+    plan = ExportPlan(mesh=graph.mesh, source=source, model=model)
+    for node in done.inputs():
+        if node.name.startswith("cotangent/"):
+            continue
+        spec = node.meta[meta.SPECS][0]
+        requires_grad = node.attrs.get("requires_grad", True)
+        kind = "input" if node.name in data else "parameter" if requires_grad or not model else "constant"
+        transposed = model and kind == "parameter" and _stored_transposed(graph, node.name, tuple(spec.shape))
+        consumers = tuple(sorted({n.op for n, _ in graph.consumers(node.name)}))
+        tensor = ExportTensor(node.name, tuple(spec.shape), spec.dtype, spec.layout, kind, transposed, consumers)
+        (plan.inputs if kind == "input" else plan.parameters)[node.name] = tensor
+    for value in done.outputs:
+        spec = _value_spec(done, value)
+        if spec is not None:
+            plan.outputs[value] = spec.layout
+    if nodes:
+        for node in done.topo_order():
+            if node.is_input or node.meta.get(meta.INSERTED_BY):
+                continue
+            ins = tuple(getattr(_value_spec(done, v), "layout", None) for v in node.inputs)
+            outs = tuple(getattr(s, "layout", None) for s in node.meta.get(meta.SPECS) or ())
+            plan.nodes.append(ExportNode(node.name, node.op, tuple(node.inputs), ins, outs))
+    return plan
+
+
+# --------------------------------------------------------------------------- plan as data
+def _flow(items: Sequence[str]) -> str:
+    """A YAML flow list; an item holding a comma (``_S(0,3)``) or a space is quoted."""
+    return "[" + ", ".join(json.dumps(i) if ("," in i or " " in i) else i for i in items) + "]"
+
+
+def _key(name: str) -> str:
+    """A YAML key for ``name`` (quoted when YAML would read it otherwise)."""
+    return json.dumps(name) if not name.replace(".", "").replace("_", "").replace("/", "").isalnum() else name
+
+
+def plan_data(plan: ExportPlan) -> dict:
+    """The sharding-plan file of ``plan``: ``mesh``, ``inputs`` (placements), ``parameters`` (exact names)."""
+    return {
+        "mesh": {"shape": list(plan.mesh.shape), "names": list(plan.mesh.names)},
+        "inputs": {name: {"placements": t.layout.placement_strs()} for name, t in plan.inputs.items()},
+        "parameters": {glob.escape(name): t.layout.placement_strs() for name, t in plan.parameters.items()},
+    }
+
+
+def format_data(plan: ExportPlan, fmt: str) -> str:
+    """:func:`plan_data` as YAML (with the predicted outputs in a comment) or JSON text."""
+    data = plan_data(plan)
+    if fmt == "json":
+        return json.dumps(data, indent=1) + "\n"
+    outs = "; ".join(f"{name}: {_flow(layout.placement_strs())}" for name, layout in plan.outputs.items())
+    lines = [f"# layout-prop export: {len(plan.inputs)} input(s), {len(plan.parameters)} parameter(s); "
+             f"layout-prop predicts the outputs: {outs or 'none'}",
+             f"mesh: {{shape: {_flow(map(str, plan.mesh.shape))}, names: {_flow(plan.mesh.names)}}}"]
+    lines.append("inputs:" if data["inputs"] else "inputs: {}")
+    for name, entry in data["inputs"].items():
+        lines.append(f"  {_key(name)}: {{placements: {_flow(entry['placements'])}}}")
+    lines.append("parameters:" if data["parameters"] else "parameters: {}")
+    for name, placements in data["parameters"].items():
+        lines.append(f"  {_key(name)}: {_flow(placements)}")
+    return "\n".join(lines) + "\n"
+
+
+def placement_args(layout: Layout) -> list[tuple[str, object]]:
+    """Each mesh axis's placement as ``(kind, arg)``: ``("R", None)``, ``("S", dim)``, ``("P", op)``, ``("_S", ...)``."""
+    out = []
+    for p in layout.placements:
+        if isinstance(p, Replicate):
+            out.append(("R", None))
+        elif isinstance(p, Shard):
+            out.append(("S", p.dim))
+        elif isinstance(p, Partial):
+            out.append(("P", p.reduce_op))
+        else:
+            out.append(("_S", (p.dim, p.split_factor)))
+    return out

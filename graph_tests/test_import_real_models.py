@@ -536,3 +536,86 @@ def test_two_patterns_pinning_one_module_output_differently_are_exit_2(tmp_path,
     plan = plan_path(tmp_path, dict(TP, constraints={"model.layers.7.self_attn": ["R"]}))
     err = one_line_error(capsys, ["check", str(MODELS / "llama.onnx"), "--plan", str(plan)], "unmatched-constraint")
     assert "no module's output" in err
+
+
+# ------------------------------------------------------- every fixture on the command line, on its own weights
+MEGATRON_PHI3 = {"*.self_attn.qkv_proj.weight": "colwise_fused(3)", "*.self_attn.o_proj.weight": "rowwise",
+                 "*.mlp.gate_up_proj.weight": "colwise_fused(2)", "*.mlp.down_proj.weight": "rowwise", "*": "R"}
+MEGATRON_GPT2 = {"*.attn.c_attn.weight": "colwise_fused(3)", "*.attn.c_proj.weight": "rowwise",
+                 "*.mlp.c_fc.weight": "colwise", "*.mlp.c_proj.weight": "rowwise", "*": "R"}
+#: FIXTURE_PLANS with Megatron's fused projections column-parallel, and the TorchScript exports' embedding
+#: tables (the only weights that exporter names as torch does) cut by rows
+CLI_PLANS = dict(FIXTURE_PLANS, phi3=MEGATRON_PHI3, gpt2=MEGATRON_GPT2,
+                 bert_torchscript={"*.word_embeddings.weight": "vocab", "*": "R"},
+                 t5_torchscript={"inner.shared.weight": "vocab", "*": "R"})
+FIXTURES = ["llama", "qwen2", "mistral", "gemma", "phi3", "gpt2", "bert", "bert_torchscript", "t5_torchscript"]
+
+
+def test_every_fixture_is_in_the_test():
+    assert sorted(FIXTURES) == sorted(p.stem for p in MODELS.glob("*.npz"))
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_a_fixture_imports_checks_and_runs_on_the_command_line_as_torch_computed(name, tmp_path, capsys):
+    """With a plan in torch's names: ``import``, ``check --reshard``, ``run --inputs --backward`` on the
+    committed token ids and the model's own weights (matching one device forward and backward), and the
+    sharded forward, assembled from the ranks, equal to the output torch computed (the committed .npz)."""
+    from argparse import Namespace
+
+    from layout_prop.commands.run import load_with_weights
+    from layout_prop.engines.collectives import assemble
+    from layout_prop.engines.simulator import Simulator
+    from layout_prop.passes.lower import Lower
+    from layout_prop.runner import check_given_inputs
+
+    model = str(MODELS / f"{name}.onnx")
+    reference = np.load(MODELS / f"{name}.npz")
+    ids = {k: reference[k] for k in reference.files if k.endswith("input_ids")}
+    (output,) = [k for k in reference.files if k not in ids]
+    np.savez(tmp_path / "ids.npz", **ids)
+    plan = plan_path(tmp_path, dict(TP, parameters=CLI_PLANS[name]))
+    assert main(["import", model, "--plan", str(plan), "-o", str(tmp_path / "spec.yaml")]) == 0
+    assert main(["check", model, "--plan", str(plan), "--reshard", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["violations"] == []
+    sharded = [t for t, r in report["tensors"].items() if ".weight" in t and not t.startswith("grad")
+               and r["placements"] != ["R"]]
+    assert sharded, "the plan shards no weight"
+    assert main(["run", model, "--plan", str(plan), "--inputs", str(tmp_path / "ids.npz"), "--backward",
+                 "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["ok"] and run["grads"] and sorted(run["inputs"]["file"]) == sorted(ids), run["inputs"]
+    assert run["inputs"]["random"] == [] and len(run["inputs"]["model"]) >= len(sharded)
+
+    graph, weights, unread = load_with_weights(Namespace(spec=model, plan=str(plan), opaque=False))
+    assert unread == []
+    g = analyze(graph, reshard=True).graph
+    value = g.outputs[0]  # the model's first output (BERT's last_hidden_state; its pooler output is second)
+    inputs = check_given_inputs(g, {**weights, **ids})
+    local = Simulator().execute(Lower().run(g).program, inputs, np.random.default_rng(0), wanted=[value])
+    node, index = g.producer(value)
+    got = assemble(local[value], node.meta["specs"][index])
+    np.testing.assert_allclose(got, reference[output], rtol=1e-4, atol=1e-5)
+
+
+def test_phi3s_fused_projections_stay_column_parallel_under_megatrons_plan(tmp_path, capsys):
+    """Phi-3's qkv_proj (cut into q, k and v by Slices) and gate_up_proj: with colwise_fused(3) and (2) every
+    block is cut column-wise, so the forward and the backward move no weight and gather nothing: the only
+    communication is Megatron's all-reduce of the row-parallel sums (2 a layer forward, 2 backward).  The
+    sharded run --backward of this plan is in the test above."""
+    plan = plan_path(tmp_path, dict(TP, parameters=MEGATRON_PHI3))
+    assert main(["check", str(MODELS / "phi3.onnx"), "--plan", str(plan), "--backward", "--reshard", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    tensors = report["tensors"]
+    for layer in (0, 1):
+        for weight, placement in (("self_attn.qkv_proj", "_S(1,3)"), ("mlp.gate_up_proj", "_S(1,2)")):
+            name = f"model.layers.{layer}.{weight}.weight"
+            assert tensors[name]["placements"] == tensors[f"grad:{name}"]["placements"] == [placement]
+    steps = [(r["input"], s["kind"]) for r in report["redistributions"] for s in r["steps"]]
+    assert [kind for _, kind in steps if kind not in ("local-partial",)] == ["all-reduce"] * 8, steps
+    assert not [v for v, _ in steps if ".weight" in v]
+    plan = plan_path(tmp_path, dict(TP, parameters=dict(MEGATRON_PHI3, **{
+        "*.self_attn.qkv_proj.weight": "colwise", "*.mlp.gate_up_proj.weight": "colwise"})), "plain.yaml")
+    assert main(["check", str(MODELS / "phi3.onnx"), "--plan", str(plan), "--reshard", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "all-gather" in {s["kind"] for r in plain["redistributions"] for s in r["steps"]}  # across the blocks

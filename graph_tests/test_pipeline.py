@@ -108,3 +108,59 @@ def test_permute_on_4_msrun_workers_matches_the_simulator(tmp_path):
             assert got[name][rank].dtype == want[name][rank].dtype
             assert np.array_equal(got[name][rank], want[name][rank]), (name, rank)
     assert not want["x_next"][0].any() and np.array_equal(want["x_next"][2], want["x"][0])
+
+
+# --------------------------------------------------------------------------- schedules
+from layout_prop.core.errors import SpecError  # noqa: E402
+from layout_prop.passes.schedule import (  # noqa: E402
+    Task, bubble_fraction, in_flight, schedule, simulate)
+
+
+@pytest.mark.parametrize("kind, p, m, v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 4, 3, 1),
+                                           ("1f1b", 2, 5, 1), ("interleaved", 4, 8, 2),
+                                           ("interleaved", 4, 4, 2), ("interleaved", 2, 6, 3)])
+def test_schedules_run_every_task_once_and_their_bubble_is_the_papers(kind, p, m, v):
+    orders = schedule(kind, p, m, v)
+    for s, order in enumerate(orders):  # stage s: both phases of every micro-batch of each of its v chunks
+        chunks = [s + j * p for j in range(v)]
+        assert sorted(order) == sorted(Task(k, c, ph) for k in range(m) for c in chunks for ph in "FB")
+    # Narayanan et al. SC'21: bubble time fraction (p - 1) / m, interleaved (p - 1) / (v m), by hand:
+    want = {("gpipe", 4, 8): 3 / 8, ("1f1b", 4, 8): 3 / 8, ("1f1b", 4, 3): 3 / 3, ("1f1b", 2, 5): 1 / 5,
+            ("interleaved", 4, 8): 3 / 16, ("interleaved", 4, 4): 3 / 8, ("interleaved", 2, 6): 1 / 18}[kind, p, m]
+    assert bubble_fraction(kind, p, m, v) == pytest.approx(want)
+    timeline = simulate(orders, p, v, t_forward=1.0, t_backward=2.0)  # timed with dependencies: the same
+    assert timeline.bubble == pytest.approx(want)
+    assert timeline.ideal == pytest.approx(3.0 * m)
+
+
+def test_activations_in_flight_per_stage():
+    # GPipe keeps all m; 1F1B min(p - s, m); interleaved 2 (p - s - 1) + (v - 1) p + 1 chunk-activations,
+    # on stage 0 p + (p - 1) / v stages' worth (Korthikanti et al. 2022): 4 + 3/2 = 5.5 for p=4, v=2
+    assert in_flight(schedule("gpipe", 4, 8)) == [8, 8, 8, 8]
+    assert in_flight(schedule("1f1b", 4, 8)) == [4, 3, 2, 1]
+    assert in_flight(schedule("1f1b", 4, 2)) == [2, 2, 2, 1]
+    peaks = in_flight(schedule("interleaved", 4, 8, 2))
+    assert peaks == [2 * (4 - s - 1) + 1 * 4 + 1 for s in range(4)] == [11, 9, 7, 5]
+    assert peaks[0] / 2 == 4 + 3 / 2
+
+
+def test_1f1b_order_on_the_last_and_first_stage():
+    orders = schedule("1f1b", 3, 4)
+    assert [str(t) for t in orders[2]] == ["F0.2", "B0.2", "F1.2", "B1.2", "F2.2", "B2.2", "F3.2", "B3.2"]
+    assert [str(t) for t in orders[0]] == ["F0.0", "F1.0", "F2.0", "B0.0", "F3.0", "B1.0", "B2.0", "B3.0"]
+
+
+@pytest.mark.parametrize("args, match", [(("zigzag", 2, 4), "unknown pipeline schedule"),
+                                         (("interleaved", 4, 6, 2), "multiple of the 4 stages"),
+                                         (("1f1b", 2, 4, 2), "needs schedule interleaved"),
+                                         (("gpipe", 2, 0), "positive integer")])
+def test_impossible_schedules_are_typed_errors(args, match):
+    with pytest.raises(SpecError, match=match) as info:
+        schedule(*args)
+    assert info.value.code == "bad-pipeline"
+
+
+def test_a_deadlocking_order_is_refused():
+    orders = [[Task(0, 0, "B"), Task(0, 0, "F")], [Task(0, 1, "F"), Task(0, 1, "B")]]
+    with pytest.raises(SpecError, match="deadlocks"):
+        simulate(orders, 2)

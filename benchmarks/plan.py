@@ -14,8 +14,15 @@ cold start of the redistribution caches each time,
 with move costs remembered across edges (the planner's default) and without (each edge
 alone, as before), and prints the two construction times (candidates and edge costs, the
 ILP left out) and the distinct moves priced.
+With ``--seven-b`` it instead times the intra-op plan of 7B-class layers (hidden 4096, 32 heads, ffn
+11008, sequence 4096, batch 8, float16; ``--layers`` of them, the input ``S(0)`` on dp, every weight
+``auto``) on 64 ranks (dp=8 x tp=8; issue #31 item 5a's case, whose target is 5 s): per phase (the
+candidate strategies with their gradients, the edge costs, the ILP), with the move cache off (each edge
+alone, as before #30) and on, from a cold start of the redistribution caches each time, and the whole
+``plan`` command (:func:`~layout_prop.commands.plan.plan_spec`: the baseline's measurement, the solve,
+the realised plan's measurement), all in the same run.
 Run: ``python benchmarks/plan.py [--layers 1 8 32] [--memory-per-rank BYTES] [--mesh dp=2,sp=2,tp=2]
-[--compare-cache]``.
+[--compare-cache] [--seven-b]``.
 """
 
 from __future__ import annotations
@@ -64,6 +71,50 @@ def compare_cache(layers_list, mesh) -> None:
         print(f"| {layers} | {cached:.1f} | {uncached:.1f} | {uncached / cached:.2f} | {moves} |", flush=True)
 
 
+SEVEN_B = dict(batch=8, seq=4096, hidden=4096, heads=32, ffn=11008, dtype="float16")
+SEVEN_B_MESH = (("dp", 8), ("sp", 1), ("tp", 8))
+
+
+def seven_b_spec(layers: int) -> dict:
+    spec = llama_spec(layers, SEVEN_B_MESH, **SEVEN_B)
+    for name, inp in spec["inputs"].items():
+        inp["placements"] = ["S(0)", "R", "R"] if name == "x" else "auto"
+    return spec
+
+
+def seven_b(layers_list) -> None:
+    """The 7B-class table (module docstring)."""
+    from layout_prop.commands.plan import plan_spec
+
+    print("7B-class layers (hidden 4096, ffn 11008, seq 4096, batch 8, fp16) on dp=8 x tp=8, every weight auto")
+    print("| layers | move cache | candidates (s) | edge costs (s) | ILP (s) | solve (s) | distinct moves "
+          "| whole plan command (s) | plan bytes/step |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    build_seconds(1, MESH, True)  # warm-up (imports)
+    for layers in layers_list:
+        for cache in (False, True):
+            clear_caches()
+            graph = load_spec(seven_b_spec(layers))
+            start = time.perf_counter()
+            problem = Problem(graph, True, "bytes", None, cap=default_cap(graph.mesh), cache_moves=cache)
+            built = time.perf_counter()
+            problem._program()
+            edges = time.perf_counter()
+            solution = solve(graph, problem=problem)
+            end = time.perf_counter()
+            whole, planned = "-", "-"
+            if cache:
+                clear_caches()
+                begin = time.perf_counter()
+                report = plan_spec(load_spec(seven_b_spec(layers)))
+                whole = f"{time.perf_counter() - begin:.1f}"
+                planned = str(report.plan["bytes_per_step"])
+            moves = len(problem._move_cache) if cache else "-"
+            print(f"| {layers} | {'on' if cache else 'off'} | {built - start:.1f} | {edges - built:.1f} | "
+                  f"{end - edges:.1f} | {end - start:.1f} | {moves} | {whole} | {planned} |", flush=True)
+            assert solution.layouts  # (the solve found a plan)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 8, 32])
@@ -71,7 +122,13 @@ def main() -> None:
     parser.add_argument("--mesh", type=_mesh, default=MESH, help="axes and sizes, like dp=2,sp=2,tp=2")
     parser.add_argument("--compare-cache", action="store_true",
                         help="first time the problem's construction with and without the move cache")
+    parser.add_argument("--seven-b", action="store_true",
+                        help="time the plan of 7B-class layers on dp=8 x tp=8 instead (--layers of them; 1 4 by "
+                             "default)")
     args = parser.parse_args()
+    if args.seven_b:
+        seven_b(args.layers if args.layers != [1, 8, 32] else [1, 4])
+        return
     mesh = args.mesh
     print(f"mesh {' x '.join(f'{n}={s}' for n, s in mesh)}; memory limit per rank: {args.memory_per_rank}")
     if args.compare_cache:

@@ -252,8 +252,8 @@ def _fresh(base: str, taken) -> str:
 
 
 def _is_backward(graph: Graph, node: Node) -> bool:
-    if node.meta.get(meta.INSERTED_BY) == "backward" or node.name.startswith("grad/"):
-        return True
+    if node.meta.get(meta.INSERTED_BY) in ("backward", "recompute") or node.name.startswith("grad/"):
+        return True  # (a recomputed forward node runs in the backward)
     if node.op == "redistribute":
         consumer = node.meta.get("for", (None,))[0]
         return consumer is not None and consumer in graph and _is_backward(graph, graph.node(consumer))

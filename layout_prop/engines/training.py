@@ -40,7 +40,7 @@ from layout_prop.core.spec import TensorSpec
 from .collectives import apply_plan, assemble, scatter_global
 from .simulator import Simulator, call_kernel
 
-__all__ = ["SGD", "AdamW", "TrainingReport", "training_step", "execute_global_graph"]
+__all__ = ["SGD", "AdamW", "TrainingReport", "training_step", "execute_global_graph", "compare_outputs"]
 
 
 @dataclass
@@ -115,6 +115,24 @@ def execute_global_graph(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[st
         else:
             env.update((v, np.asarray(r)) for v, r in zip(node.outputs, res))
     return env
+
+
+def compare_outputs(graph: Graph, program, inputs: dict[str, np.ndarray], rtol: float = 1e-5) -> dict[str, float]:
+    """Every output of ``graph`` (its gradients too, when analysed with backward) executed on the
+    simulator from ``program`` and assembled, against one device: output -> relative error
+    (the largest difference over the reference's largest magnitude); raises ``ExecutionError``
+    ``mismatch`` past ``rtol``."""
+    local = Simulator().execute(program, inputs, wanted=list(graph.outputs))
+    reference = execute_global_graph(graph, inputs)
+    errors = {}
+    for value in graph.outputs:
+        node, index = graph.producer(value)
+        errors[value] = _errors(assemble(local[value], node.meta[meta.SPECS][index]), reference[value])["max_rel_err"]
+    worst = max(errors, key=errors.get, default=None)
+    if worst is not None and errors[worst] > rtol:
+        raise ExecutionError("mismatch", f"{worst}: relative error {errors[worst]:.3g} > {rtol:g} against one device",
+                             hint="a pass changed a value: compare the graph before and after it")
+    return errors
 
 
 def _errors(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:

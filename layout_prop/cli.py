@@ -348,6 +348,16 @@ def _add_plan_parser(sub) -> None:
     p.add_argument("-o", "--output", type=Path, help="write the planned spec here (.yaml or .json)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_model_args(p)  # a model with its sharding plan (parameters: auto for the ones to choose)
+    # plan --search: the whole parallel configuration (layout_prop/commands/search.py)
+    p.add_argument("--search", action="store_true", help="search dp, tp, cp, ep, pp, ZeRO, recomputation, schedule "
+                   "and micro-batch, ranked by predicted step time (needs --cluster, --devices, --global-batch)")
+    p.add_argument("--devices", metavar="N", type=_positive_int, help="with --search: the devices to use")
+    p.add_argument("--global-batch", metavar="B", type=_positive_int, help="with --search: sequences a step")
+    p.add_argument("--top", metavar="K", type=_positive_int, default=5, help="with --search: candidates shown (5)")
+    p.add_argument("--plan-out", metavar="FILE", type=Path, help="with --search: write the best as a sharding plan")
+    p.add_argument("--axis-order", metavar="AXES", help="with --search: mesh axes outermost first, the last filling "
+                   "a node first (default pp,dp,ep,cp,tp)")
+    p.add_argument("--axes", metavar="AXIS=N,...", help="with --search: degrees kept fixed, like tp=8,pp=8")
 
 
 def _non_negative_int(text: str) -> int:

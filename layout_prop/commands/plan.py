@@ -436,6 +436,10 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
 
 # --------------------------------------------------------------------------- command line
 def run(args) -> int:
+    if getattr(args, "search", False):  # the whole parallel configuration: commands/search.py
+        from .search import run as run_search
+
+        return run_search(args)
     from .model_input import load_graph
     from layout_prop.io.loader import load_spec
     from layout_prop.core.dependencies import require

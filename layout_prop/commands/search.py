@@ -1,0 +1,183 @@
+"""``layout-prop plan MODEL --search``: the whole parallel configuration ranked by predicted step time.
+
+The search is :func:`layout_prop.planner.search.search`; this module reads the model, checks
+the request, shows progress, prints the top candidates and writes the best as a spec
+(``-o``) and a sharding plan file (``--plan-out``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from layout_prop.core.errors import SpecError
+
+__all__ = ["run", "format_result", "best_spec", "plan_file_text", "generator_spec", "analysed", "load_model_shape",
+           "run_search"]
+
+
+def generator_spec(model, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1) -> dict:
+    """``gen gpt|llama|moe``'s spec of ``model`` (a :class:`~layout_prop.planner.search.ModelShape`) with ``layers``
+    layers on the mesh (dp, sp = cp, tp), or (dp, ep, tp) for MoE, ``micro_batch`` sequences a data rank."""
+    from layout_prop.frontends import generate as gen
+
+    common = dict(seq=model.seq, hidden=model.hidden, heads=model.heads, ffn=model.ffn, dtype=model.dtype)
+    if model.family == "moe":
+        return gen.moe_spec(layers, (("dp", dp), ("ep", ep), ("tp", tp)), batch=micro_batch * dp * ep,
+                            experts=model.experts, top_k=model.top_k, shared_experts=model.shared_experts,
+                            router=model.router, kv_heads=model.kv_heads, full=model.full, vocab=model.vocab,
+                            tie_embeddings=model.tie, **common)
+    mesh = (("dp", dp), ("sp", cp), ("tp", tp))
+    if model.family == "gpt":
+        return gen.gpt_spec(layers, mesh, batch=micro_batch * dp, vocab=model.vocab, **common)
+    return gen.llama_spec(layers, mesh, batch=micro_batch * dp, kv_heads=model.kv_heads, full=model.full,
+                          vocab=model.vocab, tie_embeddings=model.tie, **common)
+
+
+def analysed(spec: dict):
+    """The spec's graph analysed with its backward and resharded (what the step model reads)."""
+    from layout_prop.api import analyze
+    from layout_prop.io.loader import load_spec
+
+    analysis = analyze(load_spec(spec), reshard=True, backward=True)
+    if not analysis.ok:
+        raise SpecError("search-layer", f"a one-stage graph of the search does not check: "
+                        f"{analysis.check.violations[0]}", hint="report this: the generator's layouts should check")
+    return analysis.graph
+
+
+def load_model_shape(graph):
+    """The search's model of ``graph`` (its layers recognised), its one-stage specs written by ``gen``."""
+    from dataclasses import replace
+
+    from layout_prop.planner.search import recognise
+
+    return replace(recognise(graph), builder=generator_spec)
+
+
+def run_search(model, cluster, devices: int, global_batch: int, **kwargs):
+    """:func:`layout_prop.planner.search.search` with the command's analysis (for benchmarks and tests)."""
+    from layout_prop.planner.search import search
+
+    return search(model, cluster, devices, global_batch, analysed, **kwargs)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+def run(args) -> int:
+    from layout_prop.io.progress import Progress
+    from layout_prop.perf.clusters import get_cluster
+    from layout_prop.planner.search import InfeasibleSearch, parse_axes, parse_axis_order
+    from .model_input import load_graph
+    from .plan import parse_bytes
+
+    if args.cluster is None:
+        raise SpecError("bad-usage", "plan --search needs --cluster", hint="give --cluster a100-80g, h100-80g, "
+                        "ascend-910b or a cluster YAML file")
+    if args.devices is None or args.global_batch is None:
+        raise SpecError("bad-usage", "plan --search needs --devices and --global-batch",
+                        hint="give --devices N (the whole cluster's) and --global-batch B (sequences a step)")
+    cluster = get_cluster(args.cluster)
+    limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
+    order = parse_axis_order(args.axis_order)
+    fixed = parse_axes(args.axes)
+    for path in (args.output, args.plan_out):
+        if path is not None:
+            from layout_prop.io.output import check_output
+
+            check_output(path)
+    model = load_model_shape(load_graph(args))
+    progress = Progress(0, "plan --search: layers evaluated")
+    try:
+        result = run_search(model, cluster, args.devices, args.global_batch, memory_limit=limit, fixed=fixed,
+                            order=order, progress=progress)
+    except InfeasibleSearch as err:
+        if args.json:
+            print(json.dumps({"ok": False, "error": err.code, "message": err.message, "memory_limit": err.limit,
+                              "least_memory_per_rank": int(err.least), "least_memory_config": err.config.to_dict()},
+                             indent=1))
+            return 2
+        raise
+    finally:
+        progress.close()
+    written = []
+    if args.output is not None:
+        _write(args.output, best_spec(result))
+        written.append(str(args.output))
+    if args.plan_out is not None:
+        from layout_prop.io.output import write_output
+
+        write_output(args.plan_out, plan_file_text(result))
+        written.append(str(args.plan_out))
+    if args.json:
+        print(json.dumps({"ok": True, "model": result.model.describe(), "cluster": result.cluster,
+                          "devices": result.devices, "global_batch": result.global_batch,
+                          "memory_limit": result.memory_limit, "candidates": result.candidates,
+                          "feasible": len(result.ranked), "layer_evaluations": result.layer_evaluations,
+                          "seconds": round(result.seconds, 3), "why": result.why(),
+                          "top": [c.to_dict() for c in result.ranked[:args.top]], "written": written,
+                          "notes": result.notes + _notes(result)}, indent=1))
+    else:
+        print(format_result(result, args.top))
+        for path in written:
+            print(f"wrote {path}")
+    return 0
+
+
+def _notes(result) -> list[str]:
+    best = result.ranked[0].config
+    notes = []
+    if best.pp > 1:
+        notes.append(f"the spec has no pipeline axis: -o writes the model on one stage's mesh without pp "
+                     f"({best.pp} stages); the plan file records the stages, schedule, ZeRO stage and recomputation")
+    return notes
+
+
+def format_result(result, top: int) -> str:
+    """The top candidates as a table, the reason the first wins, and the search's size and time."""
+    lines = [f"plan --search: {result.model.describe()} on {result.devices:,} devices of {result.cluster}, "
+             f"global batch {result.global_batch:,}, memory limit {_gib(result.memory_limit)} per rank",
+             f"{result.candidates:,} candidates, {len(result.ranked):,} fit; {result.layer_evaluations} one-layer "
+             f"estimates; {result.seconds:.1f} s",
+             f"{'#':>3} {'step':>11} {'MFU':>6} {'TFLOP/s':>8} {'memory':>11}  configuration"]
+    for i, cand in enumerate(result.ranked[:top], 1):
+        lines.append(f"{i:>3} {cand.step_time_s * 1e3:>8,.1f} ms {cand.mfu:>6.1%} {cand.tflops_per_device:>8.1f} "
+                     f"{_gib(cand.memory_bytes):>11}  {cand.config.label()}")
+    lines.append(f"why: {result.why()}")
+    lines += [f"note: {n}" for n in result.notes + _notes(result)]
+    return "\n".join(lines)
+
+
+def best_spec(result) -> dict:
+    """The best configuration's spec: the model on one pipeline stage's mesh (dp, cp or ep, tp), all its layers."""
+    c = result.ranked[0].config
+    return result.model.spec(result.model.layers, c.tp, c.cp, c.ep, c.dp, c.micro_batch)
+
+
+def plan_file_text(result) -> str:
+    """The best configuration as a sharding plan (the mesh and every parameter's placements), the configuration
+    itself in the header comments (a plan file has no key for it)."""
+    import yaml
+
+    spec = best_spec(result)
+    best = result.ranked[0]
+    params = {name: entry["placements"] for name, entry in spec["inputs"].items()
+              if entry.get("requires_grad", True) and entry.get("dtype") not in ("int64", "int32")}
+    header = [f"# layout-prop plan --search: the best of {result.candidates:,} candidates on {result.devices:,} "
+              f"devices of {result.cluster}",
+              f"# configuration: {best.config.label()}",
+              f"# predicted step {best.step_time_s * 1e3:,.3f} ms, MFU {best.mfu:.1%}, memory per rank "
+              f"{int(best.memory_bytes):,} bytes",
+              "# " + json.dumps({"search": best.config.to_dict()})]
+    body = yaml.safe_dump({"mesh": spec["mesh"], "parameters": params}, sort_keys=False, default_flow_style=None)
+    return "\n".join(header) + "\n" + body
+
+
+def _write(path, spec: dict) -> None:
+    from layout_prop.io.loader import format_spec
+    from layout_prop.io.output import write_output
+
+    write_output(path, format_spec(spec, path))
+    print(f"wrote {path} ({len(spec['nodes'])} nodes)", file=sys.stderr)

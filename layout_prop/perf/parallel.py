@@ -1,0 +1,210 @@
+"""Analytic composition of a training step over pipeline, data and ZeRO parallelism.
+
+The configuration search (:mod:`layout_prop.planner.search`) prices one transformer layer
+with the step model (:func:`layout_prop.perf.step.estimate_step` on a one-layer graph
+sharded on the tensor, context and expert axes) and composes the whole step with the pure
+functions here, each from a published equation:
+
+- the pipeline bubble and step: Narayanan et al., "Efficient Large-Scale Language Model
+  Training on GPU Clusters Using Megatron-LM", SC'21 (arXiv:2104.04473), section 2.2:
+  bubble fraction ``(p - 1) / m`` for GPipe and 1F1B, ``(p - 1) / (v m)`` for the
+  interleaved schedule with ``v`` model chunks a device;
+- the activations a stage keeps in flight: GPipe all ``m`` micro-batches, 1F1B at most
+  ``p`` (Narayanan et al., section 2.2.1), interleaved ``p (1 + (p - 1) / (p v))``
+  micro-batches' worth (Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models", 2022, arXiv:2205.05198, section 4.2.3);
+- a transformer layer's activation bytes with tensor and sequence parallelism and
+  recomputation: Korthikanti et al., equations 1 to 5 and section 5
+  (:func:`activation_bytes_per_layer`);
+- ZeRO's model-state bytes per device and its communication volume: Rajbhandari et al.,
+  "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC'20
+  (arXiv:1910.02054), section 5 and figure 1 (``(2 + 2 + K) psi`` with ``K = 12`` for mixed
+  precision Adam; stages 1, 2, 3 divide the optimizer states, then the gradients, then the
+  parameters by ``N_d``) and section 7 (stages 1 and 2 move ``2 psi`` a step as data
+  parallelism does, stage 3 ``3 psi``);
+- point-to-point activation transfers between stages and the data-parallel gradient
+  synchronisation priced with the cluster's links (:mod:`layout_prop.perf.collectives`).
+
+Examples
+--------
+>>> bubble_fraction(8, 32, "1f1b"), bubble_fraction(8, 32, "interleaved", 4)
+(0.21875, 0.0546875)
+>>> zero_model_state_bytes(1_000, 0, 8), zero_model_state_bytes(1_000, 3, 8)
+(16000, 2000.0)
+"""
+
+from __future__ import annotations
+
+from .clusters import Cluster
+from .collectives import collective_time
+
+__all__ = ["SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "bubble_fraction", "pipeline_time", "inflight_microbatches",
+           "activation_bytes_per_layer", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
+           "grad_sync_time", "optimizer_state_bytes_per_param", "ceil_div"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE_MODES = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def bubble_fraction(p: int, m: int, schedule: str, v: int = 1) -> float:
+    """The pipeline bubble over the ideal time (Narayanan et al. SC'21, section 2.2).
+
+    ``(p - 1) / m`` for GPipe and 1F1B, ``(p - 1) / (v m)`` interleaved with ``v`` chunks a device.
+
+    >>> bubble_fraction(1, 4, "gpipe"), bubble_fraction(4, 12, "gpipe"), bubble_fraction(4, 12, "interleaved", 2)
+    (0.0, 0.25, 0.125)
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}")
+    chunks = v if schedule == "interleaved" else 1
+    return (p - 1) / (chunks * m)
+
+
+def pipeline_time(stage_s: float, p: int, m: int, schedule: str, v: int = 1) -> float:
+    """A step's forward and backward time through the pipeline: ``m t (1 + bubble)``.
+
+    ``stage_s`` is one micro-batch's forward and backward on the busiest stage (all its
+    layers); the ideal is ``m`` of them, and the bubble adds ``(p - 1)`` stage times
+    (``(p - 1) / v`` interleaved), the paper's ``(p - 1) (t_f + t_b)``.
+
+    >>> pipeline_time(1.0, 4, 8, "1f1b"), pipeline_time(1.0, 4, 8, "interleaved", 3)
+    (11.0, 9.0)
+    """
+    return m * stage_s * (1 + bubble_fraction(p, m, schedule, v))
+
+
+def inflight_microbatches(p: int, m: int, schedule: str, v: int = 1) -> float:
+    """Micro-batches' activations the first stage holds at its peak (its ``L / p`` layers each).
+
+    GPipe keeps all ``m`` (every forward before any backward); 1F1B at most ``p``
+    (Narayanan et al. SC'21, section 2.2.1); interleaved 1F1B ``p (1 + (p - 1) / (p v))``
+    (Korthikanti et al. 2022, section 4.2.3), at most ``m`` (a pipeline with fewer
+    micro-batches than stages holds them all).
+
+    >>> inflight_microbatches(8, 32, "gpipe"), inflight_microbatches(8, 32, "1f1b")
+    (32, 8)
+    >>> inflight_microbatches(8, 32, "interleaved", 2), inflight_microbatches(8, 4, "1f1b")
+    (11.5, 4)
+    """
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p, m)
+    return min(p * (1 + (p - 1) / (p * v)), m)
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = True,
+                               recompute: str = "none") -> float:
+    """Bytes of activations a transformer layer stores, 16-bit, with dropout (Korthikanti et al. 2022).
+
+    ``s`` sequence, ``b`` micro-batch, ``h`` hidden, ``a`` heads, ``t`` tensor-parallel degree:
+
+    - no recomputation, no parallelism: ``s b h (34 + 5 a s / h)`` (their equation 1);
+    - tensor parallel: ``s b h (10 + 24 / t + 5 a s / (h t))`` (equation 2);
+    - tensor and sequence parallel: ``s b h / t (34 + 5 a s / h)`` (equation 4);
+    - selective recomputation (the attention core) drops the ``5 a s / h`` term
+      (equations 5 and 6: ``34 s b h / t`` with sequence parallelism);
+    - full recomputation keeps the layer's input: ``2 s b h`` bytes, over ``t`` with
+      sequence parallelism (section 5).
+
+    >>> activation_bytes_per_layer(2048, 1, 12288, 96)  # GPT-3 175B, one sequence: 34 sbh + 5 a s^2 b
+    2868903936.0
+    >>> activation_bytes_per_layer(2048, 1, 12288, 96, t=8, recompute="selective")
+    106954752.0
+    """
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    attention = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sequence_parallel:
+        return s * b * h / t * (34 + attention)
+    return s * b * h * (10 + 24 / t + attention / t)
+
+
+def optimizer_state_bytes_per_param(itemsize: int) -> int:
+    """``K`` of ZeRO: Adam's momentum and variance in float32, and a float32 master copy of a lower-precision
+    parameter (``K = 12`` for 16-bit training, Rajbhandari et al. section 3.1; 8 for float32 training).
+
+    >>> optimizer_state_bytes_per_param(2), optimizer_state_bytes_per_param(4)
+    (12, 8)
+    """
+    return 8 + (4 if itemsize < 4 else 0)
+
+
+def zero_model_state_bytes(params: int, stage: int, dp: int, itemsize: int = 2) -> float:
+    """Bytes of parameters, gradients and optimizer states a device holds (Rajbhandari et al., figure 1).
+
+    With ``psi`` parameters of ``itemsize`` bytes (gradients the same) and ``K`` bytes of optimizer
+    state a parameter: stage 0 ``(2 + 2 + K) psi``, stage 1 ``(2 + 2) psi + K psi / N_d``,
+    stage 2 ``2 psi + (2 + K) psi / N_d``, stage 3 ``(2 + 2 + K) psi / N_d`` (for 16-bit items).
+
+    >>> psi = 7.5e9  # the paper's example: 7.5B parameters, N_d = 64
+    >>> [round(zero_model_state_bytes(psi, z, 64) / 1e9, 1) for z in range(4)]
+    [120.0, 31.4, 16.6, 1.9]
+    """
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"unknown ZeRO stage {stage!r}")
+    k = optimizer_state_bytes_per_param(itemsize)
+    weights, grads = itemsize * params, itemsize * params
+    optimizer = k * params
+    if stage >= 1:
+        optimizer /= dp
+    if stage >= 2:
+        grads /= dp
+    if stage >= 3:
+        weights /= dp
+    return weights + grads + optimizer
+
+
+def zero_communication_bytes(param_bytes: float, stage: int) -> float:
+    """Bytes a device moves a step for the data-parallel gradients and parameters (Rajbhandari et al., section 7).
+
+    Data parallelism and ZeRO stages 1 and 2 move ``2 psi`` (an all-reduce, or a
+    reduce-scatter and an all-gather); stage 3 ``3 psi`` (the parameters gathered for the
+    forward and again for the backward, the gradients reduce-scattered).
+
+    >>> zero_communication_bytes(100, 0), zero_communication_bytes(100, 2), zero_communication_bytes(100, 3)
+    (200, 200, 300)
+    """
+    return (3 if stage == 3 else 2) * param_bytes
+
+
+def p2p_time(nbytes: float, cluster: Cluster, across_nodes: bool) -> float:
+    """Seconds to send ``nbytes`` to the next pipeline stage: one link, its latency once.
+
+    >>> from layout_prop.perf.clusters import get_cluster
+    >>> round(p2p_time(25e6, get_cluster("a100-80g"), True) * 1e3, 3)  # 25 MB over 25 GB/s at 80%: ms
+    1.256
+    """
+    if nbytes <= 0:
+        return 0.0
+    link = cluster.inter if across_nodes else cluster.intra
+    return nbytes / (link.GBps * 1e9 * cluster.link_efficiency) + link.latency_us * 1e-6
+
+
+def grad_sync_time(grad_bytes: float, stage: int, mesh_shape: tuple[int, ...], axis: int, cluster: Cluster) -> float:
+    """Seconds of the data-parallel synchronisation of ``grad_bytes`` a device on mesh axis ``axis``.
+
+    Stage 0 all-reduces the gradients; stages 1 and 2 reduce-scatter them and all-gather
+    the updated parameters (the same bytes); stage 3 adds a second all-gather (the
+    parameters for the backward): :func:`zero_communication_bytes` in the collective
+    model's per-rank terms (an all-reduce sends ``2 (n - 1) / n`` of the buffer).
+    """
+    n = mesh_shape[axis]
+    if n <= 1 or grad_bytes <= 0:
+        return 0.0
+    share = (n - 1) / n * grad_bytes
+    if stage == 0:
+        return collective_time("all-reduce", 2 * share, mesh_shape, axis, cluster)
+    gathers = 2 if stage == 3 else 1
+    return (collective_time("reduce-scatter", share, mesh_shape, axis, cluster)
+            + gathers * collective_time("all-gather", share, mesh_shape, axis, cluster))
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive integers.
+
+    >>> ceil_div(61, 16)
+    4
+    """
+    return -(-a // b)

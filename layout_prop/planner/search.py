@@ -1,0 +1,618 @@
+"""The whole parallel configuration, searched and ranked by predicted step time (``plan --search``).
+
+A candidate is a factorisation of the devices over data (``dp``), tensor (``tp``), context
+(``cp``), expert (``ep``) and pipeline (``pp``) parallelism, with a ZeRO stage (0-3), a
+recomputation mode (none, selective, full), a pipeline schedule (GPipe, 1F1B, interleaved
+1F1B with ``v`` chunks a device) and a micro-batch size.
+
+How a candidate is priced (not one whole-graph estimate per candidate):
+
+1. The model's layers are recognised (:func:`recognise`): nodes named with a layer number
+   (``l3_q``, ``layers.3.attn``) are grouped by it, each group's ops and shapes with the
+   number taken out are its signature, and the model's family and sizes are read from its
+   weights (a ``gen gpt``, ``gen llama`` or ``gen moe`` spec).
+2. For each distinct (tp, cp, ep, micro-batch) the family's generator writes the model
+   with one and with two layers on the mesh of one pipeline stage of one data-parallel
+   replica, and :func:`layout_prop.perf.step.estimate_step` prices both (analysed with
+   the backward and resharded, Megatron-style layouts); their difference is one layer, the
+   rest is the embedding and the head.  Cached: a search evaluates each key once.
+3. :mod:`layout_prop.perf.parallel` composes the step: the busiest stage's layers, the
+   pipeline bubble of the schedule, the point-to-point transfers between stages, the
+   data-parallel gradient synchronisation overlapped with the backward and its ZeRO
+   variant, the optimizer, recomputation; and the memory per rank: the ZeRO model states
+   and the activations in flight.
+
+The mapping of mesh axes onto the cluster is the order of the axes, outermost first
+(:data:`DEFAULT_ORDER`: ``pp, dp, ep, cp, tp``): ranks are numbered row-major over that
+order, so the last axis varies fastest and fills a node first (tensor parallelism inside a
+node, then context or expert parallelism, data and pipeline parallelism across nodes when
+a node is full).  ``--axis-order`` changes it; the layer axes (``ep, cp, tp``, those the
+one-layer graph holds) stay innermost and in that order, so that the layer's collectives
+span the same links as in the whole mesh.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from layout_prop.core.errors import SpecError
+from layout_prop.core.graph import Graph
+from layout_prop.perf import parallel as par
+from layout_prop.perf.clusters import Cluster
+
+__all__ = ["ModelShape", "Config", "Candidate", "SearchResult", "LayerCost", "recognise", "search", "enumerate_configs",
+           "evaluate", "parse_axis_order", "parse_axes", "DEFAULT_ORDER", "InfeasibleSearch"]
+
+AXES = ("pp", "dp", "ep", "cp", "tp")
+DEFAULT_ORDER = AXES
+MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (2, 4)
+_LAYER_NUMBER = re.compile(r"^(.*?\D|)(\d+)(\D.*)$")
+
+
+class InfeasibleSearch(SpecError):
+    """No candidate fits the memory limit; ``least`` is the least memory per rank found and ``config`` its configuration."""
+
+    def __init__(self, message: str, least: float, config: "Config", limit: int):
+        super().__init__("memory-infeasible", message,
+                         hint="raise --memory-per-rank, add devices, or use a larger cluster profile")
+        self.least, self.config, self.limit = least, config, limit
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the search needs of a model: its family, its sizes and how many layers (and of how many shapes)."""
+
+    family: str  # gpt, llama, moe
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    seq: int
+    dtype: str
+    vocab: int = 64
+    kv_heads: int | None = None
+    full: bool = True
+    tie: bool = True
+    experts: int = 0
+    top_k: int = 0
+    shared_experts: int = 0
+    router: str = "softmax"
+    distinct_layers: int = 1
+    builder: Callable[..., dict] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def itemsize(self) -> int:
+        return {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}.get(self.dtype, 4)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """Whether the activations between blocks are split on the sequence by tp (Megatron's sequence parallelism)."""
+        return self.family in ("llama", "moe")
+
+    def spec(self, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1) -> dict:
+        """The spec of ``layers`` layers on the mesh (dp, cp or ep, tp) with ``micro_batch`` sequences a data rank,
+        written by ``builder(model, layers=, tp=, cp=, ep=, dp=, micro_batch=)`` (the planner does not import the
+        generators: ``layout_prop.commands.search.generator_spec`` is the ``gen`` one)."""
+        if self.builder is None:
+            raise SpecError("search-builder", f"no spec builder for the {self.family} model",
+                            hint="give ModelShape a builder (layout_prop.commands.search.generator_spec)")
+        return self.builder(self, layers=layers, tp=tp, cp=cp, ep=ep, dp=dp, micro_batch=micro_batch)
+
+    def describe(self) -> str:
+        text = (f"{self.family}, {self.layers} layers ({self.distinct_layers} distinct shape"
+                f"{'s' if self.distinct_layers != 1 else ''}), hidden {self.hidden}, heads {self.heads}, "
+                f"ffn {self.ffn}, seq {self.seq}, {self.dtype}")
+        if self.family == "moe":
+            text += f", {self.experts} experts top-{self.top_k}, {self.shared_experts} shared"
+        return text
+
+
+@dataclass(frozen=True)
+class Config:
+    """One candidate configuration (degrees, ZeRO stage, recomputation, schedule, micro-batch)."""
+
+    dp: int
+    tp: int
+    pp: int
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    v: int = 1
+    micro_batch: int = 1
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp * self.ep
+
+    def degree(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    def label(self) -> str:
+        sched = "-" if self.pp == 1 else (f"interleaved(v={self.v})" if self.schedule == "interleaved"
+                                          else self.schedule)
+        return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} zero={self.zero} "
+                f"recompute={self.recompute} schedule={sched} micro-batch={self.micro_batch}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "zero": self.zero,
+                "recompute": self.recompute, "schedule": self.schedule if self.pp > 1 else None,
+                "virtual_stages": self.v if self.schedule == "interleaved" else 1, "micro_batch": self.micro_batch}
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer and the rest (embedding, head, loss) on one stage's mesh, per micro-batch (seconds, bytes)."""
+
+    forward_s: float
+    backward_s: float
+    comm_s: float  # exposed forward and backward collectives
+    forward_comm_s: float
+    attention_core_s: float  # forward time of the ops on (seq x seq) values: what selective recomputation redoes
+    param_bytes: int  # this rank's local parameters
+    param_tensors: int  # how many (each gradient is synchronised by its own collective, as the step model prices it)
+    expert_param_bytes: int
+    activation_bytes: int
+    attention_core_bytes: int
+    input_bytes: int  # the layer's input on this rank (what full recomputation keeps)
+    flops: float  # forward and backward on every rank of the stage's mesh
+    ep_sync_s: float  # gradient synchronisation on the ep axis (dense parameters of the expert ranks)
+
+
+@dataclass
+class Candidate:
+    config: Config
+    step_time_s: float
+    memory_bytes: float
+    tflops_per_device: float
+    mfu: float
+    parts: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "label": self.config.label(), "step_time_s": self.step_time_s,
+                "memory_per_rank_bytes": int(self.memory_bytes), "tflops_per_device": self.tflops_per_device,
+                "mfu": self.mfu, "breakdown": self.parts}
+
+
+@dataclass
+class SearchResult:
+    model: ModelShape
+    cluster: str
+    devices: int
+    global_batch: int
+    memory_limit: int
+    ranked: list[Candidate]  # feasible, best first
+    candidates: int
+    layer_evaluations: int
+    seconds: float
+    least_memory: Candidate | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def why(self) -> str:
+        """One line on why the first candidate beats the second: the part of the step that differs most."""
+        if len(self.ranked) < 2:
+            return "only one candidate fits"
+        a, b = self.ranked[0], self.ranked[1]
+        if b.step_time_s - a.step_time_s <= 1e-12:
+            return (f"#1 and #2 ({b.config.label()}) tie on step time; #1 needs less memory "
+                    f"({a.memory_bytes / 2**30:,.2f} against {b.memory_bytes / 2**30:,.2f} GiB per rank)")
+        diffs = {k: b.parts.get(k, 0.0) - a.parts.get(k, 0.0) for k in set(a.parts) | set(b.parts)}
+        key = max(diffs, key=lambda k: diffs[k])
+        what = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
+                "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
+                "optimizer_s": "optimizer", "recompute_s": "recomputation"}.get(key, key)
+        return (f"#1 is {1e3 * (b.step_time_s - a.step_time_s):,.1f} ms faster than #2 ({b.config.label()}): "
+                f"its {what} is {1e3 * diffs[key]:,.1f} ms shorter")
+
+
+def _layer_groups(names: Iterable[str]) -> dict[str, dict[int, list[str]]]:
+    """Node names grouped by (pattern with the number taken out) -> number -> names."""
+    groups: dict[str, dict[int, list[str]]] = {}
+    for name in names:
+        m = _LAYER_NUMBER.match(name)
+        if m:
+            key = m.group(1) + "#"
+            groups.setdefault(key, {}).setdefault(int(m.group(2)), []).append(m.group(1) + "#" + m.group(3))
+    return groups
+
+
+def recognise(graph: Graph) -> ModelShape:
+    """The model's family, sizes and layers, read from a ``gen gpt|llama|moe`` spec's graph.
+
+    The layers are the groups of nodes whose names carry the same number after the same
+    prefix (the prefix with the most numbered groups); two layers are the same shape when
+    their ops, the names with the number taken out and the input shapes agree.
+    """
+    nodes = [n for n in graph.topo_order() if not n.is_input]
+    groups = _layer_groups(n.name for n in nodes)
+    if not groups:
+        raise SpecError("no-layers", "the model has no repeated layers the search can recognise (no node named "
+                        "with a layer number, like l0_q or layers.0.attn)",
+                        hint="plan --search takes gen gpt, gen llama or gen moe specs")
+    prefix = max(groups, key=lambda k: (len(groups[k]), sum(map(len, groups[k].values()))))
+    layers = groups[prefix]
+    shapes = {n.name: n for n in graph.topo_order()}
+
+    stem = re.compile(re.escape(prefix.rstrip("#")) + r"(\d+)(?=\D)")
+
+    def _operand(name: str, number: int) -> Any:
+        if name in shapes and shapes[name].is_input:
+            return tuple(shapes[name].attrs.get("shape", ()))
+        hit = stem.match(name)
+        if hit and int(hit.group(1)) == number:
+            return "#" + name[hit.end():]
+        return "<outside>"  # the previous layer's output, or the embedding's: the same to a layer
+
+    def signature(number: int) -> tuple:
+        sig = []
+        for name in sorted(layers[number]):
+            node = shapes.get(name.replace("#", str(number), 1))
+            if node is None:
+                continue
+            ins = tuple(_operand(i, number) for i in node.inputs)
+            sig.append((name, node.op, ins))
+        return tuple(sig)
+
+    distinct = len({signature(k) for k in layers})
+    inputs = {n.name: n.attrs for n in graph.inputs()}
+    p = prefix.rstrip("#") + str(min(layers))
+
+    def dims(name: str) -> list[int] | None:
+        a = inputs.get(p + "_" + name)
+        return list(a["shape"]) if a else None
+
+    def heads_of(proj: str) -> int | None:
+        node = shapes.get(p + "_" + proj + "_heads")
+        return int(node.attrs["shape"][2]) if node is not None and node.op == "reshape" else None
+
+    seq = None
+    for name in ("tokens", "x"):
+        if name in inputs:
+            seq = int(inputs[name]["shape"][1])
+    if dims("e_gate"):
+        family, ffn = "moe", dims("e_gate")[2]
+    elif dims("w_fc1"):
+        family, ffn = "gpt", dims("w_fc1")[0]
+    elif dims("w_gate"):
+        family, ffn = "llama", dims("w_gate")[0]
+    else:
+        family = None
+    heads = heads_of("q")
+    norm = dims("norm1") or dims("ln1_w")
+    if family is None or heads is None or norm is None or seq is None:
+        raise SpecError("unknown-model", f"recognised {len(layers)} layers ({distinct} distinct shape(s)) named "
+                        f"{prefix!r}, but not a gen gpt, llama or moe layer",
+                        hint="plan --search evaluates layers with the gen generators: give a gen gpt, gen llama or "
+                        "gen moe spec (imported models are not searched yet)")
+    hidden = norm[0]
+    dtype = inputs[p + ("_norm1" if dims("norm1") else "_ln1_w")].get("dtype", "float32")
+    vocab = inputs["embed"]["shape"][0] if "embed" in inputs else 64
+    extra: dict[str, Any] = {}
+    if family == "moe":
+        experts = dims("e_gate")[0]
+        topk = shapes.get(p + "_topk")
+        shared = dims("s_gate")
+        scores = shapes.get(p + "_scores")
+        extra = dict(experts=experts, top_k=int(topk.attrs["k"]) if topk is not None else 1,
+                     shared_experts=shared[0] // ffn if shared else 0,
+                     router="sigmoid" if scores is not None and scores.op == "sigmoid" else "softmax")
+    return ModelShape(family=family, layers=len(layers), hidden=hidden, heads=heads, ffn=ffn, seq=seq, dtype=dtype,
+                      vocab=vocab, kv_heads=heads_of("k") if family != "gpt" else None, full="tokens" in inputs,
+                      tie="head" not in inputs, distinct_layers=distinct, **extra)
+
+
+def parse_axis_order(text: str | None) -> tuple[str, ...]:
+    """``--axis-order``: the mesh axes outermost first, a permutation of pp, dp, ep, cp, tp, the layer axes innermost.
+
+    >>> parse_axis_order(None), parse_axis_order("dp,pp,ep,cp,tp")
+    (('pp', 'dp', 'ep', 'cp', 'tp'), ('dp', 'pp', 'ep', 'cp', 'tp'))
+    """
+    if text is None:
+        return DEFAULT_ORDER
+    order = tuple(a.strip() for a in text.split(",") if a.strip())
+    if sorted(order) != sorted(AXES):
+        raise SpecError("bad-axis-order", f"--axis-order {text!r} is not an order of {', '.join(AXES)}",
+                        hint="name every axis once, outermost first, like pp,dp,ep,cp,tp")
+    if order[2:] != ("ep", "cp", "tp"):
+        raise SpecError("bad-axis-order", f"--axis-order {text!r} does not keep ep, cp, tp innermost in that order",
+                        hint="the one-layer graph holds ep, cp and tp: order pp and dp as you like before them, "
+                        "like dp,pp,ep,cp,tp")
+    return order
+
+
+def parse_axes(text: str | None) -> dict[str, int]:
+    """``--axes``: degrees the search keeps fixed, like ``tp=8,pp=8``.
+
+    >>> parse_axes("tp=8, pp=4")
+    {'tp': 8, 'pp': 4}
+    """
+    fixed: dict[str, int] = {}
+    if not text:
+        return fixed
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name not in AXES or not value.strip().isdigit() or int(value) < 1:
+            raise SpecError("bad-axes", f"--axes entry {part.strip()!r} is not AXIS=N with AXIS one of "
+                            f"{', '.join(AXES)} and N >= 1", hint="write --axes tp=8,pp=8")
+        fixed[name] = int(value)
+    return fixed
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_configs(model: ModelShape, devices: int, global_batch: int, cluster: Cluster,
+                      fixed: dict[str, int] | None = None) -> list[Config]:
+    """Every candidate configuration of ``devices`` for ``model`` (refused with a typed error when none exists)."""
+    fixed = fixed or {}
+    product = math.prod(fixed.values())
+    if devices % product:
+        raise SpecError("bad-devices", f"{devices:,} devices are not a product of the fixed degrees "
+                        f"{' x '.join(f'{k}={v}' for k, v in fixed.items())} (= {product:,}) and the others",
+                        hint="fix degrees whose product divides --devices")
+    kv = model.kv_heads or model.heads
+    tps = [t for t in _divisors(devices) if t <= cluster.devices_per_node and model.heads % t == 0 and kv % t == 0
+           and model.ffn % t == 0 and model.hidden % t == 0]
+    cps = [c for c in _divisors(devices) if model.family != "moe" and model.seq % c == 0 and c <= 16] \
+        if model.family != "moe" else [1]
+    eps = [e for e in _divisors(devices) if model.experts % e == 0] if model.family == "moe" else [1]
+    pps = [p for p in _divisors(devices) if p <= model.layers]
+    configs: list[Config] = []
+    batch_refusals = 0
+    for tp, cp, ep, pp in itertools.product(tps, cps, eps, pps):
+        degrees = {"tp": tp, "cp": cp, "ep": ep, "pp": pp}
+        if model.sequence_parallel and model.seq % (tp * cp):
+            continue
+        if any(axis in fixed and fixed[axis] != value for axis, value in degrees.items()):
+            continue
+        rest = devices // (tp * cp * ep * pp)
+        if devices % (tp * cp * ep * pp) or ("dp" in fixed and fixed["dp"] != rest):
+            continue
+        data = rest * ep  # the batch is split over dp and ep (the expert ranks are data parallel outside the experts)
+        for mb in MICRO_BATCHES:
+            if global_batch % (mb * data):
+                batch_refusals += 1
+                continue
+            m = global_batch // (mb * data)
+            schedules = [("1f1b", 1)] if pp == 1 else [("gpipe", 1), ("1f1b", 1)] + [
+                ("interleaved", v) for v in VIRTUAL_STAGES if model.layers % (pp * v) == 0 and m % pp == 0]
+            for (schedule, v), zero, recompute in itertools.product(schedules, par.ZERO_STAGES, par.RECOMPUTE_MODES):
+                if zero and rest == 1:
+                    continue  # nothing to shard the states over
+                configs.append(Config(dp=rest, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, recompute=recompute,
+                                      schedule=schedule, v=v, micro_batch=mb))
+    if not configs:
+        if batch_refusals:
+            raise SpecError("bad-batch", f"global batch {global_batch:,} is not a multiple of micro-batch x "
+                            f"data-parallel degree for any factorisation of {devices:,} devices "
+                            f"(micro-batches {', '.join(map(str, MICRO_BATCHES))})",
+                            hint="give a global batch that the data-parallel degrees divide, e.g. a power of two")
+        raise SpecError("no-factorisation", f"no factorisation of {devices:,} devices over dp, tp, cp, ep, pp fits "
+                        f"the model ({model.describe()}; tp at most {cluster.devices_per_node} and dividing the "
+                        f"heads, pp at most the layers)" + (f" with {parse_axes_text(fixed)}" if fixed else ""),
+                        hint="choose a device count with small prime factors, or other fixed degrees")
+    return configs
+
+
+def parse_axes_text(fixed: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in fixed.items())
+
+
+class LayerCache:
+    """One-layer estimates by (tp, cp, ep, micro-batch): each key evaluated once.
+
+    ``analyse(spec) -> Graph`` loads a spec and analyses it with its backward, resharded
+    (``layout_prop.commands.search.analysed``: the planner may not import the API).
+    """
+
+    def __init__(self, model: ModelShape, cluster: Cluster, analyse: Callable[[dict], Graph]):
+        self.model, self.cluster, self.analyse = model, cluster, analyse
+        self.costs: dict[tuple[int, int, int, int], tuple[LayerCost, LayerCost]] = {}
+
+    def get(self, tp: int, cp: int, ep: int, mb: int) -> tuple[LayerCost, LayerCost]:
+        key = (tp, cp, ep, mb)
+        if key not in self.costs:
+            one = _measure(self.model, self.analyse(self.model.spec(1, tp, cp, ep, 1, mb)), self.cluster)
+            two = _measure(self.model, self.analyse(self.model.spec(2, tp, cp, ep, 1, mb)), self.cluster)
+            layer = LayerCost(*[b - a for a, b in zip(_fields(one), _fields(two))])
+            rest = LayerCost(*[a - (b - a) for a, b in zip(_fields(one), _fields(two))])
+            self.costs[key] = (layer, rest)
+        return self.costs[key]
+
+
+def _fields(cost: LayerCost) -> list:
+    return [getattr(cost, f) for f in LayerCost.__dataclass_fields__]
+
+
+def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
+    """The step model's figures of an analysed graph (one micro-batch): the basis of a layer's cost."""
+    from layout_prop.core import meta
+    from layout_prop.passes.memory import Memory
+    from layout_prop.passes.propagate import value_spec
+    from layout_prop.perf.costs import op_cost, op_time
+    from layout_prop.perf.step import estimate_step
+
+    est = estimate_step(graph, cluster)
+    full = estimate_step(graph, cluster, recompute="full")
+    comm = sum(sum(k.values()) for k in est.communication.values())
+    mesh = graph.mesh
+    ep_axis = mesh.names.index("ep") if "ep" in mesh.names else None
+    params = [n.name for n in graph.inputs() if n.attrs.get("requires_grad")]
+    param_bytes = expert_bytes = 0
+    for name in params:
+        spec_ = value_spec(graph, name)
+        nbytes = spec_.local_nbytes(0)
+        param_bytes += nbytes
+        if ep_axis is not None and spec_.layout.placements[ep_axis].is_shard():
+            expert_bytes += nbytes
+    core_s, core_bytes = 0.0, 0
+    seq = model.seq
+    for node in graph.topo_order():
+        if node.is_input or node.op == "redistribute" or node.name.startswith("grad/"):
+            continue
+        if node.meta.get(meta.INSERTED_BY) == "backward":
+            continue
+        specs = node.meta.get(meta.SPECS)
+        if not specs or None in specs:
+            continue
+        if any(len(s.shape) == 4 and s.shape[1] == model.heads and s.shape[-1] == seq and s.shape[-2] == seq
+               for s in specs):  # attention scores and probabilities (batch, heads, seq, seq)
+            inputs = [value_spec(graph, v) for v in node.inputs]
+            if any(s is None for s in inputs):
+                continue
+            cost = op_cost(node.op, [s.local_shape(0) for s in inputs], [s.local_shape(0) for s in specs],
+                           [s.itemsize for s in inputs], [s.itemsize for s in specs],
+                           node.meta.get(meta.ATTRS, node.attrs), dtype=inputs[0].dtype if inputs else specs[0].dtype)
+            core_s += op_time(cost, cluster)
+            core_bytes += sum(s.local_nbytes(0) for s in specs)
+    activations = Memory().run(graph).max.activations
+    x = next((n for n in graph.inputs() if n.name in ("x", "tokens")), None)
+    act_in = _boundary_bytes(model, mesh, value_spec(graph, x.name) if x is not None else None)
+    return LayerCost(forward_s=est.forward_s, backward_s=est.backward_s, comm_s=comm,
+                     forward_comm_s=full.recompute_s - est.forward_s, attention_core_s=core_s,
+                     param_bytes=param_bytes, param_tensors=len(params), expert_param_bytes=expert_bytes, activation_bytes=activations,
+                     attention_core_bytes=core_bytes, input_bytes=act_in, flops=est.flops_per_step,
+                     ep_sync_s=est.grad_sync_s)
+
+
+def _boundary_bytes(model: ModelShape, mesh, x_spec) -> int:
+    """A layer's input on one rank (batch, seq, hidden) in the model's dtype: sent between stages, kept by full
+    recomputation (Megatron's sequence parallelism splits it on tp too)."""
+    if x_spec is None:
+        return 0
+    b = x_spec.shape[0]
+    sizes = dict(zip(mesh.names, mesh.shape))
+    split = sizes.get("dp", 1) * sizes.get("ep", 1)
+    seq_split = sizes.get("sp", 1) * (sizes.get("tp", 1) if model.sequence_parallel else 1)
+    return int(b // split * model.seq * model.hidden * model.itemsize // seq_split)
+
+
+def _axis_index(order: tuple[str, ...], axis: str) -> int:
+    return order.index(axis)
+
+
+def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: int, cache: LayerCache,
+             order: tuple[str, ...] = DEFAULT_ORDER) -> Candidate:
+    """The predicted step time and memory per rank of one configuration (module docstring, step 3)."""
+    c = config
+    layer, rest = cache.get(c.tp, c.cp, c.ep, c.micro_batch)
+    data = c.dp * c.ep
+    m = global_batch // (c.micro_batch * data)
+    per_stage = par.ceil_div(model.layers, c.pp)
+    chunks = c.v if c.schedule == "interleaved" else 1
+    # one micro-batch through the busiest stage: its layers, and the embedding and head (on the first and last
+    # stage; both counted on the busiest, an overestimate of at most the smaller of the two)
+    fwd = per_stage * layer.forward_s + rest.forward_s
+    bwd = per_stage * layer.backward_s + rest.backward_s
+    comm = per_stage * layer.comm_s + rest.comm_s
+    recompute = 0.0
+    if c.recompute == "full":
+        recompute = per_stage * (layer.forward_s + layer.forward_comm_s)
+    elif c.recompute == "selective":
+        recompute = per_stage * layer.attention_core_s
+    shape = tuple(c.degree(a) for a in order)
+    pp_stride = math.prod(shape[order.index("pp") + 1:])
+    p2p = 0.0
+    if c.pp > 1:
+        p2p = 2 * chunks * par.p2p_time(layer.input_bytes, cluster, pp_stride >= cluster.devices_per_node)
+    stage_s = fwd + bwd + comm + recompute + p2p
+    pipe = par.pipeline_time(stage_s, c.pp, m, c.schedule, c.v)
+    bubble = pipe - m * stage_s
+    # data-parallel synchronisation of this rank's gradients (ZeRO: reduce-scatter and all-gathers)
+    grads = per_stage * layer.param_bytes + rest.param_bytes
+    tensors = max(per_stage * layer.param_tensors + rest.param_tensors, 1)
+    dp_axis = order.index("dp")
+    # one collective a parameter (the step model's pricing: latency counts once per tensor), of the mean size
+    one = par.grad_sync_time(grads / tensors, c.zero, shape, dp_axis, cluster)
+    if c.zero <= 1:
+        sync = tensors * one + per_stage * layer.ep_sync_s
+        exposed = max(sync - bwd, one + layer.ep_sync_s)
+    else:  # stages 2 and 3 reduce-scatter (and stage 3 gathers) every micro-batch, overlapped with its compute
+        per_mb = tensors * one
+        hidden_by = bwd if c.zero == 2 else fwd + bwd
+        exposed = m * max(per_mb - hidden_by, one) + per_stage * layer.ep_sync_s
+        sync = m * per_mb + per_stage * layer.ep_sync_s
+    shard = c.dp if c.zero >= 1 else 1
+    optimizer = 7 * grads / shard / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+    step = pipe + exposed + optimizer
+    # memory per rank: model states (ZeRO over dp) and the activations the schedule keeps in flight
+    states = par.zero_model_state_bytes(grads / model.itemsize, c.zero, c.dp, model.itemsize)
+    if c.recompute == "full":
+        kept = layer.input_bytes
+    elif c.recompute == "selective":
+        kept = max(layer.activation_bytes - layer.attention_core_bytes, 0)
+    else:
+        kept = layer.activation_bytes
+    inflight = par.inflight_microbatches(c.pp, m, c.schedule, c.v) if c.pp > 1 else 1
+    activations = inflight * (per_stage * kept + max(rest.activation_bytes, 0))
+    if c.recompute == "full":
+        activations += layer.activation_bytes  # the layer being recomputed holds its activations
+    memory = states + activations
+    flops = (model.layers * layer.flops + rest.flops) * m * c.dp
+    tflops = flops / step / c.devices / 1e12 if step > 0 else 0.0
+    peak = cluster.peak_flops(model.dtype)
+    parts = {"compute_s": m * (fwd + bwd), "recompute_s": m * recompute, "comm_s": m * comm, "p2p_s": m * p2p,
+             "bubble_s": bubble, "grad_sync_s": sync, "grad_sync_exposed_s": exposed, "optimizer_s": optimizer,
+             "micro_batches": m, "layers_per_stage": per_stage, "model_states_bytes": states,
+             "activation_bytes": activations}
+    return Candidate(config=c, step_time_s=step, memory_bytes=memory, tflops_per_device=tflops,
+                     mfu=tflops * 1e12 / peak if peak else 0.0, parts=parts)
+
+
+def search(model: ModelShape, cluster: Cluster, devices: int, global_batch: int, analyse: Callable[[dict], Graph],
+           memory_limit: int | None = None, fixed: dict[str, int] | None = None,
+           order: tuple[str, ...] = DEFAULT_ORDER, progress=None, keep_all: bool = False) -> SearchResult:
+    """Enumerate, price and rank every configuration (module docstring); raise :class:`InfeasibleSearch` when
+    none fits ``memory_limit`` (default: the device's memory).  ``analyse``: see :class:`LayerCache`."""
+    start = time.perf_counter()
+    if devices < 1:
+        raise SpecError("bad-devices", f"--devices is {devices}, not a positive count", hint="give --devices 8 or more")
+    if global_batch < 1:
+        raise SpecError("bad-batch", f"--global-batch is {global_batch}, not a positive count",
+                        hint="give the sequences a step trains, like --global-batch 512")
+    if cluster.nodes is not None and devices > cluster.nodes * cluster.devices_per_node:
+        raise SpecError("mesh-too-large", f"{devices:,} devices, cluster {cluster.name!r} has "
+                        f"{cluster.nodes * cluster.devices_per_node:,}", hint="use fewer devices or a larger cluster")
+    limit = cluster.hbm_bytes if memory_limit is None else memory_limit
+    configs = enumerate_configs(model, devices, global_batch, cluster, fixed)
+    cache = LayerCache(model, cluster, analyse)
+    keys = sorted({(c.tp, c.cp, c.ep, c.micro_batch) for c in configs})
+    for i, key in enumerate(keys):
+        cache.get(*key)
+        if progress is not None:
+            progress.update(i + 1)
+    ranked, least = [], None
+    every = []
+    if all(layer.attention_core_bytes == 0 and layer.attention_core_s == 0 for layer, _ in cache.costs.values()):
+        configs = [c for c in configs if c.recompute != "selective"]  # no (seq x seq) value: the same as none
+    for config in configs:
+        cand = evaluate(config, model, cluster, global_batch, cache, order)
+        if keep_all:
+            every.append(cand)
+        if least is None or cand.memory_bytes < least.memory_bytes:
+            least = cand
+        if cand.memory_bytes <= limit:
+            ranked.append(cand)
+    if not ranked:
+        raise InfeasibleSearch(f"no configuration fits {limit:,} bytes per rank; the least memory found is "
+                               f"{int(least.memory_bytes):,} bytes with {least.config.label()}",
+                               least.memory_bytes, least.config, limit)
+    ranked.sort(key=lambda c: (c.step_time_s, c.memory_bytes))
+    result = SearchResult(model=model, cluster=cluster.name, devices=devices, global_batch=global_batch,
+                          memory_limit=limit, ranked=ranked, candidates=len(configs), layer_evaluations=2 * len(keys),
+                          seconds=time.perf_counter() - start, least_memory=least)
+    if keep_all:
+        result.notes.append("all")
+        result.every = every  # type: ignore[attr-defined]
+    if model.distinct_layers > 1:
+        result.notes.append(f"{model.distinct_layers} distinct layer shapes recognised; every layer is priced as "
+                            "the first (the generators write one layer shape)")
+    return result

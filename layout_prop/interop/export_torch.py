@@ -1,15 +1,18 @@
 """``layout-prop export --to torch``: a ``parallelize_module`` plan, and explicit ``distribute_tensor`` placements.
 
-On a 1-D mesh, a module whose weight layout-prop shards as torch's styles do gets the style (by the
-module's name, the parameter's name without ``.weight``): a product's weight cut on its output
-features (torch's ``Linear`` weight ``Shard(0)``, bias ``Shard(0)`` or none) is ``ColwiseParallel()``,
-cut on the contracted features (``Shard(1)``, bias replicated or none) ``RowwiseParallel()``; an
-embedding table cut on its rows ``RowwiseParallel()``, on its columns ``ColwiseParallel()``.  These
-are torch's Megatron-style styles: a colwise module's output stays a local shard of the last dim (as
-layout-prop predicts it, ``S(-1)``) for the next rowwise module.  Every other sharded parameter, and
-every parameter on a mesh of several axes, is placed explicitly (``EXPLICIT_PLACEMENTS``, applied by
-``distribute_tensor`` in ``parallelize``); the model's inputs by ``shard_inputs``.  Replicated
-parameters stay plain tensors, as ``parallelize_module`` leaves them.
+When every parameter is sharded on one mesh axis only (the tensor-parallel axis, ``TP_AXIS``;
+replicated on the others), no input is cut on that axis, and every sharded parameter's module is one
+of torch's styles, the plan is ``parallelize_module``'s on that axis (``mesh[TP_AXIS]``), by module
+name (the parameter's name without ``.weight``): a product's weight cut on its output features
+(torch's ``Linear`` weight ``Shard(0)``, bias ``Shard(0)`` or none) is ``ColwiseParallel()``, cut on
+the contracted features (``Shard(1)``, bias replicated or none) ``RowwiseParallel()``; an embedding
+table cut on its rows ``RowwiseParallel(input_layouts=Replicate())``, on its columns
+``ColwiseParallel()``.  These are torch's Megatron-style styles: a colwise module's output stays a
+local shard of the last dim (as layout-prop predicts it, ``S(-1)``) for the next rowwise module.
+``shard_inputs`` then gives each rank its local piece of each input (data parallelism on the
+other axes).  Otherwise every parameter, replicated ones included, becomes a ``DTensor`` with its
+placements (``distribute_tensor`` in ``parallelize``) and the inputs ``DTensor`` too, so that the
+model runs on DTensors throughout.
 
 Placements are in the module's own dims (a Linear weight the ONNX exporter stored transposed is
 ``(out, in)`` again).  torch's ``distribute_tensor`` takes no partial placement and its strided shard
@@ -49,49 +52,66 @@ def placements_text(layout: Layout, what: str, name: str) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def _shard_dim(layout: Layout) -> int | None:
-    """The dim a 1-D mesh's layout shards, None when replicated."""
-    kind, arg = placement_args(layout)[0]
+def _tp_axis(plan: ExportPlan) -> int | None:
+    """The one mesh axis every sharded parameter is cut on (replicated on the others), or None."""
+    axes = set()
+    for t in plan.parameters.values():
+        if t.kind != "parameter":
+            continue
+        for axis, (kind, _) in enumerate(placement_args(t.layout)):
+            if kind != "R":
+                axes.add(axis)
+    if len(axes) != 1:
+        return None
+    axis = axes.pop()
+    for t in plan.inputs.values():
+        if placement_args(t.layout)[axis][0] != "R":
+            return None
+    return axis
+
+
+def _shard_dim(layout: Layout, axis: int) -> int | None:
+    """The dim ``layout`` shards on mesh axis ``axis``, None when replicated there."""
+    kind, arg = placement_args(layout)[axis]
     return arg if kind == "S" else None
 
 
-def _style(weight: ExportTensor, bias: ExportTensor | None) -> str | None:
+def _style(weight: ExportTensor, bias: ExportTensor | None, axis: int) -> str | None:
     """The torch style that places this module's weight (and bias) as layout-prop has them, or None."""
-    dim = _shard_dim(weight.own_layout())
-    bias_dim = None if bias is None else _shard_dim(bias.layout)
-    if bias is not None and bias.layout.has_partial():
-        return None
+    dim = _shard_dim(weight.own_layout(), axis)
+    bias_dim = None if bias is None else _shard_dim(bias.layout, axis)
     if "embedding" in weight.consumers and len(weight.shape) == 2 and bias is None:
-        return {0: "RowwiseParallel()", 1: "ColwiseParallel()"}.get(dim)
+        return {0: "RowwiseParallel(input_layouts=Replicate())", 1: "ColwiseParallel()"}.get(dim)
     if not set(weight.consumers) <= {"matmul", "linear"} or len(weight.shape) != 2:
         return None
     if dim == 0 and (bias is None or bias_dim == 0):
         return "ColwiseParallel()"
-    if dim == 1 and (bias is None or (bias_dim is None and bias.layout.is_replicated())):
+    if dim == 1 and (bias is None or bias.layout.is_replicated()):
         return "RowwiseParallel()"
     return None
 
 
-def module_styles(plan: ExportPlan) -> tuple[dict[str, str], dict[str, ExportTensor]]:
-    """``(module name -> style, parameter name -> tensor placed explicitly)`` for the plan's sharded parameters."""
+def module_styles(plan: ExportPlan) -> tuple[int | None, dict[str, str]]:
+    """``(tensor-parallel axis, module name -> style)``; ``(None, {})`` when the parameters are no styles."""
     params = {n: t for n, t in plan.parameters.items() if t.kind == "parameter"}
+    axis = _tp_axis(plan)
+    if axis is None:
+        return None, {}
     styles: dict[str, str] = {}
-    explicit: dict[str, ExportTensor] = {}
     covered: set[str] = set()
-    if plan.mesh.ndim == 1:
-        for name, t in params.items():
-            module, _, leaf = name.rpartition(".")
-            if leaf != "weight" or not module or t.layout.is_replicated():
-                continue
-            bias = params.get(module + ".bias")
-            style = _style(t, bias)
-            if style is not None:
-                styles[module] = style
-                covered.update({name, module + ".bias"})
     for name, t in params.items():
-        if name not in covered and not t.layout.is_replicated():
-            explicit[name] = t
-    return styles, explicit
+        module, _, leaf = name.rpartition(".")
+        if leaf != "weight" or not module or t.layout.is_replicated():
+            continue
+        bias = params.get(module + ".bias")
+        style = _style(t, bias, axis)
+        if style is None:
+            return None, {}
+        styles[module] = style
+        covered.update({name, module + ".bias"})
+    if any(n not in covered and not t.layout.is_replicated() for n, t in params.items()):
+        return None, {}
+    return axis, styles
 
 
 def export_torch(plan: ExportPlan) -> str:
@@ -101,7 +121,8 @@ def export_torch(plan: ExportPlan) -> str:
     for name, t in plan.parameters.items():
         if t.kind == "parameter":
             placements_text(t.layout, "parameter", name)  # refuses what torch cannot place
-    styles, explicit = module_styles(plan)
+    axis, styles = module_styles(plan)
+    tp_axis = "None" if axis is None else repr(mesh.names[axis])
     lines = [
         f'"""torch tensor-parallel plan written by layout-prop export from {plan.source or "a graph"}.',
         "",
@@ -110,25 +131,25 @@ def export_torch(plan: ExportPlan) -> str:
         '"""',
         "import torch",
         "from torch.distributed.device_mesh import init_device_mesh",
-        "from torch.distributed.tensor import Replicate, Shard, distribute_tensor  # noqa: F401",
+        "from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: F401",
         "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: F401",
         "",
         f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
         f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",
+        "#: the mesh axis of parallelize_module's styles (None: every parameter is placed as a DTensor)",
+        f"TP_AXIS = {tp_axis}",
         "",
-        "#: parallelize_module's plan: module name -> style",
+        "#: parallelize_module's plan on mesh[TP_AXIS]: module name -> style",
         "PARALLELIZE_PLAN = {",
     ]
     lines += [f"    {module!r}: {style}," for module, style in styles.items()]
-    lines += ["}", "#: parameters no style places: name -> placements (distribute_tensor)", "EXPLICIT_PLACEMENTS = {"]
-    lines += [f"    {name!r}: {placements_text(t.own_layout(), 'parameter', name)}," for name, t in explicit.items()]
-    lines += ["}", "#: the model's inputs: name -> placements", "INPUT_PLACEMENTS = {"]
-    lines += [f"    {name!r}: {placements_text(t.layout, 'input', name)}," for name, t in plan.inputs.items()]
-    lines += ["}", "#: every parameter's placements as layout-prop checked them (replicated ones included)",
+    lines += ["}", "#: every parameter's placements as layout-prop checked them, in the model's own dims",
               "PARAMETER_PLACEMENTS = {"]
     for name, t in plan.parameters.items():
         if t.kind == "parameter":
             lines.append(f"    {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
+    lines += ["}", "#: the model's inputs: name -> placements", "INPUT_PLACEMENTS = {"]
+    lines += [f"    {name!r}: {placements_text(t.layout, 'input', name)}," for name, t in plan.inputs.items()]
     lines += ["}", "#: the outputs' layouts layout-prop predicts", "PREDICTED_OUTPUTS = {"]
     lines += [f"    {name!r}: {layout.placement_strs()!r}," for name, layout in plan.outputs.items()]
     lines += [
@@ -141,12 +162,13 @@ def export_torch(plan: ExportPlan) -> str:
         "",
         "",
         "def parallelize(model, mesh):",
-        '    """Apply the styles, then place the other sharded parameters explicitly."""',
-        "    if PARALLELIZE_PLAN:",
-        "        model = parallelize_module(model, mesh, PARALLELIZE_PLAN)",
-        "    for name, placements in EXPLICIT_PLACEMENTS.items():",
+        '    """The styles on mesh[TP_AXIS]; without styles, every parameter a DTensor with its placements."""',
+        "    if TP_AXIS is not None:",
+        "        sub = mesh[TP_AXIS] if len(MESH_SHAPE) > 1 else mesh",
+        "        return parallelize_module(model, sub, PARALLELIZE_PLAN) if PARALLELIZE_PLAN else model",
+        "    for name, placements in PARAMETER_PLACEMENTS.items():",
         '        module_name, _, leaf = name.rpartition(".")',
-        "        module = model.get_submodule(module_name)",
+        "        module = model.get_submodule(module_name) if module_name else model",
         "        param = getattr(module, leaf)",
         "        placed = distribute_tensor(param.detach(), mesh, placements)",
         "        module.register_parameter(leaf, torch.nn.Parameter(placed, requires_grad=param.requires_grad))",
@@ -154,12 +176,12 @@ def export_torch(plan: ExportPlan) -> str:
         "",
         "",
         "def shard_inputs(mesh, **inputs):",
-        '    """The model\'s inputs: replicated ones as given, the others distributed as layout-prop checked them."""',
+        '    """With styles, each rank\'s local piece of each input; without, each input a DTensor."""',
         "    out = {}",
         "    for name, value in inputs.items():",
-        "        placements = INPUT_PLACEMENTS.get(name)",
-        "        replicated = placements is None or all(p == Replicate() for p in placements)",
-        "        out[name] = value if replicated else distribute_tensor(value, mesh, placements)",
+        "        placements = INPUT_PLACEMENTS.get(name, (Replicate(),) * len(MESH_SHAPE))",
+        "        placed = distribute_tensor(value, mesh, placements)",
+        "        out[name] = placed.to_local() if TP_AXIS is not None else placed",
         "    return out",
     ]
     return "\n".join(lines) + "\n"

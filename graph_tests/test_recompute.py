@@ -1,0 +1,90 @@
+"""Activation recomputation (passes/recompute.py): the activations each layer keeps against
+Korthikanti et al.'s per-layer formulas, and a recomputing graph still equal to one device."""
+
+from __future__ import annotations
+
+import pytest
+
+from layout_prop.api import analyze
+from layout_prop.core.errors import SpecError
+from layout_prop.engines.training import compare_outputs
+from layout_prop.frontends.generate import gpt_spec
+from layout_prop.io.loader import load_spec
+from layout_prop.passes.lower import Lower
+from layout_prop.passes.memory import Memory
+from layout_prop.passes.recompute import Recompute, held_values, layer_activations
+from layout_prop.passes.zero import Zero, ZeroConfig, finish
+from layout_prop.runner import random_inputs
+
+S, B, H, A, L = 16, 2, 32, 4, 3  # sequence, micro-batch, hidden, heads, layers
+
+
+def analysed(tp: int, dtype: str = "float16", dp: int = 1):
+    spec = gpt_spec(layers=L, mesh=(("dp", dp), ("sp", 1), ("tp", tp)), batch=B, seq=S, hidden=H, heads=A,
+                    vocab=16, dropout=0.1, dtype=dtype)
+    return analyze(load_spec(spec), reshard=True, backward=True).graph
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_per_layer_activations_against_the_paper(tp):
+    """Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", section 4:
+    bytes a layer keeps in 16-bit, with 1-byte dropout masks.  Equation 1 (no parallelism):
+    sbh (34 + 5 a s / h); equation 2 (tensor parallel t, no sequence parallelism):
+    sbh (10 + 24 / t + 5 a s / (h t)); selective recomputation (section 4.2) drops the 5 a s / h term
+    (the attention core's scores, softmax, its dropout mask and output: 5 a s^2 b); full recomputation keeps
+    the layer's input, 2 sbh.  The layer here differs from the paper's in two named ways: (1) its dropout
+    regenerates its mask from the seed in the backward, so the two masks (attention output and MLP output,
+    sbh each, in the replicated 10 sbh) are not kept; (2) its attention is one fused op whose backward
+    recomputes the scores from q, k, v (as FlashAttention), so the 5 a s^2 b term is never kept, with or
+    without selective recomputation."""
+    sbh = S * B * H
+    masks = 2 * sbh
+    attention_core = 5 * A * S * S * B // tp
+    paper_none = sbh * 10 + sbh * 24 // tp + attention_core  # equation 2 (equation 1 at t = 1: 34 sbh + 5 a s^2 b)
+    paper_selective = paper_none - attention_core
+    graph = analysed(tp)
+    layers = [f"l{i}" for i in range(L)]
+    none = layer_activations(Recompute("none").run(graph))
+    assert none == {layer: paper_none - masks - attention_core for layer in layers}
+    selective = layer_activations(Recompute("selective").run(graph))
+    assert selective == {layer: paper_selective - masks for layer in layers}
+    full = Recompute("full").run(graph)
+    held = held_values(full)
+    inputs = ["embed_drop"] + [f"l{i}_out" for i in range(L - 1)]  # each layer's input
+    assert {v: held[v][1] for v in inputs} == {v: 2 * sbh for v in inputs}
+    assert sum(nbytes for layer, nbytes in held.values() if layer is not None) == 2 * sbh * (L - 1)  # nothing else
+
+
+def test_full_recompute_lowers_the_peak_and_per_layer_selects():
+    graph = analysed(1)
+    peaks = {mode: Memory().run(Recompute(mode).run(graph)).max.activations for mode in ("none", "selective", "full")}
+    assert peaks["full"] < peaks["none"] and peaks["selective"] <= peaks["none"]
+    one = Recompute("full", layers=["l1"])
+    held = layer_activations(one.run(graph))
+    assert list(one.recomputed) == ["l1"]
+    before = layer_activations(graph)
+    # l1 keeps nothing of its own; its input, l0's output, was already held (read by l1's norm backward)
+    assert "l1" not in held and held["l0"] == before["l0"] and held["l2"] == before["l2"]
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_recomputing_graph_matches_one_device(mode):
+    """The copies change no number: every output and gradient of a dp=2 x tp=2 GPT (with dropout) equals one
+    device, recomputing every layer, and with ZeRO-3 (its re-gathers then also serve the copies)."""
+    graph = Recompute(mode).run(analysed(2, "float64", dp=2))
+    errors = compare_outputs(graph, Lower().run(graph).program, random_inputs(graph, 0), rtol=1e-10)
+    assert len(errors) > 30
+    config = ZeroConfig(3, ("dp",))
+    spec = gpt_spec(layers=2, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=8, hidden=16, heads=2,
+                    vocab=32, dropout=0.1, dtype="float64")
+    zero = finish(Recompute(mode).run(analyze(Zero(config).run(load_spec(spec)), reshard=True, backward=True).graph),
+                  config)
+    copies = [n for n in zero.nodes if n.name.startswith("recompute/")]
+    assert copies and not any(v.startswith("zero/gather/") for n in copies for v in n.inputs)
+    compare_outputs(zero, Lower().run(zero).program, random_inputs(zero, 0), rtol=1e-10)
+
+
+def test_bad_mode():
+    with pytest.raises(SpecError) as err:
+        Recompute("some")
+    assert err.value.code == "bad-value"

@@ -114,22 +114,6 @@ def random_inputs(graph: Graph, seed: int, given=()) -> dict[str, np.ndarray]:
     return out
 
 
-def _refuse_bfloat16_on_msrun(graph: Graph) -> None:
-    """``unsupported-dtype`` for a bfloat16 value on the mindspore engine (checked after the
-    analysis, before any worker starts): its launcher and workers pass every rank's pieces in
-    .npz files, where numpy keeps a bfloat16 array as 2-byte voids, and its emulated
-    collectives take a bfloat16 for no floating dtype.  (The MindSpore kernels themselves take
-    bfloat16 arrays, computing in float32.)"""
-    for node in graph.nodes:
-        for value, spec in zip(node.outputs, node.meta.get(meta.SPECS, ())):
-            if spec is not None and spec.dtype == "bfloat16":
-                raise ExecutionError("unsupported-dtype", f"the mindspore engine does not run bfloat16 yet (value "
-                                     f"{cut(value)}): it passes each rank's arrays in .npz files, where numpy "
-                                     "stores bfloat16 as 2-byte voids, and its emulated collectives average "
-                                     "them as integers", node=node.name,
-                                     hint="run bfloat16 on the simulator (--engine sim), or use float32 or float16")
-
-
 def check_given_inputs(graph: Graph, arrays: dict[str, Any], source: str = "inputs") -> dict[str, np.ndarray]:
     """The arrays a user gives for some graph inputs, checked against the graph's input specs
     (by name: its shape and dtype) and returned as the run takes them.
@@ -674,8 +658,6 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         engine_obj.check_workers(graph.mesh.size)
     analysis = analyze(graph, reshard=reshard, backward=backward, verify=verify)
     g = analysis.graph
-    if engine == "mindspore":
-        _refuse_bfloat16_on_msrun(g)
     report = RunReport(ok=False, engine=engine, ranks=g.mesh.size, notes=list(analysis.notes))
     report.extra["memory_per_rank"] = analysis.memory().to_dict()  # the training step's bytes per rank
     if not analysis.ok:

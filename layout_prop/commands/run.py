@@ -165,6 +165,8 @@ def run(args) -> int:
             print(f"  inputs: {_sources_line(rep.extra['inputs'], args.inputs)}")
         for line in rep.extra.get("node_map", []):
             print(f"  {line}")
+        for line in rep.extra.get("compute_notes", []):  # how the engine computed (bfloat16 on mindspore)
+            print(f"  note: {line}")
         for title, table in (("output", rep.outputs), ("grad", rep.grads)):
             for name, err in table.items():
                 print(f"  {title} {name}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")

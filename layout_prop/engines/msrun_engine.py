@@ -387,6 +387,11 @@ class _NodeRun:
     watch: "_RunWatch | None" = None
 
 
+#: what the report says of a run holding bfloat16 values (MindSpore's CPU MatMul, among others, takes no bfloat16)
+BFLOAT16_NOTE = ("bfloat16 is computed in float32: the kernels take float32 copies and each output is rounded to "
+                 "bfloat16 (nearest even), as the simulator does; its collectives move the bfloat16 bits (emulated)")
+
+
 class MsrunEngine:
     """Executes a lowered :class:`~layout_prop.passes.lower.Program` on MindSpore ``msrun``.
 
@@ -519,6 +524,8 @@ class MsrunEngine:
         key = secrets.token_bytes(32)
         here = range(self.nodes) if self.emulated else [self.node_rank]
         self._extra = {"backend": self.backend, "run_dir": None}
+        if any(spec.dtype == "bfloat16" for spec in program.specs.values()):
+            self._extra["compute_notes"] = [BFLOAT16_NOTE]
         if self.nodes > 1:
             self._extra.update({"nodes": node_map(program.mesh, self.nodes, workers), "node_rank": self.node_rank,
                                 "emulated_nodes": self.emulated})
@@ -898,7 +905,7 @@ class MsrunEngine:
             with np.load(worker.result_arrays_path(run, rank), allow_pickle=False) as arrays:
                 for k, value in enumerate(info["outputs"]):
                     if value in results:
-                        results[value].append(np.array(arrays[f"v{k}"]))
+                        results[value].append(worker.restore_dtype(np.array(arrays[f"v{k}"])))
             per_rank.append(info["seconds"])
             for record in info["collectives"]:
                 key = record["value"]

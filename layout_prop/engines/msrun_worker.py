@@ -306,7 +306,25 @@ def write_inputs(run_dir: Path, rank: int, arrays: Sequence[np.ndarray]) -> None
 def read_inputs(run_dir: Path, rank: int, names: Sequence[str]) -> dict[str, np.ndarray]:
     """``{name: local array}`` of ``rank``, read with ``allow_pickle=False``."""
     with np.load(inputs_path(run_dir, rank), allow_pickle=False) as arrays:
-        return {name: np.array(arrays[f"v{k}"]) for k, name in enumerate(names)}
+        return {name: restore_dtype(np.array(arrays[f"v{k}"])) for k, name in enumerate(names)}
+
+
+def restore_dtype(array: np.ndarray) -> np.ndarray:
+    """An array read back from an npz: numpy stores a bfloat16 array (ml_dtypes' type, not one of
+    numpy's) as 2-byte voids, which are its bits; every other dtype comes back as it was saved.
+
+    >>> from layout_prop.core.spec import numpy_dtype
+    >>> buffer = io.BytesIO()
+    >>> np.savez(buffer, v0=np.array([1.5, -2.0], numpy_dtype("bfloat16")))
+    >>> _ = buffer.seek(0)
+    >>> restore_dtype(np.load(buffer)["v0"])
+    array([1.5, -2], dtype=bfloat16)
+    """
+    if array.dtype.kind == "V" and array.dtype.itemsize == 2 and array.dtype.fields is None:
+        from layout_prop.core.spec import numpy_dtype
+
+        return array.view(numpy_dtype("bfloat16"))
+    return array
 
 
 def _write_atomic(path: Path, write: Callable[[Any], None], mode: str = "w") -> None:
@@ -728,8 +746,12 @@ def _run_kernel(op, rank: int, backend: str, env: dict[str, np.ndarray]) -> None
                              f"{shapes}: {type(exc).__name__}: {first}", node=op.source,
                              hint="the op's localize rule, its layout rule or the kernel is wrong") from exc
     results = [result] if len(op.outputs) == 1 else list(result)
+    from layout_prop.core.spec import numpy_dtype
+
     for value, res, spec in zip(op.outputs, results, op.specs):
-        array = to_numpy(res).astype(spec.dtype, copy=False)
+        # a bfloat16 output: the kernels compute in float32 (MindSpore's CPU kernels take no bfloat16), rounded here
+        # to ml_dtypes' bfloat16 (np.dtype("bfloat16") is MindSpore's own type once MindSpore is imported)
+        array = to_numpy(res).astype(numpy_dtype(spec.dtype), copy=False)
         _check_shape(value, array, spec, rank, f"kernel {op.op!r}")
         env[value] = array
 
@@ -842,7 +864,9 @@ def share_results(program, rank: int, wanted: Sequence[str], arrays: Sequence[np
     start = 0
     for k, value in enumerate(wanted):
         spec = program.specs[program.outputs.get(value, value)]
-        dtype = np.dtype(spec.dtype)
+        from layout_prop.core.spec import numpy_dtype
+
+        dtype = numpy_dtype(spec.dtype)
         per_item = encode_words(np.zeros(1, dtype)).shape[-1]
         for r in range(size):
             shape = tuple(int(n) for n in spec.local_shape(r))

@@ -164,3 +164,61 @@ def test_a_deadlocking_order_is_refused():
     orders = [[Task(0, 0, "B"), Task(0, 0, "F")], [Task(0, 1, "F"), Task(0, 1, "B")]]
     with pytest.raises(SpecError, match="deadlocks"):
         simulate(orders, 2)
+
+
+# --------------------------------------------------------------------------- a pipelined model, run
+from layout_prop.api import analyze  # noqa: E402
+from layout_prop.engines.pipeline import execute_pipeline  # noqa: E402
+from layout_prop.frontends.generate import gpt_spec, llama_spec  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+from layout_prop.passes.pipeline import (  # noqa: E402
+    PipelineConfig, forward_chunks, lower_pipeline, micro_batch_graph)
+from layout_prop.runner import execute_global, random_inputs  # noqa: E402
+
+
+def with_pipeline(spec: dict, pp: int, block: dict) -> dict:
+    """``spec`` with a pipeline axis ``pp`` of size ``pp`` in front of its mesh (every input R on it)."""
+    out = {**spec, "mesh": {"shape": [pp] + list(spec["mesh"]["shape"]), "names": ["pp"] + list(spec["mesh"]["names"])},
+           "inputs": {name: {**entry, "placements": ["R"] + list(entry["placements"])}
+                      for name, entry in spec["inputs"].items()},
+           "pipeline": {"axis": "pp", **block}}
+    return out
+
+
+def run_pipelined(spec: dict, seed: int = 0, cost=None):
+    """Analyse one micro-batch on the stage mesh, lower the pipeline, run it on simulated ranks; and the
+    whole batch's loss and gradients on one device.  Returns (pipelined program, run, reference)."""
+    graph = load_spec(spec)
+    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    micro, batch_names = micro_batch_graph(graph, config)
+    analysis = analyze(micro, reshard=True, backward=True)
+    assert analysis.ok, analysis.check.violations[:3]
+    pprog = lower_pipeline(analysis.graph, config, graph.mesh, batch_names,
+                           forward_chunks(analysis.graph, config, cost))
+    whole = analyze(load_spec(spec), reshard=True, backward=True).graph  # the whole batch, one device
+    inputs = random_inputs(whole, seed)
+    reference = execute_global(whole, inputs, wanted=list(whole.outputs))
+    m = config.micro_batches
+    micro_inputs = [{name: np.split(inputs[name], m, axis=0)[k] for name in batch_names} for k in range(m)]
+    shared = {name: value for name, value in inputs.items() if name not in batch_names}
+    for name in shared:
+        if name.startswith("cotangent/"):  # the batch loss is the mean of the M micro-batch losses
+            shared[name] = shared[name] / m
+    run = execute_pipeline(pprog, micro_inputs, shared)
+    return pprog, run, reference
+
+
+def assert_matches(run, reference, rtol=1e-9):
+    assert set(run.values) == set(reference)
+    for name, want in reference.items():
+        np.testing.assert_allclose(run.values[name], want, rtol=rtol, atol=rtol, err_msg=name)
+
+
+def test_llama_4_layers_on_pp2_dp2_tp2_1f1b_matches_one_device():
+    spec = with_pipeline(llama_spec(layers=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=8, full=True,
+                                    dtype="float64"), 2, {"micro_batches": 4, "schedule": "1f1b"})
+    pprog, run, reference = run_pipelined(spec)
+    assert pprog.mesh.size == 8 and pprog.program.mesh.size == 4
+    assert_matches(run, reference)
+    assert run.in_flight == [2, 1]  # 1F1B: p - s
+    assert {mv[2:4] for mv in run.moves} == {(0, 1), (1, 0)}  # activations forward, their gradients back

@@ -150,6 +150,15 @@ class Simulator:
             return env
         return {name: env[local] for name, local in locals_of.items()}
 
+    def run_op(self, op, env: dict[str, list[np.ndarray]], ranks: int) -> None:
+        """Run one kernel, slice or collective op of a program on every rank, reading and writing
+        ``env`` (value -> one array per rank); nothing is donated.  The pipeline executor
+        (:mod:`layout_prop.engines.pipeline`) runs a stage's tasks with it."""
+        if op.kind == "kernel":
+            env.update(self._run_kernel(op, env, ranks))
+        else:
+            self._run_step(op, env, False)
+
     def _run_kernel(self, op, env: dict[str, list[np.ndarray]], ranks: int) -> dict[str, list[np.ndarray]]:
         """The kernel's outputs on every rank, by value name."""
         fn = get_kernel(op.op, self.kernels, self.backend)

@@ -62,7 +62,7 @@ MAX_ELEMENTS = 2 ** 62
 #: the longest name (of a value, a node, a mesh axis) and the longest attr list or string
 MAX_NAME, MAX_ATTR_ITEMS = 256, 4096
 
-TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description", "constraints"}
+TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description", "constraints", "pipeline"}
 MESH_KEYS = {"shape", "names", "links"}
 INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
 NODE_KEYS = {"name", "op", "inputs", "attrs"}
@@ -1202,4 +1202,9 @@ def _build(data: dict) -> Graph:
         from .constraints import apply_constraints, parse_constraints
 
         g = apply_constraints(g, parse_constraints(data["constraints"], g.mesh))
+    if data.get("pipeline") is not None:  # pipeline stages: read by passes/pipeline.py (PipelineConfig.from_spec)
+        if not isinstance(data["pipeline"], dict):
+            raise _err("bad-type", f"pipeline must be a mapping, got {cut(data['pipeline'])}", "pipeline",
+                       "write pipeline: {axis: pp, micro_batches: 4, schedule: 1f1b}")
+        g.meta["pipeline"] = dict(data["pipeline"])
     return g

@@ -1,0 +1,555 @@
+"""pipeline: stages on a mesh axis, the point-to-point moves between them, and each rank's schedule.
+
+A spec's ``pipeline:`` block (docs/pipeline.md) names a mesh axis (by convention ``pp``) whose
+coordinate ``s`` holds stage ``s``, the schedule and the number of micro-batches::
+
+    pipeline:
+      axis: pp
+      micro_batches: 4
+      schedule: 1f1b            # gpipe | 1f1b | interleaved
+      virtual_stages: 1         # interleaved: model chunks per stage
+      boundaries: [l2_h]        # the first node of chunks 1.., or
+      layers: [3, 1]            # layers per chunk (nodes named l<i>_...), or neither: balanced
+
+The model is cut into ``p * v`` consecutive chunks (chunk ``c`` on stage ``c % p``,
+:mod:`layout_prop.passes.schedule`).  Every stage runs the graph's ops on the other mesh
+axes (the *stage mesh*): the graph is analysed once for one micro-batch on that mesh
+(:func:`micro_batch_graph`: the batch inputs' dim 0 divided by ``micro_batches``), with its
+backward, and each node is given a *position* in a micro-batch's life: chunk ``c``'s forward
+is position ``c``, its backward ``2C - 1 - c`` (:func:`assign_positions`).  Every edge whose
+two ends sit on different stages gets a point-to-point ``permute`` on the pipeline axis
+(:func:`~layout_prop.core.redistribute.permute_step`: forward activations one stage on,
+their gradients one stage back, a tied embedding's gradient from the last stage to the
+first); :func:`verify_pipeline` checks that every edge runs forward in time and crosses
+stages only through a move.  :func:`lower_pipeline` writes the program: the stage mesh's
+SPMD program cut into tasks, the moves before each task, and every stage's schedule.
+
+Micro-batches and the loss: each micro-batch's graph computes its loss as the graph says
+(a mean over the micro-batch); the batch's loss is the mean of the ``M`` micro-batch losses
+(``loss: mean``, the default; ``sum`` adds them), so each micro-batch's backward is seeded
+with the loss cotangent times ``1/M`` and the parameters' gradients are summed over the
+micro-batches: exactly the gradient of the whole batch's mean.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from layout_prop.core import meta
+from layout_prop.core.errors import GraphError, SpecError
+from layout_prop.core.graph import Graph, Node
+from layout_prop.core.layout import Layout
+from layout_prop.core.mesh import DeviceMesh
+from layout_prop.core.redistribute import permute_step
+from layout_prop.core.spec import TensorSpec
+
+from .lower import LocalOp, Lower, Program, permute_op
+from .schedule import Task, check_schedule_request, schedule, simulate
+
+__all__ = ["PipelineConfig", "micro_batch_graph", "forward_chunks", "assign_positions", "verify_pipeline",
+           "lower_pipeline", "PipelineProgram", "Move", "POSITION", "CHUNK", "LAYER"]
+
+POSITION = "pipeline_position"  #: node meta: the node's place in a micro-batch's life (see the module docstring)
+CHUNK = "pipeline_chunk"  #: node meta: the model chunk whose task runs the node
+LAYER = re.compile(r"^l(\d+)_")  #: a decoder layer's nodes are named l<i>_... (the gen generators' convention)
+_KEYS = {"axis", "micro_batches", "schedule", "virtual_stages", "boundaries", "layers", "batch_inputs", "loss"}
+
+
+def _bad(message: str, path: str, hint: str) -> SpecError:
+    return SpecError("bad-pipeline", message, path=path, hint=hint)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What a ``pipeline:`` block asks for (module docstring); :meth:`from_spec` checks it."""
+
+    axis: str = "pp"
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    boundaries: tuple[str, ...] = ()
+    layers: tuple[int, ...] = ()
+    batch_inputs: tuple[str, ...] | None = None
+    loss: str = "mean"
+    stages: int = 1  # the pipeline axis's size (set by from_spec)
+
+    @property
+    def chunks(self) -> int:
+        return self.stages * self.virtual_stages
+
+    @classmethod
+    def from_spec(cls, block: dict, mesh: DeviceMesh) -> "PipelineConfig":
+        """The config of a ``pipeline:`` mapping on ``mesh``; ``SpecError`` ``bad-pipeline`` when unusable."""
+        if not isinstance(block, dict):
+            raise _bad(f"pipeline must be a mapping, got {block!r}", "pipeline", "write pipeline: {axis: pp}")
+        unknown = sorted(set(block) - _KEYS)
+        if unknown:
+            raise _bad(f"unknown pipeline key(s) {unknown}", f"pipeline.{unknown[0]}",
+                       f"the keys are {', '.join(sorted(_KEYS))}")
+        axis = block.get("axis", "pp")
+        if axis not in mesh.names:
+            raise _bad(f"the pipeline axis {axis!r} is not a mesh axis (mesh {mesh})", "pipeline.axis",
+                       f"add {axis} to the mesh, or name one of {', '.join(mesh.names)}")
+        kind = block.get("schedule", "1f1b")
+        stages = mesh.shape[mesh.names.index(axis)]
+        m, v = block.get("micro_batches", 1), block.get("virtual_stages", 1)
+        check_schedule_request(kind, stages, m, v)
+        boundaries, layers = block.get("boundaries", ()), block.get("layers", ())
+        if boundaries and layers:
+            raise _bad("give boundaries or layers, not both", "pipeline.layers", "drop one of them")
+        if not isinstance(boundaries, (list, tuple)) or not all(isinstance(b, str) for b in boundaries):
+            raise _bad(f"boundaries must be a list of node names, got {boundaries!r}", "pipeline.boundaries",
+                       "write boundaries: [l2_h]")
+        if not isinstance(layers, (list, tuple)) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
+            raise _bad(f"layers must be a list of positive layer counts, got {layers!r}", "pipeline.layers",
+                       "write layers: [3, 2, 2, 1] (one count per chunk)")
+        chunks = stages * v
+        if boundaries and len(boundaries) != chunks - 1:
+            raise _bad(f"{len(boundaries)} boundaries for {chunks} chunks ({stages} stages x {v} virtual)",
+                       "pipeline.boundaries", f"name the first node of each chunk but the first: {chunks - 1} names")
+        if layers and len(layers) != chunks:
+            raise _bad(f"{len(layers)} layer counts for {chunks} chunks ({stages} stages x {v} virtual)",
+                       "pipeline.layers", f"give {chunks} counts")
+        batch = block.get("batch_inputs")
+        if batch is not None and (not isinstance(batch, (list, tuple)) or not all(isinstance(b, str) for b in batch)):
+            raise _bad(f"batch_inputs must be a list of input names, got {batch!r}", "pipeline.batch_inputs",
+                       "write batch_inputs: [tokens, labels]")
+        loss = block.get("loss", "mean")
+        if loss not in ("mean", "sum"):
+            raise _bad(f"loss must be mean or sum, got {loss!r}", "pipeline.loss",
+                       "mean: the batch loss is the mean of the micro-batch losses")
+        return cls(axis, m, kind, v, tuple(boundaries), tuple(layers), None if batch is None else tuple(batch),
+                   loss, stages)
+
+
+# --------------------------------------------------------------------------- the micro-batch graph
+def stage_mesh(mesh: DeviceMesh, axis: str) -> DeviceMesh:
+    """The mesh one stage runs on: ``mesh`` without ``axis`` (a mesh of that axis alone keeps it, size 1)."""
+    keep = [i for i, name in enumerate(mesh.names) if name != axis]
+    if not keep:
+        return DeviceMesh((1,), (axis,))
+    return DeviceMesh(tuple(mesh.shape[i] for i in keep), tuple(mesh.names[i] for i in keep))
+
+
+def _batch_inputs(graph: Graph, config: PipelineConfig) -> list[str]:
+    names = [n.name for n in graph.inputs()]
+    if config.batch_inputs is not None:
+        for name in config.batch_inputs:
+            if name not in names:
+                raise _bad(f"batch input {name!r} is not a graph input", "pipeline.batch_inputs",
+                           f"name inputs of the graph: {', '.join(names[:6])}")
+        return list(config.batch_inputs)
+    # default: the integer data inputs without gradient (token ids, labels)
+    return [n.name for n in graph.inputs() if not n.attrs.get("requires_grad") and n.attrs.get("shape")
+            and not str(n.attrs.get("dtype", "")).startswith(("float", "bfloat"))]
+
+
+def micro_batch_graph(graph: Graph, config: PipelineConfig) -> tuple[Graph, list[str]]:
+    """One micro-batch of ``graph`` on the stage mesh, and the names of the batch inputs.
+
+    Every input's placement on the pipeline axis must be ``R`` (a stage holds whole values
+    there); the batch inputs' dim 0 is divided by ``micro_batches``, and so is the first entry
+    of a ``shape`` attr equal to the batch (a reshape of the batch's activations).
+
+    Raises ``SpecError`` ``bad-pipeline``: an input sharded on the pipeline axis, a batch not
+    divisible by the micro-batches, batch inputs of different batch sizes.
+    """
+    mesh = graph.mesh
+    axis = mesh.names.index(config.axis)
+    sub = stage_mesh(mesh, config.axis)
+    only = mesh.ndim == 1
+    batch_names = _batch_inputs(graph, config)
+    m = config.micro_batches
+    sizes = {name: graph.node(name).attrs["shape"][0] for name in batch_names if graph.node(name).attrs["shape"]}
+    batch = None
+    if sizes:
+        if len(set(sizes.values())) > 1:
+            raise _bad(f"the batch inputs disagree on the batch size (dim 0): {sizes}", "pipeline.batch_inputs",
+                       "list only the inputs whose dim 0 is the batch")
+        batch = next(iter(sizes.values()))
+        if batch % m:
+            raise _bad(f"a batch of {batch} does not divide into {m} micro-batches", "pipeline.micro_batches",
+                       f"use a divisor of {batch} micro-batches, or a batch a multiple of {m}")
+    out = Graph(sub)
+    for node in graph.inputs():
+        attrs = node.attrs
+        placements = attrs["placements"]
+        if placements != "auto":
+            placements = list(placements)
+            if str(placements[axis]) != "R":
+                raise _bad(f"input {node.name!r} is {placements[axis]} on the pipeline axis {config.axis!r}",
+                           f"inputs.{node.name}", f"a stage holds whole values: write R on {config.axis}")
+            placements = ["R"] if only else placements[:axis] + placements[axis + 1:]
+        shape = attrs["shape"]
+        if node.name in sizes and m > 1:
+            shape = (shape[0] // m,) + tuple(shape[1:])
+        out.input(node.name, shape=shape, dtype=attrs["dtype"], placements=placements,
+                  requires_grad=attrs["requires_grad"])
+    for node in graph.nodes:
+        if node.is_input:
+            continue
+        attrs = dict(node.attrs)
+        shape = attrs.get("shape")
+        if batch is not None and m > 1 and isinstance(shape, (list, tuple)) and shape and shape[0] == batch:
+            attrs["shape"] = [batch // m] + list(shape[1:])
+        out.add_node(Node(node.name, node.op, node.inputs, attrs, node.num_outputs))
+    out.output(*graph.outputs)
+    return out, [name for name in batch_names if name in sizes]
+
+
+# --------------------------------------------------------------------------- chunks
+def _forward_nodes(graph: Graph) -> list[Node]:
+    """The forward op nodes, in graph order (what a spec's nodes are)."""
+    return [n for n in graph.nodes if not n.is_input and not n.meta.get(meta.INSERTED_BY)
+            and not n.name.startswith("grad/")]
+
+
+def _units(nodes: list[Node]) -> list[list[str]]:
+    """Consecutive groups a boundary may fall between: decoder layers (``l<i>_`` names; the nodes
+    before the first layer join it, those after the last join that), else single nodes."""
+    layer_of = [LAYER.match(n.name) for n in nodes]
+    if not any(layer_of):
+        return [[n.name] for n in nodes]
+    units: list[list[str]] = []
+    current = None
+    for node, match in zip(nodes, layer_of):
+        layer = int(match.group(1)) if match else None
+        if not units or (layer is not None and current is not None and layer != current):
+            units.append([])
+        if layer is not None:
+            current = layer
+        units[-1].append(node.name)
+    return units
+
+
+def _balanced(costs: list[float], parts: int) -> list[int]:
+    """Start index of each part cutting ``costs`` into ``parts`` consecutive runs with the least
+    largest sum (linear partition, dynamic programming)."""
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                value = max(best[k - 1][i], prefix[j] - prefix[i])
+                if value < best[k][j]:
+                    best[k][j], cut[k][j] = value, i
+    starts, j = [], n
+    for k in range(parts, 0, -1):
+        starts.append(cut[k][j])
+        j = cut[k][j]
+    return starts[::-1]
+
+
+def forward_chunks(graph: Graph, config: PipelineConfig,
+                   cost: Callable[[Node], float] | None = None) -> dict[str, int]:
+    """The chunk of every forward node: from ``boundaries``, ``layers``, or balanced by ``cost``
+    (seconds of a node, e.g. the step-time model's op_time; default: one per node) over layers.
+
+    Raises ``SpecError`` ``bad-pipeline``: more chunks than layers (or nodes), a boundary that is
+    not a forward node or out of order, layer counts that do not add up to the layers.
+    """
+    nodes = _forward_nodes(graph)
+    order = {n.name: i for i, n in enumerate(nodes)}
+    chunks = config.chunks
+    units = _units(nodes)
+    what = "layers" if any(LAYER.match(n.name) for n in nodes) else "nodes"
+    if chunks > len(units):
+        raise _bad(f"{chunks} pipeline chunks ({config.stages} stages x {config.virtual_stages} virtual) for "
+                   f"{len(units)} {what}", "pipeline", f"use at most {len(units)} stages, or a deeper model")
+    if config.boundaries:
+        starts = []
+        for k, name in enumerate(config.boundaries):
+            if name not in order:
+                raise _bad(f"boundary {name!r} is not a forward node", f"pipeline.boundaries[{k}]",
+                           "name the first node of a chunk")
+            starts.append(order[name])
+        if starts != sorted(set(starts)) or starts[0] == 0:
+            raise _bad(f"the boundaries {list(config.boundaries)} are not in graph order after the first node",
+                       "pipeline.boundaries", "list the chunks' first nodes in the spec's order")
+        starts = [0] + starts
+    else:
+        unit_start = [order[u[0]] for u in units]
+        if config.layers:
+            if sum(config.layers) != len(units):
+                raise _bad(f"the layer counts {list(config.layers)} add up to {sum(config.layers)}, the model has "
+                           f"{len(units)} {what}", "pipeline.layers", f"make them add up to {len(units)}")
+            first, starts = 0, []
+            for count in config.layers:
+                starts.append(unit_start[first])
+                first += count
+        else:
+            node_cost = cost or (lambda node: 1.0)
+            by_name = {n.name: n for n in nodes}
+            costs = [sum(node_cost(by_name[name]) for name in unit) for unit in units]
+            starts = [unit_start[i] for i in _balanced(costs, chunks)]
+    out, chunk = {}, -1
+    begins = set(starts)
+    for i, node in enumerate(nodes):
+        if i in begins:
+            chunk += 1
+        out[node.name] = chunk
+    return out
+
+
+# --------------------------------------------------------------------------- positions and moves
+def _origin(name: str) -> str | None:
+    """The forward node or value a backward node's name says it comes from: ``grad/X/...`` -> X."""
+    if not name.startswith("grad/"):
+        return None
+    head, sep, _ = name[len("grad/"):].rpartition("/")
+    return head if sep else None
+
+
+def assign_positions(graph: Graph, chunks_of: dict[str, int], config: PipelineConfig) -> dict[str, int]:
+    """Every op node's position (module docstring) from the forward chunks, written to its meta
+    (``POSITION``, ``CHUNK``).
+
+    A backward node ``grad/X/...`` runs with X's chunk backward (X a forward node, or the node
+    making value X); any other node (moves the reshard pass inserted, a gradient's final
+    reduction, an input gradient's accumulation) runs in the earliest task of its consumers, or,
+    with none, the latest of its producers.
+    """
+    total = config.chunks
+    pos: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.is_input:
+            continue
+        if node.name in chunks_of and not node.name.startswith("grad/"):
+            pos[node.name] = chunks_of[node.name]
+            continue
+        origin = _origin(node.name)
+        if origin is not None:
+            producer = origin.split(":")[0]
+            if producer in chunks_of:
+                pos[node.name] = 2 * total - 1 - chunks_of[producer]
+    consumers: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        for value in node.inputs:
+            consumers.setdefault(value, []).append(node.name)
+    order = graph.topo_order()
+    for node in reversed(order):  # the earliest task among the consumers
+        if node.is_input or node.name in pos:
+            continue
+        later = [pos[c] for v in node.outputs for c in consumers.get(v, ()) if c in pos]
+        if later:
+            pos[node.name] = min(later)
+    for node in order:  # none: the latest producer's task
+        if node.is_input or node.name in pos:
+            continue
+        earlier = [pos[graph.producer(v)[0].name] for v in node.inputs
+                   if not graph.producer(v)[0].is_input and graph.producer(v)[0].name in pos]
+        pos[node.name] = max(earlier, default=0)
+    for node in graph.nodes:
+        if not node.is_input:
+            node.meta[POSITION] = pos[node.name]
+            node.meta[CHUNK] = chunk_of_position(pos[node.name], total)
+    return pos
+
+
+def chunk_of_position(position: int, chunks: int) -> int:
+    """The chunk whose forward (position < C) or backward task a position is."""
+    return position if position < chunks else 2 * chunks - 1 - position
+
+
+def _phase(position: int, chunks: int) -> str:
+    return "F" if position < chunks else "B"
+
+
+@dataclass(frozen=True)
+class Move:
+    """A value sent from ``src_stage`` to ``dst_stage`` before task ``(chunk, phase)`` of the receiver."""
+
+    value: str
+    src_stage: int
+    dst_stage: int
+    chunk: int
+    phase: str
+
+    @property
+    def shift(self) -> int:
+        return self.dst_stage - self.src_stage
+
+
+def pipeline_moves(graph: Graph, config: PipelineConfig) -> list[Move]:
+    """One ``Move`` per value a stage reads from another stage, received once per micro-batch, before
+    the first task of the receiver that reads it (graph inputs are every stage's own)."""
+    total, p = config.chunks, config.stages
+    received: dict[tuple[str, int], int] = {}  # (value, stage) -> earliest position reading it
+    source: dict[tuple[str, int], int] = {}
+    for node in graph.nodes:
+        if node.is_input:
+            continue
+        here = node.meta[POSITION]
+        stage = node.meta[CHUNK] % p
+        for value in node.inputs:
+            producer = graph.producer(value)[0]
+            if producer.is_input:
+                continue
+            src = producer.meta[CHUNK] % p
+            if src != stage and here < received.get((value, stage), 1 << 30):
+                received[(value, stage)] = here
+                source[(value, stage)] = src
+    return [Move(value, source[(value, stage)], stage, chunk_of_position(here, total), _phase(here, total))
+            for (value, stage), here in sorted(received.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+def verify_pipeline(graph: Graph, moves: list[Move], config: PipelineConfig) -> None:
+    """Every edge runs forward in a micro-batch's life (the producer's task no later than the
+    consumer's) and crosses stages only through a move received by the consumer's task or earlier.
+
+    Raises ``GraphError`` ``pipeline-order`` or ``pipeline-missing-move``.
+    """
+    p = config.stages
+    have = {(mv.value, mv.dst_stage): 2 * config.chunks - 1 - mv.chunk if mv.phase == "B" else mv.chunk
+            for mv in moves}
+    for node in graph.nodes:
+        if node.is_input:
+            continue
+        for value in node.inputs:
+            producer = graph.producer(value)[0]
+            if producer.is_input:
+                continue
+            if producer.meta[POSITION] > node.meta[POSITION]:
+                raise GraphError("pipeline-order", f"{node.name!r} (position {node.meta[POSITION]}) reads "
+                                 f"{value!r}, made later (position {producer.meta[POSITION]})", node=node.name,
+                                 input=value, hint="a chunk may read only earlier chunks' forward values")
+            src, dst = producer.meta[CHUNK] % p, node.meta[CHUNK] % p
+            if src != dst and have.get((value, dst), 1 << 30) > node.meta[POSITION]:
+                raise GraphError("pipeline-missing-move", f"{value!r} crosses from stage {src} to stage {dst} "
+                                 f"without a move", node=node.name, input=value,
+                                 hint="run pipeline_moves after the last pass that changes the graph")
+
+
+# --------------------------------------------------------------------------- the program
+@dataclass
+class PipelineProgram:
+    """Each rank's pipelined program: the stage mesh's SPMD ``program`` cut into tasks.
+
+    ``tasks[(chunk, phase)]`` are the local ops of that task (in program order), ``inputs`` the
+    input ops, ``moves`` the values each task receives first, ``orders[s]`` stage s's schedule,
+    ``batch_inputs`` the inputs cut into micro-batches, ``grads`` the gradient outputs (summed
+    over micro-batches), ``outputs`` the forward outputs (scalars: ``config.loss`` over
+    micro-batches; others concatenated along dim 0).
+    """
+
+    mesh: DeviceMesh
+    config: PipelineConfig
+    program: Program
+    tasks: dict[tuple[int, str], list[LocalOp]]
+    inputs: list[LocalOp]
+    moves: dict[tuple[int, str], list[Move]]
+    orders: list[list[Task]]
+    batch_inputs: list[str]
+    grads: list[str]
+    outputs: list[str]
+    stage_inputs: dict[int, list[str]] = field(default_factory=dict)
+    run_order: list[tuple[int, Task]] = field(default_factory=list)  # every (stage, task), dependencies first
+
+    @property
+    def axis(self) -> int:
+        return self.mesh.names.index(self.config.axis)
+
+    def stage_of(self, rank: int) -> int:
+        return self.mesh.coords(rank)[self.axis]
+
+    def stage_rank(self, rank: int) -> int:
+        """The rank's index on the stage mesh."""
+        coords = list(self.mesh.coords(rank))
+        del coords[self.axis]
+        return self.program.mesh.rank(coords) if coords else 0
+
+    def rank_at(self, stage: int, stage_rank: int) -> int:
+        """The rank of the whole mesh at ``stage`` and stage-mesh rank ``stage_rank``."""
+        coords = list(self.program.mesh.coords(stage_rank)) if self.mesh.ndim > 1 else []
+        coords.insert(self.axis, stage)
+        return self.mesh.rank(coords)
+
+    def lift(self, spec: TensorSpec) -> TensorSpec:
+        """A stage-mesh spec on the whole mesh, ``R`` on the pipeline axis."""
+        placements = [str(p) for p in spec.layout.placements]
+        if self.mesh.ndim == 1:
+            placements = ["R"]
+        else:
+            placements.insert(self.axis, "R")
+        return TensorSpec(spec.shape, spec.dtype, Layout(self.mesh, placements, len(spec.shape)))
+
+    def permute(self, move: Move):
+        """The ``permute`` step of a move, on the whole mesh."""
+        spec = self.lift(self.program.specs[move.value])
+        return permute_step(spec, self.axis, move.shift)
+
+    def move_op(self, move: Move) -> LocalOp:
+        """The lowered ``collective`` op of a move: a ``permute`` on the whole mesh."""
+        return permute_op(move.value, self.permute(move), move.value, f"pipeline:{move.value}")
+
+    def task_names(self, stage: int) -> list[str]:
+        return [str(t) for t in self.orders[stage]]
+
+    def format(self, rank: int) -> str:
+        """Rank ``rank``'s program: its stage, schedule, and per task the moves in and the local ops."""
+        stage, q = self.stage_of(rank), self.stage_rank(rank)
+        c = self.config
+        lines = [f"rank {rank} of {self.mesh}: stage {stage} of {c.stages} (stage-mesh rank {q}), "
+                 f"{c.schedule} over {c.micro_batches} micro-batches",
+                 "  schedule: " + " ".join(self.task_names(stage))]
+        chunks = [stage + j * c.stages for j in range(c.virtual_stages)]
+        for phase in "FB":
+            for chunk in (chunks if phase == "F" else chunks[::-1]):
+                lines.append(f"  task {'forward' if phase == 'F' else 'backward'} chunk {chunk}:")
+                for mv in self.moves.get((chunk, phase), ()):
+                    step = self.permute(mv)
+                    peer = self.rank_at(mv.src_stage, q)
+                    lines.append(f"    {mv.value} = collective() permute on {c.axis} shift {mv.shift}: recv from "
+                                 f"{peer}, {step.bytes_per_rank} bytes")
+                sub = Program(self.program.mesh, list(self.tasks.get((chunk, phase), ())))
+                lines.extend("  " + line for line in sub.format(q).splitlines()[1:])
+        sends = [mv for mvs in self.moves.values() for mv in mvs if mv.src_stage == stage]
+        for mv in sends:
+            lines.append(f"  send {mv.value} to stage {mv.dst_stage} (rank {self.rank_at(mv.dst_stage, q)}) "
+                         f"before its {'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}")
+        return "\n".join(lines)
+
+
+def lower_pipeline(graph: Graph, config: PipelineConfig, mesh: DeviceMesh, batch_inputs: list[str],
+                   chunks_of: dict[str, int]) -> PipelineProgram:
+    """Lower an analysed micro-batch graph (stage mesh, backward and reshard done) to the program of
+    every rank of ``mesh`` (the whole mesh, with the pipeline axis): positions, moves, verification,
+    the stage mesh's SPMD program cut by task, the schedule of every stage."""
+    assign_positions(graph, chunks_of, config)
+    moves = pipeline_moves(graph, config)
+    verify_pipeline(graph, moves, config)
+    program = Lower().run(graph).program
+    position = {n.name: n.meta[POSITION] for n in graph.nodes if not n.is_input}
+    tasks: dict[tuple[int, str], list[LocalOp]] = {}
+    inputs: list[LocalOp] = []
+    stage_inputs: dict[int, set[str]] = {}
+    input_names = {n.name for n in graph.inputs()}
+    for op in program.ops:
+        if op.kind == "input":
+            inputs.append(op)
+            continue
+        here = position[op.source]
+        chunk = chunk_of_position(here, config.chunks)
+        tasks.setdefault((chunk, _phase(here, config.chunks)), []).append(op)
+        for value in op.inputs:
+            if value in input_names:
+                stage_inputs.setdefault(chunk % config.stages, set()).add(value)
+    by_task: dict[tuple[int, str], list[Move]] = {}
+    for mv in moves:
+        by_task.setdefault((mv.chunk, mv.phase), []).append(mv)
+    grads = [v for v in graph.outputs if graph.producer(v)[0].meta.get(meta.GRAD_OF)]
+    outputs = [v for v in graph.outputs if v not in grads]
+    orders = schedule(config.schedule, config.stages, config.micro_batches, config.virtual_stages)
+    run_order = simulate(orders, config.stages, config.virtual_stages).order()
+    return PipelineProgram(mesh, config, program, tasks, inputs, by_task, orders, list(batch_inputs), grads,
+                           outputs, {s: sorted(v) for s, v in stage_inputs.items()}, run_order)
+

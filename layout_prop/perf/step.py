@@ -10,7 +10,10 @@ pieces the larger share, so rank 0 holds the largest piece of every uneven shard
 - compute: every op's roofline time (:mod:`.costs`), forward and backward, times the
   accumulation steps ``global_batch / (micro_batch x dp)``; ``recompute="full"`` adds one
   more forward (its ops and its collectives), as Megatron-LM's full activation
-  recomputation does;
+  recomputation does; ``recompute="selective"`` (or ``"full"`` with ``recompute_layers``)
+  applies :class:`~layout_prop.passes.recompute.Recompute` and counts its copies, the
+  recomputed segments' forward (their collectives are exposed with the backward's), and the
+  memory figure then frees what they recompute;
 - communication: each collective step of each redistribution priced by algorithm on the
   links its mesh axis spans (:mod:`.collectives`). Steps inside the forward and the
   backward are exposed (tensor, sequence and context parallel collectives wait for their
@@ -20,6 +23,17 @@ pieces the larger share, so rank 0 holds the largest piece of every uneven shard
   least the last bucket (the gradient made last); ``overlap=False`` exposes all of it;
 - the optimizer: AdamW reads the parameter, its gradient and two states and writes the
   parameter and the states (7 times the parameters' bytes through HBM).
+
+ZeRO (``zero``, a :class:`~layout_prop.passes.zero.ZeroConfig`; the graph transformed by
+:class:`~layout_prop.passes.zero.Zero` and finished by :func:`~layout_prop.passes.zero.finish`):
+the optimizer updates a shard (its time divided by the ZeRO degree); stages 1 and 2 reduce-
+scatter the gradients (the ``grad/NAME`` moves) and all-gather the updated parameters after
+the optimizer (priced from each parameter's shard to its layout, exposed: the backward is
+over); stages 2 and 3 reduce-scatter every micro-batch (gradients are not accumulated whole),
+each micro-batch's data-parallel traffic overlapped with its backward (stage 2) or its forward
+and backward (stage 3: the ``zero/gather`` and ``zero/regather`` all-gathers are prefetched),
+exposed at least the last reduce-scatter (and, stage 3, the first gather).  The memory figure
+is :class:`~layout_prop.passes.memory.Memory` with the ZeRO paper's convention.
 
 The data-parallel degree is the product of the sizes of the mesh axes named ``dp``
 (or ``data``, ``fsdp``).
@@ -49,7 +63,7 @@ from .costs import cost_class, op_cost, op_time
 __all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE"]
 
 DATA_AXES = ("dp", "data", "fsdp")
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass
@@ -72,6 +86,8 @@ class StepEstimate:
     hbm_bytes: int
     top_ops: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    zero_stage: int = 0
+    zero_gather_s: float = 0.0  # ZeRO's parameter all-gathers a step (in grad_sync_s too)
 
     @property
     def compute_s(self) -> float:
@@ -104,7 +120,7 @@ class StepEstimate:
                 "forward_s": self.forward_s, "backward_s": self.backward_s, "recompute_s": self.recompute_s,
                 "communication_exposed_s": self.communication,
                 "grad_sync_s": self.grad_sync_s, "grad_sync_exposed_s": self.grad_sync_exposed_s,
-                "optimizer_s": self.optimizer_s,
+                "optimizer_s": self.optimizer_s, "zero_stage": self.zero_stage, "zero_gather_s": self.zero_gather_s,
             },
             "top_ops": self.top_ops, "notes": self.notes,
         }
@@ -129,6 +145,8 @@ def accumulation_steps(mesh, global_batch: int | None, micro_batch: int | None) 
 
 
 def _phase(graph: Graph, node) -> str:
+    if node.meta.get(meta.INSERTED_BY) == "recompute":
+        return "recompute"
     if node.meta.get(meta.INSERTED_BY) == "backward" or node.name.startswith("grad/"):
         return "backward"
     if node.op == "redistribute":
@@ -140,10 +158,17 @@ def _phase(graph: Graph, node) -> str:
 
 
 def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = None,
-                  micro_batch: int | None = None, recompute: str = "none", overlap: bool = True) -> StepEstimate:
+                  micro_batch: int | None = None, recompute: str = "none", overlap: bool = True,
+                  zero=None, recompute_layers=None) -> StepEstimate:
     """The modelled step of ``graph`` (analysed with backward and reshard) on ``cluster``."""
     if recompute not in RECOMPUTE:
         raise SpecError("bad-value", f"unknown recompute {recompute!r}", hint=f"use one of {', '.join(RECOMPUTE)}")
+    if recompute == "selective" or (recompute == "full" and recompute_layers is not None):
+        from layout_prop.passes.recompute import Recompute
+
+        graph = Recompute(recompute, recompute_layers).run(graph)
+        recompute = "copies"
+    stage = zero.stage if zero is not None else 0
     mesh = graph.mesh
     devices = mesh.size
     if cluster.nodes is not None and devices > cluster.nodes * cluster.devices_per_node:
@@ -153,11 +178,12 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     acc = accumulation_steps(mesh, global_batch, micro_batch)
     params = {n.name for n in graph.inputs() if n.attrs.get("requires_grad")}
     shape = tuple(mesh.shape)
-    times = {"forward": 0.0, "backward": 0.0}
+    times = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     comm: dict[str, dict[str, float]] = {}
     forward_comm = 0.0
     grad_sync, last_sync = 0.0, 0.0
-    flops = {"forward": 0.0, "backward": 0.0}
+    flops = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
+    gathers, first_gather = 0.0, None  # ZeRO-3's parameter all-gathers, per micro-batch
     per_op: list[tuple[float, str, str, str]] = []
     unknown: set[str] = set()
     dtypes: dict[str, float] = {}
@@ -173,14 +199,18 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             if src is None:
                 continue
             seconds = 0.0
-            sync = node.meta.get(meta.GRAD_OF) in params
+            sync = node.meta.get(meta.GRAD_OF) in params or node.name.startswith("grad/zero/gather/")
+            gather = node.name.startswith(("zero/gather/", "zero/regather/"))
             for step in plan_redistribution(src, specs[0].layout).steps:
                 t = collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
                 seconds += t
-                if t and not sync:
+                if t and not sync and not gather:
                     axis = comm.setdefault(mesh.names[step.mesh_axis], {})
                     axis[step.kind] = axis.get(step.kind, 0.0) + t
-            if sync:
+            if gather:
+                gathers += seconds
+                first_gather = seconds if first_gather is None else first_gather
+            elif sync:
                 grad_sync += seconds
                 last_sync = seconds
             elif phase == "forward":
@@ -207,16 +237,39 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     for axis in comm.values():  # forward and backward collectives happen once per micro-batch
         for kind in axis:
             axis[kind] *= acc
-    recompute_s = 0.0
-    recompute_flops = 0.0
+    recompute_s = acc * times["recompute"]
+    recompute_flops = flops["recompute"]
     if recompute == "full":
         recompute_s = acc * (times["forward"] + forward_comm)
         recompute_flops = flops["forward"]
-    exposed_sync = grad_sync if not overlap else max(grad_sync - times["backward"], last_sync)
     param_bytes = sum(value_spec(graph, p).local_nbytes(0) for p in params)
+    after_update = 0.0  # stages 1 and 2: the updated shards all-gathered, after the optimizer
+    if stage in (1, 2):
+        from layout_prop.core.spec import TensorSpec
+        from layout_prop.passes.zero import shard_layouts
+
+        param_bytes = 0
+        for name, layout in shard_layouts(graph, zero).items():
+            spec = value_spec(graph, name)
+            shard = TensorSpec(spec.shape, spec.dtype, layout)
+            param_bytes += shard.local_nbytes(0)
+            for step in plan_redistribution(shard, spec.layout).steps:
+                after_update += collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
+    if stage >= 2:  # reduce-scattered (and, stage 3, gathered) every micro-batch, overlapped with its compute
+        per_mb = grad_sync + gathers
+        hidden_by = times["backward"] + (times["forward"] + times["recompute"] if stage == 3 else 0.0)
+        least = last_sync + (first_gather or 0.0)
+        exposed_sync = acc * (per_mb if not overlap else max(per_mb - hidden_by, least))
+        grad_sync = acc * per_mb
+    else:
+        exposed_sync = grad_sync if not overlap else max(grad_sync - times["backward"], last_sync)
+        exposed_sync += acc * gathers  # (gathers without zero=: exposed)
+        grad_sync += acc * gathers
+    grad_sync += after_update
+    exposed_sync += after_update
     optimizer_s = 7 * param_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
     model_dtype = max(dtypes, key=dtypes.get) if dtypes else "float32"
-    memory = Memory(optimizer="adam").run(graph).max.total
+    memory = Memory(optimizer="adam", zero=zero).run(graph).max.total
     notes = []
     if unknown:
         notes.append(f"ops without a cost entry, costed as one FLOP an element: {', '.join(sorted(unknown))}")
@@ -233,4 +286,4 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
         backward_s=acc * times["backward"], recompute_s=recompute_s, communication=comm, grad_sync_s=grad_sync,
         grad_sync_exposed_s=exposed_sync, optimizer_s=optimizer_s, flops_per_step=step_flops,
         peak_flops=cluster.peak_flops(model_dtype), memory_per_rank_bytes=memory, hbm_bytes=cluster.hbm_bytes,
-        top_ops=top, notes=notes)
+        top_ops=top, notes=notes, zero_stage=stage, zero_gather_s=acc * gathers)

@@ -186,15 +186,16 @@ def with_pipeline(spec: dict, pp: int, block: dict) -> dict:
 
 
 def run_pipelined(spec: dict, seed: int = 0, cost=None):
-    """Analyse one micro-batch on the stage mesh, lower the pipeline, run it on simulated ranks; and the
+    """(``cost(graph)`` gives the node cost function that balances the stages.)  Analyse one micro-batch on the stage mesh, lower the pipeline, run it on simulated ranks; and the
     whole batch's loss and gradients on one device.  Returns (pipelined program, run, reference)."""
     graph = load_spec(spec)
     config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
     micro, batch_names = micro_batch_graph(graph, config)
     analysis = analyze(micro, reshard=True, backward=True)
     assert analysis.ok, analysis.check.violations[:3]
+    node_cost = None if cost is None else cost(analysis.graph)
     pprog = lower_pipeline(analysis.graph, config, graph.mesh, batch_names,
-                           forward_chunks(analysis.graph, config, cost))
+                           forward_chunks(analysis.graph, config, node_cost))
     whole = analyze(load_spec(spec), reshard=True, backward=True).graph  # the whole batch, one device
     inputs = random_inputs(whole, seed)
     reference = execute_global(whole, inputs, wanted=list(whole.outputs))
@@ -222,3 +223,112 @@ def test_llama_4_layers_on_pp2_dp2_tp2_1f1b_matches_one_device():
     assert_matches(run, reference)
     assert run.in_flight == [2, 1]  # 1F1B: p - s
     assert {mv[2:4] for mv in run.moves} == {(0, 1), (1, 0)}  # activations forward, their gradients back
+
+
+def chunk_layers(pprog) -> list[list[str]]:
+    """The forward nodes of each chunk, in program order."""
+    return [[op.source for op in pprog.tasks[(c, "F")] if op.kind == "kernel"] for c in range(pprog.config.chunks)]
+
+
+def test_gpt_4_layers_on_pp4_uneven_stages_gpipe_matches_one_device():
+    """Stages cut mid-layer (chunk 0: embedding and layer 0's attention; 3: layer 3's MLP and the head) and
+    the tied embedding: its gradient from the head goes from stage 3 back to stage 0."""
+    spec = with_pipeline(gpt_spec(layers=4, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, dropout=0.0,
+                                  dtype="float64"), 4,
+                         {"micro_batches": 2, "schedule": "gpipe", "boundaries": ["l0_h2", "l2_h", "l3_fc1"]})
+    pprog, run, reference = run_pipelined(spec)
+    assert_matches(run, reference)
+    chunks = chunk_layers(pprog)
+    assert chunks[0][0] == "embedded" and chunks[0][-1] == "l0_res1" and chunks[1][0] == "l0_h2"
+    assert chunks[3][0] == "l3_fc1" and chunks[3][-1] == "loss"
+    assert [len(c) for c in chunks] != [len(chunks[0])] * 4  # uneven
+    assert run.in_flight == [2, 2, 2, 2]  # GPipe: all M
+    assert (3, 0) in {mv[2:4] for mv in run.moves}  # the head's gradient of the tied embedding, stage 3 -> 0
+    text = pprog.format(7)
+    assert text.startswith("rank 7 of DeviceMesh(pp=4, dp=1, sp=1, tp=2): stage 3 of 4")
+    assert "schedule: F0.3 F1.3 B0.3 B1.3" in text and "permute on pp shift 1: recv from 5" in text
+
+
+def test_llama_interleaved_2_stages_2_virtual_matches_one_device():
+    spec = with_pipeline(llama_spec(layers=4, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, full=True,
+                                    dtype="float64"), 2,
+                         {"micro_batches": 4, "schedule": "interleaved", "virtual_stages": 2})
+    pprog, run, reference = run_pipelined(spec)
+    assert_matches(run, reference)
+    # one layer a chunk: stage 0 holds chunks 0 and 2 (layers 0 and 2), stage 1 chunks 1 and 3
+    assert [sorted({LAYER_OF(n) for n in c} - {None}) for c in chunk_layers(pprog)] == [[0], [1], [2], [3]]
+    assert run.in_flight == [2 * (2 - s - 1) + 1 * 2 + 1 for s in range(2)] == [5, 3]
+    assert {mv[2:4] for mv in run.moves} == {(0, 1), (1, 0)}
+
+
+def LAYER_OF(name: str):
+    match = __import__("re").match(r"^l(\d+)_", name)
+    return int(match.group(1)) if match else None
+
+
+def _op_time_cost(graph):
+    """The step-time model's seconds of each node on an A100 (perf.costs.op_time): the default balance."""
+    from layout_prop.core import meta
+    from layout_prop.passes.propagate import value_spec
+    from layout_prop.perf.costs import op_cost, op_time
+
+    a100 = get_cluster("a100-80g")
+
+    def seconds(node):
+        ins, outs = [value_spec(graph, v) for v in node.inputs], node.meta[meta.SPECS]
+        cost = op_cost(node.op, [s.local_shape(0) for s in ins], [s.local_shape(0) for s in outs],
+                       [s.itemsize for s in ins], [s.itemsize for s in outs], node.meta[meta.ATTRS],
+                       dtype=outs[0].dtype)
+        return op_time(cost, a100)
+    return seconds
+
+
+def test_stages_balanced_by_the_step_time_model():
+    """A 4096-word head costs as much as several layers: balanced by op_time, stage 1 gets one layer."""
+    spec = with_pipeline(llama_spec(layers=4, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, full=True,
+                                    vocab=4096, dtype="float64"), 2, {"micro_batches": 2})
+    pprog, run, reference = run_pipelined(spec, cost=_op_time_cost)
+    assert [sorted({LAYER_OF(n) for n in c} - {None}) for c in chunk_layers(pprog)] == [[0, 1, 2], [3]]
+    assert_matches(run, reference)
+
+
+def _chunk_layer_counts(chunks: dict[str, int]) -> list[int]:
+    layers: dict[int, set] = {}
+    for name, chunk in chunks.items():
+        if LAYER_OF(name) is not None:
+            layers.setdefault(chunk, set()).add(LAYER_OF(name))
+    return [len(layers[c]) for c in sorted(layers)]
+
+
+def test_61_layers_on_16_stages():
+    graph = load_spec(with_pipeline(llama_spec(layers=61, mesh=(("dp", 1), ("sp", 1), ("tp", 1)), full=True), 16, {}))
+    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    counts = _chunk_layer_counts(forward_chunks(graph, config))  # one per node: the embedding, head weigh too
+    assert sum(counts) == 61 and len(counts) == 16 and set(counts) == {3, 4}
+    assert counts[0] == counts[-1] == 3
+    given = [4] * 13 + [3] * 3
+    config = PipelineConfig.from_spec({"layers": given}, graph.mesh)
+    assert _chunk_layer_counts(forward_chunks(graph, config)) == given
+
+
+def _spec_error(spec: dict, micro: bool = True):
+    graph = load_spec(spec)
+    with pytest.raises(SpecError) as info:
+        config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+        micro_graph, _ = micro_batch_graph(graph, config)
+        forward_chunks(micro_graph, config)
+    assert "\n" not in str(info.value) and info.value.code == "bad-pipeline"
+    return str(info.value)
+
+
+def test_bad_pipeline_requests_are_one_line_typed_errors():
+    small = llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=6, full=True)
+    assert "a batch of 6 does not divide into 4 micro-batches" in _spec_error(
+        with_pipeline(small, 2, {"micro_batches": 4}))
+    assert "4 pipeline chunks (4 stages x 1 virtual) for 2 layers" in _spec_error(with_pipeline(small, 4, {}))
+    assert "the pipeline axis 'pp' is not a mesh axis" in _spec_error({**small, "pipeline": {"micro_batches": 2}})
+    assert "at pipeline.boundaries[0]" in _spec_error(with_pipeline(small, 2, {"boundaries": ["nowhere"]}))
+    sharded = with_pipeline(small, 2, {})
+    sharded["inputs"]["embed"]["placements"][0] = "S(0)"
+    assert "input 'embed' is S(0) on the pipeline axis 'pp'" in _spec_error(sharded)
+    assert "unknown pipeline key(s) ['stage']" in _spec_error(with_pipeline(small, 2, {"stage": 2}))

@@ -243,8 +243,8 @@ def _parser() -> argparse.ArgumentParser:
                     "beside the routed ones (default 0)")
     ge.add_argument("--router", choices=["softmax", "sigmoid"], default="softmax", help="moe: router scores, "
                     "softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3); the top-k renormalised (default softmax)")
-    ge.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"],
-                    help="dtype of every tensor (default float32; RoPE, softmax and the norms need floats)")
+    ge.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64"],
+                    help="dtype of every float tensor (default float32; RoPE, softmax and the norms need floats)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
 
     es = sub.add_parser("estimate", help="a training step's modelled time on a cluster: compute, exposed "

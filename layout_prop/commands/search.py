@@ -25,8 +25,9 @@ def generator_spec(model, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: in
     if model.family == "moe":
         return gen.moe_spec(layers, (("dp", dp), ("ep", ep), ("tp", tp)), batch=micro_batch * dp * ep,
                             experts=model.experts, top_k=model.top_k, shared_experts=model.shared_experts,
-                            router=model.router, kv_heads=model.kv_heads, full=model.full, vocab=model.vocab,
-                            tie_embeddings=model.tie, **common)
+                            router=model.router, capacity_factor=model.capacity_factor,
+                            capacity_scope=model.capacity_scope, kv_heads=model.kv_heads, full=model.full,
+                            vocab=model.vocab, tie_embeddings=model.tie, **common)
     mesh = (("dp", dp), ("sp", cp), ("tp", tp))
     if model.family == "gpt":
         return gen.gpt_spec(layers, mesh, batch=micro_batch * dp, vocab=model.vocab, **common)

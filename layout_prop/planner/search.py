@@ -37,7 +37,7 @@ import itertools
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from layout_prop.core.errors import SpecError
@@ -51,12 +51,13 @@ __all__ = ["ModelShape", "Config", "Candidate", "SearchResult", "LayerCost", "re
 AXES = ("pp", "dp", "ep", "cp", "tp")
 DEFAULT_ORDER = AXES
 MICRO_BATCHES = (1, 2, 4, 8)
-VIRTUAL_STAGES = (2, 4)
+VIRTUAL_STAGES = (2, 3, 4)
+_TIME_PARTS = ("compute_s", "recompute_s", "comm_s", "p2p_s", "bubble_s", "grad_sync_exposed_s", "optimizer_s")
 _LAYER_NUMBER = re.compile(r"^(.*?\D|)(\d+)(\D.*)$")
 
 
 class InfeasibleSearch(SpecError):
-    """No candidate fits the memory limit; ``least`` is the least memory per rank found and ``config`` its configuration."""
+    """No candidate fits the memory limit: ``least``, the least memory per rank found; ``config``, its configuration."""
 
     def __init__(self, message: str, least: float, config: "Config", limit: int):
         super().__init__("memory-infeasible", message,
@@ -83,6 +84,8 @@ class ModelShape:
     top_k: int = 0
     shared_experts: int = 0
     router: str = "softmax"
+    capacity_factor: float | None = None
+    capacity_scope: str = "global"
     distinct_layers: int = 1
     builder: Callable[..., dict] | None = field(default=None, compare=False, repr=False)
 
@@ -109,7 +112,8 @@ class ModelShape:
                 f"{'s' if self.distinct_layers != 1 else ''}), hidden {self.hidden}, heads {self.heads}, "
                 f"ffn {self.ffn}, seq {self.seq}, {self.dtype}")
         if self.family == "moe":
-            text += f", {self.experts} experts top-{self.top_k}, {self.shared_experts} shared"
+            text += (f", {self.experts} experts top-{self.top_k}, {self.shared_experts} shared, capacity factor "
+                     f"{self.capacity_factor} ({self.capacity_scope})")
         return text
 
 
@@ -200,10 +204,12 @@ class SearchResult:
         if len(self.ranked) < 2:
             return "only one candidate fits"
         a, b = self.ranked[0], self.ranked[1]
+        if b.step_time_s - a.step_time_s <= 1e-12 and b.memory_bytes - a.memory_bytes <= 1:
+            return f"#1 and #2 ({b.config.label()}) tie on step time and memory; the first enumerated is listed first"
         if b.step_time_s - a.step_time_s <= 1e-12:
             return (f"#1 and #2 ({b.config.label()}) tie on step time; #1 needs less memory "
                     f"({a.memory_bytes / 2**30:,.2f} against {b.memory_bytes / 2**30:,.2f} GiB per rank)")
-        diffs = {k: b.parts.get(k, 0.0) - a.parts.get(k, 0.0) for k in set(a.parts) | set(b.parts)}
+        diffs = {k: b.parts.get(k, 0.0) - a.parts.get(k, 0.0) for k in _TIME_PARTS}
         key = max(diffs, key=lambda k: diffs[k])
         what = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
                 "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
@@ -300,9 +306,13 @@ def recognise(graph: Graph) -> ModelShape:
         topk = shapes.get(p + "_topk")
         shared = dims("s_gate")
         scores = shapes.get(p + "_scores")
+        dispatch = shapes.get(p + "_dispatch")
         extra = dict(experts=experts, top_k=int(topk.attrs["k"]) if topk is not None else 1,
                      shared_experts=shared[0] // ffn if shared else 0,
-                     router="sigmoid" if scores is not None and scores.op == "sigmoid" else "softmax")
+                     router="sigmoid" if scores is not None and scores.op == "sigmoid" else "softmax",
+                     capacity_factor=dispatch.attrs.get("capacity_factor") if dispatch is not None else None,
+                     capacity_scope=dispatch.attrs.get("capacity_scope", "global") if dispatch is not None
+                     else "global")
     return ModelShape(family=family, layers=len(layers), hidden=hidden, heads=heads, ffn=ffn, seq=seq, dtype=dtype,
                       vocab=vocab, kv_heads=heads_of("k") if family != "gpt" else None, full="tokens" in inputs,
                       tie="head" not in inputs, distinct_layers=distinct, **extra)
@@ -423,6 +433,7 @@ class LayerCache:
             one = _measure(self.model, self.analyse(self.model.spec(1, tp, cp, ep, 1, mb)), self.cluster)
             two = _measure(self.model, self.analyse(self.model.spec(2, tp, cp, ep, 1, mb)), self.cluster)
             layer = LayerCost(*[b - a for a, b in zip(_fields(one), _fields(two))])
+            layer = replace(layer, input_bytes=boundary_bytes(self.model, tp, cp, mb))
             rest = LayerCost(*[a - (b - a) for a, b in zip(_fields(one), _fields(two))])
             self.costs[key] = (layer, rest)
         return self.costs[key]
@@ -435,7 +446,6 @@ def _fields(cost: LayerCost) -> list:
 def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
     """The step model's figures of an analysed graph (one micro-batch): the basis of a layer's cost."""
     from layout_prop.core import meta
-    from layout_prop.passes.memory import Memory
     from layout_prop.passes.propagate import value_spec
     from layout_prop.perf.costs import op_cost, op_time
     from layout_prop.perf.step import estimate_step
@@ -473,26 +483,48 @@ def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
                            node.meta.get(meta.ATTRS, node.attrs), dtype=inputs[0].dtype if inputs else specs[0].dtype)
             core_s += op_time(cost, cluster)
             core_bytes += sum(s.local_nbytes(0) for s in specs)
-    activations = Memory().run(graph).max.activations
-    x = next((n for n in graph.inputs() if n.name in ("x", "tokens")), None)
-    act_in = _boundary_bytes(model, mesh, value_spec(graph, x.name) if x is not None else None)
+    activations = _saved_bytes(graph)
+    act_in = 0  # set by the cache from the micro-batch (a layer's input: _boundary_bytes)
     return LayerCost(forward_s=est.forward_s, backward_s=est.backward_s, comm_s=comm,
                      forward_comm_s=full.recompute_s - est.forward_s, attention_core_s=core_s,
-                     param_bytes=param_bytes, param_tensors=len(params), expert_param_bytes=expert_bytes, activation_bytes=activations,
+                     param_bytes=param_bytes, param_tensors=len(params), expert_param_bytes=expert_bytes,
+                     activation_bytes=activations,
                      attention_core_bytes=core_bytes, input_bytes=act_in, flops=est.flops_per_step,
                      ep_sync_s=est.grad_sync_s)
 
 
-def _boundary_bytes(model: ModelShape, mesh, x_spec) -> int:
-    """A layer's input on one rank (batch, seq, hidden) in the model's dtype: sent between stages, kept by full
-    recomputation (Megatron's sequence parallelism splits it on tp too)."""
-    if x_spec is None:
-        return 0
-    b = x_spec.shape[0]
-    sizes = dict(zip(mesh.names, mesh.shape))
-    split = sizes.get("dp", 1) * sizes.get("ep", 1)
-    seq_split = sizes.get("sp", 1) * (sizes.get("tp", 1) if model.sequence_parallel else 1)
-    return int(b // split * model.seq * model.hidden * model.itemsize // seq_split)
+def _is_backward(node) -> bool:
+    from layout_prop.core import meta
+
+    return node.meta.get(meta.INSERTED_BY) == "backward" or node.name.startswith("grad/")
+
+
+def _saved_bytes(graph: Graph) -> int:
+    """Bytes on rank 0 of the forward values the backward reads: the activations a micro-batch keeps until its
+    backward (an op output, or an input without a gradient, read by a node of the gradient graph)."""
+    from layout_prop.passes.propagate import value_spec
+
+    total = 0
+    for node in graph.topo_order():
+        if _is_backward(node) or (node.is_input and node.attrs.get("requires_grad")):
+            continue
+        for value in node.outputs:
+            if any(_is_backward(consumer) for consumer, _ in graph.consumers(value)):
+                spec = value_spec(graph, value)
+                total += spec.local_nbytes(0) if spec is not None else 0
+    return total
+
+
+def boundary_bytes(model: ModelShape, tp: int, cp: int, micro_batch: int) -> int:
+    """A layer's input (micro-batch, seq, hidden) on one rank: what a stage sends the next, and what full
+    recomputation keeps of a layer (Megatron's sequence parallelism splits it on tp too; Korthikanti et al.
+    section 5: ``2 s b h`` bytes in 16 bits).
+
+    >>> boundary_bytes(ModelShape("gpt", 1, 12288, 96, 49152, 2048, "float16"), 8, 1, 1)  # 2 s b h
+    50331648
+    """
+    seq_split = cp * (tp if model.sequence_parallel else 1)
+    return micro_batch * model.seq * model.hidden * model.itemsize // seq_split
 
 
 def _axis_index(order: tuple[str, ...], axis: str) -> int:
@@ -521,8 +553,10 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
     shape = tuple(c.degree(a) for a in order)
     pp_stride = math.prod(shape[order.index("pp") + 1:])
     p2p = 0.0
-    if c.pp > 1:
-        p2p = 2 * chunks * par.p2p_time(layer.input_bytes, cluster, pp_stride >= cluster.devices_per_node)
+    if c.pp > 1:  # without sequence parallelism each tp rank sends 1/t of the replicated activation and the next
+        # stage all-gathers it inside the node (Narayanan et al. SC'21, section 4.1, scatter/gather)
+        sent = layer.input_bytes if model.sequence_parallel else layer.input_bytes / c.tp
+        p2p = 2 * chunks * par.p2p_time(sent, cluster, pp_stride >= cluster.devices_per_node)
     stage_s = fwd + bwd + comm + recompute + p2p
     pipe = par.pipeline_time(stage_s, c.pp, m, c.schedule, c.v)
     bubble = pipe - m * stage_s
@@ -552,7 +586,8 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
     else:
         kept = layer.activation_bytes
     inflight = par.inflight_microbatches(c.pp, m, c.schedule, c.v) if c.pp > 1 else 1
-    activations = inflight * (per_stage * kept + max(rest.activation_bytes, 0))
+    # the first stage keeps its micro-batches' layer activations; the head's (on the last stage) are kept for one
+    activations = inflight * per_stage * kept + max(rest.activation_bytes, 0)
     if c.recompute == "full":
         activations += layer.activation_bytes  # the layer being recomputed holds its activations
     memory = states + activations
@@ -612,6 +647,10 @@ def search(model: ModelShape, cluster: Cluster, devices: int, global_batch: int,
     if keep_all:
         result.notes.append("all")
         result.every = every  # type: ignore[attr-defined]
+    if model.family == "moe" and model.capacity_factor is None:
+        result.notes.append("the spec drops no token (no capacity factor): every expert's buffer holds every token, "
+                            "as the generator's exact routing does; gen moe --capacity-factor 1 prices balanced "
+                            "routing")
     if model.distinct_layers > 1:
         result.notes.append(f"{model.distinct_layers} distinct layer shapes recognised; every layer is priced as "
                             "the first (the generators write one layer shape)")

@@ -1,0 +1,155 @@
+"""plan --search: the analytic formulas against the papers' figures, a small search consistent with
+``estimate`` on the spec it writes, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from layout_prop.cli import main
+from layout_prop.commands.search import analysed, load_model_shape, run_search
+from layout_prop.frontends.generate import gpt_spec
+from layout_prop.io.loader import load_spec
+from layout_prop.perf import parallel as par
+from layout_prop.perf.clusters import get_cluster
+from layout_prop.perf.step import estimate_step
+from layout_prop.planner.search import Config, InfeasibleSearch, LayerCache, evaluate
+
+GB = 1e9
+
+
+def test_pipeline_bubble_is_narayanan_et_al():
+    # SC'21 section 2.2: (p - 1) / m for GPipe and 1F1B, (p - 1) / (v m) interleaved
+    assert par.bubble_fraction(8, 32, "gpipe") == par.bubble_fraction(8, 32, "1f1b") == 7 / 32
+    assert par.bubble_fraction(8, 32, "interleaved", 4) == 7 / 128
+    assert par.bubble_fraction(1, 5, "1f1b") == 0
+    # the step: m t_stage plus (p - 1) stage times, (p - 1) / v interleaved
+    assert par.pipeline_time(2.0, 4, 16, "1f1b") == pytest.approx(2.0 * (16 + 3))
+    assert par.pipeline_time(2.0, 4, 16, "interleaved", 3) == pytest.approx(2.0 * (16 + 1))
+
+
+def test_in_flight_micro_batches_per_schedule():
+    assert par.inflight_microbatches(8, 64, "gpipe") == 64
+    assert par.inflight_microbatches(8, 64, "1f1b") == 8
+    assert par.inflight_microbatches(8, 4, "1f1b") == 4
+    # Korthikanti et al. 4.2.3: p (1 + (p - 1) / (p v)) for interleaved 1F1B
+    assert par.inflight_microbatches(4, 64, "interleaved", 2) == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_activation_bytes_are_korthikanti_et_al():
+    # GPT-3 175B (s 2048, h 12288, a 96), one sequence, tensor parallel 8, by hand from equations 1-6
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    sbh = s * b * h  # 25,165,824
+    assert par.activation_bytes_per_layer(s, b, h, a) == sbh * 34 + 5 * a * s * s * b  # 2,868,903,936
+    assert par.activation_bytes_per_layer(s, b, h, a, t, sequence_parallel=False) == pytest.approx(
+        sbh * (10 + 24 / 8) + 5 * a * s * s * b / 8)
+    assert par.activation_bytes_per_layer(s, b, h, a, t) == pytest.approx(2_868_903_936 / 8)
+    assert par.activation_bytes_per_layer(s, b, h, a, t, recompute="selective") == 34 * sbh / 8
+    assert par.activation_bytes_per_layer(s, b, h, a, t, recompute="full") == 2 * sbh / 8
+
+
+def test_zero_memory_is_rajbhandari_et_al_figure_1():
+    # 7.5B parameters, N_d = 64, mixed-precision Adam (K = 12): 120 GB, 31.4 GB, 16.6 GB, 1.9 GB
+    figures = [par.zero_model_state_bytes(7.5e9, stage, 64) / GB for stage in range(4)]
+    assert figures == pytest.approx([120.0, 31.4, 16.6, 1.875], abs=0.05)
+    assert par.zero_communication_bytes(10, 1) == 20 and par.zero_communication_bytes(10, 3) == 30
+
+
+def test_gradient_sync_prices_the_zero_collectives():
+    a100 = get_cluster("a100-80g")
+    shape = (16, 8)  # dp across two nodes, tp inside
+    nbytes = 64e6
+    zero0 = par.grad_sync_time(nbytes, 0, shape, 0, a100)
+    zero3 = par.grad_sync_time(nbytes, 3, shape, 0, a100)
+    assert zero0 > 0 and zero3 == pytest.approx(1.5 * zero0, rel=0.05)  # 3 psi against 2 psi
+    assert par.grad_sync_time(nbytes, 0, (1, 8), 0, a100) == 0
+
+
+GPT = dict(layers=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=256, hidden=512, heads=8, vocab=1024,
+           dtype="float16")
+
+
+@pytest.fixture(scope="module")
+def gpt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("search") / "gpt.yaml"
+    path.write_text(json.dumps(gpt_spec(**GPT)))
+    return path
+
+
+def _cli(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_small_search_is_feasible_and_agrees_with_estimate(gpt_file, tmp_path, capsys):
+    out_spec, plan = tmp_path / "best.yaml", tmp_path / "plan.yaml"
+    code, out, err = _cli(["plan", str(gpt_file), "--search", "--cluster", "a100-80g", "--devices", "16",
+                           "--global-batch", "64", "--axes", "pp=1", "--top", "40", "--json", "-o", str(out_spec),
+                           "--plan-out", str(plan)], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    top = data["top"]
+    assert data["candidates"] >= len(top) > 2 and data["layer_evaluations"] > 0
+    best = top[0]
+    assert best["memory_per_rank_bytes"] <= data["memory_limit"]
+    assert [t["step_time_s"] for t in top] == sorted(t["step_time_s"] for t in top)
+    # estimate on the written spec, with the same batch, micro-batch and recomputation
+    config = best["config"]
+    code, est_out, err = _cli(["estimate", str(out_spec), "--cluster", "a100-80g", "--global-batch", "64",
+                               "--micro-batch", str(config["micro_batch"]), "--recompute",
+                               "full" if config["recompute"] == "full" else "none", "--json"], capsys)
+    assert code == 0, err
+    measured = json.loads(est_out)["step_time_s"]
+    assert best["step_time_s"] == pytest.approx(measured, rel=0.05)
+    assert "parameters:" in plan.read_text() and "micro_batch" in plan.read_text()
+    # the ranking agrees with estimate on two clearly different configurations
+    slow = next(t for t in top if t["step_time_s"] > 1.3 * best["step_time_s"] and t["config"]["recompute"] == "none")
+    model = load_model_shape(load_spec(gpt_file))
+    times = []
+    for entry in (best, slow):
+        c = entry["config"]
+        graph = analysed(model.spec(model.layers, c["tp"], c["cp"], c["ep"], c["dp"], c["micro_batch"]))
+        times.append(estimate_step(graph, get_cluster("a100-80g"), global_batch=64, micro_batch=c["micro_batch"],
+                                   recompute="full" if c["recompute"] == "full" else "none").step_time_s)
+    assert times[0] < times[1]
+    assert slow["step_time_s"] == pytest.approx(times[1], rel=0.1)
+
+
+def test_pipelined_candidate_adds_the_bubble_it_should(gpt_file):
+    cluster = get_cluster("a100-80g")
+    model = load_model_shape(load_spec(gpt_file))
+    cache = LayerCache(model, cluster, analysed)
+    flat = evaluate(Config(dp=8, tp=2, pp=1), model, cluster, 64, cache)
+    piped = evaluate(Config(dp=4, tp=2, pp=2, schedule="1f1b"), model, cluster, 64, cache)
+    m = piped.parts["micro_batches"]
+    assert m == 16 and piped.parts["layers_per_stage"] == 2
+    stage = (piped.step_time_s - piped.parts["bubble_s"] - piped.parts["grad_sync_exposed_s"]
+             - piped.parts["optimizer_s"]) / m
+    assert piped.parts["bubble_s"] == pytest.approx(stage * (2 - 1))
+    assert piped.memory_bytes < flat.memory_bytes  # half the layers' states a rank
+
+
+@pytest.mark.parametrize("argv, code, words", [
+    (["--cluster", "a100"], "unknown-cluster", "a100"),
+    (["--global-batch", "63", "--axes", "dp=2"], "bad-batch", "63"),
+    (["--axes", "tp=3"], "bad-devices", "tp=3"),
+    (["--memory-per-rank", "1MB"], "memory-infeasible", "least memory found is"),
+])
+def test_bad_requests_are_one_line(gpt_file, capsys, argv, code, words):
+    base = {"--cluster": "a100-80g", "--devices": "16", "--global-batch": "64"}
+    given = dict(zip(argv[::2], argv[1::2]))
+    args = ["plan", str(gpt_file), "--search"] + [x for k, v in {**base, **given}.items() for x in (k, v)]
+    status, out, err = _cli(args, capsys)
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and code in lines[0] and words in lines[0], err
+
+
+def test_infeasible_names_the_least_memory_configuration(gpt_file):
+    model = load_model_shape(load_spec(gpt_file))
+    with pytest.raises(InfeasibleSearch) as err:
+        run_search(model, get_cluster("a100-80g"), 16, 64, memory_limit=1_000_000)
+    assert err.value.code == "memory-infeasible" and err.value.least > 1_000_000
+    assert err.value.config.devices == 16

@@ -255,8 +255,13 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--global-batch", type=_positive_int, metavar="N", help="sequences a step (with --micro-batch)")
     es.add_argument("--micro-batch", type=_positive_int, metavar="M",
                     help="sequences a micro-batch on one data-parallel rank; accumulation is N / (M x dp)")
-    es.add_argument("--recompute", choices=["none", "full"], default="none",
-                    help="full: recompute every activation in the backward (one more forward)")
+    es.add_argument("--recompute", choices=["none", "selective", "full"], default=None,
+                    help="full: recompute every activation in the backward (one more forward); selective: the "
+                    "attention core (default: the spec's recompute block, else none)")
+    es.add_argument("--recompute-layers", metavar="L0,L1", help="recompute only these layers (full unless "
+                    "--recompute selective)")
+    es.add_argument("--zero", type=int, choices=[0, 1, 2, 3], metavar="STAGE", help="ZeRO stage 0-3 over every "
+                    "data-parallel mesh axis (dp, data, fsdp; default: the spec's zero block, else 0)")
     es.add_argument("--no-overlap", action="store_true",
                     help="expose the whole gradient synchronisation (default: overlapped with the backward)")
     es.add_argument("--json", action="store_true", help="print JSON")

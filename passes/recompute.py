@@ -36,12 +36,37 @@ from layout_prop.core.graph import Graph, Node
 
 from .zero import _is_backward, _layer_of
 
-__all__ = ["Recompute", "MODES", "PREFIX", "ATTENTION_OPS", "segments", "layer_activations", "held_values"]
+__all__ = ["Recompute", "MODES", "PREFIX", "ATTENTION_OPS", "segments", "layer_activations", "held_values",
+           "parse_recompute"]
 
 MODES = ("none", "selective", "full")
 PREFIX = "recompute/"
 INSERTED = "recompute"
 ATTENTION_OPS = ("scaled_dot_product_attention",)
+
+
+def parse_recompute(value, path: str = "recompute") -> tuple[str, tuple[str, ...] | None]:
+    """The ``recompute:`` block of a spec: a mode, or ``{mode: none|selective|full, layers: [l0, ...]}``
+    (layers default to every layer); returns ``(mode, layers or None)``.
+
+    >>> parse_recompute("selective"), parse_recompute({"mode": "full", "layers": ["l0", "l2"]})
+    (('selective', None), ('full', ('l0', 'l2')))
+    """
+    if isinstance(value, dict):
+        unknown = set(value) - {"mode", "layers"}
+        if unknown:
+            raise SpecError("unknown-key", f"unknown key {sorted(unknown)[0]!r} in the recompute block", path=path,
+                            hint="write recompute: {mode: selective, layers: [l0, l1]}")
+        mode, layers = value.get("mode"), value.get("layers")
+    else:
+        mode, layers = value, None
+    if mode not in MODES:
+        raise SpecError("bad-value", f"recompute mode must be one of {', '.join(MODES)}, got {mode!r}",
+                        path=f"{path}.mode" if isinstance(value, dict) else path, hint="write recompute: full")
+    if layers is not None and (not isinstance(layers, list) or not all(isinstance(x, str) for x in layers)):
+        raise SpecError("bad-type", f"recompute layers must be a list of layer names, got {layers!r}",
+                        path=f"{path}.layers", hint="name layers as the nodes do: layers: [l0, l1]")
+    return mode, None if layers is None else tuple(layers)
 
 
 def _layered(name: str) -> str | None:
@@ -69,7 +94,8 @@ def segments(graph: Graph, mode: str, layers=None) -> dict[str, list[Node]]:
         return out
     wanted = None if layers is None else set(layers)
     for node in graph.topo_order():
-        if node.is_input or _is_backward(graph, node) or node.meta.get(meta.INSERTED_BY) in (INSERTED, "zero"):
+        if node.is_input or _is_backward(graph, node) or node.meta.get(meta.INSERTED_BY) in (INSERTED, "zero") \
+                or node.name.startswith(("zero/gather/", "zero/regather/")):  # (ZeRO's gathers: finish re-gathers)
             continue
         owner = node.meta.get("for", (node.name,))[0] if node.op == "redistribute" else node.name
         layer = _layered(owner)
@@ -79,6 +105,12 @@ def segments(graph: Graph, mode: str, layers=None) -> dict[str, list[Node]]:
                                                 else graph.node(owner)):
             continue
         out.setdefault(layer, []).append(node)
+    if wanted is not None:
+        known = {_layered(n.name) for n in graph.nodes} - {None}
+        unknown = sorted(wanted - known)
+        if unknown:
+            raise SpecError("unknown-layer", f"no layer named {unknown[0]!r} to recompute", path="recompute.layers",
+                            hint=f"the graph's layers: {', '.join(sorted(known)[:8]) or 'none'}")
     return out
 
 

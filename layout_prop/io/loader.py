@@ -62,7 +62,8 @@ MAX_ELEMENTS = 2 ** 62
 #: the longest name (of a value, a node, a mesh axis) and the longest attr list or string
 MAX_NAME, MAX_ATTR_ITEMS = 256, 4096
 
-TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description", "constraints", "pipeline"}
+TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description", "constraints", "pipeline", "zero",
+            "recompute"}
 MESH_KEYS = {"shape", "names", "links"}
 INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
 NODE_KEYS = {"name", "op", "inputs", "attrs"}
@@ -1207,4 +1208,10 @@ def _build(data: dict) -> Graph:
             raise _err("bad-type", f"pipeline must be a mapping, got {cut(data['pipeline'])}", "pipeline",
                        "write pipeline: {axis: pp, micro_batches: 4, schedule: 1f1b}")
         g.meta["pipeline"] = dict(data["pipeline"])
+    for key in ("zero", "recompute"):  # read by passes/zero.py (parse_zero) and passes/recompute.py (parse_recompute)
+        if data.get(key) is not None:
+            if not isinstance(data[key], (dict, int, str)) or isinstance(data[key], bool):
+                raise _err("bad-type", f"{key} must be a mapping or a scalar, got {cut(data[key])}", key,
+                           "write zero: {stage: 3, axes: [dp]} or recompute: {mode: selective, layers: [l0]}")
+            g.meta[key] = data[key]
     return g

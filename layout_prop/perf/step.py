@@ -147,6 +147,8 @@ def accumulation_steps(mesh, global_batch: int | None, micro_batch: int | None) 
 def _phase(graph: Graph, node) -> str:
     if node.meta.get(meta.INSERTED_BY) == "recompute":
         return "recompute"
+    if node.name.startswith("zero/regather/"):  # ZeRO-3's gather for the backward
+        return "backward"
     if node.meta.get(meta.INSERTED_BY) == "backward" or node.name.startswith("grad/"):
         return "backward"
     if node.op == "redistribute":

@@ -96,17 +96,40 @@ _BYTES = "reshard.bytes"  # private key of the propagate cache: (spec, wanted la
 _MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
 
 
-_PARTIAL: dict = {}  # layout -> whether it has a Partial axis (asked of every node's values)
+_UNKNOWN = object()  # a cache's answer for a key it has not seen
+_PARTIAL: dict = {}  # id(layout) -> (the layout, whether it has a Partial axis), asked of every node's values
 
 
 def _partial(layout) -> bool:
-    """Whether ``layout`` has a Partial axis (cached in ``_PARTIAL``)."""
-    known = _PARTIAL.get(layout)
+    """Whether ``layout`` has a Partial axis.
+
+    Cached by identity in ``_PARTIAL``: a Layout's hash is a Python call, an ``id`` is not, and
+    this runs on every node of the sweep.  Each entry holds its layout, so no other object can
+    take its id while the entry lives (layouts only: a held spec would outlive the weak
+    uniquing table's promise).
+    """
+    known = _PARTIAL.get(id(layout))
     if known is None:
         if len(_PARTIAL) > 4096:
             _PARTIAL.clear()
-        known = _PARTIAL[layout] = layout.has_partial()
-    return known
+        known = _PARTIAL[id(layout)] = (layout, layout.has_partial())
+    return known[1]
+
+
+def _all_fixable(violations) -> bool:
+    """Whether a redistribution can fix every one of ``violations`` (true of none)."""
+    for v in violations:  # a plain loop: cheaper than all() over a generator on this path
+        if not v.fixable:
+            return False
+    return True
+
+
+def _any_fixable(violations) -> bool:
+    """Whether a redistribution can fix one of ``violations``."""
+    for v in violations:
+        if v.fixable:
+            return True
+    return False
 
 
 @lru_cache(maxsize=4096)
@@ -142,22 +165,28 @@ class _Sweep:
         self.free: dict = self.propagate.cache.setdefault(_FREE, {})
         self.move_meta: dict = self.propagate.cache.setdefault(_MOVE_META, {})
         self.bytes: dict = self.propagate.cache.setdefault(_BYTES, {})
+        self.operands: dict[tuple[str, int], str] = {}  # (op, input index) -> the operand's name
 
     def add(self, node: Node) -> None:
         """Append ``node`` (shared, or a propagated copy) after the moves its rule asks for."""
         m = node.meta
         if self.changed and not self.changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
-        if node.meta[meta.VIOLATIONS] or self._passes_partial(node):
-            node = self._reuse_moves(node)
+        specs = None  # the input specs, read once for the reuse step and the first round of moves
+        if node.meta[meta.VIOLATIONS] or (node.inputs and self._passes_partial(node)):
+            spec = self.spec
+            specs = [spec(value) for value in node.inputs]
+            reused = self._reuse_moves(node, specs)
+            if reused is not node:
+                node, specs = reused, None
         if node.meta[meta.VIOLATIONS]:
             for _ in range(self.reshard.max_rounds):
-                if not any(v.fixable for v in node.meta[meta.VIOLATIONS]):
+                if not _any_fixable(node.meta[meta.VIOLATIONS]):
                     break
-                inputs = self._move_inputs(node)
+                inputs = self._move_inputs(node, specs)
                 if inputs == node.inputs:
                     break
-                node = self._visit_copy(node, inputs)
+                node, specs = self._visit_copy(node, inputs), None
         if node.meta is not m and node.meta[meta.SPECS] != m[meta.SPECS]:
             self.changed.update(node.outputs)
         self.nodes[node.name] = node
@@ -176,7 +205,7 @@ class _Sweep:
         self.propagate.visit(self.graph, copy, tuple([spec(value) for value in inputs]))
         return copy
 
-    def _reuse_moves(self, node: Node) -> Node:
+    def _reuse_moves(self, node: Node, specs: list | None = None) -> Node:
         """``node``, with an input read from a redistribute node already in the graph, or from a
         new all-reduce of a partial input, where that makes the node cheaper.
 
@@ -192,15 +221,19 @@ class _Sweep:
         whole.  Each input is tried in turn with each version, and a version kept when the
         node's cost (:meth:`_cost`: its moves, reducing a partial output, and a new all-reduce)
         falls strictly.  The rule's own choice stands on a tie; a node with a violation no move
-        fixes is left as it is.
+        fixes is left as it is.  ``specs`` may give the input specs (else they are read).
         """
         violations = node.meta[meta.VIOLATIONS]
-        if any(not v.fixable for v in violations) or not (violations or self._passes_partial(node)):
+        if not _all_fixable(violations) or not (violations or self._passes_partial(node)):
             return node  # what no move fixes is reported as it is
-        specs = [self.spec(value) for value in node.inputs]
-        if self.moves_of.keys().isdisjoint(node.inputs) and not any(
-                s is not None and _partial(s.layout) for s in specs):
-            return node  # no other version of any input
+        if specs is None:
+            specs = [self.spec(value) for value in node.inputs]
+        if self.moves_of.keys().isdisjoint(node.inputs):
+            for s in specs:
+                if s is not None and _partial(s.layout):
+                    break
+            else:
+                return node  # no other version of any input
         values = list(node.inputs)
         best = self._cost(node, values, specs)
         if not best:
@@ -208,6 +241,8 @@ class _Sweep:
         choice: list[str | TensorSpec | None] = [None] * len(specs)  # per input: a moved value, a reduced spec
         for i, value in enumerate(node.inputs):
             for option, spec, extra in self._versions(value, specs[i]):
+                if extra >= best:
+                    continue  # its cost is at least ``extra`` and must fall strictly: not worth a visit
                 trial, named = list(specs), list(values)
                 trial[i] = spec
                 named[i] = option if isinstance(option, str) else None
@@ -229,17 +264,21 @@ class _Sweep:
     def _passes_partial(self, node: Node) -> bool:
         """Whether ``node`` has a partial output and reads a partial input (a partial sum passed
         through a linear op: reducing before may be cheaper than after)."""
-        partial = _PARTIAL.get  # plain loops: this runs on every node of the sweep
+        if not node.inputs:
+            return False
+        known = _PARTIAL.get  # plain loops and identity lookups: this runs on every node of the sweep
         for spec in node.meta[meta.SPECS]:
-            if spec is not None and (partial(spec.layout) or _partial(spec.layout)):
-                break
+            if spec is not None:
+                entry = known(id(spec.layout))
+                if entry[1] if entry is not None else _partial(spec.layout):
+                    break
         else:
             return False
         for value in node.inputs:
             if value in self.graph_inputs:  # a partial graph input is the user's declared layout: kept
                 continue
             spec = self.spec(value)
-            if spec is not None and (partial(spec.layout) or _partial(spec.layout)):
+            if spec is not None and _partial(spec.layout):
                 return True
         return False
 
@@ -259,11 +298,12 @@ class _Sweep:
         Replicate (what a partial sum costs its consumers at most); infinite when a violation
         is not fixable by a move."""
         m = node.meta
-        if any(not v.fixable for v in m[meta.VIOLATIONS]):
+        if not _all_fixable(m[meta.VIOLATIONS]):
             return float("inf")
         total = 0
+        moved = self.moved
         for value, spec, want in zip(values, specs, m[meta.WANTS]):
-            if want is not None and (value, want) not in self.moved:
+            if want is not None and (value, want) not in moved:
                 total += self._bytes(spec, want)
         for spec in m[meta.SPECS]:
             if spec is not None and _partial(spec.layout):
@@ -285,10 +325,9 @@ class _Sweep:
     def _is_free(self, spec, want) -> bool | None:
         """Whether moving ``spec`` to ``want`` costs nothing (None: no redistribution can)."""
         key = (spec, want)
-        try:
-            return self.free[key]
-        except KeyError:
-            pass
+        free = self.free.get(key, _UNKNOWN)
+        if free is not _UNKNOWN:
+            return free
         try:
             free = plan_redistribution(spec, want).is_free
         except LayoutPropError:
@@ -296,21 +335,27 @@ class _Sweep:
         self.free[key] = free
         return free
 
-    def _move_inputs(self, node: Node) -> tuple[str, ...]:
+    def _move_inputs(self, node: Node, specs: list | None = None) -> tuple[str, ...]:
         """The node's inputs with a redistribute node in place of each move that is needed.
 
         A move is needed when it costs communication, or when a violation asks for it (a
-        relabel on a size-1 axis); free local slices stay implicit.
+        relabel on a size-1 axis); free local slices stay implicit.  ``specs`` may give the
+        input specs (else they are read).
         """
-        flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
+        flagged = None  # the inputs a fixable violation names, made when a free move asks
         inputs = list(node.inputs)
         for i, (value, want) in enumerate(zip(node.inputs, node.meta[meta.WANTS])):
             if want is None:
                 continue
-            spec = self.spec(value)
+            spec = self.spec(value) if specs is None else specs[i]
             free = self._is_free(spec, want)
-            if free is None or (free and value not in flagged):
+            if free is None:
                 continue
+            if free:
+                if flagged is None:
+                    flagged = {v.input for v in node.meta[meta.VIOLATIONS] if v.fixable}
+                if value not in flagged:
+                    continue
             inputs[i] = self._move(node, i, value, spec, want)
         return tuple(inputs)
 
@@ -326,7 +371,9 @@ class _Sweep:
 
     def _insert_move(self, node: Node, index: int, value: str, spec, want) -> str:
         """Append a redistribute node moving ``value`` (``spec``) to ``want`` for input ``index`` of ``node``."""
-        operand = get_rule(node.op).operand_name(index)
+        operand = self.operands.get((node.op, index))
+        if operand is None:
+            operand = self.operands[(node.op, index)] = get_rule(node.op).operand_name(index)
         name = self._fresh(f"{node.name}/{operand}")
         known = self.move_meta.get((spec, want))
         if known is not None:  # the same move seen before: its rule's result is a pure function of it

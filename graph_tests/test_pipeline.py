@@ -364,3 +364,45 @@ def test_pipelined_zero3_recomputing_4_layers_on_8_ranks_matches_one_device():
     assert_matches(run, reference)
     stored = pprog.program.specs["l0_wq"].layout.placement_strs()
     assert "S(1)" in stored[0] or "S(0)" in stored[0]  # sharded on dp as ZeRO-3 stores it
+
+
+def _small_pipeline():
+    spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=2, full=True), 2,
+                         {"micro_batches": 2})
+    graph = load_spec(spec)
+    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    micro, batch_names = micro_batch_graph(graph, config)
+    g = analyze(micro, reshard=True, backward=True).graph
+    return g, config, graph.mesh, batch_names
+
+
+def test_each_rank_program_as_data():
+    import json
+
+    g, config, mesh, batch_names = _small_pipeline()
+    pprog = lower_pipeline(g, config, mesh, batch_names, forward_chunks(g, config))
+    data = pprog.to_dict(3)  # pp=1, tp=1: stage 1
+    assert data["stage"] == 1 and data["order"] == [[0, 1, "forward"], [0, 1, "backward"], [1, 1, "forward"],
+                                                    [1, 1, "backward"]]
+    forward = data["tasks"][0]
+    assert forward["receives"][0]["kind"] == "permute" and forward["receives"][0]["from_rank"] == 1
+    assert [t["phase"] for t in data["tasks"]] == ["forward", "backward"]
+    assert json.dumps(data, sort_keys=True) == json.dumps(
+        lower_pipeline(g, config, mesh, batch_names, forward_chunks(g, config)).to_dict(3), sort_keys=True)
+
+
+def test_the_verifier_catches_a_missing_move_and_an_edge_back_in_time():
+    from layout_prop.core.errors import GraphError
+    from layout_prop.passes.pipeline import POSITION, assign_positions, pipeline_moves, verify_pipeline
+
+    g, config, _, _ = _small_pipeline()
+    assign_positions(g, forward_chunks(g, config), config)
+    moves = pipeline_moves(g, config)
+    verify_pipeline(g, moves, config)  # as lowered: clean
+    with pytest.raises(GraphError) as info:
+        verify_pipeline(g, moves[1:], config)
+    assert info.value.code == "pipeline-missing-move" and moves[0].value in str(info.value)
+    g.node("loss").meta[POSITION] = 0  # the loss made in chunk 1's forward, moved to chunk 0's
+    with pytest.raises(GraphError) as info:
+        verify_pipeline(g, moves, config)
+    assert info.value.code == "pipeline-order"

@@ -494,6 +494,24 @@ class PipelineProgram:
     def task_names(self, stage: int) -> list[str]:
         return [str(t) for t in self.orders[stage]]
 
+    def to_dict(self, rank: int) -> dict:
+        """Rank ``rank``'s program as JSON-ready data: its stage, its schedule (``[micro-batch, chunk,
+        forward|backward]`` in order), and per task of its chunks the values it receives (with the
+        permute step) and its local ops (:meth:`Program.op_dict` on the stage mesh)."""
+        stage, q = self.stage_of(rank), self.stage_rank(rank)
+        c = self.config
+        tasks = []
+        for chunk in range(stage, c.chunks, c.stages):
+            for phase in "FB":
+                receives = [{"value": mv.value, "from_rank": self.rank_at(mv.src_stage, q),
+                             **self.permute(mv).to_dict()} for mv in self.moves.get((chunk, phase), ())]
+                ops = [self.program.op_dict(op, q) for op in self.tasks.get((chunk, phase), ())]
+                tasks.append({"chunk": chunk, "phase": "forward" if phase == "F" else "backward",
+                              "receives": receives, "ops": ops})
+        return {"rank": rank, "coords": list(self.mesh.coords(rank)), "stage": stage, "stage_rank": q,
+                "schedule": c.schedule, "micro_batches": c.micro_batches,
+                "order": [t.to_list() for t in self.orders[stage]], "tasks": tasks}
+
     def format(self, rank: int) -> str:
         """Rank ``rank``'s program: its stage, schedule, and per task the moves in and the local ops."""
         stage, q = self.stage_of(rank), self.stage_rank(rank)

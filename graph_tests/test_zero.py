@@ -233,3 +233,40 @@ def test_step_model_prices_zero():
     assert est[3].grad_sync_exposed_s <= est[3].grad_sync_s
     memory = [est[stage].memory_per_rank_bytes for stage in range(4)]
     assert memory == sorted(memory, reverse=True) and len(set(memory)) == 4
+
+
+def test_memory_agrees_with_the_search_model():
+    """perf/parallel.py (the configuration search's own formula, Rajbhandari et al. figure 1) gives the same
+    model-state bytes per rank as the memory pass on the graph, at every stage."""
+    from layout_prop.perf.parallel import zero_model_state_bytes
+
+    spec = CASES["dp2xtp2"][0]("float16")
+    for stage in range(4):
+        config = ZeroConfig(stage, ("dp",) if stage else ())
+        m = Memory("adam", zero=config).run(prepared(spec, config)).max
+        assert m.parameters + m.gradients + m.optimizer_states == zero_model_state_bytes(psi(spec), stage, 2, 2)
+
+
+# ---------------------------------------------------------------- the command line
+def test_estimate_command_with_zero(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = CASES["dp2xtp2"][0]("float16")
+    path = tmp_path / "gpt.yaml"
+    path.write_text(yaml.safe_dump({**spec, "zero": {"stage": 3, "axes": ["dp"]}, "recompute": "full"}))
+    out = subprocess.run([sys.executable, "-m", "layout_prop.cli", "estimate", str(path), "--cluster", "a100-80g",
+                          "--json"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["breakdown"]["zero_stage"] == 3 and report["breakdown"]["zero_gather_s"] > 0
+    path.write_text(yaml.safe_dump({**spec, "zero": {"stage": 2, "axes": ["tp"]}}))
+    out = subprocess.run([sys.executable, "-m", "layout_prop.cli", "estimate", str(path), "--cluster", "a100-80g"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        "layout-prop: error: bad-value at zero.axes: ZeRO shards over data-parallel axes, not 'tp' (hint: name mesh "
+        "axes among ['dp'] (axes named dp, data or fsdp))"]

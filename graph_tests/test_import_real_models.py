@@ -502,6 +502,31 @@ def test_the_skeleton_suggests_colwise_fused_for_gpt2s_c_attn_and_runs(tmp_path,
     assert "matches one device" in capsys.readouterr().out
 
 
+
+def test_the_skeleton_suggests_colwise_fused_for_phi3s_sliced_projections(tmp_path, capsys):
+    """Phi-3 cuts qkv_proj's output into q, k and v (and gate_up_proj's into two) by Slices, not a Split: the
+    skeleton suggests colwise_fused(3) and (2) (plain colwise would cut across the blocks and gather them), and the
+    skeleton as written (its default mesh: tp=2) moves nothing but the row-parallel sums, forward and backward, and runs equal to one device."""
+    skeleton = tmp_path / "phi3.yaml"
+    assert main(["import", str(MODELS / "phi3.onnx"), "-o", str(skeleton)]) == 0
+    written = yaml.safe_load(skeleton.read_text())
+    plan = written["parameters"]
+    for i in (0, 1):
+        assert plan[f"model.layers.{i}.self_attn.qkv_proj.weight"] == "colwise_fused(3)"
+        assert plan[f"model.layers.{i}.mlp.gate_up_proj.weight"] == "colwise_fused(2)"
+        assert plan[f"model.layers.{i}.self_attn.o_proj.weight"] == "rowwise"
+        assert plan[f"model.layers.{i}.mlp.down_proj.weight"] == "rowwise"
+    assert written["mesh"] == {"shape": [2], "names": ["tp"]}  # the skeleton's default mesh, used as written
+    capsys.readouterr()
+    assert main(["check", str(MODELS / "phi3.onnx"), "--plan", str(skeleton), "--backward", "--reshard",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # plain colwise on the same weights: 10 all-gathers and 22 local slices of the q/k/v and gate/up pieces
+    kinds = sorted({step["kind"] for move in report["redistributions"] for step in move["steps"]})
+    assert kinds == ["all-reduce"], kinds  # only the row-parallel products' sums (and their gradients)
+    assert main(["run", str(MODELS / "phi3.onnx"), "--plan", str(skeleton), "--backward"]) == 0
+    assert "matches one device" in capsys.readouterr().out
+
 # ----------------------------------------------------------------------------------- pins by module path
 def test_a_pin_by_torchs_module_path_pins_each_layers_o_proj_output(tmp_path, capsys):
     """``model.layers.*.self_attn.o_proj`` in a plan's constraints pins the output of each layer's o_proj (the

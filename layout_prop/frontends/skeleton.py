@@ -77,14 +77,21 @@ def _suggest(spec: dict, producers: dict[str, dict], name: str, uses) -> tuple[s
     source = producers.get(_through_moves(producers, product["inputs"][0])[-1]) if product is not None else None
     if source is not None and source["op"] in _SECOND_HALF:
         return uses[0].op, "rowwise"
-    blocks = _fused_blocks(spec, product) if product is not None else None
+    width = spec["inputs"][name]["shape"][uses[0].out_dim]
+    blocks = _fused_blocks(spec, product, width) if product is not None else None
     return uses[0].op, f"colwise_fused({blocks})" if blocks else "colwise"
 
 
-def _fused_blocks(spec: dict, product: dict) -> int | None:
-    """K when the product's output (through a bias add, reshapes, casts) is split into K equal
-    pieces along its last dim (GPT-2's ``c_attn`` into q, k and v): a fused projection, column
-    parallel as Megatron shards it with ``colwise_fused(K)``; else None."""
+def _fused_blocks(spec: dict, product: dict, width: int) -> int | None:
+    """K when the product's output (through a bias add, reshapes, casts) is cut into K equal
+    pieces along its last dim, by one split or chunk (GPT-2's ``c_attn`` into q, k and v) or by K
+    slices that tile it (Phi-3's ``qkv_proj`` and ``gate_up_proj``): a fused projection, column
+    parallel as Megatron shards it with ``colwise_fused(K)``; else None.
+
+    ``width`` is the weight's output features, the size of the product's last dim: where the
+    spec does not give the cut value's rank, a cut whose pieces add up to ``width`` is taken
+    to be along that dim.
+    """
     from layout_prop.io.plan_file import PRESETS
 
     if "colwise_fused" not in PRESETS:
@@ -96,22 +103,50 @@ def _fused_blocks(spec: dict, product: dict) -> int | None:
     value = product["name"]
     for _ in range(16):
         after = consumers.get(value, [])
-        if len(after) != 1:
-            return None
-        nd = after[0]
-        op = nd["op"]
-        if op in ("add", "reshape", "cast", "identity"):
-            value = nd["name"]
+        if len(after) == 1 and after[0]["op"] in ("add", "reshape", "cast", "identity"):
+            value = after[0]["name"]
             continue
-        k = op[len("split"):] if op.startswith("split") else op[len("chunk"):] if op.startswith("chunk") else ""
-        sizes = nd["attrs"].get("sizes")
-        axis = nd["attrs"].get("axis", nd["attrs"].get("dim"))
         rank = len(_spec_shape(spec, value) or ())
-        if k.isdigit() and axis is not None and rank and axis % rank == rank - 1 and \
-                (sizes is None or len(set(sizes)) == 1):
-            return int(k)
-        return None
+        if len(after) == 1:
+            return _split_blocks(after[0], rank, width)
+        return _slice_blocks(after, rank, width)
     return None
+
+
+def _on_last_dim(axis, rank: int, total: int, width: int) -> bool:
+    """Whether a cut along ``axis`` whose pieces add up to ``total`` cuts the product's last dim."""
+    if axis is None:
+        return False
+    return axis % rank == rank - 1 if rank else (axis >= 0 and total == width)
+
+
+def _split_blocks(nd: dict, rank: int, width: int) -> int | None:
+    """K for a ``splitK``/``chunkK`` node into equal pieces along the last dim, else None."""
+    op = nd["op"]
+    k = op[len("split"):] if op.startswith("split") else op[len("chunk"):] if op.startswith("chunk") else ""
+    if not k.isdigit():
+        return None
+    sizes = nd["attrs"].get("sizes")
+    axis = nd["attrs"].get("axis", nd["attrs"].get("dim"))
+    if sizes is not None and len(set(sizes)) != 1:
+        return None
+    total = sum(sizes) if sizes is not None else width
+    return int(k) if _on_last_dim(axis, rank, total, width) else None
+
+
+def _slice_blocks(nodes: list[dict], rank: int, width: int) -> int | None:
+    """K when ``nodes`` are K >= 2 slices along one axis tiling ``[0, width)`` in equal pieces, else None."""
+    if len(nodes) < 2 or any(nd["op"] != "slice" for nd in nodes):
+        return None
+    axes = {nd["attrs"].get("axis") for nd in nodes}
+    ranges = sorted((nd["attrs"].get("start", 0), nd["attrs"].get("stop")) for nd in nodes)
+    if len(axes) != 1 or any(not isinstance(a, int) or not isinstance(b, int) or a < 0 or b <= a for a, b in ranges):
+        return None
+    size = ranges[0][1] - ranges[0][0]
+    tiles = all(lo == i * size and hi == (i + 1) * size for i, (lo, hi) in enumerate(ranges))
+    if not tiles or size * len(ranges) != width or not _on_last_dim(axes.pop(), rank, width, width):
+        return None
+    return len(ranges)
 
 
 def _spec_shape(spec: dict, value: str) -> tuple[int, ...] | None:

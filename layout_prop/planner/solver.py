@@ -78,7 +78,7 @@ from layout_prop.core.graph import Graph, Node, attrs_key
 from layout_prop.core.layout import Layout
 from layout_prop.core.links import DEFAULT_LINK, Link, links_of  # noqa: F401  (DEFAULT_LINK: the doctests)
 from layout_prop.core.placement import Partial, Replicate, Shard
-from layout_prop.core.redistribute import Redistribution, plan_redistribution
+from layout_prop.core.redistribute import LOCAL_STEPS, Redistribution, plan_redistribution
 from layout_prop.core.registry import OpRule, get_rule
 from layout_prop.core.spec import TensorSpec
 
@@ -111,7 +111,7 @@ Moves = tuple  # of (mesh axis, kind, bytes): the collectives of a cost item
 
 
 def _moves(plan: Redistribution) -> Moves:
-    return tuple((s.mesh_axis, s.kind, s.bytes_per_rank) for s in plan.steps if s.kind != "local-slice")
+    return tuple((s.mesh_axis, s.kind, s.bytes_per_rank) for s in plan.steps if s.kind not in LOCAL_STEPS)
 
 
 TIE = 1e-3  # added per collective step: of two plans moving as many bytes, the one with fewer moves wins
@@ -966,7 +966,9 @@ class Problem:
 
     def _move_cost(self, out: TensorSpec, want: Layout, grad: TensorSpec | None) -> tuple[float, float] | None:
         for have, new in zip(out.layout.placements, want.placements):
-            if new.is_partial() and have != new:  # a Partial is made by a computation, not by moving data
+            # a Partial is made by a computation, not by moving data; but a replicated value is a Partial one whose
+            # other terms are zero, a free local step that a rule asks for (scatter_add into a P(sum) update)
+            if new.is_partial() and have != new and not isinstance(have, Replicate):
                 return None
         try:
             fwd = _moves(plan_redistribution(out, want))

@@ -270,3 +270,21 @@ def test_estimate_command_with_zero(tmp_path):
     assert out.stderr.strip().splitlines() == [
         "layout-prop: error: bad-value at zero.axes: ZeRO shards over data-parallel axes, not 'tp' (hint: name mesh "
         "axes among ['dp'] (axes named dp, data or fsdp))"]
+
+
+def test_mixed_precision_step_keeps_a_master_copy():
+    """fp16 parameters (the ZeRO paper's mixed precision): each rank's optimizer state holds a float32 master
+    copy of its shard; two SGD steps update the master copies and round them to fp16; equal to one device doing
+    the same on the whole parameters (SGD: the update is linear in the gradient, so the fp16 rounding of the
+    sharded gradients stays at the fp16 tolerance)."""
+    import numpy as np
+
+    config = ZeroConfig(2, ("dp",))
+    graph = prepared(CASES["dp2xtp2"][0]("float16"), config)
+    optimizer = SGD(lr=0.1)
+    report = training_step(graph, Lower().run(graph).program, random_inputs(graph, 0), shard_layouts(graph, config),
+                           2, optimizer, rtol=1e-2, steps=2)
+    assert report.ok, report.mismatches
+    state = {}
+    optimizer.update(np.ones(3, np.float16), np.ones(3, np.float16), state, 1)
+    assert state["master"].dtype == np.float32

@@ -17,7 +17,10 @@ optimizer does:
 The result, assembled (replicas must agree), is compared with one device: the same graph
 executed on global arrays with the numpy kernels, and the same optimizer on the whole
 parameter.  Optimizers: :class:`SGD` and :class:`AdamW` (Loshchilov and Hutter, 2019:
-decoupled weight decay), numpy, computing in the parameter's dtype.
+decoupled weight decay), numpy.  Mixed precision as the ZeRO paper counts it (section 3.1): a
+float16 or bfloat16 parameter's optimizer state holds a float32 master copy of its piece; the
+update is computed on the master copy in float32 and the parameter is the master rounded to
+its dtype (the moments are float32 too).
 
 This module knows no pass: the caller analyses, lowers and chooses the shard layouts (see
 ``graph_tests/test_zero.py``).
@@ -55,7 +58,9 @@ class SGD:
         return {}
 
     def update(self, p: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray], step: int) -> np.ndarray:
-        return (p - self.lr * (g + self.weight_decay * p)).astype(p.dtype)
+        master = _master(p, state)
+        new = master - self.lr * (g.astype(master.dtype) + self.weight_decay * master)
+        return _keep(new, p, state)
 
 
 @dataclass
@@ -78,8 +83,26 @@ class AdamW:
         state["v"] = b2 * state["v"] + (1 - b2) * g32 * g32
         m_hat = state["m"] / (1 - b1 ** step)
         v_hat = state["v"] / (1 - b2 ** step)
-        p32 = p.astype(np.float32)
-        return (p32 - self.lr * (m_hat / (np.sqrt(v_hat) + self.eps) + self.weight_decay * p32)).astype(p.dtype)
+        master = _master(p, state)
+        new = master - self.lr * (m_hat / (np.sqrt(v_hat) + self.eps) + self.weight_decay * master)
+        return _keep(new, p, state)
+
+
+def _master(p: np.ndarray, state: dict[str, np.ndarray]) -> np.ndarray:
+    """The value the update starts from: the float32 master copy of a 16-bit parameter (made from
+    the parameter at the first step), else the parameter itself."""
+    if p.dtype.itemsize >= 4:
+        return p
+    if "master" not in state:
+        state["master"] = p.astype(np.float32)
+    return state["master"]
+
+
+def _keep(new: np.ndarray, p: np.ndarray, state: dict[str, np.ndarray]) -> np.ndarray:
+    """The updated parameter in its dtype; a 16-bit one's master copy keeps the float32 value."""
+    if "master" in state:
+        state["master"] = new.astype(np.float32)
+    return new.astype(p.dtype)
 
 
 @dataclass

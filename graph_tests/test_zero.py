@@ -231,6 +231,11 @@ def test_step_model_prices_zero():
     assert est[2].grad_sync_s > 3 * est[1].grad_sync_s  # 8 reduce-scatters and one all-gather against one each
     assert est[3].zero_gather_s > 0 and est[3].grad_sync_s > est[2].grad_sync_s
     assert est[3].grad_sync_exposed_s <= est[3].grad_sync_s
+    config = ZeroConfig(3, ("dp",))
+    exposed = estimate_step(prepared(spec, config), cluster, zero=config, global_batch=64, micro_batch=1,
+                            overlap=False)
+    assert exposed.grad_sync_exposed_s == pytest.approx(exposed.grad_sync_s)  # nothing hidden without overlap
+    assert exposed.grad_sync_s == pytest.approx(est[3].grad_sync_s)
     memory = [est[stage].memory_per_rank_bytes for stage in range(4)]
     assert memory == sorted(memory, reverse=True) and len(set(memory)) == 4
 

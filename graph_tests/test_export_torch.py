@@ -244,3 +244,83 @@ def test_parallelize_module_with_the_export_gives_one_devices_logits(fixture_mod
     sharded = {n: p for n, p in expected.items() if p != Replicate()}
     assert len(sharded) == 15
     assert placed == {n: (p,) for n, p in sharded.items()}  # replicated ones stay plain tensors
+
+
+MLP_SPEC = """
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x: {shape: [8, 16], placements: ["S(0)", R]}
+  fc1.weight: {shape: [16, 32], placements: [R, "S(1)"]}
+  fc2.weight: {shape: [32, 16], placements: [R, "S(0)"]}
+nodes:
+  - {name: fc1, op: matmul, inputs: [x, fc1.weight]}
+  - {name: act, op: relu, inputs: [fc1]}
+  - {name: fc2, op: matmul, inputs: [act, fc2.weight]}
+outputs: [fc2]
+"""
+
+
+class Proj(torch.nn.Module):
+    """A product with its weight held (in, out), as a spec's matmul reads it (no nn.Linear: no style fits)."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_in, n_out))
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+class SpecMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = Proj(16, 32), Proj(32, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def test_explicit_placements_run_on_dtensors_and_give_the_predicted_output_layout(tmp_path):
+    """No style fits a spec's (in, out) weights: every parameter and input becomes a DTensor with
+    layout-prop's placements; on 4 ranks the output is one device's, and its placements are the ones
+    layout-prop predicts (S(0) on dp, a partial sum on tp)."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    from layout_prop.commands.export import export_text
+    from layout_prop.io.loader import load_spec
+
+    export, code = export_text(load_spec(MLP_SPEC), "torch", data_inputs=["x"])
+    ns: dict = {}
+    exec(compile(code, str(tmp_path / "mlp_plan.py"), "exec"), ns)
+    assert ns["TP_AXIS"] is None and ns["PARALLELIZE_PLAN"] == {}
+    assert export.outputs["fc2"].placement_strs() == ["S(0)", "P(sum)"]
+    torch.manual_seed(0)
+    module, x = SpecMLP(), torch.randn(8, 16)
+    with torch.no_grad():
+        reference = module(x)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", world_size=4, rank=0, store=FakeStore())
+    try:
+        with LocalTensorMode(frozenset(range(4))), torch.no_grad():
+            mesh = ns["make_mesh"]("cpu")
+            model = ns["parallelize"](copy.deepcopy(module), mesh)
+            out = model(**ns["shard_inputs"](mesh, x=x))
+            assert isinstance(out, DTensor)
+            placements = tuple(out.placements)
+            weights = {n: tuple(p.placements) for n, p in model.named_parameters()}
+            full = out.full_tensor()
+            full = {r: t.clone() for r, t in full._local_tensors.items()} if hasattr(full, "_local_tensors") \
+                else {0: full.clone()}
+    finally:
+        dist.destroy_process_group()
+    assert placements == (Shard(0), Partial("sum"))
+    assert weights == {"fc1.weight": (ns["Replicate"](), Shard(1)), "fc2.weight": (ns["Replicate"](), Shard(0))}
+    for rank, value in full.items():
+        np.testing.assert_allclose(value.numpy(), reference.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"rank {rank}")

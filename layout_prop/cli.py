@@ -267,6 +267,17 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--json", action="store_true", help="print JSON")
     _add_model_args(es)
 
+    xp = sub.add_parser("export", help="write the checked plan for hyper-parallel, MindSpore or torch (code to paste, "
+                        "and the plan as data)")
+    xp.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (plan's output too), or a model with --plan")
+    xp.add_argument("--to", required=True, choices=["hyper-parallel", "mindspore", "torch"], help="the target framework")
+    xp.add_argument("-o", "--output", type=Path, help="write the Python module to this file; default stdout")
+    xp.add_argument("--data", type=Path, metavar="FILE", help="also write the plan as data (.yaml or .json), a "
+                    "sharding plan that import --plan reads")
+    xp.add_argument("--input", action="append", metavar="NAME", help="a graph input that is a model input, not a "
+                    "parameter (repeatable; default: a model's own inputs, none for a spec)")
+    _add_model_args(xp)
+
     op = sub.add_parser("ops", help="the op reference: every op, or one op in full (generated from the registry)")
     op.add_argument("name", metavar="NAME", nargs="?", help="an op name or alias: print that op in full")
     op.add_argument("--json", action="store_true", help="print JSON (a list of ops, or one op)")
@@ -512,7 +523,7 @@ def _samples_arg(text: str) -> int | str:
 #: each has ``run(args) -> exit code``
 COMMANDS = {"check": "check", "run": "run", "demo": "demo", "explain": "explain", "verify": "verify", "viz": "viz",
             "import": "import_model", "plan": "plan", "gen": "gen", "ops": "ops", "lower": "lower",
-            "estimate": "estimate", "audit": "audit"}
+            "estimate": "estimate", "audit": "audit", "export": "export"}
 
 
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)

@@ -13,6 +13,8 @@ parameters of the model and are listed in a comment only.
 >>> from layout_prop.core.layout import Layout
 >>> placements_text(Layout(DeviceMesh((2, 2), ("dp", "tp")), ["S(0)", "P"], 2), "parameter", "w")
 '(Shard(0), Partial("sum"))'
+>>> placements_text(Layout(DeviceMesh((2, 2), ("dp", "tp")), ["S(1)", "S(1)"], 2), "input", "x")
+'layout("None", ("dp", "tp"))'
 """
 
 from __future__ import annotations
@@ -20,14 +22,33 @@ from __future__ import annotations
 from layout_prop.core.layout import Layout
 
 from .export_plan import ExportPlan, not_expressible, placement_args
+from .hyper_parallel import _alias_map
 
-__all__ = ["export_hyper_parallel", "placements_text"]
+__all__ = ["export_hyper_parallel", "placements_text", "alias_text"]
 
 TARGET = "hyper-parallel"
 
 
 def placements_text(layout: Layout, what: str, name: str) -> str:
-    """``layout`` as a tuple of hyper-parallel placements (Python text)."""
+    """``layout`` as a tuple of hyper-parallel placements (Python text); where several mesh axes cut one
+    dim, a call of the module's ``layout`` (``Layout.from_device_mesh(mesh)``) in the alias form, unpacked.
+
+    hyper-parallel's placement form holds one mesh axis a dim (``placement_to_tensor_map``: "Dimension
+    d has been sharded by Mesh axis ..."), and ``shard_module`` calls that on every parameter's layout:
+    a parameter cut by several axes on a dim is ``not-expressible``.  Its alias form given as one
+    tuple (``("dp", "None")``) is read as a single dim cut by every axis named (``_to_layout`` passes the
+    tuple as one argument), so the module calls ``layout(...)`` with the aliases as arguments instead;
+    the alias form holds no partial sum.
+    """
+    if not layout.has_strided and any(len(layout.dim_axes(d)) > 1 for d in range(layout.ndim)):
+        if what == "parameter":
+            raise not_expressible(TARGET, what, name, layout, "shard_module places a parameter by one mesh axis "
+                                  "a dim (Layout.placement_to_tensor_map)", "cut that dim by one mesh axis")
+        if layout.has_partial():
+            raise not_expressible(TARGET, what, name, layout, "several mesh axes on one dim need the alias form, "
+                                  "which has no partial sum", "reduce the partial axis first, or cut the dim by "
+                                  "one mesh axis")
+        return "layout" + alias_text(layout)
     items = []
     for kind, arg in placement_args(layout):
         if kind == "R":
@@ -40,6 +61,14 @@ def placements_text(layout: Layout, what: str, name: str) -> str:
             raise not_expressible(TARGET, what, name, layout, "hyper-parallel has no strided shard placement",
                                   "gather that mesh axis (R) or keep the fused weight's blocks unsplit (colwise)")
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def alias_text(layout: Layout) -> str:
+    """``layout`` in the alias form: one alias (or a tuple of aliases, outer first) per tensor dim."""
+    items = []
+    for entry in _alias_map(layout):
+        items.append("(" + ", ".join(f'"{a}"' for a in entry) + ")" if isinstance(entry, tuple) else f'"{entry}"')
+    return "(" + ", ".join(items) + ")"
 
 
 def _ranks(shape: tuple[int, ...]) -> str:
@@ -56,9 +85,11 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         f'"""hyper-parallel sharding plan written by layout-prop export from {plan.source or "a graph"}.',
         "",
         "Every layout was checked by layout-prop (check --reshard). Parameters are keyed by the model's own",
-        "names and laid out in its own dims. Use: model = shard_module(model, make_mesh(), SHARDING_PLAN)",
+        "names and laid out in its own dims.",
+        "Use: mesh = make_mesh(); model = shard_module(model, mesh, sharding_plan(mesh))",
         '"""',
         "from hyper_parallel.core.device_mesh import DeviceMesh",
+        "from hyper_parallel.core.layout import Layout",
         "from hyper_parallel.core.placement_types import Partial, Replicate, Shard  # noqa: F401",
         "from hyper_parallel.core.shard.sharding_plan import ShardingPlan",
         "",
@@ -72,31 +103,30 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         "    return DeviceMesh(device_type, RANKS, mesh_dim_names=MESH_DIM_NAMES)",
         "",
         "",
-        "SHARDING_PLAN = ShardingPlan(",
-        "    plan={",
+        "def sharding_plan(mesh):",
+        '    """The ShardingPlan for shard_module on ``mesh`` (make_mesh()\'s)."""',
+        "    layout = Layout.from_device_mesh(mesh)  # noqa: F841 (the alias form, where several axes cut a dim)",
+        "    return ShardingPlan(",
+        "        plan={",
     ]
     constants = []
     for name, t in plan.parameters.items():
         if t.kind == "constant":
             constants.append(name)
             continue
-        lines.append(f"        {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
-    lines.append("    },")
+        lines.append(f"            {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
+    lines.append("        },")
     if plan.inputs:
-        lines.append('    input_plan={"input": {')
+        lines.append('        input_plan={"input": {')
         for name, t in plan.inputs.items():
-            lines.append(f"        {name!r}: {placements_text(t.layout, 'input', name)},")
-        lines.append("    }},")
-    outs = list(plan.outputs.items())
-    if len(outs) == 1:
-        lines.append(f'    output_plan={{"output": {placements_text(outs[0][1], "output", outs[0][0])}}},'
-                     f"  # {outs[0][0]}, as layout-prop predicts it")
-    elif outs:
-        lines.append('    output_plan={"output": [')
-        for name, layout in outs:
-            lines.append(f"        {placements_text(layout, 'output', name)},  # {name}")
-        lines.append("    ]},")
-    lines.append(")")
+            lines.append(f"            {name!r}: {placements_text(t.layout, 'input', name)},")
+        lines.append("        }},")
+    if plan.outputs:
+        lines.append('        output_plan={"output": [  # as layout-prop predicts them')
+        for name, layout in plan.outputs.items():
+            lines.append(f"            {placements_text(layout, 'output', name)},  # {name}")
+        lines.append("        ]},")
+    lines.append("    )")
     if constants:
         lines.append(f"# constants (no parameters of the model, not in the plan): {', '.join(constants)}")
     return "\n".join(lines) + "\n"

@@ -12,7 +12,7 @@ characters escaped) whose layouts are in layout-prop's own dims of each tensor, 
 the model again with it, or writing its placements back into the spec, gives the same layouts.
 
 A parameter of an ONNX model that torch's exporter stored transposed (a ``Linear`` weight folded into
-a ``MatMul`` as ``(in, out)``) is exported to torch and hyper-parallel in the module's own dims
+a ``MatMul`` as ``(in, out)``, under a name of its own) is exported to torch and hyper-parallel in the module's own dims
 (``(out, in)``): :attr:`ExportTensor.transposed` says so, and :meth:`ExportTensor.own_layout` swaps
 the two dims of its shards.
 
@@ -83,6 +83,9 @@ class ExportTensor:
     kind: str  # "input" (data), "parameter" or "constant"
     transposed: bool = False
     consumers: tuple[str, ...] = ()  # the ops reading it (embedding, matmul, linear...)
+    #: held as a torch ``Linear`` weight, ``(out, in)``, in the model's own dims: read only as the weight
+    #: of ``linear`` or of a ``matmul`` that transposes it, or stored transposed by the ONNX exporter
+    linear_weight: bool = False
 
     def own_layout(self) -> Layout:
         """The layout in the model's own dims (the two dims swapped for a ``transposed`` weight)."""
@@ -138,13 +141,25 @@ def _value_spec(graph: Graph, value: str):
 def _stored_transposed(graph: Graph, name: str, shape: tuple[int, ...]) -> bool:
     """Whether an imported parameter is a torch ``Linear`` weight the ONNX exporter folded as ``(in, out)``.
 
-    That is a 2-D ``*.weight`` read only as the right operand of an untransposed ``matmul``.
+    That is a 2-D ``*.weight`` the file holds under another name (torch's dynamo exporter folds
+    ``Linear``'s transpose into a new initializer, ``val_105``, named back from its metadata) and that
+    is read only as the right operand of an untransposed ``matmul``.  A weight the file holds under
+    its own name is the module's own tensor (GPT-2's ``Conv1D``, already ``(in, out)``).
     """
-    if len(shape) != 2 or not name.endswith(".weight"):
+    sources = graph.meta.get("import_sources") or {}
+    if len(shape) != 2 or not name.endswith(".weight") or sources.get(name, name) == name:
         return False
     uses = graph.consumers(name)
     return bool(uses) and all(node.op == "matmul" and index == 1 and not node.attrs.get("transpose_b")
                               for node, index in uses)
+
+
+def _read_as_linear(graph: Graph, name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a 2-D input is read only as an ``(out, in)`` weight: ``linear``'s, or a transposing ``matmul``'s."""
+    uses = graph.consumers(name)
+    return len(shape) == 2 and bool(uses) and all(
+        index == 1 and (node.op == "linear" or (node.op == "matmul" and node.attrs.get("transpose_b")))
+        for node, index in uses)
 
 
 def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
@@ -177,7 +192,9 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
         kind = "input" if node.name in data else "parameter" if requires_grad or not model else "constant"
         transposed = model and kind == "parameter" and _stored_transposed(graph, node.name, tuple(spec.shape))
         consumers = tuple(sorted({n.op for n, _ in graph.consumers(node.name)}))
-        tensor = ExportTensor(node.name, tuple(spec.shape), spec.dtype, spec.layout, kind, transposed, consumers)
+        linear = transposed or _read_as_linear(graph, node.name, tuple(spec.shape))
+        tensor = ExportTensor(node.name, tuple(spec.shape), spec.dtype, spec.layout, kind, transposed, consumers,
+                              linear)
         (plan.inputs if kind == "input" else plan.parameters)[node.name] = tensor
     for value in done.outputs:
         spec = _value_spec(done, value)

@@ -3,9 +3,12 @@
 When every parameter is sharded on one mesh axis only (the tensor-parallel axis, ``TP_AXIS``;
 replicated on the others), no input is cut on that axis, and every sharded parameter's module is one
 of torch's styles, the plan is ``parallelize_module``'s on that axis (``mesh[TP_AXIS]``), by module
-name (the parameter's name without ``.weight``): a product's weight cut on its output features
-(torch's ``Linear`` weight ``Shard(0)``, bias ``Shard(0)`` or none) is ``ColwiseParallel()``, cut on
-the contracted features (``Shard(1)``, bias replicated or none) ``RowwiseParallel()``; an embedding
+name (the parameter's name without ``.weight``): a weight held as torch's ``Linear`` weight ``(out,
+in)`` (read by ``linear``, by a ``matmul`` that transposes it, or stored transposed by the ONNX
+exporter) cut on its output features (``Shard(0)``, bias ``Shard(0)`` or none) is
+``ColwiseParallel()``, cut on the contracted features (``Shard(1)``, bias replicated or none)
+``RowwiseParallel()``; a spec's ``matmul`` weight ``(in, out)`` is no ``Linear`` weight and is
+placed explicitly; an embedding
 table cut on its rows ``RowwiseParallel(input_layouts=Replicate())``, on its columns
 ``ColwiseParallel()``.  These are torch's Megatron-style styles: a colwise module's output stays a
 local shard of the last dim (as layout-prop predicts it, ``S(-1)``) for the next rowwise module.
@@ -82,7 +85,7 @@ def _style(weight: ExportTensor, bias: ExportTensor | None, axis: int) -> str | 
     bias_dim = None if bias is None else _shard_dim(bias.layout, axis)
     if "embedding" in weight.consumers and len(weight.shape) == 2 and bias is None:
         return {0: "RowwiseParallel(input_layouts=Replicate())", 1: "ColwiseParallel()"}.get(dim)
-    if not set(weight.consumers) <= {"matmul", "linear"} or len(weight.shape) != 2:
+    if not weight.linear_weight:  # not held as a Linear weight (out, in): no style places it as checked
         return None
     if dim == 0 and (bias is None or bias_dim == 0):
         return "ColwiseParallel()"

@@ -1,0 +1,269 @@
+"""``layout-prop export``: the three targets, the plan as data and its round trip, and the layouts no
+target can state (torch's execution test is test_export_torch.py, skipped without torch).
+
+- hyper-parallel: the written module runs against the shared snapshot (its package loaded without
+  its platform layer, as ``audit`` loads it): ``make_mesh`` builds the snapshot's ``DeviceMesh``,
+  ``SHARDING_PLAN`` is its ``ShardingPlan``, and every entry, turned into the snapshot's ``Layout``
+  the way ``shard_module`` turns it (``Layout.from_device_mesh(mesh)(value)``, then
+  ``placement_to_tensor_map`` for the placement form), reads back as layout-prop's layout.
+- MindSpore: each node's ``in_strategy`` equals the pieces per dim of the layouts ``check --reshard
+  --json`` reports it receives (the redistribution's target where one is inserted).
+- The plan as data, imported back (``import --plan``, or written into the spec), gives a byte-identical
+  ``check --reshard --json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layout_prop.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SNAPSHOT = ROOT.parent / "shared" / "upstream" / "hyper-parallel"
+BLOCK_PLAN = EXAMPLES / "llama_plan.yaml"
+
+PARTIAL_SPEC = """
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x: {shape: [4, 8], placements: ["S(0)", "S(1)"]}
+  w: {shape: [8, 6], placements: [R, "S(0)"]}
+  b: {shape: [4, 6], placements: [R, "P"]}
+nodes:
+  - {name: y, op: matmul, inputs: [x, w]}
+  - {name: z, op: add, inputs: [y, b]}
+outputs: [z]
+"""
+
+
+def _check_json(capsys, *argv) -> str:
+    capsys.readouterr()
+    code = main(["check", *map(str, argv), "--reshard", "--json"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    return out
+
+
+def _export(capsys, tmp_path, source, target, *extra, data="data.yaml"):
+    capsys.readouterr()
+    code_file, data_file = tmp_path / f"{target}.py", tmp_path / data
+    code = main(["export", str(source), "--to", target, "-o", str(code_file), "--data", str(data_file),
+                 *map(str, extra)])
+    assert code == 0, capsys.readouterr().err
+    return code_file.read_text(), data_file
+
+
+# --------------------------------------------------------------------------- round trip
+@pytest.mark.parametrize("model", ["llama_block.mindir", "llama_block.onnx"])
+@pytest.mark.parametrize("data", ["data.yaml", "data.json"])
+def test_the_data_imported_back_gives_the_same_layouts(capsys, tmp_path, model, data):
+    _, data_file = _export(capsys, tmp_path, EXAMPLES / model, "mindspore", "--plan", BLOCK_PLAN, data=data)
+    written = yaml.safe_load(data_file.read_text())
+    assert sorted(written) == ["inputs", "mesh", "parameters"]
+    assert sorted(written["inputs"]) == ["cos", "sin", "x"] and len(written["parameters"]) == 9
+    assert written["inputs"]["x"] == {"placements": ["S(0)", "S(1)", "S(1)"]}
+    original = _check_json(capsys, EXAMPLES / model, "--plan", BLOCK_PLAN)
+    assert _check_json(capsys, EXAMPLES / model, "--plan", data_file) == original
+
+
+def test_the_data_written_into_the_spec_gives_the_same_layouts(capsys, tmp_path):
+    """A spec (gen llama's, x, cos and sin named as the model's inputs): its inputs' placements replaced
+    by the data's, the check is the same; the data names every input exactly once."""
+    spec = EXAMPLES / "llama_block.yaml"
+    _, data_file = _export(capsys, tmp_path, spec, "hyper-parallel", "--input", "x", "--input", "cos",
+                           "--input", "sin")
+    data = yaml.safe_load(data_file.read_text())
+    doc = yaml.safe_load(spec.read_text())
+    assert sorted(data["inputs"]) == ["cos", "sin", "x"]
+    assert sorted([*data["inputs"], *data["parameters"]]) == sorted(doc["inputs"])
+    for name, entry in doc["inputs"].items():
+        entry["placements"] = data["inputs"][name]["placements"] if name in data["inputs"] \
+            else data["parameters"][name]
+    rewritten = tmp_path / "rewritten.yaml"
+    rewritten.write_text(yaml.safe_dump(doc, sort_keys=False))
+    assert _check_json(capsys, rewritten) == _check_json(capsys, spec)
+
+
+def test_an_auto_layout_is_exported_as_check_completes_it(capsys, tmp_path):
+    spec = tmp_path / "auto.yaml"
+    spec.write_text(PARTIAL_SPEC.replace('placements: [R, "S(0)"]', "placements: auto"))
+    _, data_file = _export(capsys, tmp_path, spec, "hyper-parallel", "--input", "x")
+    data = yaml.safe_load(data_file.read_text())
+    report = json.loads(_check_json(capsys, spec))
+    assert data["parameters"]["w"] == report["tensors"]["w"]["placements"]
+    assert "auto" not in data["parameters"]["w"]
+
+
+# --------------------------------------------------------------------------- hyper-parallel
+@pytest.fixture(scope="module")
+def checkout():
+    from layout_prop.interop.hyper_parallel import load_checkout
+
+    if not (SNAPSHOT / "hyper_parallel").is_dir():
+        pytest.skip(f"the shared hyper-parallel snapshot is not at {SNAPSHOT}")
+    return load_checkout(SNAPSHOT)
+
+
+def _upstream_layouts(checkout, code: str) -> tuple[object, dict]:
+    """Run the written module against the snapshot; every entry as the snapshot's Layout, by key."""
+    import sys
+
+    from layout_prop.interop.hyper_parallel import quiet_backend
+
+    namespace: dict = {}
+    with quiet_backend(checkout):
+        exec(compile(code, "hyper_parallel_plan.py", "exec"), namespace)
+        mesh = namespace["make_mesh"]("cpu")
+        plan = namespace["sharding_plan"](mesh)
+        assert isinstance(plan, sys.modules["hyper_parallel.core.shard.sharding_plan"].ShardingPlan)
+        assert isinstance(mesh, sys.modules["hyper_parallel.core.device_mesh"].DeviceMesh)
+        placement_type = sys.modules["hyper_parallel.core.placement_types"].Placement
+        entries = {f"plan:{k}": v for k, v in plan.plan.items()}
+        for key, value in (plan.input_plan or {}).get("input", {}).items():
+            entries[f"input:{key}"] = value
+        for i, value in enumerate((plan.output_plan or {}).get("output", [])):
+            entries[f"output:{i}"] = value
+        layouts = {}
+        for key, value in entries.items():
+            if isinstance(value, checkout.layout_class):  # built by the module in the alias form
+                layouts[key] = (value, False)
+                continue
+            assert isinstance(value, tuple) and all(isinstance(p, placement_type) for p in value), key
+            layouts[key] = (checkout.layout_class.from_device_mesh(mesh)(value), True)  # shard_module's _to_layout
+    return mesh, layouts
+
+
+def _same(checkout, ours, upstream_and_form) -> None:
+    from layout_prop.interop.hyper_parallel import from_upstream
+
+    upstream, placement_form = upstream_and_form
+    if placement_form:  # what shard_module does with a parameter's placements before it is used
+        upstream.placement_to_tensor_map(ours.ndim)
+    assert from_upstream(upstream, ours.mesh) == ours
+
+
+def test_the_hyper_parallel_module_builds_the_snapshots_plan(capsys, tmp_path, checkout):
+    from layout_prop.commands.export import export_text
+    from layout_prop.frontends import build_graph, read_model
+    from layout_prop.io.plan_file import load_plan
+
+    plan = load_plan(BLOCK_PLAN)
+    graph = build_graph(read_model(EXAMPLES / "llama_block.mindir", plan), plan)
+    export, code = export_text(graph, "hyper-parallel")
+    mesh, layouts = _upstream_layouts(checkout, code)
+    assert tuple(mesh.mesh_shape) == (2, 2, 2) and tuple(mesh.rank_list) == tuple(range(8))
+    assert len(layouts) == 9 + 3 + 1
+    for name, tensor in export.parameters.items():
+        _same(checkout, tensor.own_layout(), layouts[f"plan:{name}"])
+    for name, tensor in export.inputs.items():
+        _same(checkout, tensor.layout, layouts[f"input:{name}"])
+    # x is cut on dim 1 by sp and tp: the alias form (the placement form refuses two axes on a dim)
+    assert layouts["input:x"][1] is False
+    _same(checkout, next(iter(export.outputs.values())), layouts["output:0"])
+
+
+def test_a_partial_output_and_torchs_transposed_weights_reach_hyper_parallel(tmp_path, checkout):
+    from layout_prop.commands.export import export_text
+    from layout_prop.frontends import build_graph, read_model
+    from layout_prop.io.loader import load_spec
+    from layout_prop.io.plan_file import load_plan
+
+    export, code = export_text(load_spec(PARTIAL_SPEC), "hyper-parallel", data_inputs=["x"])
+    assert 'Partial("sum")' in code
+    _, layouts = _upstream_layouts(checkout, code)
+    _same(checkout, export.parameters["b"].layout, layouts["plan:b"])
+    _same(checkout, export.outputs["z"], layouts["output:0"])
+    # torch's Linear weight (out, in), stored (in, out) by the ONNX exporter: colwise is Shard(0) again
+    plan = load_plan({"mesh": {"shape": [2], "names": ["tp"]},
+                      "parameters": {"*.q_proj.weight": "colwise", "*.o_proj.weight": "rowwise"}})
+    graph = build_graph(read_model(EXAMPLES / "models" / "llama.onnx", plan), plan)
+    export, code = export_text(graph, "hyper-parallel")
+    q = export.parameters["model.layers.0.self_attn.q_proj.weight"]
+    assert q.transposed and q.layout.placement_strs() == ["S(1)"]
+    assert "'model.layers.0.self_attn.q_proj.weight': (Shard(0),)" in code
+    assert "'model.layers.0.self_attn.o_proj.weight': (Shard(1),)" in code
+    assert "'model.embed_tokens.weight': (Replicate(),)" in code
+    assert "unsqueeze_14" not in code.split("def sharding_plan")[1].split("# constants")[0]  # a constant
+    _, layouts = _upstream_layouts(checkout, code)
+    _same(checkout, q.own_layout(), layouts["plan:model.layers.0.self_attn.q_proj.weight"])
+
+
+# --------------------------------------------------------------------------- MindSpore
+def _pieces(placements, shape, mesh_shape) -> tuple[int, ...]:
+    counts = [1] * len(shape)
+    for axis, p in enumerate(placements):
+        if p.startswith("S("):
+            counts[int(p[2:-1]) % len(shape)] *= mesh_shape[axis]
+    return tuple(counts)
+
+
+def test_mindspore_strategies_are_the_layouts_check_reports(capsys, tmp_path):
+    """Every node's in_strategy is what ``explain NODE --reshard --json`` says each operand arrives as
+    (a redistribution's output where check --reshard moves it, shared moves included)."""
+    model = EXAMPLES / "llama_block.mindir"
+    code, _ = _export(capsys, tmp_path, model, "mindspore", "--plan", BLOCK_PLAN)
+    namespace: dict = {}
+    exec(compile(code, "strategies.py", "exec"), namespace)
+    strategies = namespace["STRATEGIES"]
+    report = json.loads(_check_json(capsys, model, "--plan", BLOCK_PLAN))
+    assert main(["import", str(model), "--plan", str(BLOCK_PLAN), "-o", str(tmp_path / "spec.yaml")]) == 0
+    spec = yaml.safe_load((tmp_path / "spec.yaml").read_text())
+    mesh_shape = report["mesh"]["shape"]
+    moved = 0
+    for node in spec["nodes"]:
+        capsys.readouterr()
+        assert main(["explain", str(model), node["name"], "--plan", str(BLOCK_PLAN), "--reshard", "--json",
+                     "--depth", "1"]) == 0
+        arrived = json.loads(capsys.readouterr().out)["inputs"]
+        want = []
+        for value, seen in zip(node["inputs"], arrived):
+            placements = seen["placements"][1:-1].split(", ")  # "(S(0), S(1), R)"
+            moved += placements != report["tensors"][value]["placements"]
+            want.append(_pieces(placements, report["tensors"][value]["shape"], mesh_shape))
+        got = strategies[node["name"]]
+        assert got["op"] == node["op"] and got["in_strategy"] == tuple(want), node["name"]
+    assert len(spec["nodes"]) == len(strategies) == 25
+    # operands that arrive redistributed (their strategy is the moved layout): wq, wk, wv read one gathered
+    # norm output, w1 and w3 another, attention its k and v, the two residual adds a reduce-scatter
+    assert moved == 9
+    wq = strategies["layers.0.attention.wq"]
+    assert wq["in_strategy"] == ((2, 2, 1), (2, 1)) and wq["in_layout"] == (("dp", "sp", "None"), ("tp", "None"))
+    assert strategies["layers.0.attention.wo"]["out_strategy"] is None  # a partial sum on tp
+
+
+# --------------------------------------------------------------------------- what a target cannot state
+@pytest.mark.parametrize("target, name", [
+    ("mindspore", "transformer.h.0.attn.c_attn.weight"),
+    ("torch", "transformer.h.0.attn.c_attn.weight"),
+    ("hyper-parallel", "transformer.h.0.attn.c_attn.weight"),
+])
+def test_a_strided_shard_is_one_line_naming_the_tensor(capsys, tmp_path, target, name):
+    plan = tmp_path / "gpt2.yaml"
+    plan.write_text('mesh: {shape: [2], names: [tp]}\nparameters:\n  "*.c_attn.weight": colwise_fused(3)\n')
+    capsys.readouterr()
+    assert main(["export", str(EXAMPLES / "models" / "gpt2.onnx"), "--plan", str(plan), "--to", target]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not-expressible" in err and name in err and "_S(1,3)" in err, err
+
+
+@pytest.mark.parametrize("target", ["mindspore", "torch"])
+def test_a_partial_input_is_refused_where_the_target_has_none(capsys, tmp_path, target):
+    spec = tmp_path / "partial.yaml"
+    spec.write_text(PARTIAL_SPEC)
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", target, "-o", str(tmp_path / "out.py")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not-expressible" in err and "'b'" in err and "P(sum)" in err, err
+    assert not (tmp_path / "out.py").exists()
+
+
+def test_export_refuses_an_unknown_input_and_a_model_without_plan(capsys):
+    capsys.readouterr()
+    assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "torch", "--input", "nope"]) == 2
+    assert "unknown-input" in capsys.readouterr().err
+    assert main(["export", str(EXAMPLES / "llama_block.mindir"), "--to", "torch"]) == 2
+    assert "missing-plan" in capsys.readouterr().err

@@ -175,11 +175,15 @@ def zero_parameters(graph: Graph) -> list[Node]:
             and isinstance(n.attrs.get("placements"), tuple) and not n.name.startswith("cotangent/")]
 
 
-_LAYER = re.compile(r"^(?:.*?[/_])?(l\d+|layer\d+|layers?[._/]\d+|h\.\d+)(?=[/_.]|$)")
+_LAYER = re.compile(r"^(?:.*?[/_.])?(l\d+|layer\d+|layers?[._/]\d+|h\.\d+)(?=[/_.]|$)")
 
 
 def _layer_of(name: str) -> str:
-    """A node's layer (``l3`` of ``l3_fc1``), or its own name when it names none."""
+    """A node's layer (``l3`` of ``l3_fc1``), or its own name when it names none.
+
+    >>> _layer_of("l3_fc1"), _layer_of("grad/l0_q/matmul1"), _layer_of("model.layers.2.mlp"), _layer_of("logits")
+    ('l3', 'l0', 'layers.2', 'logits')
+    """
     found = _LAYER.match(name)
     return found.group(1) if found else name
 

@@ -1,4 +1,5 @@
-"""Working with other projects' sharding rules: ``audit`` judges hyper-parallel's ``infer_layout`` numerically.
+"""Working with other projects' sharding rules: ``audit`` judges hyper-parallel's ``infer_layout`` numerically;
+``export`` writes a checked plan for hyper-parallel, MindSpore or torch (export_plan.py and one module per target).
 
 May import: core, io, ops, kernels, passes, engines, testing (graph_tests/test_layering.py).
 """

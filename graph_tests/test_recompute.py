@@ -121,3 +121,24 @@ def test_selective_recomputes_an_unfused_attention_core():
     assert none - layer_activations(copied)["l0"] == 1 * 1 * 8 * 8 * 8
     assert {v for v, (layer, _) in held_values(copied).items() if layer} == {"l0_qt", "l0_kt", "l0_vt"}
     compare_outputs(copied, Lower().run(copied).program, random_inputs(copied, 0), rtol=1e-10)
+
+
+def test_recompute_per_pipeline_stage():
+    """Per stage: the layers passes/pipeline.py puts on stage 0 of a 4-layer GPT on pp=2 are recomputed, the
+    others not."""
+    from layout_prop.passes.pipeline import PipelineConfig, forward_chunks, micro_batch_graph
+    from layout_prop.passes.recompute import layers_on_stages
+
+    spec = gpt_spec(layers=4, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=2, seq=8, hidden=16, heads=2, vocab=16)
+    spec = {**spec, "mesh": {"shape": [2, 1, 1, 2], "names": ["pp", "dp", "sp", "tp"]},
+            "inputs": {k: {**v, "placements": ["R"] + list(v["placements"])} for k, v in spec["inputs"].items()},
+            "pipeline": {"axis": "pp", "micro_batches": 2}}
+    graph = load_spec(spec)
+    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    micro, _ = micro_batch_graph(graph, config)
+    analysed = analyze(micro, reshard=True, backward=True).graph
+    layers = layers_on_stages(forward_chunks(analysed, config), config.stages, [0])
+    assert layers == ("l0", "l1")
+    recompute = Recompute("full", layers)
+    held = layer_activations(recompute.run(analysed))
+    assert sorted(recompute.recomputed) == ["l0", "l1"] and held["l2"] == held["l3"] > held["l0"]

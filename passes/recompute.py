@@ -37,7 +37,7 @@ from layout_prop.core.graph import Graph, Node
 from .zero import _is_backward, _layer_of
 
 __all__ = ["Recompute", "MODES", "PREFIX", "ATTENTION_OPS", "segments", "layer_activations", "held_values",
-           "parse_recompute"]
+           "parse_recompute", "layers_on_stages"]
 
 MODES = ("none", "selective", "full")
 PREFIX = "recompute/"
@@ -67,6 +67,20 @@ def parse_recompute(value, path: str = "recompute") -> tuple[str, tuple[str, ...
         raise SpecError("bad-type", f"recompute layers must be a list of layer names, got {layers!r}",
                         path=f"{path}.layers", hint="name layers as the nodes do: layers: [l0, l1]")
     return mode, None if layers is None else tuple(layers)
+
+
+def layers_on_stages(chunks: dict[str, int], stages: int, chosen) -> tuple[str, ...]:
+    """The layers whose nodes run on pipeline stages ``chosen``: recomputation per stage.
+
+    ``chunks`` is the chunk of every forward node (:func:`layout_prop.passes.pipeline.forward_chunks`),
+    chunk ``c`` running on stage ``c % stages``; a layer split between stages counts for each.
+
+    >>> layers_on_stages({"l0_a": 0, "l1_a": 0, "l2_a": 1, "l3_a": 1, "head": 1}, 2, [0])
+    ('l0', 'l1')
+    """
+    wanted = set(chosen)
+    layers = {_layered(name) for name, chunk in chunks.items() if chunk % stages in wanted}
+    return tuple(sorted(layers - {None}, key=lambda x: (len(x), x)))
 
 
 def _layered(name: str) -> str | None:

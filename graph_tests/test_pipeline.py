@@ -84,11 +84,11 @@ def test_permute_is_one_link_transfer_on_the_axis_placement():
     assert collective_time("permute", nbytes, (4, 8), 1, a100) == pytest.approx(intra)
 
 
-def test_permute_on_4_msrun_workers_matches_the_simulator(tmp_path):
-    """The worker's emulated permute (int32 words through one all-reduce on the axis's group):
-    a line on pp of a (2, 2) mesh (zeros on pp=0), a ring on tp, float64 and int32, bit for bit."""
-    pytest.importorskip("mindspore")
-    from layout_prop.engines.msrun_engine import MsrunEngine
+def test_permute_in_the_msrun_worker_matches_the_simulator():
+    """The worker's emulated permute (int32 words through one all-reduce on the axis's group), run by the
+    worker's own op loop and Communicator in threads (test_msrun_local_ops.run_workers): a line on pp of a
+    (2, 2) mesh (zeros on pp=0), a ring on tp, float64 and int32, bit for bit.  On msrun itself: below."""
+    from graph_tests.test_msrun_local_ops import run_workers
 
     mesh = DeviceMesh((2, 2), ("pp", "tp"))
     x = TensorSpec((2, 2, 3), "float64", Layout(mesh, ["S(0)", "S(1)"], 3))  # every rank a different piece
@@ -101,13 +101,13 @@ def test_permute_on_4_msrun_workers_matches_the_simulator(tmp_path):
     rng = np.random.default_rng(0)
     inputs = {"x": rng.standard_normal(x.shape), "k": rng.integers(-1000, 1000, k.shape).astype(np.int32)}
     want = Simulator().execute(prog, inputs)
-    got = MsrunEngine(backend="numpy", timeout=120.0, run_dir=tmp_path).execute(prog, inputs,
-                                                                               wanted=["x_next", "k_ring"])
+    envs, records = run_workers(prog, [{name: want[name][r] for name in ("x", "k")} for r in range(4)])
     for name in ("x_next", "k_ring"):
         for rank in range(4):
-            assert got[name][rank].dtype == want[name][rank].dtype
-            assert np.array_equal(got[name][rank], want[name][rank]), (name, rank)
+            assert envs[rank][name].dtype == want[name][rank].dtype
+            assert np.array_equal(envs[rank][name], want[name][rank]), (name, rank)
     assert not want["x_next"][0].any() and np.array_equal(want["x_next"][2], want["x"][0])
+    assert {r["kind"] for rs in records for r in rs} == {"permute"} and all(r["emulated"] for rs in records for r in rs)
 
 
 # --------------------------------------------------------------------------- schedules
@@ -406,3 +406,34 @@ def test_the_verifier_catches_a_missing_move_and_an_edge_back_in_time():
     with pytest.raises(GraphError) as info:
         verify_pipeline(g, moves, config)
     assert info.value.code == "pipeline-order"
+
+
+def test_2_stage_pipeline_on_4_msrun_workers_matches_the_simulator_and_one_device(tmp_path):
+    """gen llama --full, 2 layers, float64, pp=2 x tp=2, 1F1B over 2 micro-batches, one msrun worker a rank
+    (passes.pipeline.rank_programs: each rank its own op list, the stage moves as permutes on pp): every
+    gradient and the loss bit-equal to the simulator's pipelined run, and equal to one device."""
+    pytest.importorskip("mindspore")
+    from layout_prop.engines.msrun_engine import MsrunEngine
+    from layout_prop.engines.pipeline import gather_rank_results
+    from layout_prop.passes.pipeline import rank_programs
+
+    spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, full=True,
+                                    dtype="float64"), 2, {"micro_batches": 2})
+    pprog, run, reference = run_pipelined(spec)
+    programs = rank_programs(pprog)
+    whole = analyze(load_spec(spec), reshard=True, backward=True).graph
+    inputs = random_inputs(whole, 0)  # as run_pipelined drew them
+    given = {}
+    for name, value in inputs.items():
+        if name in pprog.batch_inputs:
+            given.update({f"{name}@mb{k}": piece for k, piece in enumerate(np.split(value, 2, axis=0))})
+        else:
+            given[name] = value / 2 if name.startswith("cotangent/") else value
+    given.update(programs.placeholder_inputs())
+    results = MsrunEngine(backend="numpy", timeout=120.0, run_dir=tmp_path).execute(programs, given,
+                                                                                   wanted=programs.wanted())
+    got = gather_rank_results(programs, results)
+    assert set(got) == set(run.values) and len(got) == 22
+    for name, value in got.items():
+        assert np.array_equal(value, run.values[name]), name
+    assert_matches(type(run)(values=got), reference)

@@ -49,7 +49,7 @@ from .lower import LocalOp, Lower, Program, permute_op
 from .schedule import Task, check_schedule_request, schedule, simulate
 
 __all__ = ["PipelineConfig", "micro_batch_graph", "forward_chunks", "assign_positions", "verify_pipeline",
-           "lower_pipeline", "PipelineProgram", "Move", "POSITION", "CHUNK", "LAYER"]
+           "lower_pipeline", "PipelineProgram", "Move", "POSITION", "CHUNK", "LAYER", "RankPrograms", "rank_programs"]
 
 POSITION = "pipeline_position"  #: node meta: the node's place in a micro-batch's life (see the module docstring)
 CHUNK = "pipeline_chunk"  #: node meta: the model chunk whose task runs the node
@@ -571,3 +571,146 @@ def lower_pipeline(graph: Graph, config: PipelineConfig, mesh: DeviceMesh, batch
     return PipelineProgram(mesh, config, program, tasks, inputs, by_task, orders, list(batch_inputs), grads,
                            outputs, {s: sorted(v) for s, v in stage_inputs.items()}, run_order)
 
+
+
+# --------------------------------------------------------------------------- one op list per rank
+def _renamed(value: str, k: int, shared: set[str]) -> str:
+    return value if value in shared else f"{value}@mb{k}"
+
+
+@dataclass
+class RankPrograms:
+    """A pipelined program written out per rank on the whole mesh, for engines that run one rank a
+    process (msrun): :meth:`rank_ops` is rank ``r``'s own op list, every value of micro-batch ``k``
+    named ``VALUE@mbK``, every spec and step lifted to the whole mesh (``R`` on the pipeline axis).
+
+    The list walks the timed schedule (``run_order``): before each task every rank takes part
+    in each move's ``permute`` on the pipeline axis (its group spans every stage: the sender
+    gives its piece, the other members a zero placeholder input ``pipeline/zeros/...``; only
+    the receiver keeps the result), then the ranks of the task's stage run its ops.  At the end
+    each gradient is summed over the micro-batches with ``add`` kernels into its own name.
+    A rank that does not hold a wanted value reads a zero placeholder for it.  ``ops``,
+    ``specs``, ``collectives`` and ``outputs`` are what the msrun launcher reads (it cuts every
+    input op of ``ops`` for every rank; a rank reads only its own).
+    """
+
+    pipeline: PipelineProgram
+    ops: list[LocalOp] = field(default_factory=list)
+    specs: dict[str, TensorSpec] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    per_rank: list[list[LocalOp]] = field(default_factory=list)
+    holders: dict[str, int] = field(default_factory=dict)  # wanted value -> the stage whose ranks hold it
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        return self.pipeline.mesh
+
+    @property
+    def collectives(self) -> list[LocalOp]:
+        return [op for op in self.ops if op.kind == "collective"]
+
+    def rank_ops(self, rank: int) -> list[LocalOp]:
+        return self.per_rank[rank]
+
+    def wanted(self) -> list[str]:
+        """The values to bring back: every gradient (summed) and each forward output per micro-batch."""
+        pp = self.pipeline
+        return list(pp.grads) + [f"{v}@mb{k}" for v in pp.outputs for k in range(pp.config.micro_batches)]
+
+    def placeholder_inputs(self) -> dict:
+        """Global zeros for every placeholder input (``pipeline/zeros/...``, ``pipeline/absent/...``):
+        add them to the global inputs given to the engine."""
+        import numpy as np
+
+        from layout_prop.core.spec import numpy_dtype
+
+        return {op.name: np.zeros(op.specs[0].shape, numpy_dtype(op.specs[0].dtype)) for op in self.ops
+                if op.kind == "input" and op.name.startswith("pipeline/")}
+
+
+def rank_programs(pprog: PipelineProgram) -> RankPrograms:
+    """Write ``pprog`` out per rank on the whole mesh (:class:`RankPrograms`)."""
+    from dataclasses import replace
+
+    mesh, config = pprog.mesh, pprog.config
+    m = config.micro_batches
+    shared = {op.name for op in pprog.inputs if op.name not in pprog.batch_inputs}
+    out = RankPrograms(pprog)
+    union: dict[str, LocalOp] = {}
+
+    def lift_op(op: LocalOp, rename) -> LocalOp:
+        step = op.step
+        if step is not None and step.src.mesh != mesh:
+            axis = step.mesh_axis if mesh.ndim == 1 else step.mesh_axis + (step.mesh_axis >= pprog.axis)
+            step = replace(step, mesh_axis=axis, src=pprog.lift(step.src), dst=pprog.lift(step.dst))
+        attrs = tuple(op.attrs[pprog.stage_rank(r)] for r in range(mesh.size)) if op.attrs else ()
+        specs = tuple(pprog.lift(s) if s.mesh != mesh else s for s in op.specs)
+        return replace(op, name=rename(op.name), inputs=tuple(rename(v) for v in op.inputs),
+                       outputs=tuple(rename(v) for v in op.outputs), specs=specs, attrs=attrs, step=step)
+
+    def add(rank_list: list[LocalOp], op: LocalOp) -> None:
+        rank_list.append(op)
+        for value, spec in zip(op.outputs, op.specs):
+            out.specs[value] = spec
+        union.setdefault(op.name, op)
+
+    def placeholder(name: str, spec: TensorSpec) -> LocalOp:
+        return LocalOp(name, "input", "input", (), (name,), (spec,))
+
+    input_spec = {op.name: op.specs[0] for op in pprog.inputs}
+    holders = out.holders
+    for rank in range(mesh.size):
+        ops: list[LocalOp] = []
+        stage = pprog.stage_of(rank)
+        for name in pprog.stage_inputs.get(stage, ()):
+            for k in (range(m) if name in pprog.batch_inputs else [None]):
+                local = name if k is None else f"{name}@mb{k}"
+                add(ops, placeholder(local, pprog.lift(input_spec[name])))
+        for task_stage, task in pprog.run_order:
+            k = task.micro_batch
+            key = (task.chunk, task.phase)
+            for move in pprog.moves.get(key, ()):
+                value = f"{move.value}@mb{k}"
+                op = pprog.move_op(move)
+                if stage == move.src_stage:
+                    source = value
+                else:
+                    source = f"pipeline/zeros/{value}"
+                    add(ops, placeholder(source, op.specs[0]))
+                target = value if stage == move.dst_stage else f"pipeline/dropped/{value}"
+                add(ops, replace(op, name=target, inputs=(source,), outputs=(target,)))
+            if task_stage != stage:
+                continue
+            for op in pprog.tasks.get(key, ()):
+                add(ops, lift_op(op, lambda v, k=k: _renamed(v, k, shared)))
+        made = {v for op in ops for v in op.outputs}
+        for value in pprog.outputs:
+            if f"{value}@mb0" in made:
+                holders.update({f"{value}@mb{k}": stage for k in range(m)})
+        for grad in pprog.grads:
+            if f"{grad}@mb0" not in made:
+                continue
+            holders[grad] = stage
+            total = f"{grad}@mb0"
+            spec = out.specs[total]
+            for k in range(1, m):
+                name = grad if k == m - 1 else f"{grad}@acc{k}"
+                attrs = tuple({} for _ in range(mesh.size))
+                add(ops, LocalOp(name, "kernel", "add", (total, f"{grad}@mb{k}"), (name,), (spec,), attrs,
+                                 source=grad))
+                total = name
+            if m == 1:
+                out.outputs[grad] = total  # (the wanted name maps to the one micro-batch's value)
+        out.per_rank.append(ops)
+    for rank in range(mesh.size):  # placeholders for the wanted values a rank does not hold
+        made = {v for op in out.per_rank[rank] for v in op.outputs}
+        for value in out.wanted():
+            local = out.outputs.get(value, value)
+            if local not in made:
+                spec = out.specs[local]
+                name = f"pipeline/absent/{value}"
+                add(out.per_rank[rank], placeholder(name, spec))
+                out.per_rank[rank].append(LocalOp(f"pipeline/absent-id/{value}", "kernel", "identity", (name,),
+                                                  (local,), (spec,), tuple({} for _ in range(mesh.size))))
+    out.ops = list(union.values())
+    return out

@@ -765,7 +765,8 @@ def run_rank(program, rank: int, inputs: dict[str, np.ndarray], backend: str, co
     env: dict[str, np.ndarray] = {}
     seconds = {"input": 0.0, "kernel": 0.0, "slice": 0.0, "local": 0.0, "collective": 0.0}
     records: list[dict] = []
-    for op in program.ops:
+    ops = program.rank_ops(rank) if hasattr(program, "rank_ops") else program.ops  # a pipeline: each rank its own
+    for op in ops:
         progress["op"] = f"{op.kind} {op.name!r} ({op.op})"
         start = time.perf_counter()
         if op.kind == "input":

@@ -31,7 +31,7 @@ from layout_prop.core.errors import ExecutionError
 from .collectives import assemble, scatter_global
 from .simulator import Simulator
 
-__all__ = ["execute_pipeline", "PipelineRun"]
+__all__ = ["execute_pipeline", "PipelineRun", "gather_rank_results"]
 
 
 @dataclass
@@ -143,3 +143,28 @@ def _stage_holding(envs, value: str) -> int:
         if value in per_mb[0]:
             return stage
     raise ExecutionError("missing-output", f"no stage made {value!r}", hint="please report this: a task did not run")
+
+
+def gather_rank_results(rank_programs, results: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """The global values of a pipelined run made one rank a process
+    (:class:`~layout_prop.passes.pipeline.RankPrograms` on msrun): ``results`` is what the engine
+    returns for ``rank_programs.wanted()``; each value is assembled from the ranks of the stage
+    holding it, gradients as summed by the ranks, forward outputs combined over micro-batches as
+    :func:`execute_pipeline` does."""
+    pprog = rank_programs.pipeline
+    m = pprog.config.micro_batches
+
+    def assembled(value: str, local: str) -> np.ndarray:
+        stage = rank_programs.holders[value]
+        ranks = [pprog.rank_at(stage, q) for q in range(pprog.program.mesh.size)]
+        return assemble([results[value][r] for r in ranks], pprog.program.specs[local])
+
+    values = {grad: assembled(grad, grad) for grad in pprog.grads}
+    for value in pprog.outputs:
+        per_mb = [assembled(f"{value}@mb{k}", value) for k in range(m)]
+        if per_mb[0].ndim == 0:
+            total = sum(per_mb)
+            values[value] = np.asarray(total / m if pprog.config.loss == "mean" else total, dtype=per_mb[0].dtype)
+        else:
+            values[value] = np.concatenate(per_mb, axis=0)
+    return values

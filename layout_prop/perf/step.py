@@ -218,7 +218,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             elif phase == "forward":
                 forward_comm += seconds
             if seconds:
-                per_op.append((seconds * (1 if sync else acc), node.name, "redistribute", phase))
+                per_op.append((seconds * (1 if sync and stage < 2 else acc), node.name, "redistribute", phase))
             continue
         inputs = [value_spec(graph, v) for v in node.inputs]
         if any(s is None for s in inputs):

@@ -267,3 +267,41 @@ def test_export_refuses_an_unknown_input_and_a_model_without_plan(capsys):
     assert "unknown-input" in capsys.readouterr().err
     assert main(["export", str(EXAMPLES / "llama_block.mindir"), "--to", "torch"]) == 2
     assert "missing-plan" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the model's own parameter names
+def test_deduplicated_parameters_are_exported_under_every_name(capsys, tmp_path):
+    """The dynamo exporter keeps one tensor for the five equal RMSNorm weights of the Llama fixture: every
+    one of the model's parameters is in the export, and the data, imported back, checks the same."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text('mesh: {shape: [2], names: [tp]}\nparameters:\n  "*.self_attn.[qkv]_proj.weight": colwise\n'
+                    '  "*.self_attn.o_proj.weight": rowwise\n  "*": R\n')
+    model = EXAMPLES / "models" / "llama.onnx"
+    code, data_file = _export(capsys, tmp_path, model, "torch", "--plan", plan)
+    norms = ["model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+             "model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight",
+             "model.norm.weight"]
+    for name in norms:
+        assert f"'{name}': (Replicate(),)" in code
+    assert "'model.layers.1.self_attn.q_proj.weight': (Shard(0),)" in code
+    assert "unsqueeze_14" not in code  # a constant (the folded rotary table), no parameter of the model
+    data = yaml.safe_load(data_file.read_text())
+    assert all(data["parameters"][n] == ["R"] for n in norms) and "unsqueeze_14" not in data["parameters"]
+    assert _check_json(capsys, model, "--plan", data_file) == _check_json(capsys, model, "--plan", plan)
+
+
+def test_a_tied_copy_exports_with_its_parameter_or_is_refused(capsys, tmp_path):
+    """GPT-2's lm_head is the embedding table read transposed (the importer names the copy lm_head.weight.T):
+    torch has one parameter, so the copy must carry the same layout transposed."""
+    model = EXAMPLES / "models" / "gpt2.onnx"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text('mesh: {shape: [2], names: [tp]}\nparameters:\n  "lm_head.weight": vocab\n'
+                    '  "lm_head.weight.T": colwise\n  "*": R\n')
+    code, data_file = _export(capsys, tmp_path, model, "torch", "--plan", plan)
+    assert "'lm_head.weight': (Shard(0),)" in code and "lm_head.weight.T" not in code
+    assert _check_json(capsys, model, "--plan", data_file) == _check_json(capsys, model, "--plan", plan)
+    plan.write_text('mesh: {shape: [2], names: [tp]}\nparameters:\n  "lm_head.weight": vocab\n  "*": R\n')
+    capsys.readouterr()
+    assert main(["export", str(model), "--plan", str(plan), "--to", "hyper-parallel"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not-expressible" in err and "'lm_head.weight.T'" in err and "tied" in err and err.count("\n") == 0

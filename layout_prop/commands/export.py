@@ -16,13 +16,14 @@ def _writers():
     return {"hyper-parallel": export_hyper_parallel, "mindspore": export_mindspore, "torch": export_torch}
 
 
-def export_text(graph, target: str, *, data_inputs=None, source: str = ""):
+def export_text(graph, target: str, *, data_inputs=None, source: str = "", aliases=None):
     """``(plan, code)``: the :class:`~layout_prop.interop.export_plan.ExportPlan` of ``graph`` and ``target``'s module text."""
     from layout_prop.api import analyze
     from layout_prop.interop.export_plan import collect
 
     done = analyze(graph, reshard=True).graph
-    plan = collect(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore")
+    plan = collect(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore",
+                   aliases=aliases if aliases is not None else graph.meta.get("import_aliases"))
     return plan, _writers()[target](plan)
 
 
@@ -41,7 +42,10 @@ def _load(args):
 
     require_model_reader(str(args.spec))
     plan = load_plan(Path(args.plan))
-    return build_graph(read_model(args.spec, plan), plan, opaque=args.opaque)
+    model = read_model(args.spec, plan)
+    graph = build_graph(model, plan, opaque=args.opaque)
+    graph.meta["import_aliases"] = dict(model.spec_aliases)  # the other names of de-duplicated parameters
+    return graph
 
 
 def run(args) -> int:

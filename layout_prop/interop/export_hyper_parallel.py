@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, not_expressible, placement_args
+from .export_plan import ExportPlan, not_expressible, own_parameters, placement_args
 from .hyper_parallel import _alias_map
 
 __all__ = ["export_hyper_parallel", "placements_text", "alias_text"]
@@ -109,11 +109,8 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         "    return ShardingPlan(",
         "        plan={",
     ]
-    constants = []
-    for name, t in plan.parameters.items():
-        if t.kind == "constant":
-            constants.append(name)
-            continue
+    constants = [name for name, t in plan.parameters.items() if t.kind == "constant"]
+    for name, t in own_parameters(plan, TARGET):
         lines.append(f"            {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
     lines.append("        },")
     if plan.inputs:

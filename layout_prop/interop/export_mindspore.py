@@ -102,8 +102,9 @@ def export_mindspore(plan: ExportPlan) -> str:
     lines.append("}")
     lines.append("")
     lines.append("PARAMETER_LAYOUTS = {")
-    for name, t in plan.parameters.items():
-        lines.append(f"    {name!r}: {alias_map(t.layout)!r},")
+    for t in plan.parameters.values():
+        for name in t.names():
+            lines.append(f"    {name!r}: {alias_map(t.layout)!r},")
     lines.append("}")
     lines.append("INPUT_STRATEGIES = {")
     for name, t in plan.inputs.items():

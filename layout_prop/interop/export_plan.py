@@ -56,7 +56,7 @@ from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
 
 __all__ = ["ExportTensor", "ExportNode", "ExportPlan", "collect", "plan_data", "format_data", "not_expressible",
-           "TARGETS"]
+           "own_parameters", "tied_copy", "TARGETS"]
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -86,6 +86,12 @@ class ExportTensor:
     #: held as a torch ``Linear`` weight, ``(out, in)``, in the model's own dims: read only as the weight
     #: of ``linear`` or of a ``matmul`` that transposes it, or stored transposed by the ONNX exporter
     linear_weight: bool = False
+    #: the model's other names for this tensor (parameters the ONNX exporter de-duplicated into one)
+    aliases: tuple[str, ...] = ()
+
+    def names(self) -> tuple[str, ...]:
+        """This tensor's name and its aliases: every model parameter it stands for."""
+        return (self.name, *self.aliases)
 
     def own_layout(self) -> Layout:
         """The layout in the model's own dims (the two dims swapped for a ``transposed`` weight)."""
@@ -114,6 +120,34 @@ class ExportNode:
     inputs: tuple[str, ...]
     in_layouts: tuple[Layout | None, ...]
     out_layouts: tuple[Layout | None, ...]
+
+
+def tied_copy(plan: "ExportPlan", tensor: ExportTensor) -> ExportTensor | None:
+    """The parameter ``tensor`` copies, for a transposed copy the importer named ``NAME.T`` (GPT-2's tied
+    ``lm_head``), else None."""
+    if not tensor.name.endswith(".T") or len(tensor.shape) != 2:
+        return None
+    return plan.parameters.get(tensor.name[:-2])
+
+
+def own_parameters(plan: "ExportPlan", target: str) -> list[tuple[str, ExportTensor]]:
+    """``(model parameter name, tensor)`` for every parameter the model has: aliases included, constants
+    and tied copies left out (a copy whose layout, transposed back, differs from its parameter's is
+    ``not-expressible``: one parameter takes one layout)."""
+    out = []
+    for tensor in plan.parameters.values():
+        if tensor.kind != "parameter":
+            continue
+        original = tied_copy(plan, tensor)
+        if original is not None:
+            back = ExportTensor(tensor.name, tensor.shape, tensor.dtype, tensor.layout, tensor.kind, True).own_layout()
+            if back != original.layout:
+                raise not_expressible(target, "parameter", tensor.name, tensor.layout, f"it is {original.name!r} "
+                                      f"(tied, read transposed), whose layout is {original.layout.placement_strs()}",
+                                      "give the tied weight and its copy the same layout (transposed)")
+            continue
+        out.extend((name, tensor) for name in tensor.names())
+    return out
 
 
 @dataclass
@@ -163,7 +197,7 @@ def _read_as_linear(graph: Graph, name: str, shape: tuple[int, ...]) -> bool:
 
 
 def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
-            nodes: bool = False) -> ExportPlan:
+            nodes: bool = False, aliases: dict[str, Sequence[str]] | None = None) -> ExportPlan:
     """Gather what an export writes from ``graph`` and ``done``, the graph analysed as ``check --reshard``
     does (``layout_prop.api.analyze(graph, reshard=True).graph``).
 
@@ -194,7 +228,7 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
         consumers = tuple(sorted({n.op for n, _ in graph.consumers(node.name)}))
         linear = transposed or _read_as_linear(graph, node.name, tuple(spec.shape))
         tensor = ExportTensor(node.name, tuple(spec.shape), spec.dtype, spec.layout, kind, transposed, consumers,
-                              linear)
+                              linear, tuple((aliases or {}).get(node.name, ())))
         (plan.inputs if kind == "input" else plan.parameters)[node.name] = tensor
     for value in done.outputs:
         spec = _value_spec(done, value)
@@ -226,7 +260,8 @@ def plan_data(plan: ExportPlan) -> dict:
     return {
         "mesh": {"shape": list(plan.mesh.shape), "names": list(plan.mesh.names)},
         "inputs": {name: {"placements": t.layout.placement_strs()} for name, t in plan.inputs.items()},
-        "parameters": {glob.escape(name): t.layout.placement_strs() for name, t in plan.parameters.items()},
+        "parameters": {glob.escape(name): t.layout.placement_strs()  # a constant is no plan's to place
+                       for t in plan.parameters.values() if t.kind != "constant" for name in t.names()},
     }
 
 

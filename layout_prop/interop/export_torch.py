@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, ExportTensor, not_expressible, placement_args
+from .export_plan import ExportPlan, ExportTensor, not_expressible, own_parameters, placement_args
 
 __all__ = ["export_torch", "placements_text", "module_styles"]
 
@@ -121,9 +121,9 @@ def export_torch(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
-    for name, t in plan.parameters.items():
-        if t.kind == "parameter":
-            placements_text(t.layout, "parameter", name)  # refuses what torch cannot place
+    params = own_parameters(plan, TARGET)
+    for name, t in params:
+        placements_text(t.layout, "parameter", name)  # refuses what torch cannot place
     axis, styles = module_styles(plan)
     tp_axis = "None" if axis is None else repr(mesh.names[axis])
     lines = [
@@ -148,9 +148,8 @@ def export_torch(plan: ExportPlan) -> str:
     lines += [f"    {module!r}: {style}," for module, style in styles.items()]
     lines += ["}", "#: every parameter's placements as layout-prop checked them, in the model's own dims",
               "PARAMETER_PLACEMENTS = {"]
-    for name, t in plan.parameters.items():
-        if t.kind == "parameter":
-            lines.append(f"    {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
+    for name, t in params:
+        lines.append(f"    {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
     lines += ["}", "#: the model's inputs: name -> placements", "INPUT_PLACEMENTS = {"]
     lines += [f"    {name!r}: {placements_text(t.layout, 'input', name)}," for name, t in plan.inputs.items()]
     lines += ["}", "#: the outputs' layouts layout-prop predicts", "PREDICTED_OUTPUTS = {"]

@@ -24,7 +24,8 @@
    attention (128 key/value heads, no low-rank projections); group-limited routing as plain
    top-8; capacity factor 1.0 per token group (each expert receives its balanced share
    ``T k / E`` of each expert-parallel rank's tokens: DeepSeek-V3 drops none and balances
-   its loads without an auxiliary loss); the 3 first dense layers (ffn 18432) as MoE layers like the others; bfloat16 as
+   its loads without an auxiliary loss); the 3 first dense layers (SwiGLU, ffn 18432,
+   ``gen moe --dense-layers 3 --dense-ffn 18432``) priced as their own shape; bfloat16 as
    float16 (same bytes); the parallel optimizer as ZeRO stage 1; the per-stage recompute as
    full recomputation; the schedule as 1F1B.  No step time is published for it: this
    compares the model with the model.
@@ -54,7 +55,7 @@ FAST_TUNER = ("hyper-parallel fast-tuner config/example/mindspore/pretrain_deeps
 
 
 def megatron_builder(row: Row):
-    def build(model, layers, tp, cp=1, ep=1, dp=1, micro_batch=1):
+    def build(model, layers, tp, cp=1, ep=1, dp=1, micro_batch=1, dense=None):
         shaped = dataclasses.replace(row, tp=tp, pp=1, gpus=dp * tp)
         return gpt_spec(shaped, micro_batch, layers)
     return build
@@ -113,7 +114,7 @@ def deepseek(cluster) -> None:
     model = ModelShape(family="moe", layers=61, hidden=7168, heads=128, kv_heads=128, ffn=2048, seq=4096,
                        dtype="float16", vocab=129_280, full=True, tie=False, experts=256, top_k=8, shared_experts=1,
                        router="sigmoid", capacity_factor=1.0, capacity_scope="group",
-                       builder=generator_spec)
+                       dense_layers=3, dense_ffn=18432, distinct_layers=2, builder=generator_spec)
     devices, batch = 1024, 16 * 32 * 1
     published = Config(dp=2, ep=8, tp=4, pp=16, zero=1, recompute="full", schedule="1f1b", micro_batch=1)
     start = time.perf_counter()

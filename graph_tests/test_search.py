@@ -153,3 +153,30 @@ def test_infeasible_names_the_least_memory_configuration(gpt_file):
         run_search(model, get_cluster("a100-80g"), 16, 64, memory_limit=1_000_000)
     assert err.value.code == "memory-infeasible" and err.value.least > 1_000_000
     assert err.value.config.devices == 16
+
+
+def test_moe_dense_layers_are_a_second_shape_priced_once(tmp_path, capsys):
+    spec = tmp_path / "moe.yaml"
+    code, _, err = _cli(["gen", "moe", "--layers", "4", "--dense-layers", "1", "--dense-ffn", "64", "--full",
+                         "--batch", "8", "--seq", "64", "--hidden", "64", "--heads", "4", "--experts", "8",
+                         "--vocab", "128", "--dtype", "float16", "-o", str(spec)], capsys)
+    assert code == 0, err
+    model = load_model_shape(load_spec(spec))
+    assert (model.family, model.layers, model.dense_layers, model.dense_ffn, model.distinct_layers) == \
+        ("moe", 4, 1, 64, 2)
+    cluster = get_cluster("a100-80g")
+    cache = LayerCache(model, cluster, analysed)
+    layer, rest, dense = cache.get(1, 1, 2, 1)
+    assert cache.evaluations == 3  # one and two main layers, and one dense layer, once
+    assert dense.param_bytes == 3 * 64 * 64 * 2 + 4 * 64 * 64 * 2 + 2 * 64 * 2  # SwiGLU, attention, two norms
+    assert dense.param_bytes != layer.param_bytes and dense.flops > 0
+    cand = evaluate(Config(dp=4, ep=2, tp=1, pp=2), model, cluster, 64, cache)
+    assert cand.parts["layers_per_stage"] == 2 and cand.step_time_s > 0
+
+
+def test_gen_moe_dense_layers_match_one_device(tmp_path, capsys):
+    spec = tmp_path / "dense.yaml"
+    assert _cli(["gen", "moe", "--layers", "2", "--dense-layers", "2", "--dense-ffn", "48", "--full", "-o",
+                 str(spec)], capsys)[0] == 0
+    code, out, err = _cli(["run", str(spec), "--backward"], capsys)
+    assert code == 0 and "matches one device" in out, out + err

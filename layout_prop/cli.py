@@ -243,6 +243,9 @@ def _parser() -> argparse.ArgumentParser:
                     "beside the routed ones (default 0)")
     ge.add_argument("--router", choices=["softmax", "sigmoid"], default="softmax", help="moe: router scores, "
                     "softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3); the top-k renormalised (default softmax)")
+    ge.add_argument("--dense-layers", type=_non_negative_int, default=0, help="moe: the first N layers have a dense "
+                    "SwiGLU MLP instead of experts, as DeepSeek-V3's first 3 (default 0)")
+    ge.add_argument("--dense-ffn", type=_positive_int, help="moe: the dense layers' MLP inner size (default --ffn)")
     ge.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64"],
                     help="dtype of every float tensor (default float32; RoPE, softmax and the norms need floats)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")

@@ -21,12 +21,14 @@ def _refuse_foreign_flags(args) -> None:
     """A flag of another model is bad usage (one line, exit 2), never silently ignored."""
     from layout_prop.core.errors import SpecError
 
-    moe_only = ("experts", "top_k", "capacity_factor", "capacity_scope", "shared_experts", "router")
+    moe_only = ("experts", "top_k", "capacity_factor", "capacity_scope", "shared_experts", "router", "dense_layers",
+                "dense_ffn")
     foreign = {"llama": ("dropout", *moe_only),
                "gpt": ("kv_heads", *moe_only),  # --full and --tie-embeddings: what gpt always is
                "moe": ("dropout",)}[args.model]
     defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "capacity_scope": "global",
-                "shared_experts": 0, "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False}
+                "shared_experts": 0, "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False,
+                "dense_layers": 0, "dense_ffn": None}
     given = [f"--{name.replace('_', '-')}" for name in foreign if getattr(args, name, defaults[name]) != defaults[name]]
     if given:
         raise SpecError("bad-usage", f"gen {args.model} does not take {', '.join(given)}",
@@ -56,7 +58,8 @@ def build_spec(args) -> dict:
                         capacity_factor=args.capacity_factor, capacity_scope=args.capacity_scope,
                         shared_experts=args.shared_experts, router=args.router,
                         kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
-                        tie_embeddings=args.tie_embeddings, **common)
+                        tie_embeddings=args.tie_embeddings, dense_layers=getattr(args, "dense_layers", 0),
+                        dense_ffn=getattr(args, "dense_ffn", None), **common)
     if not args.full and args.kv_heads is None:
         return llama_spec(args.layers, mesh, **common)  # exactly what gen llama has always written
     return llama_spec(args.layers, mesh, kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,

@@ -16,9 +16,11 @@ __all__ = ["run", "format_result", "best_spec", "plan_file_text", "generator_spe
            "run_search"]
 
 
-def generator_spec(model, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1) -> dict:
+def generator_spec(model, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1,
+                   dense: int | None = None) -> dict:
     """``gen gpt|llama|moe``'s spec of ``model`` (a :class:`~layout_prop.planner.search.ModelShape`) with ``layers``
-    layers on the mesh (dp, sp = cp, tp), or (dp, ep, tp) for MoE, ``micro_batch`` sequences a data rank."""
+    layers on the mesh (dp, sp = cp, tp), or (dp, ep, tp) for MoE, ``micro_batch`` sequences a data rank; MoE:
+    the first ``dense`` of them dense (default the model's own count)."""
     from layout_prop.frontends import generate as gen
 
     common = dict(seq=model.seq, hidden=model.hidden, heads=model.heads, ffn=model.ffn, dtype=model.dtype)
@@ -27,7 +29,9 @@ def generator_spec(model, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: in
                             experts=model.experts, top_k=model.top_k, shared_experts=model.shared_experts,
                             router=model.router, capacity_factor=model.capacity_factor,
                             capacity_scope=model.capacity_scope, kv_heads=model.kv_heads, full=model.full,
-                            vocab=model.vocab, tie_embeddings=model.tie, **common)
+                            vocab=model.vocab, tie_embeddings=model.tie,
+                            dense_layers=min(model.dense_layers if dense is None else dense, layers),
+                            dense_ffn=model.dense_ffn, **common)
     mesh = (("dp", dp), ("sp", cp), ("tp", tp))
     if model.family == "gpt":
         return gen.gpt_spec(layers, mesh, batch=micro_batch * dp, vocab=model.vocab, **common)

@@ -281,14 +281,33 @@ def gpt_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("sp
     return b.spec([_lm_head(b, h, vocab, hidden, True)])
 
 
+def _dense_moe_layer(b: _Builder, p: str, x: str, batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
+                     mode: int, ffn: int) -> str:
+    """One of ``moe_spec``'s first dense layers: attention and a SwiGLU MLP; the name of its output."""
+    col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
+    for w, shape, pl in (("w_gate", [ffn, hidden], col), ("w_up", [ffn, hidden], col),
+                         ("w_down", [hidden, ffn], row)):
+        b.param(p + w, shape, pl)
+    h = b.node(p + "h", "rms_norm", [x, p + "norm1"], eps=1e-6)
+    proj = _attention(b, p, x, h, batch, seq, hidden, heads, kv_heads, True, mode, False)
+    x1 = b.node(p + "res1", "add", [x, proj])
+    h2 = b.node(p + "h2", "rms_norm", [x1, p + "norm2"], eps=1e-6)
+    gate = b.node(p + "gate", "linear", [h2, p + "w_gate"])
+    up = b.node(p + "up", "linear", [h2, p + "w_up"])
+    down = b.node(p + "down", "linear", [b.node(p + "swiglu", "silu_mul", [gate, up]), p + "w_down"])
+    return b.node(p + "out", "add", [x1, down])
+
+
 def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep", 2), ("tp", 2)),
              batch: int = 4, seq: int = 8, hidden: int = 32, heads: int = 4, ffn: int = 32,
              experts: int = 4, top_k: int = 2, capacity_factor: float | None = None, capacity_scope: str = "global",
              shared_experts: int = 0,
              router: str = "softmax", kv_heads: int | None = None, dtype: str = "float32", mode: int = 0,
-             full: bool = False, vocab: int = 64, tie_embeddings: bool = False) -> dict:
+             full: bool = False, vocab: int = 64, tie_embeddings: bool = False, dense_layers: int = 0,
+             dense_ffn: int | None = None) -> dict:
     """The spec dict of ``layers`` MoE decoder layers (see the module docstring); ``ffn`` is each
-    expert's inner size, a shared expert has the same."""
+    expert's inner size, a shared expert has the same.  The first ``dense_layers`` layers have a
+    dense SwiGLU MLP of ``dense_ffn`` (default ``ffn``) instead, as DeepSeek-V3's first three."""
     kv_heads = heads if kv_heads is None else kv_heads
     _check_sizes(layers, hidden, heads, kv_heads, vocab if full else None)
     if experts < 1:
@@ -305,6 +324,9 @@ def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep
     if shared_experts < 0:
         raise SpecError("bad-value", f"shared-experts must be at least 0, got {shared_experts}",
                         hint="give --shared-experts 0 or more")
+    if not 0 <= dense_layers <= layers:
+        raise SpecError("bad-value", f"dense-layers {dense_layers} is not in 0..{layers} (the layers)",
+                        hint="give --dense-layers at most --layers")
     if router not in ROUTERS:
         raise SpecError("bad-value", f"router {router!r} is not one of {list(ROUTERS)}", hint="give --router softmax "
                         "(Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3)")
@@ -328,6 +350,9 @@ def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep
     for i in range(layers):
         p = f"l{i}_"
         _llama_attention_params(b, p, hidden, heads, kv_heads)
+        if i < dense_layers:  # a dense SwiGLU MLP, Megatron's column- and row-parallel linears
+            x = _dense_moe_layer(b, p, x, batch, seq, hidden, heads, kv_heads, mode, dense_ffn or ffn)
+            continue
         b.param(p + "router", [experts, hidden], b.placements())
         b.param(p + "e_gate", [experts, hidden, ffn], b.placements(ep="S(0)", tp="S(2)"))
         b.param(p + "e_up", [experts, hidden, ffn], b.placements(ep="S(0)", tp="S(2)"))

@@ -86,6 +86,8 @@ class ModelShape:
     router: str = "softmax"
     capacity_factor: float | None = None
     capacity_scope: str = "global"
+    dense_layers: int = 0  # MoE: the first layers have a dense MLP of dense_ffn (DeepSeek-V3's first 3)
+    dense_ffn: int | None = None
     distinct_layers: int = 1
     builder: Callable[..., dict] | None = field(default=None, compare=False, repr=False)
 
@@ -98,14 +100,17 @@ class ModelShape:
         """Whether the activations between blocks are split on the sequence by tp (Megatron's sequence parallelism)."""
         return self.family in ("llama", "moe")
 
-    def spec(self, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1) -> dict:
+    def spec(self, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1,
+             dense: int | None = None) -> dict:
         """The spec of ``layers`` layers on the mesh (dp, cp or ep, tp) with ``micro_batch`` sequences a data rank,
         written by ``builder(model, layers=, tp=, cp=, ep=, dp=, micro_batch=)`` (the planner does not import the
         generators: ``layout_prop.commands.search.generator_spec`` is the ``gen`` one)."""
         if self.builder is None:
             raise SpecError("search-builder", f"no spec builder for the {self.family} model",
                             hint="give ModelShape a builder (layout_prop.commands.search.generator_spec)")
-        return self.builder(self, layers=layers, tp=tp, cp=cp, ep=ep, dp=dp, micro_batch=micro_batch)
+        kwargs = {} if dense is None else {"dense": dense}  # MoE: how many of the layers are dense (default the
+        # model's own, at most ``layers``)
+        return self.builder(self, layers=layers, tp=tp, cp=cp, ep=ep, dp=dp, micro_batch=micro_batch, **kwargs)
 
     def describe(self) -> str:
         text = (f"{self.family}, {self.layers} layers ({self.distinct_layers} distinct shape"
@@ -114,6 +119,8 @@ class ModelShape:
         if self.family == "moe":
             text += (f", {self.experts} experts top-{self.top_k}, {self.shared_experts} shared, capacity factor "
                      f"{self.capacity_factor} ({self.capacity_scope})")
+            if self.dense_layers:
+                text += f", the first {self.dense_layers} dense (ffn {self.dense_ffn})"
         return text
 
 
@@ -268,7 +275,10 @@ def recognise(graph: Graph) -> ModelShape:
 
     distinct = len({signature(k) for k in layers})
     inputs = {n.name: n.attrs for n in graph.inputs()}
-    p = prefix.rstrip("#") + str(min(layers))
+    stem_of = prefix.rstrip("#")
+    moe_numbers = sorted(k for k in layers if stem_of + str(k) + "_e_gate" in inputs)
+    dense_numbers = sorted(k for k in layers if stem_of + str(k) + "_w_gate" in inputs)
+    p = stem_of + str(moe_numbers[0] if moe_numbers else min(layers))
 
     def dims(name: str) -> list[int] | None:
         a = inputs.get(p + "_" + name)
@@ -313,6 +323,12 @@ def recognise(graph: Graph) -> ModelShape:
                      capacity_factor=dispatch.attrs.get("capacity_factor") if dispatch is not None else None,
                      capacity_scope=dispatch.attrs.get("capacity_scope", "global") if dispatch is not None
                      else "global")
+        if dense_numbers:
+            if dense_numbers != list(range(min(layers), min(layers) + len(dense_numbers))):
+                raise SpecError("unknown-model", f"the dense layers {dense_numbers} of the MoE model are not its first",
+                                hint="plan --search takes gen moe --dense-layers N specs (the first N layers dense)")
+            extra.update(dense_layers=len(dense_numbers),
+                         dense_ffn=inputs[stem_of + str(dense_numbers[0]) + "_w_gate"]["shape"][0])
     return ModelShape(family=family, layers=len(layers), hidden=hidden, heads=heads, ffn=ffn, seq=seq, dtype=dtype,
                       vocab=vocab, kv_heads=heads_of("k") if family != "gpt" else None, full="tokens" in inputs,
                       tie="head" not in inputs, distinct_layers=distinct, **extra)
@@ -425,18 +441,34 @@ class LayerCache:
 
     def __init__(self, model: ModelShape, cluster: Cluster, analyse: Callable[[dict], Graph]):
         self.model, self.cluster, self.analyse = model, cluster, analyse
-        self.costs: dict[tuple[int, int, int, int], tuple[LayerCost, LayerCost]] = {}
+        self.costs: dict[tuple[int, int, int, int], tuple[LayerCost, LayerCost, LayerCost | None]] = {}
+        self.evaluations = 0
 
-    def get(self, tp: int, cp: int, ep: int, mb: int) -> tuple[LayerCost, LayerCost]:
+    def _measure(self, layers: int, dense: int, key: tuple[int, int, int, int]) -> LayerCost:
+        tp, cp, ep, mb = key
+        self.evaluations += 1
+        return _measure(self.model, self.analyse(self.model.spec(layers, tp, cp, ep, 1, mb, dense=dense)),
+                        self.cluster)
+
+    def get(self, tp: int, cp: int, ep: int, mb: int) -> tuple[LayerCost, LayerCost, LayerCost | None]:
+        """``(layer, rest, dense)``: one layer (the model's main shape), the embedding and head, and one of a MoE
+        model's first dense layers (None without them), each shape priced once."""
         key = (tp, cp, ep, mb)
         if key not in self.costs:
-            one = _measure(self.model, self.analyse(self.model.spec(1, tp, cp, ep, 1, mb)), self.cluster)
-            two = _measure(self.model, self.analyse(self.model.spec(2, tp, cp, ep, 1, mb)), self.cluster)
-            layer = LayerCost(*[b - a for a, b in zip(_fields(one), _fields(two))])
-            layer = replace(layer, input_bytes=boundary_bytes(self.model, tp, cp, mb))
+            one = self._measure(1, 0, key)
+            two = self._measure(2, 0, key)
+            boundary = boundary_bytes(self.model, tp, cp, mb)
+            layer = replace(_difference(two, one), input_bytes=boundary)
             rest = LayerCost(*[a - (b - a) for a, b in zip(_fields(one), _fields(two))])
-            self.costs[key] = (layer, rest)
+            dense = None
+            if self.model.dense_layers:  # the first layer dense, the second not: minus one main layer and the rest
+                dense = replace(_difference(self._measure(2, 1, key), one), input_bytes=boundary)
+            self.costs[key] = (layer, rest, dense)
         return self.costs[key]
+
+
+def _difference(a: LayerCost, b: LayerCost) -> LayerCost:
+    return LayerCost(*[x - y for x, y in zip(_fields(a), _fields(b))])
 
 
 def _fields(cost: LayerCost) -> list:
@@ -527,29 +559,56 @@ def boundary_bytes(model: ModelShape, tp: int, cp: int, micro_batch: int) -> int
     return micro_batch * model.seq * model.hidden * model.itemsize // seq_split
 
 
-def _axis_index(order: tuple[str, ...], axis: str) -> int:
-    return order.index(axis)
+def stage_mixes(layers: int, dense: int, pp: int) -> list[tuple[int, int]]:
+    """The distinct (main layers, dense layers) a stage holds, ``ceil(layers / pp)`` consecutive layers a stage,
+    the ``dense`` first layers dense.
+
+    >>> stage_mixes(61, 3, 16)  # DeepSeek-V3 on 16 stages: 4, 4, ... and 1 on the last
+    [(1, 3), (4, 0), (1, 0)]
+    """
+    per_stage = par.ceil_div(layers, pp)
+    mixes = []
+    for first in range(0, layers, per_stage):
+        last = min(first + per_stage, layers)
+        n_dense = max(0, min(last, dense) - first)
+        mix = (last - first - n_dense, n_dense)
+        if mix not in mixes:
+            mixes.append(mix)
+    return mixes
+
+
+def _stage(c: Config, layer: LayerCost, dense: LayerCost | None, rest: LayerCost, n_main: int,
+           n_dense: int) -> dict[str, float]:
+    """One micro-batch through a stage of ``n_main`` main and ``n_dense`` dense layers, with the embedding and head
+    (on the first and last stage; counted on every stage: an overestimate of at most the smaller of the two)."""
+    kinds = [(layer, n_main)] + ([(dense, n_dense)] if dense is not None and n_dense else [])
+
+    def total(field_: str) -> float:
+        return sum(n * getattr(k, field_) for k, n in kinds) + getattr(rest, field_)
+
+    if c.recompute == "full":
+        recompute = sum(n * (k.forward_s + k.forward_comm_s) for k, n in kinds)
+        kept = sum(n * k.input_bytes for k, n in kinds)
+    elif c.recompute == "selective":
+        recompute = sum(n * k.attention_core_s for k, n in kinds)
+        kept = sum(n * max(k.activation_bytes - k.attention_core_bytes, 0) for k, n in kinds)
+    else:
+        recompute = 0.0
+        kept = sum(n * k.activation_bytes for k, n in kinds)
+    return {"fwd": total("forward_s"), "bwd": total("backward_s"), "comm": total("comm_s"), "recompute": recompute,
+            "params": total("param_bytes"), "tensors": max(total("param_tensors"), 1),
+            "ep_sync": sum(n * k.ep_sync_s for k, n in kinds), "kept": kept,
+            "working": max(k.activation_bytes for k, n in kinds if n) if n_main + n_dense else 0}
 
 
 def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: int, cache: LayerCache,
              order: tuple[str, ...] = DEFAULT_ORDER) -> Candidate:
     """The predicted step time and memory per rank of one configuration (module docstring, step 3)."""
     c = config
-    layer, rest = cache.get(c.tp, c.cp, c.ep, c.micro_batch)
+    layer, rest, dense = cache.get(c.tp, c.cp, c.ep, c.micro_batch)
     data = c.dp * c.ep
     m = global_batch // (c.micro_batch * data)
-    per_stage = par.ceil_div(model.layers, c.pp)
     chunks = c.v if c.schedule == "interleaved" else 1
-    # one micro-batch through the busiest stage: its layers, and the embedding and head (on the first and last
-    # stage; both counted on the busiest, an overestimate of at most the smaller of the two)
-    fwd = per_stage * layer.forward_s + rest.forward_s
-    bwd = per_stage * layer.backward_s + rest.backward_s
-    comm = per_stage * layer.comm_s + rest.comm_s
-    recompute = 0.0
-    if c.recompute == "full":
-        recompute = per_stage * (layer.forward_s + layer.forward_comm_s)
-    elif c.recompute == "selective":
-        recompute = per_stage * layer.attention_core_s
     shape = tuple(c.degree(a) for a in order)
     pp_stride = math.prod(shape[order.index("pp") + 1:])
     p2p = 0.0
@@ -557,46 +616,50 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
         # stage all-gathers it inside the node (Narayanan et al. SC'21, section 4.1, scatter/gather)
         sent = layer.input_bytes if model.sequence_parallel else layer.input_bytes / c.tp
         p2p = 2 * chunks * par.p2p_time(sent, cluster, pp_stride >= cluster.devices_per_node)
+    stages = [_stage(c, layer, dense, rest, n_main, n_dense)
+              for n_main, n_dense in stage_mixes(model.layers, model.dense_layers if dense is not None else 0, c.pp)]
+    # the pipeline runs at its busiest stage's pace
+    busy = max(stages, key=lambda st: st["fwd"] + st["bwd"] + st["comm"] + st["recompute"])
+    fwd, bwd, comm, recompute = busy["fwd"], busy["bwd"], busy["comm"], busy["recompute"]
     stage_s = fwd + bwd + comm + recompute + p2p
     pipe = par.pipeline_time(stage_s, c.pp, m, c.schedule, c.v)
     bubble = pipe - m * stage_s
-    # data-parallel synchronisation of this rank's gradients (ZeRO: reduce-scatter and all-gathers)
-    grads = per_stage * layer.param_bytes + rest.param_bytes
-    tensors = max(per_stage * layer.param_tensors + rest.param_tensors, 1)
     dp_axis = order.index("dp")
-    # one collective a parameter (the step model's pricing: latency counts once per tensor), of the mean size
-    one = par.grad_sync_time(grads / tensors, c.zero, shape, dp_axis, cluster)
-    if c.zero <= 1:
-        sync = tensors * one + per_stage * layer.ep_sync_s
-        exposed = max(sync - bwd, one + layer.ep_sync_s)
-    else:  # stages 2 and 3 reduce-scatter (and stage 3 gathers) every micro-batch, overlapped with its compute
-        per_mb = tensors * one
-        hidden_by = bwd if c.zero == 2 else fwd + bwd
-        exposed = m * max(per_mb - hidden_by, one) + per_stage * layer.ep_sync_s
-        sync = m * per_mb + per_stage * layer.ep_sync_s
-    shard = c.dp if c.zero >= 1 else 1
-    optimizer = 7 * grads / shard / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
-    step = pipe + exposed + optimizer
-    # memory per rank: model states (ZeRO over dp) and the activations the schedule keeps in flight
-    states = par.zero_model_state_bytes(grads / model.itemsize, c.zero, c.dp, model.itemsize)
-    if c.recompute == "full":
-        kept = layer.input_bytes
-    elif c.recompute == "selective":
-        kept = max(layer.activation_bytes - layer.attention_core_bytes, 0)
-    else:
-        kept = layer.activation_bytes
     inflight = par.inflight_microbatches(c.pp, m, c.schedule, c.v) if c.pp > 1 else 1
-    # the first stage keeps its micro-batches' layer activations; the head's (on the last stage) are kept for one
-    activations = inflight * per_stage * kept + max(rest.activation_bytes, 0)
-    if c.recompute == "full":
-        activations += layer.activation_bytes  # the layer being recomputed holds its activations
-    memory = states + activations
-    flops = (model.layers * layer.flops + rest.flops) * m * c.dp
+    shard = c.dp if c.zero >= 1 else 1
+    exposed = sync = optimizer = memory = states = activations = 0.0
+    for st in stages:  # every stage synchronises its own gradients; the step waits for the slowest
+        grads, tensors = st["params"], st["tensors"]
+        # one collective a parameter (the step model's pricing: latency counts once per tensor), of the mean size
+        one = par.grad_sync_time(grads / tensors, c.zero, shape, dp_axis, cluster)
+        if c.zero <= 1:
+            st_sync = tensors * one + st["ep_sync"]
+            st_exposed = max(st_sync - st["bwd"], one + layer.ep_sync_s)
+        else:  # stages 2 and 3 reduce-scatter (and stage 3 gathers) every micro-batch, overlapped with its compute
+            per_mb = tensors * one
+            hidden_by = st["bwd"] if c.zero == 2 else st["fwd"] + st["bwd"]
+            st_exposed = m * max(per_mb - hidden_by, one) + st["ep_sync"]
+            st_sync = m * per_mb + st["ep_sync"]
+        st_optimizer = 7 * grads / shard / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+        if st_exposed + st_optimizer >= exposed + optimizer:
+            exposed, sync, optimizer = st_exposed, st_sync, st_optimizer
+        # memory per rank: model states (ZeRO over dp) and the activations the schedule keeps in flight (the
+        # first stage's count for every stage: an overestimate for the later ones); the head's kept for one
+        st_states = par.zero_model_state_bytes(grads / model.itemsize, c.zero, c.dp, model.itemsize)
+        st_activations = inflight * st["kept"] + max(rest.activation_bytes, 0)
+        if c.recompute == "full":
+            st_activations += st["working"]  # the layer being recomputed holds its activations
+        if st_states + st_activations > memory:
+            memory, states, activations = st_states + st_activations, st_states, st_activations
+    step = pipe + exposed + optimizer
+    n_dense = model.dense_layers if dense is not None else 0
+    layer_flops = (model.layers - n_dense) * layer.flops + (n_dense * dense.flops if n_dense else 0)
+    flops = (layer_flops + rest.flops) * m * c.dp
     tflops = flops / step / c.devices / 1e12 if step > 0 else 0.0
     peak = cluster.peak_flops(model.dtype)
     parts = {"compute_s": m * (fwd + bwd), "recompute_s": m * recompute, "comm_s": m * comm, "p2p_s": m * p2p,
              "bubble_s": bubble, "grad_sync_s": sync, "grad_sync_exposed_s": exposed, "optimizer_s": optimizer,
-             "micro_batches": m, "layers_per_stage": per_stage, "model_states_bytes": states,
+             "micro_batches": m, "layers_per_stage": par.ceil_div(model.layers, c.pp), "model_states_bytes": states,
              "activation_bytes": activations}
     return Candidate(config=c, step_time_s=step, memory_bytes=memory, tflops_per_device=tflops,
                      mfu=tflops * 1e12 / peak if peak else 0.0, parts=parts)
@@ -626,7 +689,7 @@ def search(model: ModelShape, cluster: Cluster, devices: int, global_batch: int,
             progress.update(i + 1)
     ranked, least = [], None
     every = []
-    if all(layer.attention_core_bytes == 0 and layer.attention_core_s == 0 for layer, _ in cache.costs.values()):
+    if all(layer.attention_core_bytes == 0 and layer.attention_core_s == 0 for layer, _, _ in cache.costs.values()):
         configs = [c for c in configs if c.recompute != "selective"]  # no (seq x seq) value: the same as none
     for config in configs:
         cand = evaluate(config, model, cluster, global_batch, cache, order)
@@ -642,7 +705,8 @@ def search(model: ModelShape, cluster: Cluster, devices: int, global_batch: int,
                                least.memory_bytes, least.config, limit)
     ranked.sort(key=lambda c: (c.step_time_s, c.memory_bytes))
     result = SearchResult(model=model, cluster=cluster.name, devices=devices, global_batch=global_batch,
-                          memory_limit=limit, ranked=ranked, candidates=len(configs), layer_evaluations=2 * len(keys),
+                          memory_limit=limit, ranked=ranked, candidates=len(configs),
+                          layer_evaluations=cache.evaluations,
                           seconds=time.perf_counter() - start, least_memory=least)
     if keep_all:
         result.notes.append("all")
@@ -651,7 +715,7 @@ def search(model: ModelShape, cluster: Cluster, devices: int, global_batch: int,
         result.notes.append("the spec drops no token (no capacity factor): every expert's buffer holds every token, "
                             "as the generator's exact routing does; gen moe --capacity-factor 1 prices balanced "
                             "routing")
-    if model.distinct_layers > 1:
+    if model.distinct_layers > 1 and not model.dense_layers:
         result.notes.append(f"{model.distinct_layers} distinct layer shapes recognised; every layer is priced as "
                             "the first (the generators write one layer shape)")
     return result

@@ -142,3 +142,22 @@ def test_recompute_per_pipeline_stage():
     recompute = Recompute("full", layers)
     held = layer_activations(recompute.run(analysed))
     assert sorted(recompute.recomputed) == ["l0", "l1"] and held["l2"] == held["l3"] > held["l0"]
+
+
+def test_bad_recompute_and_zero_blocks_are_typed_errors():
+    from layout_prop.passes.recompute import parse_recompute
+
+    assert parse_recompute({"mode": "full", "layers": ["l1"]}) == ("full", ("l1",))
+    for bad, code in (("most", "bad-value"), ({"mode": "full", "layers": "l1"}, "bad-type"),
+                      ({"mode": "full", "stage": 1}, "unknown-key")):
+        with pytest.raises(SpecError) as err:
+            parse_recompute(bad)
+        assert err.value.code == code
+    with pytest.raises(SpecError) as err:
+        Recompute("full", ["l9"]).run(analysed(1))
+    assert err.value.code == "bad-value" and "l9" in err.value.message
+    spec = gpt_spec(layers=1, mesh=(("dp", 2), ("sp", 1), ("tp", 1)), batch=2, seq=8, hidden=16, heads=2, vocab=16)
+    with pytest.raises(SpecError) as err:
+        load_spec({**spec, "zero": [3]})
+    assert err.value.code == "bad-type" and err.value.path == "zero"
+    assert load_spec({**spec, "zero": {"stage": 2}, "recompute": "selective"}).meta["zero"] == {"stage": 2}

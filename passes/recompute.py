@@ -123,7 +123,7 @@ def segments(graph: Graph, mode: str, layers=None) -> dict[str, list[Node]]:
         known = {_layered(n.name) for n in graph.nodes} - {None}
         unknown = sorted(wanted - known)
         if unknown:
-            raise SpecError("unknown-layer", f"no layer named {unknown[0]!r} to recompute", path="recompute.layers",
+            raise SpecError("bad-value", f"no layer named {unknown[0]!r} to recompute", path="recompute.layers",
                             hint=f"the graph's layers: {', '.join(sorted(known)[:8]) or 'none'}")
     return out
 

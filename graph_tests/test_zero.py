@@ -293,3 +293,17 @@ def test_mixed_precision_step_keeps_a_master_copy():
     state = {}
     optimizer.update(np.ones(3, np.float16), np.ones(3, np.float16), state, 1)
     assert state["master"].dtype == np.float32
+
+
+def test_transformed_graphs_pass_the_verifier():
+    """Zero, then the analysis (verified after every pass), Recompute and finish leave a well-formed, fresh and
+    resolved graph, for every case, stage and recompute mode."""
+    from layout_prop.passes.recompute import Recompute
+    from layout_prop.passes.verify import Verify
+
+    for case, (make, axes) in CASES.items():
+        for stage in range(4):
+            config = ZeroConfig(stage, axes if stage else ())
+            analysis = analyze(Zero(config).run(load_spec(make())), reshard=True, backward=True, verify=True)
+            for mode in ("none", "selective", "full"):
+                Verify(resolved=True).run(finish(Recompute(mode).run(analysis.graph), config))

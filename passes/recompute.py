@@ -209,7 +209,7 @@ def _fresh(base: str, taken) -> str:
     name, k = base, 1
     while name in taken:
         k += 1
-        name = f"{base}#{k}"
+        name = f"{base}/{k}"  # (not "#" or "@": lowering names its local values with them)
     return name
 
 

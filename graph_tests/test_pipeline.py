@@ -437,3 +437,48 @@ def test_2_stage_pipeline_on_4_msrun_workers_matches_the_simulator_and_one_devic
     for name, value in got.items():
         assert np.array_equal(value, run.values[name]), name
     assert_matches(type(run)(values=got), reference)
+
+
+# --------------------------------------------------------------------------- the command
+def _write_spec(tmp_path, spec: dict, name: str = "pipe.yaml"):
+    import yaml
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(path)
+
+
+def test_pipeline_command_summary_rank_and_run(tmp_path, capsys):
+    import json
+
+    from layout_prop.cli import main
+
+    spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, full=True,
+                                    dtype="float64"), 2, {"micro_batches": 2})
+    path = _write_spec(tmp_path, spec)
+    assert main(["pipeline", path]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 stages on pp (4 ranks, each stage on DeviceMesh(dp=1, sp=1, tp=2)), 1f1b over 2 "
+                          "micro-batches\nbubble 0.500 of the ideal time; activations in flight per stage [2, 1]\n")
+    assert "l0_out: stage 0 -> 1 before forward chunk 1, 4096 bytes" in out  # 2 x 8 x 32 float64 per micro-batch
+    assert main(["pipeline", path, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bubble_fraction"] == data["simulated_bubble"] == 0.5 and data["in_flight"] == [2, 1]
+    assert main(["pipeline", path, "--rank", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stage"] == 1
+    assert main(["pipeline", path, "--run", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and len(report["grads"]) == 21 and report["outputs"]["loss"]["max_rel_err"] < 1e-12
+
+
+@pytest.mark.parametrize("block, fragment", [
+    ({"micro_batches": 3}, "bad-pipeline at pipeline.micro_batches: a batch of 4 does not divide into 3"),
+    ({"schedule": "zigzag"}, "bad-pipeline at pipeline.schedule: unknown pipeline schedule 'zigzag'"),
+    ({"axis": "stage"}, "bad-pipeline at pipeline.axis: the pipeline axis 'stage' is not a mesh axis")])
+def test_pipeline_command_refuses_bad_requests_in_one_line(tmp_path, capsys, block, fragment):
+    from layout_prop.cli import main
+
+    spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, full=True), 2, block)
+    assert main(["pipeline", _write_spec(tmp_path, spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err and "Traceback" not in err

@@ -270,6 +270,22 @@ def _parser() -> argparse.ArgumentParser:
     es.add_argument("--json", action="store_true", help="print JSON")
     _add_model_args(es)
 
+    pl = sub.add_parser("pipeline", help="a spec's pipeline stages, schedule, bubble and moves; one rank's program; "
+                        "--run executes it and compares with one device")
+    pl.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec with a pipeline: block (- reads standard input)")
+    pl.add_argument("--rank", type=_non_negative_int, metavar="R",
+                    help="print rank R's program: its stage, schedule, the values it receives, its local ops")
+    pl.add_argument("--run", action="store_true", help="execute every rank's schedule over the micro-batches and "
+                    "compare the loss and gradients with one device on the whole batch (exit 1 if they differ)")
+    pl.add_argument("--engine", choices=["sim", "mindspore"], default="sim",
+                    help="with --run: the simulator (default) or msrun workers (numpy kernels)")
+    pl.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random inputs (default 0)")
+    pl.add_argument("--timeout", type=_seconds, default=300.0,
+                    help="--engine mindspore: seconds before giving up (default 300)")
+    pl.add_argument("--cluster", default="a100-80g", metavar="NAME|FILE",
+                    help="the device whose op times balance stages the spec does not cut (default a100-80g)")
+    pl.add_argument("--json", action="store_true", help="print JSON")
+
     xp = sub.add_parser("export", help="write the checked plan for hyper-parallel, MindSpore or torch (code to paste, "
                         "and the plan as data)")
     xp.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (plan's output too), or a model with --plan")
@@ -526,7 +542,7 @@ def _samples_arg(text: str) -> int | str:
 #: each has ``run(args) -> exit code``
 COMMANDS = {"check": "check", "run": "run", "demo": "demo", "explain": "explain", "verify": "verify", "viz": "viz",
             "import": "import_model", "plan": "plan", "gen": "gen", "ops": "ops", "lower": "lower",
-            "estimate": "estimate", "audit": "audit", "export": "export"}
+            "estimate": "estimate", "audit": "audit", "export": "export", "pipeline": "pipeline"}
 
 
 #: exit status when the reader of stdout went away (128 + SIGPIPE, as a Unix tool killed by it)

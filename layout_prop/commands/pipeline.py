@@ -1,0 +1,199 @@
+"""``layout-prop pipeline``: a spec's pipeline stages, schedule, moves and each rank's program; with
+``--run``, executed on every rank (simulator or msrun) and compared with one device on the whole batch.
+
+See docs/pipeline.md.  The driver functions (:func:`build`, :func:`run_pipeline`) are the Python API of
+a pipelined run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layout_prop.core.errors import SpecError
+
+from .model_input import load_graph
+from .printing import print_json
+
+__all__ = ["run", "build", "run_pipeline", "Built", "op_time_cost"]
+
+
+@dataclass
+class Built:
+    """A spec's pipeline, lowered: the whole graph, the config, the analysed micro-batch graph and the program."""
+
+    graph: object
+    config: object
+    micro: object
+    program: object
+    batch_inputs: list = field(default_factory=list)
+
+
+def op_time_cost(graph, cluster_name: str = "a100-80g"):
+    """Seconds of each node of an analysed graph on ``cluster_name``'s device (the step-time model's
+    op_time): what balances stages that the spec does not cut itself."""
+    from layout_prop.core import meta
+    from layout_prop.passes.propagate import value_spec
+    from layout_prop.perf.clusters import get_cluster
+    from layout_prop.perf.costs import op_cost, op_time
+
+    cluster = get_cluster(cluster_name)
+
+    def seconds(node) -> float:
+        ins, outs = [value_spec(graph, v) for v in node.inputs], node.meta[meta.SPECS]
+        cost = op_cost(node.op, [s.local_shape(0) for s in ins], [s.local_shape(0) for s in outs],
+                       [s.itemsize for s in ins], [s.itemsize for s in outs], node.meta[meta.ATTRS],
+                       dtype=outs[0].dtype)
+        return op_time(cost, cluster)
+    return seconds
+
+
+def build(graph, cluster: str = "a100-80g") -> Built:
+    """Check the spec's ``pipeline:`` block, analyse one micro-batch (backward, reshard) on the stage mesh,
+    cut it into chunks (balanced by :func:`op_time_cost` when the block gives no cut) and lower it."""
+    from layout_prop.api import analyze
+    from layout_prop.passes.pipeline import PipelineConfig, forward_chunks, lower_pipeline, micro_batch_graph
+
+    if "pipeline" not in graph.meta:
+        raise SpecError("bad-pipeline", "the spec has no pipeline: block", path="pipeline",
+                        hint="add pipeline: {axis: pp, micro_batches: 4} and a pp axis to the mesh (docs/pipeline.md)")
+    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    micro, batch_inputs = micro_batch_graph(graph, config)
+    analysis = analyze(micro, reshard=True, backward=True)
+    if not analysis.ok:
+        first = analysis.check.violations[0]
+        raise SpecError("bad-pipeline", f"one micro-batch on the stage mesh has {len(analysis.check.violations)} "
+                        f"violation(s) left after resharding; first: {first}", path="pipeline",
+                        hint="check the spec with layout-prop check --reshard --backward")
+    g = analysis.graph
+    chunks = forward_chunks(g, config, op_time_cost(g, cluster))
+    return Built(graph, config, g, lower_pipeline(g, config, graph.mesh, batch_inputs, chunks), batch_inputs)
+
+
+def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_options) -> dict:
+    """Execute ``built`` on every rank and compare with one device on the whole batch.
+
+    Returns ``{"ok", "engine", "ranks", "outputs": {name: errors}, "grads": {input: errors},
+    "mismatches": [...], "moves": bytes moved per rank and micro-batch, "in_flight": [...]}``.
+    """
+    from layout_prop.api import analyze
+    from layout_prop.engines.pipeline import execute_pipeline, gather_rank_results
+    from layout_prop.runner import _quiet_numerics, compare, execute_global, random_inputs
+
+    pprog, config = built.program, built.config
+    m = config.micro_batches
+    whole = analyze(built.graph, reshard=True, backward=True).graph  # the whole batch (the block is not read)
+    inputs = random_inputs(whole, seed)
+    with _quiet_numerics():
+        reference = execute_global(whole, inputs, wanted=list(whole.outputs))
+    scale = 1.0 / m if config.loss == "mean" else 1.0
+    shared = {name: value * scale if name.startswith("cotangent/") else value
+              for name, value in inputs.items() if name not in built.batch_inputs}
+    micro_inputs = [{name: np.split(inputs[name], m, axis=0)[k] for name in built.batch_inputs} for k in range(m)]
+    report: dict = {"ok": False, "engine": engine, "ranks": pprog.mesh.size, "schedule": config.schedule,
+                    "micro_batches": m}
+    with _quiet_numerics():
+        if engine == "sim":
+            run = execute_pipeline(pprog, micro_inputs, shared)
+            values = run.values
+            report["in_flight"] = run.in_flight
+        else:
+            from layout_prop.engines.msrun_engine import MsrunEngine
+            from layout_prop.passes.pipeline import rank_programs
+
+            programs = rank_programs(pprog)
+            given = dict(shared)
+            for k, batch in enumerate(micro_inputs):
+                given.update({f"{name}@mb{k}": value for name, value in batch.items()})
+            given.update(programs.placeholder_inputs())
+            msrun = MsrunEngine(**engine_options)
+            values = gather_rank_results(programs, msrun.execute(programs, given, wanted=programs.wanted()))
+            report.update(msrun.report_extra())
+    grad_of = {v: v[len("grad/"):] for v in pprog.grads}
+    report.update({"outputs": {}, "grads": {}, "mismatches": []})
+    for name, want in reference.items():
+        spec = whole.producer(name)[0].meta["specs"][whole.producer(name)[1]]
+        errors, problem = compare(name, values[name], want, spec)
+        (report["grads"] if name in grad_of else report["outputs"])[grad_of.get(name, name)] = errors
+        if problem:
+            report["mismatches"].append(problem)
+    report["ok"] = not report["mismatches"]
+    return report
+
+
+def summary(built: Built) -> dict:
+    """Stages, chunks (first and last node, layers), the schedule's bubble and in-flight numbers, moves."""
+    from layout_prop.passes.schedule import bubble_fraction, in_flight, simulate
+
+    pprog, c = built.program, built.config
+    chunks = []
+    for chunk in range(c.chunks):
+        kernels = [op.source for op in pprog.tasks.get((chunk, "F"), ()) if op.kind == "kernel"]
+        chunks.append({"chunk": chunk, "stage": chunk % c.stages, "first": kernels[0] if kernels else None,
+                       "last": kernels[-1] if kernels else None, "nodes": len(kernels)})
+    moves = [{"value": mv.value, "from_stage": mv.src_stage, "to_stage": mv.dst_stage,
+              "before": f"{'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}",
+              "bytes_per_rank": pprog.permute(mv).bytes_per_rank}
+             for key in sorted(pprog.moves) for mv in pprog.moves[key]]
+    timeline = simulate(pprog.orders, c.stages, c.virtual_stages)
+    return {"axis": c.axis, "stages": c.stages, "virtual_stages": c.virtual_stages, "schedule": c.schedule,
+            "micro_batches": c.micro_batches, "ranks": pprog.mesh.size, "stage_mesh": str(pprog.program.mesh),
+            "bubble_fraction": bubble_fraction(c.schedule, c.stages, c.micro_batches, c.virtual_stages),
+            "simulated_bubble": round(timeline.bubble, 12), "in_flight": in_flight(pprog.orders),
+            "chunks": chunks, "moves": moves,
+            "bytes_moved_per_micro_batch": sum(mv["bytes_per_rank"] for mv in moves)}
+
+
+def format_summary(data: dict) -> str:
+    lines = [f"{data['stages']} stages on {data['axis']} ({data['ranks']} ranks, each stage on {data['stage_mesh']}),"
+             f" {data['schedule']}" + (f" with {data['virtual_stages']} virtual stages" if data["virtual_stages"] > 1
+                                       else "") + f" over {data['micro_batches']} micro-batches",
+             f"bubble {data['bubble_fraction']:.3f} of the ideal time; activations in flight per stage "
+             f"{data['in_flight']}"]
+    for ch in data["chunks"]:
+        lines.append(f"  chunk {ch['chunk']} on stage {ch['stage']}: {ch['nodes']} nodes, {ch['first']} .. "
+                     f"{ch['last']}")
+    lines.append(f"moves per micro-batch: {len(data['moves'])}, {data['bytes_moved_per_micro_batch']} bytes per rank")
+    for mv in data["moves"]:
+        lines.append(f"  {mv['value']}: stage {mv['from_stage']} -> {mv['to_stage']} before {mv['before']}, "
+                     f"{mv['bytes_per_rank']} bytes")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    graph = load_graph(args)
+    built = build(graph, args.cluster)
+    if args.rank is not None and not 0 <= args.rank < built.program.mesh.size:
+        raise SpecError("bad-value", f"--rank {args.rank} is not a rank of {built.program.mesh}",
+                        hint=f"use 0..{built.program.mesh.size - 1}")
+    if args.run:
+        options = {}
+        if args.engine == "mindspore":
+            options = {"backend": "numpy", "timeout": args.timeout}
+        report = run_pipeline(built, args.seed, args.engine, **options)
+        if args.json:
+            print_json(report)
+        else:
+            print(f"pipelined run on {report['ranks']} ranks ({report['engine']}), {report['schedule']} over "
+                  f"{report['micro_batches']} micro-batches: {'matches' if report['ok'] else 'DIFFERS FROM'} one "
+                  f"device on the whole batch")
+            for kind in ("outputs", "grads"):
+                for name, err in report[kind].items():
+                    label = name if kind == "outputs" else f"grad:{name}"
+                    print(f"  {label}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")
+            for problem in report["mismatches"]:
+                print(f"  mismatch: {problem}")
+        return 0 if report["ok"] else 1
+    if args.rank is not None:
+        if args.json:
+            print_json(built.program.to_dict(args.rank))
+        else:
+            print(built.program.format(args.rank))
+        return 0
+    data = summary(built)
+    if args.json:
+        print_json(data)
+    else:
+        print(format_summary(data))
+    return 0

@@ -305,3 +305,51 @@ def test_a_tied_copy_exports_with_its_parameter_or_is_refused(capsys, tmp_path):
     assert main(["export", str(model), "--plan", str(plan), "--to", "hyper-parallel"]) == 2
     err = capsys.readouterr().err.strip()
     assert "not-expressible" in err and "'lm_head.weight.T'" in err and "tied" in err and err.count("\n") == 0
+
+
+@pytest.mark.parametrize("flag", ["-o", "--data"])
+def test_a_bad_output_is_refused_before_the_model_is_read(capsys, tmp_path, flag):
+    (tmp_path / "folder.py").mkdir()
+    capsys.readouterr()
+    argv = ["export", str(tmp_path / "missing.onnx"), "--plan", str(tmp_path / "missing.yaml"), "--to", "torch",
+            flag, str(tmp_path / "folder.py")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "write-failed" in err and "folder" in err, err
+
+
+PLANNED_SPEC = """
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x: {shape: [4, 8], placements: ["S(0)", "S(1)"]}
+  w: {shape: [8, 6], placements: [R, "S(1)"]}
+nodes:
+  - {name: x_moved, op: redistribute, inputs: [x], attrs: {placements: ["S(0)", R]}}
+  - {name: y, op: matmul, inputs: [x_moved, w]}
+  - {name: z, op: relu, inputs: [y]}
+outputs: [z]
+"""
+
+
+def test_plans_output_exports_and_its_moves_are_no_strategies(capsys, tmp_path):
+    """A spec with an explicit redistribute node (as plan -o writes one): the consumer's strategy is the
+    moved layout, the move itself is MindSpore's to insert."""
+    spec = tmp_path / "planned.yaml"
+    spec.write_text(PLANNED_SPEC)
+    code, _ = _export(capsys, tmp_path, spec, "mindspore", "--input", "x")
+    namespace: dict = {}
+    exec(compile(code, "strategies.py", "exec"), namespace)
+    strategies = namespace["STRATEGIES"]
+    assert sorted(strategies) == ["y", "z"]
+    assert strategies["y"]["in_strategy"] == ((2, 1), (1, 2))  # x moved to (S(0), R); w (R, S(1))
+    assert strategies["z"]["in_strategy"] == ((2, 2),)
+
+
+def test_a_partial_sum_arriving_at_a_node_is_refused_for_mindspore(capsys, tmp_path):
+    """PARTIAL_SPEC's add receives the product's partial sum (check --reshard leaves it so): no strategy says that."""
+    spec = tmp_path / "partial.yaml"
+    spec.write_text(PARTIAL_SPEC.replace('b: {shape: [4, 6], placements: [R, "P"]}', "b: {shape: [4, 6]}"))
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", "mindspore", "--input", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not-expressible" in err and "operand 'y' of node 'z'" in err, err

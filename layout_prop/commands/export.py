@@ -49,9 +49,12 @@ def _load(args):
 
 
 def run(args) -> int:
-    from layout_prop.io.output import write_output
+    from layout_prop.io.output import check_output, write_output
     from layout_prop.interop.export_plan import format_data
 
+    for path in (args.output, args.data):  # where the files go is checked before the work (as plan -o)
+        if path is not None:
+            check_output(path)
     graph = _load(args)
     source = Path(str(args.spec)).name
     plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)

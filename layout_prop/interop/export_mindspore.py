@@ -7,7 +7,8 @@ is cut into), the same in MindSpore's ``Layout`` form (``in_layout``: an alias p
 aliases where several mesh axes cut one dim, which a plain strategy cannot place), and the
 ``out_strategy`` where the output has no partial sum.  ``PARAMETER_LAYOUTS`` gives each parameter's
 alias tensor map (for ``Cell.shard(parameter_plan=...)``).  The redistributions layout-prop inserted
-are MindSpore's to insert: a node's strategy is the layout it needs.
+(and the explicit ``redistribute`` nodes of ``plan``'s output) are MindSpore's to insert: a node's
+strategy is the layout it needs.
 
 MindSpore's strategies state neither a partial sum on an input nor a strided shard (a tensor_map
 cuts a dim into contiguous blocks): either is ``not-expressible``, naming the node, the operand and
@@ -57,6 +58,8 @@ def node_strategies(plan: ExportPlan) -> dict[str, dict]:
     """Each op node's ``op``, ``in_strategy``, ``in_layout`` and ``out_strategy`` (None where partial)."""
     out = {}
     for node in plan.nodes:
+        if node.op == "redistribute":  # plan's explicit moves: MindSpore inserts its own redistributions
+            continue
         ins, maps = [], []
         for value, layout in zip(node.inputs, node.in_layouts):
             if layout is None:

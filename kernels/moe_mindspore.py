@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .moe_numpy import _local_slots, route
+from .moe_numpy import _local_slots, route, window
 
 __all__ = ["KERNELS"]
 
@@ -30,6 +30,13 @@ def _route(indices, attrs: dict, tokens_default: int, local_default: int):
     return route(to_numpy(indices), attrs["num_experts"], attrs.get("capacity_factor"), attrs.get("groups", 1),
                  tokens, attrs.get("token_start", 0), attrs.get("indices_start", 0), local,
                  attrs.get("capacity_scope", "global")), tokens, local
+
+
+def _window(r, attrs: dict, buffer):
+    """The dense buffer's block on this rank: only the choices it holds (numpy's :func:`window`)."""
+    if not attrs.get("dense"):
+        return r
+    return window(r, attrs.get("expert_start", 0), attrs.get("slot_start", 0), buffer.shape[0], buffer.shape[1])
 
 
 def _index(values: np.ndarray):
@@ -64,8 +71,8 @@ def moe_dispatch(x, indices, weights=None, num_experts: int = 1, **attrs):
     attrs["num_experts"] = num_experts
     r, tokens, local = _route(indices, attrs, x.shape[0], x.shape[0])
     dtype = _dtype(x, weights)
-    slots = _local_slots(local, tokens, to_tensor(indices).shape[1], num_experts, attrs.get("capacity_factor"),
-                         attrs.get("groups", 1), attrs.get("capacity_scope", "global"))
+    slots = _local_slots(tokens if attrs.get("dense") else local, tokens, to_tensor(indices).shape[1], num_experts,
+                         attrs.get("capacity_factor"), attrs.get("groups", 1), attrs.get("capacity_scope", "global"))
     out = ms.ops.zeros((num_experts, slots) + tuple(x.shape[1:]), dtype)
     if r.token.size == 0:
         return out
@@ -80,6 +87,7 @@ def moe_combine(buffer, indices, weights=None, num_experts=None, **attrs):
     buffer = to_tensor(buffer)
     attrs["num_experts"] = buffer.shape[0] if num_experts is None else num_experts
     r, tokens, local = _route(indices, attrs, to_tensor(indices).shape[0], None)
+    r = _window(r, attrs, buffer)
     local = tokens if local is None else local
     dtype = _dtype(buffer, weights)
     shape = (local,) + tuple(buffer.shape[2:])
@@ -99,6 +107,7 @@ def moe_weight_grad(buffer, y, indices, num_experts=None, **attrs):
     buffer, y = to_tensor(buffer), to_tensor(y)
     attrs["num_experts"] = buffer.shape[0] if num_experts is None else num_experts
     r, tokens, local = _route(indices, attrs, y.shape[0], y.shape[0])
+    r = _window(r, attrs, buffer)
     dtype = _dtype(buffer, y)
     k = to_tensor(indices).shape[1]
     out = ms.ops.zeros((local, k), dtype)

@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-__all__ = ["KERNELS", "Route", "capacity", "route", "moe_dispatch", "moe_combine", "moe_weight_grad"]
+__all__ = ["KERNELS", "Route", "capacity", "route", "window", "moe_dispatch", "moe_combine", "moe_weight_grad"]
 
 
 def capacity(tokens: int, top_k: int, num_experts: int, capacity_factor) -> int | None:
@@ -125,6 +125,20 @@ def route(indices, num_experts: int, capacity_factor=None, groups: int = 1, toke
     return Route(token[keep] - token_start, choice[keep], expert[keep], slot[keep])
 
 
+def window(r: Route, expert_start: int, slot_start: int, experts: int, slots: int) -> Route:
+    """The choices of ``r`` whose (expert, slot) falls in a rank's block of the dense buffer,
+    ``[expert_start, + experts) x [slot_start, + slots)``, with the block's local expert and slot.
+
+    >>> r = Route(np.arange(3), np.zeros(3, np.int64), np.array([0, 1, 1]), np.array([0, 0, 1]))
+    >>> w = window(r, 1, 1, 1, 1)
+    >>> w.token.tolist(), w.expert.tolist(), w.slot.tolist()
+    ([2], [0], [0])
+    """
+    inside = ((r.expert >= expert_start) & (r.expert < expert_start + experts)
+              & (r.slot >= slot_start) & (r.slot < slot_start + slots))
+    return Route(r.token[inside], r.choice[inside], r.expert[inside] - expert_start, r.slot[inside] - slot_start)
+
+
 def _rank_in_class(labels: np.ndarray) -> np.ndarray:
     """For each entry, how many earlier entries have its label (a stable sort; O(n log n)).
 
@@ -158,16 +172,19 @@ def _local_slots(local_tokens: int, tokens: int, top_k: int, num_experts: int, c
 
 def moe_dispatch(x, indices, weights=None, num_experts: int = 1, capacity_factor=None, groups: int = 1,
                  tokens: int | None = None, token_start: int = 0, indices_start: int = 0,
-                 local_tokens: int | None = None, capacity_scope: str = "global") -> np.ndarray:
-    """``buffer[e, slot] = weights[t, j] * x[t]`` (weight 1 without weights) for each kept choice."""
+                 local_tokens: int | None = None, capacity_scope: str = "global", dense: bool = False) -> np.ndarray:
+    """``buffer[e, slot] = weights[t, j] * x[t]`` (weight 1 without weights) for each kept choice.
+
+    ``dense``: the whole buffer of the global capacity, the local tokens at their global slots
+    (zeros elsewhere: a rank's buffer is its term of a ``P(sum)``)."""
     x = _float(x)
     local_tokens = x.shape[0] if local_tokens is None else local_tokens
     tokens = x.shape[0] if tokens is None else tokens
     r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens,
               capacity_scope)
     dtype = _dtype(x, weights)
-    slots = _local_slots(local_tokens, tokens, np.shape(indices)[1], num_experts, capacity_factor, groups,
-                         capacity_scope)
+    slots = _local_slots(tokens if dense else local_tokens, tokens, np.shape(indices)[1], num_experts,
+                         capacity_factor, groups, capacity_scope)
     out = np.zeros((num_experts, slots) + x.shape[1:], dtype=dtype)
     rows = x[r.token].astype(dtype)
     if weights is not None:
@@ -178,14 +195,21 @@ def moe_dispatch(x, indices, weights=None, num_experts: int = 1, capacity_factor
 
 def moe_combine(buffer, indices, weights=None, num_experts: int | None = None, capacity_factor=None,
                 groups: int = 1, tokens: int | None = None, token_start: int = 0, indices_start: int = 0,
-                local_tokens: int | None = None, capacity_scope: str = "global") -> np.ndarray:
-    """``out[t] = sum_j weights[t, j] * buffer[e, slot]`` over the kept choices of token t."""
+                local_tokens: int | None = None, capacity_scope: str = "global", dense: bool = False,
+                expert_start: int = 0, slot_start: int = 0) -> np.ndarray:
+    """``out[t] = sum_j weights[t, j] * buffer[e, slot]`` over the kept choices of token t.
+
+    ``dense``: ``buffer`` is the block ``[expert_start, ...) x [slot_start, ...)`` of the dense
+    buffer; only the choices it holds are summed (the output a rank's term of a ``P(sum)``
+    when the buffer is sharded on E or the slots)."""
     buffer = _float(buffer)
     num_experts = buffer.shape[0] if num_experts is None else num_experts
     tokens = np.shape(indices)[0] if tokens is None else tokens
     local_tokens = tokens if local_tokens is None else local_tokens
     r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens,
               capacity_scope)
+    if dense:
+        r = window(r, expert_start, slot_start, buffer.shape[0], buffer.shape[1])
     dtype = _dtype(buffer, weights)
     rows = buffer[r.expert, r.slot].astype(dtype)
     if weights is not None:
@@ -197,14 +221,18 @@ def moe_combine(buffer, indices, weights=None, num_experts: int | None = None, c
 
 def moe_weight_grad(buffer, y, indices, num_experts: int | None = None, capacity_factor=None, groups: int = 1,
                     tokens: int | None = None, token_start: int = 0, indices_start: int = 0,
-                    local_tokens: int | None = None, capacity_scope: str = "global") -> np.ndarray:
-    """``out[t, j] = <y[t], buffer[e, slot]>`` for each kept choice, 0 for a dropped one."""
+                    local_tokens: int | None = None, capacity_scope: str = "global", dense: bool = False,
+                    expert_start: int = 0, slot_start: int = 0) -> np.ndarray:
+    """``out[t, j] = <y[t], buffer[e, slot]>`` for each kept choice, 0 for a dropped one
+    (``dense``: only the choices the buffer's block holds, as in :func:`moe_combine`)."""
     buffer, y = _float(buffer), _float(y)
     num_experts = buffer.shape[0] if num_experts is None else num_experts
     tokens = y.shape[0] if tokens is None else tokens
     local_tokens = y.shape[0] if local_tokens is None else local_tokens
     r = route(indices, num_experts, capacity_factor, groups, tokens, token_start, indices_start, local_tokens,
               capacity_scope)
+    if dense:
+        r = window(r, expert_start, slot_start, buffer.shape[0], buffer.shape[1])
     dtype = _dtype(buffer, y)
     out = np.zeros((local_tokens, np.shape(indices)[1]), dtype=dtype)
     out[r.token, r.choice] = np.sum(buffer[r.expert, r.slot].astype(dtype) * y[r.token].astype(dtype), axis=-1)

@@ -26,6 +26,22 @@ the same tokens dropped on one device and sharded, since the groups are an attr.
 Choices are ordered by (token, choice); an index outside ``[0, E)`` names no expert and is
 dropped (as embedding gives zeros for an id outside its table).
 
+The dense buffer
+----------------
+``dense=True`` (with ``groups`` 1 and the global scope) is GShard's and Switch's form: one
+buffer ``(E, C, H)`` with ``C = min(T, capacity)``, a kept choice at its place among ALL the
+choices of its expert (the same tokens kept and dropped as ``groups=1``).  Its layout rule
+needs no token groups: tokens sharded on an axis dispatch into a ``P(sum)`` buffer there (each
+rank writes the global slots of its own tokens, zeros elsewhere), which a reduce-scatter
+moves onto the experts (``S(0)``) or the slots; a combine (or weight gradient) reading a
+buffer sharded on E or on the slots gives a ``P(sum)`` output over all tokens (each rank sums
+its own experts' choices), reduce-scattered back to the token shards.  A buffer read whole
+combines into token-sharded outputs where the weights shard the tokens.  The indices are
+whole on every rank (a slot counts the choices of earlier tokens); the weights shard like the
+tokens.  The buffer is ``C`` slots whatever the token sharding (the grouped form's is up to
+``groups`` times that), and the price is a reduce-scatter of the buffer instead of an
+all-to-all of the grouped slots.
+
 Layout rule (expert parallelism)
 --------------------------------
 ``groups`` is the number of token shards the layer is built for (``gen moe`` sets the
@@ -55,6 +71,8 @@ The ops
 ``moe_weight_grad(buffer, y, indices, ...)`` (grad op)
     ``(T, k)``: ``<y[t], buffer[e, slot]>`` per kept choice, 0 for a dropped one: the
     gradient of the routing weights of both ops (``P(sum)`` on the axes sharding H).
+``dense=True``
+    The same three ops on the dense buffer ``(E, min(T, capacity), H)`` (above).
 Gradients: ``d x = moe_combine(d buffer, indices, weights)``, ``d buffer (of a combine) =
 moe_dispatch(d out, indices, weights)``, ``d weights = moe_weight_grad``; the indices
 (integers) have none.
@@ -109,7 +127,7 @@ __all__ = ["MoeDispatch", "MoeCombine", "MoeWeightGrad", "MOE_CODES", "moe_block
 
 MOE_CODES = ("partial-input", "sharded-choice-dim", "sharded-expert-dim", "uneven-token-groups", "sharding-mismatch")
 LINEAR_PARTIALS = ("sum", "avg")
-_ATTRS = {"num_experts": None, "capacity_factor": None, "groups": 1, "capacity_scope": "global"}
+_ATTRS = {"num_experts": None, "capacity_factor": None, "groups": 1, "capacity_scope": "global", "dense": False}
 #: where a capacity counts: over all tokens (the default), or per token group (Megatron's drop-and-pad)
 CAPACITY_SCOPES = ("global", "group")
 
@@ -140,8 +158,9 @@ def moe_block(tokens: int, top_k: int, num_experts: int, capacity_factor, groups
 
 
 def _global_capacity(attrs: dict) -> bool:
-    """Whether every rank needs the whole indices: a capacity counted over all tokens."""
-    return attrs["capacity_factor"] is not None and attrs["capacity_scope"] == "global"
+    """Whether every rank needs the whole indices: a capacity counted over all tokens, or the
+    dense buffer (a choice's slot is its place among ALL the choices of its expert)."""
+    return attrs["dense"] or (attrs["capacity_factor"] is not None and attrs["capacity_scope"] == "global")
 
 
 def _is_int(value) -> bool:
@@ -168,6 +187,10 @@ def _check_attrs(op: str, attrs: dict, experts_required: bool) -> None:
         raise OpError("bad-attr", f"{op}: capacity_scope={attrs['capacity_scope']!r} is not one of "
                       f"{list(CAPACITY_SCOPES)}", path="attrs.capacity_scope",
                       hint="leave capacity_scope out (global) or give 'group'")
+    if attrs["dense"] and (g != 1 or attrs["capacity_scope"] != "global"):
+        raise OpError("bad-attr", f"{op}: dense=True with groups={g}, capacity_scope="
+                      f"{attrs['capacity_scope']!r}: the dense buffer is one block of the global capacity",
+                      path="attrs.dense", hint="leave groups and capacity_scope out with dense=True")
 
 
 def _check_route(op: str, indices: TensorSpec, weights: TensorSpec | None, tokens: int | None) -> None:
@@ -342,10 +365,123 @@ def _localize(attrs: dict, token_spec: TensorSpec, indices: TensorSpec, rank: in
             "indices_start": indices.local_slices(rank)[0][0]}
 
 
+# ------------------------------------------------------------------------------ the dense buffer
+def _dense_kinds(driver: TensorSpec, token_dim: int | None, hidden_dim: int, sum_dims: tuple[int, ...],
+                 sides: list[TensorSpec | None], other: TensorSpec | None = None) -> Roles:
+    """Per mesh axis, what an op on the dense buffer does there (see :class:`Roles`; ``sum``: a
+    sharded dim of ``sum_dims`` makes the output a partial sum).
+
+    ``driver`` leads: its token dim sharded is ``token`` (only the dispatch: its buffer is then a
+    ``P(sum)``, each rank writing the global slots of its own tokens), its hidden dim ``hidden``,
+    a sharded dim of ``sum_dims`` (the combine's buffer on E or on the slots) ``sum``, a linear
+    Partial ``partial``.  Where the driver is Replicate, a routing operand (``sides``) sharding
+    its tokens makes the axis ``token`` (the output token-sharded, the driver read whole), and a
+    linear Partial of ``other`` (the weight gradient's buffer) ``partial_other``; a sharded E or
+    slot dim of ``other`` makes it ``sum``.
+    """
+    kinds, partials = [], []
+    for axis, p in enumerate(driver.layout.placements):
+        kind, partial = "none", None
+        if isinstance(p, Shard) and p.dim == token_dim:
+            kind = "token"
+        elif isinstance(p, Shard) and p.dim == hidden_dim:
+            kind = "hidden"
+        elif isinstance(p, Shard) and p.dim in sum_dims:
+            kind = "sum"
+        elif isinstance(p, Partial) and p.reduce_op in LINEAR_PARTIALS:
+            kind, partial = "partial", p
+        elif isinstance(p, Replicate):
+            o = other.layout.placements[axis] if other is not None else None
+            if any(s is not None and s.layout.placements[axis] == Shard(0) for s in sides):
+                kind = "token"
+            elif isinstance(o, Partial) and o.reduce_op in LINEAR_PARTIALS:
+                kind, partial = "partial_other", o
+            elif isinstance(o, Shard) and o.dim in (0, 1):
+                kind = "sum"
+        kinds.append(kind)
+        partials.append(partial)
+    return Roles(tuple(kinds), tuple(partials), ())
+
+
+def _dense_layout(spec, roles: Roles, token_dim: int | None, hidden_dim: int | None, *, token: str = "shard",
+                  sums: str = "keep", hidden_partial: bool = False, partial: str = "partial") -> Layout:
+    """The layout of a tensor (a spec, or ``(mesh, ndim)``) under dense ``roles``: on ``token``
+    axes its token dim sharded (``token="shard"``), ``P(sum)`` (``"sum"``) or Replicate
+    (``"whole"``); on ``sum`` axes its own placement (``sums="keep"``), ``P(sum)`` (``"sum"``) or
+    Replicate; on ``hidden`` axes the hidden dim sharded, or ``P(sum)`` when ``hidden_partial``;
+    the ``partial`` kind's Partial kept."""
+    mesh, ndim = (spec.mesh, spec.ndim) if isinstance(spec, TensorSpec) else spec
+    ps = []
+    for axis, (kind, p) in enumerate(zip(roles.kinds, roles.partials)):
+        if kind == "token" and token_dim is not None and token == "shard":
+            ps.append(Shard(token_dim))
+        elif kind == "token" and token == "sum":
+            ps.append(Partial("sum"))
+        elif kind == "sum" and sums == "keep" and isinstance(spec, TensorSpec):
+            ps.append(spec.layout.placements[axis])
+        elif kind == "sum" and sums == "sum":
+            ps.append(Partial("sum"))
+        elif kind == "hidden" and hidden_dim is not None:
+            ps.append(Shard(hidden_dim))
+        elif kind == "hidden" and hidden_partial:
+            ps.append(Partial("sum"))
+        elif kind == partial or (partial == "both" and kind in ("partial", "partial_other")):
+            ps.append(p)
+        else:
+            ps.append(Replicate())
+    return Layout(mesh, ps, ndim)
+
+
+def _dense_dispatch(x: TensorSpec, indices: TensorSpec, weights: TensorSpec | None, slots: int, e: int):
+    """The dense dispatch's rule: tokens sharded give the buffer ``P(sum)`` there (module docstring)."""
+    violations: list[Violation] = []
+    roles = _dense_kinds(x, 0, 1, (), [])
+    x_want = _check_move("x", x, _dense_layout(x, roles, 0, 1), roles, violations)
+    wants = [x_want] + _route_wants(roles, indices, weights, True, violations, 1, indices.shape[0])
+    out = TensorSpec((e, slots, x.shape[1]), _float_dtype(x, weights),
+                     _dense_layout((x.mesh, 3), roles, None, 2, token="sum"))
+    return RuleResult((out,), tuple(violations), tuple(wants))
+
+
+def _dense_combine(buffer: TensorSpec, indices: TensorSpec, weights: TensorSpec | None):
+    """The dense combine's rule: the buffer sharded on E or on the slots gives a ``P(sum)`` output."""
+    violations: list[Violation] = []
+    roles = _dense_kinds(buffer, None, 2, (0, 1), [weights])
+    b_want = _check_move("buffer", buffer, _dense_layout(buffer, roles, None, 2, token="whole"), roles,
+                         violations)
+    wants = [b_want] + _route_wants(roles, indices, weights, True, violations, 1, indices.shape[0])
+    out = TensorSpec((indices.shape[0], buffer.shape[2]), _float_dtype(buffer, weights),
+                     _dense_layout((buffer.mesh, 2), roles, 0, 1, sums="sum"))
+    return RuleResult((out,), tuple(violations), tuple(wants))
+
+
+def _dense_weight_grad(buffer: TensorSpec, y: TensorSpec, indices: TensorSpec):
+    """The dense weight gradient's rule: y token-sharded reads the buffer whole; the buffer
+    sharded on E or the slots (y whole there) gives a ``P(sum)`` output."""
+    violations: list[Violation] = []
+    roles = _dense_kinds(y, 0, 1, (), [], other=buffer)
+    y_want = _check_move("y", y, _dense_layout(y, roles, 0, 1), roles, violations)
+    b_want = _check_move("buffer", buffer, _dense_layout(buffer, roles, None, 2, token="whole",
+                                                         partial="partial_other"), roles, violations)
+    idx_want = _route_wants(roles, indices, None, True, violations, 1, indices.shape[0])
+    out = TensorSpec(tuple(indices.shape), _float_dtype(buffer, y),
+                     _dense_layout((y.mesh, 2), roles, 0, None, sums="sum", hidden_partial=True, partial="both"))
+    return RuleResult((out,), tuple(violations), (b_want, y_want, *idx_want))
+
+
+def _buffer_starts(attrs: dict, buffer: TensorSpec, rank: int) -> dict:
+    """The dense buffer's first expert and slot on ``rank`` (a rank may hold a block of either),
+    and its global expert count (the kernel sees only its block)."""
+    if not attrs["dense"]:
+        return {}
+    bounds = buffer.local_slices(rank)
+    return {"num_experts": buffer.shape[0], "expert_start": bounds[0][0], "slot_start": bounds[1][0]}
+
+
 class _MoeRule(OpRule):
     attr_defaults = dict(_ATTRS)
     attr_types = {"num_experts": "int | None", "capacity_factor": "float | None", "groups": "int",
-                  "capacity_scope": "str"}
+                  "capacity_scope": "str", "dense": "bool"}
     violation_codes = MOE_CODES
 
 
@@ -370,6 +506,8 @@ class MoeDispatch(_MoeRule):
         violations: list[Violation] = []
         tokens, k = indices.shape
         e, groups, cf = attrs["num_experts"], attrs["groups"], attrs["capacity_factor"]
+        if attrs["dense"]:
+            return _dense_dispatch(x, indices, weights, moe_block(tokens, k, e, cf, 1), e)
         whole = _global_capacity(attrs)
         sides = [weights] + ([] if whole else [indices])
         roles = _decide(x, 0, 1, None, sides, tokens, groups)
@@ -410,6 +548,8 @@ class MoeCombine(_MoeRule):
         _check_attrs(self.name, attrs, False)
         _check_route(self.name, indices, weights, None)
         _check_buffer(self.name, buffer, indices, attrs, None)
+        if attrs["dense"]:
+            return _dense_combine(buffer, indices, weights)
         violations: list[Violation] = []
         tokens = indices.shape[0]
         groups, whole = attrs["groups"], _global_capacity(attrs)
@@ -423,7 +563,8 @@ class MoeCombine(_MoeRule):
         return RuleResult((out,), tuple(violations), tuple(wants))
 
     def localize(self, attrs, inputs, outputs, rank):
-        return _localize(attrs, outputs[0], inputs[1], rank, inputs[1].shape[0])
+        return {**_localize(attrs, outputs[0], inputs[1], rank, inputs[1].shape[0]),
+                **_buffer_starts(attrs, inputs[0], rank)}
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]
@@ -475,6 +616,8 @@ class MoeWeightGrad(_MoeRule):
         _check_tokens(self.name, "y", y)
         _check_route(self.name, indices, None, y.shape[0])
         _check_buffer(self.name, buffer, indices, attrs, y.shape[1])
+        if attrs["dense"]:
+            return _dense_weight_grad(buffer, y, indices)
         violations: list[Violation] = []
         tokens, k = indices.shape
         groups, whole = attrs["groups"], _global_capacity(attrs)
@@ -489,4 +632,5 @@ class MoeWeightGrad(_MoeRule):
         return RuleResult((out,), tuple(violations), (b_want, y_want, *idx_want))
 
     def localize(self, attrs, inputs, outputs, rank):
-        return _localize(attrs, inputs[1], inputs[2], rank, inputs[2].shape[0])
+        return {**_localize(attrs, inputs[1], inputs[2], rank, inputs[2].shape[0]),
+                **_buffer_starts(attrs, inputs[0], rank)}

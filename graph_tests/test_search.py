@@ -180,3 +180,16 @@ def test_gen_moe_dense_layers_match_one_device(tmp_path, capsys):
                  str(spec)], capsys)[0] == 0
     code, out, err = _cli(["run", str(spec), "--backward"], capsys)
     assert code == 0 and "matches one device" in out, out + err
+
+
+def test_the_written_pipelined_spec_runs_equal_to_one_device(tmp_path, capsys):
+    model_file, best = tmp_path / "tiny.yaml", tmp_path / "best.yaml"
+    model_file.write_text(json.dumps(gpt_spec(layers=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=16,
+                                              hidden=32, heads=4, vocab=64)))
+    code, out, err = _cli(["plan", str(model_file), "--search", "--cluster", "a100-80g", "--devices", "8",
+                           "--global-batch", "16", "--axes", "pp=2,tp=2", "-o", str(best)], capsys)
+    assert code == 0, err
+    spec = load_spec(best)
+    assert spec.mesh.names[0] == "pp" and spec.mesh.shape[0] == 2 and spec.meta["pipeline"]["axis"] == "pp"
+    code, out, err = _cli(["pipeline", str(best), "--run"], capsys)
+    assert code == 0 and "matches one device" in out, out + err

@@ -109,12 +109,12 @@ def run(args) -> int:
         progress.close()
     written = []
     if args.output is not None:
-        _write(args.output, best_spec(result))
+        _write(args.output, best_spec(result, order))
         written.append(str(args.output))
     if args.plan_out is not None:
         from layout_prop.io.output import write_output
 
-        write_output(args.plan_out, plan_file_text(result))
+        write_output(args.plan_out, plan_file_text(result, order))
         written.append(str(args.plan_out))
     if args.json:
         print(json.dumps({"ok": True, "model": result.model.describe(), "cluster": result.cluster,
@@ -135,8 +135,8 @@ def _notes(result) -> list[str]:
     best = result.ranked[0].config
     notes = []
     if best.pp > 1:
-        notes.append(f"the spec has no pipeline axis: -o writes the model on one stage's mesh without pp "
-                     f"({best.pp} stages); the plan file records the stages, schedule, ZeRO stage and recomputation")
+        notes.append(f"-o writes the {best.pp} stages as a pp mesh axis with a pipeline: block (docs/pipeline.md); "
+                     "estimate prices such a spec as one graph on the whole mesh, without the pipeline")
     return notes
 
 
@@ -155,18 +155,54 @@ def format_result(result, top: int) -> str:
     return "\n".join(lines)
 
 
-def best_spec(result) -> dict:
-    """The best configuration's spec: the model on one pipeline stage's mesh (dp, cp or ep, tp), all its layers."""
-    c = result.ranked[0].config
-    return result.model.spec(result.model.layers, c.tp, c.cp, c.ep, c.dp, c.micro_batch)
+def best_spec(result, order: tuple[str, ...] | None = None) -> dict:
+    """The best configuration's spec: the model on its mesh, the axes in ``order`` (outermost first: the mapping
+    onto the cluster's nodes), with its ``zero:``, ``recompute:`` and ``pipeline:`` blocks (docs/spec-format.md,
+    docs/pipeline.md).  The batch is one micro-batch on every data-parallel rank; with pipeline stages, the
+    pipeline's ``M`` micro-batches (the block cuts them)."""
+    best = result.ranked[0]
+    c = best.config
+    m = int(best.parts["micro_batches"])
+    model = result.model
+    spec = model.spec(model.layers, c.tp, c.cp, c.ep, c.dp, c.micro_batch * (m if c.pp > 1 else 1))
+    spec = _with_mesh_order(spec, c.pp, order)
+    if c.zero:
+        spec["zero"] = {"stage": c.zero, "axes": ["dp"]}
+    if c.recompute != "none":
+        spec["recompute"] = c.recompute
+    if c.pp > 1:
+        spec["pipeline"] = {"axis": "pp", "micro_batches": m, "schedule": c.schedule,
+                            "virtual_stages": c.v if c.schedule == "interleaved" else 1}
+    return spec
 
 
-def plan_file_text(result) -> str:
+def _with_mesh_order(spec: dict, pp: int, order: tuple[str, ...] | None) -> dict:
+    """``spec`` with a ``pp`` axis (every input replicated on it) when ``pp > 1``, its mesh axes in ``order``
+    (``sp`` is the search's ``cp``)."""
+    from layout_prop.planner.search import DEFAULT_ORDER
+
+    order = tuple("sp" if a == "cp" else a for a in (order or DEFAULT_ORDER))
+    names = list(spec["mesh"]["names"])
+    sizes = dict(zip(names, spec["mesh"]["shape"]))
+    if pp > 1:
+        sizes["pp"] = pp
+    new = [a for a in order if a in sizes] + [a for a in names if a not in order]
+    if new == names and pp == 1:
+        return spec
+    where = {a: i for i, a in enumerate(names)}
+    for entry in spec["inputs"].values():
+        old = entry["placements"]
+        entry["placements"] = [old[where[a]] if a in where else "R" for a in new]
+    spec["mesh"] = {"shape": [sizes[a] for a in new], "names": new}
+    return spec
+
+
+def plan_file_text(result, order: tuple[str, ...] | None = None) -> str:
     """The best configuration as a sharding plan (the mesh and every parameter's placements), the configuration
     itself in the header comments (a plan file has no key for it)."""
     import yaml
 
-    spec = best_spec(result)
+    spec = best_spec(result, order)
     best = result.ranked[0]
     params = {name: entry["placements"] for name, entry in spec["inputs"].items()
               if entry.get("requires_grad", True) and entry.get("dtype") not in ("int64", "int32")}

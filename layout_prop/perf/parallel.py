@@ -40,7 +40,7 @@ from .collectives import collective_time
 
 __all__ = ["SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "bubble_fraction", "pipeline_time", "inflight_microbatches",
            "activation_bytes_per_layer", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
-           "grad_sync_time", "optimizer_state_bytes_per_param", "ceil_div"]
+           "grad_sync_time", "zero_sync_parts", "optimizer_state_bytes_per_param", "ceil_div"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -199,6 +199,30 @@ def grad_sync_time(grad_bytes: float, stage: int, mesh_shape: tuple[int, ...], a
     gathers = 2 if stage == 3 else 1
     return (collective_time("reduce-scatter", share, mesh_shape, axis, cluster)
             + gathers * collective_time("all-gather", share, mesh_shape, axis, cluster))
+
+
+def zero_sync_parts(grad_bytes: float, stage: int, mesh_shape: tuple[int, ...], axis: int,
+                    cluster: Cluster) -> tuple[float, float]:
+    """``(reduce_s, gather_s)``: the gradient reduction and the parameter all-gathers of :func:`grad_sync_time`
+    apart, as the step model places them (:mod:`layout_prop.perf.step`): stage 0 all-reduces (no gather);
+    stages 1 and 2 reduce-scatter, then all-gather the updated parameters once after the optimizer; stage 3
+    gathers the parameters for the forward and the backward (``gather_s`` is both) and reduce-scatters.
+
+    >>> from layout_prop.perf.clusters import get_cluster
+    >>> a100 = get_cluster("a100-80g")
+    >>> r, g = zero_sync_parts(64e6, 1, (16, 8), 0, a100)
+    >>> round((r + g) / grad_sync_time(64e6, 1, (16, 8), 0, a100), 6), zero_sync_parts(64e6, 0, (1, 8), 0, a100)
+    (1.0, (0.0, 0.0))
+    """
+    n = mesh_shape[axis]
+    if n <= 1 or grad_bytes <= 0:
+        return 0.0, 0.0
+    share = (n - 1) / n * grad_bytes
+    if stage == 0:
+        return collective_time("all-reduce", 2 * share, mesh_shape, axis, cluster), 0.0
+    gathers = 2 if stage == 3 else 1
+    return (collective_time("reduce-scatter", share, mesh_shape, axis, cluster),
+            gathers * collective_time("all-gather", share, mesh_shape, axis, cluster))
 
 
 def ceil_div(a: int, b: int) -> int:

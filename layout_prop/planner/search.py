@@ -630,16 +630,23 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
     exposed = sync = optimizer = memory = states = activations = 0.0
     for st in stages:  # every stage synchronises its own gradients; the step waits for the slowest
         grads, tensors = st["params"], st["tensors"]
-        # one collective a parameter (the step model's pricing: latency counts once per tensor), of the mean size
-        one = par.grad_sync_time(grads / tensors, c.zero, shape, dp_axis, cluster)
+        # one collective a parameter (the step model's pricing: latency counts once per tensor), of the mean size;
+        # placed as the step model places them: stages 0 and 1 reduce once a step, overlapped with the last
+        # micro-batch's backward, stages 2 and 3 every micro-batch, overlapped with its backward (stage 3: its
+        # forward too, the gathers prefetched); stages 1 and 2 gather the updated parameters after the optimizer,
+        # exposed
+        reduce_one, gather_one = par.zero_sync_parts(grads / tensors, c.zero, shape, dp_axis, cluster)
+        reduce_s, gather_s = tensors * reduce_one, tensors * gather_one
         if c.zero <= 1:
-            st_sync = tensors * one + st["ep_sync"]
-            st_exposed = max(st_sync - st["bwd"], one + layer.ep_sync_s)
-        else:  # stages 2 and 3 reduce-scatter (and stage 3 gathers) every micro-batch, overlapped with its compute
-            per_mb = tensors * one
-            hidden_by = st["bwd"] if c.zero == 2 else st["fwd"] + st["bwd"]
-            st_exposed = m * max(per_mb - hidden_by, one) + st["ep_sync"]
+            st_sync = reduce_s + gather_s + st["ep_sync"]
+            st_exposed = max(reduce_s + st["ep_sync"] - st["bwd"], reduce_one + layer.ep_sync_s) + gather_s
+        elif c.zero == 2:
+            st_sync = m * reduce_s + gather_s + st["ep_sync"]
+            st_exposed = m * max(reduce_s - st["bwd"], reduce_one) + gather_s + st["ep_sync"]
+        else:
+            per_mb = reduce_s + gather_s
             st_sync = m * per_mb + st["ep_sync"]
+            st_exposed = m * max(per_mb - st["fwd"] - st["bwd"], reduce_one + gather_one / 2) + st["ep_sync"]
         st_optimizer = 7 * grads / shard / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
         if st_exposed + st_optimizer >= exposed + optimizer:
             exposed, sync, optimizer = st_exposed, st_sync, st_optimizer

@@ -166,7 +166,7 @@ def test_the_hyper_parallel_module_builds_the_snapshots_plan(capsys, tmp_path, c
     _same(checkout, next(iter(export.outputs.values())), layouts["output:0"])
 
 
-def test_a_partial_output_and_torchs_transposed_weights_reach_hyper_parallel(tmp_path, checkout):
+def test_a_partial_parameter_and_torchs_transposed_weights_reach_hyper_parallel(tmp_path, checkout):
     from layout_prop.commands.export import export_text
     from layout_prop.frontends import build_graph, read_model
     from layout_prop.io.loader import load_spec
@@ -175,8 +175,9 @@ def test_a_partial_output_and_torchs_transposed_weights_reach_hyper_parallel(tmp
     export, code = export_text(load_spec(PARTIAL_SPEC), "hyper-parallel", data_inputs=["x"])
     assert 'Partial("sum")' in code
     _, layouts = _upstream_layouts(checkout, code)
-    _same(checkout, export.parameters["b"].layout, layouts["plan:b"])
-    _same(checkout, export.outputs["z"], layouts["output:0"])
+    _same(checkout, export.parameters["b"].layout, layouts["plan:b"])  # Partial("sum") on tp
+    # the output is a partial sum too: no output_plan (hyper-parallel redistributes to no partial layout)
+    assert export.outputs["z"].has_partial() and "output:0" not in layouts and "# no output_plan" in code
     # torch's Linear weight (out, in), stored (in, out) by the ONNX exporter: colwise is Shard(0) again
     plan = load_plan({"mesh": {"shape": [2], "names": ["tp"]},
                       "parameters": {"*.q_proj.weight": "colwise", "*.o_proj.weight": "rowwise"}})

@@ -324,3 +324,106 @@ def test_explicit_placements_run_on_dtensors_and_give_the_predicted_output_layou
     assert weights == {"fc1.weight": (ns["Replicate"](), Shard(1)), "fc2.weight": (ns["Replicate"](), Shard(0))}
     for rank, value in full.items():
         np.testing.assert_allclose(value.numpy(), reference.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"rank {rank}")
+
+
+SNAPSHOT = ROOT.parent / "shared" / "upstream" / "hyper-parallel"
+
+LINEAR_MLP_SPEC = """
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x: {shape: [8, 16], placements: ["S(0)", R]}
+  fc1.weight: {shape: [32, 16], placements: [R, "S(0)"]}
+  fc1.bias: {shape: [32], placements: [R, "S(0)"]}
+  fc2.weight: {shape: [16, 32], placements: [R, "S(1)"]}
+nodes:
+  - {name: fc1, op: linear, inputs: [x, fc1.weight, fc1.bias]}
+  - {name: act, op: gelu, inputs: [fc1]}
+  - {name: fc2, op: linear, inputs: [act, fc2.weight]}
+outputs: [fc2]
+"""
+
+#: each of 4 gloo processes: hyper-parallel on its torch platform, shard_module with the exported plan
+HYPER_PARALLEL_WORKER = '''
+import json, os, sys
+import torch, torch.distributed as dist
+
+os.environ["HYPER_PARALLEL_PLATFORM"] = "torch"
+SNAPSHOT, PLAN_FILE, OUT, PORT = sys.argv[1:5]
+sys.path.insert(0, SNAPSHOT)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16, bias=False)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+
+def work(rank, world):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=PORT, RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from hyper_parallel import shard_module
+    ns = {}
+    exec(compile(open(PLAN_FILE).read(), PLAN_FILE, "exec"), ns)
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(8, 16)
+    with torch.no_grad():
+        reference = model(x)
+    mesh = ns["make_mesh"]("cpu")
+    model = shard_module(model, mesh, ns["sharding_plan"](mesh))
+    with torch.no_grad():
+        out = model(**ns["shard_inputs"](mesh, x=x))
+        full = out.full_tensor()
+    report = {"params": {n: [str(p) for p in t.placements] for n, t in model.named_parameters()},
+              "local": {n: list(t.to_local().shape) for n, t in model.named_parameters()},
+              "out": [repr(p) for p in out.placements], "err": float((full - reference).abs().max())}
+    with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.multiprocessing.spawn(work, args=(4,), nprocs=4)
+'''
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_hyper_parallel_export_runs_on_its_torch_platform(tmp_path):
+    """hyper-parallel's own shard_module, on its torch platform (the snapshot, 4 processes, gloo on CPU),
+    with the exported sharding_plan: the parameters get layout-prop's placements, the output the layouts
+    layout-prop predicts (S(0) on dp, a partial sum on tp) and, assembled, one device's values."""
+    import json
+    import subprocess
+    import sys
+
+    from layout_prop.commands.export import export_text
+    from layout_prop.io.loader import load_spec
+
+    if not (SNAPSHOT / "hyper_parallel").is_dir():
+        pytest.skip(f"the shared hyper-parallel snapshot is not at {SNAPSHOT}")
+    export, code = export_text(load_spec(LINEAR_MLP_SPEC), "hyper-parallel", data_inputs=["x"])
+    assert "no output_plan" in code  # a partial output: hyper-parallel redistributes to no partial layout
+    plan_file, worker = tmp_path / "hp_plan.py", tmp_path / "worker.py"
+    plan_file.write_text(code)
+    worker.write_text(HYPER_PARALLEL_WORKER)
+    run = subprocess.run([sys.executable, str(worker), str(SNAPSHOT), str(plan_file), str(tmp_path),
+                          str(_free_port())], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    want = {name: t.own_layout().placement_strs() for name, t in export.parameters.items()}  # "R", "S(0)" both sides
+    for report in reports:
+        assert report["params"] == want
+        assert report["local"] == {"fc1.weight": [16, 16], "fc1.bias": [16], "fc2.weight": [16, 16]}
+        assert export.outputs["fc2"].placement_strs() == ["S(0)", "P(sum)"]
+        assert report["out"] == ["Shard(dim=0)", "Partial(reduce_op='sum')"]
+        assert report["err"] < 1e-5

@@ -86,7 +86,8 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         "",
         "Every layout was checked by layout-prop (check --reshard). Parameters are keyed by the model's own",
         "names and laid out in its own dims.",
-        "Use: mesh = make_mesh(); model = shard_module(model, mesh, sharding_plan(mesh))",
+        "Use: mesh = make_mesh(); model = shard_module(model, mesh, sharding_plan(mesh));",
+        "out = model(**shard_inputs(mesh, **inputs))",
         '"""',
         "from hyper_parallel.core.device_mesh import DeviceMesh",
         "from hyper_parallel.core.layout import Layout",
@@ -118,12 +119,26 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         for name, t in plan.inputs.items():
             lines.append(f"            {name!r}: {placements_text(t.layout, 'input', name)},")
         lines.append("        }},")
-    if plan.outputs:
+    partial = [name for name, layout in plan.outputs.items() if layout.has_partial()]
+    if plan.outputs and not partial:
         lines.append('        output_plan={"output": [  # as layout-prop predicts them')
         for name, layout in plan.outputs.items():
             lines.append(f"            {placements_text(layout, 'output', name)},  # {name}")
         lines.append("        ]},")
     lines.append("    )")
+    if partial:  # hyper-parallel's redistribute refuses a partial target ("to_layout must be non-partial")
+        lines.append("# no output_plan: layout-prop predicts partial sums, which hyper-parallel redistributes to no "
+                     "layout: " + "; ".join(f"{n}: {plan.outputs[n].placement_strs()}" for n in partial))
     if constants:
         lines.append(f"# constants (no parameters of the model, not in the plan): {', '.join(constants)}")
+    lines += [
+        "",
+        "",
+        "def shard_inputs(mesh, **inputs):",
+        '    """Each input as a DTensor with its planned placements (input_plan redistributes DTensor arguments only)."""',
+        "    from hyper_parallel.core.dtensor import distribute_tensor",
+        "",
+        '    planned = sharding_plan(mesh).input_plan or {"input": {}}',
+        '    return {name: distribute_tensor(value, mesh, planned["input"][name]) for name, value in inputs.items()}',
+    ]
     return "\n".join(lines) + "\n"

@@ -332,6 +332,10 @@ def test_bad_pipeline_requests_are_one_line_typed_errors():
     sharded["inputs"]["embed"]["placements"][0] = "S(0)"
     assert "input 'embed' is S(0) on the pipeline axis 'pp'" in _spec_error(sharded)
     assert "unknown pipeline key(s) ['stage']" in _spec_error(with_pipeline(small, 2, {"stage": 2}))
+    huge = _spec_error(with_pipeline(small, 2, {"micro_batches": 10 ** 40}))  # refused before any list is made
+    assert "micro-batches make more than 1,048,576 forward tasks" in huge and len(huge) < 300
+    no_batch = with_pipeline(small, 2, {"micro_batches": 2, "batch_inputs": []})
+    assert "no batch input to cut into 2 micro-batches" in _spec_error(no_batch)
 
 
 def test_pipelined_zero3_recomputing_4_layers_on_8_ranks_matches_one_device():

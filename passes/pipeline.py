@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from layout_prop.core import meta
-from layout_prop.core.errors import GraphError, SpecError
+from layout_prop.core.errors import GraphError, SpecError, cut
 from layout_prop.core.graph import Graph, Node
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
@@ -83,14 +83,14 @@ class PipelineConfig:
     def from_spec(cls, block: dict, mesh: DeviceMesh) -> "PipelineConfig":
         """The config of a ``pipeline:`` mapping on ``mesh``; ``SpecError`` ``bad-pipeline`` when unusable."""
         if not isinstance(block, dict):
-            raise _bad(f"pipeline must be a mapping, got {block!r}", "pipeline", "write pipeline: {axis: pp}")
+            raise _bad(f"pipeline must be a mapping, got {cut(block)}", "pipeline", "write pipeline: {axis: pp}")
         unknown = sorted(set(block) - _KEYS)
         if unknown:
-            raise _bad(f"unknown pipeline key(s) {unknown}", f"pipeline.{unknown[0]}",
+            raise _bad(f"unknown pipeline key(s) {cut(unknown)}", f"pipeline.{cut(unknown[0])}",
                        f"the keys are {', '.join(sorted(_KEYS))}")
         axis = block.get("axis", "pp")
         if axis not in mesh.names:
-            raise _bad(f"the pipeline axis {axis!r} is not a mesh axis (mesh {mesh})", "pipeline.axis",
+            raise _bad(f"the pipeline axis {cut(axis)} is not a mesh axis (mesh {mesh})", "pipeline.axis",
                        f"add {axis} to the mesh, or name one of {', '.join(mesh.names)}")
         kind = block.get("schedule", "1f1b")
         stages = mesh.shape[mesh.names.index(axis)]
@@ -100,11 +100,11 @@ class PipelineConfig:
         if boundaries and layers:
             raise _bad("give boundaries or layers, not both", "pipeline.layers", "drop one of them")
         if not isinstance(boundaries, (list, tuple)) or not all(isinstance(b, str) for b in boundaries):
-            raise _bad(f"boundaries must be a list of node names, got {boundaries!r}", "pipeline.boundaries",
+            raise _bad(f"boundaries must be a list of node names, got {cut(boundaries)}", "pipeline.boundaries",
                        "write boundaries: [l2_h]")
         if not isinstance(layers, (list, tuple)) or not all(
                 isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
-            raise _bad(f"layers must be a list of positive layer counts, got {layers!r}", "pipeline.layers",
+            raise _bad(f"layers must be a list of positive layer counts, got {cut(layers)}", "pipeline.layers",
                        "write layers: [3, 2, 2, 1] (one count per chunk)")
         chunks = stages * v
         if boundaries and len(boundaries) != chunks - 1:
@@ -115,11 +115,11 @@ class PipelineConfig:
                        "pipeline.layers", f"give {chunks} counts")
         batch = block.get("batch_inputs")
         if batch is not None and (not isinstance(batch, (list, tuple)) or not all(isinstance(b, str) for b in batch)):
-            raise _bad(f"batch_inputs must be a list of input names, got {batch!r}", "pipeline.batch_inputs",
+            raise _bad(f"batch_inputs must be a list of input names, got {cut(batch)}", "pipeline.batch_inputs",
                        "write batch_inputs: [tokens, labels]")
         loss = block.get("loss", "mean")
         if loss not in ("mean", "sum"):
-            raise _bad(f"loss must be mean or sum, got {loss!r}", "pipeline.loss",
+            raise _bad(f"loss must be mean or sum, got {cut(loss)}", "pipeline.loss",
                        "mean: the batch loss is the mean of the micro-batch losses")
         return cls(axis, m, kind, v, tuple(boundaries), tuple(layers), None if batch is None else tuple(batch),
                    loss, stages)
@@ -139,7 +139,7 @@ def _batch_inputs(graph: Graph, config: PipelineConfig) -> list[str]:
     if config.batch_inputs is not None:
         for name in config.batch_inputs:
             if name not in names:
-                raise _bad(f"batch input {name!r} is not a graph input", "pipeline.batch_inputs",
+                raise _bad(f"batch input {cut(name)} is not a graph input", "pipeline.batch_inputs",
                            f"name inputs of the graph: {', '.join(names[:6])}")
         return list(config.batch_inputs)
     # default: the integer data inputs without gradient (token ids, labels)
@@ -165,12 +165,15 @@ def micro_batch_graph(graph: Graph, config: PipelineConfig) -> tuple[Graph, list
     m = config.micro_batches
     sizes = {name: graph.node(name).attrs["shape"][0] for name in batch_names if graph.node(name).attrs["shape"]}
     batch = None
+    if not sizes and m > 1:
+        raise _bad(f"no batch input to cut into {m} micro-batches (the default ones are the integer inputs "
+                   f"without gradient)", "pipeline.batch_inputs", "name them: batch_inputs: [tokens, labels]")
     if sizes:
         if len(set(sizes.values())) > 1:
             raise _bad(f"the batch inputs disagree on the batch size (dim 0): {sizes}", "pipeline.batch_inputs",
                        "list only the inputs whose dim 0 is the batch")
         batch = next(iter(sizes.values()))
-        if batch % m:
+        if batch % m or batch == 0:
             raise _bad(f"a batch of {batch} does not divide into {m} micro-batches", "pipeline.micro_batches",
                        f"use a divisor of {batch} micro-batches, or a batch a multiple of {m}")
     out = Graph(sub)
@@ -269,11 +272,11 @@ def forward_chunks(graph: Graph, config: PipelineConfig,
         starts = []
         for k, name in enumerate(config.boundaries):
             if name not in order:
-                raise _bad(f"boundary {name!r} is not a forward node", f"pipeline.boundaries[{k}]",
+                raise _bad(f"boundary {cut(name)} is not a forward node", f"pipeline.boundaries[{k}]",
                            "name the first node of a chunk")
             starts.append(order[name])
         if starts != sorted(set(starts)) or starts[0] == 0:
-            raise _bad(f"the boundaries {list(config.boundaries)} are not in graph order after the first node",
+            raise _bad(f"the boundaries {cut(list(config.boundaries))} are not in graph order after the first node",
                        "pipeline.boundaries", "list the chunks' first nodes in the spec's order")
         starts = [0] + starts
     else:

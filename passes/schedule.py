@@ -42,12 +42,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from layout_prop.core.errors import SpecError
+from layout_prop.core.errors import SpecError, cut
 
-__all__ = ["Task", "SCHEDULES", "schedule", "gpipe", "one_f_one_b", "interleaved", "in_flight",
+__all__ = ["Task", "SCHEDULES", "MAX_TASKS", "schedule", "gpipe", "one_f_one_b", "interleaved", "in_flight",
            "bubble_fraction", "simulate", "Timeline", "check_schedule_request"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: the most (micro-batch, chunk) pairs a schedule is written out for (each has a forward and a backward task)
+MAX_TASKS = 1 << 20
 
 
 @dataclass(frozen=True, order=True)
@@ -68,14 +70,18 @@ class Task:
 def check_schedule_request(kind: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
     """Refuse a schedule that cannot be made, with a typed error (``bad-pipeline``)."""
     if kind not in SCHEDULES:
-        raise SpecError("bad-pipeline", f"unknown pipeline schedule {kind!r}", path="pipeline.schedule",
+        raise SpecError("bad-pipeline", f"unknown pipeline schedule {cut(kind)}", path="pipeline.schedule",
                         hint=f"use one of {', '.join(SCHEDULES)}")
     for name, value in (("stages", stages), ("micro_batches", micro_batches), ("virtual_stages", virtual_stages)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError("bad-pipeline", f"pipeline {name} must be a positive integer, got {value!r}",
+            raise SpecError("bad-pipeline", f"pipeline {name} must be a positive integer, got {cut(value)}",
                             path=f"pipeline.{name}", hint=f"for example {name}: 2")
+    if stages * virtual_stages * micro_batches > MAX_TASKS:
+        raise SpecError("bad-pipeline", f"{cut(stages)} stages x {cut(virtual_stages)} virtual x {cut(micro_batches)} "
+                        f"micro-batches make more than {MAX_TASKS:,} forward tasks", path="pipeline.micro_batches",
+                        hint="use fewer micro-batches or virtual stages")
     if kind != "interleaved" and virtual_stages != 1:
-        raise SpecError("bad-pipeline", f"virtual_stages {virtual_stages} needs schedule interleaved, not {kind}",
+        raise SpecError("bad-pipeline", f"virtual_stages {cut(virtual_stages)} needs schedule interleaved, not {cut(kind)}",
                         path="pipeline.virtual_stages", hint="use schedule: interleaved, or drop virtual_stages")
     if kind == "interleaved" and micro_batches % stages:
         raise SpecError("bad-pipeline", f"the interleaved schedule needs micro_batches a multiple of the "

@@ -152,7 +152,8 @@ def micro_batch_graph(graph: Graph, config: PipelineConfig) -> tuple[Graph, list
 
     Every input's placement on the pipeline axis must be ``R`` (a stage holds whole values
     there); the batch inputs' dim 0 is divided by ``micro_batches``, and so is the first entry
-    of a ``shape`` attr equal to the batch (a reshape of the batch's activations).
+    of a ``shape`` attr equal to the batch on a node computed from a batch input (a reshape of
+    the batch's activations; a weight's reshape is left alone).
 
     Raises ``SpecError`` ``bad-pipeline``: an input sharded on the pipeline axis, a batch not
     divisible by the micro-batches, batch inputs of different batch sizes.
@@ -191,13 +192,16 @@ def micro_batch_graph(graph: Graph, config: PipelineConfig) -> tuple[Graph, list
             shape = (shape[0] // m,) + tuple(shape[1:])
         out.input(node.name, shape=shape, dtype=attrs["dtype"], placements=placements,
                   requires_grad=attrs["requires_grad"])
+    batched = set(sizes)  # the values computed from a batch input: only their shape attrs hold the batch
     for node in graph.nodes:
         if node.is_input:
             continue
         attrs = dict(node.attrs)
-        shape = attrs.get("shape")
-        if batch is not None and m > 1 and isinstance(shape, (list, tuple)) and shape and shape[0] == batch:
-            attrs["shape"] = [batch // m] + list(shape[1:])
+        if any(v in batched for v in node.inputs):
+            batched.update(node.outputs)
+            shape = attrs.get("shape")
+            if batch is not None and m > 1 and isinstance(shape, (list, tuple)) and shape and shape[0] == batch:
+                attrs["shape"] = [batch // m] + list(shape[1:])
         out.add_node(Node(node.name, node.op, node.inputs, attrs, node.num_outputs))
     out.output(*graph.outputs)
     return out, [name for name in batch_names if name in sizes]

@@ -465,9 +465,13 @@ def test_pipeline_command_summary_rank_and_run(tmp_path, capsys):
     assert out.startswith("2 stages on pp (4 ranks, each stage on DeviceMesh(dp=1, sp=1, tp=2)), 1f1b over 2 "
                           "micro-batches\nbubble 0.500 of the ideal time; activations in flight per stage [2, 1]\n")
     assert "l0_out: stage 0 -> 1 before forward chunk 1, 4096 bytes" in out  # 2 x 8 x 32 float64 per micro-batch
+    assert "moves per micro-batch: 3, 12288 bytes per rank, " in out and " us on a100-80g" in out
     assert main(["pipeline", path, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["bubble_fraction"] == data["simulated_bubble"] == 0.5 and data["in_flight"] == [2, 1]
+    a100 = get_cluster("a100-80g")  # one intra-node transfer each (the 2 stages sit in one node)
+    assert data["moves"][0]["seconds"] == pytest.approx(
+        4096 / (a100.intra.GBps * 1e9 * a100.link_efficiency) + a100.intra.latency_us * 1e-6)
     assert main(["pipeline", path, "--rank", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stage"] == 1
     assert main(["pipeline", path, "--run", "--json"]) == 0

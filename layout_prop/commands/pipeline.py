@@ -122,11 +122,15 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
     return report
 
 
-def summary(built: Built) -> dict:
-    """Stages, chunks (first and last node, layers), the schedule's bubble and in-flight numbers, moves."""
+def summary(built: Built, cluster: str = "a100-80g") -> dict:
+    """Stages, chunks (first and last node, layers), the schedule's bubble and in-flight numbers, and the
+    moves with their bytes and modelled seconds on ``cluster`` (perf.collectives: one link transfer)."""
     from layout_prop.passes.schedule import bubble_fraction, in_flight, simulate
+    from layout_prop.perf.clusters import get_cluster
+    from layout_prop.perf.collectives import collective_time
 
     pprog, c = built.program, built.config
+    profile = get_cluster(cluster)
     chunks = []
     for chunk in range(c.chunks):
         kernels = [op.source for op in pprog.tasks.get((chunk, "F"), ()) if op.kind == "kernel"]
@@ -134,15 +138,18 @@ def summary(built: Built) -> dict:
                        "last": kernels[-1] if kernels else None, "nodes": len(kernels)})
     moves = [{"value": mv.value, "from_stage": mv.src_stage, "to_stage": mv.dst_stage,
               "before": f"{'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}",
-              "bytes_per_rank": pprog.permute(mv).bytes_per_rank}
+              "bytes_per_rank": pprog.permute(mv).bytes_per_rank,
+              "seconds": collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis,
+                                         profile)}
              for key in sorted(pprog.moves) for mv in pprog.moves[key]]
     timeline = simulate(pprog.orders, c.stages, c.virtual_stages)
     return {"axis": c.axis, "stages": c.stages, "virtual_stages": c.virtual_stages, "schedule": c.schedule,
             "micro_batches": c.micro_batches, "ranks": pprog.mesh.size, "stage_mesh": str(pprog.program.mesh),
             "bubble_fraction": bubble_fraction(c.schedule, c.stages, c.micro_batches, c.virtual_stages),
             "simulated_bubble": round(timeline.bubble, 12), "in_flight": in_flight(pprog.orders),
-            "chunks": chunks, "moves": moves,
-            "bytes_moved_per_micro_batch": sum(mv["bytes_per_rank"] for mv in moves)}
+            "chunks": chunks, "moves": moves, "cluster": profile.name,
+            "bytes_moved_per_micro_batch": sum(mv["bytes_per_rank"] for mv in moves),
+            "move_seconds_per_micro_batch": sum(mv["seconds"] for mv in moves)}
 
 
 def format_summary(data: dict) -> str:
@@ -154,10 +161,11 @@ def format_summary(data: dict) -> str:
     for ch in data["chunks"]:
         lines.append(f"  chunk {ch['chunk']} on stage {ch['stage']}: {ch['nodes']} nodes, {ch['first']} .. "
                      f"{ch['last']}")
-    lines.append(f"moves per micro-batch: {len(data['moves'])}, {data['bytes_moved_per_micro_batch']} bytes per rank")
+    lines.append(f"moves per micro-batch: {len(data['moves'])}, {data['bytes_moved_per_micro_batch']} bytes per rank, "
+                 f"{data['move_seconds_per_micro_batch'] * 1e6:.1f} us on {data['cluster']}")
     for mv in data["moves"]:
         lines.append(f"  {mv['value']}: stage {mv['from_stage']} -> {mv['to_stage']} before {mv['before']}, "
-                     f"{mv['bytes_per_rank']} bytes")
+                     f"{mv['bytes_per_rank']} bytes, {mv['seconds'] * 1e6:.1f} us")
     return "\n".join(lines)
 
 
@@ -191,7 +199,7 @@ def run(args) -> int:
         else:
             print(built.program.format(args.rank))
         return 0
-    data = summary(built)
+    data = summary(built, args.cluster)
     if args.json:
         print_json(data)
     else:

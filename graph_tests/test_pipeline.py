@@ -177,10 +177,13 @@ from layout_prop.runner import execute_global, random_inputs  # noqa: E402
 
 
 def with_pipeline(spec: dict, pp: int, block: dict) -> dict:
-    """``spec`` with a pipeline axis ``pp`` of size ``pp`` in front of its mesh (every input R on it)."""
+    """``spec`` with a pipeline axis ``pp`` of size ``pp`` in front of its mesh (every input, and every node's
+    placements attr, R on it)."""
     out = {**spec, "mesh": {"shape": [pp] + list(spec["mesh"]["shape"]), "names": ["pp"] + list(spec["mesh"]["names"])},
            "inputs": {name: {**entry, "placements": ["R"] + list(entry["placements"])}
                       for name, entry in spec["inputs"].items()},
+           "nodes": [{**node, "attrs": {**node["attrs"], "placements": ["R"] + list(node["attrs"]["placements"])}}
+                     if "placements" in node.get("attrs", {}) else node for node in spec["nodes"]],
            "pipeline": {"axis": "pp", **block}}
     return out
 
@@ -490,3 +493,21 @@ def test_pipeline_command_refuses_bad_requests_in_one_line(tmp_path, capsys, blo
     assert main(["pipeline", _write_spec(tmp_path, spec)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and fragment in err and "Traceback" not in err
+
+
+def test_moe_on_pp2_dp2_ep2_matches_one_device():
+    """gen moe --full: the tokens flattened to (B*S, H) (a reshape whose first entry is a multiple of the batch,
+    divided by M), the dispatch to the experts a redistribute whose placements name the pp axis too."""
+    from layout_prop.frontends.generate import moe_spec
+
+    spec = with_pipeline(moe_spec(layers=2, mesh=(("dp", 2), ("ep", 2), ("tp", 1)), full=True, dtype="float64"),
+                         2, {"micro_batches": 2})
+    pprog, run, reference = run_pipelined(spec)
+    assert_matches(run, reference)
+    shapes = [op.attrs[0]["shape"] for ops in pprog.tasks.values() for op in ops
+              if op.op == "reshape" and op.source == "l0_tokens"]
+    assert shapes and shapes[0][0] == 4 * 8 // 2 // 2  # B*S of one micro-batch (M=2), rank 0's half on dp=2
+    bad = with_pipeline(moe_spec(layers=2, mesh=(("dp", 2), ("ep", 2), ("tp", 1)), full=True), 2, {})
+    move = next(node for node in bad["nodes"] if node["op"] == "redistribute")
+    move["attrs"]["placements"][0] = "S(0)"
+    assert f"node {move['name']!r} asks for S(0) on the pipeline axis 'pp'" in _spec_error(bad)

@@ -152,8 +152,9 @@ def micro_batch_graph(graph: Graph, config: PipelineConfig) -> tuple[Graph, list
 
     Every input's placement on the pipeline axis must be ``R`` (a stage holds whole values
     there); the batch inputs' dim 0 is divided by ``micro_batches``, and so is the first entry
-    of a ``shape`` attr equal to the batch on a node computed from a batch input (a reshape of
-    the batch's activations; a weight's reshape is left alone).
+    of a ``shape`` attr that is a multiple of the batch on a node computed from a batch input (a
+    reshape of the batch's activations, ``[B, S, ...]`` or the tokens ``[B * S, ...]``; a
+    weight's reshape is left alone).
 
     Raises ``SpecError`` ``bad-pipeline``: an input sharded on the pipeline axis, a batch not
     divisible by the micro-batches, batch inputs of different batch sizes.
@@ -197,11 +198,18 @@ def micro_batch_graph(graph: Graph, config: PipelineConfig) -> tuple[Graph, list
         if node.is_input:
             continue
         attrs = dict(node.attrs)
+        placements = attrs.get("placements")
+        if isinstance(placements, (list, tuple)) and len(placements) == mesh.ndim:  # a redistribute's target
+            if str(placements[axis]) != "R":
+                raise _bad(f"node {node.name!r} asks for {placements[axis]} on the pipeline axis {config.axis!r}",
+                           f"nodes.{node.name}", f"a stage holds whole values: write R on {config.axis}")
+            attrs["placements"] = ["R"] if only else list(placements[:axis]) + list(placements[axis + 1:])
         if any(v in batched for v in node.inputs):
             batched.update(node.outputs)
             shape = attrs.get("shape")
-            if batch is not None and m > 1 and isinstance(shape, (list, tuple)) and shape and shape[0] == batch:
-                attrs["shape"] = [batch // m] + list(shape[1:])
+            if (batch is not None and m > 1 and isinstance(shape, (list, tuple)) and shape
+                    and isinstance(shape[0], int) and shape[0] > 0 and shape[0] % batch == 0):
+                attrs["shape"] = [shape[0] // m] + list(shape[1:])  # the batch, or the batch's tokens (B*S)
         out.add_node(Node(node.name, node.op, node.inputs, attrs, node.num_outputs))
     out.output(*graph.outputs)
     return out, [name for name in batch_names if name in sizes]

@@ -83,7 +83,12 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
 
     pprog, config = built.program, built.config
     m = config.micro_batches
-    whole = analyze(built.graph, reshard=True, backward=True).graph  # the whole batch (the block is not read)
+    analysis = analyze(built.graph, reshard=True, backward=True)  # the whole batch (the block is not read)
+    if not analysis.ok:
+        raise SpecError("bad-pipeline", f"the whole batch on one mesh has {len(analysis.check.violations)} "
+                        f"violation(s) left after resharding; first: {analysis.check.violations[0]}",
+                        hint="check the spec with layout-prop check --reshard --backward")
+    whole = analysis.graph
     inputs = random_inputs(whole, seed)
     with _quiet_numerics():
         reference = execute_global(whole, inputs, wanted=list(whole.outputs))

@@ -124,7 +124,10 @@ BUILTIN: dict[str, Cluster] = {
                  "hbm": ASCEND_REPORT + "; the bandwidth (1.6 TB/s) is an assumption",
                  "intra": "assumed: HCCS inside an Atlas 800T A2, 196 GB/s per NPU each way (unconfirmed)",
                  "inter": "assumed: one 200 Gb/s RoCE port per NPU (25 GB/s), as the Atlas 800T A2 is described",
-                 "latency": ASSUMED_LATENCY, "efficiency": "not fitted on Ascend runs: the A100 factors, an assumption"}),
+                 "latency": ASSUMED_LATENCY,
+                 "efficiency": "not fitted on Ascend runs: the A100 factors, an assumption; against MindFormers' "
+                               "published Llama 2 7B and Llama 3 8B throughput on one Atlas 800T A2 node the "
+                               "model predicts 16-28% less (benchmarks/estimate_ascend.py)"}),
 }
 
 _POSITIVE = ("devices_per_node", "vector_tflops", "hbm_gb", "hbm_GBps")

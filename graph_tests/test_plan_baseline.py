@@ -254,3 +254,15 @@ def test_the_forward_time_the_solver_models_is_what_estimate_measures():
     report = plan_spec(load_spec(_auto_llama()), backward=False, objective="time", cluster=get_cluster("a100-80g"))
     assert report.solver["kept"] == "plan"
     assert report.solver["modelled_cost"] * 1e-6 == pytest.approx(report.plan["step_time_s"], rel=0.05)
+
+
+def test_the_training_step_the_solver_models_is_close_to_what_estimate_measures():
+    """With the backward, the solver's objective on a cluster against the estimate of the realised plan, within
+    5%. Measured: 702.4 us modelled, 722.9 us measured (686.8 against 728.6, 5.7%, before the model summed the
+    cotangents a value's consumers give in one spec before moving them back, counted the adds that sum them,
+    and exposed at least one parameter's synchronisation, as the estimate exposes its last bucket)."""
+    from layout_prop.perf.clusters import get_cluster
+
+    report = plan_spec(load_spec(_auto_llama()), objective="time", cluster=get_cluster("a100-80g"))
+    assert report.solver["kept"] == "plan"
+    assert report.solver["modelled_cost"] * 1e-6 == pytest.approx(report.plan["step_time_s"], rel=0.05)

@@ -6,7 +6,10 @@ solver refused every move to a Partial layout, so the baseline's own strategy fo
 a candidate: on expert parallelism over 4 ranks it planned an all-to-all the baseline does not need,
 printed the solver's modelled 4,800 bytes in its header, 3,360 for the plan it found in a note and
 1,824 for the baseline it kept.  Each figure is labelled now: ``modelled`` is the program's objective,
-``measured`` what ``check --reshard --backward`` measures on the solver's realised plan.
+``measured`` what ``check --reshard --backward`` measures on the solver's realised plan.  The model still
+prices a partial cotangent's reduction where a consumer gives it (3,072 bytes for the dispatched tokens'
+gradient), where the reshard pass reduces it once, later, on x's smaller gradient (1,536), so the solver's
+own plan may measure more than the baseline, which is then kept: the plan reported is never worse.
 """
 
 from pathlib import Path
@@ -20,6 +23,7 @@ pytest.importorskip("scipy")
 from layout_prop.cli import main  # noqa: E402
 from layout_prop.commands.plan import plan_spec  # noqa: E402
 from layout_prop.frontends import load_model  # noqa: E402
+from layout_prop.planner.solver import Problem  # noqa: E402
 
 MOE = Path(__file__).resolve().parent.parent / "examples" / "models" / "moe.onnx"
 EP = {"mesh": {"shape": [4], "names": ["ep"]}, "parameters": {"moe.experts.*": ["S(0)"], "*": "R"}}
@@ -36,20 +40,37 @@ def report(tmp_path_factory):
     return plan, plan_spec(load_model(MOE, plan))
 
 
-def test_the_baseline_is_among_the_candidates_and_the_plan_measures_the_hand_count(report):
+def test_a_replicated_value_is_received_as_a_partial_one_for_free(report):
+    """The combine (scatter_add) receiving its zero buffer as P(sum), as its rule asks, is a strategy the
+    program can choose: the move from the replicated input is a free local step (it was refused, and the
+    baseline's plan was no candidate)."""
+    plan, _ = report
+    problem = Problem(load_model(MOE, plan), True, "bytes", None, cap=32)
+    cls = problem.classes["moe/combine"]
+    partial = [k for k, s in enumerate(problem.strategies[cls]) if s.inputs[0].placement_strs() == ["P(sum)"]]
+    assert partial
+    found = problem.solve(None, fix={cls: partial[0]})
+    assert found is not None
+
+
+def test_the_plan_reported_measures_the_hand_count(report):
     _, r = report
     assert r.baseline["bytes_per_step"] == HAND_COUNT == 1824
-    assert r.solver["kept"] == "plan"  # the solver's own plan is no worse (it was 3,360 bytes, and the baseline kept)
     assert r.plan["bytes_per_step"] == HAND_COUNT
     assert r.plan["forward_bytes_per_rank"] == 0
 
 
 def test_every_figure_says_what_it_counts(report, capsys):
+    """The header's ``modelled`` is the program's objective for the solver's plan, its ``measured`` that plan as
+    check --reshard --backward measures it; when the baseline is kept, a note gives the same measured figure."""
     plan, r = report
-    assert r.solver["measured_cost"] == r.plan["bytes_per_step"]
-    # the model reduces each consumer's partial cotangent where it is read (the gathered tokens' gradient,
-    # 32 x 16 float32: 3,072 bytes), the reshard pass reduces it once, later, on x's smaller gradient
-    assert r.solver["modelled_cost"] > r.solver["measured_cost"]
     assert main(["plan", str(MOE), "--plan", str(plan)]) == 0
-    head = capsys.readouterr().out.splitlines()[0]
-    assert f"modelled {r.solver['modelled_cost']:g} bytes per rank per step, measured {HAND_COUNT}," in head
+    out = capsys.readouterr().out.splitlines()
+    assert f"modelled {r.solver['modelled_cost']:g} bytes per rank per step, measured {r.solver['measured_cost']:g}," \
+        in out[0]
+    if r.solver["kept"] == "plan":
+        assert r.solver["measured_cost"] == r.plan["bytes_per_step"]
+    else:  # the model prices the backward's partial cotangents where they are read (docs/planning.md)
+        assert out[0].endswith("the baseline is kept")
+        assert any(f"({r.solver['measured_cost']:g} bytes per rank against the baseline's {HAND_COUNT}" in line
+                   for line in out), out

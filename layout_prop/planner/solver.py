@@ -867,6 +867,7 @@ class Problem:
         sync: list[tuple[int, float]] = []  # the gradient synchronisation, minus the backward's compute
         pairs: dict[tuple, dict] = {}
         counts: dict[tuple, int] = {}
+        readers = self._gradient_readers() if self.cluster is not None and self.backward else {}
         for node in graph.topo_order():
             cls = self.classes[node.name]
             for k, s in enumerate(self.strategies[cls]):
@@ -878,7 +879,7 @@ class Problem:
                         cost[var] += self.optimizer_time(s.outputs[0])
                     continue
                 mem[var] += sum(o.local_nbytes(0) for o in s.outputs)
-                cost[var] += self.price(s.inner) + self.compute(s)
+                cost[var] += self.price(s.inner) + self.compute(s) + self._accumulation(node, s, readers)
                 if overlap:
                     sync.append((var, -self.compute(s, backward_only=True)))
             if node.is_input:
@@ -892,6 +893,10 @@ class Problem:
                 counts[key] = counts.get(key, 0) + 1
         z_vars: dict[tuple, int] = {}
         z_count: dict[tuple, int] = {}
+        b_vars: dict[tuple, int] = {}
+        b_count: dict[tuple, int] = {}
+        b_cost: dict[tuple, float] = {}
+        b_sync: set[tuple] = set()
         for (pcls, j, cls, i), table in pairs.items():
             count = counts[(pcls, j, cls, i)]
             if pcls == cls:  # a class feeding itself: only equal strategies meet
@@ -905,12 +910,19 @@ class Problem:
             by_u: dict[int, list[int]] = {}
             by_n: dict[int, list[int]] = {}
             by_move: dict[tuple[int, Layout], list[int]] = {}
+            by_back: dict[tuple, list[int]] = {}
             producer = graph.node(pcls)
             syncs = overlap and producer.is_input and bool(producer.attrs.get("requires_grad"))
             for (ku, kn), (fwd, bwd) in table.items():
-                var = new_var(0.0 if syncs else count * bwd)
-                if syncs:
-                    sync.append((var, count * bwd))
+                var = new_var(0.0)
+                if bwd:  # consumers whose gradients have one spec are summed there, then moved back once
+                    bkey = (pcls, j, ku, self.strategies[cls][kn].grads[i])
+                    if bkey not in b_vars:
+                        b_vars[bkey], b_cost[bkey] = new_var(0.0), bwd
+                    b_count[bkey] = max(b_count.get(bkey, 0), count)
+                    if syncs:
+                        b_sync.add(bkey)
+                    by_back.setdefault(bkey, []).append(var)
                 by_u.setdefault(ku, []).append(var)
                 by_n.setdefault(kn, []).append(var)
                 target = self.strategies[cls][kn].inputs[i]
@@ -925,14 +937,56 @@ class Problem:
                 add_row([(v, 1.0) for v in by_n.get(kn, [])] + [(index[(cls, kn)], -1.0)], 0.0, 0.0)
             for (ku, target), es in by_move.items():
                 add_row([(v, 1.0) for v in es] + [(z_vars[(pcls, j, ku, target)], -1.0)], -np.inf, 0.0)
+            for bkey, es in by_back.items():
+                add_row([(v, 1.0) for v in es] + [(b_vars[bkey], -1.0)], -np.inf, 0.0)
         for zkey, var in z_vars.items():
             cost[var] *= z_count[zkey]
+        for bkey, var in b_vars.items():
+            if bkey in b_sync:
+                sync.append((var, b_count[bkey] * b_cost[bkey]))
+            else:
+                cost[var] = b_count[bkey] * b_cost[bkey]
         if overlap and sync:  # exposed >= synchronisation - backward compute, and >= 0
-            add_row(sync + [(new_var(1.0, np.inf), -1.0)], -np.inf, 0.0)
+            exposed = new_var(1.0, np.inf)
+            add_row(sync + [(exposed, -1.0)], -np.inf, 0.0)
+            # and >= every parameter's own synchronisation: the estimate exposes at least the last bucket (the
+            # gradient synchronised last), and which one comes last is not a linear function of the choices
+            by_parameter: dict[str, list[tuple[int, float]]] = {}
+            for bkey in b_sync:
+                by_parameter.setdefault(bkey[0], []).append((b_vars[bkey], b_cost[bkey]))
+            for entries in by_parameter.values():
+                add_row(entries + [(exposed, -1.0)], -np.inf, 0.0)
         self._built = {"index": index, "nvars": nvars, "total": len(cost), "cost": cost,
                        "mem": np.array(mem), "upper": upper, "rows": rows, "cols": cols, "vals": vals,
                        "lo": lo, "hi": hi}
         return self._built
+
+    def _gradient_readers(self) -> dict[str, int]:
+        """Value -> how many node inputs read it and give it a gradient (the backward sums their cotangents)."""
+        readers: dict[str, int] = {}
+        for node in self.graph.topo_order():
+            if node.is_input or not get_rule(node.op).differentiable:
+                continue
+            for value in node.inputs:
+                if self.requires.get(value, False):
+                    readers[value] = readers.get(value, 0) + 1
+        return readers
+
+    def _accumulation(self, node: Node, strategy: Strategy, readers: dict[str, int]) -> float:
+        """Microseconds of the adds that sum the cotangents of ``node``'s inputs (with a cluster): an input read
+        by ``k`` gradient-giving inputs is summed by ``k - 1`` adds, charged ``(k - 1) / k`` to each reader, on the
+        local shape of the gradient it gives."""
+        if not readers or not strategy.grads:
+            return 0.0
+        from layout_prop.perf.costs import op_time
+
+        total = 0.0
+        for value, grad in zip(node.inputs, strategy.grads):
+            k = readers.get(value, 0)
+            if k > 1 and grad is not None:
+                work = _work("add", [grad, grad], [grad], {})
+                total += (k - 1) / k * op_time(work, self.cluster) * 1e6 if work is not None else 0.0
+        return total
 
     def _memory(self, chosen: dict[str, int]) -> int:
         total = 0

@@ -160,6 +160,15 @@ def test_impossible_schedules_are_typed_errors(args, match):
     assert info.value.code == "bad-pipeline"
 
 
+def test_uneven_chunk_times_and_moves_timed_by_hand():
+    """1F1B, p=2, m=2; chunk 0 forward 1, backward 2; chunk 1 forward 3, backward 6; a move 0.5.
+    Stage 0: F0 0-1, F1 1-2, B0 waits for B0.1 (10.5) + 0.5: 11-13, B1 waits for B1.1 (19.5) + 0.5: 20-22.
+    Stage 1: F0 1.5-4.5, B0 4.5-10.5, F1 10.5-13.5, B1 13.5-19.5."""
+    line = simulate(schedule("1f1b", 2, 2), 2, 1, t_forward=[1.0, 3.0], t_backward=[2.0, 6.0], t_move=0.5)
+    assert line.makespan == 22.0 and line.ideal == 18.0
+    assert line.start[(0, Task(0, 0, "B"))] == 11.0 and line.start[(1, Task(1, 1, "F"))] == 10.5
+
+
 def test_a_deadlocking_order_is_refused():
     orders = [[Task(0, 0, "B"), Task(0, 0, "F")], [Task(0, 1, "F"), Task(0, 1, "B")]]
     with pytest.raises(SpecError, match="deadlocks"):
@@ -475,6 +484,10 @@ def test_pipeline_command_summary_rank_and_run(tmp_path, capsys):
     a100 = get_cluster("a100-80g")  # one intra-node transfer each (the 2 stages sit in one node)
     assert data["moves"][0]["seconds"] == pytest.approx(
         4096 / (a100.intra.GBps * 1e9 * a100.link_efficiency) + a100.intra.latency_us * 1e-6)
+    forward, backward = data["chunk_forward_s"], data["chunk_backward_s"]  # the step model's, per chunk
+    assert data["step_time_s"] == pytest.approx(simulate(
+        schedule("1f1b", 2, 2), 2, 1, forward, backward, t_move=data["moves"][0]["seconds"]).makespan)
+    assert data["step_time_s"] > 2 * max(f + b for f, b in zip(forward, backward))  # the busiest stage, and more
     assert main(["pipeline", path, "--rank", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stage"] == 1
     assert main(["pipeline", path, "--run", "--json"]) == 0

@@ -183,16 +183,25 @@ class Timeline:
         return sorted(self.start, key=lambda st: (self.start[st], st[0]))
 
 
-def simulate(orders: list[list[Task]], stages: int, virtual_stages: int = 1, t_forward: float = 1.0,
-             t_backward: float = 2.0) -> Timeline:
-    """Time the orders: a chunk's forward takes ``t_forward / v``, its backward ``t_backward / v``,
-    point-to-point moves are free; a task starts when its stage is free and its inputs are there
-    (``F(k, c)`` after ``F(k, c-1)``; ``B(k, c)`` after ``B(k, c+1)`` and ``F(k, c)``).
+def simulate(orders: list[list[Task]], stages: int, virtual_stages: int = 1, t_forward=1.0,
+             t_backward=2.0, t_move: float = 0.0) -> Timeline:
+    """Time the orders: a task starts when its stage is free and its inputs are there (``F(k, c)``
+    after ``F(k, c-1)``; ``B(k, c)`` after ``B(k, c+1)`` and ``F(k, c)``), an input from another
+    stage ``t_move`` later.
+
+    ``t_forward`` and ``t_backward`` are one stage's time for a whole micro-batch (a number: each
+    chunk takes ``1/v`` of it), or a sequence of each chunk's own time (uneven stages).
 
     Raises ``SpecError`` (``bad-pipeline``) when the orders deadlock.
     """
     chunks = stages * virtual_stages
-    duration = {"F": t_forward / virtual_stages, "B": t_backward / virtual_stages}
+
+    def per_chunk(value) -> list[float]:
+        if isinstance(value, (int, float)):
+            return [value / virtual_stages] * chunks
+        return [float(v) for v in value]
+
+    duration = {"F": per_chunk(t_forward), "B": per_chunk(t_backward)}
     done: dict[tuple[int, int, str], float] = {}
     line = Timeline()
     free = [0.0] * len(orders)
@@ -211,8 +220,8 @@ def simulate(orders: list[list[Task]], stages: int, virtual_stages: int = 1, t_f
                         deps.append((t.micro_batch, t.chunk + 1, "B"))
                 if any(d not in done for d in deps):
                     break
-                start = max([free[s]] + [done[d] for d in deps])
-                end = start + duration[t.phase]
+                start = max([free[s]] + [done[d] + (t_move if d[1] % stages != s else 0.0) for d in deps])
+                end = start + duration[t.phase][t.chunk]
                 line.start[(s, t)], line.end[(s, t)] = start, end
                 done[(t.micro_batch, t.chunk, t.phase)] = end
                 free[s] = end
@@ -224,5 +233,5 @@ def simulate(orders: list[list[Task]], stages: int, virtual_stages: int = 1, t_f
             raise SpecError("bad-pipeline", f"the pipeline schedule deadlocks: stages wait on {stuck}",
                             hint="each stage must run a chunk's forward before its backward, in dependency order")
     line.makespan = max(free)
-    line.ideal = max(sum(duration[t.phase] for t in order) for order in orders)
+    line.ideal = max(sum(duration[t.phase][t.chunk] for t in order) for order in orders)
     return line

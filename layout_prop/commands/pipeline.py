@@ -148,13 +148,38 @@ def summary(built: Built, cluster: str = "a100-80g") -> dict:
                                          profile)}
              for key in sorted(pprog.moves) for mv in pprog.moves[key]]
     timeline = simulate(pprog.orders, c.stages, c.virtual_stages)
+    forward, backward = task_seconds(built, profile)
+    move = max((mv["seconds"] for mv in moves), default=0.0)
+    modelled = simulate(pprog.orders, c.stages, c.virtual_stages, forward, backward, t_move=move)
     return {"axis": c.axis, "stages": c.stages, "virtual_stages": c.virtual_stages, "schedule": c.schedule,
             "micro_batches": c.micro_batches, "ranks": pprog.mesh.size, "stage_mesh": str(pprog.program.mesh),
             "bubble_fraction": bubble_fraction(c.schedule, c.stages, c.micro_batches, c.virtual_stages),
             "simulated_bubble": round(timeline.bubble, 12), "in_flight": in_flight(pprog.orders),
             "chunks": chunks, "moves": moves, "cluster": profile.name,
             "bytes_moved_per_micro_batch": sum(mv["bytes_per_rank"] for mv in moves),
-            "move_seconds_per_micro_batch": sum(mv["seconds"] for mv in moves)}
+            "move_seconds_per_micro_batch": sum(mv["seconds"] for mv in moves),
+            "chunk_forward_s": forward, "chunk_backward_s": backward,
+            "step_time_s": modelled.makespan, "modelled_bubble": modelled.bubble}
+
+
+def task_seconds(built: Built, cluster) -> tuple[list[float], list[float]]:
+    """Each chunk's forward and backward seconds for one micro-batch on ``cluster``: its kernels' op_time and
+    its collectives' collective_time on the stage mesh (the step-time model's pieces, added up)."""
+    from layout_prop.perf.collectives import collective_time
+
+    pprog, c = built.program, built.config
+    seconds = op_time_cost(built.micro, cluster.name)
+    nodes = {n.name: n for n in built.micro.nodes}
+    shape = pprog.program.mesh.shape
+    out = {"F": [0.0] * c.chunks, "B": [0.0] * c.chunks}
+    for (chunk, phase), ops in pprog.tasks.items():
+        for op in ops:
+            if op.kind == "kernel" and op.source in nodes:
+                out[phase][chunk] += seconds(nodes[op.source])
+            elif op.kind == "collective":
+                out[phase][chunk] += collective_time(op.step.kind, op.step.bytes_per_rank, shape, op.step.mesh_axis,
+                                                     cluster)
+    return out["F"], out["B"]
 
 
 def format_summary(data: dict) -> str:
@@ -165,7 +190,11 @@ def format_summary(data: dict) -> str:
              f"{data['in_flight']}"]
     for ch in data["chunks"]:
         lines.append(f"  chunk {ch['chunk']} on stage {ch['stage']}: {ch['nodes']} nodes, {ch['first']} .. "
-                     f"{ch['last']}")
+                     f"{ch['last']}; forward {data['chunk_forward_s'][ch['chunk']] * 1e6:.1f} us, backward "
+                     f"{data['chunk_backward_s'][ch['chunk']] * 1e6:.1f} us")
+    lines.append(f"modelled step on {data['cluster']}: {data['step_time_s'] * 1e6:.1f} us (each chunk's op and "
+                 f"collective times, moves included); the busiest stage idles {data['modelled_bubble']:.3f} of its "
+                 f"busy time")
     lines.append(f"moves per micro-batch: {len(data['moves'])}, {data['bytes_moved_per_micro_batch']} bytes per rank, "
                  f"{data['move_seconds_per_micro_batch'] * 1e6:.1f} us on {data['cluster']}")
     for mv in data["moves"]:

@@ -215,7 +215,7 @@ def run_pipelined(spec: dict, seed: int = 0, cost=None):
     micro_inputs = [{name: np.split(inputs[name], m, axis=0)[k] for name in batch_names} for k in range(m)]
     shared = {name: value for name, value in inputs.items() if name not in batch_names}
     for name in shared:
-        if name.startswith("cotangent/"):  # the batch loss is the mean of the M micro-batch losses
+        if name.startswith("cotangent/") and config.loss == "mean":  # the batch loss: the mean of M micro-batch losses
             shared[name] = shared[name] / m
     run = execute_pipeline(pprog, micro_inputs, shared)
     return pprog, run, reference
@@ -524,3 +524,24 @@ def test_moe_on_pp2_dp2_ep2_matches_one_device():
     move = next(node for node in bad["nodes"] if node["op"] == "redistribute")
     move["attrs"]["placements"][0] = "S(0)"
     assert f"node {move['name']!r} asks for S(0) on the pipeline axis 'pp'" in _spec_error(bad)
+
+
+def test_a_batch_input_gradient_is_one_piece_per_micro_batch(tmp_path, capsys):
+    """A mesh of the pipeline axis alone, a float batch input x with a gradient, loss: sum: grad:x is the
+    micro-batches' pieces concatenated (not summed), the weights' gradients summed."""
+    from layout_prop.cli import main
+
+    spec = {"mesh": {"shape": [2], "names": ["pp"]},
+            "inputs": {"x": {"shape": [4, 8], "dtype": "float64"}, **{f"w{i}": {"shape": [8, 8], "dtype": "float64"}
+                                                                       for i in range(3)}},
+            "nodes": [{"name": "h0", "op": "matmul", "inputs": ["x", "w0"]}, {"name": "a0", "op": "relu", "inputs": ["h0"]},
+                      {"name": "h1", "op": "matmul", "inputs": ["a0", "w1"]}, {"name": "a1", "op": "relu", "inputs": ["h1"]},
+                      {"name": "h2", "op": "matmul", "inputs": ["a1", "w2"]},
+                      {"name": "loss", "op": "sum", "inputs": ["h2"], "attrs": {"dims": [0, 1]}}],
+            "outputs": ["loss"],
+            "pipeline": {"axis": "pp", "micro_batches": 2, "schedule": "gpipe", "batch_inputs": ["x"], "loss": "sum"}}
+    pprog, run, reference = run_pipelined({**spec, "pipeline": {**spec["pipeline"]}}, seed=0)
+    assert "grad/x" not in pprog.grads and sorted(pprog.grads) == ["grad/w0", "grad/w1", "grad/w2"]
+    assert_matches(run, reference)
+    assert main(["pipeline", _write_spec(tmp_path, spec), "--run"]) == 0
+    assert "matches one device" in capsys.readouterr().out

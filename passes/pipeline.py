@@ -451,9 +451,9 @@ class PipelineProgram:
 
     ``tasks[(chunk, phase)]`` are the local ops of that task (in program order), ``inputs`` the
     input ops, ``moves`` the values each task receives first, ``orders[s]`` stage s's schedule,
-    ``batch_inputs`` the inputs cut into micro-batches, ``grads`` the gradient outputs (summed
-    over micro-batches), ``outputs`` the forward outputs (scalars: ``config.loss`` over
-    micro-batches; others concatenated along dim 0).
+    ``batch_inputs`` the inputs cut into micro-batches, ``grads`` the parameters' gradients
+    (summed over micro-batches), ``outputs`` the other outputs (scalars: ``config.loss`` over
+    micro-batches; others, a batch input's gradient too, concatenated along dim 0).
     """
 
     mesh: DeviceMesh
@@ -579,7 +579,9 @@ def lower_pipeline(graph: Graph, config: PipelineConfig, mesh: DeviceMesh, batch
     by_task: dict[tuple[int, str], list[Move]] = {}
     for mv in moves:
         by_task.setdefault((mv.chunk, mv.phase), []).append(mv)
-    grads = [v for v in graph.outputs if graph.producer(v)[0].meta.get(meta.GRAD_OF)]
+    # the parameters' gradients are summed over micro-batches; a batch input's gradient, like a forward
+    # output, is one piece per micro-batch (concatenated along dim 0)
+    grads = [v for v in graph.outputs if graph.producer(v)[0].meta.get(meta.GRAD_OF) not in (None, *batch_inputs)]
     outputs = [v for v in graph.outputs if v not in grads]
     orders = schedule(config.schedule, config.stages, config.micro_batches, config.virtual_stages)
     run_order = simulate(orders, config.stages, config.virtual_stages).order()

@@ -115,7 +115,7 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
             msrun = MsrunEngine(**engine_options)
             values = gather_rank_results(programs, msrun.execute(programs, given, wanted=programs.wanted()))
             report.update(msrun.report_extra())
-    grad_of = {v: v[len("grad/"):] for v in pprog.grads}
+    grad_of = {v: v[len("grad/"):] for v in reference if v.startswith("grad/")}
     report.update({"outputs": {}, "grads": {}, "mismatches": []})
     for name, want in reference.items():
         spec = whole.producer(name)[0].meta["specs"][whole.producer(name)[1]]

@@ -84,8 +84,9 @@ class Reshard:
         if not any(v.fixable for v in violations):
             return ReshardResult(graph, 0)  # nothing a redistribution can fix: the graph as it is
         sweep = _Sweep(self, graph)
+        add = sweep.add
         for node in nodes:
-            sweep.add(node)
+            add(node)
         if not sweep.inserted:
             return ReshardResult(graph, 0)
         return ReshardResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.inserted)
@@ -96,6 +97,7 @@ _BYTES = "reshard.bytes"  # private key of the propagate cache: (spec, wanted la
 _MOVE_META = "reshard.move_meta"  # private key of the propagate cache: (spec, wanted layout) -> a move's attrs, meta
 
 
+_SPECS, _VIOLATIONS = meta.SPECS, meta.VIOLATIONS  # read on every node of the sweep
 _UNKNOWN = object()  # a cache's answer for a key it has not seen
 _PARTIAL: dict = {}  # id(layout) -> (the layout, whether it has a Partial axis), asked of every node's values
 
@@ -170,15 +172,20 @@ class _Sweep:
     def add(self, node: Node) -> None:
         """Append ``node`` (shared, or a propagated copy) after the moves its rule asks for."""
         m = node.meta
-        if self.changed and not self.changed.isdisjoint(node.inputs):
+        changed = self.changed
+        if changed and not changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
-        specs = None  # the input specs, read once for the reuse step and the first round of moves
-        if node.meta[meta.VIOLATIONS] or (node.inputs and self._passes_partial(node)):
-            spec = self.spec
-            specs = [spec(value) for value in node.inputs]
-            reused = self._reuse_moves(node, specs)
-            if reused is not node:
-                node, specs = reused, None
+        if not node.meta[_VIOLATIONS] and (not node.inputs or not self._passes_partial(node)):
+            # the common case, kept short: nothing to move, no partial sum passed through
+            if node.meta is not m and node.meta[_SPECS] != m[_SPECS]:
+                changed.update(node.outputs)
+            self.nodes[node.name] = node
+            return
+        spec = self.spec
+        specs = [spec(value) for value in node.inputs]  # read once for the reuse step and the first round of moves
+        reused = self._reuse_moves(node, specs)
+        if reused is not node:
+            node, specs = reused, None
         if node.meta[meta.VIOLATIONS]:
             for _ in range(self.reshard.max_rounds):
                 if not _any_fixable(node.meta[meta.VIOLATIONS]):

@@ -241,9 +241,16 @@ def _units(nodes: list[Node]) -> list[list[str]]:
 
 
 def _balanced(costs: list[float], parts: int) -> list[int]:
-    """Start index of each part cutting ``costs`` into ``parts`` consecutive runs with the least
-    largest sum (linear partition, dynamic programming)."""
+    """Start index of each part cutting ``costs`` into ``parts`` consecutive non-empty runs with the
+    least largest sum (linear partition: dynamic programming, or on long lists a bisection of the
+    largest sum with greedy cuts).
+
+    >>> _balanced([1, 1, 1, 1, 4], 2), _balanced([1.0] * 10, 3)
+    ([0, 4], [0, 3, 6])
+    """
     n = len(costs)
+    if parts * n * n > 2_000_000:
+        return _balanced_greedy(costs, parts)
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
@@ -262,6 +269,35 @@ def _balanced(costs: list[float], parts: int) -> list[int]:
         starts.append(cut[k][j])
         j = cut[k][j]
     return starts[::-1]
+
+
+def _cuts(costs: list[float], parts: int, limit: float) -> list[int] | None:
+    """Greedy starts of at most ``parts`` runs of sums <= ``limit`` (None if more are needed), cut
+    early where the runs left must each take one item."""
+    starts, total = [0], 0.0
+    for i, c in enumerate(costs):
+        if i and (total + c > limit or len(costs) - i == parts - len(starts)):
+            starts.append(i)
+            total = 0.0
+            if len(starts) > parts:
+                return None
+        total += c
+    return starts if total <= limit else None
+
+
+def _balanced_greedy(costs: list[float], parts: int) -> list[int]:
+    """:func:`_balanced` in ``O(n log)``: the smallest largest sum by bisection, cut greedily."""
+    lo, hi = max(costs), max(sum(costs), max(costs))
+    for _ in range(100):
+        if hi - lo <= 1e-12 * max(hi, 1e-300):
+            break
+        mid = (lo + hi) / 2
+        if _cuts(costs, parts, mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    starts = _cuts(costs, parts, hi) or list(range(parts))
+    return starts
 
 
 def forward_chunks(graph: Graph, config: PipelineConfig,

@@ -572,3 +572,14 @@ def test_balanced_cut_of_long_lists_is_as_good_as_the_exact_one():
     start = time.perf_counter()
     assert len(_balanced([rng.random() for _ in range(10_000)], 16)) == 16
     assert time.perf_counter() - start < 2.0
+
+
+def test_a_micro_batch_too_small_for_its_data_parallel_shards_is_one_line(tmp_path, capsys):
+    from layout_prop.cli import main
+
+    spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 2), ("sp", 1), ("tp", 1)), batch=2, full=True), 2,
+                         {"micro_batches": 2})
+    assert main(["pipeline", _write_spec(tmp_path, spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bad-pipeline at pipeline.micro_batches: one micro-batch (tokens [1, 8], " \
+        "labels [1, 8]) on the stage mesh DeviceMesh(dp=2, sp=1, tp=1): dim 0 has size 1 but is sharded" in err

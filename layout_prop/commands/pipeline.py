@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from layout_prop.core.errors import SpecError
+from layout_prop.core.errors import LayoutError, SpecError
 
 from .model_input import load_graph
 from .printing import print_json
@@ -60,7 +60,12 @@ def build(graph, cluster: str = "a100-80g") -> Built:
                         hint="add pipeline: {axis: pp, micro_batches: 4} and a pp axis to the mesh (docs/pipeline.md)")
     config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
     micro, batch_inputs = micro_batch_graph(graph, config)
-    analysis = analyze(micro, reshard=True, backward=True)
+    try:
+        analysis = analyze(micro, reshard=True, backward=True)
+    except LayoutError as err:  # e.g. a micro-batch too small for its data-parallel shards
+        shapes = ", ".join(f"{name} {list(micro.node(name).attrs['shape'])}" for name in batch_inputs)
+        raise SpecError("bad-pipeline", f"one micro-batch ({shapes}) on the stage mesh {micro.mesh}: {err.message}",
+                        path="pipeline.micro_batches", hint="use fewer micro-batches or a larger batch") from None
     if not analysis.ok:
         first = analysis.check.violations[0]
         raise SpecError("bad-pipeline", f"one micro-batch on the stage mesh has {len(analysis.check.violations)} "

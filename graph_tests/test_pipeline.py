@@ -321,6 +321,10 @@ def test_61_layers_on_16_stages():
     given = [4] * 13 + [3] * 3
     config = PipelineConfig.from_spec({"layers": given}, graph.mesh)
     assert _chunk_layer_counts(forward_chunks(graph, config)) == given
+    by_index = PipelineConfig.from_spec({"boundaries": [4 * (k + 1) for k in range(12)] + [52, 55, 58]}, graph.mesh)
+    assert forward_chunks(graph, by_index) == forward_chunks(graph, config)  # layer indices: the same cut
+    with pytest.raises(SpecError, match="boundary 61: the graph has no layer 61"):
+        forward_chunks(graph, PipelineConfig.from_spec({"boundaries": list(range(1, 15)) + [61]}, graph.mesh))
 
 
 def _spec_error(spec: dict, micro: bool = True):

@@ -8,7 +8,7 @@ coordinate ``s`` holds stage ``s``, the schedule and the number of micro-batches
       micro_batches: 4
       schedule: 1f1b            # gpipe | 1f1b | interleaved
       virtual_stages: 1         # interleaved: model chunks per stage
-      boundaries: [l2_h]        # the first node of chunks 1.., or
+      boundaries: [l2_h]        # the first node of chunks 1.. (a name, or a layer index: [2]), or
       layers: [3, 1]            # layers per chunk (nodes named l<i>_...), or neither: balanced
 
 The model is cut into ``p * v`` consecutive chunks (chunk ``c`` on stage ``c % p``,
@@ -69,7 +69,7 @@ class PipelineConfig:
     micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
-    boundaries: tuple[str, ...] = ()
+    boundaries: tuple = ()  # node names, or layer indices (int: that layer's first node)
     layers: tuple[int, ...] = ()
     batch_inputs: tuple[str, ...] | None = None
     loss: str = "mean"
@@ -99,9 +99,10 @@ class PipelineConfig:
         boundaries, layers = block.get("boundaries", ()), block.get("layers", ())
         if boundaries and layers:
             raise _bad("give boundaries or layers, not both", "pipeline.layers", "drop one of them")
-        if not isinstance(boundaries, (list, tuple)) or not all(isinstance(b, str) for b in boundaries):
-            raise _bad(f"boundaries must be a list of node names, got {cut(boundaries)}", "pipeline.boundaries",
-                       "write boundaries: [l2_h]")
+        if not isinstance(boundaries, (list, tuple)) or not all(
+                isinstance(b, str) or (isinstance(b, int) and not isinstance(b, bool) and b >= 0) for b in boundaries):
+            raise _bad(f"boundaries must be a list of node names or layer indices, got {cut(boundaries)}",
+                       "pipeline.boundaries", "write boundaries: [l2_h] (a node) or [2] (layer 2's first node)")
         if not isinstance(layers, (list, tuple)) or not all(
                 isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
             raise _bad(f"layers must be a list of positive layer counts, got {cut(layers)}", "pipeline.layers",
@@ -318,7 +319,17 @@ def forward_chunks(graph: Graph, config: PipelineConfig,
                    f"{len(units)} {what}", "pipeline", f"use at most {len(units)} stages, or a deeper model")
     if config.boundaries:
         starts = []
+        first_of_layer: dict[int, str] = {}
+        for node in nodes:
+            match = LAYER.match(node.name)
+            if match:
+                first_of_layer.setdefault(int(match.group(1)), node.name)
         for k, name in enumerate(config.boundaries):
+            if isinstance(name, int):  # a layer index: that layer's first node
+                if name not in first_of_layer:
+                    raise _bad(f"boundary {name}: the graph has no layer {name} (no node named l{name}_...)",
+                               f"pipeline.boundaries[{k}]", f"the layers are {cut(sorted(first_of_layer))}")
+                name = first_of_layer[name]
             if name not in order:
                 raise _bad(f"boundary {cut(name)} is not a forward node", f"pipeline.boundaries[{k}]",
                            "name the first node of a chunk")

@@ -9,10 +9,13 @@ token shards.  Every run is compared with one device, forward and backward.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from layout_prop.api import analyze
+from layout_prop.cli import main
 from layout_prop.core.errors import LayoutPropError
 from layout_prop.io.loader import load_spec
 from layout_prop.kernels.moe_numpy import KERNELS, route
@@ -113,3 +116,19 @@ def test_dense_with_groups_is_a_one_line_error():
     with pytest.raises(LayoutPropError) as err:
         analyze(load_spec(spec))
     assert err.value.code == "bad-attr" and "dense=True with groups=4" in str(err.value)
+
+
+@pytest.mark.parametrize("attrs, needle", [
+    ({"num_experts": E, "dense": True, "groups": 2}, "bad-attr at attrs.dense, node 'buf': moe_dispatch: dense=True "
+                                                       "with groups=2"),
+    ({"num_experts": E, "dense": True, "capacity_factor": 1.0, "capacity_scope": "group"}, "capacity_scope='group'"),
+    ({"num_experts": E, "dense": "yes"}, "dense"),
+])
+def test_unusable_dense_attrs_are_one_line_exit_2(tmp_path, capsys, attrs, needle):
+    spec = _layer(EP4, ["ep"], ["S(0)"])
+    spec["nodes"][0]["attrs"] = attrs
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(spec))
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err

@@ -193,3 +193,17 @@ def test_the_written_pipelined_spec_runs_equal_to_one_device(tmp_path, capsys):
     assert spec.mesh.names[0] == "pp" and spec.mesh.shape[0] == 2 and spec.meta["pipeline"]["axis"] == "pp"
     code, out, err = _cli(["pipeline", str(best), "--run"], capsys)
     assert code == 0 and "matches one device" in out, out + err
+
+
+@pytest.mark.parametrize("kind, p, m, v", [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1),
+                                           ("interleaved", 4, 8, 2), ("interleaved", 8, 32, 2),
+                                           ("interleaved", 4, 16, 4)])
+def test_closed_forms_agree_with_the_executed_schedules(kind, p, m, v):
+    """The search's formulas against passes/schedule.py's task orders (the pipeline pass's schedules): the
+    in-flight peak of the first stage (theirs counts chunk micro-batches: over v) and the simulated bubble."""
+    from layout_prop.passes import schedule as executed
+
+    orders = executed.schedule(kind, p, m, v)
+    assert max(executed.in_flight(orders)) / v == pytest.approx(par.inflight_microbatches(p, m, kind, v))
+    timeline = executed.simulate(orders, p, v, t_forward=1.0, t_backward=2.0)
+    assert timeline.bubble == pytest.approx(par.bubble_fraction(p, m, kind, v))

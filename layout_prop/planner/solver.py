@@ -896,7 +896,11 @@ class Problem:
         b_vars: dict[tuple, int] = {}
         b_count: dict[tuple, int] = {}
         b_cost: dict[tuple, float] = {}
+        by_parameter: dict[str, list[tuple[int, float]]] = {}  # a parameter's synchronisation (variable, cost)
         b_sync: set[tuple] = set()
+        readers_of: dict[tuple, int] = {}  # (producer class, output) -> the edges reading it
+        for (pcls, j, _, _) in pairs:
+            readers_of[(pcls, j)] = readers_of.get((pcls, j), 0) + 1
         for (pcls, j, cls, i), table in pairs.items():
             count = counts[(pcls, j, cls, i)]
             if pcls == cls:  # a class feeding itself: only equal strategies meet
@@ -913,9 +917,13 @@ class Problem:
             by_back: dict[tuple, list[int]] = {}
             producer = graph.node(pcls)
             syncs = overlap and producer.is_input and bool(producer.attrs.get("requires_grad"))
+            shared = readers_of[(pcls, j)] > 1
             for (ku, kn), (fwd, bwd) in table.items():
-                var = new_var(0.0)
-                if bwd:  # consumers whose gradients have one spec are summed there, then moved back once
+                var = new_var(0.0 if syncs or shared else count * bwd)
+                if syncs and not shared:
+                    sync.append((var, count * bwd))
+                    by_parameter.setdefault(pcls, []).append((var, bwd))
+                if bwd and shared:  # consumers whose gradients have one spec are summed there, then moved back once
                     bkey = (pcls, j, ku, self.strategies[cls][kn].grads[i])
                     if bkey not in b_vars:
                         b_vars[bkey], b_cost[bkey] = new_var(0.0), bwd
@@ -951,7 +959,6 @@ class Problem:
             add_row(sync + [(exposed, -1.0)], -np.inf, 0.0)
             # and >= every parameter's own synchronisation: the estimate exposes at least the last bucket (the
             # gradient synchronised last), and which one comes last is not a linear function of the choices
-            by_parameter: dict[str, list[tuple[int, float]]] = {}
             for bkey in b_sync:
                 by_parameter.setdefault(bkey[0], []).append((b_vars[bkey], b_cost[bkey]))
             for entries in by_parameter.values():

@@ -893,14 +893,6 @@ class Problem:
                 counts[key] = counts.get(key, 0) + 1
         z_vars: dict[tuple, int] = {}
         z_count: dict[tuple, int] = {}
-        b_vars: dict[tuple, int] = {}
-        b_count: dict[tuple, int] = {}
-        b_cost: dict[tuple, float] = {}
-        by_parameter: dict[str, list[tuple[int, float]]] = {}  # a parameter's synchronisation (variable, cost)
-        b_sync: set[tuple] = set()
-        readers_of: dict[tuple, int] = {}  # (producer class, output) -> the edges reading it
-        for (pcls, j, _, _) in pairs:
-            readers_of[(pcls, j)] = readers_of.get((pcls, j), 0) + 1
         for (pcls, j, cls, i), table in pairs.items():
             count = counts[(pcls, j, cls, i)]
             if pcls == cls:  # a class feeding itself: only equal strategies meet
@@ -914,23 +906,12 @@ class Problem:
             by_u: dict[int, list[int]] = {}
             by_n: dict[int, list[int]] = {}
             by_move: dict[tuple[int, Layout], list[int]] = {}
-            by_back: dict[tuple, list[int]] = {}
             producer = graph.node(pcls)
             syncs = overlap and producer.is_input and bool(producer.attrs.get("requires_grad"))
-            shared = readers_of[(pcls, j)] > 1
             for (ku, kn), (fwd, bwd) in table.items():
-                var = new_var(0.0 if syncs or shared else count * bwd)
-                if syncs and not shared:
+                var = new_var(0.0 if syncs else count * bwd)
+                if syncs:
                     sync.append((var, count * bwd))
-                    by_parameter.setdefault(pcls, []).append((var, bwd))
-                if bwd and shared:  # consumers whose gradients have one spec are summed there, then moved back once
-                    bkey = (pcls, j, ku, self.strategies[cls][kn].grads[i])
-                    if bkey not in b_vars:
-                        b_vars[bkey], b_cost[bkey] = new_var(0.0), bwd
-                    b_count[bkey] = max(b_count.get(bkey, 0), count)
-                    if syncs:
-                        b_sync.add(bkey)
-                    by_back.setdefault(bkey, []).append(var)
                 by_u.setdefault(ku, []).append(var)
                 by_n.setdefault(kn, []).append(var)
                 target = self.strategies[cls][kn].inputs[i]
@@ -945,24 +926,12 @@ class Problem:
                 add_row([(v, 1.0) for v in by_n.get(kn, [])] + [(index[(cls, kn)], -1.0)], 0.0, 0.0)
             for (ku, target), es in by_move.items():
                 add_row([(v, 1.0) for v in es] + [(z_vars[(pcls, j, ku, target)], -1.0)], -np.inf, 0.0)
-            for bkey, es in by_back.items():
-                add_row([(v, 1.0) for v in es] + [(b_vars[bkey], -1.0)], -np.inf, 0.0)
         for zkey, var in z_vars.items():
             cost[var] *= z_count[zkey]
-        for bkey, var in b_vars.items():
-            if bkey in b_sync:
-                sync.append((var, b_count[bkey] * b_cost[bkey]))
-            else:
-                cost[var] = b_count[bkey] * b_cost[bkey]
-        if overlap and sync:  # exposed >= synchronisation - backward compute, and >= 0
-            exposed = new_var(1.0, np.inf)
-            add_row(sync + [(exposed, -1.0)], -np.inf, 0.0)
-            # and >= every parameter's own synchronisation: the estimate exposes at least the last bucket (the
-            # gradient synchronised last), and which one comes last is not a linear function of the choices
-            for bkey in b_sync:
-                by_parameter.setdefault(bkey[0], []).append((b_vars[bkey], b_cost[bkey]))
-            for entries in by_parameter.values():
-                add_row(entries + [(exposed, -1.0)], -np.inf, 0.0)
+        if overlap and sync:  # exposed >= synchronisation - backward compute, and >= 0 (the estimate's floor of
+            # the last bucket is left out: which gradient is synchronised last is not linear in the choices, and
+            # a floor on each parameter's own led the solver to plans the estimate measures slower)
+            add_row(sync + [(new_var(1.0, np.inf), -1.0)], -np.inf, 0.0)
         self._built = {"index": index, "nvars": nvars, "total": len(cost), "cost": cost,
                        "mem": np.array(mem), "upper": upper, "rows": rows, "cols": cols, "vals": vals,
                        "lo": lo, "hi": hi}

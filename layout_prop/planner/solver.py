@@ -603,13 +603,16 @@ class Problem:
     whose rule has an ``expand`` hook also has the strategies the expand pass writes as a subgraph
     (vocab-parallel cross entropy, top-k and cumsum along a sharded dim): it receives its input
     where the plain rule would move it, and costs the subgraph's own moves, forward and backward
-    (:func:`_expansion`); off, such a node is priced as the plain rule's moves only.
+    (:func:`_expansion`); off, such a node is priced as the plain rule's moves only.  With
+    ``partial_moves`` (the default) a consumer may receive a replicated value as a Partial one (a
+    free local step, as ``scatter_add`` asks for its zero buffer); :class:`GlobalChoice` turns it
+    off, as the greedy reshard sweep of ``check --reshard`` never makes a Partial by a move.
     """
 
     def __init__(self, graph: Graph, backward: bool, objective: str, optimizer: str | None,
                  repeat: int = REPEAT, cap: int | None = None, *, deadline: "Deadline | None" = None,
                  cache_moves: bool = True, cluster=None, overlap: bool = True, seed_graphs: Sequence[Graph] = (),
-                 expansions: bool = True) -> None:
+                 expansions: bool = True, partial_moves: bool = True) -> None:
         if objective not in OBJECTIVES:
             raise SpecError("bad-value", f"unknown objective {objective!r}", hint="use bytes or time")
         if cluster is not None and objective != "time":
@@ -619,6 +622,7 @@ class Problem:
         self.cluster = cluster
         self.overlap = overlap
         self.cache_moves = cache_moves
+        self.partial_moves = partial_moves
         self._move_cache: dict = {}
         self.pruned = 0
         links = links_of(graph)
@@ -998,7 +1002,7 @@ class Problem:
         for have, new in zip(out.layout.placements, want.placements):
             # a Partial is made by a computation, not by moving data; but a replicated value is a Partial one whose
             # other terms are zero, a free local step that a rule asks for (scatter_add into a P(sum) update)
-            if new.is_partial() and have != new and not isinstance(have, Replicate):
+            if new.is_partial() and have != new and not (self.partial_moves and isinstance(have, Replicate)):
                 return None
         try:
             fwd = _moves(plan_redistribution(out, want))
@@ -1232,7 +1236,7 @@ class GlobalChoice:
 
     def __init__(self, graph: Graph, backward: bool) -> None:
         self.problem = Problem(graph, backward, "bytes", None, repeat=REPEAT,
-                               cap=default_cap(graph.mesh))
+                               cap=default_cap(graph.mesh), partial_moves=False)
         self.autos = sorted(self.problem.auto)
         found = self.problem.solve(None)
         if found is None:

@@ -114,3 +114,25 @@ def test_require_and_available():
         require("no_such_module_for_layout_prop", "a feature", "extra")
     assert (info.value.code, info.value.hint) == ("missing-dependency", "pip install 'layout-prop[extra]'")
     require_model_reader("spec.yaml")  # not a model: nothing to read it with
+
+
+def test_every_package_folder_is_listed_in_setup_cfg():
+    """A folder with an ``__init__.py`` that setup.cfg does not list is missing from a wheel
+    (``pip install .``, not ``-e``): its modules raise ModuleNotFoundError only there.
+    ``layout_prop.interop`` and ``layout_prop.perf`` were missing this way."""
+    import configparser
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = configparser.ConfigParser()
+    config.read(root / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    # the top-level folders installed under another name (setup.cfg's package_dir)
+    roots = {"layout_prop": "layout_prop", "ops": "layout_prop.ops", "passes": "layout_prop.passes",
+             "kernels": "layout_prop.kernels"}
+    found = set()
+    for folder, name in roots.items():
+        for init in (root / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(root / folder).parts
+            found.add(".".join((name, *parts)))
+    assert found - listed == set(), f"add these packages to setup.cfg [options] packages: {sorted(found - listed)}"

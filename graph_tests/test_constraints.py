@@ -242,3 +242,18 @@ def test_plan_file_constraint_errors():
     with pytest.raises(SpecError) as info:
         load_plan({"mesh": {"shape": [2], "names": ["tp"]}, "constraints": {"y": ["R", "R"]}})
     assert info.value.code == "invalid-layout" and info.value.path == "constraints['y']"
+
+
+def test_a_plans_resolved_pin_keeps_the_pattern_it_came_from():
+    """A pin an importer resolved (value ``h`` from a module path) goes through the plan's
+    ``constraints_entry`` into the spec with its pattern: before, the pattern was dropped and
+    messages named ``h`` instead of the module path the user wrote."""
+    from layout_prop.io.plan_file import load_plan
+
+    mesh = {"shape": [2], "names": ["dp"]}
+    pins = {"h": {"placements": ["S(0)"], "pattern": "model.layers.0.mlp"}, "g": ["R"]}
+    plan = load_plan({"mesh": mesh, "parameters": {}, "constraints": pins})
+    assert plan.constraints_entry() == pins
+    again = load_plan({"mesh": mesh, "parameters": {}, "constraints": plan.constraints_entry()})
+    assert [(c.pattern, c.placements, c.label) for c in again.constraints] == [
+        ("h", ("S(0)",), "model.layers.0.mlp"), ("g", ("R",), "g")]

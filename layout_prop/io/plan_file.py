@@ -115,8 +115,10 @@ class ShardingPlan:
     constraints: tuple = ()
 
     def constraints_entry(self) -> dict:
-        """The plan's constraints as a spec's ``constraints:`` mapping (empty when it has none)."""
-        return {c.pattern: list(c.placements) for c in self.constraints}
+        """The plan's constraints as a spec's ``constraints:`` mapping (empty when it has none);
+        a pin an importer resolved keeps the pattern it came from, so messages still name it."""
+        return {c.pattern: {"placements": list(c.placements), "pattern": c.origin} if c.origin else list(c.placements)
+                for c in self.constraints}
 
 
 def _err(code: str, message: str, path: str, hint: str) -> SpecError:

@@ -181,11 +181,12 @@ class PlanReport:
         lines.append("")
         p, b = self.plan, self.baseline
         table = [("per rank", "plan", "baseline"),
-                 *([("modelled step time (s)", f"{p['step_time_s']:.6g}", f"{b['step_time_s']:.6g}")]
+                 *([("modelled step time, compute included (us)", f"{p['step_time_s'] * 1e6:.6g}",
+                     f"{b['step_time_s'] * 1e6:.6g}")]
                    if "step_time_s" in p else []),
                  ("bytes per step (forward + backward)", str(p["bytes_per_step"]), str(b["bytes_per_step"])),
                  ("bytes, forward only", str(p["forward_bytes_per_rank"]), str(b["forward_bytes_per_rank"])),
-                 ("modelled time per step (us)", f"{p['time_us_per_step']:g}", f"{b['time_us_per_step']:g}"),
+                 ("redistributions on the mesh's links (us)", f"{p['time_us_per_step']:g}", f"{b['time_us_per_step']:g}"),
                  ("memory", format_bytes(p["memory_per_rank"]["total"]),
                   format_bytes(b["memory_per_rank"]["total"]))]
         widths = [max(len(r[i]) for r in table) for i in range(3)]

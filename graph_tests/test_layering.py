@@ -7,6 +7,7 @@ dependency).  A failure names the file, the line, the import and what its room m
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,3 +160,111 @@ def test_the_walk_reports_an_import_against_the_order(tmp_path):
         "passes/lower.py:1: layout_prop.passes.lower (passes) imports layout_prop.engines.simulator (engines); "
         "passes may import core",
     ]
+
+
+# ----------------------------------------------------------------------------- the map names the tree
+#: rooms whose modules the map names by their family rather than by file: ``ops/`` lists its
+#: families as words (``elementwise, linalg, ...``); ``kernels/`` names its tables by pattern
+#: (``*_numpy.py``, one module per family and backend), so only its folder is checked
+BY_FAMILY = {"ops"}
+NOT_LISTED = {"kernels"}
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Each ``### `room/``` section of the map, its words on one line, keyed by the folder(s) its heading names."""
+    out = {}
+    for block in re.split(r"^### ", text, flags=re.M)[1:]:
+        heading, _, body = block.partition("\n")
+        for folder in re.findall(r"`(?:layout_prop/)?([\w/]+)/`", heading):
+            out[folder] = " ".join(block.split())
+    return out
+
+
+def map_gaps(root: Path) -> list[str]:
+    """Every package folder ARCHITECTURE.md does not name (as ```name/```), every module of a room
+    its section does not name (as ``name.py``; ``room/name.py`` anywhere counts too), and every
+    ``name.py`` a room's section names that is not there (a module moved or removed), one line each."""
+    text = (root / "ARCHITECTURE.md").read_text()
+    flat = " ".join(text.split())
+    rooms = _sections(text)
+    folders = [p.parent for p in sorted((root / "layout_prop").rglob("__init__.py"))]
+    for top in MAPPED:
+        folders += [p.parent for p in sorted((root / top).rglob("__init__.py"))]
+    gaps = []
+    for folder in folders:
+        rel = folder.relative_to(root)
+        if rel.parts == ("layout_prop",):
+            continue
+        if not re.search(r"`(?:[\w/]*/)?" + re.escape(rel.parts[-1]) + r"/`", flat):
+            gaps.append(f"{rel.as_posix()}/: the package folder is not named in ARCHITECTURE.md")
+            continue
+        top_room = len(rel.parts) == 1 or (len(rel.parts) == 2 and rel.parts[0] == "layout_prop")
+        name = rel.parts[-1]
+        if not top_room or name in NOT_LISTED:
+            continue  # a room's own subfolder (testing/opdb/) is named above, its files are its room's business
+        section = rooms.get(name, "")
+        for module in sorted(folder.glob("*.py")):
+            if module.stem == "__init__":
+                continue
+            word = re.escape(module.stem) + (r"(?!\w)" if name in BY_FAMILY else r"\.py")
+            if not re.search(r"(?<![\w.])" + word, section) and f"{name}/{module.name}" not in flat:
+                gaps.append(f"{rel.as_posix()}/{module.name}: not named in ARCHITECTURE.md's section of {name}/")
+        for prefix, module in re.findall(r"(?<![\w.*])([\w/]*?)(\w+\.py)\b", section):
+            places = [root / "layout_prop" / prefix / module, root / prefix / module] if prefix else \
+                [folder / module, root / "layout_prop" / module]
+            if not any(place.exists() for place in places):
+                gaps.append(f"ARCHITECTURE.md's section of {name}/ names {prefix}{module}, which is not there")
+    return gaps
+
+
+def test_the_map_names_every_package_and_module():
+    assert map_gaps(ROOT) == []
+
+
+def test_the_map_check_reports_a_module_and_a_folder_it_does_not_name(tmp_path):
+    """The checker itself: a new command module, a new engine, an op family, an unnamed package
+    folder and two module names that are not in the tree are each reported; named ones are not."""
+    for folder in ("layout_prop/commands", "layout_prop/engines", "layout_prop/newroom", "ops", "passes", "kernels"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    for module in ("layout_prop/commands/check.py", "layout_prop/commands/estimate.py",
+                   "layout_prop/engines/simulator.py", "layout_prop/engines/pipeline.py",
+                   "ops/nn.py", "ops/moe.py", "passes/pipeline.py", "kernels/nn_numpy.py"):
+        (tmp_path / module).write_text("")
+    (tmp_path / "ARCHITECTURE.md").write_text(
+        "### `layout_prop/commands/`\n\nOne module per command (check.py).\n\n"
+        "### `layout_prop/engines/`\n\n`Simulator` (simulator.py), the launcher (msrun.py, `engines/gone.py`).\n\n"
+        "### `ops/` (`layout_prop.ops`)\n\nOne module per family (nn, shape).\n\n"
+        "### `passes/`\n\nStages: pipeline.py.\n\n### `kernels/`\n\nTables.\n")
+    assert map_gaps(tmp_path) == [
+        "layout_prop/commands/estimate.py: not named in ARCHITECTURE.md's section of commands/",
+        "layout_prop/engines/pipeline.py: not named in ARCHITECTURE.md's section of engines/",
+        "ARCHITECTURE.md's section of engines/ names msrun.py, which is not there",
+        "ARCHITECTURE.md's section of engines/ names engines/gone.py, which is not there",
+        "layout_prop/newroom/: the package folder is not named in ARCHITECTURE.md",
+        "ops/moe.py: not named in ARCHITECTURE.md's section of ops/",
+    ]
+
+
+# ----------------------------------------------------------------------------- the manual's index
+def manual_pages_not_linked(root: Path) -> list[str]:
+    """The pages of docs/ that neither README.md nor docs/README.md links to."""
+    linked = set()
+    for index, base in ((root / "README.md", root), (root / "docs" / "README.md", root / "docs")):
+        for target in re.findall(r"\]\(([^)#\s]+)", index.read_text()):
+            linked.add((base / target).resolve())
+    return [page.relative_to(root).as_posix() for page in sorted((root / "docs").glob("*.md"))
+            if page.name != "README.md" and page.resolve() not in linked]
+
+
+def test_every_manual_page_is_linked_from_an_index():
+    assert manual_pages_not_linked(ROOT) == []
+
+
+def test_the_index_check_reports_an_unlinked_page(tmp_path):
+    (tmp_path / "docs").mkdir()
+    for page in ("a.md", "b.md", "c.md", "README.md"):
+        (tmp_path / "docs" / page).write_text("")
+    (tmp_path / "README.md").write_text("See [a](docs/a.md#top) and [the manual](docs/README.md).\n")
+    (tmp_path / "docs" / "README.md").write_text("- [b](b.md)\n")
+    assert manual_pages_not_linked(tmp_path) == ["docs/c.md"]

@@ -13,10 +13,21 @@ def run(args) -> int:
     from layout_prop.perf.clusters import get_cluster
     from layout_prop.perf.step import accumulation_steps, estimate_step
 
+    from .config_blocks import read_blocks
+
     cluster = get_cluster(args.cluster)  # a bad profile or batch is said before the model is read
     graph = load_graph(args)
+    blocks = read_blocks(graph, args)  # the spec's zero:, recompute:, pipeline: blocks, the flags over them
+    if blocks.pipeline is not None:
+        data = estimate_pipelined(graph, blocks, cluster, args.cluster, global_batch=args.global_batch,
+                                  micro_batch=args.micro_batch, overlap=not args.no_overlap)
+        if args.json:
+            print_json(data)
+        else:
+            print(format_pipelined(data))
+        return 0
     accumulation_steps(graph.mesh, args.global_batch, args.micro_batch)
-    zero, recompute, layers = _zero_and_recompute(args, graph)
+    zero, recompute, layers = blocks.zero, blocks.recompute, blocks.layers
     if zero is not None:
         from layout_prop.passes.zero import Zero
 
@@ -39,6 +50,7 @@ def run(args) -> int:
         analysed = finish(analysed, zero)
     estimate = estimate_step(analysed, cluster, global_batch=args.global_batch, micro_batch=args.micro_batch,
                              recompute=recompute, overlap=not args.no_overlap, zero=zero, recompute_layers=layers)
+    estimate.notes.extend(blocks.notes)
     if args.json:
         print_json(estimate.to_dict())
     else:
@@ -46,25 +58,201 @@ def run(args) -> int:
     return 0
 
 
-def _zero_and_recompute(args, graph):
-    """The ZeRO config (None without one) and the recompute mode and layers: ``--zero N``,
-    ``--recompute``, ``--recompute-layers`` over the spec's ``zero:`` and ``recompute:`` blocks."""
-    from layout_prop.passes.recompute import parse_recompute
-    from layout_prop.passes.zero import parse_zero
+# --------------------------------------------------------------------------- a spec with a pipeline: block
+def _node_seconds(graph, cluster):
+    """A node's roofline seconds on ``cluster`` (its op_cost on rank 0's local shapes, as estimate_step)."""
+    from layout_prop.core import meta
+    from layout_prop.passes.propagate import value_spec
+    from layout_prop.perf.costs import op_cost, op_time
 
-    zero = None
-    if getattr(args, "zero", None) is not None:
-        zero = parse_zero(args.zero, graph.mesh, path="--zero")
-    elif graph.meta.get("zero") is not None:
-        zero = parse_zero(graph.meta["zero"], graph.mesh)
-    mode, layers = parse_recompute(graph.meta["recompute"]) if graph.meta.get("recompute") is not None else ("none",
-                                                                                                            None)
-    if getattr(args, "recompute", None) is not None:
-        mode = args.recompute
-    if getattr(args, "recompute_layers", None):
-        layers = tuple(x.strip() for x in args.recompute_layers.split(",") if x.strip())
-        mode = "full" if mode == "none" else mode
-    return zero, mode, layers
+    def seconds(node) -> float:
+        ins, outs = [value_spec(graph, v) for v in node.inputs], node.meta[meta.SPECS]
+        attrs = node.meta.get(meta.ATTRS, node.attrs)
+        dtype = ins[0].dtype if ins else outs[0].dtype
+        cost = op_cost(node.op, [s.local_shape(0) for s in ins], [s.local_shape(0) for s in outs],
+                       [s.itemsize for s in ins], [s.itemsize for s in outs], attrs, dtype=dtype)
+        return op_time(cost, cluster)
+    return seconds
+
+
+def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch=None, micro_batch=None,
+                       overlap: bool = True) -> dict:
+    """The modelled step of a spec with a ``pipeline:`` block (and its ``zero:``/``recompute:`` blocks).
+
+    The pipeline is built as ``layout-prop pipeline`` builds it (commands/pipeline.py ``build``: one
+    micro-batch on the stage mesh, ZeRO, the analysis, recomputation, the cut into chunks, the moves).  Each
+    chunk's forward and backward seconds add its kernels' op_time and its collectives' collective_time on the
+    stage mesh, the gradient synchronisation (and ZeRO-3's gathers) left out; ``passes.schedule.simulate``
+    times the schedule with them and the largest move's time on every edge between stages.  Then, per stage,
+    as ``perf.step.estimate_step`` places them: the gradient synchronisation of the stage's parameters (once
+    a step after the backward, overlapped with it, at least the last; ZeRO 2 and 3 every micro-batch), ZeRO
+    1 and 2's all-gather of the updated shards, and AdamW on the stage's parameters.  The step is the
+    simulated schedule plus the slowest stage's sync and optimizer; the memory is the busiest stage's: its
+    parameters' share of the model states (passes.memory with the ZeRO config) and the most activations its
+    order holds at once (each chunk's values held from its forward into its backward, ``held_values``).
+    """
+    from layout_prop.core import meta
+    from layout_prop.core.errors import SpecError
+    from layout_prop.core.redistribute import plan_redistribution
+    from layout_prop.core.spec import TensorSpec
+    from layout_prop.passes.memory import Memory
+    from layout_prop.passes.propagate import value_spec
+    from layout_prop.passes.recompute import held_values
+    from layout_prop.passes.schedule import bubble_fraction, simulate
+    from layout_prop.perf.collectives import collective_time
+    from layout_prop.perf.step import accumulation_steps
+
+    from .pipeline import build
+
+    c = blocks.pipeline
+    if global_batch is not None or micro_batch is not None:
+        from layout_prop.passes.pipeline import stage_mesh
+
+        acc = accumulation_steps(stage_mesh(graph.mesh, c.axis), global_batch, micro_batch)
+        if acc != c.micro_batches:
+            raise SpecError("bad-value", f"--global-batch {global_batch} / (--micro-batch {micro_batch} x dp) is "
+                            f"{acc} micro-batches, the spec's pipeline block has micro_batches {c.micro_batches}",
+                            path="pipeline.micro_batches", hint="drop --global-batch and --micro-batch (the block's "
+                            "micro-batches are the step's), or make them agree")
+    built = build(graph, cluster_arg, blocks.zero, (blocks.recompute, blocks.layers))
+    pprog, g = built.program, built.micro
+    zero = blocks.zero
+    stage = blocks.zero_stage
+    p, m, v = c.stages, c.micro_batches, c.virtual_stages
+    shape = tuple(pprog.program.mesh.shape)
+    seconds = _node_seconds(g, cluster)
+    nodes = {n.name: n for n in g.nodes}
+    params = {n.name for n in g.inputs() if n.attrs.get("requires_grad")}
+
+    def is_sync(source: str) -> bool:
+        node = nodes.get(source)
+        return node is not None and (node.meta.get(meta.GRAD_OF) in params or source.startswith("grad/zero/gather/"))
+
+    forward, backward = [0.0] * c.chunks, [0.0] * c.chunks
+    sync, gathers = [0.0] * p, [0.0] * p
+    last_sync: list[float | None] = [None] * p  # the sync op run last on a stage: its lowest chunk's backward
+    first_gather: list[float | None] = [None] * p
+    chunk_of: dict[str, int] = {}
+    for (chunk, phase), ops in sorted(pprog.tasks.items(), key=lambda kv: (kv[0][0], kv[0][1] == "B")):
+        s = chunk % p
+        for op in ops:
+            if phase == "F":
+                chunk_of[op.source] = chunk
+            if op.kind == "kernel" and op.source in nodes:
+                (forward if phase == "F" else backward)[chunk] += seconds(nodes[op.source])
+            elif op.kind == "collective":
+                t = collective_time(op.step.kind, op.step.bytes_per_rank, shape, op.step.mesh_axis, cluster)
+                if is_sync(op.source):
+                    sync[s] += t
+                    if chunk == s:
+                        last_sync[s] = t
+                elif stage == 3 and op.source.startswith(("zero/gather/", "zero/regather/")):
+                    gathers[s] += t
+                    if first_gather[s] is None and phase == "F" and chunk == s:
+                        first_gather[s] = t
+                else:
+                    (forward if phase == "F" else backward)[chunk] += t
+    moves = [collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis, cluster)
+             for key in sorted(pprog.moves) for mv in pprog.moves[key]]
+    t_move = max(moves, default=0.0)
+    timeline = simulate(pprog.orders, p, v, forward, backward, t_move=t_move)
+    # memory: the model states by the stage's share of the parameters, the activations its order holds
+    report = Memory(optimizer="adam", zero=zero).run(g).max
+    states_all = report.parameters + report.gradients + report.optimizer_states
+    param_bytes = {name: value_spec(g, name).local_nbytes(0) for name in params}
+    total_params = sum(param_bytes.values()) or 1
+    held = [0] * c.chunks
+    for value, (_, nbytes) in held_values(g).items():
+        producer = g.producer(value)[0].name
+        held[chunk_of.get(producer, 0)] += nbytes
+    shards = {}
+    if stage in (1, 2):
+        from layout_prop.passes.zero import shard_layouts
+
+        shards = shard_layouts(g, zero)
+    stages = []
+    for s in range(p):
+        mine = [name for name in pprog.stage_inputs.get(s, ()) if name in params]
+        own = [ch for ch in range(s, c.chunks, p)]
+        fwd, bwd = sum(forward[ch] for ch in own), sum(backward[ch] for ch in own)
+        last = last_sync[s] or 0.0
+        if stage <= 1:
+            exposed = max(sync[s] - bwd, last) if overlap else sync[s]
+            total = sync[s]
+        elif stage == 2:
+            exposed = m * (max(sync[s] - bwd, last) if overlap else sync[s])
+            total = m * sync[s]
+        else:
+            per_mb = sync[s] + gathers[s]
+            least = last + (first_gather[s] or 0.0)
+            exposed = m * (max(per_mb - fwd - bwd, least) if overlap else per_mb)
+            total = m * per_mb
+        after, opt_bytes = 0.0, 0
+        for name in mine:
+            spec = value_spec(g, name)
+            if name in shards:
+                shard = TensorSpec(spec.shape, spec.dtype, shards[name])
+                opt_bytes += shard.local_nbytes(0)
+                for step in plan_redistribution(shard, spec.layout).steps:
+                    after += collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
+            else:
+                opt_bytes += param_bytes[name]
+        optimizer = 7 * opt_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+        share = sum(param_bytes[name] for name in mine) / total_params
+        live = peak = 0
+        for task in pprog.orders[s]:
+            live += held[task.chunk] if task.phase == "F" else -held[task.chunk]
+            peak = max(peak, live)
+        stages.append({"stage": s, "chunks": own, "forward_s": fwd, "backward_s": bwd, "parameters": len(mine),
+                       "grad_sync_s": total + after, "grad_sync_exposed_s": exposed + after, "optimizer_s": optimizer,
+                       "model_states_bytes": int(round(states_all * share)), "held_bytes_per_micro_batch":
+                       [held[ch] for ch in own], "activation_bytes": peak,
+                       "memory_bytes": int(round(states_all * share)) + peak})
+    slowest = max(stages, key=lambda st: st["grad_sync_exposed_s"] + st["optimizer_s"])
+    busiest = max(stages, key=lambda st: st["memory_bytes"])
+    step = timeline.makespan + slowest["grad_sync_exposed_s"] + slowest["optimizer_s"]
+    notes = list(blocks.notes)
+    notes.append("the gradient synchronisation is placed as estimate without a pipeline and plan --search place it "
+                 "(ZeRO 0 and 1: once a step, after the last micro-batch's backward), though the pipelined program "
+                 "that run and pipeline --run execute reduces each micro-batch's gradients; the memory leaves out the "
+                 "working memory of the op running")
+    if busiest["memory_bytes"] > cluster.hbm_bytes:
+        notes.append(f"memory per rank {busiest['memory_bytes']:,} bytes exceeds the device's {cluster.hbm_bytes:,}")
+    return {"cluster": cluster.name, "devices": graph.mesh.size, "config": blocks.to_dict(),
+            "stage_mesh": str(pprog.program.mesh), "step_time_s": step, "pipeline_s": timeline.makespan,
+            "ideal_s": timeline.ideal, "bubble": timeline.bubble,
+            "bubble_fraction": bubble_fraction(c.schedule, p, m, v), "move_s": t_move, "moves": len(moves),
+            "chunk_forward_s": forward, "chunk_backward_s": backward,
+            "grad_sync_exposed_s": slowest["grad_sync_exposed_s"], "optimizer_s": slowest["optimizer_s"],
+            "slowest_stage": slowest["stage"], "memory_per_rank_bytes": busiest["memory_bytes"],
+            "busiest_stage": busiest["stage"], "hbm_bytes": cluster.hbm_bytes, "stages": stages, "notes": notes}
+
+
+def format_pipelined(d: dict) -> str:
+    """:func:`estimate_pipelined`'s result as text."""
+    cfg = d["config"]["pipeline"]
+    v = f", {cfg['virtual_stages']} virtual stages" if cfg["virtual_stages"] > 1 else ""
+    lines = [f"step time {_ms(d['step_time_s'])} on {d['devices']:,} devices of {d['cluster']}: {cfg['stages']} "
+             f"pipeline stages on {cfg['axis']} ({cfg['schedule']}{v}, {cfg['micro_batches']} micro-batches), "
+             f"each stage on {d['stage_mesh']}",
+             f"  pipeline       {_ms(d['pipeline_s'])}  (the schedule simulated with each chunk's times and "
+             f"{d['moves']} moves of {_ms(d['move_s'])}; bubble {d['bubble']:.3f} of the busiest stage's time, "
+             f"the closed form {d['bubble_fraction']:.3f})",
+             f"  gradient sync  {_ms(d['grad_sync_exposed_s'])} exposed  (stage {d['slowest_stage']})",
+             f"  optimizer      {_ms(d['optimizer_s'])}  (AdamW, stage {d['slowest_stage']})"]
+    for st in d["stages"]:
+        lines.append(f"  stage {st['stage']}: forward {_ms(st['forward_s'])}, backward {_ms(st['backward_s'])} a "
+                     f"micro-batch; {st['parameters']} parameters, sync {_ms(st['grad_sync_s'])} "
+                     f"({_ms(st['grad_sync_exposed_s'])} exposed); memory {st['memory_bytes']:,} bytes "
+                     f"(activations {st['activation_bytes']:,})")
+    if d["config"]["zero"] is not None and d["config"]["zero"]["stage"]:
+        lines.append(f"  ZeRO stage {d['config']['zero']['stage']} over {', '.join(d['config']['zero']['axes'])}")
+    if d["config"]["recompute"]["mode"] != "none":
+        lines.append(f"  recompute {d['config']['recompute']['mode']}")
+    lines.append(f"memory per rank {d['memory_per_rank_bytes']:,} bytes on stage {d['busiest_stage']} "
+                 f"(device: {d['hbm_bytes']:,})")
+    lines += [f"note: {note}" for note in d["notes"]]
+    return "\n".join(lines)
 
 
 def _ms(seconds: float) -> str:

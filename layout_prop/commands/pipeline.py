@@ -49,9 +49,13 @@ def op_time_cost(graph, cluster_name: str = "a100-80g"):
     return seconds
 
 
-def build(graph, cluster: str = "a100-80g") -> Built:
+def build(graph, cluster: str = "a100-80g", zero=None, recompute: tuple = ("none", None)) -> Built:
     """Check the spec's ``pipeline:`` block, analyse one micro-batch (backward, reshard) on the stage mesh,
-    cut it into chunks (balanced by :func:`op_time_cost` when the block gives no cut) and lower it."""
+    cut it into chunks (balanced by :func:`op_time_cost` when the block gives no cut) and lower it.
+
+    ``zero`` (a :class:`~layout_prop.passes.zero.ZeroConfig`) and ``recompute`` (``(mode, layers)``, as
+    :func:`~layout_prop.passes.recompute.parse_recompute` gives) are applied in the order of
+    docs/zero-and-recompute.md: Zero on the micro-batch graph, the analysis, Recompute, ``finish``."""
     from layout_prop.api import analyze
     from layout_prop.passes.pipeline import PipelineConfig, forward_chunks, lower_pipeline, micro_batch_graph
 
@@ -60,6 +64,10 @@ def build(graph, cluster: str = "a100-80g") -> Built:
                         hint="add pipeline: {axis: pp, micro_batches: 4} and a pp axis to the mesh (docs/pipeline.md)")
     config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
     micro, batch_inputs = micro_batch_graph(graph, config)
+    if zero is not None and zero.stage:
+        from layout_prop.passes.zero import Zero
+
+        micro = Zero(zero).run(micro)
     try:
         analysis = analyze(micro, reshard=True, backward=True)
     except LayoutError as err:  # e.g. a micro-batch too small for its data-parallel shards
@@ -72,6 +80,14 @@ def build(graph, cluster: str = "a100-80g") -> Built:
                         f"violation(s) left after resharding; first: {first}", path="pipeline",
                         hint="check the spec with layout-prop check --reshard --backward")
     g = analysis.graph
+    if recompute[0] != "none":
+        from layout_prop.passes.recompute import Recompute
+
+        g = Recompute(*recompute).run(g)
+    if zero is not None and zero.stage:
+        from layout_prop.passes.zero import finish
+
+        g = finish(g, zero)
     chunks = forward_chunks(g, config, op_time_cost(g, cluster))
     return Built(graph, config, g, lower_pipeline(g, config, graph.mesh, batch_inputs, chunks), batch_inputs)
 
@@ -209,8 +225,11 @@ def format_summary(data: dict) -> str:
 
 
 def run(args) -> int:
+    from .config_blocks import read_blocks
+
     graph = load_graph(args)
-    built = build(graph, args.cluster)
+    blocks = read_blocks(graph)  # the zero: and recompute: blocks are applied too
+    built = build(graph, args.cluster, blocks.zero, (blocks.recompute, blocks.layers))
     if args.rank is not None and not 0 <= args.rank < built.program.mesh.size:
         raise SpecError("bad-value", f"--rank {args.rank} is not a rank of {built.program.mesh}",
                         hint=f"use 0..{built.program.mesh.size - 1}")

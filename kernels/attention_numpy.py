@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import attention_ring_numpy
 from .nn_numpy import _f, _result, expand_kv, kv_index, reduce_kv, zigzag_positions
 
 __all__ = ["KERNELS", "flash_attention_score", "flash_attention_score_grad", "visible", "attention_mask", "to_bnsd",
@@ -212,3 +213,4 @@ KERNELS: dict[str, Callable] = {
     "flash_attention_score": flash_attention_score,
     "flash_attention_score_grad": flash_attention_score_grad,
 }
+KERNELS.update(attention_ring_numpy.KERNELS)  # ring attention's ops (ops/ring.py)

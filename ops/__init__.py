@@ -10,3 +10,4 @@ cumsum...), :mod:`.copying` (pad, expand, stack...), :mod:`.loss` (cross entropy
 
 from . import elementwise, linalg, nn, redistribute, rpe, shape  # noqa: F401
 from . import attention, copying, index, loss, moe, order  # noqa: F401
+from . import ring  # noqa: F401  (after nn: ring attention's ops)

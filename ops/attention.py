@@ -131,6 +131,8 @@ FA_LAYOUTS = {
     "TND": {"B": None, "S": 0, "heads": 1, "D": 2},
 }
 SPARSE_MODES = (0, 1, 2, 3, 4)
+#: the context parallel strategies of this op (scaled_dot_product_attention's but ring)
+FA_CONTEXT_PARALLEL = tuple(mode for mode in CONTEXT_PARALLEL if mode != "ring")
 MASK_MODES = (0, 1)  # the modes that read attn_mask; 2-4 take MindSpore's compressed causal mask, ignored here
 INT32_MAX = 2 ** 31 - 1
 CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-mismatch", "broadcast-shape",
@@ -182,10 +184,12 @@ def _attr_violations(attrs: dict) -> list[Violation]:
     elif zigzag and layout == "TND":
         out.append(_bad_attr(f"zigzag={zigzag} with input_layout TND: packed sequences keep their own order",
                              "use zigzag with one sequence per batch row (BSH, SBH, BNSD, BSND)"))
-    if attrs["context_parallel"] not in CONTEXT_PARALLEL:
-        out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of {list(CONTEXT_PARALLEL)}",
-                             "all_gather gathers key and value on the axes that shard query's sequence, ulysses "
-                             "moves query, key, value to their heads there, auto takes the one moving fewer bytes"))
+    if attrs["context_parallel"] not in FA_CONTEXT_PARALLEL:
+        out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of "
+                             f"{list(FA_CONTEXT_PARALLEL)}", "all_gather gathers key and value on the axes that shard "
+                             "query's sequence, ulysses moves query, key, value to their heads there, auto takes the "
+                             "one moving fewer bytes (ring attention: scaled_dot_product_attention's "
+                             "context_parallel='ring')"))
     if layout == "TND":
         for name in ("actual_seq_qlen", "actual_seq_kvlen"):
             if attrs[name] is None:

@@ -1178,8 +1178,9 @@ def _kv_head_axes(q_fixed: Layout, kv_want: Layout, dims: dict) -> set[int]:
 
 _ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset": 0, "context_parallel": "all_gather",
                     "zigzag": 0}
-#: how attention runs with q's sequence sharded: gather k and v, all-to-all to the heads (Ulysses), or the cheaper
-CONTEXT_PARALLEL = ("all_gather", "ulysses", "auto")
+#: how attention runs with q's sequence sharded: gather k and v, all-to-all to the heads (Ulysses), or the cheaper;
+#: ring (sdpa only): k and v passed around the ring, written by the expand pass (ops/ring.py)
+CONTEXT_PARALLEL = ("all_gather", "ulysses", "auto", "ring")
 
 
 @register_op
@@ -1205,6 +1206,11 @@ class ScaledDotProductAttention(OpRule):
 
     def localize(self, attrs, inputs, outputs, rank):
         return _localized(attrs, inputs[0], inputs[1], rank)
+
+    def expand(self, b, inputs, attrs, specs):
+        from .ring import ring_attention  # context_parallel='ring'
+
+        return ring_attention(b, inputs, attrs, specs)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]

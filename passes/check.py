@@ -2,9 +2,10 @@
 
 An analysis pass.  Violations come in a stable order: node order (topological, ties by
 insertion), then input order.  It never raises for a violation and never stops at the
-first one.  Redistributions are both the explicit ``redistribute`` nodes (inserted by
-reshard or backward, or written by the user) and the implicit free local slices a
-kernel's ``wants`` ask for.
+first one.  Redistributions are the explicit ``redistribute`` nodes (inserted by
+reshard or backward, or written by the user), the implicit free local slices a
+kernel's ``wants`` ask for, and the steps of an op that is communication (a ring
+attention's ``ring_shift``, a cyclic ``permute``: its rule's ``comm_steps``).
 
 Examples
 --------
@@ -84,6 +85,7 @@ class Check:
     def run(self, graph: Graph) -> CheckResult:
         result = CheckResult()
         stopped: dict[str, str | None] = {}  # value without a layout -> the node that stopped it (None: a violation)
+        comm_ops = _comm_ops()
         for node in graph.topo_order():
             if node.op == "input":
                 continue
@@ -103,6 +105,11 @@ class Check:
                     result.redistributions.append(
                         InputRedistribution(consumer, value, plan_redistribution(src, dst.layout), True))
                 continue
+            if node.op in comm_ops:  # an op that is communication (a ring's shift): its steps are a move
+                move = _comm_move(graph, node)
+                if move is not None:
+                    result.redistributions.append(move)
+                    continue
             wants = node.meta.get(meta.WANTS)
             if not wants or not any(wants):
                 continue
@@ -113,6 +120,27 @@ class Check:
                 if plan is not None:
                     result.redistributions.append(InputRedistribution(node.name, value, plan, False))
         return result
+
+
+def _comm_ops() -> frozenset:
+    """The ops whose rule has ``comm_steps``."""
+    from layout_prop.core.registry import OpRule, registered_ops
+
+    return frozenset(name for name, rule in registered_ops().items() if type(rule).comm_steps is not OpRule.comm_steps)
+
+
+def _comm_move(graph: Graph, node) -> InputRedistribution | None:
+    """The move a communication op's steps make of its first input (None where it runs a kernel)."""
+    from layout_prop.core.registry import get_rule
+
+    specs = tuple(value_spec(graph, v) for v in node.inputs)
+    if any(spec is None for spec in specs):
+        return None
+    outputs = node.meta[meta.SPECS]
+    steps = get_rule(node.op).comm_steps(node.meta[meta.ATTRS], specs, outputs)
+    if not steps:
+        return None
+    return InputRedistribution(node.name, node.inputs[0], Redistribution(specs[0], outputs[0], tuple(steps)), True)
 
 
 def _no_layout(graph: Graph, node, specs, stopped: dict, explained: bool) -> list[Violation]:

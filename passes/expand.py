@@ -15,7 +15,10 @@ given graph, which is left as it was.  A node whose rule asks a move (a
 fixable violation) and whose rule has an ``expand`` hook is offered to the hook; its
 subgraph replaces the node when every violation in it is fixable and its moves cost
 strictly fewer bytes per rank than the moves the plain rule asks (the forward node's own
-moves: the backward is not compared).  The subgraph's nodes are named ``NODE/...`` and
+moves: the backward is not compared; the subgraph's moves count the steps of its ops that
+are communication, a ring's shifts), or when the hook says the node's attrs ask for it
+(``b.force(reason)``: ``context_parallel='ring'``, whose ring moves the bytes of the gather).
+A hook may add a note (``b.note``) saying why it kept the node as it is.  The subgraph's nodes are named ``NODE/...`` and
 its last node takes the node's own name and outputs, so consumers and graph outputs read
 it unchanged; its result must have the node's output shapes and dtypes.  The reshard pass
 then inserts the subgraph's (small) moves, and the
@@ -150,13 +153,16 @@ class _Sweep:
         plain = _move_bytes(node, specs, set())
         mine, moved = 0, set()  # a value moved to one layout for several nodes of the subgraph is moved once
         for part in builder.nodes:
-            cost = _move_bytes(part, tuple(builder.spec(value) for value in part.inputs), moved)
+            part_specs = tuple(builder.spec(value) for value in part.inputs)
+            cost = _move_bytes(part, part_specs, moved)
+            cost = None if cost is None else cost + _comm_bytes(part, part_specs)
             mine = None if cost is None or mine is None else mine + cost
-        if plain is None or mine is None or mine >= plain:
+        if builder.forced is None and (plain is None or mine is None or mine >= plain):
             return None
         written = ", ".join(f"{part.name} ({part.op})" for part in builder.nodes)
+        why = "" if builder.forced is None else f" ({builder.forced} asks it)"
         self.notes.append(f"expand: {node.name} ({node.op}) written as {written}: {mine} bytes per rank of "
-                          f"redistribution instead of {plain}")
+                          f"redistribution instead of {plain}{why}")
         return builder.nodes
 
 
@@ -182,6 +188,15 @@ def _move_bytes(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> i
     return total
 
 
+def _comm_bytes(node: Node, specs: Sequence[TensorSpec | None]) -> int:
+    """Bytes per rank of the steps of an op that is communication (a ring's shift; 0 for a kernel)."""
+    rule = get_rule(node.op, node=node.name)
+    if type(rule).comm_steps is OpRule.comm_steps or any(spec is None for spec in specs):
+        return 0
+    return sum(step.bytes_per_rank for step in rule.comm_steps(node.meta[meta.ATTRS], tuple(specs),
+                                                               node.meta[meta.SPECS]))
+
+
 def _check_result(rule, node: Node, builder: "_Builder") -> None:
     """``bad-rule`` unless the hook ended with ``result`` and its outputs have the node's shapes and dtypes."""
     last = builder.nodes[-1] if builder.nodes else None
@@ -205,6 +220,16 @@ class _Builder:
         self.nodes: list[Node] = []
         self.specs: dict[str, TensorSpec | None] = dict(zip(node.inputs, specs))  # what the subgraph may read
         self.done: Node | None = None
+        self.forced: str | None = None
+
+    def force(self, reason: str) -> None:
+        """Keep this expansion even where it moves no fewer bytes: the node's attrs ask for it
+        (``reason`` says which, in the note)."""
+        self.forced = reason
+
+    def note(self, text: str) -> None:
+        """A note of the expand pass (why a hook kept its node as it is, say)."""
+        self.sweep.notes.append(text)
 
     def op(self, op: str, inputs: Sequence[str], attrs: dict | None = None, num_outputs: int = 1,
            name: str | None = None) -> str | tuple[str, ...]:

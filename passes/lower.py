@@ -11,7 +11,8 @@ collectives.  Each op of the global graph becomes:
   ``local-slice`` to a strided shard: a chunk of each block) and ``collective`` for the
   rest, with explicit groups and reduce ops;
 - any other op: a ``slice`` for each input its rule wants sliced (free wants only), then
-  one ``kernel`` op.
+  one ``kernel`` op, or, for an op that is communication (its rule's ``comm_steps``: a
+  ring attention's ``ring_shift``), one ``collective`` op per step (a cyclic ``permute``).
 
 The result is deterministic: the same spec gives byte-identical JSON.
 
@@ -236,6 +237,7 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
     env: dict[str, TensorSpec] = {}  # the spec of every graph value so far (value_spec, without the lookups)
     rules: dict[str, OpRule] = {}  # op -> rule, looked up once per op
     moves: dict[tuple[int, int], tuple] = {}  # (id of a spec, id of a wanted layout) -> (spec, layout, plan)
+    comm_ops: set[str] = set()  # ops whose rule has comm_steps (lowered as their steps where it gives any)
     specs_key, violations_key, wants_key = meta.SPECS, meta.VIOLATIONS, meta.WANTS
     for node in graph.topo_order():
         m = node.meta
@@ -268,6 +270,8 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
         rule = rules.get(op)
         if rule is None:
             rule = rules[op] = get_rule(op)
+            if type(rule).comm_steps is not OpRule.comm_steps:
+                comm_ops.add(op)
         wants = m.get(wants_key, ())
         args = in_specs = None  # None while every input is read as it is
         if len(wants) != len(node.inputs):
@@ -308,6 +312,15 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
                 local = yield from _steps(defined, value, plan.steps, local, node.name)  # no steps: value itself
             args.append(local)
             in_specs.append(plan.dst)
+        if op in comm_ops:  # an op that is communication (a ring's shift): its steps instead of a kernel
+            read = node.inputs if args is None else tuple(args)
+            steps = rule.comm_steps(m[meta.ATTRS], tuple(_spec_of(env, graph, v) for v in node.inputs)
+                                    if in_specs is None else tuple(in_specs), out_specs)
+            if steps:
+                yield from _steps(defined, read[0], steps, node.name, node.name)
+                defined.add(node.name)
+                env[node.name] = out_specs[0]
+                continue
         yield node.name, "kernel", rule.name, node.inputs if args is None else tuple(args), node.outputs, \
             out_specs, None, node.name, node, rule, None if in_specs is None else tuple(in_specs)
         if len(out_specs) == 1:

@@ -79,6 +79,12 @@ class ExpandBuilder(Protocol):
     def spec(self, value: str) -> TensorSpec:
         ...
 
+    def force(self, reason: str) -> None:
+        """Keep the expansion even where it moves no fewer bytes (the node's attrs ask for it)."""
+
+    def note(self, text: str) -> None:
+        """Add a note of the expand pass."""
+
 
 class OpRule(ABC):
     """Base class of op rules.
@@ -212,6 +218,15 @@ class OpRule(ABC):
         plain rule's, and the result must have the node's output shapes and dtypes.
         """
         return None
+
+    def comm_steps(self, attrs: dict, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]) -> tuple:
+        """The communication steps that ARE this op on these specs (default none: a kernel runs).
+
+        An op that is a move of data between ranks (``ring_shift``: a cyclic ``permute``) returns
+        its :class:`~layout_prop.core.redistribute.Step` s here: lowering runs them instead of a
+        kernel, ``check`` lists them among the moves and the step model prices them as collectives.
+        """
+        return ()
 
 
 # ------------------------------------------------------------------------------ attr types

@@ -625,7 +625,8 @@ def _quiet_numerics():
 def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, backward: bool = False,
               seed: int = 0, reshard: bool = True, rtol: float | None = None, verify: bool = False,
               max_memory: int | None = None, check_memory: bool = True, max_time: float | None = None,
-              check_time: bool = True, inputs: dict[str, Any] | None = None, **engine_options) -> RunReport:
+              check_time: bool = True, inputs: dict[str, Any] | None = None, transform=None, reference_graph=None,
+              **engine_options) -> RunReport:
     """Analyse, lower and execute ``graph`` on every rank; compare with one device.
 
     ``backend`` defaults to numpy on the simulator and mindspore on the mindspore engine;
@@ -641,7 +642,10 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     ``run-too-large`` too; ``check_time=False`` skips it.  Both before any rank's attrs
     are made.  ``inputs`` gives the global arrays of some or all graph inputs by name
     (checked first, :func:`check_given_inputs`); the others are drawn from ``seed``
-    (:func:`random_inputs`).
+    (:func:`random_inputs`).  ``transform``, a function of the analysed graph, gives the graph that is
+    lowered and executed (a spec's recomputation and ZeRO passes, commands/config_blocks.py);
+    ``reference_graph`` is then the graph, analysed without them, whose one-device execution the ranks
+    are compared with (default: the analysed graph itself).
     """
     given = check_given_inputs(graph, inputs or {})
     if backend is None:
@@ -664,6 +668,8 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
         report.violations = [v.to_dict() for v in analysis.check.violations]
         report.executed = False
         return report
+    if transform is not None:
+        g = transform(g)
     timed = check_time and engine == "sim"
     if check_memory or timed:  # refused before the per-rank attrs are made: at once on a mesh of many ranks
         if check_memory:  # (the ops and specs only: the estimate reads nothing else)
@@ -675,7 +681,8 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
                           for op in program.collectives]
     inputs = {**random_inputs(g, seed, given=given), **given}
     with _quiet_numerics():
-        reference = execute_global(g, inputs, wanted=list(g.outputs))
+        reference = execute_global(g if reference_graph is None else reference_graph, inputs,
+                                   wanted=list(g.outputs))
     rng = np.random.default_rng(seed + 1)
     if engine == "sim":
         from layout_prop.engines.simulator import Simulator

@@ -128,6 +128,15 @@ def run(args) -> int:
     timeout = 300.0 if args.timeout is None else args.timeout
     options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
     graph, weights, unread = load_with_weights(args)
+    from .config_blocks import read_blocks
+
+    blocks = read_blocks(graph)  # the spec's zero:, recompute:, pipeline: blocks (a bad one: exit 2)
+    if blocks.pipeline is not None:
+        return _run_pipelined(args, graph, blocks, weights, backend)
+    configured = {}
+    if blocks.any:
+        configured = _configured(args, graph, blocks)
+        graph = configured.pop("graph")
     from_file = {}
     if args.inputs is not None:  # checked here, so that an error names the file
         from layout_prop.runner import check_given_inputs
@@ -141,8 +150,11 @@ def run(args) -> int:
             options["progress"] = bar.show
         rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
                         reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory,
-                        max_time=args.max_time, inputs=given, **options)
+                        max_time=args.max_time, inputs=given, **configured, **options)
     rep.extra["inputs"] = _input_sources(graph, weights, from_file, unread)
+    if blocks.any:
+        rep.extra["config"] = {**blocks.to_dict(), "note": _configured_note(blocks, args, rep)}
+        rep.notes.append(f"config: {rep.extra['config']['note']}")
     if rep.extra.get("node_rank"):  # not node 0: node 0 prints the report; the status is the same everywhere
         summary = {"ok": rep.ok, "node_rank": rep.extra["node_rank"], "nodes": len(rep.extra["nodes"])}
         print(json.dumps(summary) if args.json else f"node {summary['node_rank']} of {summary['nodes']}: "
@@ -167,6 +179,8 @@ def run(args) -> int:
             print(f"  {line}")
         for line in rep.extra.get("compute_notes", []):  # how the engine computed (bfloat16 on mindspore)
             print(f"  note: {line}")
+        if "config" in rep.extra:
+            print(f"  note: config: {rep.extra['config']['note']}")
         for title, table in (("output", rep.outputs), ("grad", rep.grads)):
             for name, err in table.items():
                 print(f"  {title} {name}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")
@@ -187,6 +201,103 @@ def run(args) -> int:
         for item in rep.nonfinite:
             print(f"  {format_nonfinite(item)}")
     return 0 if rep.ok else 1
+
+
+def _configured(args, graph, blocks) -> dict:
+    """run_graph's arguments for a spec's zero:/recompute: blocks: the forward graph with ZeRO-3's gathers,
+    the recomputation and ZeRO's finish applied to the analysed graph (with ``--backward``), and the
+    reference: the spec's graph analysed without them (a copy, so that no node's metadata is shared)."""
+    from layout_prop.api import analyze
+
+    from .config_blocks import forward, transform
+
+    plain = analyze(graph.copy_structure(), reshard=not args.no_reshard, backward=args.backward)
+    out = {"graph": forward(graph, blocks)}
+    if plain.ok:
+        out["reference_graph"] = plain.graph
+    if args.backward:
+        out["transform"] = lambda analysed: transform(analysed, blocks)
+    return out
+
+
+def _configured_note(blocks, args, rep) -> str:
+    """What of the zero:/recompute: blocks the run executed, and what not."""
+    from .config_blocks import describe
+
+    if not rep.executed:
+        return f"{describe(blocks)}: nothing executed (violations)"
+    ran, not_run = [], []
+    if blocks.zero is not None and blocks.zero.stage == 3:
+        ran.append("ZeRO-3's parameters stored sharded and gathered" + (", re-gathered for the backward, gradients "
+                                                                       "reduce-scattered" if args.backward else ""))
+    elif blocks.zero is not None and blocks.zero.stage:
+        (ran if args.backward else not_run).append(f"ZeRO-{blocks.zero.stage}'s gradient reduce-scatters")
+    if blocks.recompute != "none":
+        (ran if args.backward else not_run).append("the recomputation copies")
+    text = f"{describe(blocks)}: "
+    text += (f"executed {' and '.join(ran)} and compared with the spec's graph without them on one device"
+             if ran else "nothing of it executed")
+    if not_run:
+        text += f"; {' and '.join(not_run)} act on the backward: add --backward"
+    if blocks.zero is not None and blocks.zero.stage:
+        text += "; the optimizer's update of each shard is not run here (engines/training.py training_step)"
+    return text
+
+
+#: the run options a pipelined run does not take (they are the single-program run's)
+_NOT_PIPELINED = (("inputs", None, "--inputs"), ("no_reshard", False, "--no-reshard"), ("rtol", None, "--rtol"),
+                  ("max_memory", None, "--max-memory"), ("max_time", None, "--max-time"),
+                  ("keep_logs", False, "--keep-logs"), ("nodes", 1, "--nodes"), ("node_rank", 0, "--node-rank"),
+                  ("master_addr", None, "--master-addr"), ("master_port", None, "--master-port"),
+                  ("local_workers", None, "--local-workers"), ("emulate_nodes", None, "--emulate-nodes"))
+
+
+def _run_pipelined(args, graph, blocks, weights: dict, backend: str) -> int:
+    """A spec with a ``pipeline:`` block: the pipelined program executed as ``layout-prop pipeline --run``
+    executes it (commands/pipeline.py ``build`` and ``run_pipeline``, with the zero:/recompute: blocks), on
+    every rank over the micro-batches, compared with one device on the whole batch."""
+    from .pipeline import build, run_pipeline
+
+    for attr, default, flag in _NOT_PIPELINED:
+        if getattr(args, attr, default) != default:
+            raise SpecError("bad-usage", f"{flag} is not taken by a pipelined run (the spec has a pipeline: block)",
+                            hint="drop it; layout-prop pipeline SPEC --run takes --engine, --seed and --timeout")
+    if weights:
+        raise SpecError("bad-usage", "a pipelined run draws its inputs at random; the model's own weights are not "
+                        "fed to it", hint="write the model as a spec (layout-prop import) and run that")
+    if backend != "numpy":
+        raise SpecError("bad-usage", f"a pipelined run computes with the numpy kernels, not {backend!r}",
+                        hint="drop --backend (msrun workers run numpy kernels with --engine mindspore)")
+    built = build(graph, "a100-80g", blocks.zero, (blocks.recompute, blocks.layers))
+    options = {"backend": "numpy", "timeout": 300.0 if args.timeout is None else args.timeout} \
+        if args.engine == "mindspore" else {}
+    report = run_pipeline(built, args.seed, args.engine, **options)
+    c = blocks.pipeline
+    note = (f"{_describe(blocks)}: the pipelined program executed as layout-prop pipeline SPEC --run executes it "
+            f"(one micro-batch's program on the stage mesh {built.program.program.mesh}, each stage's schedule, "
+            f"the moves), forward and backward{'' if args.backward else ' (a schedule is of both: without --backward too)'}; "
+            f"compared with one device on the whole batch")
+    report["config"] = {**blocks.to_dict(), "note": note}
+    if args.json:
+        print_json(report)
+    else:
+        print(f"engine {report['engine']}, {report['ranks']} ranks: {c.stages} pipeline stages on {c.axis}, "
+              f"{report['schedule']} over {report['micro_batches']} micro-batches")
+        print(f"  note: config: {note}")
+        for kind in ("outputs", "grads"):
+            for name, err in report[kind].items():
+                print(f"  {'output' if kind == 'outputs' else 'grad'} {name}: max abs err {err['max_abs_err']:.3g}, "
+                      f"max rel err {err['max_rel_err']:.3g}")
+        for problem in report["mismatches"]:
+            print(f"  MISMATCH {problem}")
+        print("matches one device" if report["ok"] else "does NOT match one device")
+    return 0 if report["ok"] else 1
+
+
+def _describe(blocks) -> str:
+    from .config_blocks import describe
+
+    return describe(blocks)
 
 
 def _input_sources(graph, weights: dict, from_file: dict, unread: list[str]) -> dict[str, list[str]]:

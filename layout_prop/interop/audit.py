@@ -45,8 +45,9 @@ from layout_prop.io.loader import load_spec
 from layout_prop.kernels.numpy_backend import KERNELS, get_kernel
 from layout_prop.passes.propagate import Propagate
 
+from . import judges
 from .cases import NOT_MAPPED, Case, cases_for
-from .hyper_parallel import Checkout, from_upstream, quiet_backend, to_upstream, upstream_text
+from .hyper_parallel import Checkout, from_upstream, host_rank, host_tensor, quiet_backend, to_upstream, upstream_text
 
 __all__ = ["AuditReport", "OpAudit", "Finding", "run_audit", "DEFAULT_MESHES", "CLASSES"]
 
@@ -88,11 +89,13 @@ class Finding:
                      f"{self.case.extra_args!r})  # global shapes {[list(s) for s in self.case.shapes]}")
         return "\n".join(lines)
 
-    def spec(self) -> dict:
+    def spec(self) -> dict | None:
         return _single_spec(self.case, self.mesh, self.placements)
 
     def to_dict(self) -> dict:
-        return {"class": self.kind, "mesh": list(self.mesh.shape),
+        judged_by = {"judged_by": f"interop/judges.py {self.case.kernel}" + (
+            f" (layout-prop's {self.case.op} rule as a stand-in)" if self.case.op else "")} if self.case.kernel else {}
+        return {"class": self.kind, "mesh": list(self.mesh.shape), **judged_by,
                 "inputs": {f"in{i}": {"shape": list(s), "placements": list(p)}
                            for i, (s, p) in enumerate(zip(self.case.shapes, self.placements))},
                 "extra_args": repr(self.case.extra_args), "upstream": self.upstream_code(),
@@ -171,7 +174,17 @@ def _choices(shape: Sequence[int], partial: bool) -> list[str]:
 
 
 def _combos(case: Case, mesh: DeviceMesh, budget: int, rng: random.Random):
-    """Per operand, its placements (one per mesh axis): every combination, or a seeded sample of ``budget``."""
+    """Per operand, its placements (one per mesh axis): every combination, or a seeded sample of ``budget``.
+
+    An operand ``case.tied`` maps to another takes that one's placements (attention's key and value)."""
+    tied = dict(case.tied)
+    if tied:
+        free = [i for i in range(len(case.shapes)) if i not in tied]
+        sub = Case(case.op, tuple(case.shapes[i] for i in free), case.slots, partial=case.partial)
+        for combo in _combos(sub, mesh, budget, rng):
+            by = dict(zip(free, combo))
+            yield tuple(by[i] if i in by else by[tied[i]] for i in range(len(case.shapes)))
+        return
     per_operand = [list(itertools.product(*[_choices(s, case.partial)] * mesh.ndim)) for s in case.shapes]
     total = 1
     for options in per_operand:
@@ -187,7 +200,9 @@ def _combos(case: Case, mesh: DeviceMesh, budget: int, rng: random.Random):
             yield combo
 
 
-def _single_spec(case: Case, mesh: DeviceMesh, placements) -> dict:
+def _single_spec(case: Case, mesh: DeviceMesh, placements) -> dict | None:
+    if case.op is None:
+        return None
     rule = get_rule(case.op)
     names = [rule.operand_name(i) for i in range(len(case.shapes))]
     inputs = {}
@@ -209,7 +224,16 @@ def _global_inputs(case: Case, seed: int) -> list[np.ndarray]:
     out = []
     for i, shape in enumerate(case.shapes):
         dtype = case.dtypes[i] if case.dtypes else "float64"
-        if np.dtype(dtype).kind == "f":
+        gen = case.gen[i] if case.gen else None
+        if gen == "positive":
+            out.append(rng.uniform(0.5, 2.0, shape).astype(dtype))
+        elif gen == "int":
+            out.append(rng.integers(-4, 5, shape).astype(dtype))
+        elif isinstance(gen, tuple) and gen[0] == "unique":
+            _, dim, high = gen
+            keys = rng.random(tuple(shape[:dim]) + (high,) + tuple(shape[dim + 1:]))
+            out.append(np.argsort(keys, axis=dim).take(range(shape[dim]), axis=dim).astype(dtype))
+        elif np.dtype(dtype).kind == "f":
             out.append(rng.standard_normal(shape).astype(dtype))
         else:
             high = case.int_high[i] if case.int_high else 4
@@ -227,6 +251,8 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 #: the start of execute()'s answer when the rule's own expansion (get_expand_impl) failed outside the kernel
 EXPANSION_FAILED = "the rule's expansion did not run on numpy arrays"
+#: ... and when the expansion refused the layouts itself (a ValueError or NotImplementedError as it runs)
+EXPANSION_REFUSED = "refused when it runs, by the rule's expansion"
 
 
 class _KernelFailed(Exception):
@@ -239,26 +265,31 @@ def _localized(rule: OpRule, attrs: dict, in_specs, out_specs, rank: int) -> dic
     return rule.localize(attrs, tuple(in_specs), tuple(out_specs), rank)
 
 
-def execute(rule: OpRule, attrs: dict, in_specs: Sequence[TensorSpec], locals_in: Sequence[list],
+def execute(rule: OpRule | None, attrs: dict, in_specs: Sequence[TensorSpec], locals_in: Sequence[list],
             out_specs: Sequence[TensorSpec], reference: Sequence[np.ndarray],
-            wrap: Callable | None = None) -> str | None:
-    """Run ``rule``'s kernel on every rank, assemble by ``out_specs``, compare with ``reference``.
+            wrap: Callable | None = None, kernel: Callable | None = None, localize: bool = True,
+            check: Callable | None = None, globals_: Sequence[np.ndarray] = ()) -> str | None:
+    """Run ``rule``'s kernel (or ``kernel``) on every rank, assemble by ``out_specs``, compare with ``reference``.
 
     ``wrap(rank, call)`` may return the callable to run on a rank's local arrays instead of
-    ``call`` (an upstream expansion around the kernel).  Returns None when every output
-    agrees, else what differs (a kernel failure or a local shape the layout does not give
-    counts as a difference).
+    ``call`` (an upstream expansion around the kernel).  ``localize=False`` gives every rank
+    ``attrs`` as they are (a helper kernel, or attrs the upstream rule returned for the
+    local call).  ``check(assembled, globals_, attrs)`` judges an output by its invariants
+    instead of equality with ``reference``.  Returns None when every output agrees, else
+    what differs (a kernel failure or a local shape the layout does not give counts as a
+    difference).
     """
-    kernel = get_kernel(rule.name, KERNELS)
+    if kernel is None:
+        kernel = get_kernel(rule.name, KERNELS)
     size = in_specs[0].mesh.size
     per_rank = []
     for rank in range(size):
-        local_attrs = _localized(rule, attrs, in_specs, out_specs, rank)
+        local_attrs = _localized(rule, attrs, in_specs, out_specs, rank) if localize and rule is not None else attrs
         args = [locals_in[i][rank] for i in range(len(in_specs))]
 
-        def call(*a, _attrs=local_attrs):
+        def call(*a, _attrs=local_attrs, **over):
             try:
-                return kernel(*a, **_attrs)
+                return kernel(*a, **{**_attrs, **over})
             except Exception as exc:
                 raise _KernelFailed(exc) from exc
 
@@ -272,6 +303,8 @@ def execute(rule: OpRule, attrs: dict, in_specs: Sequence[TensorSpec], locals_in
                 return f"rank {rank}: {exc}"
             return f"the kernel failed on rank {rank} with local shapes {[list(a.shape) for a in args]}: " \
                    f"{describe(exc)}"
+        except (ValueError, NotImplementedError) as exc:  # the expansion refuses the layouts when it runs
+            return f"{EXPANSION_REFUSED}: {describe(exc)}"
         except Exception as exc:  # the rule's own expansion around the kernel: not ours to judge
             return f"{EXPANSION_FAILED}: {describe(exc)}"
         per_rank.append(_outputs(res))
@@ -280,6 +313,11 @@ def execute(rule: OpRule, attrs: dict, in_specs: Sequence[TensorSpec], locals_in
             got = assemble([np.asarray(r[k]) for r in per_rank], spec, rtol=RTOL, atol=RTOL)
         except ExecutionError as err:
             return f"output {k}: {err.message}"
+        if check is not None:
+            problem = check(got, globals_, attrs)
+            if problem is not None:
+                return f"output {k}: {problem}"
+            continue
         if got.shape != ref.shape:
             return f"output {k}: assembled shape {list(got.shape)}, one device {list(ref.shape)}"
         ok = np.array_equal(got, ref) if ref.dtype.kind not in "fc" else \
@@ -294,6 +332,8 @@ def execute(rule: OpRule, attrs: dict, in_specs: Sequence[TensorSpec], locals_in
 
 def _our_answer(case: Case, mesh: DeviceMesh, placements):
     """layout-prop's rule on the same inputs: (violation codes, output specs, wants, attrs)."""
+    if case.op is None:
+        return ["no-layout-prop-op"], (), (), dict(case.attrs)
     graph = load_spec(_single_spec(case, mesh, placements))
     Propagate().run(graph)
     node = next(n for n in graph.topo_order() if n.op != "input")
@@ -303,12 +343,14 @@ def _our_answer(case: Case, mesh: DeviceMesh, placements):
 
 
 def _describe_ours(codes, out_specs) -> str:
+    if codes == ["no-layout-prop-op"]:
+        return "no layout-prop op (judged with a numpy kernel of interop/judges.py)"
     if codes:
         return "rejects: " + ", ".join(codes)
     return "accepts: " + "; ".join(str(s.layout) for s in out_specs if s is not None)
 
 
-def _judge_ours(rule, in_specs, locals_in, out_specs, wants, attrs, reference) -> str | None:
+def _judge_ours(rule, in_specs, locals_in, out_specs, wants, attrs, reference, **how) -> str | None:
     """Our accepted answer, judged by the same execution (free wanted moves applied first)."""
     specs, arrays = list(in_specs), list(locals_in)
     for i, want in enumerate(wants):
@@ -319,7 +361,7 @@ def _judge_ours(rule, in_specs, locals_in, out_specs, wants, attrs, reference) -
             return f"operand {i} needs communication ({specs[i].layout} -> {want})"
         arrays[i] = apply_plan(plan, arrays[i])
         specs[i] = plan.dst
-    return execute(rule, attrs, specs, arrays, out_specs, reference)
+    return execute(rule, attrs, specs, arrays, out_specs, reference, **how)
 
 
 # --------------------------------------------------------------------------- one op
@@ -331,20 +373,24 @@ def _wrap_for(checkout: Checkout, up_op, case: Case, up_out, layouts, extra_args
     position = {s: p for p, s in enumerate(case.slots) if s is not None}
 
     def wrap(rank: int, call: Callable):
-        def func(*upos):
-            return call(*[upos[position[i]] for i in range(len(case.shapes))])
+        def func(*upos, **_keywords):  # keyword arguments of a torch-style call: the case's attrs hold them
+            over = {attr: _plain(upos[p]) for attr, p in case.call_attrs.items()}  # what the expansion adjusted
+            return call(*[np.asarray(upos[position[i]]) for i in range(len(case.shapes))], **over)
 
-        with quiet_backend(checkout):
+        with quiet_backend(checkout), host_rank(rank):
             impl = up_op.get_expand_impl(func, up_out[0] if len(up_out) == 1 else up_out, layouts,
                                          copy.deepcopy(extra_args))
         if impl is None:
             return None
 
         def run(*args):
-            upos = [None] * len(case.slots)
+            upos = [None] * max([len(case.slots)] + [p + 1 for p in case.call_values])
+            for p, value in case.call_values.items():
+                upos[p] = value
             for i, a in enumerate(args):
-                upos[position[i]] = a
-            return impl(*upos)
+                upos[position[i]] = host_tensor(a) if case.call_attrs or case.call_values or case.tied else a
+            with quiet_backend(checkout), host_rank(rank):
+                return impl(*upos)
 
         return run
 
@@ -354,12 +400,16 @@ def _wrap_for(checkout: Checkout, up_op, case: Case, up_out, layouts, extra_args
 def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMesh, audit: OpAudit,
                budget: int, seed: int) -> None:
     """Every input combination of ``case`` on ``mesh``, into ``audit``'s counts."""
-    rule = get_rule(case.op)
+    rule = None if case.op is None else get_rule(case.op)
     globals_ = _global_inputs(case, seed)
-    attrs = rule.normalize_attrs(dict(case.attrs))
+    kernel = judges.kernel(case.kernel) if case.kernel else get_kernel(rule.name, KERNELS)
+    attrs = dict(case.attrs) if case.kernel or rule is None else rule.normalize_attrs(dict(case.attrs))
     with np.errstate(all="ignore"):
-        reference = _outputs(get_kernel(rule.name, KERNELS)(*globals_, **attrs))
+        reference = _outputs(kernel(*globals_, **attrs))
     reference = tuple(np.asarray(r) for r in reference)
+    # attrs the expansion adjusts for a rank (call_attrs) replace layout-prop's localization, not add to it
+    how = {"kernel": kernel, "localize": case.kernel is None and not case.call_attrs,
+           "check": judges.check(case.check) if case.check else None, "globals_": globals_}
     rng = random.Random(f"{seed}:{name}:{case.describe()}:{mesh.shape}")
     split_rng = np.random.default_rng(seed)
     for placements in _combos(case, mesh, budget, rng):
@@ -383,31 +433,56 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         except Exception as exc:  # the rule refuses these inputs (ValueError, mostly)
             finding.upstream_answer = "raises " + _ADDRESS.sub("", describe(exc))  # same text every run
             if not codes:
-                problem = _judge_ours(rule, in_specs, locals_in, our_specs, wants, our_attrs, reference)
+                problem = _judge_ours(rule, in_specs, locals_in, our_specs, wants, our_attrs, reference, **how)
                 if problem is None:
                     finding.kind = "over_strict"
                 else:
                     finding.message = f"layout-prop's own answer is wrong here too: {problem}"
             audit.add(finding)
             continue
-        up_out = [a for a in _outputs(answer) if a is not None and hasattr(a, "tensor_map")]
-        finding.upstream_answer = "; ".join(str(_safe_layout(a, mesh)) for a in up_out)
+        raw = _outputs(answer)
+        if case.outputs is not None:
+            raw = tuple(raw[i] if i < len(raw) else None for i in case.outputs)
+        up_out = [a for a in raw if a is not None and hasattr(a, "tensor_map")]
+        finding.upstream_answer = "; ".join(str(_safe_layout(a, mesh, case.partial_as)) for a in up_out)
+        for attr, position in case.answer_attrs.items():
+            finding.upstream_answer += f"; {attr} {_outputs(answer)[position]!r}"
         n = min(len(up_out), len(reference))
         if n == 0:
             finding.kind, finding.message = "unjudged", "the rule returned no Layout"
             audit.add(finding)
             continue
         try:
-            out_specs = [TensorSpec(reference[k].shape, str(reference[k].dtype), from_upstream(up_out[k], mesh))
-                         for k in range(n)]
+            out_specs = [TensorSpec(reference[k].shape, str(reference[k].dtype),
+                                    from_upstream(up_out[k], mesh, case.partial_as)) for k in range(n)]
         except LayoutPropError as err:
             unsupported = err.code == "unsupported-layout"
             finding.kind = "unjudged" if unsupported else "wrong"
             finding.message = err.message if unsupported else f"the claimed layout cannot exist: {err.message}"
             audit.add(finding)
             continue
-        wrap = _wrap_for(checkout, up_op, case, up_out, layouts, case.extra_args)
-        problem = execute(rule, attrs, in_specs, locals_in, out_specs, reference[:n], wrap)
+        reason = case.skip(placements) if case.skip is not None else None
+        if reason:
+            finding.kind, finding.message = "unjudged", reason
+            audit.add(finding)
+            continue
+        run_how, run_attrs = dict(how), attrs
+        if case.answer_attrs:  # the local values the rule returned, as upstream's dispatcher passes them
+            run_attrs = {**attrs, **{k: _plain(_outputs(answer)[i]) for k, i in case.answer_attrs.items()}}
+            run_how["localize"] = False
+        wrap = _wrap_for(checkout, up_op, case, up_out, layouts, case.extra_args) if case.expansion else None
+        problem = execute(rule, run_attrs, in_specs, locals_in, out_specs, reference[:n], wrap, **run_how)
+        if problem is not None and problem.startswith(EXPANSION_REFUSED):  # a refusal, at run time
+            finding.upstream_answer = f"{finding.upstream_answer}, then {problem}"
+            finding.kind = "rejected"
+            if not codes:
+                ours_problem = _judge_ours(rule, in_specs, locals_in, our_specs, wants, our_attrs, reference, **how)
+                if ours_problem is None:
+                    finding.kind = "over_strict"
+                else:
+                    finding.message = f"layout-prop's own answer is wrong here too: {ours_problem}"
+            audit.add(finding)
+            continue
         finding.kind = "right" if problem is None else "wrong"
         finding.message = problem or ""
         if problem is not None and problem.startswith(EXPANSION_FAILED):
@@ -416,9 +491,16 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         audit.add(finding)
 
 
-def _safe_layout(up, mesh: DeviceMesh) -> str:
+def _plain(value):
+    """A value a rule returned (a tuple or list of ints, maybe numpy ints) as plain Python."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return int(value) if isinstance(value, (int, np.integer)) else value
+
+
+def _safe_layout(up, mesh: DeviceMesh, partial_as=None) -> str:
     try:
-        return str(from_upstream(up, mesh))
+        return str(from_upstream(up, mesh, partial_as))
     except LayoutPropError:
         return f"tensor_map {up.tensor_map} partial {up.partial}"
 
@@ -445,7 +527,10 @@ def run_audit(checkout: Checkout, ops: Sequence[str] | None = None, meshes: Sequ
             continue
         if progress is not None:
             progress(name)
-        audit = OpAudit(name, get_rule(cases[0].op).name, checkout.sources.get(name, "?"))
+        first = cases[0]
+        label = get_rule(first.op).name if first.kernel is None else \
+            f"{first.kernel} (interop/judges.py" + (f", {get_rule(first.op).name}'s rule as stand-in)" if first.op else ")")
+        audit = OpAudit(name, label, checkout.sources.get(name, "?"))
         for case in cases:
             for shape in meshes:
                 mesh = DeviceMesh(tuple(shape), MESH_NAMES[len(shape)])

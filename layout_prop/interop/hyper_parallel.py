@@ -27,6 +27,7 @@ import contextlib
 import importlib
 import sys
 import types
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 
 __all__ = ["Checkout", "load_checkout", "quiet_backend", "to_upstream", "from_upstream", "upstream_text",
-           "OPS_DIR"]
+           "OPS_DIR", "host_rank", "host_tensor"]
 
 #: where a checkout keeps its rules, relative to its root
 OPS_DIR = Path("hyper_parallel") / "core" / "shard" / "ops"
@@ -88,7 +89,9 @@ def quiet_backend(checkout: Checkout | None = None):
         saved.append((cls, "_init_process_groups", cls.__dict__.get("_init_process_groups")))
         cls._init_process_groups = staticmethod(lambda *args, **kwargs: {})
     try:
-        yield
+        with warnings.catch_warnings():  # the rules' own warnings (a conservative fallback...) are no output
+            warnings.simplefilter("ignore")
+            yield
     finally:
         for owner, name, old in saved:
             if old is None:
@@ -113,6 +116,15 @@ class _HostTensor(np.ndarray):
     def numel(self) -> int:
         return int(self.size)
 
+    @property
+    def device(self) -> str:  # what an expansion passes on to the kernel's tensors
+        return "cpu"
+
+
+def host_tensor(array) -> "_HostTensor":
+    """``array`` as the stand-in platform's Tensor (a numpy view with the methods the rules' code calls)."""
+    return np.asarray(array).view(_HostTensor)
+
 
 def _host_tensor(data, *args) -> _HostTensor:
     return np.asarray(data).view(_HostTensor)
@@ -132,9 +144,10 @@ class _HostPlatform:
     def tensor_to_numpy(tensor):
         return np.asarray(tensor)
 
-    @staticmethod
-    def get_rank() -> int:
-        return 0
+    rank = 0  # the rank an expansion runs as (host_rank); infer_layout itself reads no rank
+
+    def get_rank(self) -> int:
+        return self.rank
 
     @staticmethod
     def get_world_size() -> int:
@@ -150,6 +163,17 @@ class _HostPlatform:
 
 
 _HOST_PLATFORM = _HostPlatform()
+
+
+@contextlib.contextmanager
+def host_rank(rank: int):
+    """While an expansion runs for ``rank``, the stand-in platform's ``get_rank()`` answers it."""
+    old = _HOST_PLATFORM.rank
+    _HOST_PLATFORM.rank = int(rank)
+    try:
+        yield
+    finally:
+        _HOST_PLATFORM.rank = old
 
 
 def _install_host_platform(root: Path) -> None:
@@ -288,10 +312,11 @@ def _alias_map(layout: Layout) -> tuple:
     return tuple(out)
 
 
-def from_upstream(up, mesh: DeviceMesh) -> Layout:
+def from_upstream(up, mesh: DeviceMesh, partial_as: dict | None = None) -> Layout:
     """The checkout's ``Layout`` ``up`` as ours on ``mesh``; ``LayoutError`` when it has no such form.
 
-    ``unsupported-layout`` for a partial op we do not model (prod, all) or another mesh;
+    ``partial_as`` reads an upstream partial op as one of ours (``{"all": "min"}``: for bools
+    the two agree).  ``unsupported-layout`` for a partial op we do not model (prod, all) or another mesh;
     ``invalid-layout`` for a tensor_map that is no layout (a mesh axis used twice...).
     """
     shape = tuple(int(n) for n in up.mesh_shape)
@@ -306,6 +331,7 @@ def from_upstream(up, mesh: DeviceMesh) -> Layout:
     for axis, op in enumerate(up.partial):
         if op is None:
             continue
+        op = (partial_as or {}).get(op, op)
         if op not in _PARTIAL_OPS:
             raise LayoutError("unsupported-layout", f"partial op {op!r} on mesh axis {mesh.names[axis]!r}",
                               hint=f"layout-prop models the partial ops {', '.join(_PARTIAL_OPS)}")

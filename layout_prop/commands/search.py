@@ -3,6 +3,11 @@
 The search is :func:`layout_prop.planner.search.search`; this module reads the model, checks
 the request, shows progress, prints the top candidates and writes the best as a spec
 (``-o``) and a sharding plan file (``--plan-out``).
+
+MODEL may be an imported model (``.onnx``, ``.mindir``; ``--plan`` optional: the search reads
+only its sizes): a decoder-only Llama-family or GPT-2 model is priced as the ``gen`` model of
+its sizes, ``-o`` writes that generator's graph, and ``--plan-out`` a sharding plan in the
+model's own parameter names (:func:`imported_plan_text`), which ``import --plan`` reads back.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ import sys
 from layout_prop.core.errors import SpecError
 
 __all__ = ["run", "format_result", "best_spec", "plan_file_text", "generator_spec", "analysed", "load_model_shape",
-           "run_search"]
+           "run_search", "load_search_graph", "imported_plan_text"]
+
+#: the plan an import is read with when ``plan --search MODEL`` is given no ``--plan`` (the search reads sizes only)
+ONE_RANK_PLAN = {"mesh": {"shape": [1], "names": ["dp"]}}
 
 
 def generator_spec(model, layers: int, tp: int, cp: int = 1, ep: int = 1, dp: int = 1, micro_batch: int = 1,
@@ -51,6 +59,22 @@ def analysed(spec: dict):
     return analysis.graph
 
 
+def load_search_graph(args):
+    """The graph the search reads: :func:`~layout_prop.commands.model_input.load_graph`'s, except that a model file
+    needs no ``--plan`` (read on one rank, :data:`ONE_RANK_PLAN`: the search takes only its sizes)."""
+    from layout_prop.frontends import is_model_path
+
+    from .model_input import load_graph
+
+    if is_model_path(str(args.spec)) and getattr(args, "plan", None) is None:
+        from layout_prop.core.dependencies import require_model_reader
+        from layout_prop.frontends import load_model
+
+        require_model_reader(str(args.spec))
+        return load_model(str(args.spec), ONE_RANK_PLAN, opaque=getattr(args, "opaque", False))
+    return load_graph(args)
+
+
 def load_model_shape(graph):
     """The search's model of ``graph`` (its layers recognised), its one-stage specs written by ``gen``."""
     from dataclasses import replace
@@ -75,7 +99,6 @@ def run(args) -> int:
     from layout_prop.io.progress import Progress
     from layout_prop.perf.clusters import get_cluster
     from layout_prop.planner.search import InfeasibleSearch, parse_axes, parse_axis_order
-    from .model_input import load_graph
     from .plan import parse_bytes
 
     if args.cluster is None:
@@ -93,7 +116,7 @@ def run(args) -> int:
             from layout_prop.io.output import check_output
 
             check_output(path)
-    model = load_model_shape(load_graph(args))
+    model = load_model_shape(load_search_graph(args))
     progress = Progress(0, "plan --search: layers evaluated")
     try:
         result = run_search(model, cluster, args.devices, args.global_batch, memory_limit=limit, fixed=fixed,
@@ -111,6 +134,9 @@ def run(args) -> int:
     if args.output is not None:
         _write(args.output, best_spec(result, order))
         written.append(str(args.output))
+        if model.imported is not None:
+            result.notes.append(f"-o wrote the gen {model.family} generator's graph of the imported sizes, not the "
+                                "imported model (import MODEL --plan with --plan-out's plan is the imported one)")
     if args.plan_out is not None:
         from layout_prop.io.output import write_output
 
@@ -123,6 +149,9 @@ def run(args) -> int:
                           "feasible": len(result.ranked), "layer_evaluations": result.layer_evaluations,
                           "seconds": round(result.seconds, 3), "why": result.why(),
                           "top": [c.to_dict() for c in result.ranked[:args.top]], "written": written,
+                          "imported": None if model.imported is None else {
+                              "architecture": model.imported.architecture, "priced_as": f"gen {model.family}",
+                              "differences": list(model.imported.differences)},
                           "notes": result.notes + _notes(result)}, indent=1))
     else:
         print(format_result(result, args.top))
@@ -202,6 +231,8 @@ def plan_file_text(result, order: tuple[str, ...] | None = None) -> str:
     itself in the header comments (a plan file has no key for it)."""
     import yaml
 
+    if result.model.imported is not None:
+        return imported_plan_text(result, order)
     spec = best_spec(result, order)
     best = result.ranked[0]
     params = {name: entry["placements"] for name, entry in spec["inputs"].items()
@@ -222,3 +253,94 @@ def _write(path, spec: dict) -> None:
 
     write_output(path, format_spec(spec, path))
     print(f"wrote {path} ({len(spec['nodes'])} nodes)", file=sys.stderr)
+
+
+#: the tensor-parallel preset of each projection role (Megatron's pairs: q, k, v, gate, up column-parallel, o and
+#: down row-parallel; the embedding by vocabulary rows, the head by its vocabulary columns)
+_ROLE_PRESETS = {"q": "colwise", "k": "colwise", "v": "colwise", "gate": "colwise", "up": "colwise", "fc": "colwise",
+                 "o": "rowwise", "down": "rowwise", "gate_up": "colwise_fused(2)", "embed": "vocab", "head": "colwise"}
+
+
+def _pattern(name: str, stem: str) -> str:
+    """``model.layers.3.mlp.up_proj.weight`` -> ``model.layers.*.mlp.up_proj.weight`` (the name itself if it holds
+    a glob character)."""
+    import re
+
+    if any(c in name for c in "*?[]"):
+        return name
+    return re.sub(r"^" + re.escape(stem) + r"\.\d+\.", lambda _: stem + ".*.", name, count=1)
+
+
+def imported_plan_text(result, order: tuple[str, ...] | None = None) -> str:
+    """The best configuration as a sharding plan in the imported model's own parameter names: the mesh of the
+    configuration (pp, dp, sp = cp, tp, in ``order``), Megatron's tensor-parallel presets by role, every other
+    parameter replicated, the token ids split on dp (and sp) where the exported batch (and sequence) divide."""
+    import yaml
+
+    from layout_prop.planner.search import DEFAULT_ORDER
+
+    best = result.ranked[0]
+    c = best.config
+    model = result.model
+    imp = model.imported
+    sizes = {"pp": c.pp, "dp": c.dp, "sp": c.cp, "tp": c.tp}
+    names = [("sp" if a == "cp" else a) for a in (order or DEFAULT_ORDER)]
+    names = [a for a in names if a in sizes and (a != "pp" or c.pp > 1)]
+    mesh = {"shape": [sizes[a] for a in names], "names": names}
+    tp_index = names.index("tp")
+
+    def on_tp(placement: str) -> list[str]:
+        out = ["R"] * len(names)
+        out[tp_index] = placement
+        return out
+
+    params: dict = {}
+    left = []
+    for name, role in imp.roles:
+        pattern = _pattern(name, imp.layer_stem)
+        if pattern in params:
+            continue
+        if role in _ROLE_PRESETS:
+            params[pattern] = _ROLE_PRESETS[role]
+        elif role == "qkv":
+            if model.kv_heads in (None, model.heads):
+                params[pattern] = "colwise_fused(3)"
+            else:  # q, k and v blocks of different widths: no strided shard cuts each on its own
+                left.append(name)
+        elif role in ("q_bias", "k_bias", "v_bias", "gate_bias", "up_bias", "fc_bias"):
+            params[pattern] = on_tp("S(0)")
+        elif role == "qkv_bias" and model.kv_heads in (None, model.heads):
+            params[pattern] = on_tp("_S(0,3)")
+        elif role == "gate_up_bias":
+            params[pattern] = on_tp("_S(0,2)")
+    params["*"] = "R"
+    plan: dict = {"mesh": mesh}
+    comments = []
+    if imp.token_input is not None:
+        token, shape = imp.token_input
+        entry = ["R"] * len(names)
+        for axis, dim in (("dp", 0), ("sp", len(shape) - 1)):
+            if sizes[axis] > 1 and axis in names:
+                if shape[dim] % sizes[axis] == 0:
+                    entry[names.index(axis)] = f"S({dim})"
+                else:
+                    comments.append(f"# {token}'s dim {dim} ({shape[dim]}, as exported) does not split {sizes[axis]} "
+                                    f"ways: replicated on {axis} (export with a batch of micro-batch x dp to split it)")
+        if entry != ["R"] * len(names):
+            plan["inputs"] = {token: entry}
+    if left:
+        comments.append(f"# replicated: {', '.join(left[:2])}{'...' if len(left) > 2 else ''} (fused q, k, v of "
+                        "different widths)")
+    if c.pp > 1:
+        comments.append(f"# the pp axis ({c.pp} stages) is replicated: a sharding plan has no pipeline block "
+                        "(the spec -o writes has it)")
+    header = [f"# layout-prop plan --search: the best of {result.candidates:,} candidates on {result.devices:,} "
+              f"devices of {result.cluster}, in the imported model's parameter names (import MODEL --plan THIS)",
+              f"# configuration: {c.label()}",
+              f"# predicted step {best.step_time_s * 1e3:,.3f} ms (as a gen {model.family} of the same sizes), MFU "
+              f"{best.mfu:.1%}, memory per rank {int(best.memory_bytes):,} bytes",
+              "# activations follow the parameters (no sequence parallelism here): check --reshard inserts the moves",
+              "# " + json.dumps({"search": c.to_dict()})] + comments
+    body = yaml.safe_dump(plan, sort_keys=False, default_flow_style=None)
+    body += yaml.safe_dump({"parameters": params}, sort_keys=False, default_flow_style=False, width=1000)
+    return "\n".join(header) + "\n" + body

@@ -45,7 +45,7 @@ from layout_prop.core.graph import Graph
 from layout_prop.perf import parallel as par
 from layout_prop.perf.clusters import Cluster
 
-__all__ = ["ModelShape", "Config", "Candidate", "SearchResult", "LayerCost", "recognise", "search", "enumerate_configs",
+__all__ = ["ModelShape", "ImportedModel", "is_imported", "Config", "Candidate", "SearchResult", "LayerCost", "recognise", "search", "enumerate_configs",
            "evaluate", "parse_axis_order", "parse_axes", "DEFAULT_ORDER", "InfeasibleSearch"]
 
 AXES = ("pp", "dp", "ep", "cp", "tp")
@@ -90,6 +90,7 @@ class ModelShape:
     dense_ffn: int | None = None
     distinct_layers: int = 1
     builder: Callable[..., dict] | None = field(default=None, compare=False, repr=False)
+    imported: "ImportedModel | None" = field(default=None, compare=False, repr=False)  # read from a model file
 
     @property
     def itemsize(self) -> int:
@@ -113,9 +114,14 @@ class ModelShape:
         return self.builder(self, layers=layers, tp=tp, cp=cp, ep=ep, dp=dp, micro_batch=micro_batch, **kwargs)
 
     def describe(self) -> str:
-        text = (f"{self.family}, {self.layers} layers ({self.distinct_layers} distinct shape"
+        text = (f"{self.family}{' (imported ' + self.imported.architecture + ')' if self.imported else ''}, "
+                f"{self.layers} layers ({self.distinct_layers} distinct shape"
                 f"{'s' if self.distinct_layers != 1 else ''}), hidden {self.hidden}, heads {self.heads}, "
                 f"ffn {self.ffn}, seq {self.seq}, {self.dtype}")
+        if self.imported is not None and self.kv_heads not in (None, self.heads):
+            text += f", {self.kv_heads} kv heads"
+        if self.imported is not None:
+            text += f", vocab {self.vocab}" + (", tied head" if self.tie else "")
         if self.family == "moe":
             text += (f", {self.experts} experts top-{self.top_k}, {self.shared_experts} shared, capacity factor "
                      f"{self.capacity_factor} ({self.capacity_scope})")
@@ -242,7 +248,13 @@ def recognise(graph: Graph) -> ModelShape:
     The layers are the groups of nodes whose names carry the same number after the same
     prefix (the prefix with the most numbered groups); two layers are the same shape when
     their ops, the names with the number taken out and the input shapes agree.
+
+    An imported model (``layout-prop import``'s graph, torch's module names) is read by
+    :func:`_recognise_imported`: a decoder-only Llama-family or GPT-2 model, its sizes from its
+    parameters' shapes and its reshapes into heads, priced as the ``gen`` model of those sizes.
     """
+    if is_imported(graph):
+        return _recognise_imported(graph)
     nodes = [n for n in graph.topo_order() if not n.is_input]
     groups = _layer_groups(n.name for n in nodes)
     if not groups:
@@ -332,6 +344,308 @@ def recognise(graph: Graph) -> ModelShape:
     return ModelShape(family=family, layers=len(layers), hidden=hidden, heads=heads, ffn=ffn, seq=seq, dtype=dtype,
                       vocab=vocab, kv_heads=heads_of("k") if family != "gpt" else None, full="tokens" in inputs,
                       tie="head" not in inputs, distinct_layers=distinct, **extra)
+
+
+# ------------------------------------------------------------------------------------------ imported models
+#: a layer-numbered parameter of an imported model: ``model.layers.3.self_attn.q_proj.weight``,
+#: ``transformer.h.3.attn.c_attn.weight`` (torch's module names, as the importer keeps them)
+_IMPORTED_LAYER = re.compile(r"^(?P<stem>(?:.+?\.)?(?:layers|layer|h|blocks|block))\.(?P<n>\d+)\.(?P<rest>.+)$")
+#: torch module names of a decoder layer's projections, by role (Hugging Face's Llama, Qwen2, Mistral, Gemma,
+#: Phi-3 and GPT-2, and Meta's Llama); GPT-2's ``c_proj`` is ``o`` under ``attn`` and ``down`` under ``mlp``
+_ROLES = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "wq": "q", "wk": "k", "wv": "v", "qkv_proj": "qkv",
+          "c_attn": "qkv", "query_key_value": "qkv", "o_proj": "o", "wo": "o", "gate_proj": "gate", "w1": "gate",
+          "up_proj": "up", "w3": "up", "gate_up_proj": "gate_up", "down_proj": "down", "w2": "down", "c_fc": "fc"}
+_PARENT_ROLES = {("attn", "c_proj"): "o", ("mlp", "c_proj"): "down"}
+_SUPPORTED = ("plan --search takes decoder-only imports of the Llama family (Llama, Qwen2, Mistral, Gemma, Phi-3: "
+              "q_proj/k_proj/v_proj or qkv_proj, o_proj, gate_proj/up_proj or gate_up_proj, down_proj) and GPT-2 "
+              "(h.N.attn.c_attn, c_proj, mlp.c_fc, c_proj), with torch's module names, and gen gpt|llama|moe specs")
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    """What the search keeps of an imported model besides its sizes: what the generator's graph it is priced with
+    leaves out (``differences``), the role of each projection parameter (``roles``: name -> q, k, v, qkv, o, gate,
+    up, gate_up, down, fc, embed, head, or ROLE_bias) for a sharding plan in the model's own names, and its token
+    input (name and shape)."""
+
+    architecture: str  # "Llama-family" or "GPT-2"
+    differences: tuple[str, ...]
+    roles: tuple[tuple[str, str], ...]
+    layer_stem: str  # "model.layers"
+    token_input: tuple[str, tuple[int, ...]] | None
+
+    def note(self, family: str) -> str:
+        """The one note line: what the ``gen`` graph the model is priced with leaves out."""
+        what = "; ".join(self.differences) if self.differences else "nothing the generator leaves out was found"
+        return (f"imported {self.architecture} model priced as a gen {family} of the same sizes: "
+                + (f"the import's {what} differ" if self.differences else what))
+
+
+def is_imported(graph: Graph) -> bool:
+    """Whether ``graph`` was read from a model file (the importer's notes) or names its parameters as torch does."""
+    if "import_notes" in graph.meta:
+        return True
+    return any(_IMPORTED_LAYER.match(n.name) for n in graph.inputs())
+
+
+def _role(rest: str) -> tuple[str | None, str]:
+    """``self_attn.q_proj.weight`` -> ``("q", "weight")``; unknown modules -> ``(None, kind)``."""
+    parts = rest.split(".")
+    if len(parts) < 2 or parts[-1] not in ("weight", "bias"):
+        return None, parts[-1]
+    module, parent = parts[-2], parts[-3] if len(parts) > 2 else ""
+    return _PARENT_ROLES.get((parent, module), _ROLES.get(module)), parts[-1]
+
+
+def _in_out(graph: Graph, weight: str, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """A projection weight's (input, output) features, from the product that reads it (an ONNX MatMul's weight is
+    ``(in, out)``, or ``(out, in)`` read transposed; a ``linear`` weight ``(out, in)``)."""
+    if len(shape) != 2:
+        return None
+    for node, index in graph.consumers(weight):
+        if node.op == "matmul" and index == 1:
+            return (shape[1], shape[0]) if node.attrs.get("transpose_b") else (shape[0], shape[1])
+        if node.op == "linear" and index == 1:
+            return shape[1], shape[0]
+    return None
+
+
+def _head_reshapes(graph: Graph, weight: str, depth: int = 8) -> list[tuple[int, int]]:
+    """``(heads, head_dim)`` of each 4-d reshape ``(batch, seq, heads, head_dim)`` reached from the products that
+    read ``weight`` (through adds, slices, splits, 3-d reshapes), stopping at another product or attention."""
+    stop = {"matmul", "linear", "batch_matmul", "scaled_dot_product_attention", "input"}
+    frontier = [node.outputs[0] for node, index in graph.consumers(weight) if node.op in ("matmul", "linear")]
+    seen: set[str] = set()
+    found = []
+    for _ in range(depth):
+        following = []
+        for value in frontier:
+            for node, _ in graph.consumers(value):
+                if node.name in seen or node.op in stop:
+                    continue
+                seen.add(node.name)
+                shape = node.attrs.get("shape") if node.op == "reshape" else None
+                if shape is not None and len(shape) == 4:
+                    found.append((int(shape[2]), int(shape[3])))
+                    continue
+                following.extend(node.outputs)
+        frontier = following
+    return found
+
+
+def _unknown(found: str, missing: list[str]) -> SpecError:
+    return SpecError("unknown-model", f"the imported model is not one the search can price: {found}; missing: "
+                     f"{'; '.join(missing)}", hint=_SUPPORTED)
+
+
+def _recognise_imported(graph: Graph) -> ModelShape:
+    """The sizes of an imported decoder-only model (Llama family, GPT-2), read from its parameter names and shapes
+    and the importer's graph; what the ``gen`` generator of its family cannot write goes in the differences."""
+    inputs = {n.name: n.attrs for n in graph.inputs()}
+    params = {name: a for name, a in inputs.items() if a.get("requires_grad")}
+    stems: dict[str, dict[int, dict[str, str]]] = {}
+    for name in params:
+        hit = _IMPORTED_LAYER.match(name)
+        if hit:
+            stems.setdefault(hit.group("stem"), {}).setdefault(int(hit.group("n")), {})[hit.group("rest")] = name
+    if not stems:
+        raise _unknown("no parameter is named with a layer number", [
+            "parameters named like model.layers.N.self_attn.q_proj.weight or transformer.h.N.attn.c_attn.weight "
+            "(an exporter that renames weights, like TorchScript's onnx::MatMul_N, leaves no module names)"])
+    stem = max(stems, key=lambda s: (len(stems[s]), sum(map(len, stems[s].values()))))
+    layers = stems[stem]
+    numbers = sorted(layers)
+    found = f"{len(numbers)} layers named {stem}.N"
+    attention = [n for n in graph.nodes if n.op == "scaled_dot_product_attention"]
+    missing = []
+    if not attention:
+        missing.append("a fused attention (scaled_dot_product_attention; see import's notes on what was left "
+                       "unfused)")
+    elif not all(n.attrs.get("causal") for n in attention):
+        missing.append(f"causal attention: node {next(n.name for n in attention if not n.attrs.get('causal'))!r} "
+                       "is not causal (an encoder or a cross-attention: not decoder-only)")
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        missing.append(f"consecutive layer numbers (found {numbers})")
+
+    def roles_of(number: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+        out = {}
+        for rest, name in layers[number].items():
+            role, kind = _role(rest)
+            if role is not None:
+                out[role if kind == "weight" else role + "_bias"] = (name, tuple(params[name]["shape"]))
+        return out
+
+    first = roles_of(numbers[0])
+    have = set(first)
+    if not ({"q", "k", "v"} <= have or "qkv" in have):
+        missing.append("q, k, v projections (q_proj, k_proj, v_proj; or a fused qkv_proj, c_attn)")
+    if "o" not in have:
+        missing.append("the attention's output projection (o_proj; GPT-2's attn.c_proj)")
+    if not ({"gate", "up"} <= have or "gate_up" in have or "fc" in have):
+        missing.append("the MLP's gate and up (gate_proj, up_proj; gate_up_proj) or GPT-2's mlp.c_fc")
+    if "down" not in have:
+        missing.append("the MLP's down projection (down_proj; GPT-2's mlp.c_proj)")
+    if missing:
+        raise _unknown(found, missing)
+
+    def dims(role: str) -> tuple[int, int]:
+        name, shape = first[role]
+        got = _in_out(graph, name, shape)
+        if got is None:
+            raise _unknown(found, [f"a product reading {name} (shape {list(shape)}) as a weight"])
+        return got
+
+    fused = "qkv" in first
+    hidden, q_out = dims("qkv" if fused else "q")
+    reshapes = _head_reshapes(graph, first["qkv" if fused else "q"][0])
+    head_dims = {d for _, d in reshapes}
+    if len(head_dims) != 1:
+        raise _unknown(found, [f"the reshape of the {'qkv' if fused else 'q'} projection into heads (batch, seq, "
+                               f"heads, head_dim) after {first['qkv' if fused else 'q'][0]}"
+                               + (f" (found head dims {sorted(head_dims)})" if head_dims else "")])
+    head_dim = head_dims.pop()
+    differences = []
+    if fused:
+        total = q_out // head_dim
+        counts = sorted({n for n, _ in reshapes})
+        heads = counts[-1]
+        kv_heads = (total - heads) // 2
+        if heads + 2 * kv_heads != total or kv_heads < 1:
+            raise _unknown(found, [f"q, k and v heads of {head_dim} fused into {q_out} features (the reshapes give "
+                                   f"heads {counts})"])
+        differences.append(f"fused {first['qkv'][0].rsplit('.', 2)[-2]} (priced as q, k, v projections)")
+    else:
+        heads = q_out // head_dim
+        kv_heads = dims("k")[1] // head_dim
+    if "gate_up" in first:
+        ffn = dims("gate_up")[1] // 2
+        differences.append("fused gate_up_proj (priced as gate and up projections)")
+    else:
+        ffn = dims("gate" if "gate" in first else "fc")[1]
+    family = "llama" if ("gate" in first or "gate_up" in first) else "gpt"
+    down_in = dims("down")[0]
+    if down_in != ffn:
+        raise _unknown(found, [f"an MLP whose down projection reads its {ffn} features (it reads {down_in})"])
+    if heads * head_dim != hidden:
+        differences.append(f"attention width {heads} heads x {head_dim} = {heads * head_dim} (not hidden {hidden}: "
+                           f"priced with head dim {hidden // heads if hidden % heads == 0 else '?'})")
+        if hidden % heads:
+            raise _unknown(found, [f"heads ({heads}) dividing hidden ({hidden}), as the generator writes them"])
+    if family == "gpt" and kv_heads != heads:
+        raise _unknown(found, [f"as many k/v heads as q heads in a GPT-2 layer ({kv_heads} against {heads})"])
+
+    # the layers' shapes: how many distinct
+    signatures = {tuple(sorted((r, s) for r, (_, s) in roles_of(k).items() if not r.endswith("_bias")))
+                  for k in numbers}  # weights only: an exporter de-duplicates equal biases across layers
+    # the embedding, the head, the token input
+    ops = {n.op for n in graph.nodes}
+    embedding = next((n for n in graph.topo_order() if n.op == "embedding"), None)
+    token_input, seq, vocab, tie, table = None, None, 64, True, None
+    if embedding is not None:
+        table = embedding.inputs[1]
+        vocab = int(inputs[table]["shape"][0]) if table in inputs else 64
+        source = embedding.inputs[0]
+        while source not in inputs and graph.producer(source)[0].op in ("reshape", "cast", "unsqueeze"):
+            source = graph.producer(source)[0].inputs[0]
+        if source in inputs:
+            token_input = (source, tuple(inputs[source]["shape"]))
+            seq = int(token_input[1][-1])
+    else:
+        streams = [(name, a) for name, a in inputs.items()
+                   if len(a.get("shape", ())) == 3 and a["shape"][-1] == hidden and name not in params]
+        if streams:
+            seq = int(streams[0][1]["shape"][1])
+    if seq is None:
+        raise _unknown(found, ["the token ids (an integer input read by the embedding) or a (batch, seq, hidden) "
+                               "input, for the sequence length"])
+    roles = [(name, role) for k in numbers for role, (name, _) in sorted(roles_of(k).items())
+             if not role.endswith("_bias")]
+    # a bias by the product it is added to, named as its weight (an exporter may store equal biases as one tensor
+    # under one of their names: the plan names each by its own, which the importer matches to the shared tensor)
+    roles += [(name[:-len("weight")] + "bias", role + "_bias") for name, role in list(roles)
+              if name.endswith(".weight") and _bias_of(graph, name, inputs)]
+    head = None
+    for node in graph.topo_order():  # the head: a product reading the vocabulary out of the hidden size
+        if node.op in ("matmul", "linear") and len(node.inputs) > 1 and node.inputs[1] in params:
+            got = _in_out(graph, node.inputs[1], tuple(inputs[node.inputs[1]]["shape"]))
+            if got == (hidden, vocab) and not _IMPORTED_LAYER.match(node.inputs[1]):
+                head = node.inputs[1]
+    if table is not None and table in params:
+        roles.append((table, "embed"))
+    if head is not None:
+        roles.append((head, "head"))
+        tie = table is not None and head in (table, table + ".T")
+    dtype = str(params[first["qkv" if fused else "q"][0]].get("dtype", "float32"))
+
+    # what the generator of the family does not write
+    biases = sorted({role for k in numbers for role, (name, _) in roles_of(k).items()
+                     if not role.endswith("_bias") and _bias_of(graph, name, inputs)})
+    if family == "llama":
+        if biases:
+            differences.append(f"biases on {', '.join(biases)}")
+        if "rms_norm" not in ops:
+            differences.append("LayerNorm (the generator writes RMSNorm)")
+        if "rotary_position_embedding" not in ops:
+            differences.append("no rotary position embedding")
+        gate_ops = _ops_after(graph, first["gate_up" if "gate_up" in first else "gate"][0])
+        if "silu_mul" not in gate_ops:
+            act = sorted(gate_ops & {"gelu", "relu", "sigmoid", "tanh", "silu", "opaque"})
+            differences.append(f"gated MLP activation {'/'.join(act) or 'not SiLU'} (the generator writes SwiGLU)")
+    else:
+        gen_biases = ["down", "fc", "o", "q", "v"]
+        if biases != gen_biases and not (fused and biases == sorted(["down", "fc", "o", "qkv"])):
+            differences.append(f"biases on {', '.join(biases) or 'no projection'} (gen gpt's: q, v, o, fc1, fc2)")
+        if "dropout" not in ops:
+            differences.append("no dropout (gen gpt writes dropout 0.1, priced)")
+        if not tie:
+            differences.append("an untied head (gen gpt ties it to the embedding)")
+    norms = [n for n in graph.nodes if n.op in ("rms_norm", "layer_norm")]
+    computed = sorted({n.inputs[1] for n in norms if len(n.inputs) > 1 and n.inputs[1] not in params})
+    if computed:
+        differences.append(f"norm weights that are constants, not parameters ({', '.join(computed[:3])}: Gemma's "
+                           "1 + w, folded by the exporter)")
+    if embedding is not None and {c.op for c, _ in graph.consumers(embedding.outputs[0])} & {"mul", "div", "scale"}:
+        differences.append("scaled embeddings")
+    if not any(op.startswith("cross_entropy") for op in ops):
+        differences.append("loss (the import ends at its outputs; the generator's vocab-parallel cross entropy is "
+                           "priced)")
+    architecture = "Llama-family" if family == "llama" else "GPT-2"
+    imported = ImportedModel(architecture=architecture, differences=tuple(differences), roles=tuple(roles),
+                             layer_stem=stem, token_input=token_input)
+    return ModelShape(family=family, layers=len(numbers), hidden=hidden, heads=heads, ffn=ffn, seq=seq, dtype=dtype,
+                      vocab=vocab, kv_heads=kv_heads if family != "gpt" else None, full=embedding is not None,
+                      tie=tie, distinct_layers=len(signatures), imported=imported)
+
+
+def _products(graph: Graph, weight: str) -> list:
+    return [node for node, index in graph.consumers(weight) if node.op in ("matmul", "linear") and index == 1]
+
+
+def _bias_of(graph: Graph, weight: str, inputs: dict) -> str | None:
+    """The 1-d input added to the product of ``weight`` (a linear's third operand, or an ``add`` right after it)."""
+    for node in _products(graph, weight):
+        if node.op == "linear" and len(node.inputs) > 2:
+            return node.inputs[2]
+        for user, index in graph.consumers(node.outputs[0]):
+            other = user.inputs[1 - index] if user.op == "add" and len(user.inputs) == 2 else None
+            if other in inputs and len(inputs[other].get("shape", ())) == 1:
+                return other
+    return None
+
+
+def _ops_after(graph: Graph, weight: str, depth: int = 3) -> set[str]:
+    """The ops within ``depth`` steps after the products of ``weight`` (not past another product)."""
+    frontier = [n.outputs[0] for n in _products(graph, weight)]
+    ops: set[str] = set()
+    for _ in range(depth):
+        following = []
+        for value in frontier:
+            for node, _ in graph.consumers(value):
+                if node.op not in ("matmul", "linear"):
+                    ops.add(node.op)
+                    following.extend(node.outputs)
+        frontier = following
+    return ops
 
 
 def parse_axis_order(text: str | None) -> tuple[str, ...]:
@@ -715,6 +1029,8 @@ def search(model: ModelShape, cluster: Cluster, devices: int, global_batch: int,
                           memory_limit=limit, ranked=ranked, candidates=len(configs),
                           layer_evaluations=cache.evaluations,
                           seconds=time.perf_counter() - start, least_memory=least)
+    if model.imported is not None:  # one line: what the generator's graph the import is priced with leaves out
+        result.notes.append(model.imported.note(model.family))
     if keep_all:
         result.notes.append("all")
         result.every = every  # type: ignore[attr-defined]

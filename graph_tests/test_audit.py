@@ -7,6 +7,8 @@ snapshot is missing (CI has it at ../shared/upstream/hyper-parallel).
 from __future__ import annotations
 
 import json
+
+import numpy as np
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,120 @@ def test_audit_module_adds_a_proposal_from_a_file(checkout, tmp_path, capsys):
     softmax = data["ops"][0]
     assert code == 1 and softmax["source"] == str(module)
     assert softmax["wrong"] > 0 and softmax["reproducers"]["wrong"]["inputs"]["in0"]["placements"] == ["S(1)"]
+
+
+# --------------------------------------------------------------------------- the judges added for every op
+def _audit_rule(checkout, name, infer_layout, meshes=((4,),), budget=48):
+    """Audit ``infer_layout`` registered under upstream op ``name`` (upstream's own rule put back after)."""
+    from layout_prop.interop.hyper_parallel import add_registered
+
+    cls = type("TestRule", (checkout.base_class,), {"infer_layout": infer_layout})
+    saved = checkout.registry.get(name), checkout.ops.get(name)
+    cls(name)  # registers itself, as upstream's yaml loading does
+    try:
+        assert name in add_registered(checkout, "test")
+        return _audit(checkout, [name], meshes=meshes, budget=budget).ops[0]
+    finally:
+        checkout.registry[name], checkout.ops[name] = saved
+
+
+def _same_layout_or_refuse(self, layouts, extra_args):
+    """Right for any elementwise op: identical layouts without Partial, else refused."""
+    first = layouts[0]
+    for layout in layouts:
+        if layout is None:
+            continue
+        if layout.is_partial() or layout.tensor_map != first.tensor_map:
+            raise ValueError("give identical layouts without Partial")
+    return first
+
+
+def test_a_comparison_judged_by_the_helper_kernel(checkout):
+    """ge has no layout-prop op: numpy's greater_equal executes it; a rule passing Partial through is caught."""
+    right = _audit_rule(checkout, "ge", _same_layout_or_refuse)
+    assert right.counts["wrong"] == 0 and right.counts["right"] > 0
+    assert right.op.startswith("greater_equal (interop/judges.py")
+
+    def partial_kept(self, layouts, extra_args):  # deliberately wrong: a comparison of partial terms
+        first = layouts[0]
+        if any(layout.tensor_map != first.tensor_map for layout in layouts):
+            raise ValueError("give identical tensor maps")
+        return first
+
+    wrong = _audit_rule(checkout, "ge", partial_kept)
+    assert wrong.counts["wrong"] > 0
+    assert "P(sum)" in sum(wrong.examples["wrong"].placements, ())  # the smallest: a P(sum) operand
+
+
+def test_reshape_is_judged_with_the_local_shape_the_rule_returns(checkout):
+    def global_shape_kept(self, layouts, extra_args):  # deliberately wrong: the global shape as the local one
+        x = layouts[0]
+        if x.is_partial() or any(m != -1 for m in x.tensor_map[1:]):
+            raise ValueError("dim 0 sharded at most")
+        out = [x.alias_tensor_map[0]] + ["None"] * (len(extra_args[0]) - 1)
+        return x.__class__.__call__(x, *out), list(extra_args[0])
+
+    def replicated_only(self, layouts, extra_args):
+        x = layouts[0]
+        if any(m != -1 for m in x.tensor_map) or x.is_partial():
+            raise ValueError("replicated inputs only")
+        return x.__class__.__call__(x, *(["None"] * len(extra_args[0]))), list(extra_args[0])
+
+    right = _audit_rule(checkout, "Reshape", replicated_only)
+    assert right.counts["wrong"] == 0 and right.counts["right"] > 0
+    wrong = _audit_rule(checkout, "Reshape", global_shape_kept)
+    assert wrong.counts["wrong"] > 0
+    assert "shape" in wrong.examples["wrong"].upstream_answer  # the returned local shape is shown
+
+
+def test_the_snapshot_reshape_is_wrong_on_uneven_shards(checkout):
+    """Upstream's Reshape divides the dim by the shard count: 6 rows on 4 devices give rank 0 a [6] piece."""
+    audit = _audit(checkout, ["Reshape"]).ops[0]
+    wrong = audit.examples["wrong"]
+    assert wrong.placements == (("S(0)",),) and wrong.case.shapes == ((6, 4),)
+    assert "cannot reshape array of size 8 into shape (6,)" in wrong.message
+
+
+def test_multinomial_is_judged_by_its_invariants(checkout):
+    from layout_prop.interop import judges
+
+    check = judges.check("multinomial_invariants")
+    probs = np.array([[0.0, 1.0, 2.0]])
+    attrs = {"num_samples": 2, "replacement": False}
+    assert check(np.array([[1, 2]]), [probs], attrs) is None
+    assert "not positive" in check(np.array([[0, 2]]), [probs], attrs)
+    assert "repeated" in check(np.array([[2, 2]]), [probs], attrs)
+
+    def rows_dropped(self, layouts, extra_args):  # deliberately wrong: samples replicated whatever the rows
+        x = layouts[0]
+        if x.is_partial() or x.tensor_map[-1] != -1:
+            raise ValueError("no")
+        return x.__class__.__call__(x, *(["None"] * len(x.tensor_map)))
+
+    def rows_kept(self, layouts, extra_args):
+        x = layouts[0]
+        if x.is_partial() or x.tensor_map[-1] != -1:
+            raise ValueError("no")
+        return x.__class__.__call__(x, *x.alias_tensor_map)
+
+    assert _audit_rule(checkout, "multinomial", rows_kept).counts["wrong"] == 0
+    wrong = _audit_rule(checkout, "multinomial", rows_dropped)
+    assert wrong.counts["wrong"] > 0 and "S(0)" in wrong.examples["wrong"].placements[0]
+
+
+def test_attention_runs_the_rules_own_expansion(checkout):
+    """sdpa: upstream's expansion runs around layout-prop's kernel; K/V sharded on the sequence with a whole
+    query is answered R by the snapshot, and the replicas differ."""
+    audit = _audit(checkout, ["scaled_dot_product_attention"], budget=32).ops[0]
+    assert audit.counts["right"] > 0 and audit.counts["wrong"] > 0
+    wrong = audit.examples["wrong"]
+    assert wrong.placements[0] == ("R",) and wrong.placements[1] == wrong.placements[2] == ("S(2)",)
+    assert "replicas" in wrong.message
+
+
+def test_every_snapshot_op_is_audited_or_has_a_reason(checkout):
+    from layout_prop.interop.cases import CASES, NOT_MAPPED
+
+    missing = [n for n in checkout.ops if n not in CASES and n not in NOT_MAPPED]
+    assert missing == []
+    assert sorted(n for n in checkout.ops if n not in CASES) == ["npu_fusion_attention"]

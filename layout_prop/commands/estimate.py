@@ -122,7 +122,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     shape = tuple(pprog.program.mesh.shape)
     seconds = _node_seconds(g, cluster)
     nodes = {n.name: n for n in g.nodes}
-    params = {n.name for n in g.inputs() if n.attrs.get("requires_grad")}
+    params = {n.name for n in g.inputs() if n.attrs.get("requires_grad") and n.name not in built.batch_inputs}
 
     def is_sync(source: str) -> bool:
         node = nodes.get(source)
@@ -152,14 +152,25 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
                         first_gather[s] = t
                 else:
                     (forward if phase == "F" else backward)[chunk] += t
-    moves = [collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis, cluster)
-             for key in sorted(pprog.moves) for mv in pprog.moves[key]]
-    t_move = max(moves, default=0.0)
+    # a task waits for the moves from the stage of the task it follows (F: chunk - 1's, B: chunk + 1's), sent one
+    # after another on the link; a move from another stage (a tied embedding's gradient) was sent earlier
+    moves, t_move = [], {}
+    for (chunk, phase), task_moves in sorted(pprog.moves.items()):
+        before = (chunk - 1 if phase == "F" else chunk + 1) % p
+        for mv in task_moves:
+            t = collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis, cluster)
+            moves.append(t)
+            if mv.src_stage == before:
+                t_move[(chunk, phase)] = t_move.get((chunk, phase), 0.0) + t
     timeline = simulate(pprog.orders, p, v, forward, backward, t_move=t_move)
     # memory: the model states by the stage's share of the parameters, the activations its order holds
-    report = Memory(optimizer="adam", zero=zero).run(g).max
+    from layout_prop.passes.zero import ZeroConfig
+
+    # (the ZeRO paper's convention with or without ZeRO, as plan --search counts: 16-bit models keep an fp32 copy)
+    report = Memory(optimizer="adam", zero=zero if zero is not None else ZeroConfig(0, ())).run(g).max
     states_all = report.parameters + report.gradients + report.optimizer_states
-    param_bytes = {name: value_spec(g, name).local_nbytes(0) for name in params}
+    # (the memory pass counts every input with a gradient, a float batch input too: so do the shares)
+    param_bytes = {n.name: value_spec(g, n.name).local_nbytes(0) for n in g.inputs() if n.attrs.get("requires_grad")}
     total_params = sum(param_bytes.values()) or 1
     held = [0] * c.chunks
     for value, (_, nbytes) in held_values(g).items():
@@ -173,6 +184,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     stages = []
     for s in range(p):
         mine = [name for name in pprog.stage_inputs.get(s, ()) if name in params]
+        counted = [name for name in pprog.stage_inputs.get(s, ()) if name in param_bytes]
         own = [ch for ch in range(s, c.chunks, p)]
         fwd, bwd = sum(forward[ch] for ch in own), sum(backward[ch] for ch in own)
         last = last_sync[s] or 0.0
@@ -198,7 +210,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             else:
                 opt_bytes += param_bytes[name]
         optimizer = 7 * opt_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
-        share = sum(param_bytes[name] for name in mine) / total_params
+        share = sum(param_bytes[name] for name in counted) / total_params
         live = peak = 0
         for task in pprog.orders[s]:
             live += held[task.chunk] if task.phase == "F" else -held[task.chunk]
@@ -221,7 +233,8 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     return {"cluster": cluster.name, "devices": graph.mesh.size, "config": blocks.to_dict(),
             "stage_mesh": str(pprog.program.mesh), "step_time_s": step, "pipeline_s": timeline.makespan,
             "ideal_s": timeline.ideal, "bubble": timeline.bubble,
-            "bubble_fraction": bubble_fraction(c.schedule, p, m, v), "move_s": t_move, "moves": len(moves),
+            "bubble_fraction": bubble_fraction(c.schedule, p, m, v), "moves": len(moves),
+            "move_s": sum(moves), "task_move_s": {f"{ph}{ch}": t for (ch, ph), t in sorted(t_move.items())},
             "chunk_forward_s": forward, "chunk_backward_s": backward,
             "grad_sync_exposed_s": slowest["grad_sync_exposed_s"], "optimizer_s": slowest["optimizer_s"],
             "slowest_stage": slowest["stage"], "memory_per_rank_bytes": busiest["memory_bytes"],
@@ -236,7 +249,7 @@ def format_pipelined(d: dict) -> str:
              f"pipeline stages on {cfg['axis']} ({cfg['schedule']}{v}, {cfg['micro_batches']} micro-batches), "
              f"each stage on {d['stage_mesh']}",
              f"  pipeline       {_ms(d['pipeline_s'])}  (the schedule simulated with each chunk's times and "
-             f"{d['moves']} moves of {_ms(d['move_s'])}; bubble {d['bubble']:.3f} of the busiest stage's time, "
+             f"{d['moves']} moves, {_ms(d['move_s'])} a micro-batch; bubble {d['bubble']:.3f} of the busiest stage's time, "
              f"the closed form {d['bubble_fraction']:.3f})",
              f"  gradient sync  {_ms(d['grad_sync_exposed_s'])} exposed  (stage {d['slowest_stage']})",
              f"  optimizer      {_ms(d['optimizer_s'])}  (AdamW, stage {d['slowest_stage']})"]

@@ -327,10 +327,11 @@ def _build_more(cases: dict[str, list[Case]]) -> None:
     # token windows, or sdpa's mask, for a rank's piece) run around layout-prop's kernels
     bnsd = ((2, 2, 5, 4),) * 3
     fa = []
-    for bnsd, sparse_mode, pre, nxt in ((bnsd, 0, 2147483647, 2147483647), (bnsd, 3, 2147483647, 0),
-                                        (((2, 2, 8, 4),) * 3, 3, 2147483647, 0)):  # an even sequence too
+    even = ((2, 2, 8, 4),) * 3  # the sequence 5 is cut unevenly on 4 devices (2, 2, 1, 0); 8 evenly
+    for shapes, sparse_mode, pre, nxt in ((bnsd, 0, 2147483647, 2147483647), (bnsd, 3, 2147483647, 0),
+                                          (even, 3, 2147483647, 0)):
         scalars = [2, 1.0, 0.5, pre, nxt, 0, "BNSD", sparse_mode]  # head_num ... sparse_mode, as MindSpore passes
-        fa.append(Case("flash_attention_score", bnsd, (0, 1, 2) + (None,) * 7, scalars,
+        fa.append(Case("flash_attention_score", shapes, (0, 1, 2) + (None,) * 7, scalars,
                        {"head_num": 2, "input_layout": "BNSD", "scale": 0.5, "sparse_mode": sparse_mode,
                         "pre_tokens": pre, "next_tokens": nxt}, partial=False, outputs=(3,),
                        call_values={10 + i: v for i, v in enumerate(scalars)},
@@ -338,8 +339,8 @@ def _build_more(cases: dict[str, list[Case]]) -> None:
                        tied=((2, 1),)))
     cases["FlashAttentionScore"] = fa
     cases["scaled_dot_product_attention"] = [
-        Case("scaled_dot_product_attention", bnsd, (0, 1, 2), [], {"layout": "BNSD"}, partial=False,
-             tied=((2, 1),))]
+        Case("scaled_dot_product_attention", shapes, (0, 1, 2), [], {"layout": "BNSD"}, partial=False, tied=((2, 1),))
+        for shapes in (bnsd, even)]
 
 
 #: upstream op name -> its sample calls

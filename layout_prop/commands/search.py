@@ -274,7 +274,8 @@ def _pattern(name: str, stem: str) -> str:
 def imported_plan_text(result, order: tuple[str, ...] | None = None) -> str:
     """The best configuration as a sharding plan in the imported model's own parameter names: the mesh of the
     configuration (pp, dp, sp = cp, tp, in ``order``), Megatron's tensor-parallel presets by role, every other
-    parameter replicated, the token ids split on dp (and sp) where the exported batch (and sequence) divide."""
+    parameter replicated, the token ids (or a block's input states) split on dp (and sp) where the exported batch
+    (and sequence) divide."""
     import yaml
 
     from layout_prop.planner.search import DEFAULT_ORDER
@@ -319,7 +320,7 @@ def imported_plan_text(result, order: tuple[str, ...] | None = None) -> str:
     if imp.token_input is not None:
         token, shape = imp.token_input
         entry = ["R"] * len(names)
-        for axis, dim in (("dp", 0), ("sp", len(shape) - 1)):
+        for axis, dim in (("dp", 0), ("sp", 1)):  # (batch, seq) token ids or (batch, seq, hidden) states
             if sizes[axis] > 1 and axis in names:
                 if shape[dim] % sizes[axis] == 0:
                     entry[names.index(axis)] = f"S({dim})"

@@ -455,7 +455,7 @@ def _recognise_imported(graph: Graph) -> ModelShape:
     stem = max(stems, key=lambda s: (len(stems[s]), sum(map(len, stems[s].values()))))
     layers = stems[stem]
     numbers = sorted(layers)
-    found = f"{len(numbers)} layers named {stem}.N"
+    found = f"{len(numbers)} layer{'s' if len(numbers) != 1 else ''} named {stem}.N"
     attention = [n for n in graph.nodes if n.op == "scaled_dot_product_attention"]
     missing = []
     if not attention:
@@ -551,10 +551,11 @@ def _recognise_imported(graph: Graph) -> ModelShape:
             token_input = (source, tuple(inputs[source]["shape"]))
             seq = int(token_input[1][-1])
     else:
-        streams = [(name, a) for name, a in inputs.items()
-                   if len(a.get("shape", ())) == 3 and a["shape"][-1] == hidden and name not in params]
+        streams = [(name, a) for name, a in inputs.items()  # a block's hidden states (batch, seq, hidden)
+                   if len(a.get("shape", ())) == 3 and a["shape"][-1] == hidden and not _IMPORTED_LAYER.match(name)]
         if streams:
-            seq = int(streams[0][1]["shape"][1])
+            token_input = (streams[0][0], tuple(streams[0][1]["shape"]))
+            seq = int(token_input[1][1])
     if seq is None:
         raise _unknown(found, ["the token ids (an integer input read by the embedding) or a (batch, seq, hidden) "
                                "input, for the sequence length"])
@@ -606,7 +607,7 @@ def _recognise_imported(graph: Graph) -> ModelShape:
                            "1 + w, folded by the exporter)")
     if embedding is not None and {c.op for c, _ in graph.consumers(embedding.outputs[0])} & {"mul", "div", "scale"}:
         differences.append("scaled embeddings")
-    if not any(op.startswith("cross_entropy") for op in ops):
+    if embedding is not None and not any(op.startswith("cross_entropy") for op in ops):
         differences.append("loss (the import ends at its outputs; the generator's vocab-parallel cross entropy is "
                            "priced)")
     architecture = "Llama-family" if family == "llama" else "GPT-2"

@@ -1,0 +1,236 @@
+"""plan --search on imported models (issue #31, item 4): the torch-exported fixtures of examples/models/
+recognised with the sizes their Hugging Face configs give, priced as the ``gen`` model of those sizes (the
+same ranking as the gen spec itself), what the generator leaves out named in one note, non-decoder models
+refused in one line, and the sharding plan --plan-out writes in the model's own names read back by import."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+pytest.importorskip("onnx")
+
+from layout_prop.cli import main  # noqa: E402
+from layout_prop.commands.search import load_model_shape, run_search  # noqa: E402
+from layout_prop.frontends import load_model  # noqa: E402
+from layout_prop.frontends.generate import gpt_spec, llama_spec  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+from layout_prop.perf.clusters import get_cluster  # noqa: E402
+
+MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
+ONE_RANK = {"mesh": {"shape": [1], "names": ["tp"]}}
+DECODERS = ["llama", "qwen2", "mistral", "gemma", "phi3", "gpt2"]
+
+
+def fixture_configs() -> tuple[dict[str, dict], int]:
+    """The keyword arguments of every fixture's Hugging Face config, read from make_fixtures.py's source (the
+    script needs torch and transformers to run; its configs are literals), and its sequence length."""
+    tree = ast.parse((MODELS / "make_fixtures.py").read_text())
+    consts = {n.targets[0].id: n.value.value for n in tree.body
+              if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)}
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "configs")
+    env: dict[str, dict] = {}
+
+    def value(node):
+        if isinstance(node, ast.Name):
+            return env[node.id] if node.id in env else consts[node.id]
+        if isinstance(node, ast.Call):  # dict(common, ...)
+            return call_kwargs(node)
+        return ast.literal_eval(node)
+
+    def call_kwargs(call: ast.Call) -> dict:
+        out: dict = {}
+        for arg in call.args:  # dict(common, ...)
+            out.update(value(arg))
+        for kw in call.keywords:
+            out.update(value(kw.value) if kw.arg is None else {kw.arg: value(kw.value)})
+        return out
+
+    configs = {}
+    for stmt in func.body:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
+            env[stmt.targets[0].id] = call_kwargs(stmt.value)
+        if isinstance(stmt, ast.Return):
+            for entry in stmt.value.elts:
+                configs[entry.elts[0].value] = call_kwargs(entry.elts[2])
+    return configs, consts["SEQ"]
+
+
+def expected_sizes(name: str) -> dict:
+    """The sizes the search should read off the fixture, from its config (Hugging Face's names)."""
+    configs, seq = fixture_configs()
+    c = configs[name]
+    if name == "gpt2":  # GPT2Config: n_inner None is 4 x n_embd
+        return dict(layers=c["n_layer"], hidden=c["n_embd"], heads=c["n_head"], kv_heads=None, ffn=4 * c["n_embd"],
+                    vocab=c["vocab_size"], seq=seq)
+    return dict(layers=c["num_hidden_layers"], hidden=c["hidden_size"], heads=c["num_attention_heads"],
+                kv_heads=c["num_key_value_heads"], ffn=c["intermediate_size"], vocab=c["vocab_size"], seq=seq)
+
+
+def imported_shape(name: str):
+    return load_model_shape(load_model(str(MODELS / f"{name}.onnx"), ONE_RANK))
+
+
+def one_line_error(capsys, argv, code):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and code in err, err
+    return err
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_torch_exported_decoder_is_recognised_with_its_configs_sizes(name):
+    want = expected_sizes(name)
+    reference = np.load(MODELS / f"{name}.npz")  # what torch computed: (batch, seq) ids in, (.., vocab) logits out
+    assert reference["input_ids"].shape[1] == want["seq"] and reference["logits"].shape[-1] == want["vocab"]
+    model = imported_shape(name)
+    got = dict(layers=model.layers, hidden=model.hidden, heads=model.heads, kv_heads=model.kv_heads, ffn=model.ffn,
+               vocab=model.vocab, seq=model.seq)
+    assert got == want
+    assert model.family == ("gpt" if name == "gpt2" else "llama") and model.dtype == "float32"
+    assert model.full and model.distinct_layers == 1
+    assert model.tie == (name in ("gemma", "gpt2"))  # Gemma and GPT-2 tie the head to the embedding
+
+
+#: what each fixture has that the generator of its family does not write (the one note names them)
+DIFFERENCES = {"llama": [], "mistral": [], "qwen2": ["biases on k, q, v"],
+               "gemma": ["gated MLP activation gelu", "norm weights that are constants", "scaled embeddings"],
+               "phi3": ["fused qkv_proj", "fused gate_up_proj"],
+               "gpt2": ["fused c_attn", "no dropout"]}
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_one_note_names_what_the_generator_leaves_out(name, capsys):
+    argv = ["plan", str(MODELS / f"{name}.onnx"), "--search", "--cluster", "a100-80g", "--devices", "4",
+            "--global-batch", "8", "--axes", "pp=1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("note: imported")]
+    assert len(notes) == 1, out
+    family = "gpt" if name == "gpt2" else "llama"
+    assert f"priced as a gen {family} of the same sizes" in notes[0]
+    for words in DIFFERENCES[name] + ["loss"]:
+        assert words in notes[0], (words, notes[0])
+    if not DIFFERENCES[name]:
+        assert "bias" not in notes[0] and "fused" not in notes[0] and "activation" not in notes[0]
+    assert main(argv + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["imported"]["priced_as"] == f"gen {family}"
+    assert all(any(words in d for d in report["imported"]["differences"]) for words in DIFFERENCES[name])
+    assert notes[0][len("note: "):] in report["notes"]
+
+
+def test_the_llama_import_is_searched_as_the_gen_llama_of_its_sizes():
+    """The search on the import and on ``gen llama --full`` written with the fixture's sizes: the same candidates,
+    the same first and the same predicted step times (the import is priced with the generator's graph)."""
+    want = expected_sizes("llama")
+    spec = llama_spec(layers=want["layers"], mesh=(("dp", 1), ("sp", 1), ("tp", 1)), batch=1, seq=want["seq"],
+                      hidden=want["hidden"], heads=want["heads"], ffn=want["ffn"], kv_heads=want["kv_heads"],
+                      full=True, vocab=want["vocab"], tie_embeddings=False)
+    gen = load_model_shape(load_spec(spec))
+    imported = imported_shape("llama")
+    assert imported == gen  # every size the search reads (the import's own notes are not compared)
+    cluster = get_cluster("a100-80g")
+    a = run_search(imported, cluster, 8, 16)
+    b = run_search(gen, cluster, 8, 16)
+    assert a.candidates == b.candidates > 100 and len(a.ranked) == len(b.ranked)
+    assert [c.config for c in a.ranked[:10]] == [c.config for c in b.ranked[:10]]
+    assert [c.step_time_s for c in a.ranked] == [c.step_time_s for c in b.ranked]
+    assert a.ranked[0].step_time_s < a.ranked[-1].step_time_s  # ranked, not all equal
+    assert any(n.startswith("imported Llama-family") for n in a.notes)
+    assert not any(n.startswith("imported") for n in b.notes)
+
+
+def test_the_gpt2_import_is_searched_as_the_gen_gpt_of_its_sizes():
+    want = expected_sizes("gpt2")
+    spec = gpt_spec(layers=want["layers"], mesh=(("dp", 1), ("sp", 1), ("tp", 1)), batch=1, seq=want["seq"],
+                    hidden=want["hidden"], heads=want["heads"], ffn=want["ffn"], vocab=want["vocab"])
+    gen, imported = load_model_shape(load_spec(spec)), imported_shape("gpt2")
+    assert imported == gen
+    cluster = get_cluster("a100-80g")
+    a, b = run_search(imported, cluster, 4, 8), run_search(gen, cluster, 4, 8)
+    assert [(c.config, c.step_time_s) for c in a.ranked] == [(c.config, c.step_time_s) for c in b.ranked]
+
+
+@pytest.mark.parametrize("name, words", [
+    ("bert", ["unknown-model", "encoder.layer.N", "not causal", "q, k, v projections"]),
+    ("t5_torchscript", ["unknown-model", "not causal", "q, k, v projections"]),
+    ("bert_torchscript", ["unknown-model", "not causal"]),
+])
+def test_a_model_that_is_not_a_decoder_is_one_line(name, words, capsys):
+    err = one_line_error(capsys, ["plan", str(MODELS / f"{name}.onnx"), "--search", "--cluster", "a100-80g",
+                                  "--devices", "8", "--global-batch", "16"], "unknown-model")
+    for w in words:
+        assert w in err, (w, err)
+    assert "hint: plan --search takes decoder-only imports" in err
+
+
+def test_an_import_with_no_layer_names_says_what_is_missing(capsys):
+    err = one_line_error(capsys, ["plan", str(MODELS / "moe.onnx"), "--search", "--cluster", "a100-80g",
+                                  "--devices", "8", "--global-batch", "16"], "unknown-model")
+    assert "no parameter is named with a layer number" in err
+
+
+def test_the_search_takes_the_model_with_or_without_a_plan(tmp_path, capsys):
+    model = str(MODELS / "llama.onnx")
+    common = ["--search", "--cluster", "a100-80g", "--devices", "4", "--global-batch", "8", "--json"]
+    assert main(["plan", model] + common) == 0
+    without = json.loads(capsys.readouterr().out)
+    plan = tmp_path / "p.yaml"
+    plan.write_text(yaml.safe_dump({"mesh": {"shape": [2], "names": ["tp"]},
+                                    "parameters": {"*.q_proj.weight": "colwise", "*": "R"}}))
+    assert main(["plan", model, "--plan", str(plan)] + common) == 0
+    with_plan = json.loads(capsys.readouterr().out)
+    assert without["top"] == with_plan["top"] and without["imported"] == with_plan["imported"]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "phi3", "gpt2"])
+def test_plan_out_is_a_plan_in_the_models_names_that_imports_and_checks(name, tmp_path, capsys):
+    """tp=2 fixed so that the plan shards: Megatron's presets by role, read back by import and check --reshard
+    clean; the weights' placements are what the roles say (column-parallel: output features on tp)."""
+    model = str(MODELS / f"{name}.onnx")
+    out, spec = tmp_path / "plan.yaml", tmp_path / "gen.yaml"
+    assert main(["plan", model, "--search", "--cluster", "a100-80g", "--devices", "8", "--global-batch", "16",
+                 "--axes", "tp=2,pp=2", "--plan-out", str(out), "-o", str(spec)]) == 0
+    text = capsys.readouterr().out
+    assert "-o wrote the gen" in text and "not the imported model" in text
+    plan = yaml.safe_load(out.read_text())
+    assert plan["mesh"]["names"][-1] == "tp" and plan["mesh"]["shape"][-1] == 2
+    assert "pp" in plan["mesh"]["names"] and "pp axis (2 stages) is replicated" in out.read_text()
+    assert main(["import", model, "--plan", str(out), "-o", str(tmp_path / "imported.yaml")]) == 0
+    capsys.readouterr()
+    assert main(["check", model, "--plan", str(out), "--reshard", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["violations"] == []
+    tensors = report["tensors"]
+    tp = plan["mesh"]["names"].index("tp")
+    stem = "transformer.h.1." if name == "gpt2" else "model.layers.1."
+    want = {"llama": {"self_attn.q_proj.weight": "S(1)", "self_attn.o_proj.weight": "S(0)",
+                      "mlp.down_proj.weight": "S(0)", "mlp.up_proj.weight": "S(1)"},
+            "qwen2": {"self_attn.k_proj.weight": "S(1)", "self_attn.o_proj.weight": "S(0)"},
+            "phi3": {"self_attn.qkv_proj.weight": "_S(1,3)", "mlp.gate_up_proj.weight": "_S(1,2)",
+                     "mlp.down_proj.weight": "S(0)"},
+            "gpt2": {"attn.c_attn.weight": "_S(1,3)", "attn.c_proj.weight": "S(0)", "mlp.c_fc.weight": "S(1)",
+                     "mlp.c_proj.weight": "S(0)"}}[name]
+    for weight, placement in want.items():
+        assert tensors[stem + weight]["placements"][tp] == placement, weight
+    if name == "qwen2":  # the biases, one tensor shared by k and v as exported, cut as their outputs
+        assert tensors["model.layers.0.self_attn.k_proj.bias"]["placements"][tp] == "S(0)"
+
+
+def test_the_plan_out_of_the_llama_import_runs_equal_to_one_device(tmp_path, capsys):
+    """The plan --plan-out wrote, on the model's own weights: the sharded forward and backward, assembled from the
+    ranks, equal one device's."""
+    model = str(MODELS / "llama.onnx")
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", model, "--search", "--cluster", "a100-80g", "--devices", "4", "--global-batch", "8",
+                 "--axes", "tp=2,dp=2", "--plan-out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", model, "--plan", str(out), "--backward", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["ok"] and run["grads"]

@@ -234,3 +234,57 @@ def test_the_plan_out_of_the_llama_import_runs_equal_to_one_device(tmp_path, cap
     assert main(["run", model, "--plan", str(out), "--backward", "--json"]) == 0
     run = json.loads(capsys.readouterr().out)
     assert run["ok"] and run["grads"]
+
+
+#: gen's parameter names -> torch's (Hugging Face's Llama and a GPT-2-like layout with separate q, k, v)
+LLAMA_NAMES = {"wq": "self_attn.q_proj.weight", "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+               "wo": "self_attn.o_proj.weight", "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight",
+               "w_down": "mlp.down_proj.weight", "norm1": "input_layernorm.weight",
+               "norm2": "post_attention_layernorm.weight"}
+GPT_NAMES = {"wq": "attn.q_proj.weight", "bq": "attn.q_proj.bias", "wk": "attn.k_proj.weight",
+             "wv": "attn.v_proj.weight", "bv": "attn.v_proj.bias", "wo": "attn.c_proj.weight", "bo": "attn.c_proj.bias",
+             "w_fc1": "mlp.c_fc.weight", "b_fc1": "mlp.c_fc.bias", "w_fc2": "mlp.c_proj.weight",
+             "b_fc2": "mlp.c_proj.bias", "ln1_w": "ln_1.weight", "ln1_b": "ln_1.bias", "ln2_w": "ln_2.weight",
+             "ln2_b": "ln_2.bias"}
+
+
+def renamed(spec: dict, names: dict, stem: str, top: dict) -> dict:
+    """``spec`` with its parameters named as torch names them (``l3_wq`` -> ``model.layers.3.self_attn.q_proj.
+    weight``): a graph read as an import, whose ``linear`` weights are ``(out, in)``."""
+    def new(name: str) -> str:
+        if name in top:
+            return top[name]
+        head, _, rest = name.partition("_")
+        if head[:1] == "l" and head[1:].isdigit() and rest in names:
+            return f"{stem}.{head[1:]}.{names[rest]}"
+        return name
+
+    spec = json.loads(json.dumps(spec))
+    spec["inputs"] = {new(k): v for k, v in spec["inputs"].items()}
+    for node in spec["nodes"]:
+        node["inputs"] = [new(i) for i in node["inputs"]]
+    return spec
+
+
+SIZES = dict(layers=3, seq=12, hidden=96, heads=6, ffn=160, vocab=200)
+
+
+def test_torch_names_on_a_graph_of_other_sizes_read_those_sizes():
+    """Sizes that differ from one another (hidden 96 = 6 heads x 16, 2 kv heads, ffn 160, vocab 200, 3 layers,
+    seq 12), on ``linear`` weights (out, in) rather than the fixtures' MatMul (in, out): the model read as an
+    import equals the gen spec's own, and the generator leaves nothing out (it has the loss)."""
+    mesh = (("dp", 1), ("sp", 1), ("tp", 1))
+    spec = llama_spec(mesh=mesh, batch=2, kv_heads=2, full=True, tie_embeddings=False, **SIZES)
+    gen = load_model_shape(load_spec(spec))
+    imported = load_model_shape(load_spec(renamed(spec, LLAMA_NAMES, "model.layers",
+                                                  {"embed": "model.embed_tokens.weight", "head": "lm_head.weight"})))
+    assert imported.imported is not None and gen.imported is None
+    assert (imported.layers, imported.hidden, imported.heads, imported.kv_heads, imported.ffn, imported.vocab,
+            imported.seq, imported.tie) == (3, 96, 6, 2, 160, 200, 12, False)
+    assert imported == gen and imported.imported.differences == ()
+    gpt = gpt_spec(mesh=mesh, batch=2, **SIZES)
+    gen = load_model_shape(load_spec(gpt))
+    imported = load_model_shape(load_spec(renamed(gpt, GPT_NAMES, "transformer.h", {"embed": "wte.weight"})))
+    assert (imported.family, imported.layers, imported.hidden, imported.heads, imported.ffn, imported.tie) == (
+        "gpt", 3, 96, 6, 160, True)
+    assert imported == gen and imported.imported.differences == ()  # biases on q, v, o, fc, down and dropout: gen's

@@ -297,7 +297,10 @@ def imported_plan_text(result, order: tuple[str, ...] | None = None) -> str:
 
     params: dict = {}
     left = []
-    for name, role in imp.roles:
+    order_ = ("embed", "q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "fc", "down", "head")
+    rank = {r: i for i, r in enumerate(order_)}
+    for name, role in sorted(imp.roles, key=lambda nr: (rank.get(nr[1].replace("_bias", ""), len(rank)),
+                                                          nr[1].endswith("_bias"))):
         pattern = _pattern(name, imp.layer_stem)
         if pattern in params:
             continue
@@ -342,6 +345,8 @@ def imported_plan_text(result, order: tuple[str, ...] | None = None) -> str:
               f"{best.mfu:.1%}, memory per rank {int(best.memory_bytes):,} bytes",
               "# activations follow the parameters (no sequence parallelism here): check --reshard inserts the moves",
               "# " + json.dumps({"search": c.to_dict()})] + comments
-    body = yaml.safe_dump(plan, sort_keys=False, default_flow_style=None)
-    body += yaml.safe_dump({"parameters": params}, sort_keys=False, default_flow_style=False, width=1000)
+    body = yaml.safe_dump(plan, sort_keys=False, default_flow_style=None) + "parameters:\n"
+    for key, value in params.items():  # one line a pattern, placements in flow style
+        body += (f"  {yaml.safe_dump(key, width=1000).splitlines()[0]}: "
+                 f"{yaml.safe_dump(value, default_flow_style=True, width=1000).splitlines()[0]}\n")
     return "\n".join(header) + "\n" + body

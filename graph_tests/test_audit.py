@@ -178,7 +178,7 @@ def test_a_comparison_judged_by_the_helper_kernel(checkout):
     """ge has no layout-prop op: numpy's greater_equal executes it; a rule passing Partial through is caught."""
     right = _audit_rule(checkout, "ge", _same_layout_or_refuse)
     assert right.counts["wrong"] == 0 and right.counts["right"] > 0
-    assert right.op.startswith("greater_equal (interop/judges.py")
+    assert right.op == "numpy greater_equal of interop/judges.py, layout-prop's maximum rule as stand-in"
 
     def partial_kept(self, layouts, extra_args):  # deliberately wrong: a comparison of partial terms
         first = layouts[0]
@@ -263,3 +263,23 @@ def test_every_snapshot_op_is_audited_or_has_a_reason(checkout):
     missing = [n for n in checkout.ops if n not in CASES and n not in NOT_MAPPED]
     assert missing == []
     assert sorted(n for n in checkout.ops if n not in CASES) == ["npu_fusion_attention"]
+
+
+def test_the_transcripts_of_docs_audit_md_are_the_command_output(capsys, monkeypatch):
+    """docs/audit.md's ```text transcripts of `layout-prop audit ../shared/...` (not run by test_readme, whose
+    folder has no ../shared) are what the command prints from the repository's root."""
+    import re
+    import shlex
+
+    root = Path(__file__).resolve().parent.parent
+    page = (root / "docs" / "audit.md").read_text()
+    runs = [chunk for block in re.findall(r"```text\n(.*?)```", page, re.S)
+            for chunk in re.split(r"^\$ ", block, flags=re.M)[1:] if "\n" in chunk.strip()]
+    assert len(runs) >= 2
+    monkeypatch.chdir(root)
+    for chunk in runs:
+        command, expected = chunk.split("\n", 1)
+        args = shlex.split(command)
+        assert args[:2] == ["layout-prop", "audit"], command
+        main(args[1:])
+        assert capsys.readouterr().out.strip() == expected.strip(), command

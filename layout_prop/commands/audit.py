@@ -25,7 +25,8 @@ def _print_report(report) -> None:
     print(f"audit of {report.root} on meshes {meshes} (platform layer: {report.platform})")
     for audit in report.ops:
         c = audit.counts
-        print(f"{audit.name} (layout-prop {audit.op}): {audit.combinations} combinations: accepted "
+        by = audit.op if "interop/judges.py" in audit.op else f"layout-prop {audit.op}"
+        print(f"{audit.name} ({by}): {audit.combinations} combinations: accepted "
               f"{audit.accepted} (right {c['right']}, wrong {c['wrong']} ({audit.silent} silently), unjudged "
               f"{c['unjudged']}), rejected "
               f"{c['rejected'] + c['over_strict']} (over-strict {c['over_strict']})")

@@ -529,7 +529,8 @@ def run_audit(checkout: Checkout, ops: Sequence[str] | None = None, meshes: Sequ
             progress(name)
         first = cases[0]
         label = get_rule(first.op).name if first.kernel is None else \
-            f"{first.kernel} (interop/judges.py" + (f", {get_rule(first.op).name}'s rule as stand-in)" if first.op else ")")
+            f"numpy {first.kernel} of interop/judges.py, " + (
+                f"layout-prop's {get_rule(first.op).name} rule as stand-in" if first.op else "no layout-prop rule")
         audit = OpAudit(name, label, checkout.sources.get(name, "?"))
         for case in cases:
             for shape in meshes:

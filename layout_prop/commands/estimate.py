@@ -242,26 +242,32 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
 
 
 def format_pipelined(d: dict) -> str:
-    """:func:`estimate_pipelined`'s result as text."""
+    """:func:`estimate_pipelined`'s result as text (times in microseconds: a stage's micro-batch is short)."""
+    def us(seconds: float) -> str:
+        return f"{seconds * 1e6:,.1f} us"
+
     cfg = d["config"]["pipeline"]
     v = f", {cfg['virtual_stages']} virtual stages" if cfg["virtual_stages"] > 1 else ""
-    lines = [f"step time {_ms(d['step_time_s'])} on {d['devices']:,} devices of {d['cluster']}: {cfg['stages']} "
+    lines = [f"step time {us(d['step_time_s'])} on {d['devices']:,} devices of {d['cluster']}: {cfg['stages']} "
              f"pipeline stages on {cfg['axis']} ({cfg['schedule']}{v}, {cfg['micro_batches']} micro-batches), "
              f"each stage on {d['stage_mesh']}",
-             f"  pipeline       {_ms(d['pipeline_s'])}  (the schedule simulated with each chunk's times and "
-             f"{d['moves']} moves, {_ms(d['move_s'])} a micro-batch; bubble {d['bubble']:.3f} of the busiest stage's time, "
-             f"the closed form {d['bubble_fraction']:.3f})",
-             f"  gradient sync  {_ms(d['grad_sync_exposed_s'])} exposed  (stage {d['slowest_stage']})",
-             f"  optimizer      {_ms(d['optimizer_s'])}  (AdamW, stage {d['slowest_stage']})"]
+             f"  pipeline       {us(d['pipeline_s'])}  (the schedule simulated with each chunk's times and the "
+             f"moves, {d['moves']} a micro-batch, {us(d['move_s'])}; the busiest stage idles {d['bubble']:.3f} of "
+             f"its busy time, the closed form's bubble {d['bubble_fraction']:.3f})",
+             f"  gradient sync  {us(d['grad_sync_exposed_s'])} exposed  (stage {d['slowest_stage']})",
+             f"  optimizer      {us(d['optimizer_s'])}  (AdamW, stage {d['slowest_stage']})"]
     for st in d["stages"]:
-        lines.append(f"  stage {st['stage']}: forward {_ms(st['forward_s'])}, backward {_ms(st['backward_s'])} a "
-                     f"micro-batch; {st['parameters']} parameters, sync {_ms(st['grad_sync_s'])} "
-                     f"({_ms(st['grad_sync_exposed_s'])} exposed); memory {st['memory_bytes']:,} bytes "
+        n = st["parameters"]
+        lines.append(f"  stage {st['stage']}: forward {us(st['forward_s'])}, backward {us(st['backward_s'])} a "
+                     f"micro-batch; {n} parameter{'s' if n != 1 else ''}, sync {us(st['grad_sync_s'])} "
+                     f"({us(st['grad_sync_exposed_s'])} exposed); memory {st['memory_bytes']:,} bytes "
                      f"(activations {st['activation_bytes']:,})")
-    if d["config"]["zero"] is not None and d["config"]["zero"]["stage"]:
-        lines.append(f"  ZeRO stage {d['config']['zero']['stage']} over {', '.join(d['config']['zero']['axes'])}")
-    if d["config"]["recompute"]["mode"] != "none":
-        lines.append(f"  recompute {d['config']['recompute']['mode']}")
+    zero, recompute = d["config"]["zero"], d["config"]["recompute"]
+    if zero is not None and zero["stage"]:
+        lines.append(f"  ZeRO stage {zero['stage']} over {', '.join(zero['axes'])}")
+    if recompute["mode"] != "none":
+        lines.append(f"  recompute {recompute['mode']}" + (f" of {', '.join(recompute['layers'])}"
+                                                            if recompute["layers"] else ""))
     lines.append(f"memory per rank {d['memory_per_rank_bytes']:,} bytes on stage {d['busiest_stage']} "
                  f"(device: {d['hbm_bytes']:,})")
     lines += [f"note: {note}" for note in d["notes"]]

@@ -165,7 +165,8 @@ def _notes(result) -> list[str]:
     notes = []
     if best.pp > 1:
         notes.append(f"-o writes the {best.pp} stages as a pp mesh axis with a pipeline: block (docs/pipeline.md); "
-                     "estimate prices such a spec as one graph on the whole mesh, without the pipeline")
+                     "check, run and estimate read the block (estimate simulates the schedule with the moves: within 6% "
+                     "of this prediction where a move is short against a stage's micro-batch)")
     return notes
 
 

@@ -10,7 +10,9 @@ nowhere (a user's own) is costed as a vector op of one FLOP an element, and
 - ``attention`` (fused attention and its gradient): the two products of the forward,
   ``4 B N Sq Sk D`` (causal or not: the FLOP convention of Megatron-LM's formula, which
   counts the whole score matrix), the gradient twice that; bytes are the operands and
-  outputs only (a fused kernel keeps the ``Sq x Sk`` scores on chip);
+  outputs only (a fused kernel keeps the ``Sq x Sk`` scores on chip); a ring attention's
+  ``attention_block`` on its local q and k (exact where a rank holds one block, as in the
+  ring; a rank holding several blocks computes only the diagonal ones, which this overcounts);
 - ``vector``: elementwise, norms, softmax, losses, gathers and scatters: bytes read and
   written, and a few FLOPs an element (:data:`VECTOR_FLOPS`), on the vector units;
 - ``free``: views and bookkeeping that move no data (reshape, squeeze, the
@@ -42,7 +44,7 @@ __all__ = ["OpCost", "VECTOR_FLOPS", "MATMUL", "ATTENTION", "FREE", "op_cost", "
 
 MATMUL = ("einsum", "matmul", "batch_matmul", "linear")
 ATTENTION = ("scaled_dot_product_attention", "scaled_dot_product_attention_grad", "flash_attention_score",
-             "flash_attention_score_grad")
+             "flash_attention_score_grad", "attention_block", "attention_block_grad")
 FREE = ("reshape", "squeeze", "unsqueeze", "redistribute", "identity", "opaque", "expand", "sharding_constraint")
 
 #: the vector ops, with the FLOPs an output element costs
@@ -75,6 +77,9 @@ VECTOR_FLOPS = {
     "gelu": 8, "gelu_grad": 12, "silu": 4, "silu_grad": 6, "swiglu": 5, "swiglu_grad": 9, "silu_mul": 5,
     "rotary_position_embedding": 3, "rotary_position_embedding_grad": 3, "cross_entropy": 5,
     "cross_entropy_grad": 5, "exp": 2, "tanh": 4, "erf": 4, "sigmoid": 4,
+    # ring attention: the log-sum-exp merge and its gradient; ring_shift as a local roll (sharded, it is a permute,
+    # priced by perf/step.py as a collective)
+    "attention_merge": 8, "attention_merge_grad": 12, "ring_shift": 1,
 }
 
 

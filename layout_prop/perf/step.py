@@ -20,7 +20,10 @@ pieces the larger share, so rank 0 holds the largest piece of every uneven shard
   result); the data-parallel gradient synchronisation (the redistributions that make a
   parameter's gradient) runs once a step, after the last micro-batch's backward, bucketed
   and overlapped with that backward: exposed is what the backward cannot hide, and at
-  least the last bucket (the gradient made last); ``overlap=False`` exposes all of it;
+  least the last bucket (the gradient made last); ``overlap=False`` exposes all of it.  An
+  op that is communication (a ring attention's ``ring_shift``: its rule's ``comm_steps``, a
+  cyclic permute) is priced as its steps, all exposed: no overlap of a ring's permutes with
+  its blocks' compute is modelled;
 - the optimizer: AdamW reads the parameter, its gradient and two states and writes the
   parameter and the states (7 times the parameters' bytes through HBM).
 
@@ -159,6 +162,17 @@ def _phase(graph: Graph, node) -> str:
     return "forward"
 
 
+def _comm_steps(node, attrs: dict, inputs, outputs, rules: dict) -> tuple:
+    """The steps of an op that is communication (its rule's ``comm_steps``), else ()."""
+    if node.op not in rules:
+        from layout_prop.core.registry import OpRule, get_rule
+
+        rule = get_rule(node.op)
+        rules[node.op] = rule if type(rule).comm_steps is not OpRule.comm_steps else None
+    rule = rules[node.op]
+    return () if rule is None else tuple(rule.comm_steps(attrs, tuple(inputs), tuple(outputs)))
+
+
 def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = None,
                   micro_batch: int | None = None, recompute: str = "none", overlap: bool = True,
                   zero=None, recompute_layers=None) -> StepEstimate:
@@ -187,6 +201,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     flops = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     gathers, first_gather = 0.0, None  # ZeRO-3's parameter all-gathers, per micro-batch
     per_op: list[tuple[float, str, str, str]] = []
+    rules: dict = {}  # op -> its rule when the rule has comm_steps, else None
     unknown: set[str] = set()
     dtypes: dict[str, float] = {}
     for node in graph.topo_order():
@@ -224,6 +239,20 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
         if any(s is None for s in inputs):
             continue
         attrs = node.meta.get(meta.ATTRS, node.attrs)
+        steps = _comm_steps(node, attrs, inputs, specs, rules)
+        if steps:  # an op that is communication (a ring attention's shift: a permute), priced as its collectives
+            seconds = 0.0
+            for step in steps:
+                t = collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
+                seconds += t
+                if t:
+                    axis = comm.setdefault(mesh.names[step.mesh_axis], {})
+                    axis[step.kind] = axis.get(step.kind, 0.0) + t
+            if phase == "forward":
+                forward_comm += seconds
+            if seconds:
+                per_op.append((seconds * acc, node.name, node.op, phase))
+            continue
         dtype = inputs[0].dtype if inputs else specs[0].dtype
         cost = op_cost(node.op, [s.local_shape(0) for s in inputs], [s.local_shape(0) for s in specs],
                        [s.itemsize for s in inputs], [s.itemsize for s in specs], attrs, dtype=dtype)

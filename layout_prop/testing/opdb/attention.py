@@ -76,3 +76,33 @@ RECORDS += [
                  partial_ok=False),  # dropout: the draws keyed by global indices on every layout
     ], meshes=MESHES, placements=30, id="flash_attention_score-context-parallel"),
 ]
+
+# ring attention (ops/ring.py): scaled_dot_product_attention with context_parallel='ring' (expanded when q, k and v
+# shard their sequence on one mesh axis) and the ops of its expansion, with uneven-free sequences of whole blocks
+RECORDS += [
+    OpRecord("scaled_dot_product_attention", [
+        OpSample([(2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4)], {"causal": True, "context_parallel": "ring"},
+                 partial_ok=False),
+        OpSample([(1, 4, 4, 2), (1, 2, 8, 2), (1, 2, 8, 3)], {"layout": "BNSD", "context_parallel": "ring"},
+                 partial_ok=False),
+    ], meshes=MESHES, placements=30, id="attention-ring"),
+    OpRecord("ring_shift", [
+        OpSample([(2, 8, 3)], {"dim": 1, "blocks": 4}),
+        OpSample([(4, 2)], {"dim": 0, "blocks": 2, "shift": -1}),
+        OpSample([(3, 6)], {"dim": -1, "blocks": 2, "shift": 3}),
+    ], meshes=MESHES, placements="all", id="ring_shift"),
+    OpRecord("attention_block", [
+        OpSample([(2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4)], {"blocks": 4, "step": 1, "causal": True}),
+        OpSample([(1, 4, 4, 2), (1, 2, 4, 2), (1, 2, 4, 3)], {"blocks": 2, "step": 1}),
+        OpSample([(2, 4, 2, 4), (2, 8, 2, 4), (2, 8, 2, 4)], {"blocks": 2, "step": 1, "causal": True,
+                                                             "layout": "BSND", "q_offset": 4}, partial_ok=False),
+    ], meshes=MESHES, placements=40, id="attention_block"),
+    OpRecord("attention_block_grad", [
+        OpSample([(2, 2, 8, 5), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4)], {"blocks": 4, "step": 3, "causal": True}),
+        OpSample([(1, 4, 4, 4), (1, 4, 4, 2), (1, 2, 4, 2), (1, 2, 4, 3)], {"blocks": 2, "step": 0}),
+    ], meshes=MESHES, placements=40, id="attention_block_grad"),
+    OpRecord("attention_merge", [OpSample([(2, 3, 4, 5), (2, 3, 4, 5)])], meshes=MESHES, placements=60,
+             id="attention_merge"),
+    OpRecord("attention_merge_grad", [OpSample([(2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5)])], meshes=MESHES,
+             placements=60, id="attention_merge_grad"),
+]

@@ -1,0 +1,280 @@
+"""Ring attention: ``scaled_dot_product_attention`` with ``context_parallel='ring'`` (ops/ring.py).
+
+The reference of every numerical test here is the PLAIN attention on one device (the numpy
+``scaled_dot_product_attention`` kernel and its gradient kernel on the global arrays), not
+the expanded graph: ``run`` and the testing kit compare the ranks with the expanded graph
+executed on one device, which would not see a wrong expansion.  Hand counts: a block of k
+is its local piece, ``(n - 1) x block bytes x 2`` the ring's bytes for k and v.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from layout_prop.api import analyze
+from layout_prop.core import meta
+from layout_prop.core.registry import get_rule
+from layout_prop.engines.collectives import assemble
+from layout_prop.engines.simulator import Simulator
+from layout_prop.io.loader import load_spec
+from layout_prop.kernels.attention_ring_numpy import (attention_block, attention_block_grad, attention_merge,
+                                                      attention_merge_grad, ring_shift)
+from layout_prop.kernels.nn_numpy import scaled_dot_product_attention, scaled_dot_product_attention_grad
+from layout_prop.passes.lower import Lower
+from layout_prop.runner import random_inputs, run_graph
+
+from .cli_support import cli_env, console_command
+
+
+def _spec(mesh, names, q, k, v, placements, attrs, dtype="float32") -> dict:
+    inputs = {name: {"shape": list(shape), "placements": list(placements[name] if isinstance(placements, dict)
+                                                                else placements), "dtype": dtype}
+              for name, shape in (("q", q), ("k", k), ("v", v))}
+    return {"mesh": {"shape": list(mesh), "names": list(names)}, "inputs": inputs,
+            "nodes": [{"name": "attn", "op": "scaled_dot_product_attention", "inputs": ["q", "k", "v"],
+                       "attrs": {"context_parallel": "ring", **attrs}}],
+            "outputs": ["attn"]}
+
+
+CP4 = _spec((4,), ("cp",), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4), ["S(2)"], {"causal": True})
+DP_CP = _spec((2, 2), ("dp", "cp"), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4), ["S(0)", "S(2)"], {"causal": True})
+
+CASES = {
+    "cp4-causal": CP4,
+    "cp4-full": _spec((4,), ("cp",), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4), ["S(2)"], {"causal": False}),
+    "dp2xcp2-causal": DP_CP,
+    "dp2xcp2-full": _spec((2, 2), ("dp", "cp"), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4), ["S(0)", "S(2)"],
+                          {"causal": False}),
+    # grouped-query heads (4 on 2), v's head size 3, on cp=4
+    "cp4-gqa": _spec((4,), ("cp",), (1, 4, 8, 2), (1, 2, 8, 2), (1, 2, 8, 3), ["S(2)"], {"causal": True}),
+    # BSND, a causal offset and an explicit scale, the heads on a second axis
+    "bsnd-offset": _spec((4, 2), ("cp", "tp"), (2, 8, 2, 4), (2, 8, 2, 4), (2, 8, 2, 4), ["S(1)", "S(2)"],
+                         {"causal": True, "layout": "BSND", "q_offset": 2, "scale": 0.3}),
+    # query blocks of 1 row, key blocks of 2 (Sq 4, Skv 8)
+    "cp4-cross": _spec((4,), ("cp",), (1, 2, 4, 4), (1, 2, 8, 4), (1, 2, 8, 4), ["S(2)"], {"causal": True}),
+}
+
+
+def _plain_reference(spec: dict, inputs: dict, cotangent: np.ndarray):
+    attrs = {k: v for k, v in spec["nodes"][0]["attrs"].items() if k != "context_parallel"}
+    q, k, v = (inputs[n] for n in "qkv")
+    out = scaled_dot_product_attention(q, k, v, **attrs)
+    dq, dk, dv = scaled_dot_product_attention_grad(cotangent, q, k, v, **attrs)
+    return {"attn": out, "grad/q": dq, "grad/k": dk, "grad/v": dv}
+
+
+def _run_ring(spec: dict, seed: int = 0):
+    """The expanded graph, its per-rank results assembled, and the plain one-device reference."""
+    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    assert analysis.ok, [str(v) for v in analysis.check.violations]
+    g = analysis.graph
+    program = Lower().run(g).program
+    inputs = random_inputs(g, seed)
+    local = Simulator().execute(program, inputs, np.random.default_rng(seed), wanted=list(g.outputs))
+    got = {}
+    for value in g.outputs:
+        node, index = g.producer(value)
+        got[value] = assemble(local[value], node.meta[meta.SPECS][index])
+    return g, program, got, _plain_reference(spec, inputs, inputs["cotangent/attn"])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_ring_forward_and_backward_equal_plain_attention_on_one_device(case):
+    spec = yaml.safe_load(yaml.safe_dump(CASES[case]))
+    spec["inputs"] = {n: {**e, "dtype": "float64"} for n, e in spec["inputs"].items()}
+    g, program, got, ref = _run_ring(spec)
+    ops = [n.op for n in g.nodes]
+    assert "ring_shift" in ops and "scaled_dot_product_attention" not in ops
+    kinds = {op.op for op in program.collectives}
+    assert "permute" in kinds and "all-gather" not in kinds, kinds
+    assert sorted(got) == sorted(ref)
+    for value, want in ref.items():
+        assert got[value].shape == want.shape, value
+        np.testing.assert_allclose(got[value], want, rtol=1e-10, atol=1e-12, err_msg=value)
+
+
+def test_ring_in_float32_within_the_float32_tolerance():
+    g, _, got, ref = _run_ring(CASES["cp4-causal"], seed=3)
+    for value, want in ref.items():
+        np.testing.assert_allclose(got[value], want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=value)
+
+
+def test_ring_steps_per_rank_hold_one_block_of_k():
+    """No rank's program holds more than one block of k or v: every k/v value in it has the local shape of a block."""
+    g, program, _, _ = _run_ring(CP4)
+    for op in program.ops:
+        if op.source.startswith("attn/k_shift") or op.source.startswith("attn/v_shift"):
+            assert [list(s.local_shape(1)) for s in op.specs] == [[2, 2, 2, 4]]
+
+
+def _cli(*args, spec: dict, tmp_path, name="ring.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return subprocess.run(console_command() + list(args) + [str(path)], capture_output=True, text=True,
+                          env=cli_env(), timeout=300)
+
+
+@pytest.mark.parametrize("case", ["cp4-causal", "cp4-full", "dp2xcp2-causal", "dp2xcp2-full"])
+def test_run_backward_on_the_command_line(case, tmp_path):
+    res = _cli("run", "--backward", spec=CASES[case], tmp_path=tmp_path)
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "matches one device" in res.stdout
+    assert "permute on cp" in res.stdout and "all-gather" not in res.stdout
+    for name in ("output attn", "grad q", "grad k", "grad v"):
+        assert name in res.stdout
+
+
+@pytest.mark.parametrize("case, block_bytes, n", [("cp4-causal", 2 * 2 * 2 * 4 * 4, 4),
+                                                   ("dp2xcp2-causal", 1 * 2 * 4 * 4 * 4, 2)])
+def test_check_reshard_json_lists_the_ring_permutes(case, block_bytes, n, tmp_path):
+    res = _cli("check", "--reshard", "--json", spec=CASES[case], tmp_path=tmp_path)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    moves = report["redistributions"]
+    steps = [step for move in moves for step in move["steps"]]
+    assert len(steps) == 2 * (n - 1)
+    assert all(s["kind"] == "permute" and s["mesh_axis"] == "cp" and s["shift"] == 1 and s["cyclic"] for s in steps)
+    assert not any(s["kind"] == "all-gather" for s in steps)
+    assert [m["input"] for m in moves if m["node"].endswith("k_shift1")] == ["k"]
+    assert all(s["bytes_per_rank"] == block_bytes for s in steps)
+    assert sum(m["bytes_per_rank"] for m in moves) == (n - 1) * block_bytes * 2  # k and v
+
+
+def test_lower_rank_shows_the_ring_permutes(tmp_path):
+    res = _cli("lower", "--rank", "1", spec=CP4, tmp_path=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stdout.splitlines() if "permute on cp" in line]
+    assert len(lines) == 6  # 3 steps for k and for v
+    assert all("shift 1 cyclic: recv from 0, send to 2" in line for line in lines)
+    assert all("128 bytes" in line for line in lines)
+    back = _cli("lower", "--rank", "1", "--backward", spec=CP4, tmp_path=tmp_path)
+    lines = [line for line in back.stdout.splitlines() if "permute on cp" in line]
+    assert len(lines) == 12  # the gradients of k and v shifted back: shift -1
+    assert sum("shift -1 cyclic: recv from 2, send to 0" in line for line in lines) == 6
+    assert "all-gather" not in back.stdout
+
+
+def test_estimate_prices_the_ring_as_its_permutes(tmp_path):
+    res = _cli("estimate", "--cluster", "a100-80g", "--json", spec=CP4, tmp_path=tmp_path)
+    assert res.returncode == 0, res.stderr
+    comm = json.loads(res.stdout)["breakdown"]["communication_exposed_s"]
+    # a100-80g: NVLink 300 GB/s each way at link efficiency 0.8, 3 us a hop; a permute is one hop of one block.
+    # forward: 3 steps x (k, v); backward: their gradients shifted back, 3 x 2 more
+    one = 128 / (300e9 * 0.8) + 3e-6
+    assert comm == {"cp": {"permute": pytest.approx(12 * one, rel=1e-12)}}
+
+
+def test_ring_that_does_not_apply_says_so_and_gathers(tmp_path):
+    # q, k, v sharded on both axes: the ring runs on one
+    spec = _spec((2, 2), ("a", "b"), (1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4), ["S(2)", "S(2)"], {"causal": True})
+    res = _cli("check", "--reshard", spec=spec, tmp_path=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "context_parallel='ring') gathers k and v instead: q's sequence (dim 2) is sharded on 2 mesh axes" \
+        in res.stdout
+    assert "all-gather" in res.stdout and "permute" not in res.stdout
+    rep = run_graph(load_spec(spec), backward=True)
+    assert rep.ok
+    zig = _spec((4,), ("cp",), (1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4), ["S(2)"], {"causal": True, "zigzag": 4})
+    res = _cli("check", "--reshard", spec=zig, tmp_path=tmp_path)
+    assert "zigzag is set" in res.stdout and "permute" not in res.stdout
+
+
+def test_flash_attention_score_refuses_ring():
+    from layout_prop import DeviceMesh, Layout, TensorSpec
+
+    mesh = DeviceMesh((2,), ("cp",))
+    q = TensorSpec((2, 8, 16), "float32", Layout(mesh, ["S(1)"], 3))
+    rule = get_rule("flash_attention_score")
+    attrs = rule.normalize_attrs({"head_num": 4, "context_parallel": "ring"})
+    res = rule.infer_layout((q, q, q), attrs)
+    assert [v.code for v in res.violations] == ["invalid-attr"]
+    assert not res.violations[0].fixable and "scaled_dot_product_attention's context_parallel='ring'" in \
+        res.violations[0].hint
+
+
+# ------------------------------------------------------------------------------ the ops themselves
+def test_ring_shift_kernel_and_its_permute_agree():
+    assert ring_shift(np.arange(8), dim=0, blocks=4).tolist() == [6, 7, 0, 1, 2, 3, 4, 5]
+    assert ring_shift(np.arange(8), dim=0, blocks=4, shift=-1).tolist() == [2, 3, 4, 5, 6, 7, 0, 1]
+    spec = {"mesh": {"shape": [4], "names": ["cp"]}, "inputs": {"x": {"shape": [3, 8], "placements": ["S(1)"]}},
+            "nodes": [{"name": "y", "op": "ring_shift", "inputs": ["x"], "attrs": {"dim": 1, "blocks": 4}}],
+            "outputs": ["y"]}
+    rep = run_graph(load_spec(spec), backward=True)
+    assert rep.ok and [c["kind"] for c in rep.collectives] == ["permute", "permute"]
+
+
+def test_ring_shift_on_an_axis_of_another_size_is_a_fixable_mismatch():
+    from layout_prop import DeviceMesh, Layout, TensorSpec
+
+    mesh = DeviceMesh((2, 2), ("a", "b"))
+    x = TensorSpec((3, 8), "float32", Layout(mesh, ["S(1)", "R"], 2))
+    rule = get_rule("ring_shift")
+    res = rule.infer_layout((x,), rule.normalize_attrs({"dim": 1, "blocks": 4}))
+    assert [(v.code, v.fixable) for v in res.violations] == [("sharding-mismatch", True)]
+    assert str(res.wants[0]) == "(R, R)"
+
+
+def test_blocks_that_see_no_key_merge_to_nothing():
+    q = np.ones((1, 1, 2, 2))
+    # step 1 of 2 blocks, causal: query block 0 holds original key block 1 (the future): no key, lse -inf
+    packed = attention_block(q, q, q, blocks=2, step=1, causal=True)
+    assert packed[0, 0, 0].tolist() == [0.0, 0.0, -np.inf]
+    assert np.isfinite(packed[0, 0, 1]).all()
+    empty = packed[:, :, :1]
+    merged = attention_merge(empty, empty)
+    assert merged[0, 0, 0].tolist() == [0.0, 0.0, -np.inf]
+    da, db = attention_merge_grad(np.ones_like(empty), empty, empty)
+    assert not da.any() and not db.any()
+    dq, dk, dv = attention_block_grad(np.ones_like(packed), q, q, q, blocks=2, step=1, causal=True)
+    assert np.isfinite(dq).all() and not dq[0, 0, 0].any()
+
+
+def _numeric_grad(f, x, eps=1e-6):
+    grad = np.zeros_like(x)
+    for index in np.ndindex(x.shape):
+        old = x[index]
+        x[index] = old + eps
+        up = f()
+        x[index] = old - eps
+        down = f()
+        x[index] = old
+        grad[index] = (up - down) / (2 * eps)
+    return grad
+
+
+def test_block_and_merge_gradients_against_finite_differences():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.normal(size=(1, 2, 4, 3)), rng.normal(size=(1, 1, 4, 3)), rng.normal(size=(1, 1, 4, 2))
+    attrs = {"blocks": 2, "step": 1, "causal": True, "q_offset": 2}
+    dy = rng.normal(size=(1, 2, 4, 3))  # the last column: the cotangent of the log-sum-exp
+
+    def loss():
+        return float(np.sum(attention_block(q, k, v, **attrs) * dy))
+
+    grads = attention_block_grad(dy, q, k, v, **attrs)
+    for got, x in zip(grads, (q, k, v)):
+        np.testing.assert_allclose(got, _numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
+    a, b = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+    dy = rng.normal(size=(2, 3, 4))
+
+    def merged():
+        return float(np.sum(attention_merge(a, b) * dy))
+
+    for got, x in zip(attention_merge_grad(dy, a, b), (a, b)):
+        np.testing.assert_allclose(got, _numeric_grad(merged, x), rtol=1e-6, atol=1e-8)
+
+
+def test_the_packed_result_of_one_block_is_plain_attention_and_its_lse():
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(1, 2, 4, 3)) for _ in range(3))
+    packed = attention_block(q, k, v, blocks=1, causal=True)
+    np.testing.assert_allclose(packed[..., :3], scaled_dot_product_attention(q, k, v, causal=True), rtol=1e-12)
+    scores = np.einsum("bnqd,bnkd->bnqk", q, k) / math.sqrt(3)
+    row = 2  # sees keys 0..2
+    np.testing.assert_allclose(packed[0, 1, row, 3], np.log(np.exp(scores[0, 1, row, :3]).sum()), rtol=1e-12)

@@ -390,7 +390,7 @@ def _wrap_for(checkout: Checkout, up_op, case: Case, up_out, layouts, extra_args
             for i, a in enumerate(args):
                 upos[position[i]] = host_tensor(a) if case.call_attrs or case.call_values or case.tied else a
             with quiet_backend(checkout), host_rank(rank):
-                return impl(*upos)
+                return impl(*upos, **case.call_kwargs)
 
         return run
 

@@ -74,6 +74,8 @@ class Case:
     call_attrs : dict, optional
         Attr name -> position in that call of a value the expansion adjusts for a rank's
         piece (head_num, sparse_mode...): the kernel gets it as the expansion passes it.
+    call_kwargs : dict, optional
+        Keyword arguments of the call the expansion receives (torch_npu's attention).
     tied : tuple of (int, int)
         (operand, other): the operand always takes the other's placements (attention's value
         takes key's, as the rules require).
@@ -98,6 +100,7 @@ class Case:
     call_values: dict = field(default_factory=dict)
     call_attrs: dict = field(default_factory=dict)
     tied: tuple = ()
+    call_kwargs: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         name = self.op if self.kernel is None else \
@@ -338,6 +341,19 @@ def _build_more(cases: dict[str, list[Case]]) -> None:
                        call_attrs={"head_num": 10, "pre_tokens": 13, "next_tokens": 14, "sparse_mode": 17},
                        tied=((2, 1),)))
     cases["FlashAttentionScore"] = fa
+    # torch_npu's form: npu_fusion_attention(q, k, v, head_num, input_layout, scale=..., sparse_mode=...); the
+    # dispatcher puts the keyword values after head_num and input_layout in extra_args; attention_out is first
+    npu = []
+    for shapes, sparse_mode, pre, nxt in ((bnsd, 0, 2147483647, 2147483647), (bnsd, 3, 2147483647, 0),
+                                          (even, 3, 2147483647, 0)):
+        keywords = {"scale": 0.5, "pre_tockens": pre, "next_tockens": nxt, "sparse_mode": sparse_mode}
+        npu.append(Case("flash_attention_score", shapes, (0, 1, 2, None, None), [2, "BNSD", *keywords.values()],
+                        {"head_num": 2, "input_layout": "BNSD", "scale": 0.5, "sparse_mode": sparse_mode,
+                         "pre_tokens": pre, "next_tokens": nxt}, partial=False, outputs=(0,),
+                        call_values={3: 2, 4: "BNSD"}, call_kwargs=keywords,
+                        call_attrs={"head_num": 3, "pre_tokens": 10, "next_tokens": 11, "sparse_mode": 16},
+                        tied=((2, 1),)))
+    cases["npu_fusion_attention"] = npu
     cases["scaled_dot_product_attention"] = [
         Case("scaled_dot_product_attention", shapes, (0, 1, 2), [], {"layout": "BNSD"}, partial=False, tied=((2, 1),))
         for shapes in (bnsd, even)]

@@ -282,3 +282,28 @@ def test_the_transcripts_of_docs_audit_md_are_the_command_output(capsys, monkeyp
         assert args[:2] == ["layout-prop", "audit"], command
         main(args[1:])
         assert capsys.readouterr().out.strip() == expected.strip(), command
+
+
+def test_audit_module_with_a_wrong_comparison_rule(checkout, tmp_path, capsys):
+    """``--module FILE``: a comparison rule that keeps Partial inputs is caught by numpy's greater_equal."""
+    module = tmp_path / "wrong_ge.py"
+    module.write_text(
+        "from hyper_parallel.core.shard.ops.parallel_ops import DistributedOp\n\n\n"
+        "class PartialKeepingCompare(DistributedOp):\n"
+        "    '''Deliberately wrong: identical tensor maps accepted with their partial status kept.'''\n\n"
+        "    def infer_layout(self, layouts, extra_args):\n"
+        "        if layouts[0].tensor_map != layouts[1].tensor_map:\n"
+        "            raise ValueError('identical tensor maps only')\n"
+        "        return layouts[0]\n\n\n"
+        "PartialKeepingCompare('ge')\n")
+    upstream_ge = checkout.registry["ge"]
+    try:
+        code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "ge", "--mesh", "4", "--json"])
+    finally:
+        checkout.registry["ge"] = upstream_ge
+    data = json.loads(capsys.readouterr().out)
+    ge = data["ops"][0]
+    assert code == 1 and ge["source"] == str(module) and ge["wrong"] > 0
+    wrong = ge["reproducers"]["wrong"]
+    assert "P(sum)" in wrong["inputs"]["in0"]["placements"] + wrong["inputs"]["in1"]["placements"]
+    assert wrong["judged_by"].startswith("interop/judges.py greater_equal")

@@ -288,3 +288,19 @@ def test_torch_names_on_a_graph_of_other_sizes_read_those_sizes():
     assert (imported.family, imported.layers, imported.hidden, imported.heads, imported.ffn, imported.tie) == (
         "gpt", 3, 96, 6, 160, True)
     assert imported == gen and imported.imported.differences == ()  # biases on q, v, o, fc, down and dropout: gen's
+
+
+def test_a_mixture_of_experts_with_torchs_names_is_refused_not_priced_as_dense():
+    """Expert projections named like dense ones (``mlp.experts.gate_proj``) must not be priced as one dense MLP."""
+    from layout_prop.core.errors import SpecError
+    from layout_prop.frontends.generate import moe_spec
+
+    names = dict(LLAMA_NAMES, e_gate="mlp.experts.gate_proj.weight", e_up="mlp.experts.up_proj.weight",
+                 e_down="mlp.experts.down_proj.weight", router="mlp.gate.weight")
+    spec = moe_spec(layers=2, mesh=(("dp", 1), ("ep", 1), ("tp", 1)), full=True, experts=4, top_k=2)
+    graph = load_spec(renamed(spec, names, "model.layers", {"embed": "model.embed_tokens.weight",
+                                                            "head": "lm_head.weight"}))
+    with pytest.raises(SpecError) as err:
+        load_model_shape(graph)
+    assert err.value.code == "unknown-model" and "Mixture-of-Experts" in str(err.value)
+    assert "model.layers.0.mlp.experts.down_proj.weight" in str(err.value)

@@ -466,13 +466,22 @@ def _recognise_imported(graph: Graph) -> ModelShape:
                        "is not causal (an encoder or a cross-attention: not decoder-only)")
     if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
         missing.append(f"consecutive layer numbers (found {numbers})")
+    experts = sorted({n for k in numbers for n in layers[k].values() if ".experts." in n or "block_sparse_moe" in n})
+    routing = sorted({n.op for n in graph.nodes if n.op in ("topk", "moe_dispatch", "moe_combine")})
+    if experts or routing:  # the dense generators would price one expert as the MLP: refused, not approximated
+        missing.append("a dense MLP: this is a Mixture-of-Experts model ("
+                       + (f"{experts[0]}" if experts else f"{', '.join(routing)} ops")
+                       + "), which only gen moe specs are searched as")
 
     def roles_of(number: int) -> dict[str, tuple[str, tuple[int, ...]]]:
-        out = {}
-        for rest, name in layers[number].items():
+        out: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for rest, name in sorted(layers[number].items()):
             role, kind = _role(rest)
             if role is not None:
-                out[role if kind == "weight" else role + "_bias"] = (name, tuple(params[name]["shape"]))
+                key = role if kind == "weight" else role + "_bias"
+                if key in out:  # two modules of one role in a layer: not a layer the generators write
+                    raise _unknown(found, [f"one {key} projection a layer ({out[key][0]} and {name})"])
+                out[key] = (name, tuple(params[name]["shape"]))
         return out
 
     first = roles_of(numbers[0])

@@ -304,3 +304,22 @@ def test_a_mixture_of_experts_with_torchs_names_is_refused_not_priced_as_dense()
         load_model_shape(graph)
     assert err.value.code == "unknown-model" and "Mixture-of-Experts" in str(err.value)
     assert "model.layers.0.mlp.experts.down_proj.weight" in str(err.value)
+
+
+def test_a_model_with_dynamic_dims_asks_for_a_plan_giving_the_shapes(tmp_path, capsys):
+    import onnx
+
+    model = onnx.load(str(MODELS / "llama.onnx"))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[0]
+    dim.ClearField("dim_value")
+    dim.dim_param = "batch"
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(model, str(path))
+    argv = ["plan", str(path), "--search", "--cluster", "a100-80g", "--devices", "4", "--global-batch", "8"]
+    err = one_line_error(capsys, argv, "dynamic-shape")
+    assert "give plan --search a --plan PLAN with the inputs' shapes" in err
+    plan = tmp_path / "shapes.yaml"
+    plan.write_text(yaml.safe_dump({"mesh": {"shape": [1], "names": ["dp"]},
+                                    "inputs": {"input_ids": {"shape": [1, 8], "placements": ["R"]}}}))
+    assert main(argv + ["--plan", str(plan), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["imported"]["architecture"] == "Llama-family"

@@ -71,7 +71,15 @@ def load_search_graph(args):
         from layout_prop.frontends import load_model
 
         require_model_reader(str(args.spec))
-        return load_model(str(args.spec), ONE_RANK_PLAN, opaque=getattr(args, "opaque", False))
+        try:
+            return load_model(str(args.spec), ONE_RANK_PLAN, opaque=getattr(args, "opaque", False))
+        except SpecError as err:
+            if err.code != "dynamic-shape":
+                raise
+            raise SpecError("dynamic-shape", err.message.replace(" and the plan gives no example shape", ""),
+                            path=str(args.spec), hint="give plan --search a --plan PLAN with the inputs' shapes, "
+                            "like inputs: {input_ids: {shape: [1, 4096], placements: [R]}} on mesh {shape: [1], "
+                            "names: [dp]} (the search reads the sequence length from them)") from None
     return load_graph(args)
 
 

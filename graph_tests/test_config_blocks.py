@@ -148,6 +148,9 @@ def test_estimate_of_the_search_output_agrees_with_the_search(tmp_path, capsys, 
     assert est["config"]["pipeline"]["stages"] == 2 and est["config"]["zero"] == spec.meta.get("zero")
     assert est["step_time_s"] == pytest.approx(top["step_time_s"], rel=0.06)
     assert est["memory_per_rank_bytes"] == pytest.approx(top["memory_per_rank_bytes"], rel=0.03)
+    # the same FLOPs a step (the search's one-layer counts times the layers, estimate's every chunk's ops)
+    searched = top["tflops_per_device"] * 1e12 * top["step_time_s"] * 16
+    assert est["flops_per_step"] == pytest.approx(searched, rel=0.01)
 
 
 def test_estimate_flags_win_over_the_blocks_and_say_so(tmp_path, capsys):

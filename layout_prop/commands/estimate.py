@@ -59,8 +59,9 @@ def run(args) -> int:
 
 
 # --------------------------------------------------------------------------- a spec with a pipeline: block
-def _node_seconds(graph, cluster):
-    """A node's roofline seconds on ``cluster`` (its op_cost on rank 0's local shapes, as estimate_step)."""
+def _node_seconds(graph, cluster, flops: dict | None = None):
+    """A node's roofline seconds on ``cluster`` (its op_cost on rank 0's local shapes, as estimate_step);
+    ``flops`` collects the matrix FLOPs by dtype (``"total"``: every op's)."""
     from layout_prop.core import meta
     from layout_prop.passes.propagate import value_spec
     from layout_prop.perf.costs import op_cost, op_time
@@ -71,6 +72,10 @@ def _node_seconds(graph, cluster):
         dtype = ins[0].dtype if ins else outs[0].dtype
         cost = op_cost(node.op, [s.local_shape(0) for s in ins], [s.local_shape(0) for s in outs],
                        [s.itemsize for s in ins], [s.itemsize for s in outs], attrs, dtype=dtype)
+        if flops is not None:
+            flops["total"] = flops.get("total", 0.0) + cost.flops
+            if cost.kind in ("matmul", "attention"):
+                flops[dtype] = flops.get(dtype, 0.0) + cost.flops
         return op_time(cost, cluster)
     return seconds
 
@@ -120,7 +125,8 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     stage = blocks.zero_stage
     p, m, v = c.stages, c.micro_batches, c.virtual_stages
     shape = tuple(pprog.program.mesh.shape)
-    seconds = _node_seconds(g, cluster)
+    flops: dict[str, float] = {}  # one micro-batch's, on rank 0 of the stage mesh, every chunk's
+    seconds = _node_seconds(g, cluster, flops)
     nodes = {n.name: n for n in g.nodes}
     params = {n.name for n in g.inputs() if n.attrs.get("requires_grad") and n.name not in built.batch_inputs}
 
@@ -223,6 +229,11 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     slowest = max(stages, key=lambda st: st["grad_sync_exposed_s"] + st["optimizer_s"])
     busiest = max(stages, key=lambda st: st["memory_bytes"])
     step = timeline.makespan + slowest["grad_sync_exposed_s"] + slowest["optimizer_s"]
+    # FLOPs of the step: each stage-mesh rank's piece of every chunk, m micro-batches, on every stage-mesh rank
+    step_flops = flops.get("total", 0.0) * m * pprog.program.mesh.size
+    tflops = step_flops / step / graph.mesh.size / 1e12 if step > 0 else 0.0
+    matrix = {k: v for k, v in flops.items() if k != "total"}
+    peak = cluster.peak_flops(max(matrix, key=matrix.get) if matrix else "float32")
     notes = list(blocks.notes)
     notes.append("the gradient synchronisation is placed as estimate without a pipeline and plan --search place it "
                  "(ZeRO 0 and 1: once a step, after the last micro-batch's backward), though the pipelined program "
@@ -231,7 +242,8 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     if busiest["memory_bytes"] > cluster.hbm_bytes:
         notes.append(f"memory per rank {busiest['memory_bytes']:,} bytes exceeds the device's {cluster.hbm_bytes:,}")
     return {"cluster": cluster.name, "devices": graph.mesh.size, "config": blocks.to_dict(),
-            "stage_mesh": str(pprog.program.mesh), "step_time_s": step, "pipeline_s": timeline.makespan,
+            "stage_mesh": str(pprog.program.mesh), "step_time_s": step, "flops_per_step": step_flops,
+            "tflops_per_device": tflops, "mfu": tflops * 1e12 / peak if peak else 0.0, "pipeline_s": timeline.makespan,
             "ideal_s": timeline.ideal, "bubble": timeline.bubble,
             "bubble_fraction": bubble_fraction(c.schedule, p, m, v), "moves": len(moves),
             "move_s": sum(moves), "task_move_s": {f"{ph}{ch}": t for (ch, ph), t in sorted(t_move.items())},
@@ -268,6 +280,7 @@ def format_pipelined(d: dict) -> str:
     if recompute["mode"] != "none":
         lines.append(f"  recompute {recompute['mode']}" + (f" of {', '.join(recompute['layers'])}"
                                                             if recompute["layers"] else ""))
+    lines.append(f"{d['tflops_per_device']:,.1f} TFLOP/s per device, MFU {d['mfu']:.1%} (the graph's FLOPs executed)")
     lines.append(f"memory per rank {d['memory_per_rank_bytes']:,} bytes on stage {d['busiest_stage']} "
                  f"(device: {d['hbm_bytes']:,})")
     lines += [f"note: {note}" for note in d["notes"]]

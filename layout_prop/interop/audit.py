@@ -461,11 +461,6 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
             finding.message = err.message if unsupported else f"the claimed layout cannot exist: {err.message}"
             audit.add(finding)
             continue
-        reason = case.skip(placements) if case.skip is not None else None
-        if reason:
-            finding.kind, finding.message = "unjudged", reason
-            audit.add(finding)
-            continue
         run_how, run_attrs = dict(how), attrs
         if case.answer_attrs:  # the local values the rule returned, as upstream's dispatcher passes them
             run_attrs = {**attrs, **{k: _plain(_outputs(answer)[i]) for k, i in case.answer_attrs.items()}}

@@ -60,9 +60,7 @@ class Case:
         gets it, as upstream's dispatcher passes it, instead of layout-prop's localized attrs.
     expansion : bool
         Run the rule's ``get_expand_impl`` around the kernel (False where it needs the
-        platform layer: the case's ``skip`` says which answers that leaves unjudged).
-    skip : callable, optional
-        ``skip(placements)`` -> a reason the answer is not judged (None to judge it).
+        platform layer, and the op computes the same without it).
     check : str, optional
         A check of :mod:`.judges` (``CHECKS``) that judges the assembled result by its
         invariants instead of by value (random ops).
@@ -94,7 +92,6 @@ class Case:
     outputs: tuple | None = None
     answer_attrs: dict = field(default_factory=dict)
     expansion: bool = True
-    skip: Any = None
     check: str | None = None
     partial_as: dict = field(default_factory=dict)
     call_values: dict = field(default_factory=dict)

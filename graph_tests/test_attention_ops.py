@@ -454,9 +454,9 @@ def test_flash_ulysses_cuts_fused_heads_whole_and_runs():
 
 def test_context_parallel_must_be_known():
     q = spec((2, 8, 16, 4), ["R"], CP4)
-    (v,) = infer("sdpa", q, q, q, context_parallel="ring").violations
-    assert (v.code, v.message) == ("invalid-attr", "context_parallel='ring' is not one of ['all_gather', 'ulysses', "
-                                   "'auto']")
+    (v,) = infer("sdpa", q, q, q, context_parallel="rings").violations
+    assert (v.code, v.message) == ("invalid-attr", "context_parallel='rings' is not one of ['all_gather', 'ulysses', "
+                                   "'auto', 'ring']")
 
 
 # ==================================================================== zig-zag order (load balance)

@@ -65,10 +65,10 @@ context_parallel="all_gather", seed=0, zigzag=0)``
     ``auto``, as for ``scaled_dot_product_attention``: with query's sequence sharded on a
     mesh axis, gather key and value there, or move query, key and value from the sequence
     to the heads (whole heads only) by all-to-alls (Ulysses), or the one moving fewer
-    bytes.  Ring attention (key/value blocks passed around the axis, overlapped with the
-    blocks' compute; zig-zag order for causal balance) moves the bytes of the all-gather
-    and is not a strategy here: lowering has no point-to-point step and no op that runs
-    collectives inside its kernel.  Its load-balanced order is the ``zigzag`` attr.
+    bytes.  Ring attention (key/value blocks passed around the axis) is
+    ``scaled_dot_product_attention``'s ``context_parallel='ring'`` (:mod:`.ring`); it is
+    not written for this op (``ring`` is ``invalid-attr`` here).  The load-balanced
+    order of a causal ring is the ``zigzag`` attr.
 
 Grad op (``differentiable = False``)
     ``flash_attention_score_grad(dy, query, key, value) -> (dq, dk, dv)`` (aliases

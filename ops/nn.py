@@ -64,10 +64,25 @@ The ops
     sequence, as above; ``ulysses`` moves q, k and v there from the sequence to the heads
     (an all-to-all each, and one of the output back where its consumer wants the
     sequence: DeepSpeed-Ulysses), when the heads split so (else it gathers); ``auto``
-    takes the one moving fewer bytes (Ulysses from 3 ranks on, for equal q, k, v).  The
+    takes the one moving fewer bytes (Ulysses from 3 ranks on, for equal q, k, v; never
+    the ring, which moves the gather's bytes).  The
     output then has the heads sharded.  The whole-graph solver (``plan``, and ``analyze``
     on small graphs) may also choose the heads strategy under ``all_gather`` when it
-    moves fewer bytes.  Ring attention is not a strategy here (see :mod:`.attention`).
+    moves fewer bytes.  ``ring``: ring attention (Liu et al. 2023; Megatron's context
+    parallelism).  When q, k and v shard their sequence on the same one mesh axis of n
+    ranks (n dividing both sequences), the expand pass (``check --reshard``, ``run``,
+    ``lower``, ``estimate``) writes the node as n ``attention_block`` steps, each rank
+    attending its query block to the key/value block it holds, with k and v passed one
+    rank on between steps (``ring_shift``, lowered as a cyclic point-to-point ``permute``
+    on that axis) and the partial results combined by their log-sum-exp
+    (``attention_merge``); :mod:`.ring` has the ops.  It moves the bytes of the all-gather
+    ((n - 1) blocks of k and of v per rank, and as many of their gradients back) but a
+    rank never holds more than one block of k and v.  Elsewhere (the sequence sharded on
+    several axes, k or v not sharded like q, ``zigzag`` set) the node gathers k and v as
+    under ``all_gather`` and the expand pass says why in a note.  Not done: an overlap
+    model of the permutes with the blocks' compute (``estimate`` exposes them all),
+    skipping the causal blocks wholly in the future (they run and contribute nothing),
+    the zig-zag load-balanced ring, and ring attention for ``flash_attention_score``.
     Load balance, ``zigzag=P`` (default 0): q, k and v hold one sequence stored in the
     zig-zag order of ``2P`` chunks (shard i of P holds chunks i and 2P-1-i: Llama 3's and
     ring attention's load-balanced order, which the data and the rotary positions must
@@ -1202,6 +1217,11 @@ class ScaledDotProductAttention(OpRule):
         out = None
         if q_fixed is not None:
             out = TensorSpec(q.shape[:-1] + (v.shape[-1],), float_dtype(q.dtype, k.dtype, v.dtype), q_fixed)
+        if attrs["context_parallel"] == "ring":  # the expand pass writes the ring where it applies
+            violations = [dataclasses.replace(v, hint=f"{v.hint}; with context_parallel='ring', --reshard passes "
+                                              "k and v around the ring instead (a permute a step) where q, k and v "
+                                              "shard their sequence on one mesh axis")
+                          if v.code == "sharded-kv-sequence" else v for v in violations]
         return RuleResult((out,), tuple(violations), tuple(wants))
 
     def localize(self, attrs, inputs, outputs, rank):

@@ -249,6 +249,7 @@ def test_check_of_a_pipeline_block_checks_one_micro_batch_its_cut_and_moves(tmp_
     ({"zero": {"stage": 5}}, "bad-value at zero.stage"),
     ({"zero": {"stage": 1, "axes": ["tp"]}}, "bad-value at zero.axes"),
     ({"recompute": "most"}, "bad-value at recompute"),
+    ({"recompute": {"mode": "full", "layers": ["l9"]}}, "no layer named 'l9'"),  # (check: without --backward too)
     ({"pipeline": {"axis": "pp", "schedule": "zigzag"}}, "bad-pipeline"),
 ])
 @pytest.mark.parametrize("command", ["check", "run", "estimate"])

@@ -75,7 +75,8 @@ def _counts(graph) -> dict[str, int]:
     for node in graph.nodes:
         primal = node.meta.get(meta.GRAD_OF)
         if primal in params and node.op == "redistribute" and graph.producer(node.inputs[0])[0].op != "input":
-            spec, param = node.meta[meta.SPECS][0], params[primal].meta[meta.SPECS][0]
+            spec = (node.meta.get(meta.SPECS) or (None,))[0]
+            param = (params[primal].meta.get(meta.SPECS) or (None,))[0]
             if spec is not None and param is not None and spec.layout != param.layout:
                 out["zero_sharded_gradients"] += 1
     return out

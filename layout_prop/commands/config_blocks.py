@@ -75,6 +75,10 @@ def read_blocks(graph, args=None) -> Blocks:
         if block_recompute is not None and before != (out.recompute, out.layers):
             given = " ".join(f for f, v in (("--recompute", flag_mode), ("--recompute-layers", flag_layers)) if v)
             out.notes.append(f"{given} given: the spec's recompute: block ({_recompute_text(*before)}) is not read")
+    if out.recompute != "none" and out.layers is not None:  # its layers named, with or without --backward
+        from layout_prop.passes.recompute import segments
+
+        segments(graph, "full", out.layers)  # (bad-value at recompute.layers naming the graph's layers)
     return out
 
 

@@ -230,6 +230,9 @@ def _parser() -> argparse.ArgumentParser:
                     "with --full, and gpt)")
     ge.add_argument("--tie-embeddings", action="store_true", help="llama --full, moe --full: the output head is "
                     "the embedding table (gpt always ties)")
+    ge.add_argument("--context-parallel", choices=["all_gather", "ulysses", "auto", "ring"], default="all_gather",
+                    help="llama: the attention's context_parallel over the sp axis (ring: ring attention, k and v "
+                    "passed around sp by permutes; default all_gather)")
     ge.add_argument("--dropout", type=_probability_arg, default=0.1, help="gpt: dropout probability (default 0.1)")
     ge.add_argument("--experts", type=_positive_int, default=4, help="moe: routed experts E (default 4)")
     ge.add_argument("--top-k", type=_positive_int, default=2, help="moe: experts per token, at most E (default 2)")

@@ -24,11 +24,11 @@ def _refuse_foreign_flags(args) -> None:
     moe_only = ("experts", "top_k", "capacity_factor", "capacity_scope", "shared_experts", "router", "dense_layers",
                 "dense_ffn")
     foreign = {"llama": ("dropout", *moe_only),
-               "gpt": ("kv_heads", *moe_only),  # --full and --tie-embeddings: what gpt always is
-               "moe": ("dropout",)}[args.model]
+               "gpt": ("kv_heads", "context_parallel", *moe_only),  # --full and --tie-embeddings: what gpt always is
+               "moe": ("dropout", "context_parallel")}[args.model]
     defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "capacity_scope": "global",
                 "shared_experts": 0, "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False,
-                "dense_layers": 0, "dense_ffn": None}
+                "dense_layers": 0, "dense_ffn": None, "context_parallel": "all_gather"}
     given = [f"--{name.replace('_', '-')}" for name in foreign if getattr(args, name, defaults[name]) != defaults[name]]
     if given:
         raise SpecError("bad-usage", f"gen {args.model} does not take {', '.join(given)}",
@@ -60,10 +60,11 @@ def build_spec(args) -> dict:
                         kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
                         tie_embeddings=args.tie_embeddings, dense_layers=getattr(args, "dense_layers", 0),
                         dense_ffn=getattr(args, "dense_ffn", None), **common)
-    if not args.full and args.kv_heads is None:
+    cp = getattr(args, "context_parallel", "all_gather")
+    if not args.full and args.kv_heads is None and cp == "all_gather":
         return llama_spec(args.layers, mesh, **common)  # exactly what gen llama has always written
     return llama_spec(args.layers, mesh, kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
-                      tie_embeddings=args.tie_embeddings, **common)
+                      tie_embeddings=args.tie_embeddings, context_parallel=cp, **common)
 
 
 def run(args) -> int:

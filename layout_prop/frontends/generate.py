@@ -139,7 +139,7 @@ def _check_sizes(layers: int, hidden: int, heads: int, kv_heads: int | None = No
 
 
 def _attention(b: _Builder, p: str, x: str, h: str, batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
-               rope: bool, mode: int, bias: bool) -> str:
+               rope: bool, mode: int, bias: bool, context_parallel: str = "all_gather") -> str:
     """Q/K/V projections of ``h`` (GQA when kv_heads < heads), attention, the output projection,
     the residual add to ``x``: the name of the sum.  Weight inputs must exist already."""
     head_dim = hidden // heads
@@ -153,7 +153,9 @@ def _attention(b: _Builder, p: str, x: str, h: str, batch: int, seq: int, hidden
     if rope:
         q = b.node(p + "q_rot", "rotary_position_embedding", [q, "cos", "sin"], mode=mode)
         k = b.node(p + "k_rot", "rotary_position_embedding", [k, "cos", "sin"], mode=mode)
-    attn = b.node(p + "attn", "scaled_dot_product_attention", [q, k, heads_bnsd["v"]], layout="BNSD", causal=True)
+    cp = {} if context_parallel == "all_gather" else {"context_parallel": context_parallel}
+    attn = b.node(p + "attn", "scaled_dot_product_attention", [q, k, heads_bnsd["v"]], layout="BNSD", causal=True,
+                  **cp)
     attn_bsnd = b.node(p + "attn_bsnd", "transpose", [attn], dims=[0, 2, 1, 3])
     merged = b.node(p + "attn_merged", "reshape", [attn_bsnd], shape=[batch, seq, hidden])
     proj = b.node(p + "attn_out", "linear", [merged, p + "wo"] + ([p + "bo"] if bias else []))
@@ -203,9 +205,10 @@ def _lm_head(b: _Builder, h: str, vocab: int, hidden: int, tie: bool) -> str:
 def llama_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("sp", 2), ("tp", 2)),
                batch: int = 2, seq: int = 8, hidden: int = 32, heads: int = 4, ffn: int = 64,
                dtype: str = "float32", mode: int = 0, kv_heads: int | None = None, full: bool = False,
-               vocab: int = 64, tie_embeddings: bool = False) -> dict:
+               vocab: int = 64, tie_embeddings: bool = False, context_parallel: str = "all_gather") -> dict:
     """The spec dict of ``layers`` Llama decoder layers, or with ``full`` the training graph
-    (see the module docstring)."""
+    (see the module docstring); ``context_parallel`` is the attention's (``ring``: ring
+    attention on ``sp``)."""
     kv_heads = heads if kv_heads is None else kv_heads
     _check_sizes(layers, hidden, heads, kv_heads, vocab if full else None)
     b = _Builder(mesh, dtype)
@@ -224,7 +227,7 @@ def llama_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("
                              ("w_down", [hidden, ffn], row)):
             b.param(p + w, shape, pl)
         h = b.node(p + "h", "rms_norm", [x, p + "norm1"], eps=1e-6)
-        proj = _attention(b, p, x, h, batch, seq, hidden, heads, kv_heads, True, mode, False)
+        proj = _attention(b, p, x, h, batch, seq, hidden, heads, kv_heads, True, mode, False, context_parallel)
         x1 = b.node(p + "res1", "add", [x, proj])
         h2 = b.node(p + "h2", "rms_norm", [x1, p + "norm2"], eps=1e-6)
         gate = b.node(p + "gate", "linear", [h2, p + "w_gate"])

@@ -338,3 +338,26 @@ def test_run_refuses_what_a_pipelined_run_does_not_take(tmp_path, capsys, flag):
     path = _write(tmp_path, llama(pp=True))
     code, out, err = _cli(["run", path, *flag], capsys)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "bad-usage" in err, err
+
+
+def test_run_executes_the_zero_update_and_catches_a_wrong_one(tmp_path, capsys, monkeypatch):
+    """With --backward, run also executes ZeRO's optimizer step: each rank updates its shard, the stage's
+    all-gathers put every parameter back, compared with one device's update; a rank that skips its shard's
+    update fails the run (exit 1)."""
+    from layout_prop.engines.training import SGD
+
+    path = _write(tmp_path, llama(zero={"stage": 2}))
+    code, out, err = _cli(["run", path, "--backward", "--json"], capsys)
+    assert code == 0, err
+    step = json.loads(out)["optimizer_step"]
+    assert step["ok"] and step["stage"] == 2 and len(step["params"]) == PARAMS
+    assert {c["kind"] for c in step["update_collectives"]} == {"all-gather"}  # the shards gathered back
+    real, calls = SGD.update, []
+
+    def lazy(self, p, g, state, step_number):
+        calls.append(1)
+        return p if len(calls) == 5 else real(self, p, g, state, step_number)
+    monkeypatch.setattr(SGD, "update", lazy)
+    code, out, err = _cli(["run", path, "--backward"], capsys)
+    assert code == 1 and "optimizer step (sgd on the ZeRO-2 shards" in out and "NOT equal" in out, out + err
+    assert "MISMATCH optimizer step:" in out

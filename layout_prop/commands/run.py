@@ -133,9 +133,9 @@ def run(args) -> int:
     blocks = read_blocks(graph)  # the spec's zero:, recompute:, pipeline: blocks (a bad one: exit 2)
     if blocks.pipeline is not None:
         return _run_pipelined(args, graph, blocks, weights, backend)
-    configured = {}
+    configured, transformed = {}, {}
     if blocks.any:
-        configured = _configured(args, graph, blocks)
+        configured = _configured(args, graph, blocks, transformed)
         graph = configured.pop("graph")
     from_file = {}
     if args.inputs is not None:  # checked here, so that an error names the file
@@ -152,6 +152,8 @@ def run(args) -> int:
                         reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory,
                         max_time=args.max_time, inputs=given, **configured, **options)
     rep.extra["inputs"] = _input_sources(graph, weights, from_file, unread)
+    if rep.ok and "graph" in transformed and blocks.zero_stage and args.engine == "sim":
+        _optimizer_step(rep, transformed["graph"], blocks, args, given)
     if blocks.any:
         rep.extra["config"] = {**blocks.to_dict(), "note": _configured_note(blocks, args, rep)}
         rep.notes.append(f"config: {rep.extra['config']['note']}")
@@ -181,6 +183,12 @@ def run(args) -> int:
             print(f"  note: {line}")
         if "config" in rep.extra:
             print(f"  note: config: {rep.extra['config']['note']}")
+        step = rep.extra.get("optimizer_step")
+        if step is not None:
+            worst = max((e["max_rel_err"] for e in step["params"].values()), default=0.0)
+            print(f"  optimizer step ({step['optimizer']} on the ZeRO-{step['stage']} shards, "
+                  f"{len(step['update_collectives'])} collectives after the update): {len(step['params'])} parameters "
+                  f"{'equal to' if step['ok'] else 'NOT equal to'} one device's update, max rel err {worst:.3g}")
         for title, table in (("output", rep.outputs), ("grad", rep.grads)):
             for name, err in table.items():
                 print(f"  {title} {name}: max abs err {err['max_abs_err']:.3g}, max rel err {err['max_rel_err']:.3g}")
@@ -203,10 +211,11 @@ def run(args) -> int:
     return 0 if rep.ok else 1
 
 
-def _configured(args, graph, blocks) -> dict:
+def _configured(args, graph, blocks, transformed: dict) -> dict:
     """run_graph's arguments for a spec's zero:/recompute: blocks: the forward graph with ZeRO-3's gathers,
-    the recomputation and ZeRO's finish applied to the analysed graph (with ``--backward``), and the
-    reference: the spec's graph analysed without them (a copy, so that no node's metadata is shared)."""
+    the recomputation and ZeRO's finish applied to the analysed graph (with ``--backward``; the result is
+    kept in ``transformed["graph"]``), and the reference: the spec's graph analysed without them (a copy,
+    so that no node's metadata is shared)."""
     from layout_prop.api import analyze
 
     from .config_blocks import forward, transform
@@ -216,8 +225,32 @@ def _configured(args, graph, blocks) -> dict:
     if plain.ok:
         out["reference_graph"] = plain.graph
     if args.backward:
-        out["transform"] = lambda analysed: transform(analysed, blocks)
+        def apply(analysed):
+            transformed["graph"] = transform(analysed, blocks)
+            return transformed["graph"]
+        out["transform"] = apply
     return out
+
+
+def _optimizer_step(rep, graph, blocks, args, given: dict) -> None:
+    """ZeRO's update executed (engines/training.py ``training_step``): each rank updates its shard of every
+    parameter from the gradients the run made (SGD with weight decay: its update is exact in every dtype,
+    where AdamW's first step divides by a gradient's magnitude), the stage's all-gathers put the parameters
+    back, and they are compared with one device's update.  A mismatch fails the run."""
+    from layout_prop.engines.training import SGD, training_step
+    from layout_prop.passes.lower import Lower
+    from layout_prop.passes.zero import shard_layouts
+    from layout_prop.runner import TOLERANCES, random_inputs
+
+    dtypes = {s.dtype for n in graph.nodes for s in n.meta.get("specs", ()) if s is not None}
+    rtol = args.rtol if args.rtol is not None else max((TOLERANCES.get(d, 0.0) for d in dtypes), default=1e-5)
+    inputs = {**random_inputs(graph, args.seed, given=given), **given}  # the run's own draw
+    step = training_step(graph, Lower().run(graph).program, inputs, shard_layouts(graph, blocks.zero),
+                         blocks.zero.stage, SGD(lr=0.1, weight_decay=0.01), rtol=rtol)
+    rep.extra["optimizer_step"] = step.to_dict()
+    if not step.ok:
+        rep.ok = False
+        rep.mismatches.extend(f"optimizer step: {m}" for m in step.mismatches)
 
 
 def _configured_note(blocks, args, rep) -> str:
@@ -239,8 +272,11 @@ def _configured_note(blocks, args, rep) -> str:
              if ran else "nothing of it executed")
     if not_run:
         text += f"; {' and '.join(not_run)} act on the backward: add --backward"
-    if blocks.zero is not None and blocks.zero.stage:
-        text += "; the optimizer's update of each shard is not run here (engines/training.py training_step)"
+    if "optimizer_step" in rep.extra:
+        text += "; then one optimizer step on the ZeRO shards, all-gathered after, compared with one device's"
+    elif blocks.zero is not None and blocks.zero.stage:
+        text += ("; the optimizer's update of each shard is not run (with --backward on the simulator it is: "
+                 "engines/training.py training_step)")
     return text
 
 

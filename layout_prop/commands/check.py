@@ -161,7 +161,8 @@ def _check_pipelined(graph, blocks, args):
                         path="pipeline.micro_batches", hint="use fewer micro-batches or a larger batch") from None
     pipeline = {"stage_mesh": str(micro.mesh), "batch_inputs": list(batch_inputs), "lowered": False}
     head = (f"{describe(blocks)}: checked one micro-batch ({', '.join(batch_inputs) or 'no batch input'} cut in "
-            f"{c.micro_batches}) on the stage mesh {micro.mesh}")
+            f"{c.micro_batches}) on the stage mesh {micro.mesh} (its memory figure: every stage's parameters and one "
+            f"micro-batch on one rank; estimate SPEC gives each stage's)")
     if args.reshard and args.backward and analysis.ok:
         g = transform(analysis.graph, blocks)
         pprog = lower_pipeline(g, c, graph.mesh, batch_inputs, forward_chunks(g, c, op_time_cost(g)))

@@ -312,7 +312,8 @@ def _run_pipelined(args, graph, blocks, weights: dict, backend: str) -> int:
     note = (f"{_describe(blocks)}: the pipelined program executed as layout-prop pipeline SPEC --run executes it "
             f"(one micro-batch's program on the stage mesh {built.program.program.mesh}, each stage's schedule, "
             f"the moves), forward and backward{'' if args.backward else ' (a schedule is of both: without --backward too)'}; "
-            f"compared with one device on the whole batch")
+            f"compared with one device on the whole batch"
+            + ("; ZeRO's optimizer step is not run in a pipelined run" if blocks.zero_stage else ""))
     report["config"] = {**blocks.to_dict(), "note": note}
     if args.json:
         print_json(report)

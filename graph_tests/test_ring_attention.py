@@ -312,3 +312,33 @@ def test_gen_llama_full_with_a_ring_equals_the_plain_llama(tmp_path):
     assert sorted(ring) == sorted(plain) and len(plain) > 10
     for value in plain:
         np.testing.assert_allclose(ring[value], plain[value], rtol=1e-9, atol=1e-12, err_msg=value)
+
+
+# ------------------------------------------------------------------------------ MindSpore kernels
+def test_mindspore_kernels_match_numpy():
+    pytest.importorskip("mindspore")
+    from layout_prop.kernels.mindspore_backend import KERNELS as MS, to_numpy
+    from layout_prop.kernels.numpy_backend import KERNELS as NP
+
+    rng = np.random.default_rng(0)
+    f = np.float32
+    q, k, v = (rng.normal(size=s).astype(f) for s in ((2, 4, 8, 3), (2, 2, 8, 3), (2, 2, 8, 2)))
+
+    def same(op, *args, **attrs):
+        want, got = NP[op](*args, **attrs), MS[op](*args, **attrs)
+        want, got = (want if isinstance(want, tuple) else (want,)), (got if isinstance(got, tuple) else (got,))
+        for w, g in zip(want, got):
+            g = to_numpy(g)
+            assert g.shape == w.shape and g.dtype == w.dtype, op
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=op)
+
+    same("ring_shift", q, dim=2, blocks=4, shift=-1)
+    for step in range(4):  # steps 1-3 hold rows that see no key (lse -inf)
+        same("attention_block", q, k, v, blocks=4, step=step, causal=True, q_offset=1)
+        same("attention_block_grad", rng.normal(size=(2, 4, 8, 3)).astype(f), q, k, v, blocks=4, step=step,
+             causal=True)
+    a = NP["attention_block"](q, k, v, blocks=4, step=1, causal=True)
+    b = NP["attention_block"](q, k, v, blocks=4, step=2, causal=True)
+    assert np.isneginf(a[..., -1]).any() and np.isneginf(b[..., -1]).any()
+    same("attention_merge", a, b)
+    same("attention_merge_grad", rng.normal(size=a.shape).astype(f), a, b)

@@ -17,6 +17,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import attention_ring_mindspore
 from .attention_numpy import INT32_MAX, _draws, attention_mask
 
 __all__ = ["KERNELS"]
@@ -153,3 +154,4 @@ KERNELS: dict[str, Callable] = {
     "flash_attention_score": _flash_attention_score,
     "flash_attention_score_grad": _flash_attention_score_grad,
 }
+KERNELS.update(attention_ring_mindspore.KERNELS)  # ring attention's ops (ops/ring.py)

@@ -58,6 +58,11 @@ CASES = {
                          {"causal": True, "layout": "BSND", "q_offset": 2, "scale": 0.3}),
     # query blocks of 1 row, key blocks of 2 (Sq 4, Skv 8)
     "cp4-cross": _spec((4,), ("cp",), (1, 2, 4, 4), (1, 2, 8, 4), (1, 2, 8, 4), ["S(2)"], {"causal": True}),
+    # the load-balanced ring: the sequence stored in the zig-zag order of 8 chunks, rank i holding chunks i, 7 - i
+    "cp4-zigzag": _spec((4,), ("cp",), (1, 2, 16, 2), (1, 2, 16, 2), (1, 2, 16, 2), ["S(2)"],
+                        {"causal": True, "zigzag": 4}),
+    "dp2xcp2-zigzag": _spec((2, 2), ("dp", "cp"), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4), ["S(0)", "S(2)"],
+                            {"causal": True, "zigzag": 2}),
 }
 
 
@@ -180,9 +185,12 @@ def test_ring_that_does_not_apply_says_so_and_gathers(tmp_path):
     assert "all-gather" in res.stdout and "permute" not in res.stdout
     rep = run_graph(load_spec(spec), backward=True)
     assert rep.ok
-    zig = _spec((4,), ("cp",), (1, 2, 8, 4), (1, 2, 8, 4), (1, 2, 8, 4), ["S(2)"], {"causal": True, "zigzag": 4})
-    res = _cli("check", "--reshard", spec=zig, tmp_path=tmp_path)
-    assert "zigzag is set" in res.stdout and "permute" not in res.stdout
+    # v sharded on the heads: not like q
+    odd = _spec((4,), ("cp",), (1, 4, 8, 4), (1, 4, 8, 4), (1, 4, 8, 4), {"q": ["S(2)"], "k": ["S(2)"], "v": ["S(1)"]},
+                {"causal": True})
+    res = _cli("check", "--reshard", spec=odd, tmp_path=tmp_path)
+    assert "v's sequence is not sharded on mesh axis 'cp' alone like q's (v is (S(1))" in res.stdout
+    assert "permute" not in res.stdout
 
 
 def test_flash_attention_score_refuses_ring():
@@ -333,6 +341,7 @@ def test_mindspore_kernels_match_numpy():
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=op)
 
     same("ring_shift", q, dim=2, blocks=4, shift=-1)
+    same("attention_block", q, k, v, blocks=4, step=1, causal=True, zigzag=2)
     for step in range(4):  # steps 1-3 hold rows that see no key (lse -inf)
         same("attention_block", q, k, v, blocks=4, step=step, causal=True, q_offset=1)
         same("attention_block_grad", rng.normal(size=(2, 4, 8, 3)).astype(f), q, k, v, blocks=4, step=step,

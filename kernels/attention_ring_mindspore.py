@@ -35,7 +35,7 @@ def _ring_shift(x, dim, blocks, shift=1):
 
 
 def _block(q, k, v, blocks, step, layout, causal, scale, q_offset, q_start, kv_start, q_total, kv_total,
-           kv_head_map):
+           kv_head_map, zigzag=0):
     """q, k, v in BNSD (k, v one head per query head), the probabilities, the log-sum-exp and the scale."""
     from .mindspore_backend import _exp_of, _expand_kv, _kv_index, _log_of, _ms, to_tensor
 
@@ -48,7 +48,7 @@ def _block(q, k, v, blocks, step, layout, causal, scale, q_offset, q_start, kv_s
     if scale is None:
         scale = 1.0 / math.sqrt(qb.shape[-1])
     seen = to_tensor(np.broadcast_to(block_visible(qb.shape[2], kb.shape[2], blocks, step, causal, q_offset,
-                                                   q_start, kv_start, q_total, kv_total),
+                                                   q_start, kv_start, q_total, kv_total, zigzag),
                                      (qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2])).copy())
     scores = ops.matmul(qb, ops.swapaxes(kb, -1, -2)) * scale
     top = ops.amax(ops.where(seen, scores, ops.full_like(scores, -np.inf)), -1, True)
@@ -61,26 +61,26 @@ def _block(q, k, v, blocks, step, layout, causal, scale, q_offset, q_start, kv_s
     return qb, kb, vb, probs, lse, scale, kv_heads, index
 
 
-def _attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0, q_start=0,
-                     kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
+def _attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0, zigzag=0,
+                     q_start=0, kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
     from .mindspore_backend import _as_result, _floated, _ms
 
     ops = _ms().ops
     qf, kf, vf = _floated(q), _floated(k), _floated(v)
     _, _, vb, probs, lse, _, _, _ = _block(qf, kf, vf, blocks, step, layout, causal, scale, q_offset, q_start,
-                                           kv_start, q_total, kv_total, kv_head_map)
+                                           kv_start, q_total, kv_total, kv_head_map, zigzag)
     packed = ops.cat((ops.matmul(probs, vb), lse.astype(vb.dtype)), -1)
     return _as_result(ops.transpose(packed, _TO_BNSD[layout]), q, k, v)
 
 
 def _attention_block_grad(dy, q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0,
-                          q_start=0, kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
+                          zigzag=0, q_start=0, kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
     from .mindspore_backend import _floated, _ms, _reduce_kv
 
     ops = _ms().ops
     dy, q, k, v = _floated(dy), _floated(q), _floated(k), _floated(v)
     qb, kb, vb, probs, _, used, kv_heads, index = _block(q, k, v, blocks, step, layout, causal, scale, q_offset,
-                                                         q_start, kv_start, q_total, kv_total, kv_head_map)
+                                                         q_start, kv_start, q_total, kv_total, kv_head_map, zigzag)
     dyb = ops.transpose(dy, _TO_BNSD[layout])
     d_out, d_lse = dyb[..., :-1], dyb[..., -1:]
     out = ops.matmul(probs, vb)

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from .nn_numpy import _f, expand_kv, kv_index, reduce_kv
+from .nn_numpy import _f, expand_kv, kv_index, reduce_kv, zigzag_positions
 
 __all__ = ["KERNELS", "ring_shift", "attention_block", "attention_block_grad", "attention_merge",
            "attention_merge_grad", "block_visible"]
@@ -48,11 +48,13 @@ def ring_shift(x, dim, blocks, shift=1):
 
 
 def block_visible(sq: int, skv: int, blocks: int, step: int, causal: bool, q_offset: int = 0, q_start: int = 0,
-                  kv_start: int = 0, q_total: int | None = None, kv_total: int | None = None) -> np.ndarray:
+                  kv_start: int = 0, q_total: int | None = None, kv_total: int | None = None,
+                  zigzag: int = 0) -> np.ndarray:
     """``(sq, skv)``: which local key each local query row sees at ring step ``step``.
 
     Query row r (global) of block i sees the keys of block i of the shifted k, whose original
-    block is ``(i - step) mod blocks``; causal: original key position <= r + q_offset.
+    block is ``(i - step) mod blocks``; causal: original key index <= r + q_offset, both as
+    positions in the sequence when it is stored in zig-zag order (``zigzag``, q_offset 0).
     """
     q_total = sq if q_total is None else q_total
     kv_total = skv if kv_total is None else kv_total
@@ -63,17 +65,21 @@ def block_visible(sq: int, skv: int, blocks: int, step: int, causal: bool, q_off
     seen = q_block[:, None] == k_block[None, :]
     if causal:
         original = ((k_block - step) % blocks) * bk + cols % bk
-        seen &= original[None, :] <= rows[:, None] + q_offset
+        queries = rows + q_offset
+        if zigzag:  # stored indices -> positions in the sequence
+            original = zigzag_positions(kv_total, zigzag)[original]
+            queries = zigzag_positions(q_total, zigzag)[rows]
+        seen &= original[None, :] <= queries[:, None]
     return seen
 
 
-def _block_probs(q, k, blocks, step, causal, scale, q_offset, q_start, kv_start, q_total, kv_total):
+def _block_probs(q, k, blocks, step, causal, scale, q_offset, q_start, kv_start, q_total, kv_total, zigzag=0):
     """Probabilities over the visible keys (0 elsewhere; rows seeing none all 0), the log-sum-exp
     (-inf for those rows) and the scale; q, k in BNSD."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     seen = block_visible(q.shape[-2], k.shape[-2], blocks, step, causal, q_offset, q_start, kv_start, q_total,
-                         kv_total)
+                         kv_total, zigzag)
     scores = np.where(seen, np.matmul(q, np.swapaxes(k, -1, -2)) * scale, -np.inf)
     top = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
     top = np.where(np.isfinite(top), top, 0.0)
@@ -85,8 +91,8 @@ def _block_probs(q, k, blocks, step, causal, scale, q_offset, q_start, kv_start,
     return probs, lse[..., 0], scale
 
 
-def attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0, q_start=0,
-                    kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
+def attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0, zigzag=0,
+                    q_start=0, kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
     """The block's attention output packed with its log-sum-exp: q's shape, last dim Dv + 1."""
     q, k, v = _f(q), _f(k), _f(v)
     dtype = np.result_type(q, k, v)
@@ -94,13 +100,14 @@ def attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=
     qb, kb, vb = (np.transpose(t, order) for t in (q, k, v))
     index = kv_index(qb.shape[1], kb.shape[1], kv_head_map)
     kb, vb = expand_kv(kb, index), expand_kv(vb, index)
-    probs, lse, _ = _block_probs(qb, kb, blocks, step, causal, scale, q_offset, q_start, kv_start, q_total, kv_total)
+    probs, lse, _ = _block_probs(qb, kb, blocks, step, causal, scale, q_offset, q_start, kv_start, q_total, kv_total,
+                                 zigzag)
     packed = np.concatenate([np.matmul(probs, vb), lse[..., None]], axis=-1)
     return np.transpose(packed, order).astype(dtype, copy=False)
 
 
 def attention_block_grad(dy, q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0,
-                         q_start=0, kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
+                         zigzag=0, q_start=0, kv_start=0, q_total=None, kv_total=None, kv_head_map=None):
     """``(dq, dk, dv)``; dy's last column is the cotangent of the log-sum-exp."""
     dy, q, k, v = _f(dy), _f(q), _f(k), _f(v)
     order = _TO_BNSD[layout]
@@ -109,7 +116,7 @@ def attention_block_grad(dy, q, k, v, blocks, step=0, layout="BNSD", causal=Fals
     index = kv_index(qb.shape[1], kv_heads, kv_head_map)
     kb, vb = expand_kv(kb, index), expand_kv(vb, index)
     probs, _, used = _block_probs(qb, kb, blocks, step, causal, scale, q_offset, q_start, kv_start, q_total,
-                                  kv_total)
+                                  kv_total, zigzag)
     d_out, d_lse = dyb[..., :-1], dyb[..., -1:]
     out = np.matmul(probs, vb)
     dv = np.matmul(np.swapaxes(probs, -1, -2), d_out)

@@ -77,12 +77,13 @@ The ops
     on that axis) and the partial results combined by their log-sum-exp
     (``attention_merge``); :mod:`.ring` has the ops.  It moves the bytes of the all-gather
     ((n - 1) blocks of k and of v per rank, and as many of their gradients back) but a
-    rank never holds more than one block of k and v.  Elsewhere (the sequence sharded on
-    several axes, k or v not sharded like q, ``zigzag`` set) the node gathers k and v as
-    under ``all_gather`` and the expand pass says why in a note.  Not done: an overlap
-    model of the permutes with the blocks' compute (``estimate`` exposes them all),
-    skipping the causal blocks wholly in the future (they run and contribute nothing),
-    the zig-zag load-balanced ring, and ring attention for ``flash_attention_score``.
+    rank never holds more than one block of k and v; ``zigzag`` passes to the blocks (the
+    load-balanced ring: right, though no block skips work, so the balance is not
+    modelled).  Elsewhere (the sequence sharded on several axes, k or v not sharded like
+    q) the node gathers k and v as under ``all_gather`` and the expand pass says why in a
+    note.  Not done: an overlap model of the permutes with the blocks' compute
+    (``estimate`` exposes them all), skipping the causal blocks wholly in the future (they
+    run and contribute nothing), and ring attention for ``flash_attention_score``.
     Load balance, ``zigzag=P`` (default 0): q, k and v hold one sequence stored in the
     zig-zag order of ``2P`` chunks (shard i of P holds chunks i and 2P-1-i: Llama 3's and
     ring attention's load-balanced order, which the data and the rotary positions must

@@ -27,12 +27,15 @@ The ops
     step model prices it as a collective; when ``dim`` is not sharded it is a local roll.
     Any other sharding of ``dim`` is ``sharding-mismatch`` (fix: all-gather the dim).  The
     output has the input's layout.  Gradient: ``ring_shift`` by ``-shift``.
-``attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0)``
+``attention_block(q, k, v, blocks, step=0, layout="BNSD", causal=False, scale=None, q_offset=0, zigzag=0)``
     One step of the ring.  q's sequence and k's (and v's) are cut into ``blocks`` equal
     blocks; query block i attends only to block i of the k and v given, which ``ring_shift``
     has rolled ``step`` times: it holds the ORIGINAL key/value block ``(i - step) mod
     blocks``, and the causal mask (top-left, ``j <= i + q_offset`` as for
-    ``scaled_dot_product_attention``) compares original positions.  The output packs the
+    ``scaled_dot_product_attention``) compares original positions; with ``zigzag=P`` the
+    sequence is stored in the zig-zag order of 2P chunks (as for
+    ``scaled_dot_product_attention``: the load-balanced ring) and the mask compares
+    positions in the sequence.  The output packs the
     block's attention output and its log-sum-exp: shape q's with the last dim ``Dv + 1``,
     ``out[..., :Dv]`` the softmax over the visible keys of the block times v (zeros where a
     row sees no key) and ``out[..., Dv]`` ``log(sum(exp(scale * q.k)))`` over those keys
@@ -58,10 +61,12 @@ Grad ops (``differentiable = False``)
     Partial on the sequence axes; ``P(sum)`` on the axes that shard q's heads but not the
     replicated kv heads).  ``attention_merge_grad(dy, a, b) -> (da, db)``.
 
-Not done here: an overlap model of the permutes with the blocks' compute (the step model
-adds them), skipping the causal blocks that lie wholly in the future (they run and
-contribute nothing), the zig-zag load-balanced ring (``zigzag`` with ``ring`` keeps the
-all-gather), and ring attention for ``flash_attention_score``.
+The zig-zag order (``zigzag=P`` on the attention) passes to the blocks: the load-balanced
+ring is computed correctly, but the balance itself is not visible here, since no block
+skips work.  Not done: an overlap model of the permutes with the blocks' compute (the step
+model adds them, all exposed), skipping the causal blocks that lie wholly in the future
+(they run and contribute nothing; the step model counts every block's FLOPs), and ring
+attention for ``flash_attention_score``.
 
 Violation codes
 ---------------
@@ -72,7 +77,8 @@ Violation codes
   b unlike a; dy unlike the output.
 - ``broadcast-shape``: a cotangent of the wrong shape.
 - ``invalid-shape``: shapes the op cannot take (q, k, v that do not agree, a sequence or
-  dim that is not a multiple of ``blocks``, merge operands of different shapes).
+  dim that is not a multiple of ``blocks``, a zig-zag order the sequences cannot take,
+  merge operands of different shapes).
 - ``invalid-attr``: an attr value the op cannot take (blocks, step, shift, dim, causal...).
 - ``invalid-input-layout``: an attention ``layout`` other than ``"BNSD"`` and ``"BSND"``.
 
@@ -105,7 +111,7 @@ from layout_prop.core.spec import TensorSpec
 from .common import move_violations as _move_violations
 from .nn import (ATTENTION_CODES, ATTENTION_LAYOUTS, _attention_attr_violations, _attention_shape_violations,
                  _cotangent, _is_float, _kv_want, _name, _partial_issue, _want, _whole_dims, _with_partials,
-                 float_dtype, kv_head_map)
+                 float_dtype, kv_head_map, zigzag_problems)
 
 __all__ = ["RingShift", "AttentionBlock", "AttentionBlockGrad", "AttentionMerge", "AttentionMergeGrad",
            "ring_attention", "get_rule"]
@@ -113,7 +119,8 @@ __all__ = ["RingShift", "AttentionBlock", "AttentionBlockGrad", "AttentionMerge"
 RING_CODES = ("partial-input", "sharding-mismatch", "invalid-shape", "invalid-attr")
 MERGE_CODES = ("partial-input", "sharded-head-dim", "sharding-mismatch", "broadcast-shape", "invalid-shape")
 BLOCK_CODES = ATTENTION_CODES
-_BLOCK_ATTRS = {"blocks": None, "step": 0, "layout": "BNSD", "causal": False, "scale": None, "q_offset": 0}
+_BLOCK_ATTRS = {"blocks": None, "step": 0, "layout": "BNSD", "causal": False, "scale": None, "q_offset": 0,
+                "zigzag": 0}
 
 
 def _is_int(value) -> bool:
@@ -201,7 +208,7 @@ class RingShift(OpRule):
 
 # ---------------------------------------------------------------------------------- attention_block
 def _block_attr_violations(attrs: dict) -> list[Violation]:
-    out = _attention_attr_violations({**attrs, "zigzag": 0, "context_parallel": "all_gather"})
+    out = _attention_attr_violations({**attrs, "context_parallel": "all_gather"})
     blocks, step = attrs["blocks"], attrs["step"]
     if not _is_int(blocks) or blocks < 1:
         out.append(_bad(f"blocks={blocks!r} is not a positive integer", "give blocks, the ring's length", "q"))
@@ -231,6 +238,8 @@ def _block_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict):
         if not violations and q.shape[dims["D"]] == 0 and attrs["scale"] is None:
             violations.append(Violation("invalid-shape", f"q's head dim D is 0 (q {list(q.shape)}): the default "
                                         "scale 1/sqrt(D) is undefined", "give an explicit scale", operand="q"))
+        if not violations and attrs["zigzag"]:
+            violations += zigzag_problems(q.shape[s], k.shape[s], attrs["zigzag"], "q")
     if violations:
         return None, (None, None), [None, None, None], violations, dims
     s = dims["S"]
@@ -458,16 +467,13 @@ def ring_attention(b, inputs, attrs: dict, specs) -> str | None:
             keep(f"{name}'s sequence is not sharded on mesh axis {q.mesh.names[axis]!r} alone like q's ({name} is "
                  f"{t.layout}, q {q.layout})")
             return None
-    if attrs.get("zigzag"):
-        keep("zigzag is set (the zig-zag ordered ring is not written)")
-        return None
     if q.shape[s] % n or k.shape[s] % n:
         keep(f"the query ({q.shape[s]}) and key ({k.shape[s]}) sequences are not multiples of the {n} ranks of "
              f"{q.mesh.names[axis]!r}")
         return None
     b.force(f"context_parallel='ring' on mesh axis {q.mesh.names[axis]!r}")
     common = {"layout": attrs["layout"], "causal": attrs["causal"], "scale": attrs["scale"],
-              "q_offset": attrs["q_offset"], "blocks": n}
+              "q_offset": attrs["q_offset"], "zigzag": attrs["zigzag"], "blocks": n}
     shift = {"dim": s, "blocks": n, "shift": 1}
     kj, vj, acc = inputs[1], inputs[2], None
     for j in range(n):

@@ -85,6 +85,8 @@ RECORDS += [
                  partial_ok=False),
         OpSample([(1, 4, 4, 2), (1, 2, 8, 2), (1, 2, 8, 3)], {"layout": "BNSD", "context_parallel": "ring"},
                  partial_ok=False),
+        OpSample([(1, 2, 8, 2), (1, 2, 8, 2), (1, 2, 8, 2)], {"causal": True, "zigzag": 2,
+                                                             "context_parallel": "ring"}, partial_ok=False),
     ], meshes=MESHES, placements=30, id="attention-ring"),
     OpRecord("ring_shift", [
         OpSample([(2, 8, 3)], {"dim": 1, "blocks": 4}),
@@ -97,6 +99,8 @@ RECORDS += [
                                                              "layout": "BSND", "q_offset": 4}, partial_ok=False),
         OpSample([(2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4)], {"blocks": 4, "step": 1, "causal": True}),
         OpSample([(1, 4, 4, 2), (1, 2, 4, 2), (1, 2, 4, 3)], {"blocks": 2, "step": 1}),
+        OpSample([(1, 2, 8, 2), (1, 2, 8, 2), (1, 2, 8, 2)], {"blocks": 4, "step": 2, "causal": True, "zigzag": 4},
+                 partial_ok=False),
     ], meshes=MESHES, placements=40, id="attention_block"),
     OpRecord("attention_block_grad", [
         OpSample([(2, 2, 8, 5), (2, 2, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4)], {"blocks": 4, "step": 3, "causal": True}),

@@ -135,6 +135,9 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
         return node is not None and (node.meta.get(meta.GRAD_OF) in params or source.startswith("grad/zero/gather/"))
 
     forward, backward = [0.0] * c.chunks, [0.0] * c.chunks
+    # what hides the gradient synchronisation, as estimate_step counts it: the kernels alone, the backward's
+    # without the recomputation (ZeRO 0-2), the forward's, backward's and recomputation's (ZeRO 3)
+    hide = {"F": [0.0] * c.chunks, "B": [0.0] * c.chunks, "R": [0.0] * c.chunks}
     sync, gathers = [0.0] * p, [0.0] * p
     last_sync: list[float | None] = [None] * p  # the sync op run last on a stage: its lowest chunk's backward
     first_gather: list[float | None] = [None] * p
@@ -145,7 +148,10 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             if phase == "F":
                 chunk_of[op.source] = chunk
             if op.kind == "kernel" and op.source in nodes:
-                (forward if phase == "F" else backward)[chunk] += seconds(nodes[op.source])
+                t = seconds(nodes[op.source])
+                (forward if phase == "F" else backward)[chunk] += t
+                recomputed = nodes[op.source].meta.get(meta.INSERTED_BY) == "recompute"
+                hide["R" if recomputed else phase][chunk] += t
             elif op.kind == "collective":
                 t = collective_time(op.step.kind, op.step.bytes_per_rank, shape, op.step.mesh_axis, cluster)
                 if is_sync(op.source):
@@ -193,17 +199,18 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
         counted = [name for name in pprog.stage_inputs.get(s, ()) if name in param_bytes]
         own = [ch for ch in range(s, c.chunks, p)]
         fwd, bwd = sum(forward[ch] for ch in own), sum(backward[ch] for ch in own)
+        hide_f, hide_b, hide_r = (sum(hide[k][ch] for ch in own) for k in "FBR")
         last = last_sync[s] or 0.0
         if stage <= 1:
-            exposed = max(sync[s] - bwd, last) if overlap else sync[s]
+            exposed = max(sync[s] - hide_b, last) if overlap else sync[s]
             total = sync[s]
         elif stage == 2:
-            exposed = m * (max(sync[s] - bwd, last) if overlap else sync[s])
+            exposed = m * (max(sync[s] - hide_b, last) if overlap else sync[s])
             total = m * sync[s]
         else:
             per_mb = sync[s] + gathers[s]
             least = last + (first_gather[s] or 0.0)
-            exposed = m * (max(per_mb - fwd - bwd, least) if overlap else per_mb)
+            exposed = m * (max(per_mb - hide_f - hide_b - hide_r, least) if overlap else per_mb)
             total = m * per_mb
         after, opt_bytes = 0.0, 0
         for name in mine:

@@ -76,8 +76,9 @@ The ops
     rank on between steps (``ring_shift``, lowered as a cyclic point-to-point ``permute``
     on that axis) and the partial results combined by their log-sum-exp
     (``attention_merge``); :mod:`.ring` has the ops.  It moves the bytes of the all-gather
-    ((n - 1) blocks of k and of v per rank, and as many of their gradients back) but a
-    rank never holds more than one block of k and v; ``zigzag`` passes to the blocks (the
+    ((n - 1) blocks of k and of v per rank, and as many of their gradients back); in the
+    forward a rank holds one pair of k, v blocks and the next (with the backward, every
+    step's blocks are kept for the gradient: see :mod:`.ring`); ``zigzag`` passes to the blocks (the
     load-balanced ring: right, though no block skips work, so the balance is not
     modelled).  Elsewhere (the sequence sharded on several axes, k or v not sharded like
     q) the node gathers k and v as under ``all_gather`` and the expand pass says why in a

@@ -396,3 +396,20 @@ def test_a_one_stage_pipeline_is_estimate_with_accumulation(tmp_path, capsys, ze
     assert pipe["optimizer_s"] == pytest.approx(flat["optimizer_s"], rel=1e-12)
     assert pipe["flops_per_step"] == pytest.approx(flat["flops_per_step"], rel=1e-12)
     assert pipe["bubble"] == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("argv", [["lower", "{spec}", "--rank", "0"], ["explain", "{spec}", "l0_q"],
+                                  ["viz", "{spec}", "-o", "{out}"], ["export", "{spec}", "--to", "torch"]])
+def test_commands_that_show_the_plain_graph_say_so(tmp_path, capsys, argv):
+    """lower, explain, viz and export show the graph without the blocks: their output is the
+    plain spec's, and one note on stderr says which blocks were not applied and who applies them."""
+    plain, blocked = _write(tmp_path, llama(), "plain.yaml"), _write(
+        tmp_path, llama(pp=True, zero={"stage": 3}, recompute={"mode": "full"}), "blocked.yaml")
+    outs = []
+    for spec in (plain, blocked):
+        code, out, err = _cli([a.format(spec=spec, out=tmp_path / f"{spec.stem}.svg") for a in argv], capsys)
+        assert code == 0, err
+        outs.append((out, err))
+    assert "note:" not in outs[0][1]
+    assert ("note: " + argv[0] + " shows the graph without the spec's zero:, recompute:, pipeline: blocks "
+            "(check, run and estimate apply them; pipeline SPEC --rank R prints a pipelined rank's program)") in outs[1][1]

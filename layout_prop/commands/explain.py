@@ -147,12 +147,18 @@ def format_explanation(tree: dict[str, Any], indent: int = 0, use: dict | None =
 
 # --------------------------------------------------------------------------- command line
 def run(args) -> int:
+    import sys
+
     from layout_prop.api import analyze
 
-    from .model_input import load_graph
+    from .model_input import load_graph, unapplied_blocks_note
     from .printing import print_json
     
-    analysis = analyze(load_graph(args), reshard=args.reshard, backward=args.backward)
+    graph = load_graph(args)
+    note = unapplied_blocks_note(graph, "explain")
+    if note:
+        print(note, file=sys.stderr)
+    analysis = analyze(graph, reshard=args.reshard, backward=args.backward)
     tree = explain(analysis.graph, args.value, args.depth)
     print_json(tree) if args.json else print(format_explanation(tree))
     return 0

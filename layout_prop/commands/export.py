@@ -56,6 +56,11 @@ def run(args) -> int:
         if path is not None:
             check_output(path)
     graph = _load(args)
+    from .model_input import unapplied_blocks_note
+
+    note = unapplied_blocks_note(graph, "export")
+    if note:
+        print(note, file=sys.stderr)
     source = Path(str(args.spec)).name
     plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
     if args.output is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .model_input import load_graph
+from .model_input import load_graph, unapplied_blocks_note
 
 __all__ = ["run"]
 
@@ -15,6 +15,9 @@ def run(args) -> int:
     from layout_prop.passes.lower import Lower
 
     graph = load_graph(args)
+    note = unapplied_blocks_note(graph, "lower")
+    if note:
+        print(note, file=sys.stderr)
     analysis = analyze(graph, reshard=not args.no_reshard, backward=args.backward)
     if not analysis.ok:
         for v in analysis.check.violations:

@@ -9,7 +9,7 @@ from pathlib import Path
 from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 
-__all__ = ["load_graph"]
+__all__ = ["load_graph", "unapplied_blocks_note"]
 
 
 def load_graph(args: argparse.Namespace) -> Graph:
@@ -35,3 +35,31 @@ def load_graph(args: argparse.Namespace) -> Graph:
     )
 
     return load_spec(Path("/dev/stdin") if source == "-" else Path(source))  # "-": stdin, as Unix tools read it
+
+
+#: the spec blocks that describe a training configuration rather than the graph
+CONFIG_BLOCKS = ("zero", "recompute", "pipeline")
+
+
+def unapplied_blocks_note(graph: Graph, command: str) -> str | None:
+    """One note line for a command that shows the graph without the spec's ``zero:``,
+    ``recompute:`` or ``pipeline:`` blocks (``lower``, ``viz``, ``explain``, ``export``), or None
+    when the spec has none: the answer is the graph's, never silently another configuration's.
+
+    >>> from layout_prop.core.graph import Graph
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> g = Graph(DeviceMesh((2,), ("dp",)))
+    >>> unapplied_blocks_note(g, "lower") is None
+    True
+    >>> g.meta["zero"] = {"stage": 3}
+    >>> unapplied_blocks_note(g, "lower")
+    "note: lower shows the graph without the spec's zero: block (check, run and estimate apply it)"
+    """
+    present = [name for name in CONFIG_BLOCKS if graph.meta.get(name) is not None]
+    if not present:
+        return None
+    names = ", ".join(f"{name}:" for name in present)
+    where = "check, run and estimate apply " + ("them" if len(present) > 1 else "it")
+    if "pipeline" in present:
+        where += "; pipeline SPEC --rank R prints a pipelined rank's program"
+    return f"note: {command} shows the graph without the spec's {names} block{'s' if len(present) > 1 else ''} ({where})"

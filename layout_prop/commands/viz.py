@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from layout_prop.core.errors import SpecError
@@ -12,7 +13,7 @@ from layout_prop.viz.grid import tensor_grid
 from layout_prop.viz.png import _matplotlib
 from layout_prop.viz.scene import VizError
 
-from .model_input import load_graph
+from .model_input import load_graph, unapplied_blocks_note
 
 __all__ = ["run"]
 
@@ -31,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
         raise VizError(err.code, err.message, path=str(out), hint="check that the folder exists and is writable") \
             from None
     graph = load_graph(args)  # a spec, or a model with --plan
+    note = unapplied_blocks_note(graph, "viz")
+    if note:
+        print(note, file=sys.stderr)
     tensor = getattr(args, "tensor", None)
     dims = parse_dims(args.dims) if getattr(args, "dims", None) is not None else None
     if dims is not None and tensor is None:

@@ -193,17 +193,20 @@ def test_ring_that_does_not_apply_says_so_and_gathers(tmp_path):
     assert "permute" not in res.stdout
 
 
-def test_flash_attention_score_refuses_ring():
+def test_without_reshard_the_ring_is_a_fixable_gather_whose_hint_names_the_ring():
     from layout_prop import DeviceMesh, Layout, TensorSpec
 
     mesh = DeviceMesh((2,), ("cp",))
-    q = TensorSpec((2, 8, 16), "float32", Layout(mesh, ["S(1)"], 3))
-    rule = get_rule("flash_attention_score")
-    attrs = rule.normalize_attrs({"head_num": 4, "context_parallel": "ring"})
-    res = rule.infer_layout((q, q, q), attrs)
-    assert [v.code for v in res.violations] == ["invalid-attr"]
-    assert not res.violations[0].fixable and "scaled_dot_product_attention's context_parallel='ring'" in \
-        res.violations[0].hint
+    for op, shape, attrs in (("flash_attention_score", (2, 8, 16), {"head_num": 4}),
+                             ("scaled_dot_product_attention", (2, 2, 8, 4), {})):
+        seq = 1 if len(shape) == 3 else 2
+        q = TensorSpec(shape, "float32", Layout(mesh, [f"S({seq})"], len(shape)))
+        rule = get_rule(op)
+        res = rule.infer_layout((q, q, q), rule.normalize_attrs({**attrs, "context_parallel": "ring"}))
+        assert [(v.code, v.fixable) for v in res.violations] == [("sharded-kv-sequence", True)] * 2, op
+        assert all("--reshard passes k and v around the ring" in v.hint for v in res.violations), op
+        bad = rule.infer_layout((q, q, q), rule.normalize_attrs({**attrs, "context_parallel": "rings"}))
+        assert [v.code for v in bad.violations] == ["invalid-attr"], op
 
 
 # ------------------------------------------------------------------------------ the ops themselves
@@ -373,3 +376,68 @@ def test_memory_per_rank_of_the_ring_against_the_gather():
     assert 4 * block <= peaks["ring", False] <= 4 * block + 2 * packed
     assert peaks["ring", True] >= 6 * block  # the backward keeps the 3 shifted blocks of k and of v
     assert peaks["ring", True] < peaks["all_gather", True]
+
+
+# ------------------------------------------------------------------------------ flash_attention_score
+def _fa_spec(mesh, names, q, kv, placements, attrs) -> dict:
+    inputs = {name: {"shape": list(shape), "placements": list(placements), "dtype": "float64"}
+              for name, shape in (("query", q), ("key", kv), ("value", kv))}
+    return {"mesh": {"shape": list(mesh), "names": list(names)}, "inputs": inputs,
+            "nodes": [{"name": "attn", "op": "flash_attention_score", "inputs": ["query", "key", "value"],
+                       "attrs": {"context_parallel": "ring", **attrs}}],
+            "outputs": ["attn"]}
+
+
+FA_CASES = {
+    # BSH, 4 query heads on 2 kv heads of 4, top-left causal, MindSpore's explicit scale
+    "bsh-gqa-causal": _fa_spec((4,), ("cp",), (2, 8, 16), (2, 8, 8), ["S(1)"],
+                               {"head_num": 4, "sparse_mode": 2, "scale": 0.5}),
+    # SBH on dp x cp, no mask
+    "sbh-dp-cp": _fa_spec((2, 2), ("dp", "cp"), (8, 2, 8), (8, 2, 8), ["S(1)", "S(0)"], {"head_num": 2}),
+    # BNSD, bottom-right causal with 4 queries on 8 keys (an offset of 4)
+    "bnsd-bottom-right": _fa_spec((4,), ("cp",), (1, 2, 4, 4), (1, 2, 8, 4), ["S(2)"],
+                                  {"head_num": 2, "input_layout": "BNSD", "sparse_mode": 3}),
+    # BSND in the zig-zag order
+    "bsnd-zigzag": _fa_spec((4,), ("cp",), (1, 16, 2, 2), (1, 16, 2, 2), ["S(1)"],
+                            {"head_num": 2, "input_layout": "BSND", "sparse_mode": 2, "zigzag": 4}),
+    # BSH with the heads on tp (whole heads) and the sequence on cp
+    "bsh-cp-tp": _fa_spec((2, 2), ("cp", "tp"), (2, 8, 16), (2, 8, 16), ["S(1)", "S(2)"],
+                          {"head_num": 4, "sparse_mode": 2}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FA_CASES))
+def test_flash_attention_ring_equals_plain_flash_attention_on_one_device(case):
+    from layout_prop.kernels.attention_numpy import flash_attention_score, flash_attention_score_grad
+
+    spec = FA_CASES[case]
+    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    assert analysis.ok, [str(v) for v in analysis.check.violations]
+    g = analysis.graph
+    assert "ring_shift" in {n.op for n in g.nodes} and "flash_attention_score" not in {n.op for n in g.nodes}
+    program = Lower().run(g).program
+    assert {op.op for op in program.collectives} <= {"permute", "all-reduce", "reduce-scatter"}
+    inputs = random_inputs(g, 2)
+    local = Simulator().execute(program, inputs, np.random.default_rng(2), wanted=list(g.outputs))
+    attrs = {k: v for k, v in spec["nodes"][0]["attrs"].items() if k != "context_parallel"}
+    q, k, v = (inputs[n] for n in ("query", "key", "value"))
+    dq, dk, dv = flash_attention_score_grad(inputs["cotangent/attn"], q, k, v, **attrs)
+    ref = {"attn": flash_attention_score(q, k, v, **attrs), "grad/query": dq, "grad/key": dk, "grad/value": dv}
+    for value, want in ref.items():
+        node, index = g.producer(value)
+        got = assemble(local[value], node.meta[meta.SPECS][index])
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=value)
+
+
+@pytest.mark.parametrize("attrs, why", [
+    ({"head_num": 2, "sparse_mode": 4, "pre_tokens": 1, "next_tokens": 0}, "sparse_mode=4"),
+    ({"head_num": 2, "keep_prob": 0.5}, "keep_prob=0.5"),
+    ({"head_num": 2, "pre_tokens": 2}, "sparse_mode=0 with a band"),
+])
+def test_flash_attention_ring_that_does_not_apply_gathers_and_says_why(attrs, why):
+    spec = _fa_spec((4,), ("cp",), (1, 8, 8), (1, 8, 8), ["S(1)"], attrs)
+    analysis = analyze(load_spec(spec), reshard=True, backward=True)
+    assert analysis.ok
+    assert any("context_parallel='ring') gathers key and value instead: " + why in note for note in analysis.notes)
+    assert "ring_shift" not in {n.op for n in analysis.graph.nodes}
+    assert run_graph(load_spec(spec), backward=True).ok

@@ -65,10 +65,15 @@ context_parallel="all_gather", seed=0, zigzag=0)``
     ``auto``, as for ``scaled_dot_product_attention``: with query's sequence sharded on a
     mesh axis, gather key and value there, or move query, key and value from the sequence
     to the heads (whole heads only) by all-to-alls (Ulysses), or the one moving fewer
-    bytes.  Ring attention (key/value blocks passed around the axis) is
-    ``scaled_dot_product_attention``'s ``context_parallel='ring'`` (:mod:`.ring`); it is
-    not written for this op (``ring`` is ``invalid-attr`` here).  The load-balanced
-    order of a causal ring is the ``zigzag`` attr.
+    bytes, or ``ring``: ring attention, as for ``scaled_dot_product_attention``
+    (:mod:`.ring`): with query's, key's and value's sequence sharded on the same one mesh
+    axis of n ranks, the expand pass writes n ``attention_block`` steps on q, k, v brought
+    to BSND (BSH: a reshape to heads; SBH: a reshape and a transpose; BNSD and BSND as
+    they are), k and v passed on by cyclic permutes (``ring_shift``), the results merged
+    by their log-sum-exp and brought back.  It takes ``sparse_mode`` 0 without a band
+    (the default pre/next tokens), 2 and 3 (at least as many keys as queries), ``zigzag``
+    (the load-balanced order), no ``attn_mask``, no dropout, not TND; elsewhere the node
+    gathers key and value and the expand pass says why in a note.
 
 Grad op (``differentiable = False``)
     ``flash_attention_score_grad(dy, query, key, value) -> (dq, dk, dv)`` (aliases
@@ -106,6 +111,7 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Sequence
 
@@ -131,8 +137,8 @@ FA_LAYOUTS = {
     "TND": {"B": None, "S": 0, "heads": 1, "D": 2},
 }
 SPARSE_MODES = (0, 1, 2, 3, 4)
-#: the context parallel strategies of this op (scaled_dot_product_attention's but ring)
-FA_CONTEXT_PARALLEL = tuple(mode for mode in CONTEXT_PARALLEL if mode != "ring")
+#: the context parallel strategies of this op (scaled_dot_product_attention's)
+FA_CONTEXT_PARALLEL = CONTEXT_PARALLEL
 MASK_MODES = (0, 1)  # the modes that read attn_mask; 2-4 take MindSpore's compressed causal mask, ignored here
 INT32_MAX = 2 ** 31 - 1
 CODES = ("partial-input", "sharded-kv-sequence", "sharded-head-dim", "sharding-mismatch", "broadcast-shape",
@@ -188,8 +194,7 @@ def _attr_violations(attrs: dict) -> list[Violation]:
         out.append(_bad_attr(f"context_parallel={attrs['context_parallel']!r} is not one of "
                              f"{list(FA_CONTEXT_PARALLEL)}", "all_gather gathers key and value on the axes that shard "
                              "query's sequence, ulysses moves query, key, value to their heads there, auto takes the "
-                             "one moving fewer bytes (ring attention: scaled_dot_product_attention's "
-                             "context_parallel='ring')"))
+                             "one moving fewer bytes, ring passes them around the ring (expanded by --reshard)"))
     if layout == "TND":
         for name in ("actual_seq_qlen", "actual_seq_kvlen"):
             if attrs[name] is None:
@@ -522,10 +527,20 @@ class FlashAttentionScore(OpRule):
         out = None
         if q_fixed is not None:
             out = TensorSpec(q.shape, float_dtype(q.dtype, k.dtype, v.dtype), q_fixed)
+        if attrs["context_parallel"] == "ring":  # the expand pass writes the ring where it applies
+            violations = [dataclasses.replace(v, hint=f"{v.hint}; with context_parallel='ring', --reshard passes "
+                                              "k and v around the ring instead (a permute a step) where query, key "
+                                              "and value shard their sequence on one mesh axis")
+                          if v.code == "sharded-kv-sequence" else v for v in violations]
         return RuleResult((out,), tuple(violations), tuple(wants))
 
     def localize(self, attrs, inputs, outputs, rank):
         return _localized(attrs, inputs[0], inputs[1], rank)
+
+    def expand(self, b, inputs, attrs, specs):
+        from .ring import flash_ring_attention  # context_parallel='ring'
+
+        return flash_ring_attention(b, inputs, attrs, specs)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]

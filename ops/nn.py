@@ -83,8 +83,9 @@ The ops
     modelled).  Elsewhere (the sequence sharded on several axes, k or v not sharded like
     q) the node gathers k and v as under ``all_gather`` and the expand pass says why in a
     note.  Not done: an overlap model of the permutes with the blocks' compute
-    (``estimate`` exposes them all), skipping the causal blocks wholly in the future (they
-    run and contribute nothing), and ring attention for ``flash_attention_score``.
+    (``estimate`` exposes them all) and skipping the causal blocks wholly in the future
+    (they run and contribute nothing).  ``flash_attention_score`` takes ``ring`` too, for
+    some of its masks (:mod:`.attention`).
     Load balance, ``zigzag=P`` (default 0): q, k and v hold one sequence stored in the
     zig-zag order of ``2P`` chunks (shard i of P holds chunks i and 2P-1-i: Llama 3's and
     ring attention's load-balanced order, which the data and the rotary positions must

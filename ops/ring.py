@@ -8,12 +8,16 @@ point-to-point ``permute``) and merges the partial results by their log-sum-exp 
 softmax).  It moves the bytes of an all-gather of k and v ((n - 1) blocks of each per rank)
 but no rank ever holds more than one block of them.
 
-The expand pass (``check --reshard``, ``run``, ``lower``, ``estimate``) writes an
+The expand pass (``check --reshard``, ``run``, ``lower``, ``estimate``) writes a
 ``scaled_dot_product_attention`` node whose ``context_parallel`` is ``ring`` as
 ``NODE/block0``, then for j = 1 .. n-1 ``NODE/k_shift{j}``, ``NODE/v_shift{j}``,
 ``NODE/block{j}``, ``NODE/merge{j}``, and the node itself as a ``slice`` of the merged
 result (its output, without the log-sum-exp column).  The backward is the gradient of these
-ops (each has its vjp).
+ops (each has its vjp).  ``flash_attention_score`` with ``context_parallel='ring'`` is
+written alike on q, k, v brought to BSND (BSH: ``NODE/q_heads``... reshapes to heads; SBH:
+then ``NODE/q_bsnd``... transposes) and the result brought back (``NODE/out_heads``, then a
+reshape as the node), for ``sparse_mode`` 0 without a band, 2 and 3, without attn_mask and
+dropout (:func:`flash_ring_attention`).
 
 The ops
 -------
@@ -73,7 +77,8 @@ ring is computed correctly, but the balance itself is not visible here, since no
 skips work.  Not done: an overlap model of the permutes with the blocks' compute (the step
 model adds them, all exposed), skipping the causal blocks that lie wholly in the future
 (they run and contribute nothing; the step model counts every block's FLOPs), and ring
-attention for ``flash_attention_score``.
+attention for ``flash_attention_score``'s band (mode 4, pre/next tokens), attn_mask,
+dropout and TND layouts (those gather key and value).
 
 Violation codes
 ---------------
@@ -490,3 +495,94 @@ def ring_attention(b, inputs, attrs: dict, specs) -> str | None:
         part = b.op("attention_block", [inputs[0], kj, vj], {**common, "step": j}, name=f"block{j}")
         acc = part if acc is None else b.op("attention_merge", [acc, part], name=f"merge{j}")
     return b.result("slice", [acc], {"axis": q.ndim - 1, "start": 0, "stop": v.shape[-1]})
+
+
+#: flash_attention_score's layouts the ring takes, and the attention_block layout each is brought to
+_FA_RING_LAYOUTS = {"BNSD": "BNSD", "BSND": "BSND", "BSH": "BSND", "SBH": "BSND"}
+_INT32_MAX = 2 ** 31 - 1
+
+
+def flash_ring_attention(b, inputs, attrs: dict, specs) -> str | None:
+    """The expand hook of ``flash_attention_score`` with ``context_parallel='ring'``: the ring of
+    :func:`ring_attention` on q, k, v brought to BSND (BSH: a reshape to heads; SBH: a reshape and
+    a transpose) or kept in BNSD / BSND, then brought back.
+
+    Takes sparse modes 0 (no band: the default pre/next tokens), 2 (top-left causal) and 3
+    (bottom-right causal, keys at least as many as queries), without attn_mask and dropout; None
+    (with a note: the node gathers k and v) elsewhere.
+    """
+    if attrs.get("context_parallel") != "ring":
+        return None
+    node = b.node.name
+
+    def keep(why: str) -> None:
+        b.note(f"expand: {node} (flash_attention_score, context_parallel='ring') gathers key and value instead: "
+               f"{why}")
+
+    layout, mode = attrs["input_layout"], attrs["sparse_mode"]
+    if layout not in _FA_RING_LAYOUTS:
+        keep(f"input_layout {layout} (the ring takes BSH, SBH, BNSD, BSND)")
+        return None
+    if len(inputs) > 3:
+        keep("an attn_mask is given (the ring takes sparse modes 0, 2, 3 without a mask)")
+        return None
+    if attrs["keep_prob"] != 1:
+        keep(f"keep_prob={attrs['keep_prob']} (the ring's blocks draw no dropout)")
+        return None
+    banded = attrs["pre_tokens"] != _INT32_MAX or attrs["next_tokens"] != _INT32_MAX
+    if mode not in (0, 2, 3) or (mode == 0 and banded):
+        keep(f"sparse_mode={mode}" + (" with a band (pre_tokens/next_tokens)" if mode == 0 else "") +
+             " (the ring takes modes 0 without a band, 2 and 3)")
+        return None
+    q, k, v = specs
+    s_dim = 0 if layout == "SBH" else 1 if layout in ("BSH", "BSND") else 2
+    sq, skv = q.shape[s_dim], k.shape[s_dim]
+    offset = skv - sq if mode == 3 else 0
+    if offset < 0:
+        keep(f"sparse_mode 3 with fewer keys ({skv}) than queries ({sq})")
+        return None
+    q_axes = [a for a in q.layout.dim_axes(s_dim) if q.mesh.shape[a] > 1]
+    if len(q_axes) != 1:
+        keep(f"query's sequence (dim {s_dim}) is sharded on {len(q_axes)} mesh axes (query is {q.layout}); the ring "
+             "runs on one")
+        return None
+    axis = q_axes[0]
+    n = q.mesh.shape[axis]
+    for name, t in (("key", k), ("value", v)):
+        if [a for a in t.layout.dim_axes(s_dim) if t.mesh.shape[a] > 1] != [axis]:
+            keep(f"{name}'s sequence is not sharded on mesh axis {q.mesh.names[axis]!r} alone like query's ({name} "
+                 f"is {t.layout}, query {q.layout})")
+            return None
+    if sq % n or skv % n:
+        keep(f"the query ({sq}) and key ({skv}) sequences are not multiples of the {n} ranks of "
+             f"{q.mesh.names[axis]!r}")
+        return None
+    b.force(f"context_parallel='ring' on mesh axis {q.mesh.names[axis]!r}")
+    heads = attrs["head_num"]
+    names = list(inputs[:3])
+    if layout in ("BSH", "SBH"):  # H = N * D: to (., ., N, D), and SBH to BSND
+        d = q.shape[-1] // heads
+        for i, (name, t) in enumerate(zip(("q", "k", "v"), (q, k, v))):
+            split = b.op("reshape", [names[i]], {"shape": list(t.shape[:2]) + [t.shape[2] // d, d]},
+                         name=f"{name}_heads")
+            names[i] = split if layout == "BSH" else b.op("transpose", [split], {"dims": [1, 0, 2, 3]},
+                                                           name=f"{name}_bsnd")
+    block_layout = _FA_RING_LAYOUTS[layout]
+    seq = 2 if block_layout == "BNSD" else 1
+    common = {"layout": block_layout, "causal": mode in (2, 3), "scale": attrs["scale"], "q_offset": offset,
+              "zigzag": attrs["zigzag"], "blocks": n}
+    shift = {"dim": seq, "blocks": n, "shift": 1}
+    kj, vj, acc = names[1], names[2], None
+    for j in range(n):
+        if j:
+            kj = b.op("ring_shift", [kj], shift, name=f"k_shift{j}")
+            vj = b.op("ring_shift", [vj], shift, name=f"v_shift{j}")
+        part = b.op("attention_block", [names[0], kj, vj], {**common, "step": j}, name=f"block{j}")
+        acc = part if acc is None else b.op("attention_merge", [acc, part], name=f"merge{j}")
+    packed = b.spec(acc)
+    if layout in ("BNSD", "BSND"):
+        return b.result("slice", [acc], {"axis": 3, "start": 0, "stop": packed.shape[3] - 1})
+    out = b.op("slice", [acc], {"axis": 3, "start": 0, "stop": packed.shape[3] - 1}, name="out_heads")
+    if layout == "SBH":
+        out = b.op("transpose", [out], {"dims": [1, 0, 2, 3]}, name="out_sbnd")
+    return b.result("reshape", [out], {"shape": list(q.shape)})

@@ -111,3 +111,14 @@ RECORDS += [
     OpRecord("attention_merge_grad", [OpSample([(2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 4, 5)])], meshes=MESHES,
              placements=60, id="attention_merge_grad"),
 ]
+
+# flash_attention_score's ring (sparse modes 0, 2, 3; BSH and BNSD; expanded where the sequences shard on one axis)
+RECORDS += [
+    OpRecord("flash_attention_score", [
+        OpSample([(2, 8, 16), (2, 8, 8), (2, 8, 8)], {"head_num": 4, "sparse_mode": 2, "context_parallel": "ring"},
+                 partial_ok=False),
+        OpSample([(1, 2, 4, 4), (1, 2, 8, 4), (1, 2, 8, 4)],
+                 {"head_num": 2, "input_layout": "BNSD", "sparse_mode": 3, "context_parallel": "ring"},
+                 partial_ok=False),
+    ], meshes=MESHES, placements=30, id="flash_attention_score-ring"),
+]

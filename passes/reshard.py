@@ -8,8 +8,13 @@ slices stay implicit (lowering slices locally).  A value moved to the same layou
 several consumers is moved once, and a node that asks for moves, or passes a partial sum
 through, may read another consumer's moved value or an all-reduced partial input instead
 where that moves fewer bytes (``_Sweep._reuse_moves``: what makes the backward of
-Megatron's layouts cost what Megatron-LM's collectives cost).  Violations that no
-redistribution can fix (a bad mode, shapes that do not broadcast) remain.
+Megatron's layouts cost what Megatron-LM's collectives cost).  A node that asks to move a
+value the backward pass moved for it alone (the gradient of an explicit ``redistribute``,
+moving a cotangent back to the layout its primal had) may read the value before that move
+instead, and the move is dropped, where that moves fewer bytes (``_Sweep._skip_vjp_move``:
+a cotangent gathered, then sliced back to be added to another one, then the sum gathered
+again).  Violations that no redistribution can fix (a bad mode, shapes that do not
+broadcast) remain.
 
 This sweep is greedy: each node's moves are chosen when it is reached.  On graphs of 2 to
 :data:`~layout_prop.planner.solver.GLOBAL_NODES` ops, :func:`layout_prop.api.analyze` (so
@@ -81,13 +86,15 @@ class Reshard:
             violations = self.propagate.run(graph).violations
         else:
             violations = (v for n in nodes for v in n.meta[meta.VIOLATIONS])
-        if not any(v.fixable for v in violations):
-            return ReshardResult(graph, 0)  # nothing a redistribution can fix: the graph as it is
-        sweep = _Sweep(self, graph)
+        fixable = any(v.fixable for v in violations)
+        if not fixable and not any(n.op == "redistribute" and n.meta.get(meta.INSERTED_BY) == "backward"
+                                   for n in nodes):
+            return ReshardResult(graph, 0)  # nothing a redistribution can fix, no move to skip: the graph as it is
+        sweep = _Sweep(self, graph, skip_only=not fixable)
         add = sweep.add
         for node in nodes:
             add(node)
-        if not sweep.inserted:
+        if not sweep.inserted and not sweep.dropped:
             return ReshardResult(graph, 0)
         return ReshardResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.inserted)
 
@@ -153,8 +160,11 @@ class _Sweep:
     is shared with the given graph), so the sweep keeps no second map of every value.
     """
 
-    def __init__(self, reshard: Reshard, graph: Graph) -> None:
+    def __init__(self, reshard: Reshard, graph: Graph, skip_only: bool = False) -> None:
         self.reshard = reshard
+        # no fixable violation in the graph: only the backward's moves are looked at (``_skip_vjp_move``),
+        # and a node is only moved for when skipping one left it asking (as before, the rest is as given)
+        self.skip_only = skip_only
         self.propagate = reshard.propagate
         self.graph = graph
         self.nodes: dict[str, Node] = {}
@@ -162,6 +172,9 @@ class _Sweep:
         self.moved: dict[tuple[str, object], str] = {}  # (value, wanted layout) -> redistribute node
         self.moves_of: dict[str, list[str]] = {}  # value -> its redistribute nodes so far, in order
         self.inserted = 0
+        self.dropped = 0  # the backward's moves no node reads any more (``_skip_vjp_move``), left out
+        self.graph_outputs: set[str] | None = None  # made when first asked (``_skip_vjp_move``)
+        self.vjp_moves: set[str] = set()  # the backward's redistribute nodes so far (``_skip_vjp_move``)
         self.graph_inputs = {n.name for n in graph.inputs()}
         # pure functions of (spec, wanted layout), kept in the propagate cache so that later runs share them
         self.free: dict = self.propagate.cache.setdefault(_FREE, {})
@@ -175,7 +188,12 @@ class _Sweep:
         changed = self.changed
         if changed and not changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
-        if not node.meta[_VIOLATIONS] and (not node.inputs or not self._passes_partial(node)):
+        vjp_moves = self.vjp_moves
+        if vjp_moves and not vjp_moves.isdisjoint(node.inputs):
+            node = self._skip_vjp_move(node, [self.spec(value) for value in node.inputs])
+        elif node.op == "redistribute" and m.get(meta.INSERTED_BY) == "backward":
+            vjp_moves.add(node.name)
+        if not node.meta[_VIOLATIONS] and (not node.inputs or self.skip_only or not self._passes_partial(node)):
             # the common case, kept short: nothing to move, no partial sum passed through
             if node.meta is not m and node.meta[_SPECS] != m[_SPECS]:
                 changed.update(node.outputs)
@@ -267,6 +285,53 @@ class _Sweep:
             elif option is not None:
                 inputs[i] = self._move(node, i, node.inputs[i], self.spec(node.inputs[i]), option.layout)
         return self._visit_copy(node, tuple(inputs))
+
+    def _skip_vjp_move(self, node: Node, specs: list) -> Node:
+        """``node`` reading, in place of a move the backward pass made for it alone, the value
+        before that move, where that moves strictly fewer bytes counting the move dropped.
+
+        The gradient of an explicit ``redistribute`` moves the cotangent back to the layout
+        its primal had (``ops/redistribute.py``), before the backward pass sums it with the
+        value's other cotangents.  When the add summing them then asks to move it again (to
+        the other cotangent's layout), that first move was paid for nothing: on a plan's
+        Llama with ``x`` replicated on tp and the first norm's input sharded there, x's
+        cotangent from the norm was all-gathered on tp, sliced back for the add, and the sum
+        all-gathered again for ``grad/x``.  Here the add reads the norm's cotangent itself
+        and the sum is moved once.  A move is skipped only when this node is its one
+        consumer and it is no output of the graph (so nothing else reads it and the graph
+        without it is well formed), and only when the node's cost (:meth:`_cost`) reading
+        the value before it is strictly below its cost now plus the move's bytes: the global
+        value is the same either way (a redistribution changes where the pieces are, never
+        the tensor), so only the bytes decide.
+        """
+        nodes, wants = self.nodes, node.meta.get(meta.WANTS)
+        if not wants or not _all_fixable(node.meta[meta.VIOLATIONS]):
+            return node  # nothing asked, or what no move fixes, which is reported as it is
+        for i, value in enumerate(node.inputs):
+            if wants[i] is None or value not in self.vjp_moves:
+                continue
+            move = nodes[value]
+            if self.graph_outputs is None:
+                self.graph_outputs = set(self.graph.outputs)
+            if value in self.graph_outputs or len(self.graph.consumers(value)) != 1:
+                continue
+            source = move.inputs[0]
+            source_spec, moved_spec = self.spec(source), specs[i]
+            if source_spec is None or moved_spec is None:
+                continue
+            paid = self._bytes(source_spec, moved_spec.layout)
+            if not paid:
+                continue  # a free move: nothing to save
+            trial, named = list(specs), list(node.inputs)
+            trial[i], named[i] = source_spec, source
+            copy = Node(node.name, node.op, node.inputs, node.attrs, node.num_outputs, dict(node.meta))
+            self.propagate.visit(self.graph, copy, tuple(trial))
+            if self._cost(copy, named, trial) < self._cost(node, node.inputs, specs) + paid:
+                del nodes[value]
+                self.vjp_moves.discard(value)
+                self.dropped += 1
+                return self._skip_vjp_move(self._visit_copy(node, tuple(named)), trial)
+        return node
 
     def _passes_partial(self, node: Node) -> bool:
         """Whether ``node`` has a partial output and reads a partial input (a partial sum passed

@@ -44,6 +44,7 @@ from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 from layout_prop.perf import parallel as par
 from layout_prop.perf.clusters import Cluster
+from layout_prop.perf.collectives import axis_span
 
 __all__ = ["ModelShape", "ImportedModel", "is_imported", "Config", "Candidate", "SearchResult", "LayerCost", "recognise", "search", "enumerate_configs",
            "evaluate", "parse_axis_order", "parse_axes", "DEFAULT_ORDER", "InfeasibleSearch"]
@@ -766,13 +767,17 @@ class LayerCache:
     def __init__(self, model: ModelShape, cluster: Cluster, analyse: Callable[[dict], Graph]):
         self.model, self.cluster, self.analyse = model, cluster, analyse
         self.costs: dict[tuple[int, int, int, int], tuple[LayerCost, LayerCost, LayerCost | None]] = {}
+        #: by key, the gradient messages a stage boundary carries back (:func:`boundary_readers`)
+        self.readers: dict[tuple[int, int, int, int], int] = {}
         self.evaluations = 0
 
     def _measure(self, layers: int, dense: int, key: tuple[int, int, int, int]) -> LayerCost:
         tp, cp, ep, mb = key
         self.evaluations += 1
-        return _measure(self.model, self.analyse(self.model.spec(layers, tp, cp, ep, 1, mb, dense=dense)),
-                        self.cluster)
+        graph = self.analyse(self.model.spec(layers, tp, cp, ep, 1, mb, dense=dense))
+        if layers == 2 and not dense:
+            self.readers[key] = boundary_readers(graph)
+        return _measure(self.model, graph, self.cluster)
 
     def get(self, tp: int, cp: int, ep: int, mb: int) -> tuple[LayerCost, LayerCost, LayerCost | None]:
         """``(layer, rest, dense)``: one layer (the model's main shape), the embedding and head, and one of a MoE
@@ -871,6 +876,31 @@ def _saved_bytes(graph: Graph) -> int:
     return total
 
 
+def boundary_readers(graph: Graph) -> int:
+    """How many forward ops of a graph's last numbered layer read a value of the layer before (an op counted once
+    a value): a pipelined program sends the gradient of a stage's input back as one message a reader (each
+    reader's gradient term; passes/pipeline.py), so a pre-norm block's input, read by its norm and its residual
+    add, comes back as two.  1 when the graph has no numbered layers."""
+    numbers = {}
+    for node in graph.nodes:
+        if node.is_input or _is_backward(node):
+            continue
+        found = _LAYER_NUMBER.match(node.name)
+        if found:
+            numbers[node.name] = int(found.group(2))
+    if not numbers:
+        return 1
+    last = max(numbers.values())
+    pairs = set()
+    for node in graph.nodes:
+        if numbers.get(node.name) != last:
+            continue
+        for value in node.inputs:
+            if graph.has_value(value) and numbers.get(graph.producer(value)[0].name) == last - 1:
+                pairs.add((node.name, value))
+    return max(len(pairs), 1)
+
+
 def boundary_bytes(model: ModelShape, tp: int, cp: int, micro_batch: int) -> int:
     """A layer's input (micro-batch, seq, hidden) on one rank: what a stage sends the next, and what full
     recomputation keeps of a layer (Megatron's sequence parallelism splits it on tp too; Korthikanti et al.
@@ -920,6 +950,7 @@ def _stage(c: Config, layer: LayerCost, dense: LayerCost | None, rest: LayerCost
         recompute = 0.0
         kept = sum(n * k.activation_bytes for k, n in kinds)
     return {"fwd": total("forward_s"), "bwd": total("backward_s"), "comm": total("comm_s"), "recompute": recompute,
+            "fcomm": total("forward_comm_s"),
             "params": total("param_bytes"), "tensors": max(total("param_tensors"), 1),
             "ep_sync": sum(n * k.ep_sync_s for k, n in kinds), "kept": kept,
             "working": max(k.activation_bytes for k, n in kinds if n) if n_main + n_dense else 0}
@@ -932,22 +963,38 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
     layer, rest, dense = cache.get(c.tp, c.cp, c.ep, c.micro_batch)
     data = c.dp * c.ep
     m = global_batch // (c.micro_batch * data)
-    chunks = c.v if c.schedule == "interleaved" else 1
     shape = tuple(c.degree(a) for a in order)
-    pp_stride = math.prod(shape[order.index("pp") + 1:])
-    p2p = 0.0
-    if c.pp > 1:  # without sequence parallelism each tp rank sends 1/t of the replicated activation and the next
-        # stage all-gathers it inside the node (Narayanan et al. SC'21, section 4.1, scatter/gather)
-        sent = layer.input_bytes if model.sequence_parallel else layer.input_bytes / c.tp
-        p2p = 2 * chunks * par.p2p_time(sent, cluster, pp_stride >= cluster.devices_per_node)
+    move_f = move_b = 0.0
+    if c.pp > 1:  # a stage sends its output as the pipelined program does (passes/pipeline.py): the residual stream
+        # as it is on a rank (without sequence parallelism whole on every tp rank; Megatron-LM's scatter/gather,
+        # Narayanan et al. SC'21 section 4.1, would send 1/t of it), priced on the slowest link the pp axis spans,
+        # as estimate prices the program's moves (a one-link permute on the axis); the gradient comes back as one
+        # message a reader of the stage's input (boundary_readers)
+        sent = layer.input_bytes
+        spans_nodes = axis_span(shape, order.index("pp"), cluster.devices_per_node)[1] > 1
+        move_f = par.p2p_time(sent, cluster, spans_nodes)
+        move_b = cache.readers.get((c.tp, c.cp, c.ep, c.micro_batch), 1) * move_f
     stages = [_stage(c, layer, dense, rest, n_main, n_dense)
               for n_main, n_dense in stage_mixes(model.layers, model.dense_layers if dense is not None else 0, c.pp)]
     # the pipeline runs at its busiest stage's pace
     busy = max(stages, key=lambda st: st["fwd"] + st["bwd"] + st["comm"] + st["recompute"])
     fwd, bwd, comm, recompute = busy["fwd"], busy["bwd"], busy["comm"], busy["recompute"]
-    stage_s = fwd + bwd + comm + recompute + p2p
-    pipe = par.pipeline_time(stage_s, c.pp, m, c.schedule, c.v)
-    bubble = pipe - m * stage_s
+    # the schedule's makespan with the moves on its dependencies (perf/parallel.py pipeline_makespan: exact for
+    # GPipe and 1F1B against passes/schedule.py simulate on uniform stages); a forward chunk carries the forward's
+    # collectives, a backward chunk the backward's and the recomputation
+    forward_comm = min(max(busy["fcomm"], 0.0), comm)
+    t_f = fwd + forward_comm
+    t_b = bwd + comm - forward_comm + recompute
+    pipe = par.pipeline_makespan(t_f, t_b, c.pp, m, c.schedule, c.v, move_f, move_b)
+    still = par.pipeline_makespan(t_f, t_b, c.pp, m, c.schedule, c.v)
+    if c.pp == 2 and model.tie:  # the pipelined program sends the head's gradient of a tied embedding (vocab-sharded
+        # on tp) to the first stage with every micro-batch's backward; with two stages that is the link the first
+        # chunk's input gradient waits on, once on each backward move of the critical path into stage 0's first
+        # chunk (every one for GPipe and 1F1B, one interleaved)
+        tied = par.p2p_time(model.vocab * model.hidden * model.itemsize / c.tp, cluster, spans_nodes)
+        pipe += tied * (1 if c.schedule == "interleaved" else par.critical_moves(c.pp, m, c.schedule, c.v))
+    p2p_exposed = pipe - still
+    bubble = still - m * (t_f + t_b)
     dp_axis = order.index("dp")
     inflight = par.inflight_microbatches(c.pp, m, c.schedule, c.v) if c.pp > 1 else 1
     shard = c.dp if c.zero >= 1 else 1
@@ -988,7 +1035,7 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
     flops = (layer_flops + rest.flops) * m * c.dp
     tflops = flops / step / c.devices / 1e12 if step > 0 else 0.0
     peak = cluster.peak_flops(model.dtype)
-    parts = {"compute_s": m * (fwd + bwd), "recompute_s": m * recompute, "comm_s": m * comm, "p2p_s": m * p2p,
+    parts = {"compute_s": m * (fwd + bwd), "recompute_s": m * recompute, "comm_s": m * comm, "p2p_s": p2p_exposed,
              "bubble_s": bubble, "grad_sync_s": sync, "grad_sync_exposed_s": exposed, "optimizer_s": optimizer,
              "micro_batches": m, "layers_per_stage": par.ceil_div(model.layers, c.pp), "model_states_bytes": states,
              "activation_bytes": activations}

@@ -1,7 +1,9 @@
-"""Ring attention: ``scaled_dot_product_attention`` with ``context_parallel='ring'`` (ops/ring.py).
+"""Ring attention: ``scaled_dot_product_attention`` and ``flash_attention_score`` with
+``context_parallel='ring'`` (ops/ring.py).
 
 The reference of every numerical test here is the PLAIN attention on one device (the numpy
-``scaled_dot_product_attention`` kernel and its gradient kernel on the global arrays), not
+``scaled_dot_product_attention`` or ``flash_attention_score`` kernel and its gradient kernel
+on the global arrays; for the Llama, the plain model's graph), not
 the expanded graph: ``run`` and the testing kit compare the ranks with the expanded graph
 executed on one device, which would not see a wrong expansion.  Hand counts: a block of k
 is its local piece, ``(n - 1) x block bytes x 2`` the ring's bytes for k and v.

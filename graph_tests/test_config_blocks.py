@@ -126,22 +126,17 @@ GPT = dict(layers=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=256, h
            dtype="float16")
 
 
-@pytest.mark.parametrize("extra", [[], ["--memory-per-rank", "60MB"]])
-def test_estimate_of_the_search_output_agrees_with_the_search(tmp_path, capsys, extra):
-    """plan --search -o on 16 a100s with 2 pipeline stages writes a spec with its pipeline: (and zero:)
-    blocks; estimate on it agrees with the search's predicted step within 6% and memory within 3%.  Measured:
-    dp=8 1F1B -1.4% (memory -0.7%); with 60 MB a rank, ZeRO-1 dp=8 micro-batch 1, +3.7%.  (The search adds the
-    moves to each micro-batch's stage time; estimate simulates them as latency on the schedule's dependencies,
-    which dominates where a move is as long as a chunk: 4 stages of one-sequence micro-batches measured +31%.)"""
+def test_estimate_of_the_search_output_agrees_with_the_search(tmp_path, capsys):
+    """plan --search -o on 16 a100s with 2 pipeline stages writes a spec with its pipeline: block; estimate on
+    it agrees with the search's predicted step within 6% and memory within 3%.  Measured: GPipe dp=8 one
+    sequence a micro-batch +4.9% (memory +1.2%)."""
     model, best = _write(tmp_path, gpt_spec(**GPT), "gpt.yaml"), tmp_path / "best.yaml"
     code, out, err = _cli(["plan", model, "--search", "--cluster", "a100-80g", "--devices", "16", "--global-batch",
-                           "64", "--axes", "pp=2", "--top", "1", "--json", "-o", best, *extra], capsys)
+                           "64", "--axes", "pp=2", "--top", "1", "--json", "-o", best], capsys)
     assert code == 0, err
     top = json.loads(out)["top"][0]
     spec = load_spec(best)
     assert spec.meta["pipeline"]["micro_batches"] == top["breakdown"]["micro_batches"]
-    if extra:
-        assert top["config"]["zero"] == 1 and spec.meta["zero"]["stage"] == 1
     code, out, err = _cli(["estimate", best, "--cluster", "a100-80g", "--json"], capsys)
     assert code == 0, err
     est = json.loads(out)
@@ -151,6 +146,61 @@ def test_estimate_of_the_search_output_agrees_with_the_search(tmp_path, capsys, 
     # the same FLOPs a step (the search's one-layer counts times the layers, estimate's every chunk's ops)
     searched = top["tflops_per_device"] * 1e12 * top["step_time_s"] * 16
     assert est["flops_per_step"] == pytest.approx(searched, rel=0.01)
+
+
+_SEARCHES: dict = {}
+
+
+def _searched_spec(tmp_path, pp: int, limit: int | None, **config):
+    """The candidate of plan --search --axes pp=PP (memory limit ``limit``) with ``config``, and the spec -o would
+    write for it (commands/search.py best_spec)."""
+    from layout_prop.commands.search import best_spec, load_model_shape, run_search
+
+    if (pp, limit) not in _SEARCHES:
+        model = load_model_shape(load_spec(_write(tmp_path, gpt_spec(**GPT), "gpt.yaml")))
+        _SEARCHES[pp, limit] = run_search(model, A100, 16, 64, fixed={"pp": pp}, memory_limit=limit)
+    result = _SEARCHES[pp, limit]
+    found = [c for c in result.ranked if all(getattr(c.config, k) == v for k, v in config.items())]
+    assert found, config
+    return found[0], _write(tmp_path, best_spec(dataclasses.replace(result, ranked=found[:1])), "best.yaml")
+
+
+#: (pp, memory limit, configuration, tolerance): estimate of the written spec against the search's step, measured
+#: after the search priced the schedule's critical path (before: the interleaved case +17%, the pp=4 one +31%)
+AGREEING = [
+    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=2), 0.06),  # -0.8%
+    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="gpipe", micro_batch=2), 0.06),  # +0.8%
+    (2, None, dict(dp=4, tp=2, zero=0, recompute="none", schedule="1f1b", micro_batch=8), 0.06),  # -4.1%
+    (2, 60_000_000, dict(dp=8, tp=1, zero=1, recompute="none", schedule="1f1b", micro_batch=1), 0.06),  # -0.7%
+    (2, 60_000_000, dict(dp=4, cp=2, zero=1, recompute="none", schedule="1f1b", micro_batch=1), 0.06),  # -2.2%
+    # moves as long as a chunk: interleaved v=2 over 2 micro-batches of 4 sequences
+    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="interleaved", v=2, micro_batch=4), 0.06),  # -0.2%
+    # 4 stages of one-sequence micro-batches, 19 us moves across nodes against 15 us forward chunks: -7.7%, the
+    # search's uniform stages (each with the embedding and the head) against estimate's own chunk times
+    (4, None, dict(dp=4, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=1), 0.09),
+]
+
+
+@pytest.mark.parametrize("pp, limit, config, rel", AGREEING)
+def test_estimate_of_a_searched_configuration_agrees_with_the_search(tmp_path, capsys, pp, limit, config, rel):
+    cand, path = _searched_spec(tmp_path, pp, limit, **config)
+    code, out, err = _cli(["estimate", path, "--cluster", "a100-80g", "--json"], capsys)
+    assert code == 0, err
+    est = json.loads(out)
+    assert est["config"]["pipeline"]["stages"] == pp
+    assert est["config"]["pipeline"]["micro_batches"] == cand.parts["micro_batches"]
+    assert est["step_time_s"] == pytest.approx(cand.step_time_s, rel=rel)
+
+
+@pytest.mark.xfail(strict=True, reason="with recompute: full on 2 stages the pipelined program recomputes stage 0's "
+                   "last layer on stage 1 and sends its values back (10 more moves, 479 us a micro-batch of 2): "
+                   "estimate +40% over the search")
+def test_estimate_of_a_searched_full_recomputation_agrees_with_the_search(tmp_path, capsys):
+    cand, path = _searched_spec(tmp_path, 2, 60_000_000, dp=8, tp=1, zero=1, recompute="full", schedule="1f1b",
+                                micro_batch=2)
+    code, out, err = _cli(["estimate", path, "--cluster", "a100-80g", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["step_time_s"] == pytest.approx(cand.step_time_s, rel=0.06)
 
 
 def test_estimate_flags_win_over_the_blocks_and_say_so(tmp_path, capsys):

@@ -74,8 +74,10 @@ shrinks (16,924,672 against 19,922,944 bytes).
 
 The zig-zag order (``zigzag=P`` on the attention) passes to the blocks: the load-balanced
 ring is computed correctly, but the balance itself is not visible here, since no block
-skips work.  Not done: an overlap model of the permutes with the blocks' compute (the step
-model adds them, all exposed), skipping the causal blocks that lie wholly in the future
+skips work.  Not done: a ring over several mesh axes (a sequence sharded on sp and tp, as
+``gen llama`` propagates it on larger shapes, gathers k and v with a note: shifting a block
+across the flattened axes is not one permute), an overlap model of the permutes with the
+blocks' compute (the step model adds them, all exposed), skipping the causal blocks that lie wholly in the future
 (they run and contribute nothing; the step model counts every block's FLOPs), and ring
 attention for ``flash_attention_score``'s band (mode 4, pre/next tokens), attn_mask,
 dropout and TND layouts (those gather key and value).

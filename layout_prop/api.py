@@ -43,6 +43,9 @@ class Analysis:
     check: Any
     notes: list[str]
     optimizer: str | None = None  # what memory_per_rank counts optimizer states for (None, sgd, adam)
+    #: whether the expand pass wrote some node as its rule's subgraph (then the graph computes the
+    #: subgraph's ops, and a one-device reference should run the graph as written: runner.run_graph)
+    expanded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -161,6 +164,7 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     from layout_prop.passes.verify import Verify
 
     notes: list[str] = list(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
+    was_expanded = False
     propagate = Propagate()
     autos = any(n.attrs.get("placements") == "auto" for n in graph.inputs())
     plan = _global_choice(graph, backward) if autos else None  # asked before complete fills the autos
@@ -191,6 +195,7 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
         notes.extend(expanded.notes)
         if expanded.expanded:
             graph = expanded.graph
+            was_expanded = True
             if plan is not None:  # the solver's plan of the graph before: ask again on the expanded one
                 plan = _global_choice(graph, backward)
                 chosen = None if plan is None else plan.chosen
@@ -227,7 +232,7 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
         from layout_prop.passes.kernel_check import KernelCheck
 
         check.violations.extend(KernelCheck(backend).run(graph))
-    return Analysis(graph, check, notes)
+    return Analysis(graph, check, notes, expanded=was_expanded)
 
 
 def _global_choice(graph: Graph, backward: bool):

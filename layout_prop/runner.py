@@ -645,7 +645,8 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     (:func:`random_inputs`).  ``transform``, a function of the analysed graph, gives the graph that is
     lowered and executed (a spec's recomputation and ZeRO passes, commands/config_blocks.py);
     ``reference_graph`` is then the graph, analysed without them, whose one-device execution the ranks
-    are compared with (default: the analysed graph itself).
+    are compared with (default: the analysed graph itself, or, when the expand pass wrote a node as its
+    rule's subgraph, the graph analysed without resharding, so the expansion is judged too).
     """
     given = check_given_inputs(graph, inputs or {})
     if backend is None:
@@ -680,6 +681,10 @@ def run_graph(graph: Graph, *, engine: str = "sim", backend: str | None = None, 
     report.collectives = [dict(node=op.source, value=op.outputs[0], **op.step.to_dict())
                           for op in program.collectives]
     inputs = {**random_inputs(g, seed, given=given), **given}
+    if reference_graph is None and analysis.expanded:
+        # an expanded node computes its rule's subgraph (a ring, a vocabulary-parallel loss...): one device runs
+        # the graph as written, so that a wrong expansion is a mismatch, not the reference's own answer
+        reference_graph = analyze(graph, reshard=False, backward=backward).graph
     with _quiet_numerics():
         reference = execute_global(g if reference_graph is None else reference_graph, inputs,
                                    wanted=list(g.outputs))

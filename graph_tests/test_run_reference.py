@@ -1,0 +1,55 @@
+"""``run`` judges an expanded node against the graph as written, not against its own expansion.
+
+The expand pass writes some nodes as their rule's subgraph (ring attention, vocabulary-parallel
+cross entropy, top-k and cumsum along a sharded dim).  ``run_graph`` compared the ranks with a
+one-device execution of the *expanded* graph, so a wrong expansion (a wrong merge kernel, a
+wrong mask) was computed the same wrong way on both sides and the run said "matches one
+device".  The reference is now the graph analysed without resharding, which holds no expansion.
+Each case breaks one kernel that only the expansion uses and expects a mismatch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layout_prop.api import analyze
+from layout_prop.io.loader import load_spec
+from layout_prop.kernels.numpy_backend import KERNELS
+from layout_prop.runner import run_graph
+
+RING = {"mesh": {"shape": [4], "names": ["cp"]},
+        "inputs": {name: {"shape": [2, 2, 8, 4], "placements": ["S(2)"], "dtype": "float64"} for name in "qkv"},
+        "nodes": [{"name": "attn", "op": "scaled_dot_product_attention", "inputs": ["q", "k", "v"],
+                   "attrs": {"context_parallel": "ring", "causal": True}}],
+        "outputs": ["attn"]}
+TOPK = {"mesh": {"shape": [4], "names": ["tp"]},
+        "inputs": {"x": {"shape": [6, 40], "placements": ["S(1)"], "dtype": "float64"}},
+        "nodes": [{"name": "top", "op": "topk", "inputs": ["x"], "attrs": {"k": 2}}],
+        "outputs": ["top:0", "top:1"]}
+
+
+def _scaled(kernel):
+    def wrong(*args, **kwargs):
+        out = kernel(*args, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(o * 1.5 if np.issubdtype(np.asarray(o).dtype, np.floating) else o for o in out)
+        return out * 1.5
+    return wrong
+
+
+@pytest.mark.parametrize("spec, broken, backward", [(RING, "attention_merge", True), (TOPK, "topk_merge", False)],
+                         ids=["ring-merge", "topk-merge"])
+def test_a_wrong_expansion_kernel_is_a_mismatch(spec, broken, backward, monkeypatch):
+    assert analyze(load_spec(spec), reshard=True).expanded  # the case does take its expansion
+    right = run_graph(load_spec(spec), backward=backward)
+    assert right.ok, right.mismatches
+    monkeypatch.setitem(KERNELS, broken, _scaled(KERNELS[broken]))
+    wrong = run_graph(load_spec(spec), backward=backward)
+    assert not wrong.ok and wrong.mismatches
+
+
+def test_a_graph_without_expansion_keeps_its_own_reference():
+    plain = {**RING, "nodes": [{**RING["nodes"][0], "attrs": {"causal": True}}]}  # all_gather: nothing expanded
+    assert not analyze(load_spec(plain), reshard=True).expanded
+    assert run_graph(load_spec(plain), backward=True).ok

@@ -7,7 +7,7 @@ and the numpy kernel and compares them; each module defines
 
 import importlib
 
-FAMILIES = ("index", "order", "copying", "loss", "attention", "moe")
+FAMILIES = ("index", "order", "copying", "loss", "attention", "moe", "ring")
 
 
 def family_samples(rng, f32) -> dict:

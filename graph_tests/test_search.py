@@ -216,3 +216,15 @@ def test_closed_forms_agree_with_the_executed_schedules(kind, p, m, v):
     assert max(executed.in_flight(orders)) / v == pytest.approx(par.inflight_microbatches(p, m, kind, v))
     timeline = executed.simulate(orders, p, v, t_forward=1.0, t_backward=2.0)
     assert timeline.bubble == pytest.approx(par.bubble_fraction(p, m, kind, v))
+
+
+def test_a_pre_norm_block_reads_its_input_twice():
+    """The pipelined program sends a stage input's gradient as one message a reader: a gen gpt or llama layer's
+    input is read by its first norm (through a redistribute on tp) and by the residual add: 2."""
+    from layout_prop.frontends.generate import llama_spec
+    from layout_prop.planner.search import boundary_readers
+
+    mesh = (("dp", 1), ("sp", 1), ("tp", 2))
+    assert boundary_readers(analysed(gpt_spec(2, mesh, batch=1, seq=64, hidden=64, heads=4, vocab=128,
+                                              dtype="float16"))) == 2
+    assert boundary_readers(analysed(llama_spec(2, mesh, batch=1, full=True))) == 2

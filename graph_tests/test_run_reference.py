@@ -53,3 +53,22 @@ def test_a_graph_without_expansion_keeps_its_own_reference():
     plain = {**RING, "nodes": [{**RING["nodes"][0], "attrs": {"causal": True}}]}  # all_gather: nothing expanded
     assert not analyze(load_spec(plain), reshard=True).expanded
     assert run_graph(load_spec(plain), backward=True).ok
+
+
+def test_run_says_when_an_asked_form_was_not_taken(tmp_path):
+    """A ring asked for on sequences the ranks do not divide gathers instead: run's report says so in a
+    note line (check said it; run printed no note before)."""
+    import json
+    import subprocess
+
+    from .cli_support import cli_env, console_command
+
+    spec = json.loads(json.dumps(RING))
+    for name in "kv":
+        spec["inputs"][name]["shape"] = [2, 2, 6, 4]  # 6 keys on 4 ranks: no ring
+    path = tmp_path / "ring.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run([*console_command(), "run", str(path)], capture_output=True, text=True, env=cli_env())
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: expand: attn (scaled_dot_product_attention, context_parallel='ring') gathers k and v instead"
+            in proc.stdout)

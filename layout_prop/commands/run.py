@@ -181,6 +181,9 @@ def run(args) -> int:
             print(f"  {line}")
         for line in rep.extra.get("compute_notes", []):  # how the engine computed (bfloat16 on mindspore)
             print(f"  note: {line}")
+        for line in rep.notes:  # what was executed instead of a node as written (a ring, a vocabulary-parallel
+            if line.startswith("expand:"):  # loss), or why a form asked for was not taken
+                print(f"  note: {line}")
         if "config" in rep.extra:
             print(f"  note: config: {rep.extra['config']['note']}")
         step = rep.extra.get("optimizer_step")

@@ -154,10 +154,14 @@ class Recompute:
                 for value in node.inputs:
                     readers.setdefault(value, []).append(node.name)
         position = {n.name: i for i, n in enumerate(nodes)}
-        plans = []  # (the first backward reader's position, the layer, the nodes to copy, value -> copy)
+        plans = []  # (the first backward reader's position, the layer, the nodes to copy, value -> its readers)
         for layer, seg in chosen.items():
             made = {v: n for n in seg for v in n.outputs}
-            saved = [v for v in made if v in readers]
+            # a value another layer's backward reads (the layer's output: the next layer's input) is that
+            # layer's input, which stays: its readers keep the original, and the copies run right before
+            # this layer's own backward (on this layer's pipeline stage), not before the next layer's
+            own = {v: [r for r in readers.get(v, ()) if _reader_layer(graph, r) in (layer, None)] for v in made}
+            saved = [v for v in made if own[v]]
             if not saved:
                 continue
             needed: set[str] = set()
@@ -170,14 +174,14 @@ class Recompute:
                 needed.add(name)
                 stack.extend(made[v].name for v in by_name[name].inputs if v in made)
             copies = [n for n in seg if n.name in needed]
-            first = min(position[r] for v in saved for r in readers[v])
-            plans.append((first, layer, copies, saved))
+            first = min(position[r] for v in saved for r in own[v])
+            plans.append((first, layer, copies, {v: own[v] for v in saved}))
         if not plans:
             return graph
         taken = set(position)
         insert_before: dict[int, list[Node]] = {}
         rename: dict[str, dict[str, str]] = {}  # backward node -> {old value: copy}
-        for first, layer, copies, saved in plans:
+        for first, layer, copies, saved in plans:  # saved: value -> the backward nodes that read its copy
             mapping: dict[str, str] = {}
             new_nodes = []
             for node in copies:
@@ -190,8 +194,8 @@ class Recompute:
                 new_nodes.append(copy)
             insert_before.setdefault(first, []).extend(new_nodes)
             self.recomputed[layer] = [n.name for n in new_nodes]
-            for value in saved:
-                for reader in readers[value]:
+            for value, own_readers in saved.items():
+                for reader in own_readers:
                     rename.setdefault(reader, {})[value] = mapping[value]
         out: dict[str, Node] = {}
         for index, node in enumerate(nodes):
@@ -203,6 +207,13 @@ class Recompute:
                             node.num_outputs, dict(node.meta))
             out[node.name] = node
         return Graph.from_nodes(graph.mesh, out, graph.outputs, graph.meta)
+
+
+def _reader_layer(graph: Graph, name: str) -> str | None:
+    """The layer a backward node works for (``grad/l2_h/...``: l2; a reshard move: its consumer's), or None."""
+    node = graph.node(name)
+    owner = node.meta.get("for", (name,))[0] if node.op == "redistribute" else name
+    return _layered(owner)
 
 
 def _fresh(base: str, taken) -> str:

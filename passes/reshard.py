@@ -53,6 +53,7 @@ from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import get_rule
 from layout_prop.core.spec import TensorSpec
 
+from .backward import GRAD_PREFIX
 from .propagate import Propagate
 
 __all__ = ["Reshard", "ReshardResult"]
@@ -87,11 +88,13 @@ class Reshard:
         else:
             violations = (v for n in nodes for v in n.meta[meta.VIOLATIONS])
         fixable = any(v.fixable for v in violations)
-        if not fixable and not any(n.op == "redistribute" and n.meta.get(meta.INSERTED_BY) == "backward"
-                                   for n in nodes):
+        # a graph with a backward (the gradients among its outputs) may hold the backward's moves (_skip_vjp_move)
+        backward = any(v.startswith(GRAD_PREFIX) for v in graph.outputs)
+        if not fixable and not (backward and any(
+                n.op == "redistribute" and n.meta.get(meta.INSERTED_BY) == "backward" for n in nodes)):
             return ReshardResult(graph, 0)  # nothing a redistribution can fix, no move to skip: the graph as it is
         sweep = _Sweep(self, graph, skip_only=not fixable)
-        add = sweep.add
+        add = sweep.add_backward if backward else sweep.add
         for node in nodes:
             add(node)
         if not sweep.inserted and not sweep.dropped:
@@ -188,15 +191,41 @@ class _Sweep:
         changed = self.changed
         if changed and not changed.isdisjoint(node.inputs):
             node = self._visit_copy(node, node.inputs)
-        vjp_moves = self.vjp_moves
-        if vjp_moves and not vjp_moves.isdisjoint(node.inputs):
-            node = self._skip_vjp_move(node, [self.spec(value) for value in node.inputs])
-        elif node.op == "redistribute" and m.get(meta.INSERTED_BY) == "backward":
-            vjp_moves.add(node.name)
-        if not node.meta[_VIOLATIONS] and (not node.inputs or self.skip_only or not self._passes_partial(node)):
+        if not node.meta[_VIOLATIONS] and (not node.inputs or not self._passes_partial(node)):
             # the common case, kept short: nothing to move, no partial sum passed through
             if node.meta is not m and node.meta[_SPECS] != m[_SPECS]:
                 changed.update(node.outputs)
+            self.nodes[node.name] = node
+            return
+        self._add_moved(node, m)
+
+    def add_backward(self, node: Node) -> None:
+        """:meth:`add`, in a graph with a backward: first, a node reading a move the backward made
+        may read the value before it instead (:meth:`_skip_vjp_move`)."""
+        vjp_moves = self.vjp_moves
+        if not vjp_moves or vjp_moves.isdisjoint(node.inputs):
+            if node.op == "redistribute" and node.meta.get(meta.INSERTED_BY) == "backward":
+                vjp_moves.add(node.name)
+            self.add(node)
+            return
+        m = node.meta
+        changed = self.changed
+        if changed and not changed.isdisjoint(node.inputs):
+            node = self._visit_copy(node, node.inputs)
+        node = self._skip_vjp_move(node, [self.spec(value) for value in node.inputs])
+        if not node.meta[_VIOLATIONS] and (not node.inputs or not self._passes_partial(node)):
+            if node.meta is not m and node.meta[_SPECS] != m[_SPECS]:
+                changed.update(node.outputs)
+            self.nodes[node.name] = node
+            return
+        self._add_moved(node, m)
+
+    def _add_moved(self, node: Node, m: dict) -> None:
+        """Append ``node``, which asks for moves or passes a partial sum through, after its moves
+        (``m``: the meta of the given graph's node, which ``node`` may be a copy of)."""
+        if self.skip_only and not node.meta[_VIOLATIONS]:  # a partial sum passed through is left as given
+            if node.meta is not m and node.meta[_SPECS] != m[_SPECS]:
+                self.changed.update(node.outputs)
             self.nodes[node.name] = node
             return
         spec = self.spec

@@ -515,7 +515,9 @@ def test_pipeline_command_summary_rank_and_run(tmp_path, capsys):
     assert out.startswith("2 stages on pp (4 ranks, each stage on DeviceMesh(dp=1, sp=1, tp=2)), 1f1b over 2 "
                           "micro-batches\nbubble 0.500 of the ideal time; activations in flight per stage [2, 1]\n")
     assert "l0_out: stage 0 -> 1 before forward chunk 1, 4096 bytes" in out  # 2 x 8 x 32 float64 per micro-batch
-    assert "moves per micro-batch: 3, 12288 bytes per rank, " in out and " us on a100-80g" in out
+    # l0_out forward and its gradient back, the norm's and the residual's terms summed on stage 1: one message
+    assert "grad/l0_out/accadd1: stage 1 -> 0 before backward chunk 0, 4096 bytes" in out
+    assert "moves per micro-batch: 2, 8192 bytes per rank, " in out and " us on a100-80g" in out
     assert main(["pipeline", path, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["bubble_fraction"] == data["simulated_bubble"] == 0.5 and data["in_flight"] == [2, 1]

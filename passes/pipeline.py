@@ -378,7 +378,9 @@ def assign_positions(graph: Graph, chunks_of: dict[str, int], config: PipelineCo
     A backward node ``grad/X/...`` runs with X's chunk backward (X a forward node, or the node
     making value X); any other node (moves the reshard pass inserted, a gradient's final
     reduction, an input gradient's accumulation) runs in the earliest task of its consumers, or,
-    with none, the latest of its producers.
+    with none, the latest of its producers.  A sum of a value's gradient terms (``grad/X/acc...``) whose
+    terms are all made on one other stage runs there, in the latest term's task: a stage input's gradient
+    (its norm's term and its residual's) crosses back as one message.
     """
     total = config.chunks
     pos: dict[str, int] = {}
@@ -410,11 +412,24 @@ def assign_positions(graph: Graph, chunks_of: dict[str, int], config: PipelineCo
         earlier = [pos[graph.producer(v)[0].name] for v in node.inputs
                    if not graph.producer(v)[0].is_input and graph.producer(v)[0].name in pos]
         pos[node.name] = max(earlier, default=0)
+    for node in order:  # a sum of gradient terms all made on one other stage: there, one message instead of one a term
+        if not _ACCUMULATION.match(node.name) or node.op != "add" or node.meta.get(meta.INSERTED_BY) != "backward":
+            continue
+        producers = [graph.producer(v)[0] for v in node.inputs]
+        if any(p.is_input or p.name not in pos for p in producers):
+            continue
+        stages = {chunk_of_position(pos[p.name], total) % config.stages for p in producers}
+        if len(stages) == 1 and stages != {chunk_of_position(pos[node.name], total) % config.stages}:
+            pos[node.name] = max(pos[p.name] for p in producers)
     for node in graph.nodes:
         if not node.is_input:
             node.meta[POSITION] = pos[node.name]
             node.meta[CHUNK] = chunk_of_position(pos[node.name], total)
     return pos
+
+
+#: the backward pass's sum of a value's gradient terms (passes/backward.py ``_total``): grad/VALUE/accaddN
+_ACCUMULATION = re.compile(r"^grad/.+/acc[^/]*$")
 
 
 def chunk_of_position(position: int, chunks: int) -> int:

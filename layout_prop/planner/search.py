@@ -767,16 +767,12 @@ class LayerCache:
     def __init__(self, model: ModelShape, cluster: Cluster, analyse: Callable[[dict], Graph]):
         self.model, self.cluster, self.analyse = model, cluster, analyse
         self.costs: dict[tuple[int, int, int, int], tuple[LayerCost, LayerCost, LayerCost | None]] = {}
-        #: by key, the gradient messages a stage boundary carries back (:func:`boundary_readers`)
-        self.readers: dict[tuple[int, int, int, int], int] = {}
         self.evaluations = 0
 
     def _measure(self, layers: int, dense: int, key: tuple[int, int, int, int]) -> LayerCost:
         tp, cp, ep, mb = key
         self.evaluations += 1
         graph = self.analyse(self.model.spec(layers, tp, cp, ep, 1, mb, dense=dense))
-        if layers == 2 and not dense:
-            self.readers[key] = boundary_readers(graph)
         return _measure(self.model, graph, self.cluster)
 
     def get(self, tp: int, cp: int, ep: int, mb: int) -> tuple[LayerCost, LayerCost, LayerCost | None]:
@@ -882,9 +878,10 @@ def _saved_bytes(graph: Graph) -> int:
 
 def boundary_readers(graph: Graph) -> int:
     """How many forward ops of a graph's last numbered layer read a value of the layer before (an op counted once
-    a value): a pipelined program sends the gradient of a stage's input back as one message a reader (each
-    reader's gradient term; passes/pipeline.py), so a pre-norm block's input, read by its norm and its residual
-    add, comes back as two.  1 when the graph has no numbered layers."""
+    a value): a pre-norm block's input is read by its norm and its residual add, two gradient terms.  The
+    pipelined program sums them on the stage that makes them and sends one message (passes/pipeline.py
+    assign_positions), so :func:`evaluate` no longer multiplies the move back by this count.  1 when the graph
+    has no numbered layers."""
     numbers = {}
     for node in graph.nodes:
         if node.is_input or _is_backward(node):
@@ -973,11 +970,11 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
         # as it is on a rank (without sequence parallelism whole on every tp rank; Megatron-LM's scatter/gather,
         # Narayanan et al. SC'21 section 4.1, would send 1/t of it), priced on the slowest link the pp axis spans,
         # as estimate prices the program's moves (a one-link permute on the axis); the gradient comes back as one
-        # message a reader of the stage's input (boundary_readers)
+        # message of the same size (the program sums the input's gradient terms before it sends them)
         sent = layer.input_bytes
         spans_nodes = axis_span(shape, order.index("pp"), cluster.devices_per_node)[1] > 1
         move_f = par.p2p_time(sent, cluster, spans_nodes)
-        move_b = cache.readers.get((c.tp, c.cp, c.ep, c.micro_batch), 1) * move_f
+        move_b = move_f
     stages = [_stage(c, layer, dense, rest, n_main, n_dense)
               for n_main, n_dense in stage_mixes(model.layers, model.dense_layers if dense is not None else 0, c.pp)]
     # the pipeline runs at its busiest stage's pace

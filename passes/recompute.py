@@ -15,11 +15,13 @@ A transforming pass over a graph analysed with its backward (and resharded).  It
 :func:`layout_prop.passes.zero._layer_of` does); None means every layer.  A node outside any
 layer (embedding, head, loss) is never recomputed.
 
-Every value a segment makes that the backward reads is made again: the segment's nodes it
+Every value a segment makes that the layer's own backward reads (or a backward node of no
+layer: the final norm's reads the last layer's output) is made again: the segment's nodes it
 depends on are copied (``recompute/NAME``, ``meta["inserted_by"] = "recompute"``, the same op,
 attrs and layouts; dropout's mask comes from its seed, so the copy draws the same mask) and
-placed right before the first backward node that reads one of the segment's values; those
-backward nodes read the copies.  So the memory pass (a value lives from the op that makes it
+placed right before the first of those backward nodes, which read the copies.  Another layer's
+backward reading the layer's output (its own input, which stays) reads the original: so the
+copies run in the layer's own backward, on its own pipeline stage.  So the memory pass (a value lives from the op that makes it
 to its last reader) frees the segment's activations after their last forward use and keeps the
 segment's inputs until the copies have read them, and the step model counts the copies as the
 recomputation's forward.  The values are the same: the graph still matches one device.

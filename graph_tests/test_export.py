@@ -354,3 +354,21 @@ def test_a_partial_sum_arriving_at_a_node_is_refused_for_mindspore(capsys, tmp_p
     assert main(["export", str(spec), "--to", "mindspore", "--input", "x"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not-expressible" in err and "operand 'y' of node 'z'" in err, err
+
+
+def test_names_yaml_reads_as_no_string_are_quoted_in_the_data(capsys, tmp_path):
+    """A parameter named ``null``, ``true``, ``123`` or ``1e3`` is written quoted: unquoted, YAML reads
+    it as None, True or a number and import --plan would look for a parameter named 'None' or '1000.0'."""
+    from layout_prop.io.plan_file import load_plan
+
+    names = ["null", "true", "123", "1e3", "w[0]"]
+    spec = tmp_path / "odd.yaml"
+    spec.write_text("mesh: {shape: [2], names: [tp]}\ninputs:\n  x: {shape: [4, 8]}\n"
+                    + "".join(f'  "{n}": {{shape: [8], placements: ["S(0)"]}}\n' for n in names)
+                    + "nodes:\n" + "".join(f'  - {{name: y{i}, op: add, inputs: [x, "{n}"]}}\n'
+                                           for i, n in enumerate(names))
+                    + f"outputs: [{', '.join(f'y{i}' for i in range(len(names)))}]\n")
+    _, data_file = _export(capsys, tmp_path, spec, "hyper-parallel", "--input", "x")
+    rules = load_plan(data_file).parameters
+    assert [r.pattern for r in rules] == ["null", "true", "123", "1e3", "w[[]0]"]
+    assert all(r.placements == ("S(0)",) for r in rules)

@@ -251,8 +251,17 @@ def _flow(items: Sequence[str]) -> str:
 
 
 def _key(name: str) -> str:
-    """A YAML key for ``name`` (quoted when YAML would read it otherwise)."""
-    return json.dumps(name) if not name.replace(".", "").replace("_", "").replace("/", "").isalnum() else name
+    """A YAML key for ``name``, quoted when YAML would read it otherwise: punctuation, a word YAML reads
+    as no string (``null``, ``true``) and a name starting with no letter (``123``; ``1e3``, which the spec
+    loader reads as a float).
+
+    >>> [_key(n) for n in ("fc1.weight", "null", "123", "w[0]")]
+    ['fc1.weight', '"null"', '"123"', '"w[0]"']
+    """
+    import yaml
+
+    plain = name[:1].isalpha() and name.replace(".", "").replace("_", "").replace("/", "").isalnum()
+    return name if plain and yaml.safe_load(f"{name}: 0") == {name: 0} else json.dumps(name)  # a digit first: 1e3
 
 
 def plan_data(plan: ExportPlan) -> dict:

@@ -372,3 +372,18 @@ def test_names_yaml_reads_as_no_string_are_quoted_in_the_data(capsys, tmp_path):
     rules = load_plan(data_file).parameters
     assert [r.pattern for r in rules] == ["null", "true", "123", "1e3", "w[[]0]"]
     assert all(r.placements == ("S(0)",) for r in rules)
+
+
+def test_mindspores_parameter_layouts_leave_out_constants(capsys, tmp_path):
+    """The folded rotary tables of the Llama fixture are constants, no parameters of the model: MindSpore's
+    PARAMETER_LAYOUTS (for Cell.shard's parameter_plan) names the model's parameters only, as the other
+    targets do; every de-duplicated RMSNorm weight is there under its own name."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text('mesh: {shape: [2], names: [tp]}\nparameters:\n  "*": R\n')
+    code, _ = _export(capsys, tmp_path, EXAMPLES / "models" / "llama.onnx", "mindspore", "--plan", plan)
+    namespace: dict = {}
+    exec(code, namespace)
+    names = set(namespace["PARAMETER_LAYOUTS"])
+    assert "unsqueeze_14" not in names and "unsqueeze_15" not in names
+    assert {"model.norm.weight", "model.layers.1.input_layernorm.weight",
+            "model.layers.0.self_attn.q_proj.weight"} <= names

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, not_expressible
+from .export_plan import ExportPlan, not_expressible, own_parameters
 from .hyper_parallel import _alias_map
 
 __all__ = ["export_mindspore", "strategy", "alias_map", "node_strategies"]
@@ -105,9 +105,8 @@ def export_mindspore(plan: ExportPlan) -> str:
     lines.append("}")
     lines.append("")
     lines.append("PARAMETER_LAYOUTS = {")
-    for t in plan.parameters.values():
-        for name in t.names():
-            lines.append(f"    {name!r}: {alias_map(t.layout)!r},")
+    for name, t in own_parameters(plan, TARGET):  # constants and tied copies are no parameters of the model
+        lines.append(f"    {name!r}: {alias_map(t.layout)!r},")
     lines.append("}")
     lines.append("INPUT_STRATEGIES = {")
     for name, t in plan.inputs.items():

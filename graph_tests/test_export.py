@@ -387,3 +387,20 @@ def test_mindspores_parameter_layouts_leave_out_constants(capsys, tmp_path):
     assert "unsqueeze_14" not in names and "unsqueeze_15" not in names
     assert {"model.norm.weight", "model.layers.1.input_layernorm.weight",
             "model.layers.0.self_attn.q_proj.weight"} <= names
+
+
+def test_torch_styles_are_not_used_where_layout_prop_gathers_on_their_axis(capsys, tmp_path):
+    """A softmax over a colwise Linear's output: layout-prop moves the output on tp (an all-to-all), which
+    ColwiseParallel (its output a local shard) would not do, so the softmax would run over half the columns.
+    The export places every parameter as a DTensor instead; without the softmax the style is used."""
+    spec = tmp_path / "softmax.yaml"
+    body = ('mesh: {shape: [2, 2], names: [dp, tp]}\ninputs:\n  x: {shape: [8, 16], placements: ["S(0)", R]}\n'
+            '  fc1.weight: {shape: [32, 16], placements: [R, "S(0)"]}\nnodes:\n'
+            '  - {name: fc1, op: linear, inputs: [x, fc1.weight]}\n')
+    spec.write_text(body + "  - {name: sm, op: softmax, inputs: [fc1], attrs: {axis: -1}}\noutputs: [sm]\n")
+    code, _ = _export(capsys, tmp_path, spec, "torch", "--input", "x")
+    assert "TP_AXIS = None" in code and "ColwiseParallel()," not in code
+    assert "'fc1.weight': (Replicate(), Shard(0))," in code
+    spec.write_text(body + "outputs: [fc1]\n")
+    code, _ = _export(capsys, tmp_path, spec, "torch", "--input", "x")
+    assert "TP_AXIS = 'tp'" in code and "'fc1': ColwiseParallel()," in code

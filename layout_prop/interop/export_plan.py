@@ -160,6 +160,8 @@ class ExportPlan:
     parameters: dict[str, ExportTensor] = field(default_factory=dict)
     outputs: dict[str, Layout] = field(default_factory=dict)
     nodes: list[ExportNode] = field(default_factory=list)
+    #: every redistribution of the resharded graph: (value moved, its layout, the layout it is moved to)
+    moves: list[tuple[str, Layout, Layout]] = field(default_factory=list)
     model: bool = False  # imported from a model file (names are the model's own)
 
     def tensors(self) -> dict[str, ExportTensor]:
@@ -234,6 +236,11 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
         spec = _value_spec(done, value)
         if spec is not None:
             plan.outputs[value] = spec.layout
+    for node in done.topo_order():
+        if node.op == "redistribute" and node.inputs:
+            src, dst = _value_spec(done, node.inputs[0]), (node.meta.get(meta.SPECS) or (None,))[0]
+            if src is not None and dst is not None:
+                plan.moves.append((node.inputs[0], src.layout, dst.layout))
     if nodes:
         for node in done.topo_order():
             if node.is_input or node.meta.get(meta.INSERTED_BY):

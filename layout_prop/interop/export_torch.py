@@ -1,7 +1,9 @@
 """``layout-prop export --to torch``: a ``parallelize_module`` plan, and explicit ``distribute_tensor`` placements.
 
 When every parameter is sharded on one mesh axis only (the tensor-parallel axis, ``TP_AXIS``;
-replicated on the others), no input is cut on that axis, and every sharded parameter's module is one
+replicated on the others), no input is cut on that axis, layout-prop moves no value on that axis but
+to reduce a partial sum (a style leaves a module's output a plain local tensor: a gather before a
+softmax over a colwise output would not be run), and every sharded parameter's module is one
 of torch's styles, the plan is ``parallelize_module``'s on that axis (``mesh[TP_AXIS]``), by module
 name (the parameter's name without ``.weight``): a weight held as torch's ``Linear`` weight ``(out,
 in)`` (read by ``linear``, by a ``matmul`` that transposes it, or stored transposed by the ONNX
@@ -79,6 +81,18 @@ def _shard_dim(layout: Layout, axis: int) -> int | None:
     return arg if kind == "S" else None
 
 
+def _styles_move_as_checked(plan: ExportPlan, axis: int) -> bool:
+    """Whether torch's styles make every move layout-prop makes on mesh axis ``axis``: a styled module's
+    output is a plain local tensor (a colwise module's stays a local shard of its last dim), so only a
+    partial sum reduced there (``RowwiseParallel``'s all-reduce) happens.  A gather, an all-to-all or a
+    slice layout-prop inserts on that axis (before a softmax over a colwise output) would not be run."""
+    for _value, src, dst in plan.moves:
+        (src_kind, src_arg), (dst_kind, dst_arg) = placement_args(src)[axis], placement_args(dst)[axis]
+        if src_kind != "P" and (src_kind, src_arg) != (dst_kind, dst_arg):
+            return False
+    return True
+
+
 def _style(weight: ExportTensor, bias: ExportTensor | None, axis: int) -> str | None:
     """The torch style that places this module's weight (and bias) as layout-prop has them, or None."""
     dim = _shard_dim(weight.own_layout(), axis)
@@ -98,7 +112,7 @@ def module_styles(plan: ExportPlan) -> tuple[int | None, dict[str, str]]:
     """``(tensor-parallel axis, module name -> style)``; ``(None, {})`` when the parameters are no styles."""
     params = {n: t for n, t in plan.parameters.items() if t.kind == "parameter"}
     axis = _tp_axis(plan)
-    if axis is None:
+    if axis is None or not _styles_move_as_checked(plan, axis):
         return None, {}
     styles: dict[str, str] = {}
     covered: set[str] = set()

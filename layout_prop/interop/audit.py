@@ -25,6 +25,7 @@ Uneven shards are cut as ``torch.chunk`` does (DTensor's convention, and layout-
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import random
 import re
@@ -427,17 +428,14 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
             codes, our_specs, wants, our_attrs = [err.code], (), (), attrs
         ours = _describe_ours(codes, our_specs)
         finding = Finding("rejected", name, case, mesh, tuple(tuple(p) for p in placements), "", ours)
+        judge_ours = functools.partial(_judge_ours, rule, in_specs, locals_in, our_specs, wants, our_attrs,
+                                       reference, **how)
         try:
             with quiet_backend(checkout):
                 answer = up_op.infer_layout(layouts, extra_args)
         except Exception as exc:  # the rule refuses these inputs (ValueError, mostly)
             finding.upstream_answer = "raises " + _ADDRESS.sub("", describe(exc))  # same text every run
-            if not codes:
-                problem = _judge_ours(rule, in_specs, locals_in, our_specs, wants, our_attrs, reference, **how)
-                if problem is None:
-                    finding.kind = "over_strict"
-                else:
-                    finding.message = f"layout-prop's own answer is wrong here too: {problem}"
+            _judge_refusal(finding, codes, judge_ours)
             audit.add(finding)
             continue
         raw = _outputs(answer)
@@ -470,12 +468,7 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         if problem is not None and problem.startswith(EXPANSION_REFUSED):  # a refusal, at run time
             finding.upstream_answer = f"{finding.upstream_answer}, then {problem}"
             finding.kind = "rejected"
-            if not codes:
-                ours_problem = _judge_ours(rule, in_specs, locals_in, our_specs, wants, our_attrs, reference, **how)
-                if ours_problem is None:
-                    finding.kind = "over_strict"
-                else:
-                    finding.message = f"layout-prop's own answer is wrong here too: {ours_problem}"
+            _judge_refusal(finding, codes, judge_ours)
             audit.add(finding)
             continue
         finding.kind = "right" if problem is None else "wrong"
@@ -484,6 +477,18 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
             finding.kind = "unjudged"  # (the message says how the expansion failed)
         finding.silent = problem is not None and problem.startswith("output ")
         audit.add(finding)
+
+
+def _judge_refusal(finding: Finding, codes, judge_ours: Callable[[], str | None]) -> None:
+    """An upstream refusal: over-strict where layout-prop accepts (no ``codes``) and its own answer,
+    executed by ``judge_ours()``, is right; else it stays rejected (saying so where ours is wrong too)."""
+    if codes:
+        return
+    problem = judge_ours()
+    if problem is None:
+        finding.kind = "over_strict"
+    else:
+        finding.message = f"layout-prop's own answer is wrong here too: {problem}"
 
 
 def _plain(value):

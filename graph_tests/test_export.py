@@ -404,3 +404,21 @@ def test_torch_styles_are_not_used_where_layout_prop_gathers_on_their_axis(capsy
     spec.write_text(body + "outputs: [fc1]\n")
     code, _ = _export(capsys, tmp_path, spec, "torch", "--input", "x")
     assert "TP_AXIS = 'tp'" in code and "'fc1': ColwiseParallel()," in code
+
+
+def test_the_parameter_counts_said_are_the_parameters_written(capsys, tmp_path):
+    """The Llama fixture: 19 weight inputs in the graph, 2 of them constants (the rotary tables), and 4 more
+    names of the de-duplicated RMSNorm weight: 21 parameters are written, and the "wrote" line and the
+    data's header comment count those (they said 19, constants in and aliases out)."""
+    import re
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text('mesh: {shape: [2], names: [tp]}\nparameters:\n  "*": R\n')
+    code, data_file = _export(capsys, tmp_path, EXAMPLES / "models" / "llama.onnx", "torch", "--plan", plan)
+    err = capsys.readouterr().err
+    block = code.split("PARAMETER_PLACEMENTS = {\n")[1].split("\n}")[0]
+    written = len(re.findall(r"^    '[^']+': \(", block, re.M))
+    data = yaml.safe_load(data_file.read_text())
+    assert written == len(data["parameters"]) == 21
+    assert f"(torch: {written} parameter(s), 1 input(s))" in err
+    assert data_file.read_text().startswith(f"# layout-prop export: 1 input(s), {written} parameter(s);")

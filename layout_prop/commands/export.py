@@ -50,7 +50,7 @@ def _load(args):
 
 def run(args) -> int:
     from layout_prop.io.output import check_output, write_output
-    from layout_prop.interop.export_plan import format_data
+    from layout_prop.interop.export_plan import format_data, own_parameters
 
     for path in (args.output, args.data):  # where the files go is checked before the work (as plan -o)
         if path is not None:
@@ -67,7 +67,8 @@ def run(args) -> int:
         print(code, end="")
     else:
         write_output(args.output, code)
-        print(f"wrote {args.output} ({args.to}: {len(plan.parameters)} parameter(s), {len(plan.inputs)} input(s))",
+        written = len(own_parameters(plan, args.to))  # the model's parameters, aliases in, constants out
+        print(f"wrote {args.output} ({args.to}: {written} parameter(s), {len(plan.inputs)} input(s))",
               file=sys.stderr)
     if args.data is not None:
         fmt = "json" if str(args.data).lower().endswith(".json") else "yaml"

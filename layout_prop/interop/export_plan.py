@@ -287,7 +287,7 @@ def format_data(plan: ExportPlan, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(data, indent=1) + "\n"
     outs = "; ".join(f"{name}: {_flow(layout.placement_strs())}" for name, layout in plan.outputs.items())
-    lines = [f"# layout-prop export: {len(plan.inputs)} input(s), {len(plan.parameters)} parameter(s); "
+    lines = [f"# layout-prop export: {len(data['inputs'])} input(s), {len(data['parameters'])} parameter(s); "
              f"layout-prop predicts the outputs: {outs or 'none'}",
              f"mesh: {{shape: {_flow(map(str, plan.mesh.shape))}, names: {_flow(plan.mesh.names)}}}"]
     lines.append("inputs:" if data["inputs"] else "inputs: {}")

@@ -422,15 +422,3 @@ def test_the_parameter_counts_said_are_the_parameters_written(capsys, tmp_path):
     assert written == len(data["parameters"]) == 21
     assert f"(torch: {written} parameter(s), 1 input(s))" in err
     assert data_file.read_text().startswith(f"# layout-prop export: 1 input(s), {written} parameter(s);")
-
-
-def test_a_spec_exported_without_input_says_every_input_is_a_parameter(capsys, tmp_path):
-    """Without --input, a spec's x is exported as a parameter (the training script would look for a
-    parameter named x): one note line on stderr says so; with --input x, or for a model, none."""
-    spec = tmp_path / "mlp.yaml"
-    spec.write_text(PARTIAL_SPEC.replace('"P"', "R"))
-    _export(capsys, tmp_path, spec, "torch")
-    err = capsys.readouterr().err
-    assert "note: no --input given: every input of the spec is exported as a parameter (x, w, b)" in err
-    _export(capsys, tmp_path, spec, "torch", "--input", "x")
-    assert "note:" not in capsys.readouterr().err

@@ -63,11 +63,6 @@ def run(args) -> int:
         print(note, file=sys.stderr)
     source = Path(str(args.spec)).name
     plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
-    if args.input is None and not plan.model and plan.parameters:  # a spec names no data input of its own
-        names = list(plan.parameters)
-        print(f"note: no --input given: every input of the spec is exported as a parameter "
-              f"({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}); name the model's data inputs with "
-              f"--input NAME", file=sys.stderr)
     if args.output is None:
         print(code, end="")
     else:

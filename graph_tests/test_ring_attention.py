@@ -120,6 +120,20 @@ def test_ring_steps_per_rank_hold_one_block_of_k():
             assert [list(s.local_shape(1)) for s in op.specs] == [[2, 2, 2, 4]]
 
 
+@pytest.mark.parametrize("placements", [["_S(2,2)", "S(2)"], ["S(2)", "_S(2,2)"]], ids=["strided-outer", "strided-inner"])
+def test_ring_on_a_sequence_also_cut_by_a_strided_shard_equals_plain_attention(placements):
+    """q, k, v's sequence cut by a strided shard on one axis and a shard on the other: the ring's
+    shifts read k and v with the strided axis gathered (apply_rule's move), so their permute is
+    of those pieces.  The expand pass priced the shift on the raw strided spec and raised
+    bad-permute (check --reshard and run stopped with an error)."""
+    spec = _spec((2, 2), ("a", "cp"), (1, 1, 8, 2), (1, 1, 8, 2), (1, 1, 8, 2), placements, {"causal": True},
+                 dtype="float64")
+    g, program, got, ref = _run_ring(spec)
+    assert "ring_shift" in [n.op for n in g.nodes]
+    for value, want in ref.items():
+        np.testing.assert_allclose(got[value], want, rtol=1e-10, atol=1e-12, err_msg=value)
+
+
 def _cli(*args, spec: dict, tmp_path, name="ring.yaml"):
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec))

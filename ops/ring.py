@@ -204,14 +204,16 @@ class RingShift(OpRule):
         return RuleResult((out,), tuple(_move_violations(x, want, "x", [issue])), (_want(want, x),))
 
     def comm_steps(self, attrs, inputs, outputs):
-        (x,) = inputs
+        # the shift reads x as its rule asks it, which is the output's layout (a strided shard of x,
+        # say, gathered first by apply_rule): the raw input spec may hold pieces of another shape
+        x = outputs[0] if outputs and outputs[0] is not None else inputs[0]
         dim, blocks, shift = attrs["dim"] % x.ndim, attrs["blocks"], attrs["shift"]
         if shift % blocks == 0:
             return ()
         axis, ok = _ring_axis(x, dim, blocks)
         if axis is None or not ok:
             return ()
-        return (permute_step(x, axis, shift, cyclic=True, dst=outputs[0]),)
+        return (permute_step(x, axis, shift, cyclic=True, dst=x),)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]

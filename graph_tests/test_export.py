@@ -422,3 +422,16 @@ def test_the_parameter_counts_said_are_the_parameters_written(capsys, tmp_path):
     assert written == len(data["parameters"]) == 21
     assert f"(torch: {written} parameter(s), 1 input(s))" in err
     assert data_file.read_text().startswith(f"# layout-prop export: 1 input(s), {written} parameter(s);")
+
+
+def test_mesh_names_yaml_reads_as_no_string_are_quoted_in_the_data(capsys, tmp_path):
+    """A mesh axis named ``off`` or ``null``: written bare, YAML reads False or None and import --plan refuses
+    the data it was told it could read (bad-type at mesh.names)."""
+    from layout_prop.io.plan_file import load_plan
+
+    spec = tmp_path / "mesh.yaml"
+    spec.write_text('mesh: {shape: [2, 2], names: ["off", "null"]}\ninputs:\n  x: {shape: [4, 8], '
+                    'placements: ["S(0)", "S(1)"]}\nnodes:\n  - {name: y, op: relu, inputs: [x]}\noutputs: [y]\n')
+    _, data_file = _export(capsys, tmp_path, spec, "torch", "--input", "x")
+    assert load_plan(data_file).mesh.names == ("off", "null")
+    assert "shape: [2, 2]" in data_file.read_text()  # the sizes stay numbers

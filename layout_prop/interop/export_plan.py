@@ -289,7 +289,7 @@ def format_data(plan: ExportPlan, fmt: str) -> str:
     outs = "; ".join(f"{name}: {_flow(layout.placement_strs())}" for name, layout in plan.outputs.items())
     lines = [f"# layout-prop export: {len(data['inputs'])} input(s), {len(data['parameters'])} parameter(s); "
              f"layout-prop predicts the outputs: {outs or 'none'}",
-             f"mesh: {{shape: {_flow(map(str, plan.mesh.shape))}, names: {_flow(plan.mesh.names)}}}"]
+             f"mesh: {{shape: {_flow(map(str, plan.mesh.shape))}, names: [{', '.join(map(_key, plan.mesh.names))}]}}"]
     lines.append("inputs:" if data["inputs"] else "inputs: {}")
     for name, entry in data["inputs"].items():
         lines.append(f"  {_key(name)}: {{placements: {_flow(entry['placements'])}}}")

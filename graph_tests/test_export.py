@@ -435,3 +435,18 @@ def test_mesh_names_yaml_reads_as_no_string_are_quoted_in_the_data(capsys, tmp_p
     _, data_file = _export(capsys, tmp_path, spec, "torch", "--input", "x")
     assert load_plan(data_file).mesh.names == ("off", "null")
     assert "shape: [2, 2]" in data_file.read_text()  # the sizes stay numbers
+
+
+@pytest.mark.parametrize("target", ["hyper-parallel", "mindspore", "torch"])
+def test_a_spec_file_name_with_quotes_still_gives_python(capsys, tmp_path, target):
+    """The spec's file name is written into the module's docstring: 'q\"\"\"x\\.yaml' ended it early and the
+    module did not parse."""
+    import ast
+
+    spec = tmp_path / 'q"""x\\.yaml'
+    spec.write_text('mesh: {shape: [2], names: [tp]}\ninputs:\n  x: {shape: [4, 8], placements: ["S(0)"]}\n'
+                    '  w: {shape: [8, 6], placements: [R]}\nnodes:\n  - {name: y, op: matmul, inputs: [x, w]}\n'
+                    'outputs: [y]\n')
+    code, _ = _export(capsys, tmp_path, spec, target, "--input", "x")
+    ast.parse(code)
+    assert "from q???x?.yaml." in code

@@ -61,7 +61,8 @@ def run(args) -> int:
     note = unapplied_blocks_note(graph, "export")
     if note:
         print(note, file=sys.stderr)
-    source = Path(str(args.spec)).name
+    # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
+    source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)
     plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
     if args.output is None:
         print(code, end="")

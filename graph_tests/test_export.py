@@ -450,3 +450,16 @@ def test_a_spec_file_name_with_quotes_still_gives_python(capsys, tmp_path, targe
     code, _ = _export(capsys, tmp_path, spec, target, "--input", "x")
     ast.parse(code)
     assert "from q???x?.yaml." in code
+
+
+def test_a_specs_own_parameter_named_dot_t_is_exported(capsys, tmp_path):
+    """Only the importer names a tied copy NAME.T: a spec's parameters w and w.T are two parameters, and
+    both are exported (w.T was left out as w's copy)."""
+    spec = tmp_path / "tt.yaml"
+    spec.write_text('mesh: {shape: [2], names: [tp]}\ninputs:\n  x: {shape: [4, 8]}\n'
+                    '  w: {shape: [8, 8], placements: [R]}\n  w.T: {shape: [8, 8], placements: [R]}\n'
+                    'nodes:\n  - {name: y, op: matmul, inputs: [x, w]}\n  - {name: z, op: matmul, inputs: [y, w.T]}\n'
+                    'outputs: [z]\n')
+    for target in ("torch", "hyper-parallel", "mindspore"):
+        code, _ = _export(capsys, tmp_path, spec, target, "--input", "x")
+        assert "'w.T': " in code, target

@@ -124,8 +124,8 @@ class ExportNode:
 
 def tied_copy(plan: "ExportPlan", tensor: ExportTensor) -> ExportTensor | None:
     """The parameter ``tensor`` copies, for a transposed copy the importer named ``NAME.T`` (GPT-2's tied
-    ``lm_head``), else None."""
-    if not tensor.name.endswith(".T") or len(tensor.shape) != 2:
+    ``lm_head``), else None.  A spec's own ``NAME.T`` is a parameter of its own (only the importer names copies)."""
+    if not plan.model or not tensor.name.endswith(".T") or len(tensor.shape) != 2:
         return None
     return plan.parameters.get(tensor.name[:-2])
 

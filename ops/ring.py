@@ -471,34 +471,54 @@ def ring_attention(b, inputs, attrs: dict, specs) -> str | None:
         b.note(f"expand: {node} (scaled_dot_product_attention, context_parallel='ring') gathers k and v instead: "
                f"{why}")
 
+    n = _ring_ranks(b, specs, s, ("q", "k", "v"), keep)
+    if n is None:
+        return None
+    common = {"layout": attrs["layout"], "causal": attrs["causal"], "scale": attrs["scale"],
+              "q_offset": attrs["q_offset"], "zigzag": attrs["zigzag"], "blocks": n}
+    acc = _ring_steps(b, inputs[:3], common, s)
+    return b.result("slice", [acc], {"axis": q.ndim - 1, "start": 0, "stop": v.shape[-1]})
+
+
+def _ring_ranks(b, specs, s: int, names: tuple, keep) -> int | None:
+    """The ranks of the one mesh axis q, k and v's sequence (dim ``s``) are sharded on alone, after
+    ``b.force`` (None, after ``keep(why)``, where the ring does not apply).  ``names``: how the
+    note calls q, k and v."""
+    q, k, v = specs
     q_axes = [a for a in q.layout.dim_axes(s) if q.mesh.shape[a] > 1]
     if len(q_axes) != 1:
-        keep(f"q's sequence (dim {s}) is sharded on {len(q_axes)} mesh axes (q is {q.layout}); the ring runs on one")
+        keep(f"{names[0]}'s sequence (dim {s}) is sharded on {len(q_axes)} mesh axes ({names[0]} is {q.layout}); "
+             "the ring runs on one")
         return None
     axis = q_axes[0]
     n = q.mesh.shape[axis]
-    for name, t in (("k", k), ("v", v)):
-        t_axes = [a for a in t.layout.dim_axes(s) if t.mesh.shape[a] > 1]
-        if t_axes != [axis]:
-            keep(f"{name}'s sequence is not sharded on mesh axis {q.mesh.names[axis]!r} alone like q's ({name} is "
-                 f"{t.layout}, q {q.layout})")
+    for name, t in zip(names[1:], (k, v)):
+        if [a for a in t.layout.dim_axes(s) if t.mesh.shape[a] > 1] != [axis]:
+            keep(f"{name}'s sequence is not sharded on mesh axis {q.mesh.names[axis]!r} alone like {names[0]}'s "
+                 f"({name} is {t.layout}, {names[0]} {q.layout})")
             return None
     if q.shape[s] % n or k.shape[s] % n:
         keep(f"the query ({q.shape[s]}) and key ({k.shape[s]}) sequences are not multiples of the {n} ranks of "
              f"{q.mesh.names[axis]!r}")
         return None
     b.force(f"context_parallel='ring' on mesh axis {q.mesh.names[axis]!r}")
-    common = {"layout": attrs["layout"], "causal": attrs["causal"], "scale": attrs["scale"],
-              "q_offset": attrs["q_offset"], "zigzag": attrs["zigzag"], "blocks": n}
-    shift = {"dim": s, "blocks": n, "shift": 1}
-    kj, vj, acc = inputs[1], inputs[2], None
+    return n
+
+
+def _ring_steps(b, qkv, common: dict, seq: int) -> str:
+    """The ring on values q, k, v (sequence dim ``seq``): ``common["blocks"]`` attention_block steps,
+    k and v shifted on between them, merged as they come; the packed result's name."""
+    n = common["blocks"]
+    shift = {"dim": seq, "blocks": n, "shift": 1}
+    q, kj, vj = qkv
+    acc = None
     for j in range(n):
         if j:
             kj = b.op("ring_shift", [kj], shift, name=f"k_shift{j}")
             vj = b.op("ring_shift", [vj], shift, name=f"v_shift{j}")
-        part = b.op("attention_block", [inputs[0], kj, vj], {**common, "step": j}, name=f"block{j}")
+        part = b.op("attention_block", [q, kj, vj], {**common, "step": j}, name=f"block{j}")
         acc = part if acc is None else b.op("attention_merge", [acc, part], name=f"merge{j}")
-    return b.result("slice", [acc], {"axis": q.ndim - 1, "start": 0, "stop": v.shape[-1]})
+    return acc
 
 
 #: flash_attention_score's layouts the ring takes, and the attention_block layout each is brought to
@@ -545,23 +565,9 @@ def flash_ring_attention(b, inputs, attrs: dict, specs) -> str | None:
     if offset < 0:
         keep(f"sparse_mode 3 with fewer keys ({skv}) than queries ({sq})")
         return None
-    q_axes = [a for a in q.layout.dim_axes(s_dim) if q.mesh.shape[a] > 1]
-    if len(q_axes) != 1:
-        keep(f"query's sequence (dim {s_dim}) is sharded on {len(q_axes)} mesh axes (query is {q.layout}); the ring "
-             "runs on one")
+    n = _ring_ranks(b, specs, s_dim, ("query", "key", "value"), keep)
+    if n is None:
         return None
-    axis = q_axes[0]
-    n = q.mesh.shape[axis]
-    for name, t in (("key", k), ("value", v)):
-        if [a for a in t.layout.dim_axes(s_dim) if t.mesh.shape[a] > 1] != [axis]:
-            keep(f"{name}'s sequence is not sharded on mesh axis {q.mesh.names[axis]!r} alone like query's ({name} "
-                 f"is {t.layout}, query {q.layout})")
-            return None
-    if sq % n or skv % n:
-        keep(f"the query ({sq}) and key ({skv}) sequences are not multiples of the {n} ranks of "
-             f"{q.mesh.names[axis]!r}")
-        return None
-    b.force(f"context_parallel='ring' on mesh axis {q.mesh.names[axis]!r}")
     heads = attrs["head_num"]
     names = list(inputs[:3])
     if layout in ("BSH", "SBH"):  # H = N * D: to (., ., N, D), and SBH to BSND
@@ -575,14 +581,7 @@ def flash_ring_attention(b, inputs, attrs: dict, specs) -> str | None:
     seq = 2 if block_layout == "BNSD" else 1
     common = {"layout": block_layout, "causal": mode in (2, 3), "scale": attrs["scale"], "q_offset": offset,
               "zigzag": attrs["zigzag"], "blocks": n}
-    shift = {"dim": seq, "blocks": n, "shift": 1}
-    kj, vj, acc = names[1], names[2], None
-    for j in range(n):
-        if j:
-            kj = b.op("ring_shift", [kj], shift, name=f"k_shift{j}")
-            vj = b.op("ring_shift", [vj], shift, name=f"v_shift{j}")
-        part = b.op("attention_block", [names[0], kj, vj], {**common, "step": j}, name=f"block{j}")
-        acc = part if acc is None else b.op("attention_merge", [acc, part], name=f"merge{j}")
+    acc = _ring_steps(b, names, common, seq)
     packed = b.spec(acc)
     if layout in ("BNSD", "BSND"):
         return b.result("slice", [acc], {"axis": 3, "start": 0, "stop": packed.shape[3] - 1})

@@ -307,3 +307,20 @@ def test_audit_module_with_a_wrong_comparison_rule(checkout, tmp_path, capsys):
     wrong = ge["reproducers"]["wrong"]
     assert "P(sum)" in wrong["inputs"]["in0"]["placements"] + wrong["inputs"]["in1"]["placements"]
     assert wrong["judged_by"].startswith("interop/judges.py greater_equal")
+
+
+def test_an_audit_of_nothing_does_not_say_every_answer_is_right(checkout, tmp_path, capsys):
+    """An op a --module registers without an audit case: nothing is judged, and the last line says so
+    (it said 'every accepted answer is right' of 0 combinations)."""
+    module = tmp_path / "new_op.py"
+    module.write_text("from hyper_parallel.core.shard.ops.parallel_ops import DistributedOp\n\n\n"
+                      "class Passthrough(DistributedOp):\n"
+                      "    def infer_layout(self, layouts, extra_args):\n"
+                      "        return layouts[0]\n\n\nPassthrough('AnOpWithoutACase')\n")
+    try:
+        code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "AnOpWithoutACase", "--mesh", "4"])
+    finally:
+        checkout.registry.pop("AnOpWithoutACase", None)
+    out = capsys.readouterr().out
+    assert code == 0 and "AnOpWithoutACase: no audit case written" in out
+    assert out.splitlines()[-1] == "no combination audited: nothing was judged"

@@ -45,7 +45,10 @@ def _print_report(report) -> None:
     print(f"total: {t['combinations']} combinations, right {t['right']}, wrong {t['wrong']} "
           f"({t['wrong_silently']} silently), over-strict "
           f"{t['over_strict']}, rejected {t['rejected']}, unjudged {t['unjudged']}")
-    print("every accepted answer is right" if report.ok else "WRONG answers found")
+    if not t["combinations"]:  # every op named is not mapped (or failed to load): "all right" would be vacuous
+        print("no combination audited: nothing was judged")
+    else:
+        print("every accepted answer is right" if report.ok else "WRONG answers found")
 
 
 def run(args) -> int:

@@ -247,6 +247,18 @@ def test_ring_shift_on_an_axis_of_another_size_is_a_fixable_mismatch():
     assert str(res.wants[0]) == "(R, R)"
 
 
+def test_ring_shift_passes_a_partial_sum_through_and_declares_no_partial_input():
+    """ring_shift is linear: a Partial x is shifted as it is, so partial-input is not among its codes
+    (docs/ops.md listed it)."""
+    from layout_prop import DeviceMesh, Layout, TensorSpec
+
+    x = TensorSpec((3, 8), "float32", Layout(DeviceMesh((4,), ("cp",)), ["P(sum)"], 2))
+    rule = get_rule("ring_shift")
+    res = rule.infer_layout((x,), rule.normalize_attrs({"dim": 1, "blocks": 4}))
+    assert res.violations == () and str(res.outputs[0].layout) == "(P(sum))"
+    assert "partial-input" not in rule.violation_codes
+
+
 def test_blocks_that_see_no_key_merge_to_nothing():
     q = np.ones((1, 1, 2, 2))
     # step 1 of 2 blocks, causal: query block 0 holds original key block 1 (the future): no key, lse -inf

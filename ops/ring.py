@@ -130,7 +130,7 @@ from .nn import (ATTENTION_CODES, ATTENTION_LAYOUTS, _attention_attr_violations,
 __all__ = ["RingShift", "AttentionBlock", "AttentionBlockGrad", "AttentionMerge", "AttentionMergeGrad",
            "ring_attention", "get_rule"]
 
-RING_CODES = ("partial-input", "sharding-mismatch", "invalid-shape", "invalid-attr")
+RING_CODES = ("sharding-mismatch", "invalid-shape", "invalid-attr")  # linear: a Partial x passes through
 MERGE_CODES = ("partial-input", "sharded-head-dim", "sharding-mismatch", "broadcast-shape", "invalid-shape")
 BLOCK_CODES = ATTENTION_CODES
 _BLOCK_ATTRS = {"blocks": None, "step": 0, "layout": "BNSD", "causal": False, "scale": None, "q_offset": 0,

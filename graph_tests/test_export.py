@@ -262,6 +262,31 @@ def test_a_partial_input_is_refused_where_the_target_has_none(capsys, tmp_path, 
     assert not (tmp_path / "out.py").exists()
 
 
+UNFIXABLE_SPEC = """
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x:   {shape: [4, 4, 16, 63], placements: ["S(0)", R]}
+  cos: {shape: [1, 1, 16, 63], placements: [R, R], requires_grad: false}
+  sin: {shape: [1, 1, 16, 63], placements: [R, R], requires_grad: false}
+nodes:
+  - {name: y, op: rotary_position_embedding, inputs: [x, cos, sin], attrs: {mode: 0}}
+outputs: [y]
+"""
+
+
+@pytest.mark.parametrize("target", ["hyper-parallel", "mindspore", "torch"])
+def test_a_spec_with_a_violation_no_redistribution_fixes_is_not_exported(capsys, tmp_path, target):
+    """An odd rotary head dim (63) is a violation check --reshard cannot fix: export wrote the plan anyway,
+    headed 'Every layout was checked by layout-prop'; now it prints the violation and exits 1, as check does."""
+    spec = tmp_path / "odd.yaml"
+    spec.write_text(UNFIXABLE_SPEC)
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", target, "--input", "x", "-o", str(tmp_path / "out.py")]) == 1
+    err = capsys.readouterr().err
+    assert "violation [invalid-head-dim] y.x" in err and "nothing exported" in err, err
+    assert not (tmp_path / "out.py").exists()
+
+
 def test_export_refuses_an_unknown_input_and_a_model_without_plan(capsys):
     capsys.readouterr()
     assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "torch", "--input", "nope"]) == 2

@@ -16,12 +16,23 @@ def _writers():
     return {"hyper-parallel": export_hyper_parallel, "mindspore": export_mindspore, "torch": export_torch}
 
 
+class UnresolvedViolations(Exception):
+    """The spec has violations that ``check --reshard`` cannot fix: nothing is exported (exit 1, as check)."""
+
+    def __init__(self, violations):
+        super().__init__(f"{len(violations)} violation(s)")
+        self.violations = list(violations)
+
+
 def export_text(graph, target: str, *, data_inputs=None, source: str = "", aliases=None):
     """``(plan, code)``: the :class:`~layout_prop.interop.export_plan.ExportPlan` of ``graph`` and ``target``'s module text."""
     from layout_prop.api import analyze
     from layout_prop.interop.export_plan import collect
 
-    done = analyze(graph, reshard=True).graph
+    analysis = analyze(graph, reshard=True)
+    if not analysis.ok:  # a plan that does not check is not written as one that did
+        raise UnresolvedViolations(analysis.check.violations)
+    done = analysis.graph
     plan = collect(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore",
                    aliases=aliases if aliases is not None else graph.meta.get("import_aliases"))
     return plan, _writers()[target](plan)
@@ -63,7 +74,14 @@ def run(args) -> int:
         print(note, file=sys.stderr)
     # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
     source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)
-    plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
+    try:
+        plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
+    except UnresolvedViolations as err:
+        for v in err.violations:
+            print(f"violation [{v.code}] {v.node}.{v.operand}: {v.message} (fix: {v.hint})", file=sys.stderr)
+        print(f"nothing exported: {len(err.violations)} violation(s) that no redistribution fixes "
+              "(layout-prop check SPEC --reshard shows them)", file=sys.stderr)
+        return 1
     if args.output is None:
         print(code, end="")
     else:

@@ -259,6 +259,23 @@ def test_ring_shift_passes_a_partial_sum_through_and_declares_no_partial_input()
     assert "partial-input" not in rule.violation_codes
 
 
+def test_attention_block_calls_k_sharded_unlike_q_a_sharding_mismatch_and_declares_what_it_gives():
+    """A block's k and v are sharded like q, never gathered: k sharded on the sequence where q is not is
+    sharding-mismatch (docs/ops.md listed sharded-kv-sequence, which the block never gives, and
+    broadcast-shape, which only the grad's cotangent gives)."""
+    from layout_prop import DeviceMesh, Layout, TensorSpec
+
+    mesh = DeviceMesh((4,), ("cp",))
+    q = TensorSpec((1, 2, 8, 4), "float32", Layout(mesh, ["R"], 4))
+    k = TensorSpec((1, 2, 8, 4), "float32", Layout(mesh, ["S(2)"], 4))
+    rule = get_rule("attention_block")
+    res = rule.infer_layout((q, k, k), rule.normalize_attrs({"blocks": 4}))
+    assert [(v.code, v.fixable) for v in res.violations] == [("sharding-mismatch", True)] * 2
+    assert "sharded-kv-sequence" not in rule.violation_codes and "broadcast-shape" not in rule.violation_codes
+    grad = get_rule("attention_block_grad")
+    assert "sharded-kv-sequence" not in grad.violation_codes and "broadcast-shape" in grad.violation_codes
+
+
 def test_blocks_that_see_no_key_merge_to_nothing():
     q = np.ones((1, 1, 2, 2))
     # step 1 of 2 blocks, causal: query block 0 holds original key block 1 (the future): no key, lse -inf

@@ -132,7 +132,10 @@ __all__ = ["RingShift", "AttentionBlock", "AttentionBlockGrad", "AttentionMerge"
 
 RING_CODES = ("sharding-mismatch", "invalid-shape", "invalid-attr")  # linear: a Partial x passes through
 MERGE_CODES = ("partial-input", "sharded-head-dim", "sharding-mismatch", "broadcast-shape", "invalid-shape")
-BLOCK_CODES = ATTENTION_CODES
+# a block's k and v are sharded like q (sharding-mismatch otherwise), never gathered: no sharded-kv-sequence;
+# broadcast-shape is the grad's cotangent of the wrong shape
+BLOCK_CODES = tuple(c for c in ATTENTION_CODES if c not in ("sharded-kv-sequence", "broadcast-shape"))
+BLOCK_GRAD_CODES = tuple(c for c in ATTENTION_CODES if c != "sharded-kv-sequence")
 _BLOCK_ATTRS = {"blocks": None, "step": 0, "layout": "BNSD", "causal": False, "scale": None, "q_offset": 0,
                 "zigzag": 0}
 
@@ -357,7 +360,7 @@ class AttentionBlockGrad(OpRule):
     attr_defaults = dict(_BLOCK_ATTRS)
     attr_types = {"blocks": "int", "step": "int"}
     required_attrs = ("blocks",)
-    violation_codes = BLOCK_CODES
+    violation_codes = BLOCK_GRAD_CODES
     differentiable = False
 
     def infer_layout(self, inputs, attrs):

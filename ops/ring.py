@@ -114,6 +114,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from functools import lru_cache
 
 from layout_prop.core.errors import Violation
 from layout_prop.core.layout import Layout
@@ -173,6 +174,13 @@ def _ring_attr_violations(x: TensorSpec, attrs: dict) -> list[Violation]:
     return []
 
 
+@lru_cache(maxsize=256)
+def _ring_permute(x: TensorSpec, axis: int, shift: int):
+    """The cyclic permute of ``x`` on ``axis``: one per spec, however many shifts of a ring (and passes:
+    expand, check, lower, memory, estimate) ask it; ``permute_step`` checks every rank's piece."""
+    return permute_step(x, axis, shift, cyclic=True, dst=x)
+
+
 @register_op
 class RingShift(OpRule):
     """``ring_shift(x, dim, blocks, shift=1)``: roll ``x`` by ``shift`` of ``blocks`` blocks along ``dim``."""
@@ -216,7 +224,7 @@ class RingShift(OpRule):
         axis, ok = _ring_axis(x, dim, blocks)
         if axis is None or not ok:
             return ()
-        return (permute_step(x, axis, shift, cyclic=True, dst=x),)
+        return (_ring_permute(x, axis, shift),)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         dy = cotangents[0]

@@ -49,10 +49,20 @@ def test_a_wrong_expansion_kernel_is_a_mismatch(spec, broken, backward, monkeypa
     assert not wrong.ok and wrong.mismatches
 
 
-def test_a_graph_without_expansion_keeps_its_own_reference():
+def test_a_graph_without_expansion_keeps_its_own_reference(monkeypatch):
+    """Only an expanded graph is analysed a second time (without resharding) for its reference."""
+    import layout_prop.api as api
+
+    calls = []
+    real = api.analyze
+    monkeypatch.setattr(api, "analyze", lambda graph, **kw: calls.append(kw["reshard"]) or real(graph, **kw))
     plain = {**RING, "nodes": [{**RING["nodes"][0], "attrs": {"causal": True}}]}  # all_gather: nothing expanded
-    assert not analyze(load_spec(plain), reshard=True).expanded
+    assert not real(load_spec(plain), reshard=True).expanded
     assert run_graph(load_spec(plain), backward=True).ok
+    assert calls == [True]
+    calls.clear()
+    assert run_graph(load_spec(RING), backward=True).ok
+    assert calls == [True, False]  # the ring's reference: the graph as written
 
 
 def test_run_says_when_an_asked_form_was_not_taken(tmp_path):

@@ -276,6 +276,16 @@ def test_attention_block_calls_k_sharded_unlike_q_a_sharding_mismatch_and_declar
     assert "sharded-kv-sequence" not in grad.violation_codes and "broadcast-shape" in grad.violation_codes
 
 
+def test_a_sequence_cut_by_a_strided_shard_alone_gathers_and_the_note_says_so():
+    spec = _spec((2,), ("cp",), (1, 1, 8, 2), (1, 1, 8, 2), (1, 1, 8, 2), ["_S(2,2)"], {"causal": True},
+                 dtype="float64")
+    analysis = analyze(load_spec(spec), reshard=True, backward=True)
+    assert analysis.ok and "ring_shift" not in {n.op for n in analysis.graph.nodes}
+    assert any("gathers k and v instead: q's sequence (dim 2) is cut by strided shards only (q is (_S(2,2)))"
+               in note for note in analysis.notes), analysis.notes  # it said "sharded on 0 mesh axes"
+    assert run_graph(load_spec(spec), backward=True).ok
+
+
 def test_the_ring_permute_is_planned_once_per_spec(monkeypatch):
     """permute_step checks every rank's piece; the expand, check, memory and lower passes each asked
     it for every shift, so a ring on n ranks cost O(n^2) (check --reshard on cp=1024: 15.5 s, cp=4096

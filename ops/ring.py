@@ -497,6 +497,10 @@ def _ring_ranks(b, specs, s: int, names: tuple, keep) -> int | None:
     note calls q, k and v."""
     q, k, v = specs
     q_axes = [a for a in q.layout.dim_axes(s) if q.mesh.shape[a] > 1]
+    if not q_axes and any(q.mesh.shape[a] > 1 for a in q.layout.cut_axes(s)):
+        keep(f"{names[0]}'s sequence (dim {s}) is cut by strided shards only ({names[0]} is {q.layout}); the ring "
+             "runs on a plain shard of it on one mesh axis")
+        return None
     if len(q_axes) != 1:
         keep(f"{names[0]}'s sequence (dim {s}) is sharded on {len(q_axes)} mesh axes ({names[0]} is {q.layout}); "
              "the ring runs on one")

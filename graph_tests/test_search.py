@@ -145,6 +145,8 @@ def test_pipelined_candidate_adds_the_bubble_and_the_moves_it_should(gpt_file):
     (["--global-batch", "63", "--axes", "dp=2"], "bad-batch", "63"),
     (["--axes", "tp=3"], "bad-devices", "tp=3"),
     (["--memory-per-rank", "1MB"], "memory-infeasible", "least memory found is"),
+    # a huge device count is refused at once (the divisors were enumerated up to N: it hung for minutes)
+    (["--devices", str(10**20)], "bad-batch", "100,000,000,000,000,000,000 devices"),
 ])
 def test_bad_requests_are_one_line(gpt_file, capsys, argv, code, words):
     base = {"--cluster": "a100-80g", "--devices": "16", "--global-batch": "64"}

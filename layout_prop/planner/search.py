@@ -696,8 +696,9 @@ def parse_axes(text: str | None) -> dict[str, int]:
     return fixed
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, up_to: int) -> list[int]:
+    """The divisors of ``n`` no larger than ``up_to`` (bounded: ``--devices 10**20`` must not loop to n)."""
+    return [d for d in range(1, min(n, up_to) + 1) if n % d == 0]
 
 
 def enumerate_configs(model: ModelShape, devices: int, global_batch: int, cluster: Cluster,
@@ -710,12 +711,12 @@ def enumerate_configs(model: ModelShape, devices: int, global_batch: int, cluste
                         f"{' x '.join(f'{k}={v}' for k, v in fixed.items())} (= {product:,}) and the others",
                         hint="fix degrees whose product divides --devices")
     kv = model.kv_heads or model.heads
-    tps = [t for t in _divisors(devices) if t <= cluster.devices_per_node and model.heads % t == 0 and kv % t == 0
+    tps = [t for t in _divisors(devices, cluster.devices_per_node) if model.heads % t == 0 and kv % t == 0
            and model.ffn % t == 0 and model.hidden % t == 0]
-    cps = [c for c in _divisors(devices) if model.family != "moe" and model.seq % c == 0 and c <= 16] \
+    cps = [c for c in _divisors(devices, 16) if model.family != "moe" and model.seq % c == 0 and c <= 16] \
         if model.family != "moe" else [1]
-    eps = [e for e in _divisors(devices) if model.experts % e == 0] if model.family == "moe" else [1]
-    pps = [p for p in _divisors(devices) if p <= model.layers]
+    eps = [e for e in _divisors(devices, model.experts) if model.experts % e == 0] if model.family == "moe" else [1]
+    pps = _divisors(devices, model.layers)
     configs: list[Config] = []
     batch_refusals = 0
     for tp, cp, ep, pp in itertools.product(tps, cps, eps, pps):

@@ -144,6 +144,7 @@ def test_pipelined_candidate_adds_the_bubble_and_the_moves_it_should(gpt_file):
     (["--cluster", "a100"], "unknown-cluster", "a100"),
     (["--global-batch", "63", "--axes", "dp=2"], "bad-batch", "63"),
     (["--axes", "tp=3"], "bad-devices", "tp=3"),
+    (["--axes", "tp=2,tp=4"], "bad-axes", "tp=2 and tp=4"),  # searched tp=4 only, silently
     (["--memory-per-rank", "1MB"], "memory-infeasible", "least memory found is"),
     # a huge device count is refused at once (the divisors were enumerated up to N: it hung for minutes)
     (["--devices", str(10**20)], "bad-batch", "100,000,000,000,000,000,000 devices"),

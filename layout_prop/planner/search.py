@@ -692,6 +692,9 @@ def parse_axes(text: str | None) -> dict[str, int]:
         if not sep or name not in AXES or not value.strip().isdigit() or int(value) < 1:
             raise SpecError("bad-axes", f"--axes entry {part.strip()!r} is not AXIS=N with AXIS one of "
                             f"{', '.join(AXES)} and N >= 1", hint="write --axes tp=8,pp=8")
+        if name in fixed and fixed[name] != int(value):
+            raise SpecError("bad-axes", f"--axes gives {name} twice ({name}={fixed[name]} and {part.strip()})",
+                            hint="give each axis once, like --axes tp=8,pp=8")
         fixed[name] = int(value)
     return fixed
 

@@ -226,6 +226,14 @@ def test_estimate_flags_win_over_the_blocks_and_say_so(tmp_path, capsys):
     assert block["breakdown"]["zero_stage"] == 3 and block["breakdown"]["recompute_s"] > 0
 
 
+def test_recompute_layers_naming_no_layer_is_refused(tmp_path, capsys):
+    """``--recompute-layers ,,,`` was read as full recomputation of no layer: exit 0, nothing recomputed."""
+    path = _write(tmp_path, chain(4))
+    code, out, err = _cli(["estimate", path, "--cluster", "a100-80g", "--recompute-layers", ",,,"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "bad-value" in lines[0] and "names no layer" in lines[0], err
+
+
 def test_estimate_refuses_a_batch_that_disagrees_with_the_pipeline_block(tmp_path, capsys):
     path = _write(tmp_path, chain(4))
     code, out, err = _cli(["estimate", path, "--cluster", "a100-80g", "--global-batch", "8", "--micro-batch", "1"],

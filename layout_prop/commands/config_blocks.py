@@ -71,6 +71,11 @@ def read_blocks(graph, args=None) -> Blocks:
             out.recompute = flag_mode
         if flag_layers:
             out.layers = tuple(x.strip() for x in flag_layers.split(",") if x.strip())
+            if not out.layers:
+                from layout_prop.core.errors import SpecError
+
+                raise SpecError("bad-value", f"--recompute-layers {flag_layers!r} names no layer",
+                                path="recompute.layers", hint="name the layers, like --recompute-layers l0,l1")
             out.recompute = "full" if out.recompute == "none" else out.recompute
         if block_recompute is not None and before != (out.recompute, out.layers):
             given = " ".join(f for f, v in (("--recompute", flag_mode), ("--recompute-layers", flag_layers)) if v)

@@ -140,6 +140,18 @@ def test_pipelined_candidate_adds_the_bubble_and_the_moves_it_should(gpt_file):
     assert piped.memory_bytes < flat.memory_bytes  # half the layers' states a rank
 
 
+def test_why_gives_a_sub_millisecond_difference_in_microseconds(gpt_file, capsys):
+    """On a small model #1 and #2 differ by tens of microseconds; the line said '0.0 ms faster'."""
+    status, out, err = _cli(["plan", str(gpt_file), "--search", "--cluster", "a100-80g", "--devices", "16",
+                             "--global-batch", "64", "--axes", "pp=2", "--json"], capsys)
+    assert status == 0, err
+    result = json.loads(out)
+    first, second = result["top"][0], result["top"][1]
+    gap_us = (second["step_time_s"] - first["step_time_s"]) * 1e6
+    assert 0 < gap_us < 1000
+    assert result["why"].startswith(f"#1 is {gap_us:,.1f} us faster than #2"), result["why"]
+
+
 @pytest.mark.parametrize("argv, code, words", [
     (["--cluster", "a100"], "unknown-cluster", "a100"),
     (["--global-batch", "63", "--axes", "dp=2"], "bad-batch", "63"),

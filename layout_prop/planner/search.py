@@ -228,8 +228,17 @@ class SearchResult:
         what = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
                 "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
                 "optimizer_s": "optimizer", "recompute_s": "recomputation"}.get(key, key)
-        return (f"#1 is {1e3 * (b.step_time_s - a.step_time_s):,.1f} ms faster than #2 ({b.config.label()}): "
-                f"its {what} is {1e3 * diffs[key]:,.1f} ms shorter")
+        return (f"#1 is {_span(b.step_time_s - a.step_time_s)} faster than #2 ({b.config.label()}): "
+                f"its {what} is {_span(diffs[key])} shorter")
+
+
+def _span(seconds: float) -> str:
+    """A time difference in ms, or in us below a millisecond (``0.0 ms faster`` said nothing on small models).
+
+    >>> _span(0.0123), _span(4.2e-5)
+    ('12.3 ms', '42.0 us')
+    """
+    return f"{seconds * 1e3:,.1f} ms" if abs(seconds) >= 1e-3 else f"{seconds * 1e6:,.1f} us"
 
 
 def _layer_groups(names: Iterable[str]) -> dict[str, dict[int, list[str]]]:

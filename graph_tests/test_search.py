@@ -152,6 +152,23 @@ def test_why_gives_a_sub_millisecond_difference_in_microseconds(gpt_file, capsys
     assert result["why"].startswith(f"#1 is {gap_us:,.1f} us faster than #2"), result["why"]
 
 
+def test_why_calls_a_difference_below_display_a_tie(capsys):
+    """examples/llama_block.yaml (one layer, fused attention: selective recomputation recomputes nothing): #1 and
+    #2 differ by float noise only; the line said '#1 is 0.0 us faster ... its recomputation is 0.0 us shorter'."""
+    from pathlib import Path
+
+    block = Path(__file__).resolve().parents[1] / "examples" / "llama_block.yaml"
+    status, out, err = _cli(["plan", str(block), "--search", "--cluster", "a100-80g", "--devices", "8",
+                             "--global-batch", "8", "--json"], capsys)
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["model"].startswith("llama, 1 layer (")
+    first, second = result["top"][0], result["top"][1]
+    if abs(second["step_time_s"] - first["step_time_s"]) < 5e-8:
+        assert " tie on step time" in result["why"], result["why"]
+    assert "0.0 us" not in result["why"] and "0.0 ms" not in result["why"], result["why"]
+
+
 @pytest.mark.parametrize("argv, code, words", [
     (["--cluster", "a100"], "unknown-cluster", "a100"),
     (["--global-batch", "63", "--axes", "dp=2"], "bad-batch", "63"),

@@ -116,7 +116,7 @@ class ModelShape:
 
     def describe(self) -> str:
         text = (f"{self.family}{' (imported ' + self.imported.architecture + ')' if self.imported else ''}, "
-                f"{self.layers} layers ({self.distinct_layers} distinct shape"
+                f"{self.layers} layer{'s' if self.layers != 1 else ''} ({self.distinct_layers} distinct shape"
                 f"{'s' if self.distinct_layers != 1 else ''}), hidden {self.hidden}, heads {self.heads}, "
                 f"ffn {self.ffn}, seq {self.seq}, {self.dtype}")
         if self.imported is not None and self.kv_heads not in (None, self.heads):
@@ -218,9 +218,10 @@ class SearchResult:
         if len(self.ranked) < 2:
             return "only one candidate fits"
         a, b = self.ranked[0], self.ranked[1]
-        if b.step_time_s - a.step_time_s <= 1e-12 and b.memory_bytes - a.memory_bytes <= 1:
+        tie = b.step_time_s - a.step_time_s < 5e-8  # under 0.05 us: rounding, not a difference ("0.0 us faster")
+        if tie and b.memory_bytes - a.memory_bytes <= 1:
             return f"#1 and #2 ({b.config.label()}) tie on step time and memory; the first enumerated is listed first"
-        if b.step_time_s - a.step_time_s <= 1e-12:
+        if tie:
             return (f"#1 and #2 ({b.config.label()}) tie on step time; #1 needs less memory "
                     f"({a.memory_bytes / 2**30:,.2f} against {b.memory_bytes / 2**30:,.2f} GiB per rank)")
         diffs = {k: b.parts.get(k, 0.0) - a.parts.get(k, 0.0) for k in _TIME_PARTS}

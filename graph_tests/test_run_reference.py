@@ -82,3 +82,19 @@ def test_run_says_when_an_asked_form_was_not_taken(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert ("note: expand: attn (scaled_dot_product_attention, context_parallel='ring') gathers k and v instead"
             in proc.stdout)
+
+
+def test_a_wrong_expansion_is_a_mismatch_with_a_recompute_block_too(monkeypatch, tmp_path, capsys):
+    """With a zero: or recompute: block, run compares with the spec analysed without the blocks; that
+    reference was resharded, so it held the ring itself (found in review): now it is the graph as written."""
+    import json
+
+    from layout_prop.cli import main
+
+    spec = {**RING, "recompute": {"mode": "full"}}
+    path = tmp_path / "ring.json"
+    path.write_text(json.dumps(spec))
+    assert main(["run", str(path), "--backward"]) == 0
+    monkeypatch.setitem(KERNELS, "attention_merge", _scaled(KERNELS["attention_merge"]))
+    assert main(["run", str(path), "--backward"]) == 1
+    assert "does NOT match one device" in capsys.readouterr().out

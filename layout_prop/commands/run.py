@@ -227,6 +227,8 @@ def _configured(args, graph, blocks, transformed: dict) -> dict:
     out = {"graph": forward(graph, blocks)}
     if plain.ok:
         out["reference_graph"] = plain.graph
+        if plain.expanded:  # judge an expansion (a ring...) against the graph as written, as run_graph does
+            out["reference_graph"] = analyze(graph.copy_structure(), reshard=False, backward=args.backward).graph
     if args.backward:
         def apply(analysed):
             transformed["graph"] = transform(analysed, blocks)

@@ -820,6 +820,10 @@ class MsrunEngine:
             raise ExecutionError("worker-failed", f"{where}rank {first.get('rank')} failed at {first.get('op')}: "
                                  f"{_one_line(first.get('message', ''))}{also}; run folder {run}",
                                  hint="read the rank's error file and worker log in the run folder")
+        if returncode is not None and returncode < 0:  # killed: said as the watch loop says it, whichever saw it
+            raise ExecutionError("worker-failed", f"{where}msrun (pid {node_run.process.pid}) was killed by "
+                                 f"{_signal_name(-returncode)}; its scheduler and workers were killed with it; "
+                                 f"run folder {run}", hint="read msrun.log and the worker logs in the run folder")
         if returncode != 0:
             missing = [r for r in node_run.ranks if not worker.done_path(run, r).exists()]
             raise ExecutionError("worker-failed", f"{where}msrun exited with code {returncode}; ranks {missing} did "

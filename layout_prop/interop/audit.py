@@ -512,7 +512,7 @@ def run_audit(checkout: Checkout, ops: Sequence[str] | None = None, meshes: Sequ
     ``budget`` bounds the combinations tried per case and mesh (a seeded sample beyond it).
     Raises ``OpError`` ``unknown-op`` for a name in ``ops`` that the checkout does not register.
     """
-    report = AuditReport(str(checkout.root), [tuple(m) for m in meshes], checkout.platform,
+    report = AuditReport(checkout.given or str(checkout.root), [tuple(m) for m in meshes], checkout.platform,
                          failed=dict(checkout.failed))
     names = sorted(checkout.ops) if ops is None else list(ops)
     for name in names:

@@ -63,6 +63,7 @@ class Checkout:
     layout_class: Any = None
     base_class: Any = None
     platform: str = ""  # "stand-in" (layout-prop's, the default) or "package" (hyper-parallel's own)
+    given: str = ""  # the path as the user wrote it (reports print it: the same on every machine)
     registry: dict = field(default_factory=dict)
 
 
@@ -251,7 +252,7 @@ def load_checkout(path: str | Path, platform: bool = False) -> Checkout:
         sys.path.insert(0, str(root))
     if loaded is None and not platform:
         _install_host_platform(root)
-    checkout = Checkout(root=root)
+    checkout = Checkout(root=root, given=str(path))
     if platform:
         _import("hyper_parallel")  # the package's own __init__, which starts its platform layer
     checkout.platform = "stand-in" if _import("hyper_parallel.platform").get_platform() is _HOST_PLATFORM \

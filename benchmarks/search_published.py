@@ -134,6 +134,9 @@ def deepseek(cluster) -> None:
     print(f"    predicted step {best.step_time_s:,.2f} s, MFU {best.mfu:.1%}, memory per rank "
           f"{best.memory_bytes / 2**30:,.1f} GiB: {theirs.step_time_s / best.step_time_s:.2f}x faster in the model")
     print(f"  why: {result.why()}")
+    print("  the step's parts (s), fast-tuner's / the search's first:")
+    for part in sorted(p for p in set(theirs.parts) | set(best.parts) if p.endswith("_s")):
+        print(f"    {part:<32} {theirs.parts.get(part, 0.0):>9.2f} {best.parts.get(part, 0.0):>9.2f}")
 
 
 def main() -> None:

@@ -327,13 +327,15 @@ class EinsumLayout:
     plans: tuple[AxisPlan, ...]
 
 
-def _move_cost(spec: TensorSpec, axis: int, have: Placement, want: Placement) -> int:
+def _move_cost(spec: TensorSpec, axis: int, have: Placement, want: Placement, all_to_all: bool = False) -> int:
     """What moving ``spec`` from ``have`` to ``want`` on mesh axis ``axis`` costs a rank, roughly.
 
     The bytes a rank moves there are those of the piece the ranks along ``axis`` share: the
     tensor divided by its shards on the other mesh axes.  (Global bytes would make a data-parallel
     activation, cut on a large ``dp`` axis, look costlier to reduce on ``tp`` than gathering a
-    weight every rank holds whole on ``dp``: it is not.)
+    weight every rank holds whole on ``dp``: it is not.)  With ``all_to_all``, a move from one
+    cut to another costs 1/n of that (n the axis's size): each rank sends its own piece, where a
+    gather receives the whole.
     """
     if have == want or isinstance(have, Replicate):
         return 0  # nothing, or a free local slice
@@ -342,6 +344,8 @@ def _move_cost(spec: TensorSpec, axis: int, have: Placement, want: Placement) ->
     for a, p in enumerate(spec.layout.placements):
         if a != axis and isinstance(p, (Shard, StridedShard)):
             pieces *= spec.mesh.shape[a]
+    if all_to_all and isinstance(have, (Shard, StridedShard)) and isinstance(want, (Shard, StridedShard)):
+        pieces *= spec.mesh.shape[axis]
     return factor * (spec.nbytes // pieces)
 
 
@@ -392,7 +396,11 @@ def _choose_axis(axis: int, operands: Sequence[EinsumOperand], sizes: dict[str, 
     best, best_cost = None, None
     for letter, kept, split_factor in candidates:
         plan = _plan_candidate(axis, operands, sizes, output, letter, kept, split_factor)
-        cost = sum(_move_cost(op.spec, axis, op.spec.layout.placements[axis], t)
+        # an operand re-cut to the letter moves by an all-to-all, priced as such when the letter
+        # stays in the output; when it is contracted, the gather-sized price stands in for the
+        # partial sum the product leaves (reduced later, at least a reduce-scatter of the output)
+        kept_letter = letter is not None and letter in output
+        cost = sum(_move_cost(op.spec, axis, op.spec.layout.placements[axis], t, kept_letter)
                    for op, t in zip(operands, plan.targets))
         if best_cost is None or cost < best_cost:
             best, best_cost = plan, cost

@@ -295,6 +295,58 @@ def test_export_refuses_an_unknown_input_and_a_model_without_plan(capsys):
     assert "missing-plan" in capsys.readouterr().err
 
 
+MLP_SPEC = """
+mesh: {shape: [2, 2], names: [dp, tp]}
+inputs:
+  x: {shape: [8, 16], placements: ["S(0)", R]}
+  fc1.weight: {shape: [32, 16], placements: [R, "S(0)"]}
+  fc2.weight: {shape: [16, 32], placements: [R, "S(1)"]}
+nodes:
+  - {name: fc1, op: linear, inputs: [x, fc1.weight]}
+  - {name: fc2, op: linear, inputs: [fc1, fc2.weight]}
+outputs: [fc2]
+"""
+
+
+@pytest.mark.parametrize("target", ["hyper-parallel", "mindspore", "torch"])
+def test_a_spec_exported_without_input_says_its_inputs_were_taken_as_parameters(capsys, tmp_path, target):
+    """A spec does not say which inputs are activations: without --input, export placed x (the batch) as a
+    weight, without a word. It now says so in one note naming them and how to mark one; with --input,
+    and for a model (whose inputs are its own), no note."""
+    spec = tmp_path / "mlp.yaml"
+    spec.write_text(MLP_SPEC)
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", target]) == 0
+    out, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if line.startswith("note:")] == [
+        "note: no --input given: export took every graph input as a parameter (a weight to shard): "
+        "x, fc1.weight, fc2.weight; name the model's inputs (activations, token ids) with --input NAME, "
+        "e.g. --input x"], err
+    assert "note:" not in out
+    assert main(["export", str(spec), "--to", target, "--input", "x"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["export", str(EXAMPLES / "llama_block.mindir"), "--plan", str(BLOCK_PLAN), "--to", target]) == 0
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_the_note_names_eight_inputs_and_counts_the_rest(capsys):
+    capsys.readouterr()
+    assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "torch"]) == 0
+    assert ("as a parameter (a weight to shard): x, cos, sin, l0_norm1, l0_wq, l0_wk, l0_wv, l0_wo, ... (12 in all); "
+            "name the model's inputs") in capsys.readouterr().err
+
+
+def test_a_parameter_no_target_places_hints_at_input_when_none_was_named(capsys):
+    """llama_block.yaml's x is cut by sp and tp on one dim: as a parameter, hyper-parallel cannot place it.
+    Without --input the one-line error says that x may be an input taken as a parameter."""
+    capsys.readouterr()
+    assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "hyper-parallel"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not-expressible" in err and "parameter 'x'" in err, err
+    assert "name it with --input NAME: without --input every graph input of a spec is taken as a parameter" in err
+    assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "hyper-parallel", "--input", "x"]) == 0
+
+
 # --------------------------------------------------------------------------- the model's own parameter names
 def test_deduplicated_parameters_are_exported_under_every_name(capsys, tmp_path):
     """The dynamo exporter keeps one tensor for the five equal RMSNorm weights of the Llama fixture: every

@@ -38,6 +38,21 @@ def export_text(graph, target: str, *, data_inputs=None, source: str = "", alias
     return plan, _writers()[target](plan)
 
 
+def _with_input_hint(err, guessed: bool):
+    """``err``, a ``not-expressible`` layout of a *parameter*, with a hint naming ``--input`` when ``guessed``
+    (a spec exported without ``--input``: every graph input was taken as a parameter, so the tensor the
+    target cannot place as a weight may be the batch); any other error as it is."""
+    from layout_prop.core.errors import LayoutPropError
+
+    if not (guessed and isinstance(err, LayoutPropError) and err.code == "not-expressible"
+            and " of parameter " in err.message):
+        return err
+    hint = (f"{err.hint}; " if err.hint else "") + ("or, if it is a model input (activations, token ids), "
+                                                    "name it with --input NAME: without --input every graph "
+                                                    "input of a spec is taken as a parameter")
+    return type(err)(err.code, err.message, path=err.path, node=err.node, input=err.input, hint=hint)
+
+
 def _load(args):
     """The graph of ``args.spec``: a spec as every command loads it, a model through the importer's
     ``build_graph`` (which records the model's own weight names, so its inputs are told from its parameters)."""
@@ -60,8 +75,9 @@ def _load(args):
 
 
 def run(args) -> int:
+    from layout_prop.core.errors import LayoutPropError
     from layout_prop.io.output import check_output, write_output
-    from layout_prop.interop.export_plan import format_data, own_parameters
+    from layout_prop.interop.export_plan import format_data, own_parameters, unmarked_inputs_note
 
     for path in (args.output, args.data):  # where the files go is checked before the work (as plan -o)
         if path is not None:
@@ -74,14 +90,20 @@ def run(args) -> int:
         print(note, file=sys.stderr)
     # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
     source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)
+    guessed = args.input is None and graph.meta.get("import_sources") is None  # a spec, no input named
     try:
         plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
+    except LayoutPropError as err:
+        raise _with_input_hint(err, guessed) from None
     except UnresolvedViolations as err:
         for v in err.violations:
             print(f"violation [{v.code}] {v.node}.{v.operand}: {v.message} (fix: {v.hint})", file=sys.stderr)
         print(f"nothing exported: {len(err.violations)} violation(s) that no redistribution fixes "
               "(layout-prop check SPEC --reshard shows them)", file=sys.stderr)
         return 1
+    note = unmarked_inputs_note(plan, args.input)
+    if note:
+        print(note, file=sys.stderr)
     if args.output is None:
         print(code, end="")
     else:

@@ -56,7 +56,7 @@ from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
 
 __all__ = ["ExportTensor", "ExportNode", "ExportPlan", "collect", "plan_data", "format_data", "not_expressible",
-           "own_parameters", "tied_copy", "TARGETS"]
+           "own_parameters", "tied_copy", "unmarked_inputs_note", "TARGETS"]
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -249,6 +249,31 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
             outs = tuple(getattr(s, "layout", None) for s in node.meta.get(meta.SPECS) or ())
             plan.nodes.append(ExportNode(node.name, node.op, tuple(node.inputs), ins, outs))
     return plan
+
+
+def unmarked_inputs_note(plan: ExportPlan, data_inputs: Sequence[str] | None) -> str | None:
+    """One note line when ``plan`` took every graph input of a spec as a parameter because none was
+    named a model input (``data_inputs`` is None, no ``--input``), else None: a spec does not say which
+    of its inputs are activations, so ``x`` or the token ids would be sharded as weights without a word.
+
+    It names the inputs taken as parameters (the first eight, and how many in all) and how to mark one.
+
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> mesh = DeviceMesh((2,), ("tp",))
+    >>> tensor = lambda name: ExportTensor(name, (4,), "float32", Layout(mesh, [Replicate()], 1), "parameter")
+    >>> plan = ExportPlan(mesh, "mlp.yaml", parameters={n: tensor(n) for n in ("x", "w")})
+    >>> print(unmarked_inputs_note(plan, None))  # doctest: +NORMALIZE_WHITESPACE
+    note: no --input given: export took every graph input as a parameter (a weight to shard): x, w;
+    name the model's inputs (activations, token ids) with --input NAME, e.g. --input x
+    >>> unmarked_inputs_note(plan, ["x"]) is None
+    True
+    """
+    if plan.model or data_inputs is not None or not plan.parameters:
+        return None  # a model's inputs are its own, and named inputs are the user's word
+    names = list(plan.parameters)
+    listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    return (f"note: no --input given: export took every graph input as a parameter (a weight to shard): {listed}; "
+            f"name the model's inputs (activations, token ids) with --input NAME, e.g. --input {names[0]}")
 
 
 # --------------------------------------------------------------------------- plan as data

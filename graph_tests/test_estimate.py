@@ -190,6 +190,10 @@ def test_cli_estimate_json_and_bad_input(tmp_path, capsys):
             (["--cluster", str(small)], "mesh-too-large"),
             (["--cluster", "a100-80g", "--global-batch", "6", "--micro-batch", "4"], "bad-value"),
             (["--cluster", "a100-80g", "--global-batch", "8"], "bad-value"),
+            # no step's batch: 10^30 printed a step of 10^28 ms, 10^400 was an internal error (float overflow)
+            (["--cluster", "a100-80g", "--global-batch", str(10**30), "--micro-batch", "1"], "bad-batch"),
+            (["--cluster", "a100-80g", "--global-batch", str(10**400), "--micro-batch", "1"], "bad-batch"),
+            (["--cluster", "a100-80g", "--global-batch", str(2**24 + 2), "--micro-batch", "1"], "bad-batch"),
             (["--cluster", "tpu-v9"], "unknown-cluster")):
         code, out, err = _cli(["estimate", str(spec), *argv], capsys)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and code_want in err, (argv, err)

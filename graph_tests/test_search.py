@@ -177,6 +177,9 @@ def test_why_calls_a_difference_below_display_a_tie(capsys):
     (["--memory-per-rank", "1MB"], "memory-infeasible", "least memory found is"),
     # a huge device count is refused at once (the divisors were enumerated up to N: it hung for minutes)
     (["--devices", str(10**20)], "bad-batch", "100,000,000,000,000,000,000 devices"),
+    # no step's batch: 10^30 ranked steps of 10^25 ms, 10^400 was an internal error (float overflow)
+    (["--global-batch", str(10**30)], "bad-batch", "more than 16,777,216 (2^24)"),
+    (["--global-batch", str(10**400)], "bad-batch", "more than 16,777,216 (2^24)"),
 ])
 def test_bad_requests_are_one_line(gpt_file, capsys, argv, code, words):
     base = {"--cluster": "a100-80g", "--devices": "16", "--global-batch": "64"}

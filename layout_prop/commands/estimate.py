@@ -5,7 +5,33 @@ from __future__ import annotations
 from .model_input import load_graph
 from .printing import print_json
 
-__all__ = ["run", "format_estimate"]
+__all__ = ["run", "format_estimate", "check_global_batch", "MAX_GLOBAL_BATCH"]
+
+#: the most sequences ``--global-batch`` takes (estimate, plan --search): 2^24, 16M tokens a step even at one
+#: token a sequence, past the largest published batches (Llama 3 405B: 16M tokens, 2,048 sequences of 8,192).
+#: Past it the step's figures are no training step's (10^30 printed a step of 10^28 ms; 10^400 overflowed a float)
+MAX_GLOBAL_BATCH = 2 ** 24
+
+
+def check_global_batch(value: int | None) -> None:
+    """Refuse a ``--global-batch`` that is no step's number of sequences (``bad-batch``, one line, exit 2).
+
+    >>> from layout_prop.core.errors import SpecError
+    >>> check_global_batch(None), check_global_batch(512)
+    (None, None)
+    >>> try:
+    ...     check_global_batch(10**30)
+    ... except SpecError as err:
+    ...     print(err.code, err.message)
+    bad-batch 1000000000000000000000000000000 sequences a step is more than 16,777,216 (2^24)
+    """
+    from layout_prop.core.errors import SpecError, cut
+
+    if value is None or 1 <= value <= MAX_GLOBAL_BATCH:
+        return
+    limit = f"more than {MAX_GLOBAL_BATCH:,} (2^24)" if value > MAX_GLOBAL_BATCH else "not a positive count"
+    raise SpecError("bad-batch", f"{cut(value)} sequences a step is {limit}", path="--global-batch",
+                    hint="give the sequences of one optimizer step, like --global-batch 512")
 
 
 def run(args) -> int:
@@ -15,6 +41,7 @@ def run(args) -> int:
 
     from .config_blocks import read_blocks
 
+    check_global_batch(args.global_batch)
     cluster = get_cluster(args.cluster)  # a bad profile or batch is said before the model is read
     graph = load_graph(args)
     blocks = read_blocks(graph, args)  # the spec's zero:, recompute:, pipeline: blocks, the flags over them

@@ -107,6 +107,7 @@ def run(args) -> int:
     from layout_prop.io.progress import Progress
     from layout_prop.perf.clusters import get_cluster
     from layout_prop.planner.search import InfeasibleSearch, parse_axes, parse_axis_order
+    from .estimate import check_global_batch
     from .plan import parse_bytes
 
     if args.cluster is None:
@@ -115,6 +116,7 @@ def run(args) -> int:
     if args.devices is None or args.global_batch is None:
         raise SpecError("bad-usage", "plan --search needs --devices and --global-batch",
                         hint="give --devices N (the whole cluster's) and --global-batch B (sequences a step)")
+    check_global_batch(args.global_batch)
     cluster = get_cluster(args.cluster)
     limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
     order = parse_axis_order(args.axis_order)

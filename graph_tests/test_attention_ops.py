@@ -317,6 +317,65 @@ def test_flash_tnd_sequence_lengths_are_checked():
     assert v.message == "input_layout TND needs actual_seq_qlen"
 
 
+# head counts grouped-query attention cannot pair, per layout:
+# (layout, query shape, key/value shape, head_num, key/value heads, extra attrs)
+BAD_HEAD_COUNTS = [
+    ("BSH", (1, 3, 8), (1, 3, 16), 2, 4, {}),         # 2 query heads of 4, 4 kv heads
+    ("SBH", (3, 1, 8), (3, 1, 16), 2, 4, {}),
+    ("BNSD", (1, 2, 3, 4), (1, 4, 3, 4), 2, 4, {}),
+    ("BSND", (1, 3, 2, 4), (1, 3, 4, 4), 2, 4, {}),
+    ("TND", (3, 2, 4), (3, 4, 4), 2, 4, {"actual_seq_qlen": [3], "actual_seq_kvlen": [3]}),
+    ("BNSD", (1, 3, 3, 4), (1, 2, 3, 4), 3, 2, {}),   # 3 query heads over 2 kv heads: not a multiple either
+]
+
+
+@pytest.mark.parametrize("layout, q_shape, kv_shape, heads, kv_heads, extra", BAD_HEAD_COUNTS)
+def test_flash_rule_refuses_query_heads_that_are_no_multiple_of_the_kv_heads(layout, q_shape, kv_shape, heads,
+                                                                            kv_heads, extra):
+    q, kv = spec(q_shape, ["R"]), spec(kv_shape, ["R"])
+    (v,) = infer("flash_attention_score", q, kv, kv, head_num=heads, input_layout=layout, **extra).violations
+    assert (v.code, v.fixable) == ("invalid-shape", False)
+    assert v.message.startswith(f"q has {heads} heads but k and v have {kv_heads} (head_num {heads}; ")
+    assert v.message.endswith("grouped-query attention needs q's head count to be a multiple of k's and v's")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "mindspore"])
+@pytest.mark.parametrize("layout, q_shape, kv_shape, heads, kv_heads, extra", BAD_HEAD_COUNTS)
+def test_flash_kernels_refuse_query_heads_that_are_no_multiple_of_the_kv_heads(backend, layout, q_shape, kv_shape,
+                                                                               heads, kv_heads, extra):
+    # MindSpore's FlashAttentionScore refuses them; the kernels used to compute something (query head h
+    # read kv head h, or an index past the kv heads)
+    from layout_prop.core.errors import OpError
+
+    kernels = attention_numpy.KERNELS
+    if backend == "mindspore":
+        pytest.importorskip("mindspore")
+        from layout_prop.kernels.mindspore_backend import KERNELS as kernels
+    q, kv = np.ones(q_shape, np.float32), np.ones(kv_shape, np.float32)
+    attrs = {"head_num": heads, "input_layout": layout, **extra}
+    for op, args in (("flash_attention_score", (q, kv, kv)), ("flash_attention_score_grad", (q, q, kv, kv))):
+        with pytest.raises(OpError) as err:
+            kernels[op](*args, **attrs)
+        assert err.value.code == "invalid-shape"
+        assert err.value.message.startswith(f"query has {heads} heads but key and value have {kv_heads} "
+                                            f"(input_layout {layout}; query {q_shape}, key {kv_shape}")
+        assert err.value.hint.startswith("give key and value a head count that divides query's")
+
+
+def test_flash_kernel_takes_fewer_query_heads_than_kv_heads_with_a_rank_kv_head_map():
+    # 4 query heads on 4 ranks over 2 replicated kv heads: a rank holds 1 query head and both kv heads,
+    # and its localised kv_head_map says which one its head reads
+    rng = np.random.default_rng(9)
+    q, k, v = rng.standard_normal((1, 4, 3, 2)), rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 2, 3, 2))
+    whole = attention_numpy.flash_attention_score(q, k, v, head_num=4, input_layout="BNSD")
+    for head in range(4):
+        piece = attention_numpy.flash_attention_score(q[:, head:head + 1], k, v, head_num=1, input_layout="BNSD",
+                                                      kv_head_map=(head // 2,))
+        np.testing.assert_allclose(piece, whole[:, head:head + 1], rtol=1e-12)
+    # and the whole graph, query heads sharded 4 ways, key and value replicated, forward and backward
+    run(attention_spec({"shape": [4], "names": ["tp"]}, (1, 4, 3, 2), (1, 2, 3, 2), ["S(1)"], ["R"],
+                       op="flash_attention_score", attrs={"head_num": 4, "input_layout": "BNSD"}))
+
 def test_flash_runs_sharded_forward_and_backward():
     # BSH, 4 query heads and 2 kv heads; batch on dp, heads on tp, bottom-right causal
     rep = run(attention_spec({"shape": [2, 2], "names": ["dp", "tp"]}, (2, 6, 16), (2, 8, 8), ["S(0)", "S(2)"],

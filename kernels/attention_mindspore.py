@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from . import attention_ring_mindspore
-from .attention_numpy import INT32_MAX, _draws, attention_mask
+from .attention_numpy import INT32_MAX, _draws, attention_mask, check_heads
 
 __all__ = ["KERNELS"]
 
@@ -94,6 +94,7 @@ class _Prepared:
             kv_heads = k.shape[-1] // d if d else 0
         kb, vb = _to_bnsd(k, input_layout, kv_heads), _to_bnsd(v, input_layout, kv_heads)
         self.kv_heads = kb.shape[1]
+        check_heads(self.qb.shape[1], self.kv_heads, kv_head_map, input_layout, (q.shape, k.shape, v.shape))
         self.index = _kv_index(self.qb.shape[1], self.kv_heads, kv_head_map)
         self.kb, self.vb = _expand_kv(kb, self.index), _expand_kv(vb, self.index)
         sq, skv = self.qb.shape[2], self.kb.shape[2]

@@ -25,11 +25,13 @@ from typing import Callable
 
 import numpy as np
 
+from layout_prop.core.errors import OpError
+
 from . import attention_ring_numpy
 from .nn_numpy import _f, _result, expand_kv, kv_index, reduce_kv, zigzag_positions
 
 __all__ = ["KERNELS", "flash_attention_score", "flash_attention_score_grad", "visible", "attention_mask", "to_bnsd",
-           "from_bnsd", "dropout_keep"]
+           "from_bnsd", "dropout_keep", "check_heads"]
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -67,6 +69,42 @@ def _kv_heads(q_heads: int, q_h: int, kv_h: int) -> int:
     """k's and v's head count in a fused layout: their H / D (D = q's H / q's heads)."""
     d = q_h // q_heads if q_heads else 0
     return kv_h // d if d else 0
+
+
+def check_heads(q_heads: int, kv_heads: int, kv_head_map, input_layout: str, shapes) -> None:
+    """Refuse query and key/value head counts that grouped-query attention cannot pair.
+
+    Without a ``kv_head_map`` (a rank's own map, localised), query head ``h`` uses kv head
+    ``h // (q_heads / kv_heads)``, so ``q_heads`` must be a multiple of ``kv_heads``, as
+    MindSpore's FlashAttentionScore requires.  ``shapes`` are query's, key's and value's.
+
+    Raises
+    ------
+    OpError
+        ``invalid-shape``: query has fewer heads than key and value, or a count that is not
+        a multiple of theirs.
+
+    Examples
+    --------
+    >>> check_heads(4, 2, None, "BNSD", [(1, 4, 2, 3), (1, 2, 2, 3), (1, 2, 2, 3)])
+    >>> check_heads(2, 4, None, "BNSD", [(1, 2, 2, 3), (1, 4, 2, 3), (1, 4, 2, 3)])
+    Traceback (most recent call last):
+        ...
+    layout_prop.core.errors.OpError: invalid-shape: query has 2 heads but key and value have 4 (input_layout BNSD; \
+query (1, 2, 2, 3), key (1, 4, 2, 3), value (1, 4, 2, 3)): flash_attention_score needs query's head count to be a \
+multiple of key's and value's (hint: give key and value a head count that divides query's (1 for multi-query \
+attention, query's for multi-head attention); head_num is query's head count)
+    """
+    if kv_head_map is not None or (kv_heads > 0 and q_heads % kv_heads == 0):
+        return
+    where = ", ".join(f"{name} {tuple(shape)}" for name, shape in zip(("query", "key", "value"), shapes))
+    raise OpError(
+        "invalid-shape",
+        f"query has {q_heads} heads but key and value have {kv_heads} (input_layout {input_layout}; {where}): "
+        "flash_attention_score needs query's head count to be a multiple of key's and value's",
+        hint="give key and value a head count that divides query's (1 for multi-query attention, query's for "
+             "multi-head attention); head_num is query's head count",
+    )
 
 
 # ------------------------------------------------------------------------------- the mask
@@ -152,6 +190,7 @@ class _Prepared:
         kv_heads = _kv_heads(head_num, q.shape[-1], k.shape[-1]) if input_layout in ("BSH", "SBH") else None
         kb, vb = to_bnsd(k, input_layout, kv_heads), to_bnsd(v, input_layout, kv_heads)
         self.kv_heads = kb.shape[1]
+        check_heads(self.qb.shape[1], self.kv_heads, kv_head_map, input_layout, (q.shape, k.shape, v.shape))
         self.index = kv_index(self.qb.shape[1], self.kv_heads, kv_head_map)
         self.kb, self.vb = expand_kv(kb, self.index), expand_kv(vb, self.index)
         sq, skv = self.qb.shape[2], self.kb.shape[2]

@@ -45,6 +45,24 @@ class FlashAttention(nn.Cell):
                                          sparse_mode=2)
 
 
+class FlashAttentionOf(nn.Cell):
+    """ops.flash_attention_score with ``head_num`` and the keywords given (``attn_mask`` a constant)."""
+
+    def __init__(self, head_num, attn_mask=None, **keywords):
+        super().__init__()
+        self.head_num, self.mask, self.keywords = head_num, attn_mask, keywords
+
+    def construct(self, q, k, v):
+        return ops.flash_attention_score(q, k, v, self.head_num, attn_mask=self.mask, **self.keywords)
+
+
+class FlashAttentionWithShift(nn.Cell):
+    """ops.flash_attention_score with a real_shift (a positional bias on the scores), BNSD."""
+
+    def construct(self, q, k, v, shift):
+        return ops.flash_attention_score(q, k, v, 2, real_shift=shift, input_layout="BNSD")
+
+
 class TwoOutputs(nn.Cell):
     """A cell that returns a tuple."""
 

@@ -204,7 +204,16 @@ def test_layout_prop_analyze_takes_an_imported_cell(block):
     assert a.ok and a.report()["total_bytes_per_rank"] == 6 * 256
 
 
-def test_flash_attention_score_is_causal_attention():
+INT32_MAX = 2 ** 31 - 1
+
+
+def attention_node(graph):
+    """The one node of an imported attention cell."""
+    (node,) = [n for n in graph.nodes if not n.is_input]
+    return node
+
+
+def test_flash_attention_score_imports_as_flash_attention_score_with_its_attrs():
     from .mindspore_cells import FlashAttention
 
     import mindspore as ms
@@ -213,14 +222,85 @@ def test_flash_attention_score_is_causal_attention():
     q = ms.Tensor(np.ones((2, 4, 8, 8), np.float32))
     plan = {"mesh": {"shape": [2], "names": ["sp"]}, "inputs": {name: ["S(2)"] for name in "qkv"}}
     graph = from_cell(FlashAttention(), q, q, q, plan=plan)
-    (attn,) = [n for n in graph.nodes if not n.is_input]
-    assert (attn.op, attn.attrs) == ("scaled_dot_product_attention",
-                                     {"layout": "BNSD", "causal": True, "scale": 0.35})
+    attn = attention_node(graph)
+    # sparse_mode 2 ignores the compressed 2048 x 2048 causal mask: not an operand
+    assert (attn.op, attn.inputs, attn.attrs) == ("flash_attention_score", ("q", "k", "v"), {
+        "head_num": 4, "input_layout": "BNSD", "scale": 0.35, "keep_prob": 1.0, "sparse_mode": 2,
+        "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX})
     a = analyze(graph, reshard=True)
     assert [(r["input"], [s["kind"] for s in r["steps"]]) for r in a.report()["redistributions"]] == [
         ("k", ["all-gather"]), ("v", ["all-gather"])]  # each rank's query rows need every key and value
     rep = run_graph(graph, backward=True)
     assert rep.ok, rep.mismatches
+
+
+@pytest.mark.parametrize("head_num, shapes, keywords, placements, attrs, operands", [
+    # BSH, 4 query heads of 8 over 2 kv heads (GQA), bottom-right causal, dropout; query heads on tp
+    (4, [(2, 8, 32), (2, 8, 16), (2, 8, 16)], {"scalar_value": 0.5, "input_layout": "BSH", "sparse_mode": 3,
+                                               "keep_prob": 0.9}, ["S(2)", "R", "R"],
+     {"input_layout": "BSH", "scale": 0.5, "keep_prob": 0.9, "sparse_mode": 3}, 3),
+    # TND: packed sequences with their constant cumulative ends; tokens on cp
+    (2, [(9, 2, 4), (7, 1, 4), (7, 1, 4)], {"input_layout": "TND", "sparse_mode": 3, "actual_seq_qlen": (2, 5, 9),
+                                            "actual_seq_kvlen": (3, 4, 7)}, ["S(0)", "R", "R"],
+     {"input_layout": "TND", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 3, "actual_seq_qlen": [2, 5, 9],
+      "actual_seq_kvlen": [3, 4, 7]}, 3),
+    # SBH, the band from the bottom-right; batch on dp
+    (2, [(4, 2, 8)] * 3, {"input_layout": "SBH", "sparse_mode": 4, "pre_tokens": 1, "next_tokens": 1},
+     ["S(1)", "S(1)", "S(1)"], {"input_layout": "SBH", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 4,
+                                "pre_tokens": 1, "next_tokens": 1}, 3),
+    # BSND, sparse_mode 0: the band and attn_mask, the fourth operand; query rows on sp
+    (2, [(2, 8, 2, 4)] * 3, {"input_layout": "BSND", "sparse_mode": 0, "pre_tokens": 3, "next_tokens": 0},
+     ["S(1)", "R", "R"], {"input_layout": "BSND", "scale": 1.0, "keep_prob": 1.0, "sparse_mode": 0,
+                          "pre_tokens": 3, "next_tokens": 0}, 4),
+])
+def test_flash_attention_score_attrs_carry_over_and_the_import_runs_on_two_ranks(head_num, shapes, keywords,
+                                                                                 placements, attrs, operands):
+    from .mindspore_cells import FlashAttentionOf
+
+    import mindspore as ms
+    import numpy as np
+
+    mask = ms.Tensor(np.triu(np.ones((8, 8), np.bool_), 1)) if operands == 4 else None
+    tensors = [ms.Tensor(np.ones(shape, np.float32)) for shape in shapes]
+    plan = {"mesh": {"shape": [2], "names": ["x"]}, "inputs": dict(zip("qkv", ([p] for p in placements)))}
+    graph = from_cell(FlashAttentionOf(head_num, mask, **keywords), *tensors, plan=plan)
+    attn = attention_node(graph)
+    assert attn.op == "flash_attention_score" and len(attn.inputs) == operands
+    assert attn.attrs == {"head_num": head_num, "pre_tokens": INT32_MAX, "next_tokens": INT32_MAX, **attrs}
+    notes = graph.meta["import_notes"]
+    if attrs["keep_prob"] != 1.0:
+        assert notes == ["node FlashAttentionScore (FlashAttentionScore) drops probabilities (keep_prob=0.9): its "
+                         "draws are layout-prop's (the same on every layout), not MindSpore's drop_mask"]
+    rep = run_graph(graph, backward=True)
+    assert rep.ok, rep.mismatches or rep.violations
+
+
+def test_flash_attention_score_forms_it_cannot_take_are_unmapped_with_a_note_saying_why():
+    from layout_prop.core.errors import OpError
+
+    from .mindspore_cells import FlashAttentionOf, FlashAttentionWithShift
+
+    import mindspore as ms
+    import numpy as np
+
+    t = ms.Tensor(np.ones((2, 4, 2, 4), np.float32))
+    plan = {"mesh": {"shape": [2], "names": ["dp"]}, "inputs": {name: ["S(0)"] for name in "qkv"}}
+    prefix = FlashAttentionOf(2, input_layout="BSND", sparse_mode=5, prefix=(1, 1))
+    with pytest.raises(OpError) as err:  # the output is still found (output 3), as unmapped
+        from_cell(prefix, t, t, t, plan=plan)
+    assert err.value.code == "unknown-op" and "FlashAttentionScore (x1" in err.value.message
+    graph = from_cell(prefix, t, t, t, plan=plan, opaque=True)
+    assert (attention_node(graph).op, attention_node(graph).attrs["shape"]) == ("opaque", [2, 4, 2, 4])
+    assert graph.meta["import_notes"][0] == (
+        "node FlashAttentionScore (FlashAttentionScore) is left unmapped: sparse_mode 5 (5 to 8: a prefix or a "
+        "varlen variant) is not one flash_attention_score takes (0 band, 1 attn_mask only, 2 top-left causal, 3 "
+        "bottom-right causal, 4 band from the bottom-right)")
+    plan["inputs"]["shift"] = ["S(0)"]
+    t = ms.Tensor(np.ones((2, 2, 4, 4), np.float32))  # BNSD, 2 heads
+    graph = from_cell(FlashAttentionWithShift(), t, t, t, t, plan=plan, opaque=True)
+    assert graph.meta["import_notes"][0] == (
+        "node FlashAttentionScore (FlashAttentionScore) is left unmapped: it adds a real_shift (a positional bias "
+        "on the scores), which flash_attention_score does not take")
 
 
 def test_a_cell_returning_a_tuple_has_both_outputs():

@@ -43,7 +43,7 @@ from layout_prop.core.graph import Graph
 from layout_prop.io.loader import MAX_ATTR_ITEMS
 from layout_prop.io.plan_file import ShardingPlan, load_plan
 from . import limits, read_model_bytes
-from .ir import MNode, ModelGraph, Value
+from .ir import MNode, ModelGraph, Value, sanitize
 
 __all__ = ["from_cell", "from_mindir", "read_mindir"]
 
@@ -591,38 +591,65 @@ class _Reader:
     def p_FlashAttentionScore(self, name, ins, out, shaped):
         """``(q, k, v, real_shift, drop_mask, padding_mask, attn_mask, prefix, actual_seq_qlen,
         actual_seq_kvlen, head_num, keep_prob, scale_value, pre_tokens, next_tokens, inner_precise,
-        input_layout, sparse_mode)``; output 3 is the attention.  Mapped when q, k, v are BNSD or
-        BSND, nothing is dropped, and the mask is none or top-left causal (sparse mode 2, mode 3
-        with equal sequences, or mode 0 with a constant causal mask)."""
-        from .canonicalize import is_causal_mask
+        input_layout, sparse_mode)``; output 3 is the attention.
 
+        Mapped to ``flash_attention_score`` with its attrs (:meth:`_flash_attrs`); attn_mask is its
+        fourth operand in sparse modes 0 and 1 (modes 2 to 4 ignore it: MindSpore's compressed
+        causal mask).  Dropout (keep_prob < 1) draws layout-prop's own mask, not drop_mask's (a
+        note says so); padding_mask (reserved) and inner_precise (the kernel's precision) are not
+        read.  What ``flash_attention_score`` does not take (:meth:`_flash_unsupported`) is left
+        unmapped, with a note saying why.
+        """
         q, k, v = (self.tensor(x) for x in ins[:3])
-        extra = [self.py.get(x, "tensor") for x in ins[3:10]]  # real_shift ... actual_seq_kvlen
-        mask = extra[3]
-        layout = self.const(ins[16], "BSH") if len(ins) > 16 else "BSH"
-        layout = _FA_LAYOUTS.get(layout, layout)
-        sparse = int(self.const(ins[17], 0)) if len(ins) > 17 else 0
-        scale = float(self.const(ins[12], 1.0)) if len(ins) > 12 else 1.0
-        keep = float(self.const(ins[11], 1.0)) if len(ins) > 11 else 1.0
-        band = [int(self.const(x, 2 ** 31 - 1)) for x in ins[13:15]]
-        seq = 2 if layout == "BNSD" else 1
-        sq, sk = self.g.shape(q)[seq], self.g.shape(k)[seq]
-        if mask is None:
-            causal = False
-            usable = sparse == 0 and min(band) >= max(sq, sk)
-        elif isinstance(mask, np.ndarray):
-            causal = True
-            usable = sparse == 2 or (sparse == 3 and sq == sk) or \
-                (sparse == 0 and min(band) >= max(sq, sk) and is_causal_mask(mask.astype(bool), lambda f: f))
-        else:
-            causal, usable = False, False
-        if layout not in ("BNSD", "BSND") or keep != 1.0 or not usable or \
-                any(e is not None for i, e in enumerate(extra) if i != 3):
-            return self.unknown("FlashAttentionScore", name, ins, out, shaped)
-        y = self.emit(name, "scaled_dot_product_attention", [q, k, v], out, None,
-                      {"layout": layout, "causal": causal, "scale": scale}, "FlashAttentionScore",
-                      shape=self.g.shape(q)[:-1] + self.g.shape(v)[-1:], dtype=self.g.values[q].dtype)
+        attrs = self._flash_attrs(ins)
+        why = self._flash_unsupported(ins, attrs)
+        if why is not None:  # unmapped (opaque with --opaque); its attention is still output 3
+            self.g.notes.append(f"node {sanitize(name)} (FlashAttentionScore) is left unmapped: {why}")
+            self.unknown("FlashAttentionScore", name, ins, out, (self.g.shape(q), self.g.values[q].dtype))
+            self.tuples[out] = [None, None, None, self.alias[out]]
+            return
+        operands = [q, k, v]
+        if attrs["sparse_mode"] in (0, 1) and len(ins) > 6 and self.py.get(ins[6], "tensor") is not None:
+            operands.append(self.tensor(ins[6]))
+        if attrs["keep_prob"] != 1.0:
+            self.g.notes.append(f"node {sanitize(name)} (FlashAttentionScore) drops probabilities (keep_prob="
+                                f"{attrs['keep_prob']}): its draws are layout-prop's (the same on every layout), "
+                                "not MindSpore's drop_mask")
+        y = self.emit(name, "flash_attention_score", operands, out, None, attrs, "FlashAttentionScore",
+                      shape=self.g.shape(q), dtype=self.g.values[q].dtype)
         self.tuples[out] = [None, None, None, y]
+
+    def _flash_attrs(self, ins) -> dict:
+        """FlashAttentionScore's constants as ``flash_attention_score``'s attrs: head_num, input_layout
+        (MindSpore's enum as its name), scale (scale_value), keep_prob, sparse_mode, pre/next_tokens,
+        and actual_seq_qlen/kvlen when they are constants."""
+        layout = self.const(ins[16], "BSH") if len(ins) > 16 else "BSH"
+        attrs = {"head_num": int(self.const(ins[10])), "input_layout": _FA_LAYOUTS.get(layout, layout),
+                 "scale": float(self.const(ins[12], 1.0)) if len(ins) > 12 else 1.0,
+                 "keep_prob": float(self.const(ins[11], 1.0)) if len(ins) > 11 else 1.0,
+                 "sparse_mode": int(self.const(ins[17], 0)) if len(ins) > 17 else 0}
+        for key, raw in zip(("pre_tokens", "next_tokens"), ins[13:15]):
+            attrs[key] = int(self.const(raw, 2 ** 31 - 1))
+        for key, raw in zip(("actual_seq_qlen", "actual_seq_kvlen"), ins[8:10]):
+            ends = self.py.get(raw)
+            if isinstance(ends, (tuple, list, np.ndarray)):
+                if np.size(ends) > MAX_ATTR_ITEMS:  # one attr item per sequence
+                    raise ValueError(f"its {key} has {np.size(ends)} sequences (at most {MAX_ATTR_ITEMS})")
+                attrs[key] = [int(e) for e in np.asarray(ends).reshape(-1)]
+        return attrs
+
+    def _flash_unsupported(self, ins, attrs: dict) -> str | None:
+        """Why a FlashAttentionScore node cannot be ``flash_attention_score``, or None."""
+        if len(ins) > 3 and self.py.get(ins[3], "tensor") is not None:
+            return "it adds a real_shift (a positional bias on the scores), which flash_attention_score does not take"
+        if attrs["sparse_mode"] not in (0, 1, 2, 3, 4):
+            return (f"sparse_mode {attrs['sparse_mode']} (5 to 8: a prefix or a varlen variant) is not one "
+                    "flash_attention_score takes (0 band, 1 attn_mask only, 2 top-left causal, 3 bottom-right causal, "
+                    "4 band from the bottom-right)")
+        for key, raw in zip(("actual_seq_qlen", "actual_seq_kvlen"), ins[8:10]):
+            if key not in attrs and self.py.get(raw, "tensor") is not None:
+                return f"its {key} is a tensor computed at run time, where flash_attention_score takes constants"
+        return None
 
 
 def read_mindir(path: str | Path) -> ModelGraph:

@@ -169,6 +169,67 @@ def test_why_calls_a_difference_below_display_a_tie(capsys):
     assert "0.0 us" not in result["why"] and "0.0 ms" not in result["why"], result["why"]
 
 
+#: the units of plan --search's table: a figure and its unit back to seconds or bytes
+_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+
+def _figure(text: str) -> float:
+    number, unit = text.split()
+    return float(number.replace(",", "")) * _UNITS[unit]
+
+
+def test_a_toy_model_s_table_shows_its_memory_and_step_times(tmp_path, capsys):
+    """The table printed every toy model's memory as '0.00 GiB' and could round a step to '0.0 ms': each figure
+    is now in the unit that shows it, and reads back as the JSON's value to its printed precision."""
+    from layout_prop.frontends.generate import llama_spec
+
+    path = tmp_path / "llama.yaml"
+    path.write_text(json.dumps(llama_spec(layers=1, mesh=(("dp", 2), ("sp", 2), ("tp", 2)))))
+    argv = ["plan", str(path), "--search", "--cluster", "a100-80g", "--devices", "8", "--global-batch", "16"]
+    status, text, err = _cli(argv, capsys)
+    assert status == 0, err
+    status, out, err = _cli(argv + ["--json"], capsys)
+    assert status == 0, err
+    top = json.loads(out)["top"]
+    rows = [line for line in text.splitlines() if line[:3].strip().isdigit() and "  dp=" in line]
+    assert len(rows) == len(top) == 5
+    for row, cand in zip(rows, top):
+        step, memory = row[4:15], row[32:43]  # the step and memory columns (11 wide)
+        assert "0.00 GiB" not in row and "0.0 ms" not in row, row
+        assert _figure(step) == pytest.approx(cand["step_time_s"], rel=0.005), row
+        assert _figure(memory) == pytest.approx(cand["memory_per_rank_bytes"], rel=0.005), row
+        assert cand["memory_per_rank_bytes"] < 2**20 and cand["step_time_s"] < 1e-3  # (KiB and us: a toy)
+
+
+def test_why_says_which_of_a_tie_needs_less_memory(tmp_path, capsys):
+    """The toy llama's #1 and #2 tie on step time (1e-8 s apart) and #2 needs 5 KiB less: the line said they
+    'tie on step time and memory' (hidden by '0.00 against 0.00 GiB')."""
+    from layout_prop.frontends.generate import llama_spec
+
+    path = tmp_path / "llama.yaml"
+    path.write_text(json.dumps(llama_spec(layers=1, mesh=(("dp", 2), ("sp", 2), ("tp", 2)))))
+    status, out, err = _cli(["plan", str(path), "--search", "--cluster", "a100-80g", "--devices", "8",
+                             "--global-batch", "16", "--json"], capsys)
+    assert status == 0, err
+    result = json.loads(out)
+    first, second = result["top"][:2]
+    assert second["step_time_s"] - first["step_time_s"] < 5e-8  # a tie, as the line calls it
+    assert second["memory_per_rank_bytes"] < first["memory_per_rank_bytes"]  # the case this test is about
+    assert "tie on step time; #2 needs less memory (98.50 against 103.50 KiB per rank)" in result["why"], \
+        result["why"]
+
+
+def test_the_units_keep_a_large_model_s_form():
+    """GiB from one GiB up and ms from one millisecond up, as the table and the why line printed them before."""
+    from layout_prop.planner.search import _bytes_pair, format_bytes, format_seconds
+
+    assert format_bytes(22.3 * 2**30) == "22.30 GiB" and format_bytes(2**40) == "1,024.00 GiB"
+    assert format_seconds(31.13) == "31,130.0 ms" and format_seconds(0.0168) == "16.8 ms"
+    assert _bytes_pair(2**30, 1.5 * 2**30) == "1.00 against 1.50 GiB"
+    assert format_bytes(1023) == "1,023 bytes" and format_bytes(2**20 - 1) == "1.00 MiB"
+    assert max(len(format_bytes(n)) for n in range(1000, 2**30, 9_999_991)) <= 11  # the table's column
+
+
 @pytest.mark.parametrize("argv, code, words", [
     (["--cluster", "a100"], "unknown-cluster", "a100"),
     (["--global-batch", "63", "--axes", "dp=2"], "bad-batch", "63"),

@@ -99,10 +99,6 @@ def run_search(model, cluster, devices: int, global_batch: int, **kwargs):
     return search(model, cluster, devices, global_batch, analysed, **kwargs)
 
 
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:,.2f} GiB"
-
-
 def run(args) -> int:
     from layout_prop.io.progress import Progress
     from layout_prop.perf.clusters import get_cluster
@@ -181,15 +177,18 @@ def _notes(result) -> list[str]:
 
 
 def format_result(result, top: int) -> str:
-    """The top candidates as a table, the reason the first wins, and the search's size and time."""
+    """The top candidates as a table, the reason the first wins, and the search's size and time (times and memory
+    in the unit that shows them: :func:`~layout_prop.planner.search.format_seconds`, ``format_bytes``)."""
+    from layout_prop.planner.search import format_bytes, format_seconds
+
     lines = [f"plan --search: {result.model.describe()} on {result.devices:,} devices of {result.cluster}, "
-             f"global batch {result.global_batch:,}, memory limit {_gib(result.memory_limit)} per rank",
+             f"global batch {result.global_batch:,}, memory limit {format_bytes(result.memory_limit)} per rank",
              f"{result.candidates:,} candidates, {len(result.ranked):,} fit; {result.layer_evaluations} one-layer "
              f"estimates; {result.seconds:.1f} s",
              f"{'#':>3} {'step':>11} {'MFU':>6} {'TFLOP/s':>8} {'memory':>11}  configuration"]
     for i, cand in enumerate(result.ranked[:top], 1):
-        lines.append(f"{i:>3} {cand.step_time_s * 1e3:>8,.1f} ms {cand.mfu:>6.1%} {cand.tflops_per_device:>8.1f} "
-                     f"{_gib(cand.memory_bytes):>11}  {cand.config.label()}")
+        lines.append(f"{i:>3} {format_seconds(cand.step_time_s):>11} {cand.mfu:>6.1%} {cand.tflops_per_device:>8.1f} "
+                     f"{format_bytes(cand.memory_bytes):>11}  {cand.config.label()}")
     lines.append(f"why: {result.why()}")
     lines += [f"note: {n}" for n in result.notes + _notes(result)]
     return "\n".join(lines)

@@ -47,7 +47,8 @@ from layout_prop.perf.clusters import Cluster
 from layout_prop.perf.collectives import axis_span
 
 __all__ = ["ModelShape", "ImportedModel", "is_imported", "Config", "Candidate", "SearchResult", "LayerCost", "recognise", "search", "enumerate_configs",
-           "evaluate", "parse_axis_order", "parse_axes", "DEFAULT_ORDER", "InfeasibleSearch"]
+           "evaluate", "parse_axis_order", "parse_axes", "DEFAULT_ORDER", "InfeasibleSearch", "format_seconds",
+           "format_bytes"]
 
 AXES = ("pp", "dp", "ep", "cp", "tp")
 DEFAULT_ORDER = AXES
@@ -219,27 +220,76 @@ class SearchResult:
             return "only one candidate fits"
         a, b = self.ranked[0], self.ranked[1]
         tie = b.step_time_s - a.step_time_s < 5e-8  # under 0.05 us: rounding, not a difference ("0.0 us faster")
-        if tie and b.memory_bytes - a.memory_bytes <= 1:
+        if tie and abs(b.memory_bytes - a.memory_bytes) <= 1:
             return f"#1 and #2 ({b.config.label()}) tie on step time and memory; the first enumerated is listed first"
-        if tie:
+        if tie and a.memory_bytes < b.memory_bytes:
             return (f"#1 and #2 ({b.config.label()}) tie on step time; #1 needs less memory "
-                    f"({a.memory_bytes / 2**30:,.2f} against {b.memory_bytes / 2**30:,.2f} GiB per rank)")
+                    f"({_bytes_pair(a.memory_bytes, b.memory_bytes)} per rank)")
+        if tie:  # ranked on the step time first: #1's is shorter by less than the table shows ('tie on memory' said)
+            return (f"#1 and #2 ({b.config.label()}) tie on step time; #2 needs less memory "
+                    f"({_bytes_pair(b.memory_bytes, a.memory_bytes)} per rank), #1's step is "
+                    f"{format_seconds(b.step_time_s - a.step_time_s)} shorter")
         diffs = {k: b.parts.get(k, 0.0) - a.parts.get(k, 0.0) for k in _TIME_PARTS}
         key = max(diffs, key=lambda k: diffs[k])
         what = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
                 "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
                 "optimizer_s": "optimizer", "recompute_s": "recomputation"}.get(key, key)
-        return (f"#1 is {_span(b.step_time_s - a.step_time_s)} faster than #2 ({b.config.label()}): "
-                f"its {what} is {_span(diffs[key])} shorter")
+        return (f"#1 is {format_seconds(b.step_time_s - a.step_time_s)} faster than #2 ({b.config.label()}): "
+                f"its {what} is {format_seconds(diffs[key])} shorter")
 
 
-def _span(seconds: float) -> str:
-    """A time difference in ms, or in us below a millisecond (``0.0 ms faster`` said nothing on small models).
+def format_seconds(seconds: float) -> str:
+    """A step time or a difference of two, in the unit that shows it: ms from a millisecond up (as large models'
+    steps were always printed), us below, ns below a microsecond (``0.0 ms`` said nothing on small models).
 
-    >>> _span(0.0123), _span(4.2e-5)
-    ('12.3 ms', '42.0 us')
+    >>> format_seconds(12.3456), format_seconds(0.0123), format_seconds(4.2e-5), format_seconds(7e-9)
+    ('12,345.6 ms', '12.3 ms', '42.0 us', '7.0 ns')
+    >>> format_seconds(0.99996e-3)
+    '1.0 ms'
     """
-    return f"{seconds * 1e3:,.1f} ms" if abs(seconds) >= 1e-3 else f"{seconds * 1e6:,.1f} us"
+    if abs(seconds) >= 0.99995e-3:  # (999.96 us is '1.0 ms', not '1,000.0 us')
+        return f"{seconds * 1e3:,.1f} ms"
+    if abs(seconds) >= 0.99995e-6:
+        return f"{seconds * 1e6:,.1f} us"
+    return f"{seconds * 1e9:,.1f} ns"
+
+
+#: binary units of :func:`format_bytes`, each 1024 times the last
+_BYTE_UNITS = ("KiB", "MiB", "GiB")
+
+
+def format_bytes(nbytes: float) -> str:
+    """Memory per rank in the unit that shows it: GiB from one GiB up (as large models' memory was always printed),
+    MiB and KiB below (no wider than ``1023.99 MiB``, the search's column), bytes below a KiB (``0.00 GiB`` said
+    nothing on small models).
+
+    >>> format_bytes(80 * 2**30), format_bytes(3.5 * 2**20), format_bytes(12_800), format_bytes(600)
+    ('80.00 GiB', '3.50 MiB', '12.50 KiB', '600 bytes')
+    >>> format_bytes(2**30 - 1)  # rounds up into the next unit's first value, not to '1024.00 MiB'
+    '1.00 GiB'
+    """
+    if abs(nbytes) < 1023.5:  # 1023.5 bytes and up round to 1.00 KiB
+        return f"{nbytes:,.0f} bytes"
+    value, unit = nbytes / 1024, _BYTE_UNITS[0]
+    for bigger in _BYTE_UNITS[1:]:
+        if abs(value) < 1023.995:  # '1024.00' would be the next unit's 1.00
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:,.2f} {unit}" if unit == "GiB" else f"{value:.2f} {unit}"
+
+
+def _bytes_pair(a: float, b: float) -> str:
+    """``A against B UNIT``, each in :func:`format_bytes`'s unit (said once where both share it, as large models'
+    pairs were printed in GiB); in bytes where both would print the same.
+
+    >>> _bytes_pair(2**31, 3 * 2**30), _bytes_pair(12_800, 3 * 2**30), _bytes_pair(2**30, 2**30 + 8)
+    ('2.00 against 3.00 GiB', '12.50 KiB against 3.00 GiB', '1,073,741,824 against 1,073,741,832 bytes')
+    """
+    first, second = format_bytes(a), format_bytes(b)
+    if first == second:
+        return f"{a:,.0f} against {b:,.0f} bytes"
+    value, unit = first.rsplit(" ", 1)
+    return f"{value} against {second}" if second.endswith(" " + unit) else f"{first} against {second}"
 
 
 def _layer_groups(names: Iterable[str]) -> dict[str, dict[int, list[str]]]:

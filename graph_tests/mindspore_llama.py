@@ -41,6 +41,20 @@ class Attention(nn.Cell):
         out = ops.matmul(ops.softmax(scores, -1), v)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(self.b, self.s, self.n * self.d))
 
+class FlashAttention(Attention):
+    """The same attention through ``ops.flash_attention_score`` (BNSD, causal by sparse mode 2 and the compressed
+    2048 x 2048 mask), as MindFormers writes it for Ascend."""
+    def __init__(self, batch, seq, hidden, heads):
+        super().__init__(batch, seq, hidden, heads)
+        self.mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+    def construct(self, x, cos, sin):
+        q, k, v = self.heads(self.wq(x)), self.heads(self.wk(x)), self.heads(self.wv(x))
+        q = ops.rotary_position_embedding(q, cos, sin, 0)
+        k = ops.rotary_position_embedding(k, cos, sin, 0)
+        out = ops.flash_attention_score(q, k, v, self.n, attn_mask=self.mask, scalar_value=self.scale,
+                                        input_layout="BNSD", sparse_mode=2)
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(self.b, self.s, self.n * self.d))
+
 class FeedForward(nn.Cell):
     def __init__(self, hidden, ffn):
         super().__init__()
@@ -51,10 +65,10 @@ class FeedForward(nn.Cell):
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 class Block(nn.Cell):
-    def __init__(self, batch=2, seq=8, hidden=32, heads=4, ffn=64):
+    def __init__(self, batch=2, seq=8, hidden=32, heads=4, ffn=64, flash=False):
         super().__init__()
         self.attention_norm = RMSNorm(hidden)
-        self.attention = Attention(batch, seq, hidden, heads)
+        self.attention = (FlashAttention if flash else Attention)(batch, seq, hidden, heads)
         self.ffn_norm = RMSNorm(hidden)
         self.feed_forward = FeedForward(hidden, ffn)
     def construct(self, x, cos, sin):

@@ -341,3 +341,16 @@ def test_tile_and_broadcast_to_repeat_kv_heads():
     (got,) = execute_global(a.graph, {"k": k}, wanted=a.graph.outputs).values()
     np.testing.assert_allclose(got, 2 * np.repeat(k, 2, axis=1), rtol=1e-6)
     assert run_graph(graph, backward=True).ok
+
+
+def test_a_flash_attention_llama_is_searched_as_the_fused_one():
+    """MindFormers writes attention as FlashAttentionScore (causal by sparse mode 2); imported as
+    flash_attention_score, the search reads the same model from it as from the matmul-softmax cell."""
+    from layout_prop.planner.search import _recognise_imported
+
+    flash = from_cell(Model(2, flash=True), *example_inputs(), plan=PLAN)
+    plain = from_cell(Model(2), *example_inputs(), plan=PLAN)
+    assert {n.op for n in flash.nodes} >= {"flash_attention_score"}
+    assert "scaled_dot_product_attention" not in {n.op for n in flash.nodes}
+    assert _recognise_imported(flash) == _recognise_imported(plain)
+    assert _recognise_imported(flash).layers == 2

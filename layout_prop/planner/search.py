@@ -474,7 +474,7 @@ def _in_out(graph: Graph, weight: str, shape: tuple[int, ...]) -> tuple[int, int
 def _head_reshapes(graph: Graph, weight: str, depth: int = 8) -> list[tuple[int, int]]:
     """``(heads, head_dim)`` of each 4-d reshape ``(batch, seq, heads, head_dim)`` reached from the products that
     read ``weight`` (through adds, slices, splits, 3-d reshapes), stopping at another product or attention."""
-    stop = {"matmul", "linear", "batch_matmul", "scaled_dot_product_attention", "input"}
+    stop = {"matmul", "linear", "batch_matmul", "input"} | set(_ATTENTION_OPS)
     frontier = [node.outputs[0] for node, index in graph.consumers(weight) if node.op in ("matmul", "linear")]
     seen: set[str] = set()
     found = []
@@ -492,6 +492,20 @@ def _head_reshapes(graph: Graph, weight: str, depth: int = 8) -> list[tuple[int,
                 following.extend(node.outputs)
         frontier = following
     return found
+
+
+#: the fused attention ops an imported decoder may hold: layout-prop's own (ONNX's attention pattern, a MindIR
+#: matmul-softmax pattern) and MindSpore's FlashAttentionScore (MindIR import)
+_ATTENTION_OPS = ("scaled_dot_product_attention", "flash_attention_score")
+#: FlashAttentionScore's sparse modes that are causal: 2 (leftUpCausal) and 3 (rightDownCausal)
+_CAUSAL_SPARSE_MODES = (2, 3)
+
+
+def _causal(node) -> bool:
+    """Whether an attention node of :data:`_ATTENTION_OPS` masks the future (a decoder's self-attention)."""
+    if node.op == "flash_attention_score":
+        return node.attrs.get("sparse_mode") in _CAUSAL_SPARSE_MODES
+    return bool(node.attrs.get("causal"))
 
 
 def _unknown(found: str, missing: list[str]) -> SpecError:
@@ -517,13 +531,13 @@ def _recognise_imported(graph: Graph) -> ModelShape:
     layers = stems[stem]
     numbers = sorted(layers)
     found = f"{len(numbers)} layer{'s' if len(numbers) != 1 else ''} named {stem}.N"
-    attention = [n for n in graph.nodes if n.op == "scaled_dot_product_attention"]
+    attention = [n for n in graph.nodes if n.op in _ATTENTION_OPS]
     missing = []
     if not attention:
-        missing.append("a fused attention (scaled_dot_product_attention; see import's notes on what was left "
-                       "unfused)")
-    elif not all(n.attrs.get("causal") for n in attention):
-        missing.append(f"causal attention: node {next(n.name for n in attention if not n.attrs.get('causal'))!r} "
+        missing.append("a fused attention (scaled_dot_product_attention or flash_attention_score; see import's "
+                       "notes on what was left unfused)")
+    elif not all(_causal(n) for n in attention):
+        missing.append(f"causal attention: node {next(n.name for n in attention if not _causal(n))!r} "
                        "is not causal (an encoder or a cross-attention: not decoder-only)")
     if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
         missing.append(f"consecutive layer numbers (found {numbers})")

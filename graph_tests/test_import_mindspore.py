@@ -354,3 +354,111 @@ def test_a_flash_attention_llama_is_searched_as_the_fused_one():
     assert "scaled_dot_product_attention" not in {n.op for n in flash.nodes}
     assert _recognise_imported(flash) == _recognise_imported(plain)
     assert _recognise_imported(flash).layers == 2
+
+
+def _unmapped_flash_attention(form):
+    """A cell whose FlashAttentionScore the importer leaves unmapped, its example inputs and the reason."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn, ops
+
+    from .mindspore_cells import FlashAttentionOf, FlashAttentionWithShift
+
+    class RunTimeEnds(nn.Cell):
+        """TND attention whose cumulative sequence ends are an input: known only at run time."""
+
+        def construct(self, q, k, v, ends):
+            return ops.flash_attention_score(q, k, v, 2, input_layout="TND", sparse_mode=3, actual_seq_qlen=ends,
+                                             actual_seq_kvlen=ends)
+
+    if form == "sparse mode 5":
+        t = ms.Tensor(np.ones((2, 4, 2, 4), np.float32))
+        return FlashAttentionOf(2, input_layout="BSND", sparse_mode=5, prefix=(1, 1)), (t, t, t), (
+            "sparse_mode 5 (5 to 8: a prefix or a varlen variant) is not one flash_attention_score takes (0 band, 1 "
+            "attn_mask only, 2 top-left causal, 3 bottom-right causal, 4 band from the bottom-right)")
+    if form == "real_shift":
+        t = ms.Tensor(np.ones((2, 2, 4, 4), np.float32))
+        return FlashAttentionWithShift(), (t, t, t, t), (
+            "it adds a real_shift (a positional bias on the scores), which flash_attention_score does not take")
+    t = ms.Tensor(np.ones((9, 2, 4), np.float32))
+    return RunTimeEnds(), (t, t, t, ms.Tensor(np.array([2, 5, 9], np.int64))), (
+        "its actual_seq_qlen is a tensor computed at run time, where flash_attention_score takes constants")
+
+
+@pytest.mark.parametrize("form", ["sparse mode 5", "real_shift", "run-time sequence ends"])
+def test_an_unmapped_flash_attention_score_says_why_in_the_one_line_error(form, tmp_path, capsys):
+    """The unknown-op line names the reason (the one the import note gives with --opaque), not only the op."""
+    import mindspore as ms
+
+    cell, tensors, why = _unmapped_flash_attention(form)
+    ms.export(cell, *tensors, file_name=str(tmp_path / "attention"), file_format="MINDIR")
+    model = str(tmp_path / "attention.mindir")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"mesh": {"shape": [2], "names": ["dp"]}}))
+    for command in ("import", "check"):
+        assert main([command, model, "--plan", str(plan)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"unknown-op: {2 if form.startswith('run-time') else 1} op type(s) the importer cannot map:" in err
+        assert f"FlashAttentionScore (x1, first FlashAttentionScore: {why})" in err, err
+        assert "(hint: pass --opaque to treat each as a barrier" in err, err
+    assert main(["import", model, "--plan", str(plan), "--opaque", "-o", str(tmp_path / "spec.json")]) == 0
+    assert f"note: node FlashAttentionScore (FlashAttentionScore) is left unmapped: {why}\n" in \
+        capsys.readouterr().err
+
+
+def _two_unknown_ops():
+    """x -> Dropout (two outputs, both read) -> Abs -> add: two op types the importer left unmapped."""
+    from layout_prop.frontends.ir import WHY_UNMAPPED, MNode, ModelGraph, Value
+
+    model = ModelGraph("onnx")
+    for name in ("x", "y", "mask", "z", "w"):
+        model.add_value(Value(name, (4,), "float32"))
+    model.inputs, model.outputs = ["x"], ["w"]
+    model.nodes = [MNode("drop", "unmapped:Dropout", ["x"], ["y", "mask"], {}, "Dropout"),
+                   MNode("abs", "unmapped:Abs", ["y"], ["z"], {WHY_UNMAPPED: "its x is complex"}, "Abs"),
+                   MNode("add", "add", ["z", "mask"], ["w"], {}, "Add")]
+    return model
+
+
+def test_the_unknown_op_hint_offers_opaque_only_for_the_ops_it_keeps():
+    """--opaque keeps an op of one output; one of several is still unknown-op with --opaque, whose hint
+    said to pass --opaque (both frontends share this error)."""
+    from layout_prop.core.errors import OpError
+    from layout_prop.frontends.ir import to_spec
+
+    with pytest.raises(OpError) as err:
+        to_spec(_two_unknown_ops())
+    assert err.value.code == "unknown-op"
+    assert err.value.message == ("2 op type(s) the importer cannot map: Dropout (x1, first drop), "
+                                 "Abs (x1, first abs: its x is complex)")
+    assert err.value.hint == (
+        "pass --opaque to treat the others as barriers (inputs gathered, output replicated); --opaque keeps only an "
+        "op with one output as a barrier, and Dropout (first drop) has 2 outputs: write the model with supported ops")
+    with pytest.raises(OpError) as err:
+        to_spec(_two_unknown_ops(), opaque=True)
+    assert err.value.message == "1 op type(s) the importer cannot map: Dropout (x1, first drop)"
+    assert err.value.hint == ("--opaque keeps only an op with one output as a barrier, and Dropout (first drop) has "
+                              "2 outputs: write the model with supported ops")
+
+
+def test_the_unknown_op_line_names_each_distinct_reason_up_to_three():
+    from layout_prop.core.errors import OpError
+    from layout_prop.frontends.ir import WHY_UNMAPPED, MNode, ModelGraph, Value, to_spec
+
+    model = ModelGraph("mindir")
+    model.add_value(Value("x", (4,), "float32"))
+    model.inputs = ["x"]
+    reasons = ["sparse_mode 5", "sparse_mode 5", "sparse_mode 6", "a real_shift", "sparse_mode 7", "sparse_mode 8"]
+    prev = "x"
+    for i, why in enumerate(reasons):
+        model.add_value(Value(f"a{i}", (4,), "float32"))
+        model.nodes.append(MNode(f"fa{i}", "unmapped:FlashAttentionScore", [prev], [f"a{i}"], {WHY_UNMAPPED: why},
+                                 "FlashAttentionScore"))
+        prev = f"a{i}"
+    model.outputs = [prev]
+    with pytest.raises(OpError) as err:
+        to_spec(model)
+    assert err.value.message == (
+        "1 op type(s) the importer cannot map: FlashAttentionScore (x6, first fa0: sparse_mode 5; sparse_mode 6; "
+        "a real_shift; 2 more reason(s) in the import notes (--opaque))")

@@ -25,9 +25,13 @@ from layout_prop.core.errors import OpError, SpecError
 from layout_prop.io.plan_file import ParamUse, ShardingPlan, resolve_parameters
 
 __all__ = ["Value", "MNode", "ModelGraph", "to_spec", "parameter_uses", "apply_plan", "sanitize", "scalar_value",
-           "compare_declared"]
+           "compare_declared", "WHY_UNMAPPED"]
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+#: the attr of an op a frontend leaves unmapped that says why (``sparse_mode 5 ... is not one
+#: flash_attention_score takes``): the ``unknown-op`` error names it beside the op type
+WHY_UNMAPPED = "why_unmapped"
 
 
 @dataclass
@@ -165,8 +169,9 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
     Raises
     ------
     OpError
-        ``unknown-op`` listing every op type the registry does not know, with its count
-        and first node (unless ``opaque``).
+        ``unknown-op`` listing every op type the registry does not know, with its count,
+        first node and the reasons its nodes carry (:data:`WHY_UNMAPPED`), unless ``opaque``
+        keeps them (an op of one output only).
     """
     from layout_prop.core.registry import get_rule
 
@@ -192,6 +197,8 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
                                    "requires_grad": v.dtype in FLOAT_DTYPES}
     unknown: Counter = Counter()
     first: dict[str, str] = {}
+    reasons: dict[str, list[str]] = {}  # each unknown op type's distinct reasons, in node order
+    several: dict[str, tuple[str, int]] = {}  # op types --opaque cannot keep: first such node, its outputs
     nodes: list[dict] = []
 
     def use(value: str) -> str:
@@ -243,6 +250,13 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
                 if not opaque or len(node.outputs) != 1:
                     unknown[node.source] += 1
                     first.setdefault(node.source, node.name)
+                    why = node.attrs.get(WHY_UNMAPPED)
+                    if why and why not in reasons.setdefault(node.source, []):
+                        reasons[node.source].append(why)
+                    if len(node.outputs) != 1:
+                        several.setdefault(node.source, (node.name, len(node.outputs)))
+                    continue
+                if unknown:  # the error comes: an opaque node may read an unknown one's outputs, never produced
                     continue
                 out = model.values[node.outputs[0]]
                 emit(node.name, "opaque", [use(v) for v in node.inputs if model.values[v].const is None
@@ -265,10 +279,7 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
                  model.modules.get(node.outputs[0], ""))
             prev = outs[0]
     if unknown:
-        listed = ", ".join(f"{op} (x{n}, first {sanitize(first[op])})" for op, n in unknown.most_common())
-        raise OpError("unknown-op", f"{len(unknown)} op type(s) the importer cannot map: {listed}",
-                      hint="pass --opaque to treat each as a barrier (inputs gathered, output replicated), "
-                           "or write the model with supported ops")
+        raise unknown_op_error(unknown, first, reasons, several, opaque)
     outputs = [spec_name[v] if v in spec_name else use(v) for v in model.outputs]
     spec = {"inputs": inputs, "nodes": nodes, "outputs": outputs}
     tables = rotary_tables(spec, weights)
@@ -281,6 +292,64 @@ def to_spec(model: ModelGraph, *, opaque: bool = False) -> tuple[dict, list[str]
                            f"constants without a gradient: {', '.join(constants)}")
     model.spec_aliases = {w: a for w, a in aliases.items() if w in weights}
     return spec, weights
+
+
+#: the most reasons the ``unknown-op`` line names for one op type (the import notes say each node's)
+MAX_REASONS = 3
+
+
+def unknown_op_error(unknown: Counter, first: dict[str, str], reasons: dict[str, list[str]],
+                     several: dict[str, tuple[str, int]], opaque: bool) -> OpError:
+    """The one ``unknown-op`` error for the op types an import could not map.
+
+    Parameters
+    ----------
+    unknown : Counter
+        How many nodes of each op type (the model's own name) are unmapped.
+    first : dict
+        The first such node of each op type.
+    reasons : dict
+        The distinct reasons the frontend gave (:data:`WHY_UNMAPPED`) for an op type's nodes.
+    several : dict
+        The op types ``--opaque`` cannot keep (an opaque node has one output): their first
+        such node and its number of outputs.
+    opaque : bool
+        Whether ``--opaque`` was passed.
+
+    Returns
+    -------
+    OpError
+        One line: each op type with its count, its first node and its reasons; the hint
+        offers ``--opaque`` for the op types it can keep.
+
+    Examples
+    --------
+    >>> unknown_op_error(Counter({"Abs": 2}), {"Abs": "mlp/Abs"}, {"Abs": ["its x is complex"]}, {}, False).message
+    '1 op type(s) the importer cannot map: Abs (x2, first mlp/Abs: its x is complex)'
+    """
+    listed = ", ".join(_unknown_op_item(op, n, first[op], reasons.get(op, [])) for op, n in unknown.most_common())
+    return OpError("unknown-op", f"{len(unknown)} op type(s) the importer cannot map: {listed}",
+                   hint=_unknown_op_hint(unknown, several, opaque))
+
+
+def _unknown_op_item(op: str, count: int, first: str, reasons: list[str]) -> str:
+    """``Op (xN, first NODE)``, with the reasons after the node when the frontend gave any."""
+    why = "; ".join(reasons[:MAX_REASONS])
+    if len(reasons) > MAX_REASONS:
+        why += f"; {len(reasons) - MAX_REASONS} more reason(s) in the import notes (--opaque)"
+    return f"{op} (x{count}, first {sanitize(first)}{': ' + why if why else ''})"
+
+
+def _unknown_op_hint(unknown: Counter, several: dict[str, tuple[str, int]], opaque: bool) -> str:
+    """Pass ``--opaque`` when it keeps every unknown op; else say which ops it cannot keep."""
+    barrier = "(inputs gathered, output replicated)"
+    if not several:
+        return f"pass --opaque to treat each as a barrier {barrier}, or write the model with supported ops"
+    kept = ", ".join(f"{op} (first {sanitize(name)}) has {k} outputs" for op, (name, k) in several.items())
+    cannot = f"--opaque keeps only an op with one output as a barrier, and {kept}: write the model with supported ops"
+    if opaque or len(several) == len(unknown):
+        return cannot
+    return f"pass --opaque to treat the others as barriers {barrier}; {cannot}"
 
 
 #: names of buffers and tables computed from no parameter (Hugging Face's rotary embedding

@@ -43,7 +43,7 @@ from layout_prop.core.graph import Graph
 from layout_prop.io.loader import MAX_ATTR_ITEMS
 from layout_prop.io.plan_file import ShardingPlan, load_plan
 from . import limits, read_model_bytes
-from .ir import MNode, ModelGraph, Value, sanitize
+from .ir import WHY_UNMAPPED, MNode, ModelGraph, Value, sanitize
 
 __all__ = ["from_cell", "from_mindir", "read_mindir"]
 
@@ -349,11 +349,13 @@ class _Reader:
         self.g.nodes.append(MNode(name, op, inputs, [value], dict(attrs or {}), source))
         return value
 
-    def unknown(self, prim, name, ins, out, shaped) -> None:
+    def unknown(self, prim, name, ins, out, shaped, why: str | None = None) -> None:
+        """An unmapped node (``unknown-op``, or opaque with ``--opaque``); ``why`` it is, when known,
+        rides along for the error to name."""
         tensors = [v for v in ins if v in self.g.values or isinstance(self.py.get(v), np.ndarray)]
         shape, dtype = shaped if shaped is not None else ((), "float32")
-        self.emit(name, f"unmapped:{prim}", [self.value_of(v) for v in tensors], out, None, {}, prim,
-                  shape=shape, dtype=dtype)
+        self.emit(name, f"unmapped:{prim}", [self.value_of(v) for v in tensors], out, None,
+                  {WHY_UNMAPPED: why} if why else {}, prim, shape=shape, dtype=dtype)
 
     def _simple(op: str, prim: str, arity: int = 2):  # noqa: N805 - a method factory
         def handler(self, name, ins, out, shaped):
@@ -605,7 +607,7 @@ class _Reader:
         why = self._flash_unsupported(ins, attrs)
         if why is not None:  # unmapped (opaque with --opaque); its attention is still output 3
             self.g.notes.append(f"node {sanitize(name)} (FlashAttentionScore) is left unmapped: {why}")
-            self.unknown("FlashAttentionScore", name, ins, out, (self.g.shape(q), self.g.values[q].dtype))
+            self.unknown("FlashAttentionScore", name, ins, out, (self.g.shape(q), self.g.values[q].dtype), why)
             self.tuples[out] = [None, None, None, self.alias[out]]
             return
         operands = [q, k, v]

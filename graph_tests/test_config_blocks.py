@@ -183,6 +183,14 @@ AGREEING = [
     # 4 stages of one-sequence micro-batches, 19 us moves across nodes against 15 us forward chunks: -8.7%, the
     # search's uniform stages (each with the embedding and the head) against estimate's own chunk times
     (4, None, dict(dp=4, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=1), 0.09),
+    # ZeRO-3 on two stages, its latency-bound gathers most of the step: -2.1%, -2.9%, -2.6%, full recomputation
+    # -4.3%; -11.9%, -12.5%, -9.3% and -10.9% while the search gathered every parameter again for the backward (the
+    # program regathers those the gradient reads: no linear bias, every layer's with full recomputation) and hid
+    # the gathers behind the forward and backward without the recomputation
+    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="gpipe", micro_batch=1), 0.05),
+    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="1f1b", micro_batch=1), 0.05),
+    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="1f1b", micro_batch=8), 0.05),
+    (2, None, dict(dp=8, tp=1, zero=3, recompute="full", schedule="1f1b", micro_batch=8), 0.05),
 ]
 
 

@@ -43,7 +43,7 @@ from .collectives import collective_time
 __all__ = ["SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "bubble_fraction", "pipeline_time", "pipeline_makespan",
            "critical_moves", "inflight_microbatches",
            "activation_bytes_per_layer", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
-           "grad_sync_time", "zero_sync_parts", "optimizer_state_bytes_per_param", "ceil_div"]
+           "grad_sync_time", "zero_sync_parts", "zero3_gather_time", "optimizer_state_bytes_per_param", "ceil_div"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -287,7 +287,9 @@ def zero_sync_parts(grad_bytes: float, stage: int, mesh_shape: tuple[int, ...], 
     """``(reduce_s, gather_s)``: the gradient reduction and the parameter all-gathers of :func:`grad_sync_time`
     apart, as the step model places them (:mod:`layout_prop.perf.step`): stage 0 all-reduces (no gather);
     stages 1 and 2 reduce-scatter, then all-gather the updated parameters once after the optimizer; stage 3
-    gathers the parameters for the forward and the backward (``gather_s`` is both) and reduce-scatters.
+    gathers the parameters for the forward and the backward (``gather_s`` is both, every parameter twice: the
+    paper's ``3 psi``; the search prices stage 3's gathers with :func:`zero3_gather_time`, as the program does
+    them) and reduce-scatters.
 
     >>> from layout_prop.perf.clusters import get_cluster
     >>> a100 = get_cluster("a100-80g")
@@ -304,6 +306,33 @@ def zero_sync_parts(grad_bytes: float, stage: int, mesh_shape: tuple[int, ...], 
     gathers = 2 if stage == 3 else 1
     return (collective_time("reduce-scatter", share, mesh_shape, axis, cluster),
             gathers * collective_time("all-gather", share, mesh_shape, axis, cluster))
+
+
+def zero3_gather_time(gathered: tuple[float, int], regathered: tuple[float, int], mesh_shape: tuple[int, ...],
+                      axis: int, cluster: Cluster) -> tuple[float, float]:
+    """``(first_s, gather_s)``: ZeRO-3's parameter all-gathers of one micro-batch on mesh axis ``axis``, as the
+    program does them (passes/zero.py): every parameter for the forward (``gathered``: bytes and tensors a rank),
+    and again for the backward only the parameters the backward reads (``regathered``, :func:`regather`: a
+    linear layer's bias is not read by its gradient), one collective a tensor of the mean size.
+    ``first_s`` is one forward gather (the step waits for it), ``gather_s`` all of them.
+
+    >>> from layout_prop.perf.clusters import get_cluster
+    >>> a100 = get_cluster("a100-80g")
+    >>> first, both = zero3_gather_time((64e6, 4), (64e6, 4), (16, 8), 0, a100)
+    >>> round(both / zero_sync_parts(16e6, 3, (16, 8), 0, a100)[1], 6), round(both / first, 6)
+    (4.0, 8.0)
+    >>> zero3_gather_time((64e6, 4), (0.0, 0), (16, 8), 0, a100)[1] == 4 * first
+    True
+    """
+    n = mesh_shape[axis]
+    if n <= 1:
+        return 0.0, 0.0
+    seconds = []
+    for nbytes, tensors in (gathered, regathered):
+        one = collective_time("all-gather", (n - 1) / n * nbytes / tensors, mesh_shape, axis, cluster) \
+            if tensors > 0 and nbytes > 0 else 0.0
+        seconds.append((one, tensors * one))
+    return seconds[0][0], seconds[0][1] + seconds[1][1]
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -183,6 +183,8 @@ class LayerCost:
     input_bytes: int  # the layer's input on this rank (what full recomputation keeps)
     flops: float  # forward and backward on every rank of the stage's mesh
     ep_sync_s: float  # gradient synchronisation on the ep axis (dense parameters of the expert ranks)
+    backward_param_bytes: int = 0  # the parameters the backward reads (ZeRO-3 gathers them again for it)
+    backward_param_tensors: int = 0
 
 
 @dataclass
@@ -923,13 +925,26 @@ def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
             core_bytes += sum(s.local_nbytes(0) for v, s in zip(node.outputs, specs)
                               if any(_is_backward(consumer) for consumer, _ in graph.consumers(v)))
     activations = _saved_bytes(graph)
+    read_back = _backward_read(graph, params)
     act_in = 0  # set by the cache from the micro-batch (a layer's input: _boundary_bytes)
     return LayerCost(forward_s=est.forward_s, backward_s=est.backward_s, comm_s=comm,
                      forward_comm_s=full.recompute_s - est.forward_s, attention_core_s=core_s,
                      param_bytes=param_bytes, param_tensors=len(params), expert_param_bytes=expert_bytes,
                      activation_bytes=activations,
                      attention_core_bytes=core_bytes, input_bytes=act_in, flops=est.flops_per_step,
-                     ep_sync_s=est.grad_sync_s)
+                     ep_sync_s=est.grad_sync_s,
+                     backward_param_bytes=sum(value_spec(graph, name).local_nbytes(0) for name in read_back),
+                     backward_param_tensors=len(read_back))
+
+
+def _backward_read(graph: Graph, params: list[str]) -> list[str]:
+    """The parameters a node of the gradient graph reads (directly or through a redistribute made for it): those
+    ZeRO-3 gathers a second time, for the backward (passes/zero.py ``regather``); a linear layer's bias is not
+    among them (its gradient is the output's gradient summed)."""
+    from layout_prop.passes.zero import _is_backward as runs_in_backward
+
+    return [name for name in params if any(runs_in_backward(graph, consumer) for consumer, _ in
+                                           graph.consumers(name))]
 
 
 def _is_backward(node) -> bool:
@@ -1019,9 +1034,14 @@ def _stage(c: Config, layer: LayerCost, dense: LayerCost | None, rest: LayerCost
     def total(field_: str) -> float:
         return sum(n * getattr(k, field_) for k, n in kinds) + getattr(rest, field_)
 
+    # the parameters ZeRO-3 gathers again for the backward: those the gradient reads, and with full recomputation
+    # every layer's (the recomputed forward reads them all; the embedding and head are not recomputed)
+    read_back = (total("backward_param_bytes"), total("backward_param_tensors"))
     if c.recompute == "full":
         recompute = sum(n * (k.forward_s + k.forward_comm_s) for k, n in kinds)
         kept = sum(n * k.input_bytes for k, n in kinds)
+        read_back = (sum(n * k.param_bytes for k, n in kinds) + rest.backward_param_bytes,
+                     sum(n * k.param_tensors for k, n in kinds) + rest.backward_param_tensors)
     elif c.recompute == "selective":
         recompute = sum(n * k.attention_core_s for k, n in kinds)
         kept = sum(n * max(k.activation_bytes - k.attention_core_bytes, 0) for k, n in kinds)
@@ -1031,6 +1051,7 @@ def _stage(c: Config, layer: LayerCost, dense: LayerCost | None, rest: LayerCost
     return {"fwd": total("forward_s"), "bwd": total("backward_s"), "comm": total("comm_s"), "recompute": recompute,
             "fcomm": total("forward_comm_s"),
             "params": total("param_bytes"), "tensors": max(total("param_tensors"), 1),
+            "read_back": read_back,
             "ep_sync": sum(n * k.ep_sync_s for k, n in kinds), "kept": kept,
             "working": max(k.activation_bytes for k, n in kinds if n) if n_main + n_dense else 0}
 
@@ -1084,7 +1105,8 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
         # placed as the step model places them: stages 0 and 1 reduce once a step, overlapped with the last
         # micro-batch's backward, stages 2 and 3 every micro-batch, overlapped with its backward (stage 3: its
         # forward too, the gathers prefetched); stages 1 and 2 gather the updated parameters after the optimizer,
-        # exposed
+        # exposed; stage 3 gathers every parameter for the forward and, for the backward, those it reads (as the
+        # program does; counting every parameter twice put the search 5-13% above estimate)
         reduce_one, gather_one = par.zero_sync_parts(grads / tensors, c.zero, shape, dp_axis, cluster)
         reduce_s, gather_s = tensors * reduce_one, tensors * gather_one
         if c.zero <= 1:
@@ -1094,9 +1116,12 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
             st_sync = m * reduce_s + gather_s + st["ep_sync"]
             st_exposed = m * max(reduce_s - st["bwd"], reduce_one) + gather_s + st["ep_sync"]
         else:
+            first, gather_s = par.zero3_gather_time((grads, tensors), st["read_back"], shape, dp_axis, cluster)
             per_mb = reduce_s + gather_s
             st_sync = m * per_mb + st["ep_sync"]
-            st_exposed = m * max(per_mb - st["fwd"] - st["bwd"], reduce_one + gather_one / 2) + st["ep_sync"]
+            # (hidden by the forward, the backward and the recomputation, as the step model hides them)
+            hidden = st["fwd"] + st["bwd"] + st["recompute"]
+            st_exposed = m * max(per_mb - hidden, reduce_one + first) + st["ep_sync"]
         st_optimizer = 7 * grads / shard / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
         if st_exposed + st_optimizer >= exposed + optimizer:
             exposed, sync, optimizer = st_exposed, st_sync, st_optimizer

@@ -259,3 +259,53 @@ def test_a_hook_whose_ops_refuse_the_inputs_leaves_the_node_with_a_note(monkeypa
     assert result.notes == ["expand: top (topk) kept as it is: its expansion failed: bad-attr at attrs.k, node 'top': "
                             "topk_merge: k=99 is larger than dim 1 of values (size 40) (hint: give k an integer in "
                             "0..40)"]
+
+
+# ------------------------------------------------------------------ a forced expansion whose moves cannot be planned
+def _ring_on_a_strided_sequence() -> dict:
+    """Ring attention on q, k, v whose sequence is cut by a strided shard on a and a shard on cp: the ring's
+    first block reads q with the strided axis gathered, (R, S(2)) (its own move), and the plain rule gathers
+    k and v whole, (R, R)."""
+    inputs = {name: {"shape": [1, 1, 8, 2], "placements": ["_S(2,2)", "S(2)"]} for name in "qkv"}
+    return {"mesh": {"shape": [2, 2], "names": ["a", "cp"]}, "inputs": inputs,
+            "nodes": [{"name": "attn", "op": "scaled_dot_product_attention", "inputs": ["q", "k", "v"],
+                       "attrs": {"causal": True, "context_parallel": "ring"}}],
+            "outputs": ["attn"]}
+
+
+def _unplannable(monkeypatch, target: list[str]) -> None:
+    """The expand pass cannot plan a move to the layout ``target`` (no input of the built-in ring reaches this:
+    the ring's hooks check what it takes, so its moves are always plannable; tried: q, k, v with every
+    placement of R, P(sum), P(max), shards and strided shards on a second and a third mesh axis, uneven
+    sizes, and flash_attention_score in its four layouts)."""
+    from layout_prop.core.errors import LayoutError
+    from layout_prop.core.redistribute import plan_redistribution
+
+    def plan(src, dst):
+        if dst.placement_strs() == target:
+            raise LayoutError("no-redistribution", f"cannot redistribute to {dst} here", hint="the test says so")
+        return plan_redistribution(src, dst)
+
+    monkeypatch.setattr(expand_module, "plan_redistribution", plan)
+
+
+def test_a_forced_expansion_whose_own_moves_cannot_be_planned_is_not_kept_and_says_why(monkeypatch):
+    """It said '... None bytes per rank of redistribution instead of 144' and kept a ring the reshard pass
+    could not resolve."""
+    _unplannable(monkeypatch, ["R", "S(2)"])
+    result = Expand().run(load_spec(_ring_on_a_strided_sequence()))
+    assert not result.expanded and not result.forced
+    assert result.notes == ["expand: attn (scaled_dot_product_attention) kept as it is, though "
+                            "context_parallel='ring' on mesh axis 'cp' asks its expansion: the moves of attn/block0 "
+                            "(attention_block) cannot be planned: no-redistribution: cannot redistribute to "
+                            "(R, S(2)) here (hint: the test says so)"]
+
+
+def test_a_forced_expansion_whose_plain_moves_cannot_be_planned_says_so(monkeypatch):
+    """It said '208 bytes per rank of redistribution instead of None'."""
+    _unplannable(monkeypatch, ["R", "R"])
+    result = Expand().run(load_spec(_ring_on_a_strided_sequence()))
+    assert list(result.expanded) == ["attn"]
+    assert result.notes[0].endswith(": 208 bytes per rank of redistribution; the plain rule's moves cannot be "
+                                    "planned (context_parallel='ring' on mesh axis 'cp' asks it)"), result.notes
+    assert "None" not in result.notes[0]

@@ -515,3 +515,109 @@ def test_flash_attention_ring_that_does_not_apply_gathers_and_says_why(attrs, wh
     assert any("context_parallel='ring') gathers key and value instead: " + why in note for note in analysis.notes)
     assert "ring_shift" not in {n.op for n in analysis.graph.nodes}
     assert run_graph(load_spec(spec), backward=True).ok
+
+
+# ------------------------------------------------------------------------------ the whole-graph plan and the ring
+def _projected(x_placements, w_placements, out_projection: bool = False) -> dict:
+    """q, k and v projected from x (2, 8, 8) float32 on dp=2 x cp=2 by three linears (weights ``w_placements``,
+    or ``auto``) and split into 2 heads (BSND), then ring attention on cp: 7 ops, 12 once the ring is written,
+    so ``analyze`` also asks the whole-graph solver where to redistribute; ``out_projection``: a reshape and a
+    linear after the attention."""
+    inputs = {"x": {"shape": [2, 8, 8], "placements": list(x_placements)}}
+    nodes = []
+    for t in "qkv":
+        inputs[f"w{t}"] = {"shape": [8, 8], "placements": w_placements}
+        nodes += [{"name": f"{t}0", "op": "linear", "inputs": ["x", f"w{t}"]},
+                  {"name": t, "op": "reshape", "inputs": [f"{t}0"], "attrs": {"shape": [2, 8, 2, 4]}}]
+    nodes.append({"name": "attn", "op": "scaled_dot_product_attention", "inputs": ["q", "k", "v"],
+                  "attrs": {"layout": "BSND", "causal": True, "context_parallel": "ring"}})
+    outputs = ["attn"]
+    if out_projection:
+        inputs["wo"] = {"shape": [8, 8], "placements": w_placements}
+        nodes += [{"name": "m", "op": "reshape", "inputs": ["attn"], "attrs": {"shape": [2, 8, 8]}},
+                  {"name": "o", "op": "linear", "inputs": ["m", "wo"]}]
+        outputs = ["o"]
+    return {"mesh": {"shape": [2, 2], "names": ["dp", "cp"]}, "inputs": inputs, "nodes": nodes, "outputs": outputs}
+
+
+#: what the solver's cheapest plan does with the ring of _projected: x gathered whole before the projections,
+#: q, k and v sliced on the heads, so the attention runs on the whole sequence and the shifts are local rolls
+DROPPED = ("the whole-graph plan of {plan} bytes per rank does not run attn (scaled_dot_product_attention) as the "
+           "expand pass wrote it, which context_parallel='ring' on mesh axis 'cp' asks: its nodes read q, k, v as "
+           "{now}, not (S(0), S(1)); attn/k_shift1, attn/v_shift1 (ring_shift) move nothing; not taken: ")
+
+
+def _ring_moves(analysis) -> list[tuple[str, str, list[str], int]]:
+    return [(r.input, r.node, [s.kind for s in r.plan.steps], r.plan.bytes_per_rank)
+            for r in analysis.check.redistributions if r.node in ("attn/k_shift1", "attn/v_shift1")]
+
+
+def test_a_whole_graph_plan_that_drops_the_ring_is_not_taken_and_the_note_says_so():
+    """The solver's plan moves 512 bytes per rank against the greedy sweep's 1664 by gathering x before the
+    projections: no sequence shard reaches the attention.  It was taken, and the notes said the ring was
+    written (the shifts then moved nothing).  The ring is asked for: the sweep's graph is kept, the note says
+    why.  Hand count of the ring: a block of k is (2, 8, 2, 4) float32 / 4 ranks = 128 bytes, one shift each
+    of k and v on cp=2."""
+    pytest.importorskip("scipy")
+    spec = _projected(["S(0)", "S(1)"], ["S(0)", "R"])
+    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    assert analysis.ok
+    notes = [n for n in analysis.notes if n.startswith("reshard:")]
+    assert notes == ["reshard: " + DROPPED.format(plan=512, now="(S(2), R)")
+                     + "the greedy sweep's 1664 bytes per rank run it as written"]
+    assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
+    assert analysis.check.total_bytes_per_rank == 1664
+    assert not any(n.startswith("expand: attn (scaled_dot_product_attention) does not run") for n in analysis.notes)
+    assert run_graph(load_spec(spec), backward=True).ok
+
+
+def test_when_the_plan_drops_the_ring_its_best_plan_that_keeps_it_is_taken_if_cheaper():
+    """With auto weights and an output projection the solver's plan (1152 bytes) drops the ring; its best plan
+    with the ring's nodes held as written moves 2048, fewer than the greedy sweep's 2432: that one is taken."""
+    pytest.importorskip("scipy")
+    spec = _projected(["S(0)", "S(1)"], "auto", out_projection=True)
+    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    assert analysis.ok
+    notes = [n for n in analysis.notes if n.startswith("reshard:")]
+    assert notes == ["reshard: " + DROPPED.format(plan=1152, now="(R, S(2))")
+                     + "the solver's best plan that runs it as written moves 2048",
+                     "reshard: chose where to redistribute over the whole graph: 2048 bytes per rank (the greedy "
+                     "sweep moves 2432)"]
+    assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
+    assert analysis.check.total_bytes_per_rank == 2048
+    assert run_graph(load_spec(spec), backward=True).ok
+
+
+def test_a_whole_graph_plan_that_changes_another_axis_keeps_the_ring_and_is_taken():
+    """Forward only, the plan gathers x's batch on dp and shards the heads there instead (q, k, v (S(2), S(1)),
+    written (S(0), S(1))), the sequence still on cp: the ring runs as written (a layout changed on another axis
+    keeps it), and the plan (384 bytes against 640) is taken without a word on the ring."""
+    pytest.importorskip("scipy")
+    spec = _projected(["S(0)", "S(1)"], ["S(0)", "R"])
+    analysis = analyze(load_spec(spec), reshard=True, verify=True)
+    assert analysis.tensors()["k"]["placements"] == ["S(2)", "S(1)"]
+    assert [n for n in analysis.notes if n.startswith("reshard:")] == [
+        "reshard: chose where to redistribute over the whole graph: 384 bytes per rank (the greedy sweep moves 640)"]
+    assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
+    assert run_graph(load_spec(spec)).ok
+
+
+def test_a_final_graph_that_does_not_run_the_ring_says_so_in_the_notes_run_prints(monkeypatch):
+    """Where the moves finally chosen do not run the ring (here: the solver's plan taken whatever it does, as
+    when the greedy sweep's graph does not check), an ``expand:`` note takes back the expand pass's own."""
+    pytest.importorskip("scipy")
+    import layout_prop.api as api
+    from layout_prop.passes.check import Check
+
+    def take_the_plan(forward, plan, chosen, forced, greedy, check, propagate, backward):
+        planned = api._planned(forward, plan.strategies(chosen), propagate, backward)
+        return planned, Check().run(planned), []
+
+    monkeypatch.setattr(api, "_whole_graph", take_the_plan)
+    spec = _projected(["S(0)", "S(1)"], ["S(0)", "R"])
+    said = ("expand: attn (scaled_dot_product_attention) does not run as written, which context_parallel='ring' on "
+            "mesh axis 'cp' asks: in the resharded graph its nodes read q, k, v as (S(2), R), not (S(0), S(1)); "
+            "attn/k_shift1, attn/v_shift1 (ring_shift) move nothing")
+    analysis = analyze(load_spec(spec), reshard=True, backward=True)
+    assert _ring_moves(analysis) == [] and said in analysis.notes
+    assert said in run_graph(load_spec(spec), backward=True).notes

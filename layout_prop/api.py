@@ -147,6 +147,11 @@ def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, back
             verify: bool = False) -> Analysis:
     """Complete ``auto`` inputs, propagate, optionally build the backward graph and reshard, check.
 
+    With ``reshard`` on a small graph the whole-graph solver's moves replace the greedy sweep's
+    when they move strictly fewer bytes per rank, but not when they no longer run an expansion
+    the node's attrs ask for (``context_parallel='ring'``) as the expand pass wrote it: then the
+    solver's best plan that does is tried, else the sweep's is kept, and a note says so.
+
     With ``backend="cann"`` the CANN kernel limits are checked on every rank's local shapes.
     With ``verify=True`` the graph verifier (:class:`~layout_prop.passes.verify.Verify`) runs
     after every pass and raises ``GraphError`` on a malformed or stale graph: what the tests
@@ -165,6 +170,7 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
 
     notes: list[str] = list(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
     was_expanded = False
+    forced = []  # the expansions the nodes' attrs ask for (context_parallel='ring'), as the expand pass wrote them
     propagate = Propagate()
     autos = any(n.attrs.get("placements") == "auto" for n in graph.inputs())
     plan = _global_choice(graph, backward) if autos else None  # asked before complete fills the autos
@@ -196,6 +202,7 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
         if expanded.expanded:
             graph = expanded.graph
             was_expanded = True
+            forced = expanded.forced
             if plan is not None:  # the solver's plan of the graph before: ask again on the expanded one
                 plan = _global_choice(graph, backward)
                 chosen = None if plan is None else plan.chosen
@@ -216,16 +223,13 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     check = Check().run(graph)
     if reshard and plan is not None and chosen is not None and any(
             v.fixable for n in forward.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
-        planned = _planned(forward, plan.strategies(chosen), propagate, backward)
-        if planned is not None:
-            planned_check = Check().run(planned)
-            if planned_check.ok and (not check.ok or planned_check.total_bytes_per_rank < check.total_bytes_per_rank):
-                notes.append(f"reshard: chose where to redistribute over the whole graph: "
-                             f"{planned_check.total_bytes_per_rank} bytes per rank (the greedy sweep moves "
-                             f"{check.total_bytes_per_rank})")
-                graph, check = planned, planned_check
-                if verify:
-                    Verify().run(graph)
+        greedy_graph = graph
+        graph, check, said = _whole_graph(forward, plan, chosen, forced, graph, check, propagate, backward)
+        notes.extend(said)
+        if verify and graph is not greedy_graph:
+            Verify().run(graph)
+    if reshard:  # an expansion the attrs ask for that the moves chosen do not run as written is said
+        notes.extend(_unkept_notes(graph, forced))
     if verify:  # after reshard, a graph that checks clean must also be resolved
         Verify(resolved=reshard and check.ok).run(graph)
     if backend != "numpy":
@@ -247,6 +251,91 @@ def _global_choice(graph: Graph, backward: bool):
         return GlobalChoice(graph, backward)
     except LayoutPropError:
         return None
+
+
+def _whole_graph(forward: Graph, plan, chosen, forced, greedy: Graph, check, propagate, backward: bool):
+    """The solver's moves for ``forward`` when they do better than the greedy sweep's (``greedy``
+    and its ``check``), else the sweep's: ``(graph, its check, notes)``.
+
+    Better: the graph checks clean and moves strictly fewer bytes per rank (or the sweep's does
+    not check), and it runs every expansion in ``forced`` (the node's attrs ask it: a ring) as
+    the expand pass wrote it, unless the sweep's does not check.  When the solver's best plan
+    drops such an expansion, its best plan with the expansions' nodes held as written is tried.
+    """
+    from layout_prop.passes.check import Check
+    from layout_prop.passes.expand import unkept
+
+    planned = _planned(forward, plan.strategies(chosen), propagate, backward)
+    if planned is None:
+        return greedy, check, []
+    planned_check = Check().run(planned)
+    better = planned_check.ok and (not check.ok or planned_check.total_bytes_per_rank < check.total_bytes_per_rank)
+    if not better:
+        return greedy, check, []
+    dropped = [(f, what) for f in forced if (what := unkept(planned, f)) is not None]
+    if not dropped or not check.ok:
+        return planned, planned_check, [_chose(planned_check, check)]
+    return _holding(forward, plan, forced, dropped, planned_check.total_bytes_per_rank, greedy, check, propagate,
+                    backward)
+
+
+def _holding(forward: Graph, plan, forced, dropped, planned_bytes: int, greedy: Graph, check, propagate,
+             backward: bool):
+    """When the solver's plan (``planned_bytes``) does not run the ``dropped`` expansions (each with
+    what it does instead) as written: its best plan that runs every ``forced`` one so, if it moves
+    fewer bytes than the greedy sweep, else the sweep's graph; ``(graph, its check, notes)``."""
+    from layout_prop.passes.check import Check
+    from layout_prop.passes.expand import unkept
+
+    held = _held_choice(plan, forced)
+    kept = None if held is None else _planned(forward, plan.strategies(held), propagate, backward)
+    kept_check = None if kept is None else Check().run(kept)
+    if (kept_check is None or not kept_check.ok or kept_check.total_bytes_per_rank >= check.total_bytes_per_rank
+            or any(unkept(kept, f) is not None for f in forced)):
+        kept, kept_check = greedy, check
+        instead = f"the greedy sweep's {check.total_bytes_per_rank} bytes per rank run it as written"
+    else:
+        instead = f"the solver's best plan that runs it as written moves {kept_check.total_bytes_per_rank}"
+    said = [f"reshard: the whole-graph plan of {planned_bytes} bytes per rank does not run {f.node} ({f.op}) as "
+            f"the expand pass wrote it, which {f.reason} asks: {what}; not taken: {instead}" for f, what in dropped]
+    if kept is not greedy:
+        said.append(_chose(kept_check, check))
+    return kept, kept_check, said
+
+
+def _chose(planned_check, check) -> str:
+    """The note of a whole-graph plan taken: its bytes and the greedy sweep's."""
+    return (f"reshard: chose where to redistribute over the whole graph: {planned_check.total_bytes_per_rank} bytes "
+            f"per rank (the greedy sweep moves {check.total_bytes_per_rank})")
+
+
+def _held_choice(plan, forced):
+    """The solver's best choice (class -> strategy) with every part of the ``forced`` expansions
+    receiving its inputs as the expand pass wrote them, their strategies held fixed in the
+    program (None when a part has no such strategy, or nothing is consistent with them)."""
+    problem = plan.problem
+    fix = {}
+    for f in forced:
+        for part in f.parts:
+            cls = problem.classes.get(part)
+            if cls is None:
+                return None
+            want = tuple(read.layout for read in f.reads[part])
+            k = next((k for k, s in enumerate(problem.strategies[cls]) if tuple(s.inputs) == want), None)
+            if k is None or fix.get(cls, k) != k:
+                return None
+            fix[cls] = k
+    found = problem.solve(None, fix=fix)
+    return None if found is None else found[0]
+
+
+def _unkept_notes(graph: Graph, forced) -> list[str]:
+    """A note per expansion of ``forced`` that ``graph`` (resharded) does not run as the expand pass
+    wrote it: ``expand:``, as it takes back that pass's note (``run`` prints those)."""
+    from layout_prop.passes.expand import unkept
+
+    return [f"expand: {f.node} ({f.op}) does not run as written, which {f.reason} asks: in the resharded graph "
+            f"{what}" for f in forced if (what := unkept(graph, f)) is not None]
 
 
 def _planned(forward: Graph, strategies, propagate, backward: bool) -> Graph | None:

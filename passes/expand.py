@@ -17,8 +17,13 @@ subgraph replaces the node when every violation in it is fixable and its moves c
 strictly fewer bytes per rank than the moves the plain rule asks (the forward node's own
 moves: the backward is not compared; the subgraph's moves count the steps of its ops that
 are communication, a ring's shifts), or when the hook says the node's attrs ask for it
-(``b.force(reason)``: ``context_parallel='ring'``, whose ring moves the bytes of the gather).
-A hook may add a note (``b.note``) saying why it kept the node as it is.  The subgraph's nodes are named ``NODE/...`` and
+(``b.force(reason)``: ``context_parallel='ring'``, whose ring moves the bytes of the gather),
+unless one of the subgraph's own moves cannot be planned (the reshard pass could not make it: the
+node stays, with a note).  A hook may add a note (``b.note``) saying why it kept the node as it
+is.  A forced expansion is recorded (:class:`Forced`: how each part reads its inputs, what its
+communication parts move) so that a later choice of moves that no longer runs it as written (the
+whole-graph plan of :func:`layout_prop.api.analyze` gathering k and v, or not sharding the
+sequence at all) is seen (:func:`unkept`) and said.  The subgraph's nodes are named ``NODE/...`` and
 its last node takes the node's own name and outputs, so consumers and graph outputs read
 it unchanged; its result must have the node's output shapes and dtypes.  The reshard pass
 then inserts the subgraph's (small) moves, and the
@@ -46,21 +51,52 @@ redistribution instead of 720']
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError, OpError
 from layout_prop.core.graph import Graph, Node
+from layout_prop.core.layout import Layout
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import OpRule, get_rule
 from layout_prop.core.spec import TensorSpec
 
-from .propagate import Propagate
+from .propagate import Propagate, value_spec
 
-__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM"]
+__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM", "Forced", "unkept"]
 
 #: node metadata key on the nodes of an expansion: the name of the node they replace
 EXPANDED_FROM = "expanded_from"
+
+
+class Read(NamedTuple):
+    """How a part of an expansion reads one input, as the expand pass wrote it."""
+
+    value: str
+    layout: Layout | None
+    asked: bool  # moved to ``layout`` by the part's own rule (a move the expansion counts)
+
+
+@dataclass(frozen=True)
+class Forced:
+    """An expansion kept because the node's attrs ask it (``b.force``), as the expand pass wrote it.
+
+    ``reads``: per part, how it reads each input; ``comm``: per part that is communication (a
+    ring's shift), the kind and mesh axis of each of its steps.
+    """
+
+    node: str
+    op: str
+    reason: str  # what asks it, as the note says: "context_parallel='ring' on mesh axis 'cp'"
+    inputs: tuple[str, ...]  # the node's inputs
+    parts: tuple[str, ...]
+    reads: dict[str, tuple[Read, ...]]
+    comm: dict[str, tuple[tuple[str, int], ...]]
+
+    def axes(self, ndim: int) -> tuple[int, ...]:
+        """The mesh axes its communication parts take steps on (all ``ndim`` when they take none)."""
+        found = sorted({axis for steps in self.comm.values() for _, axis in steps})
+        return tuple(found) if found else tuple(range(ndim))
 
 
 @dataclass
@@ -68,6 +104,7 @@ class ExpandResult:
     graph: Graph
     expanded: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> its subgraph's node names
     notes: list[str] = field(default_factory=list)
+    forced: list[Forced] = field(default_factory=list)  # the expansions kept because the node's attrs ask them
 
 
 class Expand:
@@ -93,7 +130,7 @@ class Expand:
         if not sweep.expanded:
             return ExpandResult(graph, notes=sweep.notes)
         return ExpandResult(Graph.from_nodes(graph.mesh, sweep.nodes, graph.outputs, graph.meta), sweep.expanded,
-                            sweep.notes)
+                            sweep.notes, sweep.forced)
 
 
 class _Sweep:
@@ -111,6 +148,7 @@ class _Sweep:
         self.changed: set[str] = set()  # values whose spec differs from the given graph's
         self.expanded: dict[str, tuple[str, ...]] = {}
         self.notes: list[str] = []
+        self.forced: list[Forced] = []
 
     def spec(self, value: str) -> TensorSpec | None:
         """The spec of ``value`` (a value of the given graph) in the new graph."""
@@ -150,20 +188,169 @@ class _Sweep:
         _check_result(rule, node, builder)
         if any(not v.fixable for part in builder.nodes for v in part.meta[meta.VIOLATIONS]):
             return None
-        plain = _move_bytes(node, specs, set())
+        plain = _priced(node, specs, set())
         mine, moved = 0, set()  # a value moved to one layout for several nodes of the subgraph is moved once
         for part in builder.nodes:
             part_specs = tuple(builder.spec(value) for value in part.inputs)
-            cost = _move_bytes(part, part_specs, moved)
-            cost = None if cost is None else cost + _comm_bytes(part, part_specs)
-            mine = None if cost is None or mine is None else mine + cost
-        if builder.forced is None and (plain is None or mine is None or mine >= plain):
+            try:
+                mine += _move_bytes(part, part_specs, moved) + _comm_bytes(part, part_specs)
+            except LayoutPropError as err:  # not kept, even when forced: the reshard pass could not make the move
+                if builder.forced is not None:
+                    self.notes.append(f"expand: {node.name} ({node.op}) kept as it is, though {builder.forced} "
+                                      f"asks its expansion: the moves of {part.name} ({part.op}) cannot be "
+                                      f"planned: {err}")
+                return None
+        if builder.forced is None and (plain is None or mine >= plain):
             return None
         written = ", ".join(f"{part.name} ({part.op})" for part in builder.nodes)
-        why = "" if builder.forced is None else f" ({builder.forced} asks it)"
-        self.notes.append(f"expand: {node.name} ({node.op}) written as {written}: {mine} bytes per rank of "
-                          f"redistribution instead of {plain}{why}")
+        self.notes.append(f"expand: {node.name} ({node.op}) written as {written}: "
+                          f"{_bytes_clause(mine, plain, builder.forced)}")
+        if builder.forced is not None:
+            self.forced.append(_forced(node, builder))
         return builder.nodes
+
+
+def _bytes_clause(mine: int, plain: int | None, forced: str | None) -> str:
+    """What an expansion's note says of its bytes: the subgraph's moves against the plain rule's
+    (None: one of those cannot be planned; only a forced expansion is kept then).
+
+    >>> _bytes_clause(432, 720, None)
+    '432 bytes per rank of redistribution instead of 720'
+    >>> _bytes_clause(256, None, "context_parallel='ring' on mesh axis 'cp'")
+    "256 bytes per rank of redistribution; the plain rule's moves cannot be planned (context_parallel='ring' on \
+mesh axis 'cp' asks it)"
+    """
+    why = "" if forced is None else f" ({forced} asks it)"
+    if plain is None:
+        return f"{mine} bytes per rank of redistribution; the plain rule's moves cannot be planned{why}"
+    return f"{mine} bytes per rank of redistribution instead of {plain}{why}"
+
+
+def _forced(node: Node, builder: "_Builder") -> Forced:
+    """The record of the forced expansion of ``node`` that ``builder`` wrote."""
+    reads, comm = {}, {}
+    for part in builder.nodes:
+        specs = tuple(builder.spec(value) for value in part.inputs)
+        reads[part.name] = tuple(Read(value, want, True) if want is not None else
+                                 Read(value, None if spec is None else spec.layout, False)
+                                 for value, spec, want in zip(part.inputs, specs, part.meta[meta.WANTS]))
+        steps = _comm_steps(part, specs)
+        if steps is not None:
+            comm[part.name] = steps
+    return Forced(node.name, node.op, builder.forced, tuple(node.inputs), tuple(p.name for p in builder.nodes),
+                  reads, comm)
+
+
+def _comm_steps(node: Node, specs: Sequence[TensorSpec | None]) -> tuple[tuple[str, int], ...] | None:
+    """The (kind, mesh axis) of each step of an op that is communication (None for a kernel)."""
+    rule = get_rule(node.op, node=node.name)
+    if type(rule).comm_steps is OpRule.comm_steps:
+        return None
+    if any(spec is None for spec in specs):
+        return ()
+    return tuple((step.kind, step.mesh_axis) for step in rule.comm_steps(node.meta[meta.ATTRS], tuple(specs),
+                                                                          node.meta[meta.SPECS]))
+
+
+def unkept(graph: Graph, forced: Forced) -> str | None:
+    """What ``graph`` (the forward holding ``forced``'s parts, moves inserted) does instead of the
+    expansion as written, or None when it runs it so.
+
+    It runs it so when every communication part still takes its steps (the same kinds on the
+    same mesh axes) and no part reads, through a move the expansion did not ask itself, an
+    input placed otherwise on those axes than as written (every axis, for an expansion without
+    communication).  A layout changed on other axes (the batch gathered on dp for a ring on cp,
+    a partial sum reduced before the shift) keeps it.
+    """
+    if any(part not in graph for part in forced.parts):
+        return "its nodes are not in the graph"
+    axes = forced.axes(graph.mesh.ndim)
+    silent, moved = [], []
+    reads: dict[str, list[Layout]] = {}  # the node's inputs, by the layouts the parts read them in
+    for name in forced.parts:
+        part = graph.node(name)
+        specs = [value_spec(graph, value) for value in part.inputs]
+        for value, spec, written in zip(part.inputs, specs, forced.reads[name]):
+            origin = _origin(graph, value)
+            if origin in forced.inputs and spec is not None and spec.layout not in reads.setdefault(origin, []):
+                reads[origin].append(spec.layout)
+            if (origin != value and not written.asked and spec is not None
+                    and not _same_on(spec.layout, written.layout, axes)):
+                moved.append(f"{name} ({part.op}) reads {origin} moved to {spec.layout}")
+        if name in forced.comm:
+            steps = _comm_steps(part, specs)
+            if steps != forced.comm[name]:
+                silent.append((name, part.op, steps))
+    if not silent and not moved:
+        return None
+    said = []
+    written = _read_layouts(forced)
+    changed = {value: (_distinct_on(layouts, axes), _distinct_on(written[value], axes))
+               for value, layouts in reads.items()
+               if written.get(value) and not any(_same_on(now, was, axes) for now in layouts for was in written[value])}
+    if changed:
+        said.append(f"its nodes read {_reads_text(changed)}")
+    said.extend(moved)
+    quiet = [name for name, _, steps in silent if not steps]
+    if quiet:
+        ops = sorted({op for _, op, steps in silent if not steps})
+        said.append(f"{', '.join(quiet)} ({', '.join(ops)}) move nothing")
+    said.extend(f"{name} ({op}) moves by {', '.join(f'{kind}({graph.mesh.names[axis]})' for kind, axis in steps)}"
+                for name, op, steps in silent if steps)
+    return "; ".join(said)
+
+
+def _same_on(a: Layout | None, b: Layout | None, axes: Sequence[int]) -> bool:
+    """Whether layouts ``a`` and ``b`` place the tensor alike on the mesh ``axes``."""
+    if a is None or b is None:
+        return a is b
+    return all(a.placements[axis] == b.placements[axis] for axis in axes)
+
+
+def _distinct_on(layouts: list[Layout], axes: Sequence[int]) -> list[Layout]:
+    """The first of ``layouts`` of each placement on ``axes`` (the ones that differ elsewhere only are one)."""
+    out: list[Layout] = []
+    for layout in layouts:
+        if not any(_same_on(layout, seen, axes) for seen in out):
+            out.append(layout)
+    return out
+
+
+def _read_layouts(forced: Forced) -> dict[str, list[Layout]]:
+    """The layouts the parts read each of the node's inputs in, as the expansion was written."""
+    out: dict[str, list[Layout]] = {}
+    for name in forced.parts:
+        for value, layout, _ in forced.reads[name]:
+            if value in forced.inputs and layout is not None and layout not in out.setdefault(value, []):
+                out[value].append(layout)
+    return out
+
+
+def _reads_text(changed: dict[str, tuple[list[Layout], list[Layout]]]) -> str:
+    """``q, k, v as (R, R), not (S(0), S(1))`` when they changed alike, else ``q as ..., not ...; k as ...``.
+
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> mesh = DeviceMesh((2,), ("cp",))
+    >>> r, s = Layout(mesh, ["R"], 4), Layout(mesh, ["S(2)"], 4)
+    >>> _reads_text({"q": ([r], [s]), "k": ([r], [s])})
+    'q, k as (R), not (S(2))'
+    >>> _reads_text({"q": ([r], [s]), "k": ([r, s], [s])})
+    'q as (R), not (S(2)); k as (R) or (S(2)), not (S(2))'
+    """
+    texts = {value: (" or ".join(map(str, now)), " or ".join(map(str, was))) for value, (now, was) in changed.items()}
+    if len(set(texts.values())) == 1:
+        now, was = next(iter(texts.values()))
+        return f"{', '.join(texts)} as {now}, not {was}"
+    return "; ".join(f"{value} as {now}, not {was}" for value, (now, was) in texts.items())
+
+
+def _origin(graph: Graph, value: str) -> str:
+    """``value``, or the value a chain of inserted moves (``redistribute`` nodes) started from."""
+    while True:
+        producer, _ = graph.producer(value)
+        if producer.op != "redistribute" or not producer.meta.get(meta.INSERTED_BY):
+            return value
+        value = producer.inputs[0]
 
 
 def _candidate(node: Node) -> bool:
@@ -173,18 +360,23 @@ def _candidate(node: Node) -> bool:
     return type(get_rule(node.op, node=node.name)).expand is not OpRule.expand
 
 
-def _move_bytes(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> int | None:
-    """Bytes per rank of the moves ``node``'s rule asks for its inputs (None: some cannot be planned), but
-    those in ``moved`` (``(value, layout)``, added to)."""
+def _priced(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> int | None:
+    """:func:`_move_bytes`, None when one of the moves cannot be planned."""
+    try:
+        return _move_bytes(node, specs, moved)
+    except LayoutPropError:
+        return None
+
+
+def _move_bytes(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> int:
+    """Bytes per rank of the moves ``node``'s rule asks for its inputs, but those in ``moved``
+    (``(value, layout)``, added to); the error of the first one that cannot be planned is raised."""
     total = 0
     for value, spec, want in zip(node.inputs, specs, node.meta[meta.WANTS]):
         if want is None or spec is None or (value, want) in moved:
             continue
         moved.add((value, want))
-        try:
-            total += plan_redistribution(spec, want).bytes_per_rank
-        except LayoutPropError:
-            return None
+        total += plan_redistribution(spec, want).bytes_per_rank
     return total
 
 

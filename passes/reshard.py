@@ -20,8 +20,9 @@ This sweep is greedy: each node's moves are chosen when it is reached.  On graph
 :data:`~layout_prop.planner.solver.GLOBAL_NODES` ops, :func:`layout_prop.api.analyze` (so
 ``check --reshard``, ``run``, ``lower``, ``viz``) also asks the solver of
 :mod:`layout_prop.planner.solver` where to redistribute over the whole graph, and keeps its
-plan when it moves strictly fewer bytes than this sweep; larger graphs keep the sweep (its
-speed is what ``benchmarks/propagate.py`` measures).
+plan when it moves strictly fewer bytes than this sweep (and still runs every expansion the
+spec forces, such as a ring asked for by ``context_parallel='ring'``); larger graphs keep the
+sweep (its speed is what ``benchmarks/propagate.py`` measures).
 
 Examples
 --------

@@ -65,3 +65,23 @@ def test_no_expert_weight_moves_on_ep_in_the_training_step():
 def test_the_expert_parallel_training_step_matches_one_device():
     result = run_graph(_layer(), backward=True)
     assert result.ok, result.mismatches
+
+
+def test_a_strided_shard_is_priced_as_the_gather_it_takes():
+    """The redistribution never re-cuts a strided shard in place (it gathers it, then slices), so
+    the all-to-all price is for plain shards only.  'bij,bjk->bik' on 4 ranks, x cut on the batch
+    b, w a strided cut of its columns k: re-cutting w onto b gathers all of w (3/4 of 4,608 bytes
+    a rank, and again for its gradient: 8,064 in the step), where gathering x and reduce-scattering
+    its gradient moves 2 x 3/4 of 2,304 = 3,456 bytes."""
+    mesh = DeviceMesh((4,), ("tp",))
+    x = TensorSpec((6, 6, 12), "float32", Layout(mesh, ["S(0)"], 3))
+    w = TensorSpec((6, 12, 16), "float32", Layout(mesh, ["_S(2,2)"], 3))
+    res = get_rule("batch_matmul").infer_layout((x, w), {})
+    assert [None if want is None else str(want) for want in res.wants] == ["(R)", None]
+    spec = {"mesh": {"shape": [4], "names": ["tp"]},
+            "inputs": {"x": {"shape": [6, 6, 12], "placements": ["S(0)"]},
+                       "w": {"shape": [6, 12, 16], "placements": ["_S(2,2)"]}},
+            "nodes": [{"name": "y", "op": "batch_matmul", "inputs": ["x", "w"]}], "outputs": ["y"]}
+    a = analyze(load_spec(spec), reshard=True, backward=True)
+    assert a.ok and a.check.total_bytes_per_rank == 3456
+    assert run_graph(load_spec(spec), backward=True).ok

@@ -335,7 +335,8 @@ def _move_cost(spec: TensorSpec, axis: int, have: Placement, want: Placement, al
     activation, cut on a large ``dp`` axis, look costlier to reduce on ``tp`` than gathering a
     weight every rank holds whole on ``dp``: it is not.)  With ``all_to_all``, a move from one
     cut to another costs 1/n of that (n the axis's size): each rank sends its own piece, where a
-    gather receives the whole.
+    gather receives the whole.  Not from or to a strided shard: the redistribution never re-cuts
+    one in place, it gathers and slices.
     """
     if have == want or isinstance(have, Replicate):
         return 0  # nothing, or a free local slice
@@ -344,7 +345,7 @@ def _move_cost(spec: TensorSpec, axis: int, have: Placement, want: Placement, al
     for a, p in enumerate(spec.layout.placements):
         if a != axis and isinstance(p, (Shard, StridedShard)):
             pieces *= spec.mesh.shape[a]
-    if all_to_all and isinstance(have, (Shard, StridedShard)) and isinstance(want, (Shard, StridedShard)):
+    if all_to_all and type(have) is Shard and type(want) is Shard:  # a strided shard is gathered and sliced
         pieces *= spec.mesh.shape[axis]
     return factor * (spec.nbytes // pieces)
 

@@ -85,3 +85,17 @@ def test_a_strided_shard_is_priced_as_the_gather_it_takes():
     a = analyze(load_spec(spec), reshard=True, backward=True)
     assert a.ok and a.check.total_bytes_per_rank == 3456
     assert run_graph(load_spec(spec), backward=True).ok
+
+
+def test_the_fix_of_a_recut_operand_says_it_is_recut():
+    """The cotangent, twice the weight, is re-cut onto the experts (a quarter of it moves, where
+    gathering the weight moves 3/4 of it): the fix says so, not 'all-gather x0 (--reshard does:
+    x1 is at least as large)', which was neither what --reshard does nor true."""
+    mesh = DeviceMesh((4,), ("ep",))
+    cot = TensorSpec((4, 64, 32), "float32", Layout(mesh, ["S(1)"], 3))
+    w = TensorSpec((4, 32, 32), "float32", Layout(mesh, ["S(0)"], 3))
+    res = get_rule("einsum").infer_layout((cot, w), {"equation": "ech,efh->ecf"})
+    assert [None if want is None else str(want) for want in res.wants] == ["(S(0))", None]
+    (v,) = res.violations
+    assert v.hint.startswith("re-cut x0 to S(0) on 'ep' by an all-to-all (--reshard does: x1 stays in place), "
+                             "or all-gather x1 on 'ep' instead"), v.hint

@@ -464,10 +464,17 @@ def _axis_problem(i: int, plan: AxisPlan, operands: Sequence[EinsumOperand], tit
         return ("sharding-mismatch", f"{desc} is sharded on mesh axis {ax} but {holder.describe_dim(d)} is sharded "
                 f"there; in {title} a mesh axis must shard the same letter in every operand that holds it "
                 f"({values})",
-                f"all-gather {op.name} on {ax} (--reshard does: {holder.name} is at least as large, so it stays in "
-                f"place), " + _other_fix(op, holder, have.dim, ax))
+                _holder_fix(op, holder, want, ax) + ", " + _other_fix(op, holder, have.dim, ax))
     return ("sharding-mismatch", f"{desc} is sharded on mesh axis {ax} but {title} needs {want} there ({values})",
             f"give {op.name} {want} on {ax}")
+
+
+def _holder_fix(op, holder, want: Placement, ax: str) -> str:
+    """What --reshard does to ``op``, whose letter on ``ax`` differs from ``holder``'s: re-cut it to the holder's
+    letter (an all-to-all, when that is ``want``), else gather it."""
+    if type(want) is Shard:
+        return f"re-cut {op.name} to {want} on {ax} by an all-to-all (--reshard does: {holder.name} stays in place)"
+    return f"all-gather {op.name} on {ax} (--reshard does: {holder.name} is at least as large, so it stays in place)"
 
 
 def _other_fix(op, holder, dim: int, ax: str) -> str:

@@ -275,6 +275,27 @@ def test_flash_attention_score_attrs_carry_over_and_the_import_runs_on_two_ranks
     assert rep.ok, rep.mismatches or rep.violations
 
 
+@pytest.mark.parametrize("sparse_mode, mask_shape", [(0, (2, 1, 8, 8)), (1, (8, 8))])
+def test_a_uint8_attn_mask_imports_as_bool(sparse_mode, mask_shape):
+    """MindSpore's attn_mask is bool or uint8 (1: masked), uint8 in MindFormers; a constant uint8 mask was
+    read as a graph input of dtype uint8, which no spec takes (bad-dtype at inputs.CNode_N.dtype)."""
+    from .mindspore_cells import FlashAttentionOf
+
+    import mindspore as ms
+    import numpy as np
+
+    mask = ms.Tensor(np.triu(np.ones(mask_shape, np.uint8), 1))
+    t = ms.Tensor(np.ones((2, 8, 16), np.float32))
+    plan = {"mesh": {"shape": [2], "names": ["sp"]}, "inputs": {name: ["S(1)"] for name in "qkv"}}
+    graph = from_cell(FlashAttentionOf(2, mask, input_layout="BSH", sparse_mode=sparse_mode), t, t, t, plan=plan)
+    attn = attention_node(graph)
+    assert len(attn.inputs) == 4
+    (mask_input,) = [n for n in graph.inputs() if n.name == attn.inputs[3]]
+    assert (mask_input.attrs["dtype"], tuple(mask_input.attrs["shape"])) == ("bool", mask_shape)
+    rep = run_graph(graph, backward=True)
+    assert rep.ok, rep.mismatches or rep.violations
+
+
 def test_flash_attention_score_forms_it_cannot_take_are_unmapped_with_a_note_saying_why():
     from layout_prop.core.errors import OpError
 

@@ -612,7 +612,7 @@ class _Reader:
             return
         operands = [q, k, v]
         if attrs["sparse_mode"] in (0, 1) and len(ins) > 6 and self.py.get(ins[6], "tensor") is not None:
-            operands.append(self.tensor(ins[6]))
+            operands.append(self._attn_mask(ins[6]))
         if attrs["keep_prob"] != 1.0:
             self.g.notes.append(f"node {sanitize(name)} (FlashAttentionScore) drops probabilities (keep_prob="
                                 f"{attrs['keep_prob']}): its draws are layout-prop's (the same on every layout), "
@@ -620,6 +620,16 @@ class _Reader:
         y = self.emit(name, "flash_attention_score", operands, out, None, attrs, "FlashAttentionScore",
                       shape=self.g.shape(q), dtype=self.g.values[q].dtype)
         self.tuples[out] = [None, None, None, y]
+
+    def _attn_mask(self, raw: str) -> str:
+        """FlashAttentionScore's attn_mask as an operand: a constant uint8 mask (MindSpore's usual, 1 where a
+        query must not see a key) becomes bool, which ``flash_attention_score`` reads alike (nonzero: masked);
+        uint8 is no dtype a spec takes, and the constant, read as a graph input, was ``bad-dtype``."""
+        name = self.resolve(raw)
+        value = self.py.get(name)
+        if isinstance(value, np.ndarray) and value.dtype == np.uint8:
+            self.py[name] = value.astype(np.bool_)
+        return self.tensor(raw)
 
     def _flash_attrs(self, ins) -> dict:
         """FlashAttentionScore's constants as ``flash_attention_score``'s attrs: head_num, input_layout

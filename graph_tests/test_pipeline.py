@@ -244,7 +244,7 @@ def chunk_layers(pprog) -> list[list[str]]:
 
 def test_gpt_4_layers_on_pp4_uneven_stages_gpipe_matches_one_device():
     """Stages cut mid-layer (chunk 0: embedding and layer 0's attention; 3: layer 3's MLP and the head) and
-    the tied embedding: its gradient from the head goes from stage 3 back to stage 0."""
+    the tied embedding: its gradient from the head goes from stage 3 back to stage 0, once a step."""
     spec = with_pipeline(gpt_spec(layers=4, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, dropout=0.0,
                                   dtype="float64"), 4,
                          {"micro_batches": 2, "schedule": "gpipe", "boundaries": ["l0_h2", "l2_h", "l3_fc1"]})
@@ -255,10 +255,94 @@ def test_gpt_4_layers_on_pp4_uneven_stages_gpipe_matches_one_device():
     assert chunks[3][0] == "l3_fc1" and chunks[3][-1] == "loss"
     assert [len(c) for c in chunks] != [len(chunks[0])] * 4  # uneven
     assert run.in_flight == [2, 2, 2, 2]  # GPipe: all M
-    assert (3, 0) in {mv[2:4] for mv in run.moves}  # the head's gradient of the tied embedding, stage 3 -> 0
+    assert (3, 0) not in {mv[2:4] for mv in run.moves}  # the head's gradient of the tied embedding, stage 3 -> 0,
+    assert [mv[1:4] for mv in run.step_moves] == [(1, 3, 0)]  # once, in the last micro-batch
     text = pprog.format(7)
     assert text.startswith("rank 7 of DeviceMesh(pp=4, dp=1, sp=1, tp=2): stage 3 of 4")
     assert "schedule: F0.3 F1.3 B0.3 B1.3" in text and "permute on pp shift 1: recv from 5" in text
+
+
+def _tied_gpt(pp: int, block: dict, dp: int = 1, tp: int = 2, **blocks) -> dict:
+    spec = with_pipeline(gpt_spec(layers=4, mesh=(("dp", dp), ("sp", 1), ("tp", tp)), batch=8, dropout=0.0,
+                                  dtype="float64"), pp, block)
+    return {**spec, **blocks}
+
+
+@pytest.mark.parametrize("pp, dp, tp, block, blocks", [
+    (2, 1, 2, {"micro_batches": 8, "schedule": "1f1b"}, {}),
+    (2, 2, 2, {"micro_batches": 4, "schedule": "gpipe"}, {}),
+    (2, 1, 2, {"micro_batches": 4, "schedule": "interleaved", "virtual_stages": 2}, {}),
+    (4, 1, 1, {"micro_batches": 4, "schedule": "1f1b"}, {}),
+    (2, 2, 1, {"micro_batches": 4, "schedule": "1f1b"}, {"zero": {"stage": 2, "axes": ["dp"]}}),
+])
+def test_a_tied_embeddings_gradient_crosses_once_a_step_and_matches_one_device(pp, dp, tp, block, blocks):
+    """gen gpt ties the head to the embedding table: the head's gradient term (last stage) is summed over the
+    micro-batches there and sent to the first stage once, before its last micro-batch's backward (Megatron-LM's
+    embedding group all-reduces it once a step), where it was sent every micro-batch; the first stage adds it to
+    its own.  The whole batch's gradients equal one device's."""
+    from layout_prop.commands.pipeline import build
+
+    spec = _tied_gpt(pp, block, dp, tp, **blocks)
+    if blocks:  # the zero: block is applied by the command's build (the pipeline as run and estimate make it)
+        from layout_prop.commands.pipeline import run_pipeline
+
+        built = build(load_spec(spec))
+        pprog = built.program
+        assert run_pipeline(built, 0, "sim")["ok"]
+    else:
+        pprog, run, reference = run_pipelined(spec)
+        assert_matches(run, reference)
+        m = pprog.config.micro_batches
+        assert [mv[:4] for mv in run.step_moves] == [("grad/logits/einsum2", m - 1, pp - 1, 0)]
+        assert all(mv[0] != "grad/logits/einsum2" for mv in run.moves)
+        assert len(run.moves) == m * sum(len(mvs) for mvs in pprog.moves.values())
+    once = [mv for mvs in pprog.step_moves.values() for mv in mvs]
+    assert [(mv.value, mv.src_stage, mv.dst_stage, mv.chunk, mv.phase) for mv in once] == [
+        ("grad/logits/einsum2", pp - 1, 0, 0, "B")]
+    assert all(mv.value != "grad/logits/einsum2" for mvs in pprog.moves.values() for mv in mvs)
+
+
+def test_a_tied_gradient_once_a_step_in_the_rank_program():
+    """The first stage's program says it receives the sum once, the last stage's that it sends it once."""
+    spec = _tied_gpt(2, {"micro_batches": 8, "schedule": "1f1b"})
+    pprog, _, _ = run_pipelined(spec)
+    first, last = pprog.format(0), pprog.format(2)
+    assert ("grad/logits/einsum2 = collective() permute on pp shift -1: recv from 2, 8192 bytes, once a step: in "
+            "micro-batch 7, the sum over the micro-batches (zeros before)") in first
+    assert ("send the sum of grad/logits/einsum2 over the micro-batches, once a step, to stage 0 (rank 0) before "
+            "its last micro-batch's backward chunk 0") in last
+    receives = [r for t in pprog.to_dict(0)["tasks"] for r in t["receives"]]
+    assert [(r["value"], r["once_a_step"]) for r in receives] == [("grad/l1_out/accadd1", False),
+                                                                  ("grad/logits/einsum2", True)]
+    from layout_prop.commands.pipeline import build, format_summary, summary
+
+    text = format_summary(summary(build(load_spec(spec))))
+    assert "moves per micro-batch: 2, 4096 bytes per rank" in text
+    assert text.splitlines()[-1].startswith("once a step: grad/logits/einsum2 summed over the micro-batches, stage "
+                                            "1 -> 0 before the last micro-batch's backward chunk 0, 8192 bytes")
+
+
+def test_only_a_gradient_term_summed_into_parameters_gradients_is_sent_once():
+    """summed_once: the tied head's term qualifies (an add then a reduction, on the receiving stage, into
+    grad/embed); not when grad/embed were not summed over the micro-batches, nor on another receiving stage, nor
+    a forward activation or a stage input's gradient (read by the layer's backward: products, not sums)."""
+    from dataclasses import replace
+
+    from layout_prop.passes.pipeline import summed_once
+
+    graph = load_spec(_tied_gpt(4, {"micro_batches": 2, "schedule": "1f1b"}, tp=1))
+    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    micro, batch_names = micro_batch_graph(graph, config)
+    g = analyze(micro, reshard=True, backward=True).graph
+    pprog = lower_pipeline(g, config, graph.mesh, batch_names, forward_chunks(g, config))
+    p = config.stages
+    grads = set(pprog.grads)
+    (tied,) = [mv for mvs in pprog.step_moves.values() for mv in mvs]
+    assert summed_once(g, tied, grads, p)
+    assert not summed_once(g, tied, grads - {"grad/embed"}, p)
+    assert not summed_once(g, replace(tied, dst_stage=1), grads, p)
+    every = [mv for mvs in pprog.moves.values() for mv in mvs]
+    assert len(every) == 6 and not any(summed_once(g, mv, grads, p) for mv in every)
 
 
 def test_llama_interleaved_2_stages_2_virtual_matches_one_device():
@@ -462,18 +546,21 @@ def test_the_verifier_catches_a_missing_move_and_an_edge_back_in_time():
     assert info.value.code == "pipeline-order"
 
 
-def test_2_stage_pipeline_on_4_msrun_workers_matches_the_simulator_and_one_device(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_2_stage_pipeline_on_4_msrun_workers_matches_the_simulator_and_one_device(tmp_path, tied):
     """gen llama --full, 2 layers, float64, pp=2 x tp=2, 1F1B over 2 micro-batches, one msrun worker a rank
     (passes.pipeline.rank_programs: each rank its own op list, the stage moves as permutes on pp): every
-    gradient and the loss bit-equal to the simulator's pipelined run, and equal to one device."""
+    gradient and the loss bit-equal to the simulator's pipelined run, and equal to one device.  Tied
+    (--tie-embeddings): the head's gradient term crosses once, the last stage's sum, zeros before."""
     pytest.importorskip("mindspore")
     from layout_prop.engines.msrun_engine import MsrunEngine
     from layout_prop.engines.pipeline import gather_rank_results
     from layout_prop.passes.pipeline import rank_programs
 
     spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, full=True,
-                                    dtype="float64"), 2, {"micro_batches": 2})
+                                    dtype="float64", tie_embeddings=tied), 2, {"micro_batches": 2})
     pprog, run, reference = run_pipelined(spec)
+    assert bool(pprog.step_moves) == tied and len(run.step_moves) == tied
     programs = rank_programs(pprog)
     whole = analyze(load_spec(spec), reshard=True, backward=True).graph
     inputs = random_inputs(whole, 0)  # as run_pipelined drew them
@@ -487,7 +574,7 @@ def test_2_stage_pipeline_on_4_msrun_workers_matches_the_simulator_and_one_devic
     results = MsrunEngine(backend="numpy", timeout=120.0, run_dir=tmp_path).execute(programs, given,
                                                                                    wanted=programs.wanted())
     got = gather_rank_results(programs, results)
-    assert set(got) == set(run.values) and len(got) == 22
+    assert set(got) == set(run.values) and len(got) == 22 - tied  # (tied: no head weight)
     for name, value in got.items():
         assert np.array_equal(value, run.values[name]), name
     assert_matches(type(run)(values=got), reference)

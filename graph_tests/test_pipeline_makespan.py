@@ -92,3 +92,22 @@ def test_the_old_pricing_disagrees_with_the_schedule():
     old = par.pipeline_time(t_f + t_b + 2 * d, 4, 16, "1f1b")
     assert simulated("1f1b", 4, 16, 1, t_f, t_b, d, d) == pytest.approx(19 * 45 + 2 * 14 * d)
     assert old == pytest.approx(19 * 45 + 2 * 19 * d)
+
+
+def test_a_move_once_a_step_before_the_last_task_adds_itself():
+    """A tied embedding's gradient, sent once a step before the last micro-batch's backward of chunk 0 (simulate's
+    key (0, "B", m - 1)): the step's last task waits on that input, so the makespan grows by the move, as
+    pipeline_makespan's move_last says, for every schedule on the grid (interleaved: where the rest is exact)."""
+    cases = [(kind, p, m, 1, times) for kind in ("gpipe", "1f1b") for p, m, times in
+             itertools.product(range(2, 6), range(1, 10), GRID_TIMES)]
+    cases += [("interleaved", p, k * p, v, (t_f, t_b, 0.5 * min(t_f, t_b) / v, 0.5 * min(t_f, t_b) / v))
+              for p, v, k, (t_f, t_b) in itertools.product((2, 3, 4), (2, 3), (1, 2, 4), ((1.0, 2.0), (2.0, 1.0)))]
+    for kind, p, m, v, (t_f, t_b, d_f, d_b) in cases:
+        for last in (0.1, 1.0, 7.0):
+            moves = {(c, "F"): d_f for c in range(1, p * v)}
+            moves.update({(c, "B"): d_b for c in range(p * v - 1)})
+            moves[(0, "B", m - 1)] = last
+            expected = simulate(schedule(kind, p, m, v), p, v, t_f, t_b, moves).makespan
+            assert expected == pytest.approx(simulated(kind, p, m, v, t_f, t_b, d_f, d_b) + last, rel=1e-12)
+            got = par.pipeline_makespan(t_f, t_b, p, m, kind, v, d_f, d_b, move_last=last)
+            assert got == pytest.approx(expected, rel=1e-12), (kind, p, m, v, t_f, t_b, d_f, d_b, last)

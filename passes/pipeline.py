@@ -19,10 +19,18 @@ backward, and each node is given a *position* in a micro-batch's life: chunk ``c
 is position ``c``, its backward ``2C - 1 - c`` (:func:`assign_positions`).  Every edge whose
 two ends sit on different stages gets a point-to-point ``permute`` on the pipeline axis
 (:func:`~layout_prop.core.redistribute.permute_step`: forward activations one stage on,
-their gradients one stage back, a tied embedding's gradient from the last stage to the
-first); :func:`verify_pipeline` checks that every edge runs forward in time and crosses
-stages only through a move.  :func:`lower_pipeline` writes the program: the stage mesh's
-SPMD program cut into tasks, the moves before each task, and every stage's schedule.
+their gradients one stage back); :func:`verify_pipeline` checks that every edge runs forward
+in time and crosses stages only through a move.  :func:`lower_pipeline` writes the program:
+the stage mesh's SPMD program cut into tasks, the moves before each task, and every stage's
+schedule.
+
+A move that only feeds the parameters' gradients through sums (:func:`summed_once`: a tied
+embedding's gradient term from the head, on the last stage, to the embedding's on the
+first) is sent once a step, as Megatron-LM all-reduces the embedding group's gradient
+once after the schedule: the sender sums its term over the micro-batches, sends the sum
+before the receiver's task of the last micro-batch, and the receiver reads zeros in its
+place in the earlier ones (the parameter's gradient, summed over the micro-batches, is the
+same; ``M - 1`` messages fewer).
 
 Micro-batches and the loss: each micro-batch's graph computes its loss as the graph says
 (a mean over the micro-batch); the batch's loss is the mean of the ``M`` micro-batch losses
@@ -49,7 +57,8 @@ from .lower import LocalOp, Lower, Program, permute_op
 from .schedule import Task, check_schedule_request, schedule, simulate
 
 __all__ = ["PipelineConfig", "micro_batch_graph", "forward_chunks", "assign_positions", "verify_pipeline",
-           "lower_pipeline", "PipelineProgram", "Move", "POSITION", "CHUNK", "LAYER", "RankPrograms", "rank_programs"]
+           "lower_pipeline", "PipelineProgram", "Move", "POSITION", "CHUNK", "LAYER", "RankPrograms", "rank_programs",
+           "summed_once"]
 
 POSITION = "pipeline_position"  #: node meta: the node's place in a micro-batch's life (see the module docstring)
 CHUNK = "pipeline_chunk"  #: node meta: the model chunk whose task runs the node
@@ -479,6 +488,52 @@ def pipeline_moves(graph: Graph, config: PipelineConfig) -> list[Move]:
             for (value, stage), here in sorted(received.items(), key=lambda kv: (kv[1], kv[0]))]
 
 
+#: ops whose output is linear in each input: a sum of gradient terms, or a layout change (a reduction of partial sums)
+_LINEAR_OPS = frozenset({"add", "redistribute", "identity"})
+#: the partial reductions a linear layout change may hold (a max or min of terms is not linear)
+_LINEAR_REDUCTIONS = frozenset({"sum", "avg"})
+
+
+def _linear_specs(node: Node) -> bool:
+    """Whether none of ``node``'s outputs is a partial max or min (its reduction would not be linear)."""
+    for spec in node.meta.get(meta.SPECS) or ():
+        layout = getattr(spec, "layout", None)
+        for placement in (layout.placements if layout is not None else ()):
+            if placement.is_partial() and placement.reduce_op not in _LINEAR_REDUCTIONS:
+                return False
+    return True
+
+
+def summed_once(graph: Graph, move: Move, grads: set[str], stages: int) -> bool:
+    """Whether ``move`` may be sent once a step, its sender's sum over the micro-batches (module docstring).
+
+    It may when the value is a backward node's (a gradient term) and everything computed from it runs on
+    the receiving stage through sums and layout changes (``add``, ``redistribute``, ``identity``: linear)
+    and ends only in parameters' gradients (``grads``, summed over the micro-batches): each of those is then
+    linear in the value, and the receiver reading the sender's sum in its last micro-batch and zeros in the
+    others gives the same sum over the micro-batches.  A tied embedding's gradient term from the head is
+    such a value (it is added to the embedding's own term, then reduced).
+    """
+    producer = graph.producer(move.value)[0]
+    if producer.is_input or producer.meta.get(meta.INSERTED_BY) != "backward" or not _linear_specs(producer):
+        return False
+    outputs = set(graph.outputs)
+    frontier, seen = [move.value], set()
+    while frontier:
+        value = frontier.pop()
+        if value in outputs and value not in grads:
+            return False
+        for node, _ in graph.consumers(value):
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            if (node.op not in _LINEAR_OPS or node.meta[CHUNK] % stages != move.dst_stage
+                    or not _linear_specs(node)):
+                return False
+            frontier.extend(node.outputs)
+    return True
+
+
 def verify_pipeline(graph: Graph, moves: list[Move], config: PipelineConfig) -> None:
     """Every edge runs forward in a micro-batch's life (the producer's task no later than the
     consumer's) and crosses stages only through a move received by the consumer's task or earlier.
@@ -512,7 +567,9 @@ class PipelineProgram:
     """Each rank's pipelined program: the stage mesh's SPMD ``program`` cut into tasks.
 
     ``tasks[(chunk, phase)]`` are the local ops of that task (in program order), ``inputs`` the
-    input ops, ``moves`` the values each task receives first, ``orders[s]`` stage s's schedule,
+    input ops, ``moves`` the values each task receives first (every micro-batch), ``step_moves`` those
+    it receives once a step, before its last micro-batch (the sender's sum over the micro-batches; zeros
+    stand in before: :func:`summed_once`), ``orders[s]`` stage s's schedule,
     ``batch_inputs`` the inputs cut into micro-batches, ``grads`` the parameters' gradients
     (summed over micro-batches), ``outputs`` the other outputs (scalars: ``config.loss`` over
     micro-batches; others, a batch input's gradient too, concatenated along dim 0).
@@ -530,6 +587,7 @@ class PipelineProgram:
     outputs: list[str]
     stage_inputs: dict[int, list[str]] = field(default_factory=dict)
     run_order: list[tuple[int, Task]] = field(default_factory=list)  # every (stage, task), dependencies first
+    step_moves: dict[tuple[int, str], list[Move]] = field(default_factory=dict)  # received once, summed
 
     @property
     def axis(self) -> int:
@@ -568,20 +626,26 @@ class PipelineProgram:
         """The lowered ``collective`` op of a move: a ``permute`` on the whole mesh."""
         return permute_op(move.value, self.permute(move), move.value, f"pipeline:{move.value}")
 
+    def receives(self, key: tuple[int, str]) -> list[tuple[Move, bool]]:
+        """The moves task ``key`` receives, each with whether it is received once a step."""
+        return ([(mv, False) for mv in self.moves.get(key, ())]
+                + [(mv, True) for mv in self.step_moves.get(key, ())])
+
     def task_names(self, stage: int) -> list[str]:
         return [str(t) for t in self.orders[stage]]
 
     def to_dict(self, rank: int) -> dict:
         """Rank ``rank``'s program as JSON-ready data: its stage, its schedule (``[micro-batch, chunk,
         forward|backward]`` in order), and per task of its chunks the values it receives (with the
-        permute step) and its local ops (:meth:`Program.op_dict` on the stage mesh)."""
+        permute step; ``once_a_step``: the sender's sum, before the last micro-batch) and its local ops
+        (:meth:`Program.op_dict` on the stage mesh)."""
         stage, q = self.stage_of(rank), self.stage_rank(rank)
         c = self.config
         tasks = []
         for chunk in range(stage, c.chunks, c.stages):
             for phase in "FB":
-                receives = [{"value": mv.value, "from_rank": self.rank_at(mv.src_stage, q),
-                             **self.permute(mv).to_dict()} for mv in self.moves.get((chunk, phase), ())]
+                receives = [{"value": mv.value, "from_rank": self.rank_at(mv.src_stage, q), "once_a_step": once,
+                             **self.permute(mv).to_dict()} for mv, once in self.receives((chunk, phase))]
                 ops = [self.program.op_dict(op, q) for op in self.tasks.get((chunk, phase), ())]
                 tasks.append({"chunk": chunk, "phase": "forward" if phase == "F" else "backward",
                               "receives": receives, "ops": ops})
@@ -600,17 +664,22 @@ class PipelineProgram:
         for phase in "FB":
             for chunk in (chunks if phase == "F" else chunks[::-1]):
                 lines.append(f"  task {'forward' if phase == 'F' else 'backward'} chunk {chunk}:")
-                for mv in self.moves.get((chunk, phase), ()):
+                for mv, once in self.receives((chunk, phase)):
                     step = self.permute(mv)
                     peer = self.rank_at(mv.src_stage, q)
+                    when = (f", once a step: in micro-batch {c.micro_batches - 1}, the sum over the micro-batches "
+                            f"(zeros before)" if once else "")
                     lines.append(f"    {mv.value} = collective() permute on {c.axis} shift {mv.shift}: recv from "
-                                 f"{peer}, {step.bytes_per_rank} bytes")
+                                 f"{peer}, {step.bytes_per_rank} bytes{when}")
                 sub = Program(self.program.mesh, list(self.tasks.get((chunk, phase), ())))
                 lines.extend("  " + line for line in sub.format(q).splitlines()[1:])
-        sends = [mv for mvs in self.moves.values() for mv in mvs if mv.src_stage == stage]
-        for mv in sends:
-            lines.append(f"  send {mv.value} to stage {mv.dst_stage} (rank {self.rank_at(mv.dst_stage, q)}) "
-                         f"before its {'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}")
+        sends = [(mv, False) for mvs in self.moves.values() for mv in mvs if mv.src_stage == stage]
+        sends += [(mv, True) for mvs in self.step_moves.values() for mv in mvs if mv.src_stage == stage]
+        for mv, once in sends:
+            what = f"the sum of {mv.value} over the micro-batches, once a step," if once else mv.value
+            task = f"{'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}"
+            lines.append(f"  send {what} to stage {mv.dst_stage} (rank {self.rank_at(mv.dst_stage, q)}) before its "
+                         + (f"last micro-batch's {task}" if once else task))
         return "\n".join(lines)
 
 
@@ -622,6 +691,10 @@ def lower_pipeline(graph: Graph, config: PipelineConfig, mesh: DeviceMesh, batch
     assign_positions(graph, chunks_of, config)
     moves = pipeline_moves(graph, config)
     verify_pipeline(graph, moves, config)
+    # the parameters' gradients are summed over micro-batches; a batch input's gradient, like a forward
+    # output, is one piece per micro-batch (concatenated along dim 0)
+    grads = [v for v in graph.outputs if graph.producer(v)[0].meta.get(meta.GRAD_OF) not in (None, *batch_inputs)]
+    outputs = [v for v in graph.outputs if v not in grads]
     program = Lower().run(graph).program
     position = {n.name: n.meta[POSITION] for n in graph.nodes if not n.is_input}
     tasks: dict[tuple[int, str], list[LocalOp]] = {}
@@ -639,16 +712,15 @@ def lower_pipeline(graph: Graph, config: PipelineConfig, mesh: DeviceMesh, batch
             if value in input_names:
                 stage_inputs.setdefault(chunk % config.stages, set()).add(value)
     by_task: dict[tuple[int, str], list[Move]] = {}
+    once: dict[tuple[int, str], list[Move]] = {}
+    summed = set(grads)
     for mv in moves:
-        by_task.setdefault((mv.chunk, mv.phase), []).append(mv)
-    # the parameters' gradients are summed over micro-batches; a batch input's gradient, like a forward
-    # output, is one piece per micro-batch (concatenated along dim 0)
-    grads = [v for v in graph.outputs if graph.producer(v)[0].meta.get(meta.GRAD_OF) not in (None, *batch_inputs)]
-    outputs = [v for v in graph.outputs if v not in grads]
+        (once if summed_once(graph, mv, summed, config.stages) else by_task).setdefault((mv.chunk, mv.phase),
+                                                                                        []).append(mv)
     orders = schedule(config.schedule, config.stages, config.micro_batches, config.virtual_stages)
     run_order = simulate(orders, config.stages, config.virtual_stages).order()
     return PipelineProgram(mesh, config, program, tasks, inputs, by_task, orders, list(batch_inputs), grads,
-                           outputs, {s: sorted(v) for s, v in stage_inputs.items()}, run_order)
+                           outputs, {s: sorted(v) for s, v in stage_inputs.items()}, run_order, once)
 
 
 
@@ -666,7 +738,10 @@ class RankPrograms:
     The list walks the timed schedule (``run_order``): before each task every rank takes part
     in each move's ``permute`` on the pipeline axis (its group spans every stage: the sender
     gives its piece, the other members a zero placeholder input ``pipeline/zeros/...``; only
-    the receiver keeps the result), then the ranks of the task's stage run its ops.  At the end
+    the receiver keeps the result), then the ranks of the task's stage run its ops.  A move once a
+    step (:attr:`PipelineProgram.step_moves`) is such a ``permute`` before the task's last micro-batch,
+    of the sender's sum (``VALUE@sumK``, ``add`` kernels); in the earlier micro-batches the receiver
+    reads a zero placeholder (``pipeline/zeros/VALUE@mbK``, through ``identity``).  At the end
     each gradient is summed over the micro-batches with ``add`` kernels into its own name.
     A rank that does not hold a wanted value reads a zero placeholder for it.  ``ops``,
     ``specs``, ``collectives`` and ``outputs`` are what the msrun launcher reads (it cuts every
@@ -748,11 +823,25 @@ def rank_programs(pprog: PipelineProgram) -> RankPrograms:
         for task_stage, task in pprog.run_order:
             k = task.micro_batch
             key = (task.chunk, task.phase)
-            for move in pprog.moves.get(key, ()):
+            for move, once in pprog.receives(key):
                 value = f"{move.value}@mb{k}"
                 op = pprog.move_op(move)
+                if once and k < m - 1:  # no message: the receiver reads zeros (the sum arrives in the last)
+                    if stage == move.dst_stage:
+                        zeros = f"pipeline/zeros/{value}"
+                        add(ops, placeholder(zeros, op.specs[0]))
+                        add(ops, LocalOp(f"pipeline/zero-id/{value}", "kernel", "identity", (zeros,), (value,),
+                                         (op.specs[0],), tuple({} for _ in range(mesh.size)), source=move.value))
+                    continue
                 if stage == move.src_stage:
                     source = value
+                    if once:  # the sender's sum over the micro-batches
+                        source = f"{move.value}@mb0"
+                        for j in range(1, m):
+                            total = f"{move.value}@sum{j}"
+                            add(ops, LocalOp(total, "kernel", "add", (source, f"{move.value}@mb{j}"), (total,),
+                                             (op.specs[0],), tuple({} for _ in range(mesh.size)), source=move.value))
+                            source = total
                 else:
                     source = f"pipeline/zeros/{value}"
                     add(ops, placeholder(source, op.specs[0]))

@@ -188,7 +188,8 @@ def simulate(orders: list[list[Task]], stages: int, virtual_stages: int = 1, t_f
     """Time the orders: a task starts when its stage is free and its inputs are there (``F(k, c)``
     after ``F(k, c-1)``; ``B(k, c)`` after ``B(k, c+1)`` and ``F(k, c)``), an input from another
     stage ``t_move`` later (a number, or a mapping ``{(chunk, phase): seconds}``: the moves into that
-    task, 0 where absent).
+    task, 0 where absent; a key ``(chunk, phase, micro_batch)`` adds a move into that micro-batch's
+    task alone, as a move sent once a step, before the last micro-batch's task).
 
     ``t_forward`` and ``t_backward`` are one stage's time for a whole micro-batch (a number: each
     chunk takes ``1/v`` of it), or a sequence of each chunk's own time (uneven stages).
@@ -221,7 +222,8 @@ def simulate(orders: list[list[Task]], stages: int, virtual_stages: int = 1, t_f
                         deps.append((t.micro_batch, t.chunk + 1, "B"))
                 if any(d not in done for d in deps):
                     break
-                move = t_move.get((t.chunk, t.phase), 0.0) if isinstance(t_move, dict) else t_move
+                move = (t_move.get((t.chunk, t.phase), 0.0) + t_move.get((t.chunk, t.phase, t.micro_batch), 0.0)
+                        if isinstance(t_move, dict) else t_move)
                 start = max([free[s]] + [done[d] + (move if d[1] % stages != s else 0.0) for d in deps])
                 end = start + duration[t.phase][t.chunk]
                 line.start[(s, t)], line.end[(s, t)] = start, end

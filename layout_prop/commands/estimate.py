@@ -192,15 +192,18 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
                 else:
                     (forward if phase == "F" else backward)[chunk] += t
     # a task waits for the moves from the stage of the task it follows (F: chunk - 1's, B: chunk + 1's), sent one
-    # after another on the link; a move from another stage (a tied embedding's gradient) was sent earlier
-    moves, t_move = [], {}
-    for (chunk, phase), task_moves in sorted(pprog.moves.items()):
+    # after another on the link; a move from another stage (a tied embedding's gradient) was sent earlier.  A move
+    # once a step (the tied gradient's sum over the micro-batches) delays the last micro-batch's task alone
+    moves, step_moves, t_move = [], [], {}
+    received = [(key, mv, False) for key, mvs in sorted(pprog.moves.items()) for mv in mvs]
+    received += [(key, mv, True) for key, mvs in sorted(pprog.step_moves.items()) for mv in mvs]
+    for (chunk, phase), mv, once in received:
         before = (chunk - 1 if phase == "F" else chunk + 1) % p
-        for mv in task_moves:
-            t = collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis, cluster)
-            moves.append(t)
-            if mv.src_stage == before:
-                t_move[(chunk, phase)] = t_move.get((chunk, phase), 0.0) + t
+        t = collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis, cluster)
+        (step_moves if once else moves).append(t)
+        key = (chunk, phase, m - 1) if once else (chunk, phase)
+        if mv.src_stage == before:
+            t_move[key] = t_move.get(key, 0.0) + t
     timeline = simulate(pprog.orders, p, v, forward, backward, t_move=t_move)
     # memory: the model states by the stage's share of the parameters, the activations its order holds
     from layout_prop.passes.zero import ZeroConfig
@@ -280,7 +283,9 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             "tflops_per_device": tflops, "mfu": tflops * 1e12 / peak if peak else 0.0, "pipeline_s": timeline.makespan,
             "ideal_s": timeline.ideal, "bubble": timeline.bubble,
             "bubble_fraction": bubble_fraction(c.schedule, p, m, v), "moves": len(moves),
-            "move_s": sum(moves), "task_move_s": {f"{ph}{ch}": t for (ch, ph), t in sorted(t_move.items())},
+            "move_s": sum(moves), "step_moves": len(step_moves), "step_move_s": sum(step_moves),
+            "task_move_s": {f"{key[1]}{key[0]}" + (f".mb{key[2]}" if len(key) == 3 else ""): t
+                            for key, t in sorted(t_move.items(), key=lambda kv: (kv[0][:2], len(kv[0])))},
             "chunk_forward_s": forward, "chunk_backward_s": backward,
             "grad_sync_exposed_s": slowest["grad_sync_exposed_s"], "optimizer_s": slowest["optimizer_s"],
             "slowest_stage": slowest["stage"], "memory_per_rank_bytes": busiest["memory_bytes"],
@@ -298,7 +303,9 @@ def format_pipelined(d: dict) -> str:
              f"pipeline stages on {cfg['axis']} ({cfg['schedule']}{v}, {cfg['micro_batches']} micro-batches), "
              f"each stage on {d['stage_mesh']}",
              f"  pipeline       {us(d['pipeline_s'])}  (the schedule simulated with each chunk's times and the "
-             f"moves, {d['moves']} a micro-batch, {us(d['move_s'])}; the busiest stage idles {d['bubble']:.3f} of "
+             f"moves, {d['moves']} a micro-batch, {us(d['move_s'])}"
+             + (f", {d['step_moves']} once a step, {us(d['step_move_s'])}" if d.get("step_moves") else "")
+             + f"; the busiest stage idles {d['bubble']:.3f} of "
              f"its busy time, the closed form's bubble {d['bubble_fraction']:.3f})",
              f"  gradient sync  {us(d['grad_sync_exposed_s'])} exposed  (stage {d['slowest_stage']})",
              f"  optimizer      {us(d['optimizer_s'])}  (AdamW, stage {d['slowest_stage']})"]

@@ -168,6 +168,12 @@ def summary(built: Built, cluster: str = "a100-80g") -> dict:
               "seconds": collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis,
                                          profile)}
              for key in sorted(pprog.moves) for mv in pprog.moves[key]]
+    once = [{"value": mv.value, "from_stage": mv.src_stage, "to_stage": mv.dst_stage,
+             "before": f"the last micro-batch's {'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}",
+             "bytes_per_rank": pprog.permute(mv).bytes_per_rank,
+             "seconds": collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis,
+                                        profile)}
+            for key in sorted(pprog.step_moves) for mv in pprog.step_moves[key]]
     timeline = simulate(pprog.orders, c.stages, c.virtual_stages)
     forward, backward = task_seconds(built, profile)
     move = max((mv["seconds"] for mv in moves), default=0.0)
@@ -176,7 +182,7 @@ def summary(built: Built, cluster: str = "a100-80g") -> dict:
             "micro_batches": c.micro_batches, "ranks": pprog.mesh.size, "stage_mesh": str(pprog.program.mesh),
             "bubble_fraction": bubble_fraction(c.schedule, c.stages, c.micro_batches, c.virtual_stages),
             "simulated_bubble": round(timeline.bubble, 12), "in_flight": in_flight(pprog.orders),
-            "chunks": chunks, "moves": moves, "cluster": profile.name,
+            "chunks": chunks, "moves": moves, "step_moves": once, "cluster": profile.name,
             "bytes_moved_per_micro_batch": sum(mv["bytes_per_rank"] for mv in moves),
             "move_seconds_per_micro_batch": sum(mv["seconds"] for mv in moves),
             "chunk_forward_s": forward, "chunk_backward_s": backward,
@@ -221,6 +227,10 @@ def format_summary(data: dict) -> str:
     for mv in data["moves"]:
         lines.append(f"  {mv['value']}: stage {mv['from_stage']} -> {mv['to_stage']} before {mv['before']}, "
                      f"{mv['bytes_per_rank']} bytes, {mv['seconds'] * 1e6:.1f} us")
+    for mv in data["step_moves"]:  # a tied embedding's gradient: the sender's sum over the micro-batches
+        lines.append(f"once a step: {mv['value']} summed over the micro-batches, stage {mv['from_stage']} -> "
+                     f"{mv['to_stage']} before {mv['before']}, {mv['bytes_per_rank']} bytes, "
+                     f"{mv['seconds'] * 1e6:.1f} us")
     return "\n".join(lines)
 
 

@@ -6,8 +6,10 @@ every dependency: the schedule timed with :func:`~layout_prop.passes.schedule.si
 (forward 1, backward 2), each task at its start time.  Before a task, each value it
 receives crosses the pipeline axis through a real ``permute`` step on the whole mesh
 (the program's ``collective`` op, run by :meth:`Simulator.run_op`: the sender's stage holds the pieces,
-every other stage zeros, and the receiver keeps what arrives).  Then the task's local ops
-run on the stage mesh (:meth:`Simulator.run_op`).
+every other stage zeros, and the receiver keeps what arrives).  A move once a step (``step_moves``,
+a tied embedding's gradient term) crosses only before the task's last micro-batch, carrying the
+sender's sum over the micro-batches; the receiver holds zeros in its place before.  Then the
+task's local ops run on the stage mesh (:meth:`Simulator.run_op`).
 
 Across micro-batches: the gradient outputs are summed on each rank (gradient
 accumulation), scalar forward outputs are combined as ``config.loss`` says (the mean of the
@@ -16,7 +18,7 @@ The loss cotangent each micro-batch's backward starts from is the caller's (give
 by ``1/M`` for a mean: :mod:`layout_prop.passes.pipeline`).
 
 The program is duck-typed here (this room does not import passes): ``mesh``, ``config``,
-``program``, ``tasks``, ``inputs``, ``moves``, ``orders``, ``batch_inputs``, ``grads``,
+``program``, ``tasks``, ``inputs``, ``moves``, ``receives``, ``orders``, ``batch_inputs``, ``grads``,
 ``outputs``, ``stage_inputs``, ``lift``, ``permute``, ``rank_at``.
 """
 
@@ -37,12 +39,14 @@ __all__ = ["execute_pipeline", "PipelineRun", "gather_rank_results"]
 @dataclass
 class PipelineRun:
     """What :func:`execute_pipeline` returns: the assembled ``values`` (global arrays by output
-    name), the ``order`` the tasks ran in (stage, task name) and the ``moves`` made
-    (value, micro-batch, from stage, to stage, bytes per rank)."""
+    name), the ``order`` the tasks ran in (stage, task name), the ``moves`` made every micro-batch
+    and the ``step_moves`` made once a step, in the last micro-batch (each: value, micro-batch,
+    from stage, to stage, bytes per rank)."""
 
     values: dict[str, np.ndarray] = field(default_factory=dict)
     order: list[tuple[int, str]] = field(default_factory=list)
     moves: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    step_moves: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     in_flight: list[int] = field(default_factory=list)
 
 
@@ -99,17 +103,23 @@ def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_in
     for stage, task in pprog.run_order:
         env = envs[stage][task.micro_batch]
         key = (task.chunk, task.phase)
-        for move in pprog.moves.get(key, ()):
+        for move, once in pprog.receives(key):
             if move.dst_stage != stage:
                 continue
             sent = envs[move.src_stage][task.micro_batch][move.value]
+            if once and task.micro_batch < m - 1:  # sent once a step, in the last micro-batch: zeros until then
+                env[move.value] = [np.zeros_like(piece) for piece in sent]
+                continue
+            if once:  # the sender's sum over the micro-batches (all made: a stage runs a task in micro-batch order)
+                sent = [sum(envs[move.src_stage][k][move.value][q] for k in range(m)) for q in range(size)]
             op = pprog.move_op(move)
             whole = {move.value: [sent[pprog.stage_rank(rank)] if pprog.stage_of(rank) == move.src_stage
                                   else np.zeros_like(sent[pprog.stage_rank(rank)])
                                   for rank in range(pprog.mesh.size)]}
             sim.run_op(op, whole, pprog.mesh.size)  # the permute step, as every collective runs
             env[move.value] = [whole[move.value][pprog.rank_at(stage, q)] for q in range(size)]
-            run.moves.append((move.value, task.micro_batch, move.src_stage, stage, op.step.bytes_per_rank))
+            record = (move.value, task.micro_batch, move.src_stage, stage, op.step.bytes_per_rank)
+            (run.step_moves if once else run.moves).append(record)
         for op in pprog.tasks.get(key, ()):
             sim.run_op(op, env, size)
         held[stage] += 1 if task.phase == "F" else -1

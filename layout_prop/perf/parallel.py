@@ -100,13 +100,17 @@ def critical_moves(p: int, m: int, schedule: str, v: int = 1) -> int:
 
 
 def pipeline_makespan(t_forward: float, t_backward: float, p: int, m: int, schedule: str, v: int = 1,
-                      move_forward: float = 0.0, move_backward: float | None = None) -> float:
+                      move_forward: float = 0.0, move_backward: float | None = None, move_last: float = 0.0) -> float:
     """A step's forward and backward through ``p`` uniform stages with a move on every stage-to-stage dependency,
     as :func:`layout_prop.passes.schedule.simulate` times the schedule's task orders.
 
     ``t_forward`` and ``t_backward`` are one micro-batch's forward and backward on a stage (all its ``v``
     chunks); ``move_forward`` the wait of a forward chunk for its input from the previous stage,
-    ``move_backward`` (default the same) of a backward chunk for its gradient from the next.
+    ``move_backward`` (default the same) of a backward chunk for its gradient from the next.  ``move_last`` is
+    what the step's last task (micro-batch ``m - 1``'s first chunk, backward, on stage 0) waits for beyond its
+    backward move: a message sent once a step on the same link, as the pipelined program sends a tied
+    embedding's gradient (the last stage's sum over the micro-batches) before it.  That task waits on its input,
+    so the makespan grows by it: exact against the simulation for every schedule, wherever the rest is.
 
     The makespan is the longest path of the dependency graph (each stage's order, and each chunk's input from
     the previous chunk, a move later).  Every path from the first forward to the last backward (both on stage
@@ -140,6 +144,8 @@ def pipeline_makespan(t_forward: float, t_backward: float, p: int, m: int, sched
     >>> pipeline_makespan(1.0, 2.0, 4, 8, "gpipe", move_forward=0.5), pipeline_makespan(1.0, 2.0, 4, 8, "1f1b",
     ...                   move_forward=0.5, move_backward=1.0)
     (36.0, 45.0)
+    >>> pipeline_makespan(1.0, 2.0, 2, 8, "1f1b", move_forward=0.5, move_last=0.25)  # 27 + 4 x (0.5 + 0.5) + 0.25
+    31.25
     """
     if move_backward is None:
         move_backward = move_forward
@@ -152,7 +158,7 @@ def pipeline_makespan(t_forward: float, t_backward: float, p: int, m: int, sched
         excess = (move_forward + move_backward) / 2 - min(t_forward, t_backward) / v
         if excess > 0:
             moves += (m - p) * (p * v - 1) / p * excess
-    return compute + moves
+    return compute + moves + move_last
 
 
 def inflight_microbatches(p: int, m: int, schedule: str, v: int = 1) -> float:

@@ -1085,14 +1085,14 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
     forward_comm = min(max(busy["fcomm"], 0.0), comm)
     t_f = fwd + forward_comm
     t_b = bwd + comm - forward_comm + recompute
-    pipe = par.pipeline_makespan(t_f, t_b, c.pp, m, c.schedule, c.v, move_f, move_b)
-    still = par.pipeline_makespan(t_f, t_b, c.pp, m, c.schedule, c.v)
+    tied = 0.0
     if c.pp == 2 and model.tie:  # the pipelined program sends the head's gradient of a tied embedding (vocab-sharded
-        # on tp) to the first stage with every micro-batch's backward; with two stages that is the link the first
-        # chunk's input gradient waits on, once on each backward move of the critical path into stage 0's first
-        # chunk (every one for GPipe and 1F1B, one interleaved)
+        # on tp), summed over the micro-batches, to the first stage once a step, before its last backward (passes/
+        # pipeline.py summed_once); with two stages on the link that task's input gradient comes by, as estimate
+        # times it (with more stages it comes from another stage than the one the task follows: not on the path)
         tied = par.p2p_time(model.vocab * model.hidden * model.itemsize / c.tp, cluster, spans_nodes)
-        pipe += tied * (1 if c.schedule == "interleaved" else par.critical_moves(c.pp, m, c.schedule, c.v))
+    pipe = par.pipeline_makespan(t_f, t_b, c.pp, m, c.schedule, c.v, move_f, move_b, move_last=tied)
+    still = par.pipeline_makespan(t_f, t_b, c.pp, m, c.schedule, c.v)
     p2p_exposed = pipe - still
     bubble = still - m * (t_f + t_b)
     dp_axis = order.index("dp")

@@ -162,18 +162,15 @@ def summary(built: Built, cluster: str = "a100-80g") -> dict:
         kernels = [op.source for op in pprog.tasks.get((chunk, "F"), ()) if op.kind == "kernel"]
         chunks.append({"chunk": chunk, "stage": chunk % c.stages, "first": kernels[0] if kernels else None,
                        "last": kernels[-1] if kernels else None, "nodes": len(kernels)})
-    moves = [{"value": mv.value, "from_stage": mv.src_stage, "to_stage": mv.dst_stage,
-              "before": f"{'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}",
-              "bytes_per_rank": pprog.permute(mv).bytes_per_rank,
-              "seconds": collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis,
-                                         profile)}
-             for key in sorted(pprog.moves) for mv in pprog.moves[key]]
-    once = [{"value": mv.value, "from_stage": mv.src_stage, "to_stage": mv.dst_stage,
-             "before": f"the last micro-batch's {'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}",
-             "bytes_per_rank": pprog.permute(mv).bytes_per_rank,
-             "seconds": collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis,
-                                        profile)}
-            for key in sorted(pprog.step_moves) for mv in pprog.step_moves[key]]
+    def move_row(mv, before: str) -> dict:
+        nbytes = pprog.permute(mv).bytes_per_rank
+        return {"value": mv.value, "from_stage": mv.src_stage, "to_stage": mv.dst_stage,
+                "before": f"{before}{'forward' if mv.phase == 'F' else 'backward'} chunk {mv.chunk}",
+                "bytes_per_rank": nbytes,
+                "seconds": collective_time("permute", nbytes, pprog.mesh.shape, pprog.axis, profile)}
+
+    moves = [move_row(mv, "") for key in sorted(pprog.moves) for mv in pprog.moves[key]]
+    once = [move_row(mv, "the last micro-batch's ") for key in sorted(pprog.step_moves) for mv in pprog.step_moves[key]]
     timeline = simulate(pprog.orders, c.stages, c.virtual_stages)
     forward, backward = task_seconds(built, profile)
     move = max((mv["seconds"] for mv in moves), default=0.0)

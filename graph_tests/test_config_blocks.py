@@ -128,9 +128,11 @@ GPT = dict(layers=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=256, h
 
 def test_estimate_of_the_search_output_agrees_with_the_search(tmp_path, capsys):
     """plan --search -o on 16 a100s with 2 pipeline stages writes a spec with its pipeline: block; estimate on
-    it agrees with the search's predicted step within 6% and memory within 3%.  Measured: GPipe dp=8 one
-    sequence a micro-batch +5.2% (memory +1.8%; re-measured once the program summed a stage input's gradient
-    terms before the send; +4.9% and +1.2% before)."""
+    it agrees with the search's predicted step within 7% and memory within 3%.  Measured: GPipe dp=8 one
+    sequence a micro-batch +6.5% (memory +1.8%) since the search synchronises each stage's own parameters (+5.2%
+    before, when the embedding's, position embedding's and final norm's gradients were counted on both stages
+    and made up for part of what the search leaves out here; +4.9% and +1.2% before the program summed a stage
+    input's gradient terms before the send)."""
     model, best = _write(tmp_path, gpt_spec(**GPT), "gpt.yaml"), tmp_path / "best.yaml"
     code, out, err = _cli(["plan", model, "--search", "--cluster", "a100-80g", "--devices", "16", "--global-batch",
                            "64", "--axes", "pp=2", "--top", "1", "--json", "-o", best], capsys)
@@ -142,7 +144,7 @@ def test_estimate_of_the_search_output_agrees_with_the_search(tmp_path, capsys):
     assert code == 0, err
     est = json.loads(out)
     assert est["config"]["pipeline"]["stages"] == 2 and est["config"]["zero"] == spec.meta.get("zero")
-    assert est["step_time_s"] == pytest.approx(top["step_time_s"], rel=0.06)
+    assert est["step_time_s"] == pytest.approx(top["step_time_s"], rel=0.07)
     assert est["memory_per_rank_bytes"] == pytest.approx(top["memory_per_rank_bytes"], rel=0.03)
     # the same FLOPs a step (the search's one-layer counts times the layers, estimate's every chunk's ops)
     searched = top["tflops_per_device"] * 1e12 * top["step_time_s"] * 16
@@ -167,30 +169,39 @@ def _searched_spec(tmp_path, pp: int, limit: int | None, **config):
 
 
 #: (pp, memory limit, configuration, tolerance): estimate of the written spec against the search's step, measured
-#: after the search priced the schedule's critical path (before: the interleaved case +17%, the pp=4 one +31%)
+#: after the search priced the schedule's critical path (before: the interleaved case +17%, the pp=4 one +31%) and
+#: each stage's own parameters for the gradient synchronisation, ZeRO and the optimizer (the embedding on the first,
+#: the final norm on the last, the tied embedding on both; figures before that in brackets)
 AGREEING = [
-    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=2), 0.06),  # -0.7%
-    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="gpipe", micro_batch=2), 0.06),  # +1.0%
-    (2, None, dict(dp=4, tp=2, zero=0, recompute="none", schedule="1f1b", micro_batch=8), 0.06),  # -4.0%
-    (2, 60_000_000, dict(dp=8, tp=1, zero=1, recompute="none", schedule="1f1b", micro_batch=1), 0.06),  # -0.7%
-    (2, 60_000_000, dict(dp=4, cp=2, zero=1, recompute="none", schedule="1f1b", micro_batch=1), 0.06),  # -2.6%
+    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=2), 0.06),  # +0.4% (-0.8%)
+    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="gpipe", micro_batch=2), 0.06),  # +2.2% (+1.0%)
+    (2, None, dict(dp=4, tp=2, zero=0, recompute="none", schedule="1f1b", micro_batch=8), 0.06),  # -3.3% (-4.0%)
+    (2, 60_000_000, dict(dp=8, tp=1, zero=1, recompute="none", schedule="1f1b", micro_batch=1), 0.06),  # +1.0% (-0.7%)
+    (2, 60_000_000, dict(dp=4, cp=2, zero=1, recompute="none", schedule="1f1b", micro_batch=1), 0.06),  # -1.9% (-2.6%)
     # moves as long as a chunk: interleaved v=2 over 2 micro-batches of 4 sequences
-    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="interleaved", v=2, micro_batch=4), 0.06),  # -0.0%
+    (2, None, dict(dp=8, tp=1, zero=0, recompute="none", schedule="interleaved", v=2, micro_batch=4), 0.06),  # +1.1% (-0.0%)
     # with 60 MB a rank the first: interleaved v=2 on dp=4 x tp=2 over 8 micro-batches of 2, moves (32 us each way)
-    # longer than a chunk: the closed form's steady-state term is an approximation there; +0.9% since the program
-    # sums a stage input's gradient terms before the send (one 32 us message back; with two, 64 us: +6.7%)
+    # longer than a chunk: the closed form's steady-state term is an approximation there; +1.6% (+0.9%) since the
+    # program sums a stage input's gradient terms before the send (one 32 us message back; with two, 64 us: +6.7%)
     (2, 60_000_000, dict(dp=4, tp=2, zero=1, recompute="none", schedule="interleaved", v=2, micro_batch=2), 0.08),
-    # 4 stages of one-sequence micro-batches, 19 us moves across nodes against 15 us forward chunks: -8.7%, the
-    # search's uniform stages (each with the embedding and the head) against estimate's own chunk times
+    # 4 stages of one-sequence micro-batches, 19 us moves across nodes against 15 us forward chunks: -8.0% (-8.7%),
+    # the search's uniform stages (each with the embedding's and the head's time) against estimate's own chunk
+    # times
     (4, None, dict(dp=4, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=1), 0.09),
-    # ZeRO-3 on two stages, its latency-bound gathers most of the step: -2.1%, -2.4%, -2.6%, full recomputation
-    # -4.3%; -11.9%, -12.5%, -9.3% and -10.9% while the search gathered every parameter again for the backward (the
-    # program regathers those the gradient reads: no linear bias, every layer's with full recomputation) and hid
-    # the gathers behind the forward and backward without the recomputation
-    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="gpipe", micro_batch=1), 0.05),
-    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="1f1b", micro_batch=1), 0.05),
+    # ZeRO-3 on two stages, its latency-bound gathers most of the step: -0.0%, -0.3%, -1.2%, full recomputation
+    # -3.2% (-2.1%, -2.4%, -2.6%, -4.3% while the search gathered the embedding, the position embedding and the
+    # final norm on both stages: 34 tensors a stage where the program has 32 and 33); -11.9%, -12.5%, -9.3% and
+    # -10.9% while the search gathered every parameter again for the backward (the program regathers those the
+    # gradient reads: no linear bias, every layer's with full recomputation) and hid the gathers behind the forward
+    # and backward without the recomputation
+    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="gpipe", micro_batch=1), 0.02),
+    (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="1f1b", micro_batch=1), 0.02),
     (2, None, dict(dp=8, tp=1, zero=3, recompute="none", schedule="1f1b", micro_batch=8), 0.05),
     (2, None, dict(dp=8, tp=1, zero=3, recompute="full", schedule="1f1b", micro_batch=8), 0.05),
+    # ZeRO-2 on two stages, a reduce-scatter every micro-batch: -1.2% and -0.3% (-3.8% and -2.7% while the search
+    # synchronised the embedding's, the position embedding's and the final norm's gradients on both stages)
+    (2, None, dict(dp=8, tp=1, zero=2, recompute="none", schedule="1f1b", micro_batch=1), 0.02),
+    (2, None, dict(dp=8, tp=1, zero=2, recompute="none", schedule="gpipe", micro_batch=2), 0.02),
 ]
 
 

@@ -185,6 +185,18 @@ class LayerCost:
     ep_sync_s: float  # gradient synchronisation on the ep axis (dense parameters of the expert ranks)
     backward_param_bytes: int = 0  # the parameters the backward reads (ZeRO-3 gathers them again for it)
     backward_param_tensors: int = 0
+    # the parameters outside the layers that only the first stage holds (read before the layers: the embedding and
+    # position embedding) and only the last (read after them: the final norm, an untied head); a tied embedding,
+    # read by both, is on both stages (the pipelined program keeps a copy on each and synchronises both); as
+    # (bytes, tensors, bytes and tensors the backward reads) each; zero for a layer
+    first_param_bytes: int = 0
+    first_param_tensors: int = 0
+    first_backward_param_bytes: int = 0
+    first_backward_param_tensors: int = 0
+    last_param_bytes: int = 0
+    last_param_tensors: int = 0
+    last_backward_param_bytes: int = 0
+    last_backward_param_tensors: int = 0
 
 
 @dataclass
@@ -927,6 +939,16 @@ def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
     activations = _saved_bytes(graph)
     read_back = _backward_read(graph, params)
     act_in = 0  # set by the cache from the micro-batch (a layer's input: _boundary_bytes)
+    ends = _end_parameters(graph, params)
+
+    def sizes(names: list[str]) -> dict[str, int]:
+        back = [name for name in names if name in read_back]
+        return {"param_bytes": sum(value_spec(graph, name).local_nbytes(0) for name in names),
+                "param_tensors": len(names),
+                "backward_param_bytes": sum(value_spec(graph, name).local_nbytes(0) for name in back),
+                "backward_param_tensors": len(back)}
+
+    split = {f"{end}_{key}": value for end in ("first", "last") for key, value in sizes(ends[end]).items()}
     return LayerCost(forward_s=est.forward_s, backward_s=est.backward_s, comm_s=comm,
                      forward_comm_s=full.recompute_s - est.forward_s, attention_core_s=core_s,
                      param_bytes=param_bytes, param_tensors=len(params), expert_param_bytes=expert_bytes,
@@ -934,7 +956,40 @@ def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
                      attention_core_bytes=core_bytes, input_bytes=act_in, flops=est.flops_per_step,
                      ep_sync_s=est.grad_sync_s,
                      backward_param_bytes=sum(value_spec(graph, name).local_nbytes(0) for name in read_back),
-                     backward_param_tensors=len(read_back))
+                     backward_param_tensors=len(read_back), **split)
+
+
+def _end_parameters(graph: Graph, params: list[str]) -> dict[str, list[str]]:
+    """The parameters outside the numbered layers read only before them (``first``: the embedding, the position
+    embedding) and only after them (``last``: the final norm, an untied head), as the pipeline cuts them onto its
+    first and last stage; a parameter read on both sides (a tied embedding) is in neither.  A parameter's readers
+    are followed through the redistributions made for them."""
+    order = {node.name: i for i, node in enumerate(graph.topo_order())}
+
+    def readers(value: str) -> list[int]:
+        found = []
+        for consumer, _ in graph.consumers(value):
+            if _is_backward(consumer):
+                continue
+            if consumer.op == "redistribute":
+                found += [i for out in consumer.outputs for i in readers(out)]
+            else:
+                found.append(order[consumer.name])
+        return found
+
+    inside = [i for name in params if _LAYER_NUMBER.match(name) for i in readers(name)]
+    ends: dict[str, list[str]] = {"first": [], "last": []}
+    if not inside:
+        return ends
+    start, stop = min(inside), max(inside)
+    for name in params:
+        if _LAYER_NUMBER.match(name):
+            continue
+        at = readers(name)
+        before, after = any(i < start for i in at), any(i > stop for i in at)
+        if before != after:
+            ends["first" if before else "last"].append(name)
+    return ends
 
 
 def _backward_read(graph: Graph, params: list[str]) -> list[str]:
@@ -1025,14 +1080,48 @@ def stage_mixes(layers: int, dense: int, pp: int) -> list[tuple[int, int]]:
     return mixes
 
 
+def stage_positions(layers: int, dense: int, pp: int) -> list[tuple[int, int, bool, bool]]:
+    """The distinct (main layers, dense layers, first, last) of the stages, as :func:`stage_mixes` with whether the
+    stage is the first (it holds the embedding) and the last (the final norm and the head).
+
+    >>> stage_positions(4, 0, 2), stage_positions(4, 0, 1)
+    ([(2, 0, True, False), (2, 0, False, True)], [(4, 0, True, True)])
+    >>> stage_positions(61, 3, 16)
+    [(1, 3, True, False), (4, 0, False, False), (1, 0, False, True)]
+    """
+    per_stage = par.ceil_div(layers, pp)
+    found = []
+    for s, first in enumerate(range(0, layers, per_stage)):
+        last = min(first + per_stage, layers)
+        n_dense = max(0, min(last, dense) - first)
+        key = (last - first - n_dense, n_dense, s == 0, last == layers)
+        if key not in found:
+            found.append(key)
+    return found
+
+
+def _rest_on_stage(rest: LayerCost, field_: str, first: bool, last: bool) -> float:
+    """``rest``'s parameter figure ``field_`` (param_bytes, param_tensors, backward_param_bytes or
+    backward_param_tensors) held by a stage: the first stage's own, the last stage's own, and the shared ones (a
+    tied embedding) on both; a middle stage holds none."""
+    own_first, own_last = getattr(rest, "first_" + field_), getattr(rest, "last_" + field_)
+    shared = getattr(rest, field_) - own_first - own_last
+    return (own_first if first else 0) + (own_last if last else 0) + (shared if first or last else 0)
+
+
 def _stage(c: Config, layer: LayerCost, dense: LayerCost | None, rest: LayerCost, n_main: int,
-           n_dense: int) -> dict[str, float]:
-    """One micro-batch through a stage of ``n_main`` main and ``n_dense`` dense layers, with the embedding and head
-    (on the first and last stage; counted on every stage: an overestimate of at most the smaller of the two)."""
+           n_dense: int, first: bool = True, last: bool = True) -> dict[str, float]:
+    """One micro-batch through a stage of ``n_main`` main and ``n_dense`` dense layers.  The embedding's and head's
+    time is counted on every stage (on the first and last stage in the program: an overestimate of at most the
+    smaller of the two); their parameters on the stage that holds them (``first``, ``last``: the embedding on the
+    first, the final norm and head on the last, a tied embedding on both), for the gradient synchronisation, the
+    optimizer and the model states."""
     kinds = [(layer, n_main)] + ([(dense, n_dense)] if dense is not None and n_dense else [])
+    held = ("param_bytes", "param_tensors", "backward_param_bytes", "backward_param_tensors")
 
     def total(field_: str) -> float:
-        return sum(n * getattr(k, field_) for k, n in kinds) + getattr(rest, field_)
+        own = _rest_on_stage(rest, field_, first, last) if field_ in held else getattr(rest, field_)
+        return sum(n * getattr(k, field_) for k, n in kinds) + own
 
     # the parameters ZeRO-3 gathers again for the backward: those the gradient reads, and with full recomputation
     # every layer's (the recomputed forward reads them all; the embedding and head are not recomputed)
@@ -1040,8 +1129,10 @@ def _stage(c: Config, layer: LayerCost, dense: LayerCost | None, rest: LayerCost
     if c.recompute == "full":
         recompute = sum(n * (k.forward_s + k.forward_comm_s) for k, n in kinds)
         kept = sum(n * k.input_bytes for k, n in kinds)
-        read_back = (sum(n * k.param_bytes for k, n in kinds) + rest.backward_param_bytes,
-                     sum(n * k.param_tensors for k, n in kinds) + rest.backward_param_tensors)
+        read_back = (sum(n * k.param_bytes for k, n in kinds) + total("backward_param_bytes")
+                     - sum(n * k.backward_param_bytes for k, n in kinds),
+                     sum(n * k.param_tensors for k, n in kinds) + total("backward_param_tensors")
+                     - sum(n * k.backward_param_tensors for k, n in kinds))
     elif c.recompute == "selective":
         recompute = sum(n * k.attention_core_s for k, n in kinds)
         kept = sum(n * max(k.activation_bytes - k.attention_core_bytes, 0) for k, n in kinds)
@@ -1074,8 +1165,8 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
         spans_nodes = axis_span(shape, order.index("pp"), cluster.devices_per_node)[1] > 1
         move_f = par.p2p_time(sent, cluster, spans_nodes)
         move_b = move_f
-    stages = [_stage(c, layer, dense, rest, n_main, n_dense)
-              for n_main, n_dense in stage_mixes(model.layers, model.dense_layers if dense is not None else 0, c.pp)]
+    stages = [_stage(c, layer, dense, rest, n_main, n_dense, first, last) for n_main, n_dense, first, last
+              in stage_positions(model.layers, model.dense_layers if dense is not None else 0, c.pp)]
     # the pipeline runs at its busiest stage's pace
     busy = max(stages, key=lambda st: st["fwd"] + st["bwd"] + st["comm"] + st["recompute"])
     fwd, bwd, comm, recompute = busy["fwd"], busy["bwd"], busy["comm"], busy["recompute"]

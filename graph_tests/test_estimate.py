@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -197,6 +198,72 @@ def test_cli_estimate_json_and_bad_input(tmp_path, capsys):
             (["--cluster", "tpu-v9"], "unknown-cluster")):
         code, out, err = _cli(["estimate", str(spec), *argv], capsys)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and code_want in err, (argv, err)
+
+
+#: a time as estimate prints it: the number, its unit
+_TIME = re.compile(r"(-?[\d,]+(?:\.(\d+))?) (ns|us|ms)\b")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3}
+
+
+def _times(line: str) -> list[tuple[float, float]]:
+    """Every time printed in ``line``, each as (seconds, half of its last printed digit in seconds)."""
+    found = []
+    for number, decimals, unit in _TIME.findall(line):
+        scale = _UNITS[unit]
+        found.append((float(number.replace(",", "")) * scale, 0.5 * 10 ** -len(decimals) * scale + 1e-15))
+    return found
+
+
+def _reads_back(line: str, *values: float) -> None:
+    times = _times(line)
+    assert len(times) == len(values), line
+    for (printed, tolerance), value in zip(times, values):
+        assert abs(printed - value) <= tolerance, (line, value)
+
+
+def test_a_small_model_s_estimate_prints_its_times_in_the_unit_that_shows_them(tmp_path, capsys):
+    """gen llama on 8 A100s printed 'compute 0.000 ms (forward 0.000 ms, ...)', '0.0 TFLOP/s per device, MFU 0.0%'
+    and op times like '0.018 ms': each time now reads back as the JSON's to its printed precision (us, ns below a
+    millisecond), the rate is not 0.0 and the MFU says '<0.1%'."""
+    path = tmp_path / "llama.yaml"
+    assert main(["gen", "llama", "-o", str(path)]) == 0
+    code, text, err = _cli(["estimate", str(path), "--cluster", "a100-80g"], capsys)
+    assert code == 0, err
+    code, out, err = _cli(["estimate", str(path), "--cluster", "a100-80g", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    parts = data["breakdown"]
+    lines = text.splitlines()
+    assert "0.000 ms" not in text and "0.0 TFLOP/s" not in text, text
+    assert data["step_time_s"] < 1e-3 and 0 < parts["forward_s"] < 1e-6  # (us and ns: a toy)
+    _reads_back(lines[0], data["step_time_s"])
+    _reads_back(lines[1], data["compute_s"], parts["forward_s"], parts["backward_s"], parts["recompute_s"])
+    _reads_back(lines[2], data["communication_s"], parts["grad_sync_s"], parts["grad_sync_exposed_s"])
+    optimizer = next(line for line in lines if line.startswith("  optimizer"))
+    _reads_back(optimizer, data["optimizer_s"])
+    ops = lines[lines.index("most expensive ops (per step):") + 1:][:len(data["top_ops"])]
+    for line, op in zip(ops, data["top_ops"]):
+        _reads_back(line, op["seconds"])
+    rate = next(line for line in lines if "TFLOP/s per device" in line)
+    assert 0 < data["mfu"] < 0.0005 and "MFU <0.1%" in rate, rate
+    assert float(rate.split()[0]) == pytest.approx(data["tflops_per_device"], rel=0.05), rate
+
+
+def test_a_large_estimate_keeps_its_milliseconds_and_counts_get_separators(tmp_path, capsys):
+    """From a millisecond up a time prints as it always did (three decimals of ms: the docs' transcripts of large
+    models), and 2^23 accumulation steps print as '8,388,608', not '8388608'."""
+    from layout_prop.commands.estimate import _mfu, _tflops, _time
+
+    assert [_time(t) for t in (5.5064, 0.0010004, 0.00099951, 31.13)] == [
+        "5,506.400 ms", "1.000 ms", "1.000 ms", "31,130.000 ms"]
+    assert [_time(t) for t in (0.000999, 1.8e-5, 4.2e-9, 0.0)] == ["999.0 us", "18.0 us", "4.2 ns", "0 ms"]
+    assert (_tflops(125.06), _mfu(0.4012), _mfu(0.0)) == ("125.1", "40.1%", "0.0%")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(SPEC)
+    code, out, err = _cli(["estimate", str(spec), "--cluster", "a100-80g", "--global-batch", str(2**24),
+                           "--micro-batch", "1"], capsys)
+    assert code == 0, err
+    assert "(8,388,608 accumulation steps)" in out.splitlines()[0], out
 
 
 def test_builtin_profiles_name_a_source_for_every_figure():

@@ -300,7 +300,7 @@ def format_pipelined(d: dict) -> str:
     cfg = d["config"]["pipeline"]
     v = f", {cfg['virtual_stages']} virtual stages" if cfg["virtual_stages"] > 1 else ""
     lines = [f"step time {us(d['step_time_s'])} on {d['devices']:,} devices of {d['cluster']}: {cfg['stages']} "
-             f"pipeline stages on {cfg['axis']} ({cfg['schedule']}{v}, {cfg['micro_batches']} micro-batches), "
+             f"pipeline stages on {cfg['axis']} ({cfg['schedule']}{v}, {cfg['micro_batches']:,} micro-batches), "
              f"each stage on {d['stage_mesh']}",
              f"  pipeline       {us(d['pipeline_s'])}  (the schedule simulated with each chunk's times and the "
              f"moves, {d['moves']} a micro-batch, {us(d['move_s'])}"
@@ -321,35 +321,76 @@ def format_pipelined(d: dict) -> str:
     if recompute["mode"] != "none":
         lines.append(f"  recompute {recompute['mode']}" + (f" of {', '.join(recompute['layers'])}"
                                                             if recompute["layers"] else ""))
-    lines.append(f"{d['tflops_per_device']:,.1f} TFLOP/s per device, MFU {d['mfu']:.1%} (the graph's FLOPs executed)")
+    lines.append(f"{_tflops(d['tflops_per_device'])} TFLOP/s per device, MFU {_mfu(d['mfu'])} (the graph's FLOPs "
+                 "executed)")
     lines.append(f"memory per rank {d['memory_per_rank_bytes']:,} bytes on stage {d['busiest_stage']} "
                  f"(device: {d['hbm_bytes']:,})")
     lines += [f"note: {note}" for note in d["notes"]]
     return "\n".join(lines)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.3f} ms"
+def _time(seconds: float) -> str:
+    """A time of the estimate in the unit that shows it: ms to three decimals from a millisecond up (as estimate
+    always printed them, so large models' transcripts stay), below in plan --search's us or ns
+    (:func:`~layout_prop.planner.search.format_seconds`: ``0.000 ms`` said nothing on small models); an exact
+    zero (no recomputation) is ``0 ms``.
+
+    >>> _time(5.5064), _time(0.0010004), _time(0.00099951), _time(1.8e-5), _time(4.2e-9), _time(0.0)
+    ('5,506.400 ms', '1.000 ms', '1.000 ms', '18.0 us', '4.2 ns', '0 ms')
+    """
+    from layout_prop.planner.search import format_seconds
+
+    if seconds == 0:
+        return "0 ms"
+    if abs(seconds) >= 0.9995e-3:  # (0.9995 ms and up printed '1.000 ms' before: they still do)
+        return f"{seconds * 1e3:,.3f} ms"
+    return format_seconds(seconds)
+
+
+def _tflops(value: float) -> str:
+    """TFLOP/s per device to one decimal, as before, or to two significant digits where one decimal would
+    round a non-zero rate to ``0.0`` (a small model's).
+
+    >>> _tflops(125.06), _tflops(0.0123), _tflops(0.00004567), _tflops(0.0)
+    ('125.1', '0.012', '0.000046', '0.0')
+    """
+    import math
+
+    text = f"{value:,.1f}"
+    if value > 0 and text == "0.0":
+        text = f"{value:.{1 - math.floor(math.log10(value))}f}"
+    return text
+
+
+def _mfu(value: float) -> str:
+    """The model FLOPs utilisation to a tenth of a percent, ``<0.1%`` where that would round a non-zero
+    utilisation to ``0.0%``.
+
+    >>> _mfu(0.4012), _mfu(0.00004), _mfu(0.0)
+    ('40.1%', '<0.1%', '0.0%')
+    """
+    text = f"{value:.1%}"
+    return "<0.1%" if value > 0 and text == "0.0%" else text
 
 
 def format_estimate(e) -> str:
     """The estimate as text: the step, its parts, the exposed collectives per mesh axis, the top ops."""
-    lines = [f"step time {_ms(e.step_time_s)} on {e.devices:,} devices of {e.cluster} "
-             f"({e.accumulation} accumulation step{'s' if e.accumulation != 1 else ''})",
-             f"  compute        {_ms(e.compute_s)}  (forward {_ms(e.forward_s)}, backward {_ms(e.backward_s)}, "
-             f"recompute {_ms(e.recompute_s)})",
-             f"  communication  {_ms(e.communication_s)} exposed  (gradient sync {_ms(e.grad_sync_s)}, of it exposed "
-             f"{_ms(e.grad_sync_exposed_s)})"]
+    lines = [f"step time {_time(e.step_time_s)} on {e.devices:,} devices of {e.cluster} "
+             f"({e.accumulation:,} accumulation step{'s' if e.accumulation != 1 else ''})",
+             f"  compute        {_time(e.compute_s)}  (forward {_time(e.forward_s)}, backward "
+             f"{_time(e.backward_s)}, recompute {_time(e.recompute_s)})",
+             f"  communication  {_time(e.communication_s)} exposed  (gradient sync {_time(e.grad_sync_s)}, of it "
+             f"exposed {_time(e.grad_sync_exposed_s)})"]
     for axis, kinds in sorted(e.communication.items()):
-        parts = ", ".join(f"{kind} {_ms(t)}" for kind, t in sorted(kinds.items()))
+        parts = ", ".join(f"{kind} {_time(t)}" for kind, t in sorted(kinds.items()))
         lines.append(f"    {axis}: {parts}")
     if e.zero_stage:
-        lines.append(f"  ZeRO stage {e.zero_stage}: parameter all-gathers {_ms(e.zero_gather_s)} (in the sync)")
-    lines += [f"  optimizer      {_ms(e.optimizer_s)}  (AdamW)",
-              f"{e.tflops_per_device:,.1f} TFLOP/s per device, MFU {e.mfu:.1%} (the graph's FLOPs executed)",
+        lines.append(f"  ZeRO stage {e.zero_stage}: parameter all-gathers {_time(e.zero_gather_s)} (in the sync)")
+    lines += [f"  optimizer      {_time(e.optimizer_s)}  (AdamW)",
+              f"{_tflops(e.tflops_per_device)} TFLOP/s per device, MFU {_mfu(e.mfu)} (the graph's FLOPs executed)",
               f"memory per rank {e.memory_per_rank_bytes:,} bytes (device: {e.hbm_bytes:,})",
               "most expensive ops (per step):"]
     for op in e.top_ops:
-        lines.append(f"  {_ms(op['seconds']):>14}  {op['name']} ({op['op']}, {op['phase']})")
+        lines.append(f"  {_time(op['seconds']):>14}  {op['name']} ({op['op']}, {op['phase']})")
     lines += [f"note: {note}" for note in e.notes]
     return "\n".join(lines)

@@ -913,6 +913,40 @@ def test_absurd_flag_values_are_one_line(capsys, argv, fragment):
     assert out == "" and fragment in line and len(line) < 500, line
 
 
+@pytest.mark.parametrize("argv,flag", [
+    (["estimate", "SPEC", "--cluster", "a100-80g", "--global-batch", "\u0661\u0666", "--micro-batch", "1"],
+     "--global-batch"),
+    (["estimate", "SPEC", "--cluster", "a100-80g", "--global-batch", "1_6", "--micro-batch", "1"], "--global-batch"),
+    (["plan", "SPEC", "--search", "--cluster", "a100-80g", "--devices", "4", "--global-batch", "\u0661\u0666"],
+     "--global-batch"),
+    (["plan", "SPEC", "--search", "--cluster", "a100-80g", "--devices", "\u0664", "--global-batch", "16"],
+     "--devices"),
+    (["plan", "SPEC", "--search", "--cluster", "a100-80g", "--devices", "4", "--global-batch", "16", "--top", "\uff15"],
+     "--top"),
+    (["estimate", "SPEC", "--cluster", "a100-80g", "--zero", "\u0661"], "--zero"),
+    (["gen", "llama", "--layers", "\u0662"], "--layers"),
+    (["gen", "llama", "--batch", "+2"], "--batch"),
+    (["gen", "llama", "--batch", " 2"], "--batch"),
+    (["lower", "SPEC", "--rank", "\u0660"], "--rank"),
+], ids=lambda v: "-".join(v[-2:]).encode("ascii", "backslashreplace").decode() if isinstance(v, list) else None)
+def test_integer_flags_take_ascii_digits_only(capsys, argv, flag):
+    # int() took '١٦' (Arabic-Indic digits) as 16, '1_6' as 16 and a plus or blanks: each is a usage error now
+    argv = [str(EXAMPLES / "rpe" / "dp_sp.yaml") if a == "SPEC" else a for a in argv]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert out == "" and line.startswith(f"layout-prop: error: bad-usage: argument {flag}: ") and \
+        "is not an integer" in line, line
+
+
+def test_integer_flags_still_take_their_numbers(capsys):
+    from layout_prop.cli import _ascii_int
+
+    assert [_ascii_int(t) for t in ("0", "16", "-1", "0016")] == [0, 16, -1, 16]
+    assert main(["lower", str(EXAMPLES / "rpe" / "dp_sp.yaml"), "--rank", "-1"]) == 2  # the command's own refusal
+    assert "invalid-rank" in one_error_line(capsys.readouterr().err)
+
+
 def test_size_flags_are_exact():
     from layout_prop.cli import _memory_size
     from layout_prop.commands.plan import parse_bytes

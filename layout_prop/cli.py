@@ -266,7 +266,7 @@ def _parser() -> argparse.ArgumentParser:
                     "attention core (default: the spec's recompute block, else none)")
     es.add_argument("--recompute-layers", metavar="L0,L1", help="recompute only these layers (full unless "
                     "--recompute selective)")
-    es.add_argument("--zero", type=int, choices=[0, 1, 2, 3], metavar="STAGE", help="ZeRO stage 0-3 over every "
+    es.add_argument("--zero", type=_non_negative_int, choices=[0, 1, 2, 3], metavar="STAGE", help="ZeRO stage 0-3 over every "
                     "data-parallel mesh axis (dp, data, fsdp; default: the spec's zero block, else 0)")
     es.add_argument("--no-overlap", action="store_true",
                     help="expose the whole gradient synchronisation (default: overlapped with the backward)")
@@ -307,7 +307,7 @@ def _parser() -> argparse.ArgumentParser:
 
     lo = sub.add_parser("lower", help="print one rank's local subgraph")
     lo.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
-    lo.add_argument("--rank", type=int, required=True, help="the rank to print")
+    lo.add_argument("--rank", type=_integer, required=True, help="the rank to print")
     lo.add_argument("--backward", action="store_true", help="lower the joint forward and backward graph")
     lo.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
     lo.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
@@ -398,11 +398,32 @@ def _add_plan_parser(sub) -> None:
     p.add_argument("--axes", metavar="AXIS=N,...", help="with --search: degrees kept fixed, like tp=8,pp=8")
 
 
-def _non_negative_int(text: str) -> int:
+def _ascii_int(text: str) -> int:
+    """``int(text)`` for ASCII digits after an optional minus, else ``ValueError``: ``int`` alone also takes
+    other scripts' digits (``'١٢'`` is 12), underscores (``'1_000'``), a plus and surrounding blanks.
+
+    >>> _ascii_int("512"), _ascii_int("-1")
+    (512, -1)
+    >>> _ascii_int("1_000")
+    Traceback (most recent call last):
+    ValueError: '1_000' is not written in ASCII digits
+    """
+    digits = text[1:] if text.startswith("-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"{text!r} is not written in ASCII digits")
+    return int(text)
+
+
+def _integer(text: str) -> int:
+    """An integer flag's value (``lower --rank``: the command says which are ranks), in ASCII digits."""
     try:
-        value = int(text)
+        return _ascii_int(text)
     except ValueError:  # also more than 4,300 digits
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not an integer") from None
+
+
+def _non_negative_int(text: str) -> int:
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value
@@ -521,7 +542,7 @@ def _memory_size(text: str) -> int:
 
 def _mesh_arg(text: str) -> tuple[int, ...]:
     try:
-        shape = tuple(int(p) for p in text.lower().split("x"))
+        shape = tuple(_ascii_int(p) for p in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"mesh {text!r} is not like 2x2") from None
     if not shape or any(s < 1 for s in shape):
@@ -533,7 +554,7 @@ def _samples_arg(text: str) -> int | str:
     if text == "all":
         return text
     try:
-        n = int(text)
+        n = _ascii_int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"samples must be 'all' or a number, got {text!r}") from None
     if n < 1:

@@ -295,6 +295,21 @@ def test_export_refuses_an_unknown_input_and_a_model_without_plan(capsys):
     assert "missing-plan" in capsys.readouterr().err
 
 
+def test_export_refuses_an_input_named_twice(capsys, tmp_path):
+    """'--input x --input x' was taken silently: a name given twice is one line, exit 2, nothing written (as a
+    value listed twice in a spec's outputs, or an axis twice in plan --search --axes)."""
+    out = tmp_path / "out.py"
+    capsys.readouterr()
+    argv = ["export", str(EXAMPLES / "llama_block.yaml"), "--to", "hyper-parallel", "-o", str(out)]
+    assert main(argv + ["--input", "x", "--input", "cos", "--input", "x"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and not out.exists()
+    assert lines == ["layout-prop: error: duplicate-input at --input: 'x' is given twice "
+                     "(hint: name each model input once)"], lines
+    assert main(argv + ["--input", "x", "--input", "cos"]) == 0, capsys.readouterr().err
+
+
 MLP_SPEC = """
 mesh: {shape: [2, 2], names: [dp, tp]}
 inputs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["run", "export_text"]
+__all__ = ["run", "export_text", "check_inputs"]
 
 
 def _writers():
@@ -53,6 +53,29 @@ def _with_input_hint(err, guessed: bool):
     return type(err)(err.code, err.message, path=err.path, node=err.node, input=err.input, hint=hint)
 
 
+def check_inputs(names) -> None:
+    """Refuse a ``--input`` named twice (``duplicate-input``, one line, exit 2), as a spec refuses a value
+    listed twice in ``outputs`` and ``plan --search`` an axis given twice in ``--axes``.
+
+    >>> from layout_prop.core.errors import SpecError
+    >>> check_inputs(None), check_inputs(["x", "cos", "sin"])
+    (None, None)
+    >>> try:
+    ...     check_inputs(["x", "cos", "x"])
+    ... except SpecError as err:
+    ...     print(err.code, err.message)
+    duplicate-input 'x' is given twice
+    """
+    from layout_prop.core.errors import SpecError, cut
+
+    seen = set()
+    for name in names or ():
+        if name in seen:
+            raise SpecError("duplicate-input", f"{cut(name)} is given twice", path="--input",
+                            hint="name each model input once")
+        seen.add(name)
+
+
 def _load(args):
     """The graph of ``args.spec``: a spec as every command loads it, a model through the importer's
     ``build_graph`` (which records the model's own weight names, so its inputs are told from its parameters)."""
@@ -79,6 +102,7 @@ def run(args) -> int:
     from layout_prop.io.output import check_output, write_output
     from layout_prop.interop.export_plan import format_data, own_parameters, unmarked_inputs_note
 
+    check_inputs(args.input)  # a flag's mistake is said before the model is read
     for path in (args.output, args.data):  # where the files go is checked before the work (as plan -o)
         if path is not None:
             check_output(path)

@@ -621,3 +621,61 @@ def test_a_final_graph_that_does_not_run_the_ring_says_so_in_the_notes_run_print
     analysis = analyze(load_spec(spec), reshard=True, backward=True)
     assert _ring_moves(analysis) == [] and said in analysis.notes
     assert said in run_graph(load_spec(spec), backward=True).notes
+
+
+# ------------------------------------------------------------------------------ an auto input beside the ring
+def _auto_beside_ring(autos=("k",), extra: str | None = None) -> dict:
+    """q, k, v (2, 8, 2, 4) BSND on dp=2 x cp=2, batch on dp and sequence on cp, ``autos`` left ``auto``, one
+    causal ring attention; ``extra``: k also added to an input r (R, S(2)) (``kk``), another use of k."""
+    spec = _spec((2, 2), ("dp", "cp"), (2, 8, 2, 4), (2, 8, 2, 4), (2, 8, 2, 4), ["S(0)", "S(1)"],
+                 {"causal": True, "layout": "BSND"})
+    for name in autos:
+        spec["inputs"][name]["placements"] = "auto"
+    if extra:
+        spec["inputs"]["r"] = {"shape": [2, 8, 2, 4], "placements": ["R", "S(2)"], "dtype": "float32"}
+        spec["nodes"].append({"name": "kk", "op": "add", "inputs": ["k", "r"]})
+        spec["outputs"] = ["attn", "kk"]
+    return spec
+
+
+def test_an_auto_key_beside_a_ring_is_cut_like_the_query_and_the_ring_runs():
+    """k auto: complete tried (R, R) and the rule's want (S(0), R) only, and took (S(0), R), which gathers v
+    (128 bytes) instead of the ring (a shift each of k and v: 256), so the expand note said the ring was not
+    written.  The ring's layout, k cut like q, is now a candidate, and a candidate that drops the ring the
+    attrs ask loses to one that runs it."""
+    spec = _auto_beside_ring()
+    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    assert analysis.ok
+    assert analysis.tensors()["k"]["placements"] == ["S(0)", "S(1)"]
+    assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
+    ring = "the ring attn asks (context_parallel='ring')"
+    assert (f"auto layout of 'k': (S(0), S(1)) with 256 bytes/rank of redistribution, runs {ring}; alternatives: "
+            f"(S(0), R): 128 bytes/rank, 1 violation(s), drops {ring}; (R, R): 128 bytes/rank, 1 violation(s), "
+            f"drops {ring}") in analysis.notes
+    assert not any("gathers k and v instead" in note for note in analysis.notes)
+    assert run_graph(load_spec(spec), backward=True).ok
+
+
+@pytest.mark.parametrize("autos", [("k", "v"), ("q",)], ids=["k-and-v", "q"])
+def test_other_auto_operands_of_a_ring_reach_it(autos):
+    """k and v both auto (completed one at a time, v tried alike while k is), or q auto beside k and v."""
+    spec = _auto_beside_ring(autos)
+    analysis = analyze(load_spec(spec), reshard=True, verify=True)
+    assert analysis.ok
+    assert {name: analysis.tensors()[name]["placements"] for name in autos} == {n: ["S(0)", "S(1)"] for n in autos}
+    assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
+    assert run_graph(load_spec(spec), backward=True).ok
+
+
+def test_the_whole_graph_choice_of_an_auto_that_drops_the_ring_is_not_taken():
+    """k also added to r (R, S(2)): the solver's choice, k (S(0), R), costs fewer bytes than complete's ring
+    layout (forward) and was taken over it, dropping the ring; now it is not, and a note says so."""
+    pytest.importorskip("scipy")
+    spec = _auto_beside_ring(extra="kk")
+    analysis = analyze(load_spec(spec), reshard=True, verify=True)
+    assert analysis.ok
+    assert analysis.tensors()["k"]["placements"] == ["S(0)", "S(1)"]
+    assert ("complete: the whole-graph choice of the auto layouts (k (S(0), R)) drops the ring attn asks "
+            "(context_parallel='ring'): not taken") in analysis.notes
+    assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
+    assert run_graph(load_spec(spec)).ok

@@ -178,7 +178,13 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
     chosen = None
     if plan is not None:
         greedy = plan.solve_with(completed.chosen) if completed.chosen else None
-        if completed.chosen and (greedy is None or plan.cost < greedy[1] - 0.5):  # the solver's autos are better
+        dropped = _dropped_rings(graph, propagate, completed, plan.layouts()) if completed.rings else []
+        if dropped:  # the solver's autos drop a ring the attrs ask that the greedy choice runs: not taken
+            notes.extend(completed.notes)
+            notes.append(f"complete: the whole-graph choice of the auto layouts ({_layouts_text(plan.layouts())}) "
+                         f"drops the ring {', '.join(dropped)} asks (context_parallel='ring'): not taken")
+            chosen = greedy[0] if greedy is not None else None
+        elif completed.chosen and (greedy is None or plan.cost < greedy[1] - 0.5):  # the solver's autos are better
             for name, placements in plan.layouts().items():
                 graph.node(name).attrs["placements"] = placements
             propagate.run(graph)
@@ -237,6 +243,36 @@ def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: 
 
         check.violations.extend(KernelCheck(backend).run(graph))
     return Analysis(graph, check, notes, expanded=was_expanded)
+
+
+def _dropped_rings(graph: Graph, propagate, completed, layouts: dict) -> list[str]:
+    """The rings the attrs ask (``context_parallel='ring'``) that the complete pass's choice runs
+    (``completed.rings``) and the auto ``layouts`` would not (the expand pass would gather instead);
+    ``graph`` is left with the complete pass's layouts, propagated."""
+    from layout_prop.core.errors import LayoutPropError
+    from layout_prop.passes.expand import Expand
+
+    ran = {ring for rings in completed.rings.values() for ring in rings}
+    if all(tuple(layouts[name]) == tuple(placements) for name, placements in completed.chosen.items()
+           if name in layouts):
+        return []
+    try:
+        for name, placements in layouts.items():
+            graph.node(name).attrs["placements"] = tuple(placements)
+        propagate.run(graph)
+        kept = {f.node for f in Expand(propagate).run(graph).forced}
+    except LayoutPropError:  # the solver's layouts do not propagate: not this function's to judge
+        kept = ran
+    finally:
+        for name, placements in completed.chosen.items():
+            graph.node(name).attrs["placements"] = placements
+        propagate.run(graph)
+    return sorted(ran - kept)
+
+
+def _layouts_text(layouts: dict) -> str:
+    """``k (S(0), R), v (R, R)``: auto layouts as a note names them."""
+    return ", ".join(f"{name} ({', '.join(placements)})" for name, placements in sorted(layouts.items()))
 
 
 def _global_choice(graph: Graph, backward: bool):

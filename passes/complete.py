@@ -48,7 +48,7 @@ from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph
 
-from .expand import Expand
+from .expand import Expand, comm_bytes, is_comm_op
 from .propagate import Propagate, value_spec
 
 __all__ = ["Complete", "CompleteResult"]
@@ -138,7 +138,8 @@ class Complete:
                     total += plan_redistribution(value_spec(graph, value), want).bytes_per_rank
                 except LayoutPropError:
                     violations += 1
-            total += _comm_bytes(graph, node)
+            if is_comm_op(node.op):  # a ring's shift: its bytes are moves too
+                total += comm_bytes(node, [value_spec(graph, value) for value in node.inputs])
         local = sum(n.meta[meta.SPECS][0].local_nbytes(0) for n in graph.inputs())
         return violations, total, local, moves
 
@@ -196,16 +197,3 @@ def _ring_clause(rings: list[str], ran: tuple[str, ...]) -> str:
     if dropped:
         parts.append(f"drops the ring {', '.join(dropped)} asks (context_parallel='ring')")
     return ", " + ", ".join(parts)
-
-
-def _comm_bytes(graph: Graph, node) -> int:
-    """The bytes per rank of the steps an op that is communication takes (a ring's shift), 0 for a kernel."""
-    from layout_prop.core.registry import OpRule, get_rule
-
-    rule = get_rule(node.op, node=node.name)
-    if type(rule).comm_steps is OpRule.comm_steps:
-        return 0
-    specs = tuple(value_spec(graph, value) for value in node.inputs)
-    if any(spec is None for spec in specs):
-        return 0
-    return sum(step.bytes_per_rank for step in rule.comm_steps(node.meta[meta.ATTRS], specs, node.meta[meta.SPECS]))

@@ -63,7 +63,7 @@ from layout_prop.core.spec import TensorSpec
 
 from .propagate import Propagate, value_spec
 
-__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM", "Forced", "unkept"]
+__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM", "Forced", "unkept", "comm_bytes", "is_comm_op"]
 
 #: node metadata key on the nodes of an expansion: the name of the node they replace
 EXPANDED_FROM = "expanded_from"
@@ -193,7 +193,7 @@ class _Sweep:
         for part in builder.nodes:
             part_specs = tuple(builder.spec(value) for value in part.inputs)
             try:
-                mine += _move_bytes(part, part_specs, moved) + _comm_bytes(part, part_specs)
+                mine += _move_bytes(part, part_specs, moved) + comm_bytes(part, part_specs)
             except LayoutPropError as err:  # not kept, even when forced: the reshard pass could not make the move
                 if builder.forced is not None:
                     self.notes.append(f"expand: {node.name} ({node.op}) kept as it is, though {builder.forced} "
@@ -380,7 +380,12 @@ def _move_bytes(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> i
     return total
 
 
-def _comm_bytes(node: Node, specs: Sequence[TensorSpec | None]) -> int:
+def is_comm_op(op: str) -> bool:
+    """Whether ``op`` is communication itself (its rule has ``comm_steps``: a ring's shift)."""
+    return type(get_rule(op)).comm_steps is not OpRule.comm_steps
+
+
+def comm_bytes(node: Node, specs: Sequence[TensorSpec | None]) -> int:
     """Bytes per rank of the steps of an op that is communication (a ring's shift; 0 for a kernel)."""
     rule = get_rule(node.op, node=node.name)
     if type(rule).comm_steps is OpRule.comm_steps or any(spec is None for spec in specs):

@@ -124,9 +124,9 @@ class Check:
 
 def _comm_ops() -> frozenset:
     """The ops whose rule has ``comm_steps``."""
-    from layout_prop.core.registry import OpRule, registered_ops
+    from layout_prop.core.registry import registered_ops
 
-    return frozenset(name for name, rule in registered_ops().items() if type(rule).comm_steps is not OpRule.comm_steps)
+    return frozenset(name for name, rule in registered_ops().items() if rule.is_communication)
 
 
 def _comm_move(graph: Graph, node) -> InputRedistribution | None:

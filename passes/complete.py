@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph
+from layout_prop.core.registry import get_rule
 
-from .expand import Expand, comm_bytes, is_comm_op
+from .expand import Expand, comm_bytes
 from .propagate import Propagate, value_spec
 
 __all__ = ["Complete", "CompleteResult"]
@@ -138,7 +139,7 @@ class Complete:
                     total += plan_redistribution(value_spec(graph, value), want).bytes_per_rank
                 except LayoutPropError:
                     violations += 1
-            if is_comm_op(node.op):  # a ring's shift: its bytes are moves too
+            if get_rule(node.op).is_communication:  # a ring's shift: its bytes are moves too
                 total += comm_bytes(node, [value_spec(graph, value) for value in node.inputs])
         local = sum(n.meta[meta.SPECS][0].local_nbytes(0) for n in graph.inputs())
         return violations, total, local, moves

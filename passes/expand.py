@@ -63,7 +63,7 @@ from layout_prop.core.spec import TensorSpec
 
 from .propagate import Propagate, value_spec
 
-__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM", "Forced", "unkept", "comm_bytes", "is_comm_op"]
+__all__ = ["Expand", "ExpandResult", "EXPANDED_FROM", "Forced", "unkept", "comm_bytes"]
 
 #: node metadata key on the nodes of an expansion: the name of the node they replace
 EXPANDED_FROM = "expanded_from"
@@ -244,7 +244,7 @@ def _forced(node: Node, builder: "_Builder") -> Forced:
 def _comm_steps(node: Node, specs: Sequence[TensorSpec | None]) -> tuple[tuple[str, int], ...] | None:
     """The (kind, mesh axis) of each step of an op that is communication (None for a kernel)."""
     rule = get_rule(node.op, node=node.name)
-    if type(rule).comm_steps is OpRule.comm_steps:
+    if not rule.is_communication:
         return None
     if any(spec is None for spec in specs):
         return ()
@@ -380,15 +380,10 @@ def _move_bytes(node: Node, specs: Sequence[TensorSpec | None], moved: set) -> i
     return total
 
 
-def is_comm_op(op: str) -> bool:
-    """Whether ``op`` is communication itself (its rule has ``comm_steps``: a ring's shift)."""
-    return type(get_rule(op)).comm_steps is not OpRule.comm_steps
-
-
 def comm_bytes(node: Node, specs: Sequence[TensorSpec | None]) -> int:
     """Bytes per rank of the steps of an op that is communication (a ring's shift; 0 for a kernel)."""
     rule = get_rule(node.op, node=node.name)
-    if type(rule).comm_steps is OpRule.comm_steps or any(spec is None for spec in specs):
+    if not rule.is_communication or any(spec is None for spec in specs):
         return 0
     return sum(step.bytes_per_rank for step in rule.comm_steps(node.meta[meta.ATTRS], tuple(specs),
                                                                node.meta[meta.SPECS]))

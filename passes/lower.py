@@ -270,7 +270,7 @@ def local_ops(graph: Graph) -> Iterator[tuple]:
         rule = rules.get(op)
         if rule is None:
             rule = rules[op] = get_rule(op)
-            if type(rule).comm_steps is not OpRule.comm_steps:
+            if rule.is_communication:
                 comm_ops.add(op)
         wants = m.get(wants_key, ())
         args = in_specs = None  # None while every input is read as it is

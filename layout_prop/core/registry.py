@@ -228,6 +228,11 @@ class OpRule(ABC):
         """
         return ()
 
+    @property
+    def is_communication(self) -> bool:
+        """Whether the op is a move of data itself: its rule defines :meth:`comm_steps`."""
+        return type(self).comm_steps is not OpRule.comm_steps
+
 
 # ------------------------------------------------------------------------------ attr types
 def _is_int(value: Any) -> bool:

@@ -165,10 +165,10 @@ def _phase(graph: Graph, node) -> str:
 def _comm_steps(node, attrs: dict, inputs, outputs, rules: dict) -> tuple:
     """The steps of an op that is communication (its rule's ``comm_steps``), else ()."""
     if node.op not in rules:
-        from layout_prop.core.registry import OpRule, get_rule
+        from layout_prop.core.registry import get_rule
 
         rule = get_rule(node.op)
-        rules[node.op] = rule if type(rule).comm_steps is not OpRule.comm_steps else None
+        rules[node.op] = rule if rule.is_communication else None
     rule = rules[node.op]
     return () if rule is None else tuple(rule.comm_steps(attrs, tuple(inputs), tuple(outputs)))
 

@@ -498,3 +498,55 @@ def test_commands_that_show_the_plain_graph_say_so(tmp_path, capsys, argv):
     assert "note:" not in outs[0][1]
     assert ("note: " + argv[0] + " shows the graph without the spec's zero:, recompute:, pipeline: blocks "
             "(check, run and estimate apply them; pipeline SPEC --rank R prints a pipelined rank's program)") in outs[1][1]
+
+
+# --------------------------------------------------------------------------- the training: block
+def test_estimate_reads_the_training_block_as_its_batch_flags(tmp_path, capsys):
+    """A spec's training: {global_batch, micro_batch} is the --global-batch/--micro-batch estimate prices when no
+    flag is given: dp=2, 4 sequences on the graph (2 a rank), 16 a step: 4 accumulation steps."""
+    spec = gpt_spec(layers=2, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=64, hidden=64, heads=4,
+                    vocab=128, dtype="float16")
+    with_block = _write(tmp_path, {**spec, "training": {"global_batch": 16, "micro_batch": 2}}, "trained.yaml")
+    plain = _write(tmp_path, spec, "plain.yaml")
+    code, out, err = _cli(["estimate", with_block, "--cluster", "a100-80g", "--json"], capsys)
+    assert code == 0, err
+    block = json.loads(out)
+    code, out, err = _cli(["estimate", plain, "--cluster", "a100-80g", "--global-batch", "16", "--micro-batch", "2",
+                           "--json"], capsys)
+    flagged = json.loads(out)
+    assert block["accumulation_steps"] == flagged["accumulation_steps"] == 4
+    assert block["step_time_s"] == flagged["step_time_s"]
+    code, out, err = _cli(["estimate", plain, "--cluster", "a100-80g", "--json"], capsys)
+    assert json.loads(out)["accumulation_steps"] == 1
+    # flags win, and a note says the block was not read
+    code, out, err = _cli(["estimate", with_block, "--cluster", "a100-80g", "--global-batch", "8", "--micro-batch",
+                           "2", "--json"], capsys)
+    over = json.loads(out)
+    assert over["accumulation_steps"] == 2
+    assert "the spec's training: block (global_batch 16, micro_batch 2) is not read" in " ".join(over["notes"])
+
+
+@pytest.mark.parametrize("block, code_text", [
+    ({"global_batch": 16}, "missing-key at training"),
+    ({"global_batch": 16, "micro_batch": 0}, "bad-value at training.micro_batch"),
+    ({"global_batch": 16, "micro_batch": 2, "seq": 4}, "unknown-key at training.seq"),
+    ({"global_batch": 15, "micro_batch": 2}, "bad-value at training"),
+    ({"global_batch": 6, "micro_batch": 2}, "bad-value"),  # 6 / (2 x dp 2): not whole
+    ([16, 2], "bad-type at training"),
+])
+def test_bad_training_blocks_are_one_line_exit_2(tmp_path, capsys, block, code_text):
+    spec = gpt_spec(layers=1, mesh=(("dp", 2), ("sp", 1), ("tp", 1)), batch=4, seq=16, hidden=32, heads=2,
+                    vocab=64, dtype="float16")
+    code, out, err = _cli(["estimate", _write(tmp_path, {**spec, "training": block}), "--cluster", "a100-80g"],
+                          capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and code_text in err, err
+
+
+def test_the_search_writes_its_batch_in_a_training_block(tmp_path, capsys):
+    model, best = _write(tmp_path, gpt_spec(**GPT), "gpt.yaml"), tmp_path / "best.yaml"
+    code, out, err = _cli(["plan", model, "--search", "--cluster", "a100-80g", "--devices", "16", "--global-batch",
+                           "64", "--axes", "pp=1", "--top", "1", "--json", "-o", best], capsys)
+    assert code == 0, err
+    top = json.loads(out)["top"][0]
+    spec = load_spec(best)
+    assert spec.meta["training"] == {"global_batch": 64, "micro_batch": top["config"]["micro_batch"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .model_input import load_graph
 from .printing import print_json
 
-__all__ = ["run", "format_estimate", "check_global_batch", "MAX_GLOBAL_BATCH"]
+__all__ = ["run", "format_estimate", "check_global_batch", "training_batch", "MAX_GLOBAL_BATCH"]
 
 #: the most sequences ``--global-batch`` takes (estimate, plan --search): 2^24, 16M tokens a step even at one
 #: token a sequence, past the largest published batches (Llama 3 405B: 16M tokens, 2,048 sequences of 8,192).
@@ -45,6 +45,7 @@ def run(args) -> int:
     cluster = get_cluster(args.cluster)  # a bad profile or batch is said before the model is read
     graph = load_graph(args)
     blocks = read_blocks(graph, args)  # the spec's zero:, recompute:, pipeline: blocks, the flags over them
+    args.global_batch, args.micro_batch = training_batch(graph, args.global_batch, args.micro_batch, blocks.notes)
     if blocks.pipeline is not None:
         data = estimate_pipelined(graph, blocks, cluster, args.cluster, global_batch=args.global_batch,
                                   micro_batch=args.micro_batch, overlap=not args.no_overlap)
@@ -83,6 +84,23 @@ def run(args) -> int:
     else:
         print(format_estimate(estimate))
     return 0
+
+
+def training_batch(graph, global_batch: int | None, micro_batch: int | None, notes: list[str]):
+    """``(global_batch, micro_batch)``: the flags when either is given (a note says when they override the spec's
+    ``training:`` block), else the block's (``perf.step.parse_training``), else ``(None, None)``."""
+    from layout_prop.perf.step import parse_training
+
+    block = graph.meta.get("training")
+    if block is None:
+        return global_batch, micro_batch
+    training = parse_training(block)
+    if global_batch is None and micro_batch is None:
+        return training.global_batch, training.micro_batch
+    if (global_batch, micro_batch) != (training.global_batch, training.micro_batch):
+        notes.append(f"--global-batch/--micro-batch given: the spec's training: block (global_batch "
+                     f"{training.global_batch}, micro_batch {training.micro_batch}) is not read")
+    return global_batch, micro_batch
 
 
 # --------------------------------------------------------------------------- a spec with a pipeline: block

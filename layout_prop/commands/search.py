@@ -212,6 +212,9 @@ def best_spec(result, order: tuple[str, ...] | None = None) -> dict:
     if c.pp > 1:
         spec["pipeline"] = {"axis": "pp", "micro_batches": m, "schedule": c.schedule,
                             "virtual_stages": c.v if c.schedule == "interleaved" else 1}
+    # the step's batch, so that estimate SPEC needs no flags (docs/spec-format.md); estimate counts only the dp axis
+    # as data-parallel, so an ep rank's sequences are in its micro-batch
+    spec["training"] = {"global_batch": result.global_batch, "micro_batch": c.micro_batch * c.ep}
     return spec
 
 

@@ -63,7 +63,7 @@ MAX_ELEMENTS = 2 ** 62
 MAX_NAME, MAX_ATTR_ITEMS = 256, 4096
 
 TOP_KEYS = {"mesh", "inputs", "nodes", "outputs", "name", "description", "constraints", "pipeline", "zero",
-            "recompute"}
+            "recompute", "training"}
 MESH_KEYS = {"shape", "names", "links"}
 INPUT_KEYS = {"shape", "dtype", "placements", "tensor_map", "requires_grad"}
 NODE_KEYS = {"name", "op", "inputs", "attrs"}
@@ -1208,6 +1208,11 @@ def _build(data: dict) -> Graph:
             raise _err("bad-type", f"pipeline must be a mapping, got {cut(data['pipeline'])}", "pipeline",
                        "write pipeline: {axis: pp, micro_batches: 4, schedule: 1f1b}")
         g.meta["pipeline"] = dict(data["pipeline"])
+    if data.get("training") is not None:  # global batch and micro-batch: read by perf/step.py (parse_training)
+        if not isinstance(data["training"], dict):
+            raise _err("bad-type", f"training must be a mapping, got {cut(data['training'])}", "training",
+                       "write training: {global_batch: 512, micro_batch: 1}")
+        g.meta["training"] = dict(data["training"])
     for key in ("zero", "recompute"):  # read by passes/zero.py (parse_zero) and passes/recompute.py (parse_recompute)
         if data.get(key) is not None:
             if not isinstance(data[key], (dict, int, str)) or isinstance(data[key], bool):

@@ -184,9 +184,9 @@ class _Unblocker:
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 def test_a_named_pipe_without_a_writer_is_refused_not_waited_for(tmp_path, capsys, monkeypatch):
     # review of issue 14: `mkfifo f; layout-prop check f` hung forever
-    from layout_prop.io import loader
+    from layout_prop.io import reader
 
-    monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
+    monkeypatch.setattr(reader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
     fifo = tmp_path / "spec.yaml"
     os.mkfifo(fifo)
     start = time.perf_counter()
@@ -203,9 +203,9 @@ def test_a_named_pipe_without_a_writer_is_refused_not_waited_for(tmp_path, capsy
 def test_a_named_pipe_is_read_once_a_writer_comes_however_slow(tmp_path, capsys, monkeypatch):
     import threading
 
-    from layout_prop.io import loader
+    from layout_prop.io import reader
 
-    monkeypatch.setattr(loader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
+    monkeypatch.setattr(reader, "PIPE_WRITER_WAIT_SECONDS", 0.5, raising=False)
     fifo = tmp_path / "spec.yaml"
     os.mkfifo(fifo)
     text = (EXAMPLES / "rpe" / "dp_sp.yaml").read_bytes()

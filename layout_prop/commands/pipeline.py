@@ -30,15 +30,22 @@ class Built:
     batch_inputs: list = field(default_factory=list)
 
 
-def op_time_cost(graph, cluster_name: str = "a100-80g"):
-    """Seconds of each node of an analysed graph on ``cluster_name``'s device (the step-time model's
-    op_time): what balances stages that the spec does not cut itself."""
+def _profile(cluster):
+    """``cluster`` itself when it is a profile already (one read from a file keeps its own figures,
+    whatever its ``name:``), else the profile it names (a built-in name or a file's path)."""
+    from layout_prop.perf.clusters import Cluster, get_cluster
+
+    return cluster if isinstance(cluster, Cluster) else get_cluster(cluster)
+
+
+def op_time_cost(graph, cluster_name="a100-80g"):
+    """Seconds of each node of an analysed graph on ``cluster_name``'s device (a profile, a built-in name or
+    a cluster file; the step-time model's op_time): what balances stages that the spec does not cut itself."""
     from layout_prop.core import meta
     from layout_prop.passes.propagate import value_spec
-    from layout_prop.perf.clusters import get_cluster
     from layout_prop.perf.costs import op_cost, op_time
 
-    cluster = get_cluster(cluster_name)
+    cluster = _profile(cluster_name)
 
     def seconds(node) -> float:
         ins, outs = [value_spec(graph, v) for v in node.inputs], node.meta[meta.SPECS]
@@ -152,11 +159,10 @@ def summary(built: Built, cluster: str = "a100-80g") -> dict:
     """Stages, chunks (first and last node, layers), the schedule's bubble and in-flight numbers, and the
     moves with their bytes and modelled seconds on ``cluster`` (perf.collectives: one link transfer)."""
     from layout_prop.passes.schedule import bubble_fraction, in_flight, simulate
-    from layout_prop.perf.clusters import get_cluster
     from layout_prop.perf.collectives import collective_time
 
     pprog, c = built.program, built.config
-    profile = get_cluster(cluster)
+    profile = _profile(cluster)
     chunks = []
     for chunk in range(c.chunks):
         kernels = [op.source for op in pprog.tasks.get((chunk, "F"), ()) if op.kind == "kernel"]
@@ -192,7 +198,7 @@ def task_seconds(built: Built, cluster) -> tuple[list[float], list[float]]:
     from layout_prop.perf.collectives import collective_time
 
     pprog, c = built.program, built.config
-    seconds = op_time_cost(built.micro, cluster.name)
+    seconds = op_time_cost(built.micro, cluster)
     nodes = {n.name: n for n in built.micro.nodes}
     shape = pprog.program.mesh.shape
     out = {"F": [0.0] * c.chunks, "B": [0.0] * c.chunks}
@@ -236,7 +242,8 @@ def run(args) -> int:
 
     graph = load_graph(args)
     blocks = read_blocks(graph)  # the zero: and recompute: blocks are applied too
-    built = build(graph, args.cluster, blocks.zero, (blocks.recompute, blocks.layers))
+    profile = _profile(args.cluster)  # read once: a file's figures, never a built-in of the same name
+    built = build(graph, profile, blocks.zero, (blocks.recompute, blocks.layers))
     if args.rank is not None and not 0 <= args.rank < built.program.mesh.size:
         raise SpecError("bad-value", f"--rank {args.rank} is not a rank of {built.program.mesh}",
                         hint=f"use 0..{built.program.mesh.size - 1}")
@@ -264,7 +271,7 @@ def run(args) -> int:
         else:
             print(built.program.format(args.rank))
         return 0
-    data = summary(built, args.cluster)
+    data = summary(built, profile)
     if args.json:
         print_json(data)
     else:

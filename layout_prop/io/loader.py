@@ -28,9 +28,7 @@ import io
 import json
 import math
 import operator
-import os
 import re
-import stat
 from itertools import chain, compress, repeat
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from typing import Any
 import yaml
 
 from .block_yaml import PLAIN, read_block_yaml
+from .reader import read_file_bytes, read_text
 from layout_prop.core.errors import CONTROL_CHARS, GraphError, LayoutPropError, SpecError, cut, printable
 from layout_prop.core.graph import Graph, Node, split_value
 from layout_prop.core.layout import Layout
@@ -343,8 +342,11 @@ def _json_mapping(pairs: list) -> dict:
     return mapping
 
 
-def parse_spec(text: str, source: str = "<spec>") -> dict:
+def parse_spec(text: str, source: str = "<spec>", what: str = "spec") -> dict:
     """Parse YAML or JSON text into a dict (``spec-syntax`` on malformed text or a key written twice).
+
+    ``what`` names the file in the refusal of a text that is not a mapping (the same parser reads
+    plans and cluster profiles, :func:`layout_prop.io.reader.read_mapping`).
 
     Text that is a JSON object is read by the json module (fast on large generated specs);
     anything else, and JSON with a problem, by the YAML loader, which reports where.
@@ -368,9 +370,10 @@ def parse_spec(text: str, source: str = "<spec>") -> dict:
         else:
             data = _parse_yaml(text, source)
     if not isinstance(data, dict):
-        what = "nothing" if data is None else f"a {_YAML_KINDS.get(type(data), type(data).__name__)}"
-        raise SpecError("spec-syntax", f"{source} holds {what}, not a mapping", path=source,
-                        hint="a spec is a mapping with mesh, inputs, nodes and outputs")
+        kind = "nothing" if data is None else f"a {_YAML_KINDS.get(type(data), type(data).__name__)}"
+        raise SpecError("spec-syntax", f"{source} holds {kind}, not a mapping", path=source,
+                        hint="a spec is a mapping with mesh, inputs, nodes and outputs" if what == "spec" else
+                        f"a {what} file is a mapping of keys to values")
     if not checked:
         _check_structure(data, source)  # the depth, and aliases that expand past a size
     return data
@@ -630,158 +633,11 @@ def read_spec_text(path: Path, limit: int = MAX_SPEC_BYTES) -> str:
     """The text of a spec file: at most ``limit`` bytes of UTF-8 (``spec-too-large`` past it).
 
     Regular files and pipes (``/dev/stdin``, ``<(...)``, a named pipe) are read, see
-    :func:`read_file_bytes`; a device (``/dev/zero``, a terminal), a folder or a socket is
-    refused before reading, so nothing unbounded is ever read.
+    :func:`layout_prop.io.reader.read_file_bytes`; a device (``/dev/zero``, a terminal), a
+    folder or a socket is refused before reading, so nothing unbounded is ever read.
     """
-    raw = read_file_bytes(path, limit, what="spec", missing="spec-not-found", too_large="spec-too-large",
-                          hint="give the path of a YAML or JSON spec file")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError("spec-syntax", f"{cut(str(path))} is not UTF-8 text ({exc.reason} at byte {exc.start})",
-                        path=str(path), hint="save the spec as UTF-8 YAML or JSON") from None
-
-
-#: how long a pipe that no process holds open for writing is waited for (a named pipe made
-#: with ``mkfifo`` and never written): then it is refused instead of waiting forever
-PIPE_WRITER_WAIT_SECONDS = 10.0
-_POLL_SECONDS = 0.2
-
-
-def _not_a_file(mode: int) -> str | None:
-    """What a file of this mode is, if it is neither a regular file nor a pipe."""
-    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
-def read_file_bytes(path: str | Path, limit: int, *, what: str, missing: str, too_large: str, hint: str) -> bytes:
-    """At most ``limit`` bytes of the file at ``path``, never an unbounded read nor an endless wait.
-
-    The one way the tool reads a file a user names (specs, plans, models):
-
-    - a regular file (or a symbolic link to one) is read, and refused past ``limit``
-      bytes (``too_large``) before more than ``limit + 1`` bytes are read;
-    - a pipe is read the same way: ``/dev/stdin``, process substitution
-      (``layout-prop check <(gen ...)``) or a named pipe.  It is read until its writers
-      close it, as ``cat`` reads it, however long a writer takes; but a pipe that no
-      process holds open for writing (a ``mkfifo`` nobody writes to) is refused
-      (``missing``) after :data:`PIPE_WRITER_WAIT_SECONDS`, never waited for forever;
-    - a device (``/dev/zero``, ``/dev/urandom``, a terminal), a folder or a socket is
-      refused (``missing``) from its ``stat``, before it is opened.
-
-    The file is opened with ``O_NONBLOCK`` (opening a named pipe does not wait for a
-    writer; opening a device cannot block) and checked again with ``fstat``: a file
-    swapped between the two is refused too.
-
-    Raises
-    ------
-    SpecError
-        ``missing`` or ``too_large``, naming the path (cut) and the limit.
-    """
-    shown, where = cut(str(path)), str(path)
-
-    def refuse(code: str, message: str) -> SpecError:
-        if code == too_large:  # (``hint`` says what to give; this file was found, and is too big)
-            example = " (a 100,000-node spec is about 15 MB)" if what == "spec" else ""
-            size = f"{limit / 2 ** 20:g} MiB" if limit >= 2 ** 20 else f"{limit} bytes"
-            return SpecError(code, message, path=where,
-                             hint=f"check the path: a {what} file is read up to {size}{example}")
-        return SpecError(code, message, path=where, hint=hint)
-
-    try:
-        before = os.stat(path)  # follows symbolic links, as opening does
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise refuse(missing, f"cannot read {shown}: {getattr(exc, 'strerror', None) or exc}") from None
-    kind = _not_a_file(before.st_mode)
-    if kind:
-        raise refuse(missing, f"{shown} is {kind}, not a {what} file")
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise refuse(missing, f"cannot read {shown}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if _not_a_file(info.st_mode) or (info.st_dev, info.st_ino) != (before.st_dev, before.st_ino):
-            raise refuse(missing, f"{shown} changed while it was opened")
-        if stat.S_ISREG(info.st_mode):
-            if info.st_size > limit:  # refused without reading (files under /proc say 0 and are read)
-                raise refuse(too_large, f"{shown} is larger than {limit} bytes ({info.st_size} bytes)")
-            os.set_blocking(fd, True)
-            data = _read_regular(fd, limit, info.st_size)
-        else:
-            data = _read_pipe(fd, limit, lambda: refuse(missing, f"{shown} is a pipe that no process writes to "
-                                                                  f"(waited {PIPE_WRITER_WAIT_SECONDS:g} s)"))
-    except OSError as exc:
-        raise refuse(missing, f"cannot read {shown}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise refuse(too_large, f"{shown} is larger than {limit} bytes")
-    return data
-
-
-def _read_regular(fd: int, limit: int, size: int) -> bytes:
-    """Up to ``limit + 1`` bytes of a regular file of ``size`` bytes (it may grow or shrink meanwhile)."""
-    parts, total = [], 0
-    while total <= limit:
-        want = min(max(size + 1 - total, 2 ** 16), limit + 1 - total)
-        piece = os.read(fd, want)
-        if not piece:
-            break
-        parts.append(piece)
-        total += len(piece)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _read_pipe(fd: int, limit: int, no_writer) -> bytes:
-    """Up to ``limit + 1`` bytes of a pipe opened with ``O_NONBLOCK``, until its writers close it.
-
-    ``poll`` says when there is data or every writer has gone; meanwhile a read that
-    ends at once (rather than "would block") means that no process has the pipe open for
-    writing: after :data:`PIPE_WRITER_WAIT_SECONDS` of that, ``no_writer()`` is raised.
-    """
-    import select
-    import time
-
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    parts: list[bytes] = []
-    total = 0
-    alone_since = None
-    while total <= limit:
-        if poller.poll(int(_POLL_SECONDS * 1000)):
-            try:
-                piece = os.read(fd, min(2 ** 20, limit + 1 - total))
-            except BlockingIOError:
-                continue
-            if not piece:
-                break  # every writer closed it: the end
-            parts.append(piece)
-            total += len(piece)
-            alone_since = None
-            continue
-        try:  # nothing to read: is there a writer at all?
-            piece = os.read(fd, min(2 ** 20, limit + 1 - total))
-        except BlockingIOError:  # a writer holds it open and has not written yet: wait, as cat does
-            alone_since = None
-            continue
-        if piece:
-            parts.append(piece)
-            total += len(piece)
-            continue
-        # no writer, and none ever seen (a named pipe, whose poll reports no hang-up before its first writer)
-        alone_since = alone_since if alone_since is not None else time.monotonic()
-        if time.monotonic() - alone_since >= PIPE_WRITER_WAIT_SECONDS:
-            raise no_writer()
-    return b"".join(parts)
+    return read_text(path, limit, what="spec", missing="spec-not-found", too_large="spec-too-large",
+                     syntax="spec-syntax", hint="give the path of a YAML or JSON spec file")
 
 
 def _is_path(text: str) -> bool:

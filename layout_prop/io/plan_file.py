@@ -145,17 +145,14 @@ def load_plan(source: str | Path | dict) -> ShardingPlan:
         if isinstance(source, Path) or ("\n" not in text and (text.endswith((".yaml", ".yml", ".json")) or
                                                                _is_file(text))):
             name = text
-            from .loader import MAX_SPEC_BYTES, read_file_bytes
+            from .loader import MAX_SPEC_BYTES
+            from .reader import read_text
 
-            raw = read_file_bytes(Path(source), MAX_SPEC_BYTES, what="plan", missing="plan-not-found",
-                                  too_large="plan-too-large", hint="give the path of a YAML or JSON sharding plan")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise _err("plan-syntax", f"cannot read plan {cut(name)}: not UTF-8 text ({exc.reason} at byte "
-                           f"{exc.start})", "plan", "give the path of a YAML or JSON sharding plan") from None
+            text = read_text(Path(source), MAX_SPEC_BYTES, what="plan", missing="plan-not-found",
+                             too_large="plan-too-large", syntax="plan-syntax",
+                             hint="give the path of a YAML or JSON sharding plan")
         try:
-            data = parse_spec(text, name)
+            data = parse_spec(text, name, what="plan")
         except SpecError as err:  # the spec reader's codes (spec-syntax, spec-too-deep...) said of a plan
             if not err.code.startswith("spec-"):
                 raise
@@ -164,9 +161,9 @@ def load_plan(source: str | Path | dict) -> ShardingPlan:
     if not isinstance(data, dict):
         raise _err("bad-type", f"a plan is a mapping, got {type(data).__name__}", "plan",
                    "write mesh, inputs and parameters")
-    unknown = sorted(set(data) - PLAN_KEYS)
-    if unknown:
-        raise _err("unknown-key", f"unknown plan key(s) {unknown}", unknown[0], f"allowed keys: {sorted(PLAN_KEYS)}")
+    from .reader import check_keys
+
+    check_keys(data, PLAN_KEYS, "plan")
     if "mesh" not in data:
         raise _err("missing-key", "the plan has no mesh", "mesh", "add mesh: {shape: [2, 4], names: [dp, tp]}")
     mesh = _mesh(data["mesh"])

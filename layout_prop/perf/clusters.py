@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from layout_prop.core.errors import SpecError, cut
+from layout_prop.io.reader import MAX_TEXT
 
 __all__ = ["Network", "Cluster", "BUILTIN", "get_cluster", "load_cluster", "parse_cluster"]
 
@@ -133,6 +134,21 @@ BUILTIN: dict[str, Cluster] = {
 _POSITIVE = ("devices_per_node", "vector_tflops", "hbm_gb", "hbm_GBps")
 _FRACTIONS = ("matmul_efficiency", "memory_efficiency", "link_efficiency")
 _DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: the range of each figure a cluster file may give: what the physics of a device allows, far inside
+#: what a float holds, so that the step model's products and quotients of figures stay finite and
+#: non-zero (a latency of 1e308 us is not a step time of inf; two tiny figures never multiply to 0)
+RANGES: dict[str, tuple[float, float]] = {
+    "devices_per_node": (1, 2 ** 20), "nodes": (1, 2 ** 20),
+    "tflops": (1e-6, 1e6),  # peak_tflops per dtype and vector_tflops: a micro-TFLOP/s to an exa-FLOP/s
+    "hbm_gb": (1e-6, 1e6), "hbm_GBps": (1e-6, 1e6), "GBps": (1e-6, 1e6),
+    "latency_us": (0.0, 1e6),  # up to a second a hop
+    "efficiency": (1e-3, 1.0),
+}
+#: the keys a cluster file may have
+CLUSTER_KEYS = frozenset({"base", "name", "device", "nodes", "devices_per_node", "peak_tflops", "vector_tflops",
+                          "hbm_gb", "hbm_GBps", "intra", "inter", *_FRACTIONS, "sources"})
+#: the longest text of a ``sources:`` entry
+MAX_SOURCE = 4096
 
 
 def get_cluster(name_or_path: str) -> Cluster:
@@ -146,49 +162,43 @@ def get_cluster(name_or_path: str) -> Cluster:
 
 
 def load_cluster(path: Path) -> Cluster:
-    """Read and check a cluster YAML file (:func:`parse_cluster`)."""
-    import yaml
+    """Read and check a cluster YAML file (:func:`parse_cluster`), as a spec is read
+    (:func:`layout_prop.io.reader.read_mapping`: size cap, regular files and pipes only, UTF-8,
+    YAML aliases and nesting bounded); codes ``cluster-not-found``, ``cluster-too-large``,
+    ``cluster-syntax``, ``cluster-too-deep``."""
+    from layout_prop.io.reader import read_mapping
 
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise SpecError("unreadable", f"cannot read cluster file {str(path)!r}: {err.strerror}",
-                        hint="give a readable YAML file or a built-in name") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise SpecError("bad-yaml", f"cluster file {str(path)!r} is not YAML: {str(err).splitlines()[0]}",
-                        hint="see docs/performance.md for the cluster file format") from None
-    return parse_cluster(data, default_name=path.stem)
+    data = read_mapping(path, what="cluster", hint="give a readable cluster YAML file or a built-in name "
+                        f"({', '.join(sorted(BUILTIN))}); see docs/performance.md for the format")
+    return parse_cluster(data, default_name=path.stem[:MAX_TEXT] or "custom")
 
 
 def parse_cluster(data: Any, default_name: str = "custom") -> Cluster:
-    """A :class:`Cluster` from a mapping, every figure checked (positive, finite; fractions in (0, 1]).
+    """A :class:`Cluster` from a mapping, every figure checked (a number in its physical range,
+    :data:`RANGES`; fractions in [0.001, 1]), every key known, names one printable line.
 
-    A file may start from a built-in profile (``base: a100-80g``) and change some figures.
+    A file may start from a built-in profile (``base: a100-80g``) and change some figures; its
+    ``name:`` may not be a built-in's (a file never passes for a built-in profile).
 
     >>> c = parse_cluster({"base": "a100-80g", "inter": {"GBps": 50}})
-    >>> c.inter, c.intra.GBps
-    (Network(GBps=50.0, latency_us=6.0), 300.0)
+    >>> c.inter, c.intra.GBps, c.name
+    (Network(GBps=50.0, latency_us=6.0), 300.0, 'custom')
     >>> parse_cluster({"base": "a100-80g", "hbm_GBps": -1})
     Traceback (most recent call last):
     ...
-    layout_prop.core.errors.SpecError: bad-value at cluster.hbm_GBps: hbm_GBps is -1, not a positive finite number (hint: give a number > 0)
+    layout_prop.core.errors.SpecError: bad-value at cluster.hbm_GBps: hbm_GBps is -1, not a number in [1e-06, 1e+06] (hint: give a number from 1e-06 to 1e+06)
     """
+    from layout_prop.io.reader import check_keys, check_text
+
     if not isinstance(data, dict):
         raise SpecError("bad-type", f"a cluster is a mapping of figures, got {cut(data)}", path="cluster",
                         hint="see docs/performance.md for the cluster file format")
-    known = {"base", "name", "device", "nodes", "devices_per_node", "peak_tflops", "vector_tflops", "hbm_gb", "hbm_GBps",
-             "intra", "inter", *_FRACTIONS, "sources"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise SpecError("unknown-key", f"cluster has no field(s) {unknown}", path=f"cluster.{unknown[0]}",
-                        hint=f"known fields: {', '.join(sorted(known))}")
+    check_keys(data, CLUSTER_KEYS, "cluster")
     base = data.get("base")
     if base is not None:
-        if base not in BUILTIN:
+        if not isinstance(base, str) or base not in BUILTIN:
             raise SpecError("unknown-cluster", f"no built-in cluster {cut(base)} to start from", path="cluster.base",
-                            hint=f"built in: {', '.join(sorted(BUILTIN))}")
+                            hint=f"write base: NAME, one of {', '.join(sorted(BUILTIN))}")
         fields = dict(BUILTIN[base].__dict__)
         fields["sources"] = {}
     else:
@@ -198,10 +208,14 @@ def parse_cluster(data: Any, default_name: str = "custom") -> Cluster:
             raise SpecError("missing-key", f"cluster needs {missing} (or base: NAME)", path="cluster",
                             hint=f"start from a built-in profile with base: {sorted(BUILTIN)[0]} and change figures")
         fields = {"device": "custom"}
-    fields["name"] = str(data.get("name", default_name))
-    for key in ("device",):
-        if key in data:
-            fields[key] = str(data[key])
+    name = check_text(data["name"], "cluster.name", "name") if "name" in data else default_name
+    if name in BUILTIN:
+        raise SpecError("bad-name", f"a cluster file may not take the built-in profile's name {name!r}",
+                        path="cluster.name", hint=f"name it otherwise (its figures are its own); base: {name} "
+                        "starts from the built-in figures")
+    fields["name"] = name
+    if "device" in data:
+        fields["device"] = check_text(data["device"], "cluster.device", "device")
     for key in _POSITIVE:
         if key in data:
             fields[key] = _number(data[key], f"cluster.{key}", key, integer=key == "devices_per_node")
@@ -209,22 +223,18 @@ def parse_cluster(data: Any, default_name: str = "custom") -> Cluster:
         fields["nodes"] = _number(data["nodes"], "cluster.nodes", "nodes", integer=True)
     for key in _FRACTIONS:
         if key in data:
-            value = _number(data[key], f"cluster.{key}", key)
-            if value > 1:
-                raise SpecError("bad-value", f"{key} is {cut(data[key])}, a fraction of the peak must be at most 1",
-                                path=f"cluster.{key}", hint="give a number in (0, 1]")
-            fields[key] = value
+            fields[key] = _number(data[key], f"cluster.{key}", "efficiency")
     if "peak_tflops" in data:
         peaks = data["peak_tflops"]
         if not isinstance(peaks, dict) or not peaks:
             raise SpecError("bad-type", f"peak_tflops is a mapping dtype -> TFLOP/s, got {cut(peaks)}",
                             path="cluster.peak_tflops", hint="write peak_tflops: {float16: 312, float32: 156}")
         for dtype in peaks:
-            if dtype not in _DTYPES:
+            if not isinstance(dtype, str) or dtype not in _DTYPES:
                 raise SpecError("bad-dtype", f"peak_tflops names dtype {cut(dtype)}",
-                                path=f"cluster.peak_tflops.{dtype}", hint=f"dtypes: {', '.join(_DTYPES)}")
+                                path=f"cluster.peak_tflops.{cut(dtype, 40)[1:-1]}", hint=f"dtypes: {', '.join(_DTYPES)}")
         merged = {} if base is None else dict(fields["peak_tflops"])
-        merged.update({d: _number(v, f"cluster.peak_tflops.{d}", d) for d, v in peaks.items()})
+        merged.update({d: _number(v, f"cluster.peak_tflops.{d}", "tflops") for d, v in peaks.items()})
         if "float32" not in merged:
             raise SpecError("missing-key", "peak_tflops needs float32 (the fallback of other dtypes)",
                             path="cluster.peak_tflops", hint="add float32: N")
@@ -232,31 +242,44 @@ def parse_cluster(data: Any, default_name: str = "custom") -> Cluster:
     for key in ("intra", "inter"):
         if key in data:
             fields[key] = _network(data[key], f"cluster.{key}", None if base is None else fields[key])
-    if isinstance(data.get("sources"), dict):
-        fields["sources"] = {str(k): str(v) for k, v in data["sources"].items()}
+    if "sources" in data:
+        fields["sources"] = _sources(data["sources"])
     return Cluster(**fields)
 
 
+def _sources(value: Any) -> dict[str, str]:
+    """A ``sources:`` mapping: figure -> where it comes from, both one printable line."""
+    from layout_prop.io.reader import check_text
+
+    if not isinstance(value, dict):
+        raise SpecError("bad-type", f"sources is a mapping figure -> where it comes from, got {cut(value)}",
+                        path="cluster.sources", hint="write sources: {hbm: 'vendor datasheet, 2024'}")
+    out = {}
+    for key, text in value.items():
+        label = check_text(key, "cluster.sources", "a sources key")
+        out[label] = check_text(text, f"cluster.sources.{label}", "a source", limit=MAX_SOURCE)
+    return out
+
+
 def _number(value: Any, path: str, key: str, integer: bool = False) -> float:
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-    if ok and integer and value != int(value):
-        ok = False
-    if not ok:
-        raise SpecError("bad-value", f"{key} is {cut(value)}, not a positive finite {'integer' if integer else 'number'}",
-                        path=path, hint="give a number > 0")
-    return int(value) if integer else float(value)
+    """``value`` checked against ``RANGES[key]`` (:func:`layout_prop.io.reader.check_number`)."""
+    from layout_prop.io.reader import check_number
+
+    low, high = RANGES.get(key, RANGES["tflops"])
+    return check_number(value, path, low=low, high=high, integer=integer)
 
 
 def _network(value: Any, path: str, base: Network | None) -> Network:
-    if not isinstance(value, dict) or set(value) - {"GBps", "latency_us"}:
+    from layout_prop.io.reader import check_keys
+
+    if not isinstance(value, dict):
         raise SpecError("bad-value", f"a link class is {{GBps, latency_us}}, got {cut(value)}", path=path,
                         hint="write {GBps: 25, latency_us: 6}")
+    check_keys(value, {"GBps", "latency_us"}, path)
     if base is None and set(value) != {"GBps", "latency_us"}:
         raise SpecError("missing-key", "a link class needs GBps and latency_us", path=path,
                         hint="write {GBps: 25, latency_us: 6}")
     gbps = _number(value["GBps"], f"{path}.GBps", "GBps") if "GBps" in value else base.GBps
-    latency = value.get("latency_us", None if base is None else base.latency_us)
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not math.isfinite(latency) or latency < 0:
-        raise SpecError("bad-value", f"latency_us is {cut(latency)}, not a finite number >= 0",
-                        path=f"{path}.latency_us", hint="give microseconds per hop, >= 0")
+    latency = _number(value["latency_us"], f"{path}.latency_us", "latency_us") if "latency_us" in value \
+        else base.latency_us
     return Network(float(gbps), float(latency))

@@ -1,0 +1,237 @@
+"""Hostile and careless user files and flags of issue 40: cluster profiles, spec blocks, plans.
+
+Every user file is read by one reader (layout_prop/io/reader.py): the cases the spec loader
+already refused are fed to the cluster loader too, and must be refused alike.  Everything runs
+in-process through :func:`layout_prop.cli.main`; each case is exit 2 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from layout_prop.cli import main
+from layout_prop.core.errors import SpecError
+from layout_prop.frontends.generate import gpt_spec
+from layout_prop.perf.clusters import load_cluster
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err and "internal-error" not in err, err
+    assert lines[0].startswith("layout-prop: error: "), err
+    return lines[0]
+
+
+def refused(capsys, argv: list[str], code: str, *fragments: str, seconds: float = 10.0) -> str:
+    """``main(argv)`` exits 2 within ``seconds`` with one line naming ``code`` and each fragment."""
+    start = time.perf_counter()
+    rc = main(argv)
+    elapsed = time.perf_counter() - start
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert rc == 2, (rc, out, err)
+    assert f"error: {code}" in line, line
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert elapsed < seconds, elapsed
+    return line
+
+
+def with_pp(spec: dict, pp: int, block: dict) -> dict:
+    """``spec`` with a pipeline axis ``pp`` in front of its mesh and a ``pipeline:`` block."""
+    return {**spec, "mesh": {"shape": [pp] + list(spec["mesh"]["shape"]), "names": ["pp"] + list(spec["mesh"]["names"])},
+            "inputs": {name: {**entry, "placements": ["R"] + list(entry["placements"])}
+                       for name, entry in spec["inputs"].items()},
+            "nodes": [{**node, "attrs": {**node["attrs"], "placements": ["R"] + list(node["attrs"]["placements"])}}
+                      if "placements" in node.get("attrs", {}) else node for node in spec["nodes"]],
+            "pipeline": {"axis": "pp", **block}}
+
+
+def small_gpt(**kwargs) -> dict:
+    return gpt_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, dropout=0.0, dtype="float32", **kwargs)
+
+
+@pytest.fixture
+def pipe_spec(tmp_path) -> str:
+    path = tmp_path / "pipe.yaml"
+    path.write_text(yaml.safe_dump(with_pp(small_gpt(), 2, {"micro_batches": 2}), sort_keys=False))
+    return str(path)
+
+
+@pytest.fixture
+def plain_spec(tmp_path) -> str:
+    path = tmp_path / "gpt.yaml"
+    path.write_text(yaml.safe_dump(small_gpt(), sort_keys=False))
+    return str(path)
+
+
+def write(tmp_path: Path, name: str, text: str | bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+# --------------------------------------------------------------------------- --cluster FILE everywhere
+SLOW = "name: slow-a100\nbase: a100-80g\npeak_tflops: {float16: 0.312, float32: 0.156}\nvector_tflops: 0.0195\n"
+
+
+def _modelled_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("modelled step on "))
+
+
+def test_pipeline_prices_with_the_cluster_files_own_figures(tmp_path, capsys, pipe_spec):
+    # issue 40: `pipeline SPEC --cluster FILE.yaml` failed unknown-cluster 'FILE' (the file's stem looked up
+    # among the built-ins); a file named like a built-in priced with the built-in's figures
+    slow = write(tmp_path, "slow.yaml", SLOW)
+    assert main(["pipeline", pipe_spec, "--cluster", slow]) == 0
+    file_line = _modelled_line(capsys.readouterr().out)
+    assert main(["pipeline", pipe_spec, "--cluster", "a100-80g"]) == 0
+    builtin_line = _modelled_line(capsys.readouterr().out)
+    assert file_line.startswith("modelled step on slow-a100: ") and builtin_line.startswith("modelled step on a100-80g")
+    file_us = float(file_line.split(": ")[1].split(" us")[0])
+    builtin_us = float(builtin_line.split(": ")[1].split(" us")[0])
+    assert file_us > 2 * builtin_us, (file_line, builtin_line)
+
+
+def test_every_command_taking_cluster_reads_a_file(tmp_path, capsys, pipe_spec, plain_spec):
+    slow = write(tmp_path, "slow.yaml", SLOW)
+    assert main(["estimate", pipe_spec, "--cluster", slow]) == 0
+    assert "devices of slow-a100" in capsys.readouterr().out
+    assert main(["estimate", plain_spec, "--cluster", slow]) == 0
+    assert "devices of slow-a100" in capsys.readouterr().out
+    assert main(["plan", plain_spec, "--cluster", slow]) == 0
+    capsys.readouterr()
+    assert main(["plan", plain_spec, "--search", "--cluster", slow, "--devices", "2", "--global-batch", "4"]) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("command", ["pipeline", "estimate", "plan"])
+def test_a_cluster_file_never_passes_for_a_builtin(tmp_path, capsys, pipe_spec, command):
+    fake = write(tmp_path, "fake.yaml", SLOW.replace("slow-a100", "a100-80g"))
+    refused(capsys, [command, pipe_spec, "--cluster", fake], "bad-name", "built-in profile's name 'a100-80g'")
+
+
+# --------------------------------------------------------------------------- the same hostile file, both loaders
+def _both_refuse(capsys, path: str, code_suffix: str, *fragments: str, seconds: float = 10.0) -> None:
+    """The spec loader (check) and the cluster loader (load_cluster, and estimate --cluster) refuse ``path``
+    with the same kind of code (``spec-X`` and ``cluster-X``, or the same code)."""
+    spec_code = code_suffix if "-" in code_suffix and not code_suffix.startswith("-") else f"spec{code_suffix}"
+    cluster_code = code_suffix if spec_code == code_suffix else f"cluster{code_suffix}"
+    refused(capsys, ["check", path], spec_code, *fragments, seconds=seconds)
+    start = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load_cluster(Path(path))
+    assert time.perf_counter() - start < seconds
+    assert info.value.code == cluster_code, info.value
+    for fragment in fragments:
+        assert fragment in str(info.value)
+    refused(capsys, ["estimate", "x.yaml", "--cluster", path], cluster_code, seconds=seconds)
+
+
+def test_non_utf8_is_a_clear_error_in_both_loaders(tmp_path, capsys):
+    path = write(tmp_path, "bad.yaml", b"name: caf\xe9\n")
+    _both_refuse(capsys, path, "-syntax", "is not UTF-8 text", "at byte 9")
+
+
+def test_a_link_to_dev_zero_is_refused_before_reading_in_both_loaders(tmp_path, capsys):
+    link = tmp_path / "zero.yaml"
+    link.symlink_to("/dev/zero")
+    _both_refuse(capsys, str(link), "-not-found", "is a device", seconds=2.0)
+
+
+def test_a_too_large_file_is_refused_by_both_loaders(tmp_path, capsys, monkeypatch):
+    from layout_prop.io import reader
+
+    monkeypatch.setattr(reader, "MAX_FILE_BYTES", 1000)
+    path = write(tmp_path, "big.yaml", "sources: {a: '" + "x" * 200_000 + "'}\n")
+    with pytest.raises(SpecError) as info:
+        load_cluster(Path(path))
+    assert info.value.code == "cluster-too-large"
+    from layout_prop.io.loader import read_spec_text
+
+    with pytest.raises(SpecError) as info:
+        read_spec_text(Path(path), limit=1000)
+    assert info.value.code == "spec-too-large"
+
+
+def test_yaml_alias_bombs_are_bounded_in_both_loaders(tmp_path, capsys):
+    # issue 40: aliases in a cluster's name: took 17 s and 1.3 GB (one level more: out of memory)
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    path = write(tmp_path, "bomb.yaml", "\n".join(levels) + "\nname: *a8\n")
+    _both_refuse(capsys, path, "-too-large", "YAML aliases expand it", seconds=3.0)
+
+
+def test_nesting_too_deep_is_refused_by_both_loaders(tmp_path, capsys):
+    path = write(tmp_path, "deep.yaml", "name: " + "[" * 200 + "]" * 200 + "\n")
+    _both_refuse(capsys, path, "-too-deep", seconds=3.0)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_is_refused_by_both_loaders_not_waited_for(tmp_path, capsys, monkeypatch):
+    # issue 40: a FIFO given as --cluster hung forever
+    from layout_prop.io import reader
+
+    monkeypatch.setattr(reader, "PIPE_WRITER_WAIT_SECONDS", 0.3)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def unblock():  # a reader that never returns would keep the test waiting: open the writer end at the end
+        stop.wait(8)
+        if not stop.is_set():
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+
+    guard = threading.Thread(target=unblock, daemon=True)
+    guard.start()
+    try:
+        _both_refuse(capsys, str(fifo), "-not-found", "a pipe that no process writes to", seconds=5.0)
+    finally:
+        stop.set()
+
+
+# --------------------------------------------------------------------------- the cluster file's values
+@pytest.mark.parametrize("text, code, fragment", [
+    ("base: a100-80g\nhbm_gb: " + "9" * 400 + "\n", "bad-value", "hbm_gb is"),
+    ("base: a100-80g\ninter: {latency_us: 1.7e308}\n", "bad-value", "latency_us is 1.7e+308"),
+    ("base: a100-80g\nhbm_GBps: 1.0e-300\nmemory_efficiency: 1.0e-300\n", "bad-value", "hbm_GBps is 1e-300"),
+    ("base: a100-80g\nmemory_efficiency: 1.0e-300\n", "bad-value", "memory_efficiency is 1e-300"),
+    ("base: [a100-80g]\n", "unknown-cluster", "to start from"),
+    ("base: {a: 1}\n", "unknown-cluster", "to start from"),
+    ("base: a100-80g\n1: x\nfoo: 2\n~: 3\n", "unknown-key", "and 2 more"),
+    ("base: a100-80g\nbsae: 1\n", "unknown-key", "did you mean 'base'?"),
+    ("base: a100-80g\ninter: {GBps: 1, latncy_us: 2}\n", "unknown-key", "did you mean 'latency_us'?"),
+    ("base: a100-80g\nname: " + "n" * 100_000 + "\n", "bad-name", "100,000 characters long"),
+    ("base: a100-80g\nname: \"two\\nlines\"\n", "bad-name", "a control character or a line break"),
+    ("base: a100-80g\nname: [1, 2]\n", "bad-name", "not a non-empty string"),
+    ("base: a100-80g\ndevice: \"\\x1b[31mred\"\n", "bad-name", "control character"),
+    ("base: a100-80g\nsources: [1, 2]\n", "bad-type", "sources is a mapping"),
+    ("base: a100-80g\nsources: {hbm: 3}\n", "bad-name", "a source 3 is not a non-empty string"),
+    ("base: a100-80g\ndevices_per_node: 1000000000\n", "bad-value", "devices_per_node is 1000000000"),
+    ("base: a100-80g\npeak_tflops: {1: 2, float32: 3}\n", "bad-dtype", "names dtype 1"),
+    ("base: a100-80g\nmatmul_efficiency: .nan\n", "bad-value", "matmul_efficiency is nan"),
+    ("base: a100-80g\nnodes: true\n", "bad-value", "nodes is True"),
+])
+def test_hostile_cluster_values_are_one_line_refusals(tmp_path, capsys, text, code, fragment):
+    path = write(tmp_path, "cluster.yaml", text)
+    line = refused(capsys, ["estimate", "never-read.yaml", "--cluster", path], code, fragment, seconds=3.0)
+    assert len(line) < 1000
+
+
+def test_a_cluster_of_extreme_accepted_figures_prices_a_finite_step(tmp_path, capsys, plain_spec):
+    # every figure at the edge of its range: the step time stays finite (no 'inf ms', no division by zero)
+    text = ("base: a100-80g\nname: edge\nhbm_GBps: 1.0e-6\nmemory_efficiency: 0.001\nlink_efficiency: 0.001\n"
+            "matmul_efficiency: 0.001\nvector_tflops: 1.0e-6\npeak_tflops: {float32: 1.0e-6, float16: 1.0e-6}\n"
+            "inter: {GBps: 1.0e-6, latency_us: 1000000}\nintra: {GBps: 1.0e-6, latency_us: 1000000}\n")
+    path = write(tmp_path, "edge.yaml", text)
+    assert main(["estimate", plain_spec, "--cluster", path]) == 0
+    out = capsys.readouterr().out
+    assert "inf" not in out and "nan" not in out and out.startswith("step time ")

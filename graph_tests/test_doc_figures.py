@@ -79,3 +79,19 @@ def test_the_tied_embedding_table_of_docs_pipeline_md(tp):
     before = (m * (len(every) + len(once)), m * (sum(every) + sum(once)))
     after = (m * len(every) + len(once), m * sum(every) + sum(once))
     assert rows[tp] == before + after
+
+
+SPEC_FORMAT_PAGE = Path(__file__).resolve().parents[1] / "docs" / "spec-format.md"
+
+
+def test_the_conflicting_constraints_error_of_docs_spec_format_md(tmp_path, capsys, monkeypatch):
+    """docs/spec-format.md's ``check pinned.yaml`` with constraints ``{"?": [R], y: ["S(0)"]}``: the page's
+    pinned.yaml (its heredoc) with that constraints section; the one line it shows is what check prints."""
+    written = re.search(r"^\$ cat > pinned.yaml <<'EOF'\n(.*?)^EOF$", SPEC_FORMAT_PAGE.read_text(), re.S | re.M)
+    spec = yaml.safe_load(written.group(1))
+    spec["constraints"] = {"?": ["R"], "y": ["S(0)"]}
+    (tmp_path / "pinned.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "pinned.yaml"]) == 2
+    shown = _text_block(SPEC_FORMAT_PAGE, 'layout-prop check pinned.yaml      # with constraints {"?": [R], y: ["S(0)"]}')
+    assert transcript_differences(shown, capsys.readouterr().err) == []

@@ -22,21 +22,29 @@ pytestmark = pytest.mark.skipif(not (SNAPSHOT / "hyper_parallel" / "core" / "sha
 
 @pytest.fixture(scope="module")
 def checkout():
-    from layout_prop.interop.hyper_parallel import load_checkout
+    from layout_prop.interop.hyper_parallel import read_checkout
 
-    return load_checkout(SNAPSHOT)
+    return read_checkout(SNAPSHOT)
 
 
-def _audit(checkout, names, meshes=((4,),), budget=64):
+def _audit(checkout, names, meshes=((4,),), budget=64, modules=()):
     from layout_prop.interop.audit import run_audit
+    from layout_prop.interop.hyper_parallel import read_checkout
 
+    if modules:
+        checkout = read_checkout(SNAPSHOT, modules=modules)
     return run_audit(checkout, names, meshes=meshes, budget=budget)
 
 
-def test_the_snapshot_loads_every_yaml_op(checkout):
-    assert len(checkout.ops) > 100 and not checkout.failed
-    assert checkout.platform == "stand-in"  # its package __init__ and platform layer did not run
-    assert type(checkout.ops["MatMul"]).__name__ == "MatMulDistributedOp"
+def test_the_snapshot_declares_every_yaml_op(checkout):
+    assert len(checkout.entries) > 100
+    assert checkout.entries["MatMul"].cls == "MatMulDistributedOp"
+    assert checkout.entries["MatMul"].module == "hyper_parallel.core.shard.ops.parallel_matmul"
+
+
+def test_the_snapshot_loads_in_the_worker_with_the_stand_in_platform(checkout):
+    report = _audit(checkout, ["ReLU"])
+    assert report.platform == "stand-in" and report.ok and not report.failed
 
 
 def test_softmax_answers_are_all_right_and_sharded_axes_rejected(checkout):
@@ -60,41 +68,37 @@ def test_matmul_with_a_partial_weight_is_caught(checkout):
     assert over.placements == (("R",), ("S(0)",)) and over.ours == "accepts: (P(sum))"
 
 
-def _seed_rpe_rule(base, layout_class):
-    """The seed's RotaryPositionEmbedding proposal, written naively in upstream's shape (deliberately wrong).
-
-    It follows the issue's text: D never sharded, no Partial, output = x's layout, and cos/sin "sharded
-    like x" compared entry by entry from the left, which is wrong for a lower-rank (broadcast) cos/sin.
-    """
-
-    class SeedRotaryPositionEmbedding(base):
-        def infer_layout(self, layouts, extra_args):
-            self._check_partial_inputs(layouts)
-            x = layouts[0]
-            for layout in layouts:
-                if layout.tensor_map[-1] != -1:
-                    raise ValueError("D must not be sharded")
-            for layout in layouts[1:]:
-                for i, entry in enumerate(layout.tensor_map):
-                    if entry != -1 and entry != x.tensor_map[i]:
-                        raise ValueError(f"cos/sin dim {i} must be sharded like x")
-            return layout_class.__call__(x, *x.alias_tensor_map)
-
-    return SeedRotaryPositionEmbedding
+#: the seed's RotaryPositionEmbedding proposal, written naively in upstream's shape (deliberately wrong): it
+#: follows the issue's text: D never sharded, no Partial, output = x's layout, and cos/sin "sharded like x"
+#: compared entry by entry from the left, which is wrong for a lower-rank (broadcast) cos/sin
+SEED_RPE = """
+from hyper_parallel.core.shard.ops.parallel_ops import DistributedOp
 
 
-def test_a_deliberately_wrong_rule_in_upstream_shape_is_caught(checkout):
-    from layout_prop.interop.hyper_parallel import add_registered
+class SeedRotaryPositionEmbedding(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        self._check_partial_inputs(layouts)
+        x = layouts[0]
+        for layout in layouts:
+            if layout.tensor_map[-1] != -1:
+                raise ValueError("D must not be sharded")
+        for layout in layouts[1:]:
+            for i, entry in enumerate(layout.tensor_map):
+                if entry != -1 and entry != x.tensor_map[i]:
+                    raise ValueError(f"cos/sin dim {i} must be sharded like x")
+        return type(x).__call__(x, *x.alias_tensor_map)
 
-    cls = _seed_rpe_rule(checkout.base_class, checkout.layout_class)
-    cls("RotaryPositionEmbedding")  # registers itself, as upstream's yaml loading does
-    try:
-        assert add_registered(checkout, "test") == ["RotaryPositionEmbedding"]
-        report = _audit(checkout, ["RotaryPositionEmbedding"], budget=48)
-    finally:
-        checkout.registry.pop("RotaryPositionEmbedding", None)
-        checkout.ops.pop("RotaryPositionEmbedding", None)
+
+SeedRotaryPositionEmbedding("RotaryPositionEmbedding")
+"""
+
+
+def test_a_deliberately_wrong_rule_in_upstream_shape_is_caught(checkout, tmp_path):
+    module = tmp_path / "seed_rpe.py"
+    module.write_text(SEED_RPE)
+    report = _audit(checkout, ["RotaryPositionEmbedding"], budget=48, modules=[module])
     audit = report.ops[0]
+    assert audit.source == str(module)
     assert not report.ok and audit.counts["wrong"] > 0 and audit.counts["right"] > 0
     wrong = audit.examples["wrong"]
     # x sharded on S with a replicated cos: "R broadcasts" claims a full cos fits x's local piece
@@ -137,11 +141,7 @@ def test_audit_module_adds_a_proposal_from_a_file(checkout, tmp_path, capsys):
         "    def infer_layout(self, layouts, extra_args):\n"
         "        return layouts[0]\n\n\n"
         "AnyAxisSoftmax('Softmax')\n")
-    upstream_softmax = checkout.registry["Softmax"]
-    try:
-        code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "Softmax", "--mesh", "4", "--json"])
-    finally:
-        checkout.registry["Softmax"] = upstream_softmax  # the registry is the process's: put upstream's back
+    code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "Softmax", "--mesh", "4", "--json"])
     data = json.loads(capsys.readouterr().out)
     softmax = data["ops"][0]
     assert code == 1 and softmax["source"] == str(module)
@@ -149,65 +149,65 @@ def test_audit_module_adds_a_proposal_from_a_file(checkout, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- the judges added for every op
-def _audit_rule(checkout, name, infer_layout, meshes=((4,),), budget=48):
-    """Audit ``infer_layout`` registered under upstream op ``name`` (upstream's own rule put back after)."""
-    from layout_prop.interop.hyper_parallel import add_registered
-
-    cls = type("TestRule", (checkout.base_class,), {"infer_layout": infer_layout})
-    saved = checkout.registry.get(name), checkout.ops.get(name)
-    cls(name)  # registers itself, as upstream's yaml loading does
-    try:
-        assert name in add_registered(checkout, "test")
-        return _audit(checkout, [name], meshes=meshes, budget=budget).ops[0]
-    finally:
-        checkout.registry[name], checkout.ops[name] = saved
-
-
-def _same_layout_or_refuse(self, layouts, extra_args):
-    """Right for any elementwise op: identical layouts without Partial, else refused."""
-    first = layouts[0]
-    for layout in layouts:
-        if layout is None:
-            continue
-        if layout.is_partial() or layout.tensor_map != first.tensor_map:
-            raise ValueError("give identical layouts without Partial")
-    return first
+def _audit_rule(checkout, tmp_path, name, infer_layout: str, meshes=((4,),), budget=48):
+    """Audit a rule whose ``infer_layout`` body is ``infer_layout``, registered under upstream op ``name`` by a
+    --module file (upstream's own rule is untouched: the worker process is the audit's)."""
+    module = tmp_path / f"rule_{name}_{abs(hash(infer_layout))}.py"
+    module.write_text("from hyper_parallel.core.shard.ops.parallel_ops import DistributedOp\n\n\n"
+                      "class TestRule(DistributedOp):\n"
+                      "    def infer_layout(self, layouts, extra_args):\n"
+                      + "".join(f"        {line}\n" for line in infer_layout.strip().splitlines())
+                      + f"\n\nTestRule({name!r})\n")
+    report = _audit(checkout, [name], meshes=meshes, budget=budget, modules=[module])
+    assert report.ops[0].failure is None, report.ops[0].failure
+    return report.ops[0]
 
 
-def test_a_comparison_judged_by_the_helper_kernel(checkout):
+#: right for any elementwise op: identical layouts without Partial, else refused
+SAME_LAYOUT_OR_REFUSE = """
+first = layouts[0]
+for layout in layouts:
+    if layout is None:
+        continue
+    if layout.is_partial() or layout.tensor_map != first.tensor_map:
+        raise ValueError("give identical layouts without Partial")
+return first
+"""
+
+
+def test_a_comparison_judged_by_the_helper_kernel(checkout, tmp_path):
     """ge has no layout-prop op: numpy's greater_equal executes it; a rule passing Partial through is caught."""
-    right = _audit_rule(checkout, "ge", _same_layout_or_refuse)
+    right = _audit_rule(checkout, tmp_path, "ge", SAME_LAYOUT_OR_REFUSE)
     assert right.counts["wrong"] == 0 and right.counts["right"] > 0
     assert right.op == "numpy greater_equal of interop/judges.py, layout-prop's maximum rule as stand-in"
-
-    def partial_kept(self, layouts, extra_args):  # deliberately wrong: a comparison of partial terms
-        first = layouts[0]
-        if any(layout.tensor_map != first.tensor_map for layout in layouts):
-            raise ValueError("give identical tensor maps")
-        return first
-
-    wrong = _audit_rule(checkout, "ge", partial_kept)
+    partial_kept = """
+first = layouts[0]
+if any(layout.tensor_map != first.tensor_map for layout in layouts):
+    raise ValueError("give identical tensor maps")
+return first
+"""  # deliberately wrong: a comparison of partial terms
+    wrong = _audit_rule(checkout, tmp_path, "ge", partial_kept)
     assert wrong.counts["wrong"] > 0
     assert "P(sum)" in sum(wrong.examples["wrong"].placements, ())  # the smallest: a P(sum) operand
 
 
-def test_reshape_is_judged_with_the_local_shape_the_rule_returns(checkout):
-    def global_shape_kept(self, layouts, extra_args):  # deliberately wrong: the global shape as the local one
-        x = layouts[0]
-        if x.is_partial() or any(m != -1 for m in x.tensor_map[1:]):
-            raise ValueError("dim 0 sharded at most")
-        out = [x.alias_tensor_map[0]] + ["None"] * (len(extra_args[0]) - 1)
-        return x.__class__.__call__(x, *out), list(extra_args[0])
-
-    def replicated_only(self, layouts, extra_args):
-        x = layouts[0]
-        if any(m != -1 for m in x.tensor_map) or x.is_partial():
-            raise ValueError("replicated inputs only")
-        return x.__class__.__call__(x, *(["None"] * len(extra_args[0]))), list(extra_args[0])
-
-    right = _audit_rule(checkout, "Reshape", replicated_only)
+def test_reshape_is_judged_with_the_local_shape_the_rule_returns(checkout, tmp_path):
+    global_shape_kept = """
+x = layouts[0]
+if x.is_partial() or any(m != -1 for m in x.tensor_map[1:]):
+    raise ValueError("dim 0 sharded at most")
+out = [x.alias_tensor_map[0]] + ["None"] * (len(extra_args[0]) - 1)
+return x.__class__.__call__(x, *out), list(extra_args[0])
+"""  # deliberately wrong: the global shape as the local one
+    replicated_only = """
+x = layouts[0]
+if any(m != -1 for m in x.tensor_map) or x.is_partial():
+    raise ValueError("replicated inputs only")
+return x.__class__.__call__(x, *(["None"] * len(extra_args[0]))), list(extra_args[0])
+"""
+    right = _audit_rule(checkout, tmp_path, "Reshape", replicated_only)
     assert right.counts["wrong"] == 0 and right.counts["right"] > 0
-    wrong = _audit_rule(checkout, "Reshape", global_shape_kept)
+    wrong = _audit_rule(checkout, tmp_path, "Reshape", global_shape_kept)
     assert wrong.counts["wrong"] > 0
     assert "shape" in wrong.examples["wrong"].upstream_answer  # the returned local shape is shown
 
@@ -220,7 +220,7 @@ def test_the_snapshot_reshape_is_wrong_on_uneven_shards(checkout):
     assert "cannot reshape array of size 8 into shape (6,)" in wrong.message
 
 
-def test_multinomial_is_judged_by_its_invariants(checkout):
+def test_multinomial_is_judged_by_its_invariants(checkout, tmp_path):
     from layout_prop.interop import judges
 
     check = judges.check("multinomial_invariants")
@@ -229,21 +229,15 @@ def test_multinomial_is_judged_by_its_invariants(checkout):
     assert check(np.array([[1, 2]]), [probs], attrs) is None
     assert "not positive" in check(np.array([[0, 2]]), [probs], attrs)
     assert "repeated" in check(np.array([[2, 2]]), [probs], attrs)
-
-    def rows_dropped(self, layouts, extra_args):  # deliberately wrong: samples replicated whatever the rows
-        x = layouts[0]
-        if x.is_partial() or x.tensor_map[-1] != -1:
-            raise ValueError("no")
-        return x.__class__.__call__(x, *(["None"] * len(x.tensor_map)))
-
-    def rows_kept(self, layouts, extra_args):
-        x = layouts[0]
-        if x.is_partial() or x.tensor_map[-1] != -1:
-            raise ValueError("no")
-        return x.__class__.__call__(x, *x.alias_tensor_map)
-
-    assert _audit_rule(checkout, "multinomial", rows_kept).counts["wrong"] == 0
-    wrong = _audit_rule(checkout, "multinomial", rows_dropped)
+    guard = """
+x = layouts[0]
+if x.is_partial() or x.tensor_map[-1] != -1:
+    raise ValueError("no")
+"""
+    rows_dropped = guard + "return x.__class__.__call__(x, *(['None'] * len(x.tensor_map)))\n"  # deliberately wrong
+    rows_kept = guard + "return x.__class__.__call__(x, *x.alias_tensor_map)\n"
+    assert _audit_rule(checkout, tmp_path, "multinomial", rows_kept).counts["wrong"] == 0
+    wrong = _audit_rule(checkout, tmp_path, "multinomial", rows_dropped)
     assert wrong.counts["wrong"] > 0 and "S(0)" in wrong.examples["wrong"].placements[0]
 
 
@@ -260,7 +254,7 @@ def test_attention_runs_the_rules_own_expansion(checkout):
 def test_every_snapshot_op_has_a_case(checkout):
     from layout_prop.interop.cases import CASES, NOT_MAPPED
 
-    assert [n for n in checkout.ops if n not in CASES] == []  # every op of the snapshot has a case
+    assert [n for n in checkout.entries if n not in CASES] == []  # every op of the snapshot has a case
     assert all(n not in CASES for n in NOT_MAPPED)
 
 
@@ -296,11 +290,7 @@ def test_audit_module_with_a_wrong_comparison_rule(checkout, tmp_path, capsys):
         "            raise ValueError('identical tensor maps only')\n"
         "        return layouts[0]\n\n\n"
         "PartialKeepingCompare('ge')\n")
-    upstream_ge = checkout.registry["ge"]
-    try:
-        code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "ge", "--mesh", "4", "--json"])
-    finally:
-        checkout.registry["ge"] = upstream_ge
+    code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "ge", "--mesh", "4", "--json"])
     data = json.loads(capsys.readouterr().out)
     ge = data["ops"][0]
     assert code == 1 and ge["source"] == str(module) and ge["wrong"] > 0
@@ -317,10 +307,7 @@ def test_an_audit_of_nothing_does_not_say_every_answer_is_right(checkout, tmp_pa
                       "class Passthrough(DistributedOp):\n"
                       "    def infer_layout(self, layouts, extra_args):\n"
                       "        return layouts[0]\n\n\nPassthrough('AnOpWithoutACase')\n")
-    try:
-        code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "AnOpWithoutACase", "--mesh", "4"])
-    finally:
-        checkout.registry.pop("AnOpWithoutACase", None)
+    code = main(["audit", str(SNAPSHOT), "--module", str(module), "--op", "AnOpWithoutACase", "--mesh", "4"])
     out = capsys.readouterr().out
     assert code == 0 and "AnOpWithoutACase: no audit case written" in out
     assert out.splitlines()[-1] == "no combination audited: nothing was judged"

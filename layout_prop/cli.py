@@ -201,7 +201,11 @@ def _parser() -> argparse.ArgumentParser:
     au.add_argument("--samples", type=_positive_int, default=256, metavar="N",
                     help="input combinations per case and mesh, a seeded sample beyond N (default 256)")
     au.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
-    au.add_argument("--json", action="store_true", help="print one JSON object")
+    au.add_argument("--time-limit", type=_time_limit_arg, default=10.0, metavar="SECONDS",
+                    help="wall time one call of the checkout's code may take in the audit's worker (default 10)")
+    au_out = au.add_mutually_exclusive_group()
+    au_out.add_argument("--json", action="store_true", help="print one JSON object")
+    au_out.add_argument("--markdown", action="store_true", help="print the per-op table as docs/audit.md shows it")
 
     _add_model_args(_add_viz_parser(sub))
     _add_import_parser(sub)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from .printing import print_json
 
 __all__ = ["run"]
@@ -20,16 +18,25 @@ def _print_finding(kind: str, finding) -> None:
         print(f"    {finding.message}")
 
 
+def _op_line(audit) -> str:
+    c = audit.counts
+    by = audit.op if "interop/judges.py" in audit.op else f"layout-prop {audit.op}"
+    if audit.failure is not None:
+        kind, message = audit.failure
+        return f"{audit.name} ({by}): {kind}: {message}"
+    return (f"{audit.name} ({by}): {audit.combinations} combinations: accepted "
+            f"{audit.accepted} (right {c['right']}, wrong {c['wrong']} ({audit.silent} silently), unjudged "
+            f"{c['unjudged']}), rejected "
+            f"{c['rejected'] + c['over_strict']} (over-strict {c['over_strict']})")
+
+
 def _print_report(report) -> None:
     meshes = ", ".join("x".join(map(str, m)) for m in report.meshes)
     print(f"audit of {report.root} on meshes {meshes} (platform layer: {report.platform})")
     for audit in report.ops:
-        c = audit.counts
-        by = audit.op if "interop/judges.py" in audit.op else f"layout-prop {audit.op}"
-        print(f"{audit.name} ({by}): {audit.combinations} combinations: accepted "
-              f"{audit.accepted} (right {c['right']}, wrong {c['wrong']} ({audit.silent} silently), unjudged "
-              f"{c['unjudged']}), rejected "
-              f"{c['rejected'] + c['over_strict']} (over-strict {c['over_strict']})")
+        print(_op_line(audit))
+        if audit.failure is not None:
+            continue
         for reason, n in sorted(audit.unjudged_reasons.items()):
             print(f"  unjudged {n}: {reason}")
         for kind in ("wrong", "over_strict"):
@@ -39,36 +46,85 @@ def _print_report(report) -> None:
         print(f"not mapped ({len(report.not_mapped)}):")
         for name, reason in sorted(report.not_mapped.items()):
             print(f"  {name}: {reason}")
-    for name, reason in sorted(report.failed.items()):
-        print(f"failed to load {name}: {reason}")
     t = report.totals()
     print(f"total: {t['combinations']} combinations, right {t['right']}, wrong {t['wrong']} "
           f"({t['wrong_silently']} silently), over-strict "
           f"{t['over_strict']}, rejected {t['rejected']}, unjudged {t['unjudged']}")
-    if not t["combinations"]:  # every op named is not mapped (or failed to load): "all right" would be vacuous
+    failures = report.failures()
+    if failures:
+        print(f"not audited: {', '.join(f'{kind} {n}' for kind, n in failures.items())} "
+              f"(ops whose rules crashed, hung, failed to load or answered no Layout)")
+    if t["wrong"]:
+        print("WRONG answers found")
+    elif failures:
+        print("some ops could not be audited")
+    elif not t["combinations"]:  # every op named is not mapped: "all right" would be vacuous
         print("no combination audited: nothing was judged")
     else:
-        print("every accepted answer is right" if report.ok else "WRONG answers found")
+        print("every accepted answer is right")
+
+
+def _escape(name: str) -> str:
+    """An op name in a markdown cell (``__and__`` would turn bold)."""
+    name = name.replace("|", "\\|")
+    return name.replace("_", "\\_") if name.startswith("_") else name
+
+
+def markdown(report) -> str:
+    """The per-op table and the totals, as docs/audit.md shows them (``audit --markdown``)."""
+    lines = ["| upstream op | executed with | tried | right | wrong (silently) | over-strict | rejected | unjudged |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for a in report.ops:
+        if a.failure is not None:
+            lines.append(f"| {_escape(a.name)} | {a.op} | {a.failure[0]} | | | | | |")
+            continue
+        c = a.counts
+        lines.append(f"| {_escape(a.name)} | {a.op} | {a.combinations} | {c['right']} | {c['wrong']} ({a.silent}) | "
+                     f"{c['over_strict']} | {c['rejected']} | {c['unjudged']} |")
+    t = report.totals()
+    judged = [a for a in report.ops if a.failure is None]
+    lines.append(f"| **total ({len(report.ops)} ops)** | | {t['combinations']:,} | {t['right']:,} | "
+                 f"{t['wrong']:,} ({t['wrong_silently']:,}) | {t['over_strict']:,} | {t['rejected']:,} | "
+                 f"{t['unjudged']:,} |")
+    wrong_ops = sum(1 for a in judged if a.counts["wrong"])
+    strict_ops = sum(1 for a in judged if a.counts["over_strict"])
+    all_right = [a for a in judged if not a.counts["wrong"]]
+    exact = sum(1 for a in all_right if not a.counts["over_strict"])
+    meshes = " and ".join("x".join(map(str, m)) for m in report.meshes)
+    lines += ["", f"{len(report.ops)} ops audited on meshes {meshes}: {t['combinations']:,} combinations; "
+              f"right {t['right']:,}; wrong {t['wrong']:,} ({t['wrong_silently']:,} of them silently) in "
+              f"{wrong_ops} ops; over-strict {t['over_strict']:,} in {strict_ops} ops; rejected {t['rejected']:,}; "
+              f"unjudged {t['unjudged']:,}. {len(all_right)} ops answer right on every combination they accept "
+              f"({exact} of them refuse none that layout-prop's answer shows they could take)."]
+    failures = report.failures()
+    if failures:
+        lines.append("Not audited: " + ", ".join(f"{kind} {n}" for kind, n in failures.items()) + ".")
+    if report.not_mapped:
+        lines.append(f"Not mapped: {', '.join(_escape(n) for n in sorted(report.not_mapped))}.")
+    return "\n".join(lines)
 
 
 def run(args) -> int:
-    from layout_prop.interop.audit import DEFAULT_MESHES, run_audit
-    from layout_prop.interop.hyper_parallel import add_registered, load_checkout
+    from layout_prop.interop.audit import DEFAULT_MESHES, Limits, run_audit
+    from layout_prop.interop.hyper_parallel import read_checkout
+    from layout_prop.io.progress import Progress
 
-    from .verify import import_module_file
-
-    checkout = load_checkout(args.path, platform=args.platform)
-    for module in args.module or ():
-        import_module_file(module)
-        add_registered(checkout, str(module))
+    checkout = read_checkout(args.path, platform=args.platform, modules=args.module or ())
     meshes = args.mesh or list(DEFAULT_MESHES)
-    progress = None
-    if not args.json and sys.stderr.isatty():
-        def progress(name: str) -> None:
-            print(f"layout-prop: audit {name}", file=sys.stderr)
-    report = run_audit(checkout, ops=args.op, meshes=meshes, budget=args.samples, seed=args.seed, progress=progress)
+    limits = Limits(call_seconds=args.time_limit)
+    quiet = args.json or args.markdown
+    with Progress(0, "audit", enabled=False if quiet else None) as bar:
+        def progress(name: str, done: int, total: int) -> None:
+            bar.total = total
+            bar.label = f"audit {name}" if name else "audit"
+            bar.update(done)
+
+        report = run_audit(checkout, ops=args.op, meshes=meshes, budget=args.samples, seed=args.seed,
+                           progress=progress, limits=limits)
     if args.json:
         print_json(report.to_dict())
+    elif args.markdown:
+        print(markdown(report))
     else:
         _print_report(report)
     return 0 if report.ok else 1

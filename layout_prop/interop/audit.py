@@ -24,7 +24,6 @@ Uneven shards are cut as ``torch.chunk`` does (DTensor's convention, and layout-
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 import random
@@ -35,7 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from layout_prop.core import meta
-from layout_prop.core.errors import ExecutionError, LayoutPropError, OpError, describe
+from layout_prop.core.errors import ExecutionError, LayoutPropError, OpError, SpecError, cut, describe
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.redistribute import plan_redistribution
@@ -48,9 +47,10 @@ from layout_prop.passes.propagate import Propagate
 
 from . import judges
 from .cases import NOT_MAPPED, Case, cases_for
-from .hyper_parallel import Checkout, from_upstream, host_rank, host_tensor, quiet_backend, to_upstream, upstream_text
+from .hyper_parallel import CheckoutFiles, from_upstream, upstream_text
+from .sandbox import Limits, Worker, WorkerFailure, decode_array, decode_value, encode_value, remote_describe
 
-__all__ = ["AuditReport", "OpAudit", "Finding", "run_audit", "DEFAULT_MESHES", "CLASSES"]
+__all__ = ["AuditReport", "OpAudit", "Finding", "run_audit", "DEFAULT_MESHES", "CLASSES", "Limits"]
 
 DEFAULT_MESHES = ((4,), (2, 2))
 MESH_NAMES = {1: ("tp",), 2: ("dp", "tp"), 3: ("dp", "tp", "sp")}
@@ -116,6 +116,7 @@ class OpAudit:
     examples: dict[str, Finding] = field(default_factory=dict)
     unjudged_reasons: dict[str, int] = field(default_factory=dict)
     silent: int = 0  # wrong answers whose local kernels ran: the result differs without any error
+    failure: tuple[str, str] | None = None  # (kind, message): the op could not be audited (crashed, timeout...)
 
     @property
     def accepted(self) -> int:
@@ -133,6 +134,9 @@ class OpAudit:
             self.examples[finding.kind] = finding
 
     def to_dict(self) -> dict:
+        if self.failure is not None:
+            return {"op": self.name, "layout_prop_op": self.op, "source": self.source,
+                    "failure": {"kind": self.failure[0], "message": self.failure[1]}}
         return {"op": self.name, "layout_prop_op": self.op, "source": self.source,
                 "combinations": self.combinations, "accepted": self.accepted,
                 **{k: self.counts[k] for k in CLASSES}, "wrong_silently": self.silent,
@@ -152,16 +156,25 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return not any(a.counts["wrong"] for a in self.ops)
+        return not any(a.counts["wrong"] for a in self.ops) and not self.failures()
+
+    def failures(self) -> dict[str, int]:
+        """How many ops could not be audited, by kind (crashed, timeout, bad-answer, load-failed)."""
+        out: dict[str, int] = {}
+        for a in self.ops:
+            if a.failure is not None:
+                out[a.failure[0]] = out.get(a.failure[0], 0) + 1
+        return dict(sorted(out.items()))
 
     def totals(self) -> dict[str, int]:
-        out = {k: sum(a.counts[k] for a in self.ops) for k in CLASSES}
-        out["wrong_silently"] = sum(a.silent for a in self.ops)
-        out["combinations"] = sum(a.combinations for a in self.ops)
+        judged = [a for a in self.ops if a.failure is None]
+        out = {k: sum(a.counts[k] for a in judged) for k in CLASSES}
+        out["wrong_silently"] = sum(a.silent for a in judged)
+        out["combinations"] = sum(a.combinations for a in judged)
         return out
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "checkout": self.root, "platform": self.platform,
+        return {"ok": self.ok, "checkout": self.root, "platform": self.platform, "failures": self.failures(),
                 "meshes": [list(m) for m in self.meshes],
                 "totals": self.totals(), "ops": [a.to_dict() for a in self.ops],
                 "not_mapped": dict(sorted(self.not_mapped.items())),
@@ -304,6 +317,8 @@ def execute(rule: OpRule | None, attrs: dict, in_specs: Sequence[TensorSpec], lo
                 return f"rank {rank}: {exc}"
             return f"the kernel failed on rank {rank} with local shapes {[list(a.shape) for a in args]}: " \
                    f"{describe(exc)}"
+        except _ExpansionRaised as raised:  # the rule's expansion raised in the worker
+            return f"{EXPANSION_REFUSED if raised.refused else EXPANSION_FAILED}: {raised.text}"
         except (ValueError, NotImplementedError) as exc:  # the expansion refuses the layouts when it runs
             return f"{EXPANSION_REFUSED}: {describe(exc)}"
         except Exception as exc:  # the rule's own expansion around the kernel: not ours to judge
@@ -366,41 +381,209 @@ def _judge_ours(rule, in_specs, locals_in, out_specs, wants, attrs, reference, *
 
 
 # --------------------------------------------------------------------------- one op
-def _wrap_for(checkout: Checkout, up_op, case: Case, up_out, layouts, extra_args):
-    """The upstream expansion around the kernel (Add and Linear scale a term), when the class has one."""
-    get_impl = getattr(type(up_op), "get_expand_impl", None)
-    if get_impl is None or get_impl is checkout.base_class.get_expand_impl:
+@dataclass(frozen=True)
+class UpLayout:
+    """A ``Layout`` a rule answered, as plain data read from the worker (checked)."""
+
+    mesh_shape: tuple
+    tensor_map: Any
+    partial: tuple
+
+
+_BIG = 1 << 31
+
+
+def _small_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -_BIG < v < _BIG
+
+
+def _up_layout(data, where: str) -> UpLayout:
+    """The worker's ``{"layout": ...}`` item as an :class:`UpLayout`; ``bad-answer`` unless plain and small."""
+    if not isinstance(data, dict) or set(data) != {"mesh_shape", "tensor_map", "partial"}:
+        raise WorkerFailure("bad-answer", f"a Layout the worker could not describe {where}")
+    shape, tmap, partial = (decode_value(data[k]) for k in ("mesh_shape", "tensor_map", "partial"))
+    if not isinstance(shape, (tuple, list)) or not all(_small_int(n) for n in shape):
+        raise WorkerFailure("bad-answer", f"a Layout whose mesh_shape is {cut(shape)} {where}")
+    if tmap is not None and not (isinstance(tmap, (tuple, list)) and len(tmap) <= 64 and all(
+            _small_int(e) or (isinstance(e, (tuple, list)) and all(_small_int(k) for k in e)) for e in tmap)):
+        raise WorkerFailure("bad-answer", f"a Layout whose tensor_map is {cut(tmap)} {where}")
+    if not isinstance(partial, (tuple, list)) or len(partial) != len(shape) or not all(
+            p is None or isinstance(p, str) for p in partial):
+        raise WorkerFailure("bad-answer", f"a Layout whose partial status is {cut(partial)} {where}")
+    return UpLayout(tuple(shape), tmap, tuple(partial))
+
+
+def _item(item, where: str):
+    if isinstance(item, dict) and set(item) == {"layout"}:
+        return _up_layout(item["layout"], where)
+    if isinstance(item, dict) and set(item) == {"value"}:
+        return decode_value(item["value"])
+    raise WorkerFailure("bad-answer", f"an answer item that is not the protocol's {where}")
+
+
+def _layout_desc(layout: Layout) -> dict:
+    """Our ``layout`` as the worker builds the checkout's ``Layout``: device matrix, alias names and map, partial."""
+    from .hyper_parallel import _alias_map
+
+    mesh = layout.mesh
+    return {"mesh_shape": list(mesh.shape), "alias_name": list(mesh.names),
+            "alias_map": [list(e) if isinstance(e, tuple) else e for e in _alias_map(layout)],
+            "partial": [[mesh.names[axis], op] for axis, op in layout.partial_axes().items()]}
+
+
+class _ExpansionRaised(Exception):
+    """The rule's expansion raised in the worker (``text`` as ``describe`` writes it)."""
+
+    def __init__(self, refused: bool, text: str) -> None:
+        super().__init__(text)
+        self.refused = refused
+        self.text = text
+
+
+class Session:
+    """The audit's worker for one checkout: started on demand, restarted after a failure."""
+
+    def __init__(self, checkout: CheckoutFiles, limits: Limits) -> None:
+        self.checkout = checkout
+        self.limits = limits
+        self.worker: Worker | None = None
+        self.loaded: dict[str, bool] = {}  # op name -> whether its class has its own get_expand_impl
+
+    def _started(self) -> Worker:
+        if self.worker is None or not self.worker.alive:
+            self.loaded = {}
+            self.worker = Worker(self.checkout.root, self.checkout.platform, self.limits)
+            self.worker.start()
+        return self.worker
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+
+    def module_names(self) -> list[str]:
+        worker = self._started()
+        worker.send({"cmd": "names", "files": list(self.checkout.modules)})
+        reply = worker.read(self.limits.call_seconds, "while importing the --module files")
+        if "error" in reply:
+            raise OpError("module-failed", f"importing the --module files failed: {remote_describe(reply['error'])}",
+                          hint="run the file with python, with the checkout on PYTHONPATH, to see the full error")
+        names = reply.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise WorkerFailure("bad-answer", "the --module files' op names are not a list of names")
+        return names
+
+    def load(self, name: str, from_modules: bool) -> None:
+        """Instantiate op ``name`` in the worker; ``WorkerFailure`` ``load-failed`` when it does not load."""
+        if name in self.loaded:
+            return
+        worker = self._started()
+        entry = None if from_modules else self.checkout.entries[name]
+        worker.send({"cmd": "load", "op": name, "module": entry.module if entry else None,
+                     "class": entry.cls if entry else None, "files": list(self.checkout.modules) if from_modules else []})
+        reply = worker.read(self.limits.call_seconds, f"while loading {name}")
+        if "error" in reply:
+            source = entry.source if entry else "--module"
+            raise WorkerFailure("load-failed", f"{source}: {remote_describe(reply['error'])}")
+        if reply.get("ok") is not True or not isinstance(reply.get("expands"), bool):
+            raise WorkerFailure("bad-answer", f"the reply to loading {name} is not the protocol's")
+        self.loaded[name] = reply["expands"]
+
+    def infer(self, name: str, calls: list, where: str) -> list[dict]:
+        """``infer_layout`` on each ``(layouts, extra_args)``; one reply a call, in order."""
+        worker = self._started()
+        worker.send({"cmd": "infer", "op": name,
+                     "cases": [{"id": k, "layouts": layouts, "extra": encode_value(extra)}
+                               for k, (layouts, extra) in enumerate(calls)]})
+        replies = []
+        for k in range(len(calls)):
+            reply = worker.read(self.limits.call_seconds, f"from {name}'s infer_layout ({where}, call {k + 1})")
+            if "error" in reply:
+                raise WorkerFailure("crashed", f"the worker failed on {name}'s inputs ({where}): "
+                                    f"{remote_describe(reply['error'])}")
+            if reply.get("id") != k:
+                raise WorkerFailure("bad-answer", f"a reply out of order from {name}'s infer_layout ({where})")
+            replies.append(reply)
+        return replies
+
+    def expand(self, name: str, call_id: int, out: list[int], case: Case, rank: int, args, call: Callable,
+               where: str):
+        """The rule's expansion on ``rank``'s ``args``, its kernel calls answered by ``call``.
+
+        Returns the outputs (a tuple of arrays), or None when the rule has no expansion for these
+        layouts; raises ``_KernelFailed`` (our kernel refused what the expansion passed) or
+        ``_ExpansionRaised``.
+        """
+        worker = self._started()
+        position = {i: p for p, i in enumerate(case.slots) if i is not None}
+        worker.send({"cmd": "expand", "op": name, "id": call_id, "out": out, "rank": rank,
+                     "position": {str(i): p for i, p in position.items()}, "call_attrs": dict(case.call_attrs),
+                     "extra": encode_value(case.extra_args),
+                     "n_args": max([len(case.slots)] + [p + 1 for p in case.call_values]),
+                     "call_values": [[p, encode_value(v)] for p, v in case.call_values.items()],
+                     "args": [encode_value(np.asarray(a)) for a in args],
+                     "host": bool(case.call_attrs or case.call_values or case.tied),
+                     "call_kwargs": encode_value(dict(case.call_kwargs))})
+        failed = None
+        doing = f"from {name}'s expansion ({where}, rank {rank})"
+        for _ in range(64):  # an expansion calls the kernel once; a few more at most
+            reply = worker.read(self.limits.call_seconds, doing)
+            if "call" in reply:
+                request = reply["call"]
+                if not isinstance(request, dict) or not isinstance(request.get("args"), list) \
+                        or not isinstance(request.get("over"), dict):
+                    raise WorkerFailure("bad-answer", f"a kernel call that is not the protocol's {doing}")
+                arrays = [decode_array(a.get("__nd__") if isinstance(a, dict) else None) for a in request["args"]]
+                over = {}
+                for attr, value in request["over"].items():
+                    if attr not in case.call_attrs:
+                        raise WorkerFailure("bad-answer", f"a kernel call with attr {cut(attr)} {doing}")
+                    over[attr] = _plain(decode_value(value))
+                try:
+                    result = _outputs(call(*arrays, **over))
+                except _KernelFailed as exc:
+                    failed = exc
+                    worker.send({"kernel_failed": describe(exc.args[0])})
+                    continue
+                worker.send({"result": [encode_value(np.asarray(r)) for r in result],
+                             "single": len(result) == 1})
+            elif reply.get("none") is True:
+                return None
+            elif "result" in reply and isinstance(reply["result"], list):
+                return tuple(decode_array(r.get("__nd__") if isinstance(r, dict) else None) for r in reply["result"])
+            elif "raised" in reply:
+                if failed is not None:  # our kernel refused the local shapes the expansion passed
+                    raise failed
+                pair = reply["raised"]
+                text = remote_describe(pair)
+                raise _ExpansionRaised(pair[0] in ("ValueError", "NotImplementedError"), text)
+            else:
+                raise WorkerFailure("bad-answer", f"a reply that is not the protocol's {doing}")
+        raise WorkerFailure("bad-answer", f"more than 64 kernel calls {doing}")
+
+
+def _wrap_for(session: Session, name: str, call_id: int, out: list[int], case: Case, where: str):
+    """The upstream expansion around the kernel (Add and Linear scale a term), run in the worker."""
+    if not case.expansion or not session.loaded.get(name):
         return None
-    position = {s: p for p, s in enumerate(case.slots) if s is not None}
 
     def wrap(rank: int, call: Callable):
-        def func(*upos, **_keywords):  # keyword arguments of a torch-style call: the case's attrs hold them
-            over = {attr: _plain(upos[p]) for attr, p in case.call_attrs.items()}  # what the expansion adjusted
-            return call(*[np.asarray(upos[position[i]]) for i in range(len(case.shapes))], **over)
-
-        with quiet_backend(checkout), host_rank(rank):
-            impl = up_op.get_expand_impl(func, up_out[0] if len(up_out) == 1 else up_out, layouts,
-                                         copy.deepcopy(extra_args))
-        if impl is None:
-            return None
-
         def run(*args):
-            upos = [None] * max([len(case.slots)] + [p + 1 for p in case.call_values])
-            for p, value in case.call_values.items():
-                upos[p] = value
-            for i, a in enumerate(args):
-                upos[position[i]] = host_tensor(a) if case.call_attrs or case.call_values or case.tied else a
-            with quiet_backend(checkout), host_rank(rank):
-                return impl(*upos, **case.call_kwargs)
+            result = session.expand(name, call_id, out, case, rank, args, call, where)
+            return call(*args) if result is None else result
 
         return run
 
     return wrap
 
 
-def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMesh, audit: OpAudit,
+def audit_case(session: Session, name: str, case: Case, mesh: DeviceMesh, audit: OpAudit,
                budget: int, seed: int) -> None:
-    """Every input combination of ``case`` on ``mesh``, into ``audit``'s counts."""
+    """Every input combination of ``case`` on ``mesh``, into ``audit``'s counts.
+
+    The rule answers in the worker (one batch of calls); each answer is checked and judged here.
+    Raises ``WorkerFailure`` when the worker crashes, times out or answers what is not a Layout.
+    """
     rule = None if case.op is None else get_rule(case.op)
     globals_ = _global_inputs(case, seed)
     kernel = judges.kernel(case.kernel) if case.kernel else get_kernel(rule.name, KERNELS)
@@ -413,6 +596,7 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
            "check": judges.check(case.check) if case.check else None, "globals_": globals_}
     rng = random.Random(f"{seed}:{name}:{case.describe()}:{mesh.shape}")
     split_rng = np.random.default_rng(seed)
+    prepared = []
     for placements in _combos(case, mesh, budget, rng):
         try:
             in_specs = [TensorSpec(s, (case.dtypes[i] if case.dtypes else "float64"), Layout(mesh, ps, len(s)))
@@ -420,8 +604,13 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         except LayoutPropError:  # a layout that cannot exist (a size-1 dim on several devices): not tried
             continue
         locals_in = [scatter_global(g, spec, split_rng) for g, spec in zip(globals_, in_specs)]
-        layouts = tuple(None if s is None else to_upstream(checkout, in_specs[s].layout) for s in case.slots)
-        extra_args = copy.deepcopy(case.extra_args)
+        prepared.append((placements, in_specs, locals_in))
+    where = f"mesh {'x'.join(map(str, mesh.shape))}, {case.describe()}"
+    calls = [(tuple(None if s is None else _layout_desc(in_specs[s].layout) for s in case.slots), case.extra_args)
+             for _, in_specs, _ in prepared]
+    replies = session.infer(name, calls, where)
+    for call_id, ((placements, in_specs, locals_in), reply) in enumerate(zip(prepared, replies)):
+        at = f"({where}, inputs {' '.join('(' + ', '.join(p) + ')' for p in placements)})"
         try:
             codes, our_specs, wants, our_attrs = _our_answer(case, mesh, placements)
         except LayoutPropError as err:  # layout-prop cannot even state these inputs: no answer to offer
@@ -430,26 +619,34 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
         finding = Finding("rejected", name, case, mesh, tuple(tuple(p) for p in placements), "", ours)
         judge_ours = functools.partial(_judge_ours, rule, in_specs, locals_in, our_specs, wants, our_attrs,
                                        reference, **how)
-        try:
-            with quiet_backend(checkout):
-                answer = up_op.infer_layout(layouts, extra_args)
-        except Exception as exc:  # the rule refuses these inputs (ValueError, mostly)
-            finding.upstream_answer = "raises " + _ADDRESS.sub("", describe(exc))  # same text every run
+        if "raises" in reply:  # the rule refuses these inputs (ValueError, mostly)
+            finding.upstream_answer = "raises " + _ADDRESS.sub("", remote_describe(reply["raises"]))
             _judge_refusal(finding, codes, judge_ours)
             audit.add(finding)
             continue
-        raw = _outputs(answer)
-        if case.outputs is not None:
-            raw = tuple(raw[i] if i < len(raw) else None for i in case.outputs)
-        up_out = [a for a in raw if a is not None and hasattr(a, "tensor_map")]
+        if "bad" in reply:
+            raise WorkerFailure("bad-answer", f"{printable_text(reply['bad'])} {at}")
+        items = reply.get("answer")
+        if not isinstance(items, list):
+            raise WorkerFailure("bad-answer", f"a reply that is not the protocol's {at}")
+        answer = tuple(_item(item, at) for item in items)
+        indices = list(case.outputs) if case.outputs is not None else list(range(len(answer)))
+        raw = tuple(answer[i] if i < len(answer) else None for i in indices)
+        out = [i for i in indices if i < len(answer) and isinstance(answer[i], UpLayout)]
+        up_out = [answer[i] for i in out]
+        n = len(reference)
+        if len(up_out) < n:  # 42, None, a tuple without Layouts: no claim to judge
+            shown = "; ".join(cut(a) if not isinstance(a, UpLayout) else "a Layout" for a in raw) or "nothing"
+            raise WorkerFailure("bad-answer", f"the rule answered {shown}, not {n} Layout{'s' * (n > 1)} {at}")
+        for up in up_out:
+            if tuple(up.mesh_shape) != tuple(mesh.shape):
+                raise WorkerFailure("bad-answer", f"the rule answered a Layout on mesh {list(up.mesh_shape)} "
+                                    f"for inputs on mesh {list(mesh.shape)} {at}")
         finding.upstream_answer = "; ".join(str(_safe_layout(a, mesh, case.partial_as)) for a in up_out)
         for attr, position in case.answer_attrs.items():
-            finding.upstream_answer += f"; {attr} {_outputs(answer)[position]!r}"
-        n = min(len(up_out), len(reference))
-        if n == 0:
-            finding.kind, finding.message = "unjudged", "the rule returned no Layout"
-            audit.add(finding)
-            continue
+            if position >= len(answer):
+                raise WorkerFailure("bad-answer", f"the rule answered no {attr} (value {position}) {at}")
+            finding.upstream_answer += f"; {attr} {answer[position]!r}"
         try:
             out_specs = [TensorSpec(reference[k].shape, str(reference[k].dtype),
                                     from_upstream(up_out[k], mesh, case.partial_as)) for k in range(n)]
@@ -461,9 +658,9 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
             continue
         run_how, run_attrs = dict(how), attrs
         if case.answer_attrs:  # the local values the rule returned, as upstream's dispatcher passes them
-            run_attrs = {**attrs, **{k: _plain(_outputs(answer)[i]) for k, i in case.answer_attrs.items()}}
+            run_attrs = {**attrs, **{k: _plain(answer[i]) for k, i in case.answer_attrs.items()}}
             run_how["localize"] = False
-        wrap = _wrap_for(checkout, up_op, case, up_out, layouts, case.extra_args) if case.expansion else None
+        wrap = _wrap_for(session, name, call_id, out, case, where)
         problem = execute(rule, run_attrs, in_specs, locals_in, out_specs, reference[:n], wrap, **run_how)
         if problem is not None and problem.startswith(EXPANSION_REFUSED):  # a refusal, at run time
             finding.upstream_answer = f"{finding.upstream_answer}, then {problem}"
@@ -477,6 +674,11 @@ def audit_case(checkout: Checkout, name: str, up_op, case: Case, mesh: DeviceMes
             finding.kind = "unjudged"  # (the message says how the expansion failed)
         finding.silent = problem is not None and problem.startswith("output ")
         audit.add(finding)
+
+
+def printable_text(value) -> str:
+    """A worker's text, cut and with control characters escaped."""
+    return cut(value) if not isinstance(value, str) else cut(value)[1:-1]
 
 
 def _judge_refusal(finding: Finding, codes, judge_ours: Callable[[], str | None]) -> None:
@@ -505,36 +707,76 @@ def _safe_layout(up, mesh: DeviceMesh, partial_as=None) -> str:
         return f"tensor_map {up.tensor_map} partial {up.partial}"
 
 
-def run_audit(checkout: Checkout, ops: Sequence[str] | None = None, meshes: Sequence[Sequence[int]] = DEFAULT_MESHES,
-              budget: int = 256, seed: int = 0, progress: Callable[[str], None] | None = None) -> AuditReport:
-    """Audit the checkout's ops (all, or the names in ``ops``) on ``meshes``.
+def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
+              meshes: Sequence[Sequence[int]] = DEFAULT_MESHES, budget: int = 256, seed: int = 0,
+              progress: Callable[[str, int, int], None] | None = None, limits: Limits = Limits()) -> AuditReport:
+    """Audit the checkout's ops (all, or the names in ``ops``) on ``meshes``, the rules running in a worker.
 
-    ``budget`` bounds the combinations tried per case and mesh (a seeded sample beyond it).
-    Raises ``OpError`` ``unknown-op`` for a name in ``ops`` that the checkout does not register.
+    ``budget`` bounds the combinations tried per case and mesh (a seeded sample beyond it);
+    ``limits`` bound the worker (a call's wall time, memory, CPU).  An op whose worker crashes,
+    times out or answers what is not a Layout is reported failed (``OpAudit.failure``); the
+    others are judged as usual.  ``progress(name, done, total)`` is called before each op.
+    Raises ``OpError`` ``unknown-op`` for a name in ``ops`` that the checkout does not declare,
+    ``SpecError`` ``invalid-mesh`` for a mesh of more than 3 axes, ``upstream-import-failed``
+    when the checkout's base modules do not load.
     """
-    report = AuditReport(checkout.given or str(checkout.root), [tuple(m) for m in meshes], checkout.platform,
-                         failed=dict(checkout.failed))
-    names = sorted(checkout.ops) if ops is None else list(ops)
-    for name in names:
-        if name not in checkout.ops:
-            known = ", ".join(sorted(checkout.ops)[:8])
-            raise OpError("unknown-op", f"the checkout registers no op {name!r}",
-                          hint=f"name an op of its ops/yaml files (e.g. {known})")
-    for name in names:
-        cases = cases_for(name)
-        if not cases:
-            report.not_mapped[name] = NOT_MAPPED.get(name, "no audit case written")
-            continue
+    for shape in meshes:
+        if len(shape) not in MESH_NAMES:
+            raise SpecError("invalid-mesh", f"audit meshes have 1 to {max(MESH_NAMES)} axes; "
+                            f"{'x'.join(map(str, shape))} has {len(shape)}", hint="give a mesh such as 4, 2x2 or 2x2x2")
+    report = AuditReport(checkout.given or str(checkout.root), [tuple(m) for m in meshes],
+                         "package" if checkout.platform else "stand-in")
+    session = Session(checkout, limits)
+    try:
+        try:
+            from_modules = set(session.module_names()) if checkout.modules else set()
+        except WorkerFailure as failure:
+            code = "module-failed" if checkout.modules and failure.kind != "load-failed" else "upstream-import-failed"
+            raise SpecError(code, f"the checkout cannot be loaded: {failure.message}",
+                            hint="its base modules (hyper_parallel.core.layout, core.shard.ops.parallel_ops) "
+                                 "must import with the stand-in platform") from None
+        if not checkout.modules:
+            try:
+                session._started()
+            except WorkerFailure as failure:
+                raise SpecError("upstream-import-failed", f"the checkout cannot be loaded: {failure.message}",
+                                hint="its base modules (hyper_parallel.core.layout, core.shard.ops.parallel_ops) "
+                                     "must import with the stand-in platform") from None
+        known = set(checkout.entries) | from_modules
+        names = sorted(known) if ops is None else list(ops)
+        for name in names:
+            if name not in known:
+                shown = ", ".join(sorted(known)[:8])
+                raise OpError("unknown-op", f"the checkout registers no op {cut(name)}",
+                              hint=f"name an op of its ops/yaml files (e.g. {shown})")
+        for done, name in enumerate(names):
+            cases = cases_for(name)
+            if not cases:
+                report.not_mapped[name] = NOT_MAPPED.get(name, "no audit case written")
+                continue
+            if progress is not None:
+                progress(name, done, len(names))
+            first = cases[0]
+            label = get_rule(first.op).name if first.kernel is None else \
+                f"numpy {first.kernel} of interop/judges.py, " + (
+                    f"layout-prop's {get_rule(first.op).name} rule as stand-in" if first.op else "no layout-prop rule")
+            source = str(checkout.modules[0]) if name in from_modules and len(checkout.modules) == 1 else \
+                "--module" if name in from_modules else checkout.entries[name].source
+            audit = OpAudit(name, label, source)
+            try:
+                session.load(name, name in from_modules)
+                for case in cases:
+                    for shape in meshes:
+                        mesh = DeviceMesh(tuple(shape), MESH_NAMES[len(shape)])
+                        audit_case(session, name, case, mesh, audit, budget, seed)
+            except WorkerFailure as failure:  # this op only: a fresh worker for the next
+                session.stop()
+                audit = OpAudit(name, label, source, failure=(failure.kind, failure.message))
+                if failure.kind == "load-failed":
+                    report.failed[name] = failure.message
+            report.ops.append(audit)
         if progress is not None:
-            progress(name)
-        first = cases[0]
-        label = get_rule(first.op).name if first.kernel is None else \
-            f"numpy {first.kernel} of interop/judges.py, " + (
-                f"layout-prop's {get_rule(first.op).name} rule as stand-in" if first.op else "no layout-prop rule")
-        audit = OpAudit(name, label, checkout.sources.get(name, "?"))
-        for case in cases:
-            for shape in meshes:
-                mesh = DeviceMesh(tuple(shape), MESH_NAMES[len(shape)])
-                audit_case(checkout, name, checkout.ops[name], case, mesh, audit, budget, seed)
-        report.ops.append(audit)
+            progress("", len(names), len(names))
+    finally:
+        session.stop()
     return report

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 import sys
 import types
 import warnings
@@ -34,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from layout_prop.core.errors import LayoutError, LayoutPropError, SpecError, cut, describe
+from layout_prop.core.errors import LayoutError, LayoutPropError, OpError, SpecError, cut, describe
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 
-__all__ = ["Checkout", "load_checkout", "quiet_backend", "to_upstream", "from_upstream", "upstream_text",
+__all__ = ["Checkout", "CheckoutFiles", "YamlEntry", "read_checkout", "yaml_entries", "load_checkout", "quiet_backend", "to_upstream", "from_upstream", "upstream_text",
            "OPS_DIR", "host_rank", "host_tensor"]
 
 #: where a checkout keeps its rules, relative to its root
@@ -210,23 +211,97 @@ def _import(name: str):
             from None
 
 
-def _yaml_entries(ops_dir: Path) -> list[tuple[str, dict, str]]:
+#: a dotted module name, and a class or file name, as the yaml files may give them
+_MODULE_NAME = re.compile(r"hyper_parallel(\.[A-Za-z_][A-Za-z0-9_]*)+")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class YamlEntry:
+    """One op of a checkout's ``ops/yaml`` files: its name, the module and class that implement it."""
+
+    name: str
+    module: str
+    cls: str
+    source: str
+
+
+def _entry(root: Path, name: str, config: Any, default: dict, path: Path) -> YamlEntry:
+    """One yaml entry, checked: a mapping whose module is a file of the checkout's own package."""
+    where = f"{path.name}: {cut(name)}"
+    if config is not None and not isinstance(config, dict):
+        raise SpecError("bad-checkout", f"{where} is a {type(config).__name__}, not a mapping", path=str(path),
+                        hint="each op of an ops/yaml file maps distributed_op_class and distributed_op_file")
+    merged = {**default, **(config or {})}
+    module = merged.get("distributed_op_module")
+    if module is None:
+        file = merged.get("distributed_op_file")
+        if not isinstance(file, str) or not _IDENTIFIER.fullmatch(file):
+            raise SpecError("bad-checkout", f"{where}: distributed_op_file {cut(file)} is not a module name",
+                            path=str(path), hint="give the name of a module of hyper_parallel/core/shard/ops")
+        module = "hyper_parallel.core.shard.ops." + file
+    if not isinstance(module, str) or not _MODULE_NAME.fullmatch(module):
+        raise SpecError("foreign-module", f"{where}: module {cut(module)} is not in the checkout's package "
+                        f"hyper_parallel", path=str(path),
+                        hint="audit imports only the checkout's own modules (hyper_parallel.*)")
+    cls = merged.get("distributed_op_class")
+    if not isinstance(cls, str) or not _IDENTIFIER.fullmatch(cls):
+        raise SpecError("bad-checkout", f"{where}: distributed_op_class {cut(cls)} is not a class name",
+                        path=str(path), hint="give the name of a DistributedOp subclass of the module")
+    relative = Path(*module.split("."))
+    if not ((root / relative).with_suffix(".py").is_file() or (root / relative / "__init__.py").is_file()):
+        raise SpecError("bad-checkout", f"{where}: module {cut(module)} is not a file of the checkout",
+                        path=str(path), hint=f"a module hyper_parallel.X names a file under {root.name}/hyper_parallel")
+    return YamlEntry(str(name), module, cls, path.name)
+
+
+def yaml_entries(root: Path) -> list[YamlEntry]:
+    """The ops the checkout's ``ops/yaml`` files declare, checked (a refusal for a malformed entry)."""
     import yaml
 
     entries = []
-    for path in sorted((ops_dir / "yaml").glob("*.yaml")):
+    for path in sorted((root / OPS_DIR / "yaml").glob("*.yaml")):
         try:
+            if not path.is_file() or path.stat().st_size > (8 << 20):
+                raise OSError("not a regular file of at most 8 MiB")
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
             raise SpecError("bad-checkout", f"cannot read {path.name}: {describe(exc)}", path=str(path),
                             hint="the checkout's ops/yaml files must be readable YAML") from None
         if not isinstance(data, dict):
             continue
         default = data.pop("__default__", None) or {}
+        if not isinstance(default, dict):
+            raise SpecError("bad-checkout", f"{path.name}: __default__ is not a mapping", path=str(path),
+                            hint="__default__ maps keys shared by the file's ops")
         for name, config in data.items():
-            merged = {**default, **(config or {})}
-            entries.append((str(name), merged, path.name))
+            entries.append(_entry(root, name, config, default, path))
     return entries
+
+
+@dataclass
+class CheckoutFiles:
+    """A checkout as ``audit`` reads it without importing any of it: its root and its yaml entries.
+
+    ``modules`` are the user's ``--module`` files (run in the audit's worker after the checkout).
+    """
+
+    root: Path
+    entries: dict[str, YamlEntry]
+    given: str = ""
+    platform: bool = False
+    modules: tuple[str, ...] = ()
+
+
+def read_checkout(path: str | Path, platform: bool = False, modules=()) -> CheckoutFiles:
+    """The checkout at ``path`` (refused with ``not-a-checkout``, ``bad-checkout`` or ``foreign-module``)."""
+    root = _check_root(Path(path))
+    for module in modules:
+        if not Path(module).is_file():
+            raise OpError("module-not-found", f"no Python file at {cut(str(module))}",
+                          hint="give the path of a .py file")
+    entries = {e.name: e for e in yaml_entries(root)}
+    return CheckoutFiles(root, entries, str(path), platform, tuple(str(Path(m).resolve()) for m in modules))
 
 
 def load_checkout(path: str | Path, platform: bool = False) -> Checkout:
@@ -264,12 +339,11 @@ def load_checkout(path: str | Path, platform: bool = False) -> Checkout:
     checkout.base_class = ops_mod.DistributedOp
     checkout.registry = register_mod._DISTRIBUTED_OPS  # the dict upstream registers into
     with quiet_backend(checkout):
-        for name, config, source in _yaml_entries(root / OPS_DIR):
+        for entry in yaml_entries(root):
+            name, source = entry.name, entry.source
             try:
-                module_name = config.get("distributed_op_module") or \
-                    "hyper_parallel.core.shard.ops." + str(config["distributed_op_file"])
-                module = importlib.import_module(module_name)
-                cls = getattr(module, str(config["distributed_op_class"]))
+                module = importlib.import_module(entry.module)
+                cls = getattr(module, entry.cls)
                 instance = cls(name)
             except Exception as exc:  # one op that does not load is reported; the rest load
                 checkout.failed[name] = f"{source}: {describe(exc)}"

@@ -1,0 +1,331 @@
+"""``audit`` cannot be bent by the checkout it audits (issue #40 item 5).
+
+The rules run in a worker process (a clean interpreter without layout-prop, resource and time
+limits, a private protocol); a rule that crashes, hangs, prints, patches layout-prop or answers
+garbage is a named failure of its op, and the other ops keep their verdicts.  Each case is a
+small fake checkout written in ``tmp_path`` with the snapshot's structure
+(``hyper_parallel/core/layout.py``, ``core/shard/ops/parallel_ops.py``, ``..._register.py``,
+``yaml/*.yaml``); nothing here needs the shared snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from layout_prop.cli import main
+
+#: the fake checkout's Layout: the few members the audit's worker and the rules below use
+LAYOUT = '''
+class Layout:
+    def __init__(self, mesh_shape, alias_name, init_backend=True):
+        self.mesh_shape = tuple(mesh_shape)
+        self.alias_name = tuple(alias_name)
+        self.tensor_map = None
+        self.alias_tensor_map = None
+        self.partial = [None] * len(self.mesh_shape)
+
+    def __call__(self, *alias):
+        out = Layout(self.mesh_shape, self.alias_name)
+        n = len(self.alias_name)
+
+        def index(a):
+            return n - 1 - self.alias_name.index(a)
+
+        out.alias_tensor_map = alias
+        out.tensor_map = tuple(-1 if a == "None" else tuple(index(x) for x in a) if isinstance(a, tuple)
+                               else index(a) for a in alias)
+        return out
+
+    def set_partial_by_dev_axis(self, axis, op):
+        self.partial[self.alias_name.index(axis)] = op
+
+    def is_partial(self):
+        return any(p is not None for p in self.partial)
+'''
+
+BASE = '''
+from .parallel_ops_register import register_distributed_op
+
+
+class DistributedOp:
+    def __init__(self, op_name):
+        self.op_name = op_name
+        register_distributed_op(op_name, self)
+
+    def infer_layout(self, layouts, extra_args):
+        raise NotImplementedError
+
+    def get_expand_impl(self, func, output_layout, layouts, extra_args):
+        return None
+'''
+
+REGISTER = '''
+_DISTRIBUTED_OPS = {}
+
+
+def register_distributed_op(op_name, op_class):
+    _DISTRIBUTED_OPS[op_name] = op_class
+
+
+def get_distributed_op(op_name):
+    return _DISTRIBUTED_OPS.get(op_name, None)
+'''
+
+#: a right elementwise rule: any sharding, no Partial input (what the snapshot's ReLU does)
+GOOD = '''
+from .parallel_ops import DistributedOp
+
+
+class Elementwise(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        if layouts[0].is_partial():
+            raise ValueError("no partial input")
+        return layouts[0]
+'''
+
+#: hostile rules, one class each (the module is imported once per worker)
+HOSTILE = '''
+import os
+import sys
+
+from .parallel_ops import DistributedOp
+
+
+class Answers42(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        return 42
+
+
+class AnswersNone(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        return None
+
+
+class Exits(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        os._exit(0)
+
+
+class SysExit(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        sys.exit(0)
+
+
+class Loops(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        while True:
+            pass
+
+
+class HugeTuple(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        return (layouts[0],) * 10 ** 6
+
+
+class OtherMesh(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        return type(layouts[0])((8,), ("x",))("None", "None", "None")
+
+
+class Forges(DistributedOp):
+    """Writes a line of garbage where the worker answers the audit."""
+
+    def infer_layout(self, layouts, extra_args):
+        os.write(int(sys.argv[2]), b"all right, trust me\\n")
+        return layouts[0]
+
+
+class PatchesTheAudit(DistributedOp):
+    """Wrong for exp (a partial sum is kept), and tries to turn the verdict into right."""
+
+    def infer_layout(self, layouts, extra_args):
+        try:
+            import layout_prop.interop.audit as audit
+            audit.execute = lambda *args, **kwargs: None
+        except ImportError:
+            pass
+        for name in list(sys.modules):
+            if name.startswith("layout_prop"):
+                sys.modules[name].execute = lambda *args, **kwargs: None
+        return layouts[0]
+
+
+class Prints(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        print("{'not': 'json'} from a rule")
+        sys.stderr.write("and on stderr\\n")
+        if layouts[0].is_partial():
+            raise ValueError("no partial input")
+        return layouts[0]
+'''
+
+
+def make_checkout(root: Path, ops: dict[str, tuple[str, str]], modules: dict[str, str] | None = None,
+                  layout: str = LAYOUT, yaml_text: str | None = None) -> Path:
+    """A fake hyper-parallel checkout: ``ops`` maps an upstream op name to (module file, class)."""
+    ops_dir = root / "hyper_parallel" / "core" / "shard" / "ops"
+    (ops_dir / "yaml").mkdir(parents=True)
+    for package in (root / "hyper_parallel", root / "hyper_parallel" / "core", root / "hyper_parallel" / "core" / "shard",
+                    ops_dir):
+        (package / "__init__.py").write_text("raise RuntimeError('the package __init__ must not run')\n"
+                                             if package.name == "hyper_parallel" else "")
+    (root / "hyper_parallel" / "core" / "layout.py").write_text(layout)
+    (ops_dir / "parallel_ops.py").write_text(BASE)
+    (ops_dir / "parallel_ops_register.py").write_text(REGISTER)
+    for name, text in {"parallel_good": GOOD, "parallel_hostile": HOSTILE, **(modules or {})}.items():
+        (ops_dir / f"{name}.py").write_text(text)
+    if yaml_text is None:
+        yaml_text = "".join(f"{name}:\n  distributed_op_class: {cls}\n  distributed_op_file: {module}\n"
+                            for name, (module, cls) in ops.items())
+    (ops_dir / "yaml" / "ops.yaml").write_text(yaml_text)
+    return root
+
+
+def audit_json(capsys, root: Path, *more: str) -> tuple[int, dict]:
+    code = main(["audit", str(root), "--mesh", "4", "--time-limit", "2", "--json", *more])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def clean_relu(tmp_path_factory):
+    """The good rule's report in a checkout of its own: what every hostile checkout must leave unchanged."""
+    from layout_prop.interop.audit import Limits, run_audit
+    from layout_prop.interop.hyper_parallel import read_checkout
+
+    root = make_checkout(tmp_path_factory.mktemp("clean"), {"ReLU": ("parallel_good", "Elementwise")})
+    report = run_audit(read_checkout(root), meshes=[(4,)], limits=Limits(call_seconds=5))
+    relu = report.ops[0].to_dict()
+    assert relu["right"] == 3 and relu["rejected"] == 1 and report.ok  # R, S(0), S(2) right; P(sum) refused
+    return relu
+
+
+def _by_op(data: dict) -> dict:
+    return {o["op"]: o for o in data["ops"]}
+
+
+def test_hostile_rules_are_named_failures_and_the_good_op_keeps_its_verdict(tmp_path, capsys, clean_relu):
+    ops = {"ReLU": ("parallel_good", "Elementwise"), "Sigmoid": ("parallel_hostile", "Answers42"),
+           "Silu": ("parallel_hostile", "AnswersNone"), "Cos": ("parallel_hostile", "Exits"),
+           "Sin": ("parallel_hostile", "SysExit"), "Neg": ("parallel_hostile", "HugeTuple"),
+           "relu": ("parallel_hostile", "OtherMesh"), "gelu": ("parallel_hostile", "Forges"),
+           "sigmoid": ("parallel_hostile", "Prints")}
+    root = make_checkout(tmp_path, ops)
+    code, data = audit_json(capsys, root)
+    by_op = _by_op(data)
+    assert code == 1 and data["ok"] is False
+    expected = {"Sigmoid": "bad-answer", "Silu": "bad-answer", "Cos": "crashed", "Sin": "crashed",
+                "Neg": "bad-answer", "relu": "bad-answer", "gelu": "bad-answer"}
+    assert {name: by_op[name].get("failure", {}).get("kind") for name in expected} == expected
+    assert "42" in by_op["Sigmoid"]["failure"]["message"] and "None" in by_op["Silu"]["failure"]["message"]
+    assert "exited with code 0" in by_op["Cos"]["failure"]["message"]
+    assert "SystemExit" in by_op["Sin"]["failure"]["message"]
+    assert "1000000 values" in by_op["Neg"]["failure"]["message"]
+    assert "mesh [8]" in by_op["relu"]["failure"]["message"]
+    assert data["failures"] == {"bad-answer": 5, "crashed": 2}
+    # the good op's verdict is unchanged; printing is no failure and reaches neither stdout nor the verdict
+    assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}
+    assert by_op["sigmoid"]["right"] == 3 and "failure" not in by_op["sigmoid"]
+
+
+def test_a_rule_that_patches_layout_prop_is_still_wrong(tmp_path, capsys):
+    """Exp keeping a partial sum is wrong; the rule's attempt to patch the audit's execute changes nothing."""
+    root = make_checkout(tmp_path, {"Exp": ("parallel_hostile", "PatchesTheAudit")})
+    code, data = audit_json(capsys, root)
+    exp = data["ops"][0]
+    assert code == 1 and exp["wrong"] == 1 and exp["right"] == 3
+    assert exp["reproducers"]["wrong"]["inputs"]["in0"]["placements"] == ["P(sum)"]
+
+
+def test_looping_rules_time_out_and_the_audit_ends_in_time(tmp_path, capsys, clean_relu):
+    """A rule looping in infer_layout and a module looping as it is imported: `timeout`, each after its limit."""
+    modules = {"parallel_import_loop": "while True:\n    pass\n"}
+    root = make_checkout(tmp_path, {"ReLU": ("parallel_good", "Elementwise"), "Exp": ("parallel_hostile", "Loops"),
+                                    "Cos": ("parallel_import_loop", "Never")}, modules)
+    start = time.monotonic()
+    code = main(["audit", str(root), "--mesh", "4", "--time-limit", "1", "--json"])
+    elapsed = time.monotonic() - start
+    by_op = _by_op(json.loads(capsys.readouterr().out))
+    assert code == 1 and elapsed < 20
+    assert by_op["Exp"]["failure"]["kind"] == by_op["Cos"]["failure"]["kind"] == "timeout"
+    assert "loading Cos" in by_op["Cos"]["failure"]["message"]
+    assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}
+
+
+def test_a_syntax_error_in_a_rule_module_is_a_load_failure_not_an_unknown_op(tmp_path, capsys):
+    root = make_checkout(tmp_path, {"ReLU": ("parallel_good", "Elementwise"), "Exp": ("parallel_broken", "X")},
+                         {"parallel_broken": "def broken(:\n"})
+    code, data = audit_json(capsys, root, "--op", "Exp", "--op", "ReLU")
+    by_op = _by_op(data)
+    assert code == 1 and by_op["Exp"]["failure"]["kind"] == "load-failed"
+    assert "SyntaxError" in by_op["Exp"]["failure"]["message"] and by_op["ReLU"]["right"] == 3
+    code = main(["audit", str(root), "--mesh", "4", "--op", "Exp"])
+    out = capsys.readouterr().out
+    assert code == 1 and "Exp (layout-prop exp): load-failed: ops.yaml: SyntaxError" in out
+    assert out.splitlines()[-1] == "some ops could not be audited"
+
+
+def _refusal(capsys, args) -> str:
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1, captured
+    return err[0]
+
+
+def test_yaml_names_outside_the_checkout_are_refused_and_nothing_runs(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    yaml_text = f"touch {marker}:\n  distributed_op_module: os\n  distributed_op_class: system\n"
+    root = make_checkout(tmp_path / "c", {}, yaml_text=yaml_text)
+    assert "foreign-module" in _refusal(capsys, ["audit", str(root), "--mesh", "4"])
+    assert not marker.exists()
+    for text in ("X:\n  distributed_op_module: hyper_parallel.nope\n  distributed_op_class: A\n",
+                 "X:\n  distributed_op_file: ../../os\n  distributed_op_class: A\n"):
+        (root / "hyper_parallel/core/shard/ops/yaml/ops.yaml").write_text(text)
+        line = _refusal(capsys, ["audit", str(root), "--mesh", "4"])
+        assert "foreign-module" in line or "bad-checkout" in line
+
+
+@pytest.mark.parametrize("yaml_text", ["ReLU:\n  - distributed_op_class\n", "ReLU:\n  distributed_op_file: parallel_good\n",
+                                       "ReLU:\n  distributed_op_file: nothing\n  distributed_op_class: A\n",
+                                       "__default__: [1]\nReLU: {}\n"])
+def test_a_malformed_yaml_entry_is_a_one_line_refusal(tmp_path, capsys, yaml_text):
+    root = make_checkout(tmp_path, {}, yaml_text=yaml_text)
+    assert "bad-checkout" in _refusal(capsys, ["audit", str(root), "--mesh", "4"])
+
+
+def test_a_layout_module_without_layout_is_a_one_line_refusal(tmp_path, capsys):
+    root = make_checkout(tmp_path, {"ReLU": ("parallel_good", "Elementwise")}, layout="X = 1\n")
+    assert "upstream-import-failed" in _refusal(capsys, ["audit", str(root), "--mesh", "4"])
+
+
+def test_a_mesh_of_four_axes_is_a_one_line_refusal(tmp_path, capsys):
+    root = make_checkout(tmp_path, {"ReLU": ("parallel_good", "Elementwise")})
+    assert "invalid-mesh" in _refusal(capsys, ["audit", str(root), "--mesh", "2x2x2x2"])
+
+
+def test_the_worker_cannot_import_layout_prop(tmp_path, capsys):
+    """The worker's interpreter has the checkout and numpy on its path, nothing of layout-prop."""
+    probe = textwrap.dedent('''
+        import sys
+        from .parallel_ops import DistributedOp
+
+
+        class Probe(DistributedOp):
+            def infer_layout(self, layouts, extra_args):
+                try:
+                    import layout_prop  # noqa: F401
+                except ImportError:
+                    if layouts[0].is_partial():
+                        raise ValueError("no partial input")
+                    return layouts[0]
+                return 42  # a bad answer, if layout_prop were importable
+    ''')
+    root = make_checkout(tmp_path, {"ReLU": ("parallel_probe", "Probe")}, {"parallel_probe": probe})
+    code, data = audit_json(capsys, root)
+    assert code == 0 and data["ops"][0]["right"] == 3

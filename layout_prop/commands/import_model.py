@@ -24,9 +24,14 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.output)  # where the spec goes, checked before the model is read
     if args.plan is None:  # list the names a plan may match, and write a plan skeleton
         return _skeleton(args)
-    spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
-    load_spec(spec)  # never write a spec that check would refuse
-    text = format_spec(spec, args.output)
+    from layout_prop.io.progress import Ticker
+
+    with Ticker("import") as ticker:  # on a terminal only (a large model takes a while to read and check)
+        ticker.say(f"reading {Path(args.model).name} with the plan")
+        spec, notes = import_spec(args.model, Path(args.plan), opaque=args.opaque, fuse=not args.no_fuse)
+        ticker.say(f"checking the spec ({len(spec['nodes']):,} nodes)")
+        load_spec(spec)  # never write a spec that check would refuse
+        text = format_spec(spec, args.output)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.output is None:
@@ -44,7 +49,11 @@ def _skeleton(args: argparse.Namespace) -> int:
     and inputs on stdout; with ``-o``, a plan skeleton written there."""
     from layout_prop.frontends.skeleton import describe_model, format_rows, skeleton_yaml
 
-    params, inputs, notes = describe_model(args.model, opaque=args.opaque, fuse=not args.no_fuse)
+    from layout_prop.io.progress import Ticker
+
+    with Ticker("import") as ticker:  # on a terminal only
+        ticker.say(f"reading {Path(args.model).name}")
+        params, inputs, notes = describe_model(args.model, opaque=args.opaque, fuse=not args.no_fuse)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(format_rows(params, inputs), end="")

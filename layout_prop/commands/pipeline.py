@@ -8,6 +8,7 @@ a pipelined run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -99,8 +100,12 @@ def build(graph, cluster: str = "a100-80g", zero=None, recompute: tuple = ("none
     return Built(graph, config, g, lower_pipeline(g, config, graph.mesh, batch_inputs, chunks), batch_inputs)
 
 
-def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_options) -> dict:
+def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", progress: Callable[[str], None] | None = None,
+                 **engine_options) -> dict:
     """Execute ``built`` on every rank and compare with one device on the whole batch.
+
+    ``progress`` (a :class:`~layout_prop.io.progress.Ticker`'s ``say``) is told each phase and
+    its count: the one-device run's kernels, the ranks' tasks, msrun's ranks.
 
     Returns ``{"ok", "engine", "ranks", "outputs": {name: errors}, "grads": {input: errors},
     "mismatches": [...], "moves": bytes moved per rank and micro-batch, "in_flight": [...]}``.
@@ -109,17 +114,27 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
     from layout_prop.engines.pipeline import execute_pipeline, gather_rank_results
     from layout_prop.runner import _quiet_numerics, compare, execute_global, random_inputs
 
+    from layout_prop.kernels.numpy_backend import KERNELS
+
+    say = progress if progress is not None else (lambda text: None)
     pprog, config = built.program, built.config
     m = config.micro_batches
+    say("analysing the whole batch on one device")
     analysis = analyze(built.graph, reshard=True, backward=True)  # the whole batch (the block is not read)
     if not analysis.ok:
         raise SpecError("bad-pipeline", f"the whole batch on one mesh has {len(analysis.check.violations)} "
                         f"violation(s) left after resharding; first: {analysis.check.violations[0]}",
                         hint="check the spec with layout-prop check --reshard --backward")
     whole = analysis.graph
+    limits = {key: engine_options.pop(key, None) for key in ("max_memory", "max_time")}
+    check_pipelined_run(built, whole, engine, **limits)  # refused before anything is drawn or run
     inputs = random_inputs(whole, seed)
+    kernels = KERNELS
+    if progress is not None:
+        nodes = sum(1 for node in whole.nodes if not node.is_input)
+        kernels = _counting(KERNELS, lambda done: say(f"one device on the whole batch: node {done:,}/{nodes:,}"))
     with _quiet_numerics():
-        reference = execute_global(whole, inputs, wanted=list(whole.outputs))
+        reference = execute_global(whole, inputs, kernels=kernels, wanted=list(whole.outputs))
     scale = 1.0 / m if config.loss == "mean" else 1.0
     shared = {name: value * scale if name.startswith("cotangent/") else value
               for name, value in inputs.items() if name not in built.batch_inputs}
@@ -128,7 +143,9 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
                     "micro_batches": m}
     with _quiet_numerics():
         if engine == "sim":
-            run = execute_pipeline(pprog, micro_inputs, shared)
+            ranks = pprog.mesh.size
+            run = execute_pipeline(pprog, micro_inputs, shared, progress=lambda done, total: say(
+                f"{ranks} simulated ranks: task {done:,}/{total:,} (a stage's chunk of one micro-batch)"))
             values = run.values
             report["in_flight"] = run.in_flight
         else:
@@ -140,6 +157,8 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
             for k, batch in enumerate(micro_inputs):
                 given.update({f"{name}@mb{k}": value for name, value in batch.items()})
             given.update(programs.placeholder_inputs())
+            if progress is not None:
+                engine_options = {**engine_options, "progress": lambda text: say(f"msrun: {text}")}
             msrun = MsrunEngine(**engine_options)
             values = gather_rank_results(programs, msrun.execute(programs, given, wanted=programs.wanted()))
             report.update(msrun.report_extra())
@@ -153,6 +172,21 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", **engine_opti
             report["mismatches"].append(problem)
     report["ok"] = not report["mismatches"]
     return report
+
+
+def _counting(kernels: dict[str, Callable], tick: Callable[[int], None]) -> dict[str, Callable]:
+    """``kernels`` with each kernel calling ``tick(calls so far)`` after it returns (the one-device run's
+    progress: execute_global calls one kernel a node)."""
+    calls = [0]
+
+    def counted(fn: Callable) -> Callable:
+        def call(*args, **attrs):
+            result = fn(*args, **attrs)
+            calls[0] += 1
+            tick(calls[0])
+            return result
+        return call
+    return {op: counted(fn) for op, fn in kernels.items()}
 
 
 def summary(built: Built, cluster: str = "a100-80g") -> dict:
@@ -240,18 +274,27 @@ def format_summary(data: dict) -> str:
 def run(args) -> int:
     from .config_blocks import read_blocks
 
-    graph = load_graph(args)
-    blocks = read_blocks(graph)  # the zero: and recompute: blocks are applied too
-    profile = _profile(args.cluster)  # read once: a file's figures, never a built-in of the same name
-    built = build(graph, profile, blocks.zero, (blocks.recompute, blocks.layers))
-    if args.rank is not None and not 0 <= args.rank < built.program.mesh.size:
-        raise SpecError("bad-value", f"--rank {args.rank} is not a rank of {built.program.mesh}",
-                        hint=f"use 0..{built.program.mesh.size - 1}")
-    if args.run:
-        options = {}
-        if args.engine == "mindspore":
-            options = {"backend": "numpy", "timeout": args.timeout}
-        report = run_pipeline(built, args.seed, args.engine, **options)
+    from layout_prop.io.progress import Ticker
+
+    # on a terminal, a line says which phase runs and for how long (the GPT example of docs/planning.md,
+    # 16 ranks and 16 micro-batches, ran minutes in silence); nothing when piped or with --json
+    with Ticker("pipeline" + (" --run" if args.run else ""), enabled=False if args.json else None) as ticker:
+        ticker.say("reading the spec")
+        graph = load_graph(args)
+        blocks = read_blocks(graph)  # the zero: and recompute: blocks are applied too
+        profile = _profile(args.cluster)  # read once: a file's figures, never a built-in of the same name
+        ticker.say("analysing and lowering one micro-batch")
+        built = build(graph, profile, blocks.zero, (blocks.recompute, blocks.layers))
+        if args.rank is not None and not 0 <= args.rank < built.program.mesh.size:
+            raise SpecError("bad-value", f"--rank {args.rank} is not a rank of {built.program.mesh}",
+                            hint=f"use 0..{built.program.mesh.size - 1}")
+        report = None
+        if args.run:
+            options = {}
+            if args.engine == "mindspore":
+                options = {"backend": "numpy", "timeout": args.timeout}
+            report = run_pipeline(built, args.seed, args.engine, progress=ticker.say, **options)
+    if report is not None:
         if args.json:
             print_json(report)
         else:
@@ -277,3 +320,42 @@ def run(args) -> int:
     else:
         print(format_summary(data))
     return 0
+
+
+def check_pipelined_run(built: Built, whole, engine: str = "sim", max_memory: int | None = None,
+                        max_time: float | None = None) -> tuple[int, float]:
+    """Refuse (``run-too-large``) a pipelined run too large for this process, as ``run`` refuses an
+    unpipelined one (:func:`layout_prop.runner.check_run_memory`, ``check_run_time``), before anything
+    is allocated: the one-device reference on the whole batch (``whole``, analysed), plus the ranks'
+    program of one micro-batch on the stage mesh counted once per micro-batch (every micro-batch's
+    activations may be in flight at once: GPipe holds them all).  Returns ``(bytes, seconds)`` estimated.
+    """
+    from layout_prop.core.errors import ExecutionError
+    from layout_prop.passes.lower import Lower
+    from layout_prop.runner import (DEFAULT_MAX_TIME, available_memory, estimate_run_memory, estimate_run_time,
+                                    format_bytes, format_seconds)
+
+    m = built.config.micro_batches
+    reference = estimate_run_memory(whole, Lower(localize=False).run(whole).program)
+    micro = estimate_run_memory(built.micro, built.program.program)
+    needed = reference.needed + m * micro.needed
+    limit = max_memory if max_memory is not None else available_memory()
+    if limit is not None and needed > limit:
+        what = "the --max-memory limit of" if max_memory is not None else "the available"
+        raise ExecutionError("run-too-large", f"the pipelined run needs about {format_bytes(needed)} ({needed} bytes, "
+                             f"estimated: one device on the whole batch, and {m} micro-batches on "
+                             f"{built.program.mesh.size} ranks), over {what} {format_bytes(limit)} ({limit} bytes)",
+                             hint="use smaller shapes or fewer ranks; --max-memory SIZE sets the limit if the "
+                                  "estimate is too cautious")
+    seconds = 0.0
+    if engine == "sim":
+        seconds = estimate_run_time(whole).seconds + m * estimate_run_time(built.micro).seconds
+        time_limit = DEFAULT_MAX_TIME if max_time is None else max_time
+        if seconds > time_limit:
+            what = "the --max-time limit of" if max_time is not None else "the default limit of"
+            raise ExecutionError("run-too-large", f"the pipelined run would take about {format_seconds(seconds)} on "
+                                 f"the simulator ({seconds:.3g} s estimated: one device on the whole batch, and {m} "
+                                 f"micro-batches on {built.program.mesh.size} ranks), over {what} {time_limit:g} s",
+                                 hint="use fewer ranks or smaller shapes; --max-time SECONDS raises the limit if "
+                                      "the run may take that long")
+    return needed, seconds

@@ -38,7 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
@@ -205,7 +205,8 @@ RESERVE = 1.5
 
 def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", memory_limit: int | None = None,
               optimizer: str | None = None, baseline: Graph | None = None,
-              time_limit: float = DEFAULT_TIME_LIMIT, cluster=None) -> PlanReport:
+              time_limit: float = DEFAULT_TIME_LIMIT, cluster=None,
+              progress: Callable[[str], None] | None = None) -> PlanReport:
     """Solve ``graph`` (a loaded spec), realise the plan and measure it and the baseline.
 
     With ``memory_limit`` the plan returned holds at most that many bytes per rank as
@@ -222,7 +223,8 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     model's construction, every solve and measurement of the memory ladder); the solver's
     search gets what is left.  With ``cluster`` (``objective="time"``) the solver minimises
     the modelled step time on it, compute included, and both are measured with
-    ``layout-prop estimate``'s model (``step_time_s``).
+    ``layout-prop estimate``'s model (``step_time_s``).  ``progress`` (a
+    :class:`~layout_prop.io.progress.Ticker`'s ``say``) is told each phase.
     """
     from layout_prop.core.links import links_of
     from layout_prop.planner.solver import Deadline, InfeasiblePlan, PlanTimeout
@@ -233,6 +235,8 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     base_graph = baseline if baseline is not None else graph
     auto = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
     notes: list[str] = []
+    say = progress if progress is not None else (lambda text: None)
+    say("measuring the baseline")
     base = measure(base_graph, optimizer, links, cluster, backward)
     base_spec, baseline_layouts, resolved = _baseline_spec(base_graph, links if graph.meta.get("links") else None)
     seeds = (resolved,)  # the baseline's layouts stay among the solver's candidates
@@ -240,6 +244,8 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     deadline = Deadline(time_limit, reserve=RESERVE * (time.perf_counter() - start), start=start)
     base_fits = base["ok"] and (memory_limit is None or base["memory_per_rank"]["total"] <= memory_limit)
     found = None
+    say(f"solving ({len(auto)} auto inputs, time limit {time_limit:g} s)"
+        + ("" if memory_limit is None else ", then measuring each plan against the memory limit"))
     try:
         if memory_limit is None:
             found = _attempt(graph, backward, objective, None, optimizer, links, None, deadline=deadline,
@@ -444,6 +450,11 @@ def run(args) -> int:
         from .search import run as run_search
 
         return run_search(args)
+    given = [flag for flag in ("--devices", "--global-batch", "--plan-out", "--axis-order", "--axes")
+             if getattr(args, flag[2:].replace("-", "_"), None) is not None]
+    if given:  # (search options without --search were ignored silently)
+        raise SpecError("bad-usage", f"{given[0]} is an option of plan --search", path=given[0],
+                        hint="add --search, or drop " + ", ".join(given))
     from .model_input import load_graph
     from layout_prop.io.loader import load_spec
     from layout_prop.core.dependencies import require
@@ -469,9 +480,13 @@ def run(args) -> int:
                                  [n.name for n in baseline.inputs()] != [n.name for n in graph.inputs()]):
         raise SpecError("bad-baseline", f"the baseline {str(args.baseline)!r} is not the same model on the same mesh",
                         hint="give a baseline with the same mesh and inputs (gen llama with the same sizes)")
+    from layout_prop.io.progress import Ticker
+
     try:
-        report = plan_spec(graph, backward=not args.forward_only, objective=objective, memory_limit=limit,
-                           optimizer=args.optimizer, baseline=baseline, time_limit=time_limit, cluster=cluster)
+        with Ticker("plan", enabled=False if args.json else None) as ticker:  # on a terminal only
+            report = plan_spec(graph, backward=not args.forward_only, objective=objective, memory_limit=limit,
+                               optimizer=args.optimizer, baseline=baseline, time_limit=time_limit, cluster=cluster,
+                               progress=ticker.say)
     except InfeasiblePlan as err:
         if args.json:
             print(json.dumps({"ok": False, "error": err.code, "message": err.message,

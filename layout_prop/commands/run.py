@@ -127,7 +127,12 @@ def run(args) -> int:
                              hint="use --engine mindspore for the mindspore and cann backends")
     timeout = 300.0 if args.timeout is None else args.timeout
     options = {"timeout": timeout, "keep": args.keep_logs, **nodes} if args.engine == "mindspore" else {}
-    graph, weights, unread = load_with_weights(args)
+    from layout_prop.io.progress import Ticker
+
+    quiet = False if args.json else None  # the progress lines: on a terminal only, never with --json
+    with Ticker("run", enabled=quiet) as ticker:
+        ticker.say("reading the spec")
+        graph, weights, unread = load_with_weights(args)
     from .config_blocks import read_blocks
 
     blocks = read_blocks(graph)  # the spec's zero:, recompute:, pipeline: blocks (a bad one: exit 2)
@@ -143,11 +148,11 @@ def run(args) -> int:
 
         from_file = check_given_inputs(graph, read_inputs(args.inputs), str(args.inputs))
     given = {**weights, **from_file}
-    from layout_prop.io.progress import Progress
-
-    with Progress(0, "msrun", enabled=False if args.json else None) as bar:  # drawn only on a terminal
+    with Ticker("run", enabled=quiet) as ticker:  # the simulator reports no steps: the phase and the time
+        ticker.say(f"{graph.mesh.size:,} ranks on {'msrun' if args.engine == 'mindspore' else 'the simulator'}: "
+                   "analysing, lowering, one device, every rank")
         if args.engine == "mindspore":
-            options["progress"] = bar.show
+            options["progress"] = lambda text: ticker.say(f"msrun: {text}")  # ranks joined and finished
         rep = run_graph(graph, engine=args.engine, backend=backend, backward=args.backward, seed=args.seed,
                         reshard=not args.no_reshard, rtol=args.rtol, max_memory=args.max_memory,
                         max_time=args.max_time, inputs=given, **configured, **options)
@@ -287,7 +292,6 @@ def _configured_note(blocks, args, rep) -> str:
 
 #: the run options a pipelined run does not take (they are the single-program run's)
 _NOT_PIPELINED = (("inputs", None, "--inputs"), ("no_reshard", False, "--no-reshard"), ("rtol", None, "--rtol"),
-                  ("max_memory", None, "--max-memory"), ("max_time", None, "--max-time"),
                   ("keep_logs", False, "--keep-logs"), ("nodes", 1, "--nodes"), ("node_rank", 0, "--node-rank"),
                   ("master_addr", None, "--master-addr"), ("master_port", None, "--master-port"),
                   ("local_workers", None, "--local-workers"), ("emulate_nodes", None, "--emulate-nodes"))
@@ -309,10 +313,15 @@ def _run_pipelined(args, graph, blocks, weights: dict, backend: str) -> int:
     if backend != "numpy":
         raise SpecError("bad-usage", f"a pipelined run computes with the numpy kernels, not {backend!r}",
                         hint="drop --backend (msrun workers run numpy kernels with --engine mindspore)")
-    built = build(graph, "a100-80g", blocks.zero, (blocks.recompute, blocks.layers))
+    from layout_prop.io.progress import Ticker
+
     options = {"backend": "numpy", "timeout": 300.0 if args.timeout is None else args.timeout} \
         if args.engine == "mindspore" else {}
-    report = run_pipeline(built, args.seed, args.engine, **options)
+    with Ticker("run", enabled=False if args.json else None) as ticker:  # on a terminal only
+        ticker.say("analysing and lowering one micro-batch")
+        built = build(graph, "a100-80g", blocks.zero, (blocks.recompute, blocks.layers))
+        report = run_pipeline(built, args.seed, args.engine, progress=ticker.say, max_memory=args.max_memory,
+                              max_time=args.max_time, **options)
     c = blocks.pipeline
     note = (f"{_describe(blocks)}: the pipelined program executed as layout-prop pipeline SPEC --run executes it "
             f"(one micro-batch's program on the stage mesh {built.program.program.mesh}, each stage's schedule, "

@@ -100,12 +100,16 @@ def run_search(model, cluster, devices: int, global_batch: int, **kwargs):
 
 
 def run(args) -> int:
-    from layout_prop.io.progress import Progress
+    from layout_prop.io.progress import Progress, Ticker
     from layout_prop.perf.clusters import get_cluster
     from layout_prop.planner.search import InfeasibleSearch, parse_axes, parse_axis_order
     from .estimate import check_global_batch
     from .plan import parse_bytes
 
+    if args.time_limit is not None:  # (the search has no deadline: it reports the seconds it took)
+        raise SpecError("bad-usage", "plan --search does not take --time-limit: it prices every configuration "
+                        "(its time is printed)", path="--time-limit",
+                        hint="drop --time-limit, or narrow the search with --axes (like --axes tp=8,pp=8)")
     if args.cluster is None:
         raise SpecError("bad-usage", "plan --search needs --cluster", hint="give --cluster a100-80g, h100-80g, "
                         "ascend-910b or a cluster YAML file")
@@ -117,13 +121,16 @@ def run(args) -> int:
     limit = parse_bytes(args.memory_per_rank) if args.memory_per_rank is not None else None
     order = parse_axis_order(args.axis_order)
     fixed = parse_axes(args.axes)
+    from layout_prop.io.output import check_distinct_outputs, check_output
+
     for path in (args.output, args.plan_out):
         if path is not None:
-            from layout_prop.io.output import check_output
-
             check_output(path)
-    model = load_model_shape(load_search_graph(args))
-    progress = Progress(0, "plan --search: layers evaluated")
+    check_distinct_outputs({"-o": args.output, "--plan-out": args.plan_out})
+    with Ticker("plan --search", enabled=False if args.json else None) as ticker:  # on a terminal only
+        ticker.say("reading the model and its layers")
+        model = load_model_shape(load_search_graph(args))
+    progress = Progress(0, "plan --search: layers evaluated", enabled=False if args.json else None)
     try:
         result = run_search(model, cluster, args.devices, args.global_batch, memory_limit=limit, fixed=fixed,
                             order=order, progress=progress)
@@ -154,6 +161,8 @@ def run(args) -> int:
                           "memory_limit": result.memory_limit, "candidates": result.candidates,
                           "feasible": len(result.ranked), "layer_evaluations": result.layer_evaluations,
                           "seconds": round(result.seconds, 3), "why": result.why(),
+                          "uncertainty": result.uncertainty(), "ties": len(result.ties()),
+                          "preferred": result.preferred() + 1,
                           "top": [c.to_dict() for c in result.ranked[:args.top]], "written": written,
                           "imported": None if model.imported is None else {
                               "architecture": model.imported.architecture, "priced_as": f"gen {model.family}",
@@ -190,6 +199,7 @@ def format_result(result, top: int) -> str:
         lines.append(f"{i:>3} {format_seconds(cand.step_time_s):>11} {cand.mfu:>6.1%} {cand.tflops_per_device:>8.1f} "
                      f"{format_bytes(cand.memory_bytes):>11}  {cand.config.label()}")
     lines.append(f"why: {result.why()}")
+    lines.append(f"uncertainty: {result.uncertainty()}")
     lines += [f"note: {n}" for n in result.notes + _notes(result)]
     return "\n".join(lines)
 

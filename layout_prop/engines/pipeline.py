@@ -25,6 +25,7 @@ The program is duck-typed here (this room does not import passes): ``mesh``, ``c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -51,7 +52,8 @@ class PipelineRun:
 
 
 def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_inputs: dict[str, np.ndarray],
-                     simulator: Simulator | None = None) -> PipelineRun:
+                     simulator: Simulator | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> PipelineRun:
     """Run every stage's schedule of ``pprog`` (module docstring).
 
     Parameters
@@ -63,6 +65,10 @@ def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_in
     shared_inputs : dict
         The global arrays of every other input (parameters, the loss cotangent), the same for
         every micro-batch.
+    simulator : Simulator, optional
+        Runs the ops (default: a new one, numpy kernels).
+    progress : callable, optional
+        Called as ``progress(done, total)`` after each task (a stage's chunk of one micro-batch).
 
     Returns
     -------
@@ -100,7 +106,8 @@ def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_in
     run = PipelineRun()
     held = [0] * p
     run.in_flight = [0] * p
-    for stage, task in pprog.run_order:
+    tasks = len(pprog.run_order)
+    for done, (stage, task) in enumerate(pprog.run_order, 1):
         env = envs[stage][task.micro_batch]
         key = (task.chunk, task.phase)
         for move, once in pprog.receives(key):
@@ -125,6 +132,8 @@ def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_in
         held[stage] += 1 if task.phase == "F" else -1
         run.in_flight[stage] = max(run.in_flight[stage], held[stage])
         run.order.append((stage, str(task)))
+        if progress is not None:
+            progress(done, tasks)
     specs = pprog.program.specs
     for value in pprog.grads:  # gradient accumulation: each rank sums its local pieces over the micro-batches
         stage = _stage_holding(envs, value)

@@ -1,6 +1,8 @@
 """A progress line on stderr for long work: done/total, rate and time left, only on a terminal.
 
-Nothing is written when the stream is not a terminal (a pipe, a file, CI), so scripts and
+:class:`Progress` counts items; :class:`Ticker` says what is being done and for how long,
+redrawn by a background thread while a call that reports nothing (a solver, a model reader)
+runs.  Nothing is written when the stream is not a terminal (a pipe, a file, CI), so scripts and
 ``--json`` output stay clean; the line is redrawn at most a few times a second and erased
 when the work ends.
 
@@ -12,17 +14,22 @@ Examples
 False
 >>> format_seconds(75), format_seconds(3725)
 ('1m 15s', '1h 02m')
+>>> with Ticker("plan", stream=io.StringIO()) as t:   # not a terminal: silent, no thread
+...     t.say("solving")
+>>> t.enabled
+False
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
 from layout_prop.core.errors import printable
 
-__all__ = ["Progress", "format_seconds"]
+__all__ = ["Progress", "Ticker", "format_seconds"]
 
 
 def format_seconds(seconds: float) -> str:
@@ -131,6 +138,85 @@ class Progress:
         self.enabled = False
 
     def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Ticker:
+    """``label: text, elapsed`` on ``stream`` (stderr), redrawn every ``interval`` seconds by a
+    daemon thread, so that work which reports nothing (a solver, a model reader, a kernel)
+    still shows that it runs and for how long; :meth:`say` changes the text (a phase, a count).
+
+    Drawn only on a terminal, as :class:`Progress`; with ``enabled=False`` (``--json``) or
+    when the stream is not a terminal no thread is started and nothing is written.
+
+    Parameters
+    ----------
+    label : str
+        The command (``pipeline --run``).
+    stream : text stream, optional
+        Default ``sys.stderr``.
+    enabled : bool, optional
+        Force drawing on or off (default: whether the stream is a terminal).
+    interval : float
+        Seconds between redraws.
+
+    Examples
+    --------
+    >>> import io
+    >>> stream = io.StringIO()
+    >>> with Ticker("plan", stream=stream, enabled=True, interval=60) as t:
+    ...     t.say("solving")
+    >>> stream.getvalue().split("\\r")[1]
+    'plan: solving, 0s'
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None,
+                 interval: float = 0.5) -> None:
+        self._bar = Progress(0, label, stream, enabled, interval=0.0)
+        self.interval = interval
+        self.text = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the line is drawn."""
+        return self._bar.enabled
+
+    def say(self, text: str) -> None:
+        """Show ``text`` now (with the time since the ticker started)."""
+        self.text = text
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if not self._bar.enabled:
+            return
+        elapsed = format_seconds(time.monotonic() - self._bar.start)
+        with self._lock:
+            if self._bar.enabled:  # (closed meanwhile by the other thread)
+                self._bar.show(f"{self.text}, {elapsed}" if self.text else elapsed)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._redraw()
+
+    def close(self) -> None:
+        """Stop the thread and erase the line."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            self._bar.close()
+
+    def __enter__(self) -> "Ticker":
+        if self._bar.enabled:
+            self._thread = threading.Thread(target=self._run, name=f"progress {self._bar.label}", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:

@@ -34,7 +34,7 @@ from layout_prop.core.spec import TensorSpec
 DP_TP = DeviceMesh((2, 2), ("dp", "tp"))
 TP = DeviceMesh((2,), ("tp",))
 SHAPE_OPS = ("reshape", "transpose", "slice", "pad_slice", "concat", "unsqueeze", "squeeze", "sharding_constraint",
-             *SPLIT_VARIANTS)
+             "split", "chunk", *SPLIT_VARIANTS)
 
 
 def spec(shape, placements, mesh=DP_TP, dtype="float32") -> TensorSpec:

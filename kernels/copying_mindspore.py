@@ -40,6 +40,11 @@ def _stack(*xs, dim=0):
     return _ms().ops.stack([_t(x) for x in xs], dim)
 
 
+def _one_or_tuple(pieces: tuple):
+    """The one piece itself, or the tuple of several (a node of one output holds one value)."""
+    return pieces[0] if len(pieces) == 1 else pieces
+
+
 def _unbind(x, dim=0):
     return tuple(t.copy() for t in _ms().ops.unbind(_t(x), dim))
 
@@ -111,4 +116,4 @@ KERNELS: dict[str, Callable] = {
     "repeat_interleave": _repeat_interleave,
     "repeat_interleave_grad": _repeat_interleave_grad,
 }
-KERNELS.update({f"unbind{n}": _unbind for n in range(2, 9)})
+KERNELS.update({f"unbind{n}": _unbind for n in range(2, 9)}, unbind=lambda x, dim=0: _one_or_tuple(_unbind(x, dim)))

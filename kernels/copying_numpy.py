@@ -18,6 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .shape_numpy import one_or_tuple
+
 __all__ = ["KERNELS", "expanded_shape", "expand", "stack", "unbind", "full_like", "pad", "repeat_interleave", "repeat_interleave_grad"]
 
 
@@ -92,4 +94,4 @@ KERNELS: dict[str, Callable] = {
     "repeat_interleave": repeat_interleave,
     "repeat_interleave_grad": repeat_interleave_grad,
 }
-KERNELS.update({f"unbind{n}": unbind for n in range(2, 9)})
+KERNELS.update({f"unbind{n}": unbind for n in range(2, 9)}, unbind=lambda x, dim=0: one_or_tuple(unbind(x, dim)))

@@ -260,6 +260,31 @@ def _chunk(x, count: int, axis: int = 0):
     return _pieces(x, axis, chunk_bounds(x.shape[axis], count))
 
 
+def _sized_bounds(n: int, size: int) -> list[tuple[int, int]]:
+    return [(0, 0)] if n == 0 else [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+
+def _split_torch(x, split_size_or_sections, axis: int = 0):
+    """``torch.split`` (the numpy kernel's cut, on a MindSpore tensor)."""
+    x = to_tensor(x)
+    if isinstance(split_size_or_sections, (list, tuple)):
+        pieces = _split(x, len(split_size_or_sections), axis, split_size_or_sections)
+    else:
+        pieces = _pieces(x, axis, _sized_bounds(x.shape[axis], int(split_size_or_sections)))
+    return pieces[0] if len(pieces) == 1 else pieces  # a node of one output holds one value
+
+
+def _chunk_torch(x, chunks: int, axis: int = 0, sizes=None):
+    """``torch.chunk``: pieces of ``ceil(n / chunks)``, maybe fewer than ``chunks`` (a rank's piece of a
+    strided axis: its localised ``sizes``)."""
+    if sizes is not None:
+        return _split_torch(x, list(sizes), axis)
+    x = to_tensor(x)
+    n = x.shape[axis]
+    pieces = _pieces(x, axis, _sized_bounds(n, -(-n // chunks)))
+    return pieces[0] if len(pieces) == 1 else pieces  # a node of one output holds one value
+
+
 def _slice(x, axis=0, start=0, stop=None):
     x = to_tensor(x)
     lo, hi, _ = slice(start, stop).indices(x.shape[axis])
@@ -315,6 +340,8 @@ SHAPE_KERNELS: dict[str, Callable] = {
     "sharding_constraint": lambda x, **_pin: _identity(x),  # the local piece unchanged (the attrs are the rule's)
     **{f"split{n}": _counted(_split, n) for n in range(2, 9)},
     **{f"chunk{n}": _counted(_chunk, n) for n in range(2, 9)},
+    "split": _split_torch,
+    "chunk": _chunk_torch,
 }
 
 

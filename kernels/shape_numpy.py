@@ -25,7 +25,7 @@ import numpy as np
 
 from layout_prop.core.spec import chunk_bounds
 
-__all__ = ["KERNELS", "reshape", "transpose", "split", "chunk", "slice_axis", "pad_slice", "concat",
+__all__ = ["KERNELS", "reshape", "transpose", "split", "chunk", "split_torch", "chunk_torch", "one_or_tuple", "slice_axis", "pad_slice", "concat",
            "unsqueeze", "squeeze", "sharding_constraint"]
 
 
@@ -62,6 +62,46 @@ def split(x: np.ndarray, count: int, axis: int = 0, sizes: Sequence[int] | None 
 def chunk(x: np.ndarray, count: int, axis: int = 0) -> tuple[np.ndarray, ...]:
     """``count`` ``torch.chunk`` pieces along ``axis`` (trailing ones may be smaller or empty)."""
     return _pieces(x, axis, chunk_bounds(x.shape[axis], count))
+
+
+def _sized_bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """Pieces of ``size`` along a dim of ``n``, the last one smaller (one empty piece when ``n`` is 0)."""
+    return [(0, 0)] if n == 0 else [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+
+def split_torch(x: np.ndarray, split_size_or_sections: int | Sequence[int], axis: int = 0) -> tuple[np.ndarray, ...]:
+    """``torch.split``: pieces of an int size along ``axis`` (the last one smaller), or of each listed size.
+
+    >>> [p.tolist() for p in split_torch(np.arange(5), 2)], [p.tolist() for p in split_torch(np.arange(3), [2, 1])]
+    ([[0, 1], [2, 3], [4]], [[0, 1], [2]])
+    >>> split_torch(np.arange(3), 3).tolist()  # one piece: the array itself
+    [0, 1, 2]
+    """
+    if isinstance(split_size_or_sections, (list, tuple)):
+        starts = np.cumsum([0, *split_size_or_sections])
+        bounds = [(int(starts[i]), int(starts[i + 1])) for i in range(len(split_size_or_sections))]
+    else:
+        bounds = _sized_bounds(x.shape[axis], int(split_size_or_sections))
+    return one_or_tuple(_pieces(x, axis, bounds))
+
+
+def chunk_torch(x: np.ndarray, chunks: int, axis: int = 0, sizes: Sequence[int] | None = None):
+    """``torch.chunk``: pieces of ``ceil(n / chunks)`` along ``axis``, the last one smaller (maybe fewer than
+    ``chunks`` of them); a rank's piece of a strided axis is cut into its localised ``sizes``.
+
+    >>> [p.tolist() for p in chunk_torch(np.arange(6), 4)]
+    [[0, 1], [2, 3], [4, 5]]
+    """
+    if sizes is not None:
+        return split_torch(x, list(sizes), axis)
+    n = x.shape[axis]
+    return one_or_tuple(_pieces(x, axis, _sized_bounds(n, -(-n // chunks))))
+
+
+def one_or_tuple(pieces: tuple):
+    """The one piece itself, or the tuple of several: a node of one output holds one value, not a tuple
+    (``split``, ``chunk`` and ``unbind``, whose output count follows their attrs and shapes)."""
+    return pieces[0] if len(pieces) == 1 else pieces
 
 
 def slice_axis(x: np.ndarray, axis: int = 0, start: int | None = 0, stop: int | None = None) -> np.ndarray:
@@ -124,6 +164,8 @@ KERNELS: dict[str, Callable] = {
     "unsqueeze": unsqueeze,
     "squeeze": squeeze,
     "sharding_constraint": sharding_constraint,
+    "split": split_torch,
+    "chunk": chunk_torch,
 }
 for _count in range(2, 9):
     KERNELS[f"split{_count}"] = _variant(split, _count)

@@ -23,11 +23,13 @@ The ops
     beside a different placement: ``partial-input``).  Shards at or after ``dim`` move one
     dim on.  vjp: one ``slice`` and ``squeeze`` per operand.  Aliases ``Stack``, ``Pack``,
     ``aten.stack``.
-``unbind2`` ... ``unbind8`` (``x, dim=0``)
-    torch's ``unbind`` with a fixed number of outputs (a registered op has a fixed
-    ``num_outputs``, as ``splitN``): x's ``dim`` must have that size.  The unbound dim is
-    unsharded (``sharded-unbind-dim``, fixed by an all-gather); other shards move back one
-    dim when after it.  vjp: ``stack`` of the cotangents (zeros for an unused output).
+``unbind(x, dim=0)`` (aliases ``Unbind``, ``aten.unbind``, ``torch.unbind``)
+    torch's ``unbind``: one output per slice along ``dim``, as many as its size (worked out
+    when the graph is built; a dim of size 1 makes one output, named like the node).  The
+    unbound dim is unsharded (``sharded-unbind-dim``, fixed by an all-gather); other shards
+    move back one dim when after it.  vjp: ``stack`` of the cotangents (zeros for an unused
+    output).  ``unbind2`` ... ``unbind8`` are the same op with a fixed number of outputs
+    (x's ``dim`` must have that size), kept for specs written before ``unbind``: deprecated.
 ``full_like(x, fill_value=0, dtype=None, shape=None)``
     A tensor of ``fill_value``: of x's shape and layout (``shape`` null; a Partial axis
     becomes Replicate: every rank holds the constant), or of ``shape`` (torch's
@@ -88,7 +90,7 @@ from layout_prop.core.spec import DTYPES, TensorSpec
 from .nn import _move_violations
 from .shape import shard_blocks
 
-__all__ = ["Expand", "Stack", "UNBIND_VARIANTS", "FullLike", "ZerosLike", "OnesLike", "NewOnes", "Pad",
+__all__ = ["Expand", "Stack", "UNBIND_VARIANTS", "Unbind", "FullLike", "ZerosLike", "OnesLike", "NewOnes", "Pad",
            "RepeatInterleave", "RepeatInterleaveGrad", "get_rule"]
 
 UNBIND_COUNTS = range(2, 9)  # unbindN for N in 2..8, as splitN
@@ -278,17 +280,28 @@ class UnbindRule(OpRule):
         n = self.num_outputs
         return [OpSample([(3, n)], {"dim": 1}), OpSample([(n, 5)], {"dim": 0})]
 
+    def output_count(self, attrs, shapes):
+        """The size of ``dim`` (``num_outputs`` for the fixed variants ``unbindN``)."""
+        if not self.variadic_outputs:
+            return self.num_outputs
+        dim = _dim(self.name, attrs["dim"], len(shapes[0]))
+        if shapes[0][dim] == 0:
+            raise OpError("invalid-shape", f"{self.name}: x dim {dim} has size 0, which makes no outputs",
+                          hint="a node has at least one output: unbind a dim of size 1 or more")
+        return shapes[0][dim]
+
     def infer_layout(self, inputs, attrs):
         (x,) = inputs
         dim = _dim(self.name, attrs["dim"], x.ndim)
-        if x.shape[dim] != self.num_outputs:
+        count = self.output_count(attrs, (x.shape,))
+        if x.shape[dim] != count:
             raise OpError("invalid-shape", f"{self.name}: x dim {dim} has size {x.shape[dim]}, but {self.name} "
                           f"makes {self.num_outputs} outputs", hint=f"use unbind{x.shape[dim]}" if
                           x.shape[dim] in UNBIND_COUNTS else "use splitN or slice for this size")
         want, violations = _unsharded(self.name, x, (dim,), "sharded-unbind-dim", "takes it apart", lambda p: True)
         ps = [_shifted(p, dim + 1, -1) for p in want.placements]
         out = TensorSpec(x.shape[:dim] + x.shape[dim + 1:], x.dtype, Layout(x.mesh, ps, x.ndim - 1))
-        return RuleResult((out,) * self.num_outputs, tuple(violations), (_want(want, x),))
+        return RuleResult((out,) * count, tuple(violations), (_want(want, x),))
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
         present = [c for c in cotangents if c is not None]
@@ -306,6 +319,23 @@ for _n in UNBIND_COUNTS:
         "name": f"unbind{_n}", "num_outputs": _n, "__module__": __name__})
     UNBIND_VARIANTS[_cls.name] = register_op(_cls)
 del _n, _cls
+
+
+@register_op
+class Unbind(UnbindRule):
+    """``unbind(x, dim=0)``: torch's ``unbind``, one output per slice along ``dim`` (as many as its size,
+    worked out when the graph is built)."""
+
+    name = "unbind"
+    aliases = ("Unbind", "aten.unbind", "torch.unbind")
+    variadic_outputs = True
+    violation_codes = ("sharded-unbind-dim", "partial-input")
+
+    def sample_inputs(self):
+        from layout_prop.core.registry import OpSample
+
+        return [OpSample([(3, 5)], {"dim": 0}), OpSample([(2, 1, 4)], {"dim": -1}), OpSample([(5, 2)], {"dim": 1}),
+                OpSample([(1, 3)], {})]
 
 
 # ---------------------------------------------------------------------- full_like

@@ -71,9 +71,9 @@ The ops and their layout rules
     terms for free) with a Replicate condition pass the Partial through; any other
     Partial operand is reduced first.  vjp: ``dx = where(condition, dy, zeros_like(dy))``, ``dy_y =
     masked_fill(dy, condition, 0)``, each summed back to its operand's shape.
-``one_hot(indices, num_classes)`` (ONNX ``OneHot``, ``aten.one_hot``, MindSpore ``OneHot``)
+``one_hot(indices, num_classes)`` (ONNX ``OneHot``, ``aten.one_hot``, MindSpore ``OneHot``, ``OneHotExt``)
     int64 output ``indices.shape + (num_classes,)``; shards of ``indices`` carry over.
-``isin(elements, test_elements)`` (``aten.isin``; ONNX has no such op)
+``isin(elements, test_elements)`` (``aten.isin``, MindSpore ``IsIn``; ONNX has no such op)
     bool of elements' shape; elements' shards carry over, ``test_elements`` whole.
 
 Unusable input is an :class:`~layout_prop.core.errors.OpError` (exit 2): an index
@@ -1198,7 +1198,7 @@ class OneHot(OpRule):
 
     name = "one_hot"
     operands = ("indices",)
-    aliases = ("OneHot", "aten.one_hot", "torch.one_hot")
+    aliases = ("OneHot", "OneHotExt", "aten.one_hot", "torch.one_hot")
     attr_defaults = {"num_classes": None}
     required_attrs = ("num_classes",)
     violation_codes = LAYOUT_CODES
@@ -1242,7 +1242,7 @@ class IsIn(OpRule):
 
     name = "isin"
     operands = ("elements", "test_elements")
-    aliases = ("aten.isin", "torch.isin")
+    aliases = ("aten.isin", "torch.isin", "IsIn")
     attr_defaults: dict = {}
     violation_codes = LAYOUT_CODES
     differentiable = False

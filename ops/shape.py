@@ -34,8 +34,16 @@ The ops and their layout rules
     entries allowed; MindSpore's ``perm``, torch's ``permute(dims)``), or ``dim0`` and
     ``dim1``, the two dims to swap (torch's ``transpose(dim0, dim1)``); not both.  Shards
     and strided shards move with their dims.  vjp: the inverse permutation.
+``split(x, split_size_or_sections, axis=0)`` and ``chunk(x, chunks, axis=0)`` (aliases ``aten.split``,
+    ``torch.split``, ``aten.split_with_sizes``; ``aten.chunk``, ``torch.chunk``)
+    torch's ``split`` and ``chunk``, with as many outputs as pieces (worked out when the
+    graph is built; one piece is one output, named like the node): ``split`` cuts pieces of
+    an int size, the last one smaller, or of each size of a list (synonyms ``split_size``,
+    ``split_sizes``, ``sections``); ``chunk`` cuts pieces of ``ceil(n / chunks)``, the last
+    one smaller, and so may make fewer than ``chunks`` outputs (6 in 4 chunks: 2, 2, 2).
+    Their layout rule is the one of the fixed variants below.
 ``split2`` ... ``split8`` (``x, axis, sizes``) and ``chunk2`` ... ``chunk8`` (``x, axis``)
-    Fixed-arity variants, because a registered op has a fixed ``num_outputs``:
+    Fixed-arity variants, written before ``split`` and ``chunk`` (deprecated):
     ``splitN`` cuts ``axis`` into the N ``sizes`` (torch ``split`` with a list,
     MindSpore ``SplitV``), or with ``sizes`` left out into N equal sections that must
     divide the dim (MindSpore ``Split(axis, output_num=N)``); ``chunkN`` cuts it into N
@@ -161,7 +169,7 @@ from layout_prop.core.spec import TensorSpec, chunk_bounds
 from .common import free_or_violation, plan_summary
 
 __all__ = [
-    "Reshape", "Transpose", "SplitRule", "ChunkRule", "Slice", "PadSlice", "Concat", "Unsqueeze", "Squeeze",
+    "Reshape", "Transpose", "SplitRule", "ChunkRule", "Split", "Chunk", "Slice", "PadSlice", "Concat", "Unsqueeze", "Squeeze",
     "ShardingConstraint",
     "SPLIT_VARIANTS", "reshape_groups", "resolve_shape", "shard_blocks", "get_rule",
 ]
@@ -192,6 +200,13 @@ def _sample(shapes, **attrs):
     from layout_prop.core.registry import OpSample
 
     return OpSample(shapes, attrs)
+
+
+def _strided_sample(shapes, **attrs):
+    """An ``OpSample`` that also tries strided shards ``_S(d,2)``."""
+    from layout_prop.core.registry import OpSample
+
+    return OpSample(shapes, attrs, strided=True)
 
 
 def _dim_violation(attr: str, value, ndim: int, operand: str = "x") -> Violation:
@@ -697,9 +712,23 @@ class _PiecesRule(_ShapeOpRule):
         bounds, problem = self.bounds(x.shape[axis], attrs)
         if bounds is None:
             return axis, None, [Violation("invalid-split", f"cannot cut x dim {axis} (size {x.shape[axis]}) "
-                                          f"into {self.num_outputs} pieces: {problem}",
+                                          f"{self.pieces_text()}: {problem}",
                                           self.split_hint(x.shape[axis]), operand="x")]
         return axis, bounds, []
+
+    def pieces_text(self) -> str:
+        return f"into {self.num_outputs} pieces"
+
+    def output_count(self, attrs, shapes):
+        """The number of pieces (``num_outputs`` for the fixed variants ``splitN``, ``chunkN``)."""
+        if not self.variadic_outputs:
+            return self.num_outputs
+        x = _ShapeOnly(tuple(shapes[0]))
+        _axis, bounds, problems = self._analyse(x, attrs)
+        if problems:
+            v = problems[0]
+            raise OpError(v.code, f"{self.name}: {v.message}", hint=v.hint)
+        return len(bounds)
 
     def split_hint(self, n: int) -> str:
         return f"give {self.num_outputs} non-negative sizes summing to {n}"
@@ -708,6 +737,8 @@ class _PiecesRule(_ShapeOpRule):
         (x,) = inputs
         axis, bounds, problems = self._analyse(x, attrs)
         if problems:
+            if self.variadic_outputs:  # no count to give None outputs for: the node's builder refused it already
+                raise OpError(problems[0].code, f"{self.name}: {problems[0].message}", hint=problems[0].hint)
             return RuleResult((None,) * self.num_outputs, tuple(problems), ())
         sizes = [b - a for a, b in bounds]
         shapes = [x.shape[:axis] + (s,) + x.shape[axis + 1:] for s in sizes]
@@ -806,7 +837,8 @@ class ChunkRule(_PiecesRule):
     def local_attrs(self, attrs: dict, axis: int, sizes: list[int]) -> dict:
         """``torch.chunk`` of the local piece cuts it into ``sizes`` already: if the global chunks are
         ``j`` blocks of ``m``, the local ones are ``ceil(k * c / N) = j * c`` for a chunk ``c <= m``."""
-        local = [hi - lo for lo, hi in chunk_bounds(sum(sizes), self.num_outputs)]
+        local_bounds, _ = self.bounds(sum(sizes), attrs)
+        local = None if local_bounds is None else [hi - lo for lo, hi in local_bounds]
         if local != sizes:  # not reached (see above): a wrong answer must not pass silently
             raise OpError("internal-error", f"{self.name} of a strided piece: chunks {local}, expected {sizes}",
                           hint="a bug of layout-prop: please report it with the spec")
@@ -822,6 +854,114 @@ for _n in VARIANT_COUNTS:
         })
         SPLIT_VARIANTS[_cls.name] = register_op(_cls)
 del _n, _base, _stem, _doc, _cls
+
+
+class _ShapeOnly:
+    """What :meth:`_PiecesRule._analyse` reads of x when only its shape is known (the output count)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.ndim = len(shape)
+
+
+def _sized_pieces(n: int, size: int) -> list[tuple[int, int]]:
+    """``torch.split(x, size)`` along a dim of ``n``: pieces of ``size``, the last one smaller; one empty piece
+    when ``n`` is 0."""
+    if n == 0:
+        return [(0, 0)]
+    return [(lo, min(lo + size, n)) for lo in range(0, n, size)]
+
+
+@register_op
+class Split(SplitRule):
+    """``split(x, split_size_or_sections, axis=0)``: ``torch.split``, with as many outputs as pieces.
+
+    An int cuts pieces of that size, the last one smaller (``ceil(n / size)`` outputs); a list
+    gives each piece's size (as many outputs as sizes, summing to the dim).  The output count
+    is worked out when the graph is built.
+    """
+
+    name = "split"
+    aliases = ("aten.split", "torch.split", "aten.split_with_sizes")
+    variadic_outputs = True
+    attr_defaults = {"split_size_or_sections": None, "axis": 0}
+    attr_synonyms = {"dim": "axis", "split_size": "split_size_or_sections", "split_sizes": "split_size_or_sections",
+                     "sections": "split_size_or_sections"}
+    attr_types = {"split_size_or_sections": "int | list[int]"}
+    required_attrs = ("split_size_or_sections",)
+
+    def sample_inputs(self):
+        return [
+            _sample([(5, 3)], split_size_or_sections=2, axis=0),  # 2, 2, 1: three outputs
+            _sample([(3, 6)], split_size_or_sections=[1, 0, 3, 2], axis=1),  # four, an empty one
+            _sample([(2, 1, 4)], split_size_or_sections=4, axis=-1),  # one output
+            _sample([(2, 7)], split_size_or_sections=1, axis=1),  # seven outputs
+            _strided_sample([(8, 3)], split_size_or_sections=[4, 4], axis=0),  # whole blocks of _S(0,2): no move
+        ]
+
+    def pieces_text(self):
+        return "into pieces"
+
+    def bounds(self, n, attrs):
+        spec = attrs.get("split_size_or_sections")
+        if _is_int(spec):
+            if spec <= 0 and n > 0:
+                return None, f"split_size_or_sections={spec} must be positive"
+            return _sized_pieces(n, int(spec)), ""
+        if isinstance(spec, (list, tuple)) and spec and all(_is_int(s) and s >= 0 for s in spec) and sum(spec) == n:
+            starts = np.cumsum([0, *spec]).tolist()
+            return [(int(starts[i]), int(starts[i + 1])) for i in range(len(spec))], ""
+        return None, f"split_size_or_sections={spec!r} must be a positive size or non-negative sizes summing to {n}"
+
+    def split_hint(self, n):
+        return f"give split_size_or_sections as a positive piece size, or a list of sizes summing to {n}"
+
+    def local_attrs(self, attrs, axis, sizes):
+        return dict(attrs, axis=axis, split_size_or_sections=list(sizes))
+
+
+@register_op
+class Chunk(ChunkRule):
+    """``chunk(x, chunks, axis=0)``: ``torch.chunk``, pieces of ``ceil(n / chunks)``, the last one smaller.
+
+    As torch, it may make fewer than ``chunks`` outputs (6 in 4 chunks: 2, 2, 2) and never an
+    empty one (one empty piece when the dim is empty).  The output count is worked out when
+    the graph is built.
+    """
+
+    name = "chunk"
+    aliases = ("aten.chunk", "torch.chunk")
+    variadic_outputs = True
+    attr_defaults = {"chunks": None, "axis": 0}
+    attr_types = {"chunks": "int"}
+    required_attrs = ("chunks",)
+    violation_codes = ("sharded-split-dim", "invalid-dim", "invalid-split")
+
+    def sample_inputs(self):
+        return [
+            _sample([(6, 2)], chunks=4, axis=0),  # 2, 2, 2: three outputs, fewer than asked
+            _sample([(2, 1, 5)], chunks=2, axis=2),  # 3, 2
+            _sample([(5, 3)], chunks=5, axis=0),  # five outputs of one row
+            _sample([(3, 4)], chunks=1, axis=1),  # one output
+            _strided_sample([(3, 8)], chunks=2, axis=1),  # whole blocks of _S(1,2): no move
+        ]
+
+    def pieces_text(self):
+        return "into chunks"
+
+    def bounds(self, n, attrs):
+        chunks = attrs.get("chunks")
+        if not _is_int(chunks) or chunks <= 0:
+            return None, f"chunks={chunks!r} must be a positive integer"
+        return _sized_pieces(n, -(-n // chunks)), ""
+
+    def split_hint(self, n):
+        return "give chunks as a positive integer"
+
+    def local_attrs(self, attrs, axis, sizes):
+        """A strided axis cut into whole blocks: the rank's piece sizes, given to the kernel as ``sizes`` (torch's
+        chunk of a rank's empty piece would make one output, not the node's count)."""
+        return dict(attrs, axis=axis, sizes=list(sizes))
 
 
 def _slice_range(n: int, start, stop) -> tuple[int, int] | None:

@@ -64,7 +64,8 @@ def op_entry(name: str, tables: dict[str, dict] | None = None) -> dict:
     """The reference entry of one op (canonical name or alias), as a JSON-ready dict.
 
     Keys: ``name``, ``aliases``, ``operands`` (optional ones end in ``?``, a variadic op's
-    list ends in ``...``), ``num_outputs``, ``attrs`` (defaults; ``null`` where the op has
+    list ends in ``...``), ``num_outputs`` (``null`` where the count follows the attrs and input shapes:
+    ``unbind``, ``chunk``, ``split``), ``attrs`` (defaults; ``null`` where the op has
     none), ``required_attrs``, ``violation_codes``, ``gradient`` (whether the op has a vjp),
     ``kernels`` (the backends with a kernel for it), ``summary`` and ``doc``.
     """
@@ -78,7 +79,7 @@ def op_entry(name: str, tables: dict[str, dict] | None = None) -> dict:
         "name": rule.name,
         "aliases": list(rule.aliases),
         "operands": operands,
-        "num_outputs": rule.num_outputs,
+        "num_outputs": None if rule.variadic_outputs else rule.num_outputs,
         "attrs": {k: _jsonable(v) for k, v in rule.attr_defaults.items()},
         "required_attrs": list(rule.required_attrs),
         "violation_codes": list(rule.violation_codes),
@@ -116,10 +117,17 @@ def format_reference(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+_VARIADIC_OUTPUTS = "as many as its attrs and input shape make"
+
+
+def _outputs_text(count: int | None) -> str:
+    return f"{count} output{'s' if count > 1 else ''}" if count is not None else f"outputs {_VARIADIC_OUTPUTS}"
+
+
 def format_entry(e: dict) -> str:
     """One op in full, for ``layout-prop ops NAME``."""
     lines = [
-        f"{e['name']}({', '.join(e['operands'])}) -> {e['num_outputs']} output{'s' if e['num_outputs'] > 1 else ''}",
+        f"{e['name']}({', '.join(e['operands'])}) -> {_outputs_text(e['num_outputs'])}",
         f"  aliases:         {', '.join(e['aliases']) or '-'}",
         f"  attrs:           {_attrs_text(e['attrs'])}",
         f"  required attrs:  {', '.join(e['required_attrs']) or '-'}",
@@ -157,7 +165,7 @@ def render_markdown() -> str:
                    f"{_md_cell(e['summary'])} |")
     for e in entries:
         out += ["", f"## {e['name']}", ""]
-        out.append(f"- operands: {', '.join(e['operands'])}; outputs: {e['num_outputs']}")
+        out.append(f"- operands: {', '.join(e['operands'])}; outputs: {e['num_outputs'] or _VARIADIC_OUTPUTS}")
         out.append(f"- aliases: {', '.join(f'`{a}`' for a in e['aliases']) or 'none'}")
         out.append(f"- attrs: {', '.join(f'`{k}={v!r}`' for k, v in e['attrs'].items()) or 'none'}"
                    + (f" (required: {', '.join(e['required_attrs'])})" if e["required_attrs"] else ""))

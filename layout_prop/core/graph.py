@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from .errors import GraphError
+from .errors import GraphError, LayoutPropError
 from .mesh import DeviceMesh
 from .spec import FLOAT_DTYPES
 
@@ -200,10 +200,22 @@ class Graph:
         return self.add_node(Node(name, "input", (), attrs))[0]
 
     def op(self, name: str, op: str, inputs: Iterable[str], attrs: dict | None = None,
-           num_outputs: int = 1) -> str | tuple[str, ...]:
-        """Add an op node; returns its value name (a tuple of names for several outputs)."""
-        outs = self.add_node(Node(name, op, tuple(inputs), dict(attrs or {}), num_outputs))
-        return outs[0] if num_outputs == 1 else outs
+           num_outputs: int | None = None) -> str | tuple[str, ...]:
+        """Add an op node; returns its value name (a tuple of names for several outputs).
+
+        ``num_outputs`` defaults to 1, or, for an op whose output count follows its attrs and
+        input shapes (``unbind``, ``chunk``, ``split``), to that count (:func:`output_counts`).
+
+        >>> from layout_prop import DeviceMesh
+        >>> g = Graph(DeviceMesh((2,), ("dp",)))
+        >>> g.op("u", "unbind", [g.input("x", shape=(3, 4))])
+        ('u:0', 'u:1', 'u:2')
+        """
+        node = Node(name, op, tuple(inputs), dict(attrs or {}), num_outputs or 1)
+        if num_outputs is None:
+            node = output_counts([node], self._nodes, self.mesh)[0]
+        outs = self.add_node(node)
+        return outs[0] if node.num_outputs == 1 else outs
 
     def add_node(self, node: Node) -> tuple[str, ...]:
         """Insert a prepared node; its inputs must already be defined."""
@@ -465,3 +477,123 @@ def paused_gc():
     finally:
         if enabled:
             gc.enable()
+
+
+# ------------------------------------------------------------------ output counts
+def output_counts(nodes: Sequence[Node], known: dict[str, Node], mesh: DeviceMesh) -> list[Node]:
+    """``nodes`` with the output count of each node whose op's count follows its attrs and input
+    shapes (:attr:`OpRule.variadic_outputs <layout_prop.core.registry.OpRule.variadic_outputs>`:
+    ``unbind``, ``chunk``, ``split``) worked out; the other nodes are returned as they are.
+
+    An input's shape is worked out from the graph's inputs by the rules themselves, on
+    replicated layouts (only the ancestors of such nodes are visited: a graph without them
+    costs one set of op names).  ``known`` holds the nodes built so far by name (the graph's
+    inputs among them); ``nodes`` may come in any order and refer to one another.  Where an
+    input's shape cannot be worked out (an ancestor whose rule rejects its inputs, which
+    propagation reports), the count is what the node's consumers name (``u:2``: at least 3):
+    propagation then skips the node.
+
+    Raises
+    ------
+    OpError
+        The rule's own error where attrs and known shapes give no count (``invalid-dim``...),
+        with the node named.
+
+    Examples
+    --------
+    >>> from layout_prop import DeviceMesh
+    >>> mesh = DeviceMesh((2,), ("dp",))
+    >>> x = Node("x", "input", (), {"shape": (6, 4), "dtype": "float32", "placements": ("R",)})
+    >>> nodes = [Node("h", "add", ("x", "x")), Node("c", "chunk", ("h",), {"chunks": 4})]
+    >>> [n.outputs for n in output_counts(nodes, {"x": x}, mesh)]
+    [('h',), ('c:0', 'c:1', 'c:2')]
+    """
+    from .registry import is_registered, get_rule, variadic_output_ops
+
+    variadic = variadic_output_ops()
+    if variadic.isdisjoint({node.op for node in nodes}):
+        return list(nodes)
+    table = dict(known)
+    table.update((node.name, node) for node in nodes)
+    memo: dict[str, tuple | None] = {}
+    out = []
+    for node in nodes:
+        if node.op not in variadic or not is_registered(node.op):
+            out.append(node)
+            continue
+        rule = get_rule(node.op, node=node.name)
+        specs = [_replicated_spec(value, table, mesh, memo) for value in node.inputs]
+        if any(spec is None for spec in specs):
+            count = _named_count(node.name, nodes)
+        else:
+            attrs = rule.normalize_attrs(node.attrs, node.name)
+            try:
+                count = rule.output_count(attrs, tuple(spec.shape for spec in specs))
+            except LayoutPropError as err:
+                if err.node is None:
+                    err.node = node.name
+                raise
+        out.append(node if count == node.num_outputs else
+                   Node(node.name, node.op, node.inputs, node.attrs, count, node.meta))
+        table[node.name] = out[-1]
+    return out
+
+
+def _named_count(name: str, nodes: Sequence[Node]) -> int:
+    """The count the consumers of node ``name`` name: 1 + the highest ``name:i`` (1 when none)."""
+    indexes = [index for node in nodes for value in node.inputs
+               for head, index in [split_value(value)] if head == name and value != name]
+    return max(indexes) + 1 if indexes else 1
+
+
+def _replicated_spec(value: str, table: dict[str, Node], mesh: DeviceMesh, memo: dict) -> "TensorSpec | None":
+    """The spec of ``value`` with every layout replicated, worked out by the rules from the graph's
+    inputs (``memo``: node name -> its output specs, None where unknown); None where unknown."""
+    base, index = (value, 0) if value in table else split_value(value)
+    if base not in memo:
+        _infer_replicated(base, table, mesh, memo)
+    specs = memo.get(base)
+    return specs[index] if specs is not None and index < len(specs) else None
+
+
+def _infer_replicated(name: str, table: dict[str, Node], mesh: DeviceMesh, memo: dict) -> None:
+    """Fill ``memo`` for node ``name`` and its ancestors, depth first without recursion (a cycle,
+    which the graph builder reports, leaves its nodes unknown)."""
+    visiting: set[str] = set()
+    stack = [(name, False)]
+    while stack:
+        current, ready = stack.pop()
+        if current in memo:
+            continue
+        node = table.get(current)
+        if node is None or (not ready and current in visiting):
+            memo[current] = None
+            continue
+        bases = {value if value in table else split_value(value)[0] for value in node.inputs}
+        if not ready:
+            visiting.add(current)
+            stack.append((current, True))
+            stack.extend((base, False) for base in sorted(bases) if base not in memo)
+            continue
+        memo[current] = _replicated_outputs(node, [_replicated_spec(v, table, mesh, memo) for v in node.inputs], mesh)
+
+
+def _replicated_outputs(node: Node, specs: list, mesh: DeviceMesh) -> tuple | None:
+    """The output specs of ``node`` on replicated inputs ``specs`` (None where its rule gives none)."""
+    from .layout import Layout
+    from .registry import apply_rule, get_rule
+    from .spec import TensorSpec
+
+    try:
+        if node.is_input:
+            shape = node.attrs.get("shape")
+            return None if shape is None else (
+                TensorSpec(tuple(shape), node.attrs.get("dtype", "float32"), Layout(mesh, ["R"] * mesh.ndim, len(shape))),)
+        if any(spec is None for spec in specs):
+            return None
+        rule = get_rule(node.op, node=node.name)
+        attrs = rule.normalize_attrs(node.attrs, node.name)
+        result = apply_rule(rule, tuple(specs), attrs) if specs else rule.infer_source_layout(mesh, attrs)
+        return tuple(result.outputs)
+    except Exception:  # noqa: BLE001 -- a rule that cannot describe the node: propagation reports it
+        return None

@@ -29,7 +29,8 @@ from .errors import GraphError, LayoutPropError, OpError, Violation, cut, descri
 from .layout import Layout
 from .spec import TensorSpec
 
-__all__ = ["OpSample", "OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops", "GradBuilder",
+__all__ = ["OpSample", "OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops",
+           "variadic_output_ops", "GradBuilder",
            "ExpandBuilder", "apply_rule", "ATTR_KINDS", "attr_type", "check_attr_type"]
 
 _RULES: dict[str, "OpRule"] = {}
@@ -108,6 +109,9 @@ class OpRule(ABC):
     violation_codes: tuple[str, ...] = ()  # every code infer_layout may report (the testing kit checks)
     required_attrs: tuple[str, ...] = ()  # attrs without a usable default: missing or null is bad-attr
     strided: bool = False  # infer_layout takes strided shards; else apply_rule gathers them first
+    #: the output count follows the attrs and the input shapes (torch's ``unbind``, ``chunk``, ``split``): a node's
+    #: count is :meth:`output_count`, worked out when the graph is built; ``num_outputs`` is then only a default
+    variadic_outputs: bool = False
 
     # ---------------------------------------------------------------- attrs and arity
     def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
@@ -149,9 +153,22 @@ class OpRule(ABC):
         if n < low or (high is not None and n > high):
             raise GraphError("bad-arity", f"op {self.name!r} takes {self.arity_text()}, got {n}",
                              node=node.name, hint=f"give {self.name} its operands {self.arity_text()}")
-        if node.num_outputs != self.num_outputs:
+        if node.num_outputs != self.num_outputs and not self.variadic_outputs:
             raise GraphError("bad-arity", f"op {self.name!r} has {self.num_outputs} outputs, node says "
                              f"{node.num_outputs}", node=node.name, hint="build nodes through Graph.op")
+
+    def output_count(self, attrs: dict, shapes: tuple[tuple[int, ...], ...]) -> int:
+        """How many outputs a node of this op has, given its normalized attrs and its inputs' shapes.
+
+        ``num_outputs`` unless the rule sets ``variadic_outputs``: then the count follows the
+        attrs and shapes (``unbind``: the size of ``dim``), and attrs that give no count raise
+        the rule's :class:`~layout_prop.core.errors.OpError` (the graph builder reports it at
+        the node).  Pure; asked when a node is built (:func:`layout_prop.core.graph.output_counts`).
+
+        >>> get_rule("unbind").output_count({"dim": 1}, ((4, 3),)), get_rule("topk").output_count({}, ((4,),))
+        (3, 2)
+        """
+        return self.num_outputs
 
     def operand_name(self, index: int) -> str:
         names = self.operands + self.optional_operands
@@ -423,6 +440,7 @@ def register_op(rule_cls: type[OpRule] | None = None):
         _RULES[rule.name] = rule
         for alias in rule.aliases:
             _ALIASES[alias] = rule.name
+        _VARIADIC["names"] = None
         return cls
 
     return wrap(rule_cls) if rule_cls is not None else wrap
@@ -475,6 +493,23 @@ def is_registered(op: str) -> bool:
     """
     _load_builtin_ops()
     return op in _RULES or op in _ALIASES
+
+
+def variadic_output_ops() -> frozenset[str]:
+    """The names and aliases of the ops whose output count follows their attrs and input shapes
+    (:attr:`OpRule.variadic_outputs`).
+
+    >>> sorted(variadic_output_ops() & {"unbind", "chunk", "split", "unbind3", "add"})
+    ['chunk', 'split', 'unbind']
+    """
+    _load_builtin_ops()
+    if _VARIADIC["names"] is None:
+        _VARIADIC["names"] = frozenset(name for name, rule in _RULES.items() if rule.variadic_outputs) | frozenset(
+            alias for alias, name in _ALIASES.items() if _RULES[name].variadic_outputs)
+    return _VARIADIC["names"]
+
+
+_VARIADIC: dict[str, frozenset | None] = {"names": None}  # worked out on the first ask, reset by register_op
 
 
 def registered_ops() -> dict[str, OpRule]:

@@ -38,7 +38,7 @@ import yaml
 from .block_yaml import PLAIN, read_block_yaml
 from .reader import read_file_bytes, read_text
 from layout_prop.core.errors import CONTROL_CHARS, GraphError, LayoutPropError, SpecError, cut, printable
-from layout_prop.core.graph import Graph, Node, split_value
+from layout_prop.core.graph import Graph, Node, output_counts, split_value
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import MAX_MESH_AXES, MAX_RANKS, MAX_TENSOR_RANK, DeviceMesh
 from layout_prop.core.placement import parse_placement
@@ -1015,6 +1015,20 @@ def _order(nodes: list[tuple[int, Node]], g: Graph) -> list[tuple[int, Node]]:
     return [(i, by_index[i]) for i in done]
 
 
+def _output_counts(nodes: list[tuple[int, Node]], g: Graph) -> list[tuple[int, Node]] | None:
+    """The nodes with the output count of each op whose count follows its attrs and input shapes
+    worked out (:func:`layout_prop.core.graph.output_counts`), or None when no count changes."""
+    try:
+        counted = output_counts([node for _, node in nodes], {node.name: node for node in g.inputs()}, g.mesh)
+    except LayoutPropError as err:
+        index = next((i for i, node in nodes if node.name == err.node), None)
+        raise SpecError(err.code, err.message, path=f"nodes[{index}]" if index is not None else "nodes",
+                        node=err.node, hint=err.hint) from None
+    if all(map(operator.is_, counted, (node for _, node in nodes))):
+        return None
+    return [(i, node) for (i, _), node in zip(nodes, counted)]
+
+
 def _build(data: dict) -> Graph:
     _check_keys(data, TOP_KEYS, {"mesh", "inputs", "nodes"}, "")
     g = Graph(_mesh(data["mesh"]))
@@ -1030,6 +1044,9 @@ def _build(data: dict) -> Graph:
         _check_name(name, f"inputs.{name}")
         _input(g, name, spec, f"inputs.{name}")
     nodes, in_order = _nodes(data["nodes"], set(inputs))
+    counted = _output_counts(nodes, g)  # unbind, chunk, split: as many outputs as their attrs and shapes make
+    if counted is not None:
+        nodes, in_order = counted, False
     if in_order:  # names distinct and every input defined before its use: checked above, node by node
         g.extend_checked(node for _, node in nodes)
     else:
@@ -1071,7 +1088,9 @@ def _build(data: dict) -> Graph:
         g.meta["training"] = dict(data["training"])
     for key in ("zero", "recompute"):  # read by passes/zero.py (parse_zero) and passes/recompute.py (parse_recompute)
         if data.get(key) is not None:
-            if not isinstance(data[key], (dict, int, str)) or isinstance(data[key], bool):
+            # any scalar passes: its parse refuses a wrong one as it refuses the same value in a mapping
+            # (zero: 3.0 and zero: {stage: 3.0} are one answer)
+            if not isinstance(data[key], (dict, int, float, str)):
                 raise _err("bad-type", f"{key} must be a mapping or a scalar, got {cut(data[key])}", key,
                            "write zero: {stage: 3, axes: [dp]} or recompute: {mode: selective, layers: [l0]}")
             g.meta[key] = data[key]

@@ -159,7 +159,9 @@ def single_op_spec(op: str, sample: OpSample, mesh_shape: Sequence[int], combo: 
         if sample.requires_grad is not None:
             entry["requires_grad"] = bool(sample.requires_grad[i])
         inputs[name] = entry
-    outs = [rule.name] if rule.num_outputs == 1 else [f"{rule.name}:{k}" for k in range(rule.num_outputs)]
+    count = rule.output_count(rule.normalize_attrs(dict(sample.attrs)), tuple(map(tuple, sample.shapes))) \
+        if rule.variadic_outputs else rule.num_outputs
+    outs = [rule.name] if count == 1 else [f"{rule.name}:{k}" for k in range(count)]
     return {"mesh": {"shape": list(mesh_shape), "names": list(MESH_NAMES[:m])}, "inputs": inputs,
             "nodes": [{"name": rule.name, "op": rule.name, "inputs": names, "attrs": dict(sample.attrs)}],
             "outputs": outs}

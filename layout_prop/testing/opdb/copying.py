@@ -1,9 +1,11 @@
-"""Records of the copying family: expand, stack, unbind2/unbind3, full_like and its subclasses, pad,
+"""Records of the copying family: expand, stack, unbind (and unbind2/unbind3), full_like and its subclasses, pad,
 repeat_interleave.
 
 Uneven dims (5 on 2 or 4 pieces), size-1 dims (expanded ones among them), an empty
 output piece, crops (negative pads) and zero repeats.
 """
+
+from layout_prop.core.registry import get_rule
 
 from . import OpRecord, OpSample
 
@@ -58,4 +60,7 @@ RECORDS += [
         OpSample([(2, 6)], {"repeats": [1, 0, 2, 3], "dim": 1, "shape": [2, 4]}, requires_grad=[False]),
         OpSample([(48,)], {"repeats": 2, "shape": [4, 2, 3]}, requires_grad=[False]),
     ], meshes=MESHES, placements=20, backward=False, id="copying-repeat_interleave_grad"),
+]
+RECORDS += [
+    OpRecord("unbind", get_rule("unbind").sample_inputs(), meshes=MESHES, placements=40, id="copying-unbind"),
 ]

@@ -4,7 +4,8 @@ The samples live on the rules (``sample_inputs``, so ``layout-prop verify reshap
 them too); each op's samples mix even dims, uneven ones (B = 3 merged on 2 ranks, 5 rows
 cut in 2 chunks) and size-1 dims.  Single-operand ops try every placement combination
 (at most 5 choices per mesh axis); concat, with up to three operands, a
-seeded sample.  The split/chunk variants share one rule class each; N = 2, 3, 4 and 8
+seeded sample.  ``split`` and ``chunk`` (torch's, their output count worked out from the
+attrs and the shape) try one to seven outputs.  The split/chunk variants share one rule class each; N = 2, 3, 4 and 8
 stand for the rest (5..7 differ only in ``num_outputs``).
 """
 
@@ -22,6 +23,8 @@ RECORDS = [
     _record("reshape"),
     _record("transpose"),
     *[_record(name) for name in SPLIT_VARIANTS if int(name[5:]) in (2, 3, 4, 8)],
+    _record("split", placements=60),
+    _record("chunk", placements=60),
     _record("slice"),
     _record("pad_slice"),
     _record("concat", placements=300),

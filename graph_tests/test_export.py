@@ -324,19 +324,19 @@ outputs: [fc2]
 
 
 @pytest.mark.parametrize("target", ["hyper-parallel", "mindspore", "torch"])
-def test_a_spec_exported_without_input_says_its_inputs_were_taken_as_parameters(capsys, tmp_path, target):
-    """A spec does not say which inputs are activations: without --input, export placed x (the batch) as a
-    weight, without a word. It now says so in one note naming them and how to mark one; with --input,
-    and for a model (whose inputs are its own), no note."""
+def test_a_spec_exported_without_input_says_which_inputs_it_took_as_what(capsys, tmp_path, target):
+    """A spec does not say which inputs are activations: without --input, export tells them from the
+    parameters (x, cut on dp on its dim 0, is a batch) and says so in one note naming each kind and how
+    to correct it; with --input, and for a model (whose inputs are its own), no note."""
     spec = tmp_path / "mlp.yaml"
     spec.write_text(MLP_SPEC)
     capsys.readouterr()
     assert main(["export", str(spec), "--to", target]) == 0
     out, err = capsys.readouterr()
     assert [line for line in err.splitlines() if line.startswith("note:")] == [
-        "note: no --input given: export took every graph input as a parameter (a weight to shard): "
-        "x, fc1.weight, fc2.weight; name the model's inputs (activations, token ids) with --input NAME, "
-        "e.g. --input x"], err
+        "note: no --input given: export took as model inputs: x (dim 0 cut on dp: a batch); as parameters "
+        "(weights to shard): fc1.weight, fc2.weight; if that is wrong, name every model input (activations, "
+        "token ids) with --input NAME"], err
     assert "note:" not in out
     assert main(["export", str(spec), "--to", target, "--input", "x"]) == 0
     assert "note:" not in capsys.readouterr().err
@@ -345,21 +345,42 @@ def test_a_spec_exported_without_input_says_its_inputs_were_taken_as_parameters(
 
 
 def test_the_note_names_eight_inputs_and_counts_the_rest(capsys):
+    """gen llama's x (cut on dp) is an input, cos and sin (no gradient) buffers, the weights parameters."""
     capsys.readouterr()
     assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "torch"]) == 0
-    assert ("as a parameter (a weight to shard): x, cos, sin, l0_norm1, l0_wq, l0_wk, l0_wv, l0_wo, ... (12 in all); "
-            "name the model's inputs") in capsys.readouterr().err
+    assert ("took as model inputs: x (dim 0 cut on dp: a batch); as buffers (no gradient): cos, sin; as parameters "
+            "(weights to shard): l0_norm1, l0_wq, l0_wk, l0_wv, l0_wo, l0_norm2, l0_w_gate, l0_w_up, ... (9 in all); "
+            "if that is wrong") in capsys.readouterr().err
 
 
-def test_a_parameter_no_target_places_hints_at_input_when_none_was_named(capsys):
-    """llama_block.yaml's x is cut by sp and tp on one dim: as a parameter, hyper-parallel cannot place it.
-    Without --input the one-line error says that x may be an input taken as a parameter."""
+def test_integer_inputs_are_data_whatever_input_names(capsys, tmp_path):
+    """Token ids and labels take no gradient: they are model inputs even when --input names others."""
+    from layout_prop.frontends.generate import llama_spec
+    from layout_prop.io.loader import format_spec
+
+    spec = tmp_path / "llama.yaml"
+    spec.write_text(format_spec(llama_spec(full=True), None))
     capsys.readouterr()
-    assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "hyper-parallel"]) == 2
+    assert main(["export", str(spec), "--to", "torch", "--input", "cos"]) == 0
+    out = capsys.readouterr().out
+    inputs = out[out.index("INPUT_PLACEMENTS = {"):].split("}")[0]
+    assert "'tokens'" in inputs and "'labels'" in inputs and "'cos'" in inputs and "'sin'" not in inputs
+    buffers = out[out.index("BUFFER_PLACEMENTS = {"):].split("}")[0]
+    assert "'sin'" in buffers and "'embed'" not in buffers
+
+
+def test_a_parameter_no_target_places_hints_at_input_when_none_was_named(capsys, tmp_path):
+    """An x replicated on dp (no batch to tell it by) cut by sp and tp on one dim: taken as a parameter,
+    hyper-parallel cannot place it. Without --input the one-line error says x may be an input."""
+    spec = tmp_path / "block.yaml"
+    text = (EXAMPLES / "llama_block.yaml").read_text()
+    spec.write_text(text.replace("placements: [S(0), S(1), S(1)]", "placements: [R, S(1), S(1)]", 1))
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", "hyper-parallel"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not-expressible" in err and "parameter 'x'" in err, err
-    assert "name it with --input NAME: without --input every graph input of a spec is taken as a parameter" in err
-    assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "hyper-parallel", "--input", "x"]) == 0
+    assert "name it with --input NAME: without --input a spec's input that takes a gradient is a parameter" in err
+    assert main(["export", str(spec), "--to", "hyper-parallel", "--input", "x"]) == 0
 
 
 # --------------------------------------------------------------------------- the model's own parameter names
@@ -555,3 +576,59 @@ def test_a_specs_own_parameter_named_dot_t_is_exported(capsys, tmp_path):
     for target in ("torch", "hyper-parallel", "mindspore"):
         code, _ = _export(capsys, tmp_path, spec, target, "--input", "x")
         assert "'w.T': " in code, target
+
+
+# --------------------------------------------------------------------------- the training configuration
+def _config_spec(tmp_path, block: str):
+    from layout_prop.frontends.generate import llama_spec
+    from layout_prop.io.loader import format_spec
+
+    spec = tmp_path / "llama.yaml"
+    spec.write_text(format_spec(llama_spec(full=True, mesh=(("dp", 2), ("sp", 1), ("tp", 2))), None) + block)
+    return spec
+
+
+@pytest.mark.parametrize("target", ["hyper-parallel", "mindspore", "torch"])
+def test_a_pipeline_is_refused_in_one_line_never_dropped(capsys, tmp_path, target):
+    """export showed the graph without the spec's pipeline: block and wrote every parameter replicated on pp:
+    a pipeline a target's export does not write is now one not-expressible line naming it."""
+    from layout_prop.frontends.generate import llama_spec
+    from layout_prop.io.loader import format_spec
+
+    spec = tmp_path / "pp.yaml"
+    spec.write_text(format_spec(llama_spec(layers=2, full=True, batch=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2))),
+                                None).replace("names: [dp, sp, tp]", "names: [dp, pp, tp]").replace(
+        "shape: [2, 1, 2]", "shape: [2, 2, 2]") + "pipeline: {axis: pp, micro_batches: 2, schedule: 1f1b}\n")
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not-expressible" in err[0] and "pipeline: block (2 stages on pp, 1f1b" in err[0], err
+
+
+@pytest.mark.parametrize("target", ["hyper-parallel", "mindspore"])
+def test_zero_and_recompute_are_refused_where_the_export_writes_layouts_only(capsys, tmp_path, target):
+    spec = _config_spec(tmp_path, "zero: {stage: 3}\nrecompute: full\n")
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the zero: block (ZeRO stage 3 over dp) and the recompute: block (full)" in err[0], err
+
+
+def test_torch_writes_zero_recompute_and_the_batch_and_drops_unit_axes(capsys, tmp_path):
+    spec = _config_spec(tmp_path, "zero: {stage: 3}\nrecompute: full\ntraining: {global_batch: 8, micro_batch: 1}\n")
+    capsys.readouterr()
+    assert main(["export", str(spec), "--to", "torch"]) == 0
+    out = capsys.readouterr().out
+    for line in ("MESH_DIM_NAMES = ('dp', 'tp')", "#: left out of the mesh (size 1: they cut nothing): sp",
+                 "ZERO_STAGE = 3", "ZERO_AXES = ('dp',)", "MODEL_AXES = ('tp',)", "RECOMPUTE = 'full'",
+                 "GLOBAL_BATCH = 8", "MICRO_BATCH = 1", "    'cos': (Replicate(), Replicate()),"):
+        assert line in out.splitlines(), line
+    assert "'cos'" not in out[out.index("PARAMETER_PLACEMENTS"):out.index("BUFFER_PLACEMENTS")]
+    compile(out, "plan.py", "exec")
+    spec = _config_spec(tmp_path, "zero: {stage: 1}\n")
+    assert main(["export", str(spec), "--to", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert "ZERO_STAGE = 1" in out and "this writes ZeRO-2 (gradients too)" in out
+    spec = _config_spec(tmp_path, "recompute: selective\n")
+    assert main(["export", str(spec), "--to", "torch"]) == 2
+    assert "cannot write recompute: selective" in capsys.readouterr().err

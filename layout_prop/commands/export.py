@@ -27,7 +27,7 @@ class UnresolvedViolations(Exception):
 def export_text(graph, target: str, *, data_inputs=None, source: str = "", aliases=None):
     """``(plan, code)``: the :class:`~layout_prop.interop.export_plan.ExportPlan` of ``graph`` and ``target``'s module text."""
     from layout_prop.api import analyze
-    from layout_prop.interop.export_plan import collect
+    from layout_prop.interop.export_plan import collect, drop_unit_axes
 
     analysis = analyze(graph, reshard=True)
     if not analysis.ok:  # a plan that does not check is not written as one that did
@@ -35,7 +35,7 @@ def export_text(graph, target: str, *, data_inputs=None, source: str = "", alias
     done = analysis.graph
     plan = collect(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore",
                    aliases=aliases if aliases is not None else graph.meta.get("import_aliases"))
-    return plan, _writers()[target](plan)
+    return plan, _writers()[target](drop_unit_axes(plan))  # the data keeps the spec's mesh (it round-trips)
 
 
 def _with_input_hint(err, guessed: bool):
@@ -48,8 +48,9 @@ def _with_input_hint(err, guessed: bool):
             and " of parameter " in err.message):
         return err
     hint = (f"{err.hint}; " if err.hint else "") + ("or, if it is a model input (activations, token ids), "
-                                                    "name it with --input NAME: without --input every graph "
-                                                    "input of a spec is taken as a parameter")
+                                                    "name it with --input NAME: without --input a spec's input "
+                                                    "that takes a gradient is a parameter unless its dim 0 is cut "
+                                                    "on a data-parallel axis")
     return type(err)(err.code, err.message, path=err.path, node=err.node, input=err.input, hint=hint)
 
 
@@ -106,12 +107,7 @@ def run(args) -> int:
     for path in (args.output, args.data):  # where the files go is checked before the work (as plan -o)
         if path is not None:
             check_output(path)
-    graph = _load(args)
-    from .model_input import unapplied_blocks_note
-
-    note = unapplied_blocks_note(graph, "export")
-    if note:
-        print(note, file=sys.stderr)
+    graph = _load(args)  # the spec's zero:, recompute:, pipeline: blocks are written or refused by the writer
     # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
     source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)
     guessed = args.input is None and graph.meta.get("import_sources") is None  # a spec, no input named
@@ -128,6 +124,9 @@ def run(args) -> int:
     note = unmarked_inputs_note(plan, args.input)
     if note:
         print(note, file=sys.stderr)
+    if args.to == "torch" and plan.config.zero_stage == 1:
+        print("note: ZeRO-1 is written as fully_shard without resharding after forward (ZeRO-2: gradients sharded "
+              "too): torch has no ZeRO-1 for DTensor parameters", file=sys.stderr)
     if args.output is None:
         print(code, end="")
     else:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, not_expressible, own_parameters, placement_args
+from .export_plan import ExportPlan, batch_lines, not_expressible, own_parameters, placement_args, refuse_config
 from .hyper_parallel import _alias_map
 
 __all__ = ["export_hyper_parallel", "placements_text", "alias_text"]
@@ -79,6 +79,7 @@ def _ranks(shape: tuple[int, ...]) -> str:
 
 def export_hyper_parallel(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
+    refuse_config(plan, TARGET)
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
     lines = [
@@ -97,6 +98,9 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
         f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",
         f"RANKS = {_ranks(tuple(mesh.shape))}",
+        *([f"#: left out of the mesh (size 1: they cut nothing): {', '.join(plan.dropped_axes)}"]
+          if plan.dropped_axes else []),
+        *(batch_lines(plan) if plan.config.global_batch is not None else []),
         "",
         "",
         'def make_mesh(device_type="npu"):',
@@ -131,6 +135,12 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
                      "layout: " + "; ".join(f"{n}: {plan.outputs[n].placement_strs()}" for n in partial))
     if constants:
         lines.append(f"# constants (no parameters of the model, not in the plan): {', '.join(constants)}")
+    buffers = [(name, t) for name, t in plan.parameters.items() if t.kind == "buffer"]
+    if buffers:
+        lines += ["", "", "#: tensors without gradient (rotary tables, masks): the model's buffers, placed so",
+                  "def buffer_plan(mesh):", "    layout = Layout.from_device_mesh(mesh)  # noqa: F841", "    return {"]
+        lines += [f"        {name!r}: {placements_text(t.layout, 'buffer', name)}," for name, t in buffers]
+        lines.append("    }")
     lines += [
         "",
         "",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, not_expressible, own_parameters
+from .export_plan import ExportPlan, batch_lines, not_expressible, own_parameters, refuse_config
 from .hyper_parallel import _alias_map
 
 __all__ = ["export_mindspore", "strategy", "alias_map", "node_strategies"]
@@ -80,6 +80,7 @@ def node_strategies(plan: ExportPlan) -> dict[str, dict]:
 
 def export_mindspore(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
+    refuse_config(plan, TARGET)
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
     for name, t in plan.tensors().items():
@@ -96,6 +97,9 @@ def export_mindspore(plan: ExportPlan) -> str:
         "",
         f"DEVICE_MATRIX = ({', '.join(map(str, mesh.shape))}{comma})",
         f"ALIAS_NAME = ({', '.join(repr(n) for n in mesh.names)}{comma})",
+        *([f"#: left out of the mesh (size 1: they cut nothing): {', '.join(plan.dropped_axes)}"]
+          if plan.dropped_axes else []),
+        *(batch_lines(plan) if plan.config.global_batch is not None else []),
         "",
         "STRATEGIES = {",
     ]

@@ -55,17 +55,74 @@ from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
 
-__all__ = ["ExportTensor", "ExportNode", "ExportPlan", "collect", "plan_data", "format_data", "not_expressible",
-           "own_parameters", "tied_copy", "unmarked_inputs_note", "TARGETS"]
+__all__ = ["ExportTensor", "ExportNode", "ExportPlan", "TrainingConfig", "collect", "plan_data", "format_data",
+           "not_expressible", "not_written", "own_parameters", "tied_copy", "unmarked_inputs_note", "drop_unit_axes",
+           "TARGETS", "INTEGER_DTYPES"]
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
+#: dtypes that take no gradient: an input of one is data (token ids, labels), never a parameter
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
 
 
 def not_expressible(target: str, what: str, name: str, layout: Layout, why: str, hint: str) -> LayoutError:
     """The one-line error for a layout ``target`` cannot state (``not-expressible``), naming the tensor and layout."""
     return LayoutError("not-expressible", f"{target} cannot express the layout {layout.placement_strs()} of "
                        f"{what} {name!r}: {why}", hint=hint)
+
+
+def not_written(target: str, what: str, why: str, hint: str) -> LayoutError:
+    """The one-line error for a piece of the training configuration ``target``'s export does not write
+    (``not-expressible``): never a silent drop of a spec's ``zero:``, ``recompute:`` or ``pipeline:`` block."""
+    return LayoutError("not-expressible", f"the {target} export cannot write {what}: {why}", hint=hint)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """The spec's training configuration beside its layouts: ZeRO, recomputation, pipeline, the step's batch.
+
+    Read from the spec's ``zero:``, ``recompute:``, ``pipeline:`` and ``training:`` blocks (each
+    checked as ``check`` reads it); ``None`` / ``"none"`` / empty where the spec has no such block.
+    """
+
+    zero_stage: int = 0
+    zero_axes: tuple[str, ...] = ()
+    recompute: str = "none"
+    recompute_layers: tuple[str, ...] | None = None
+    pipeline_axis: str | None = None
+    pipeline_stages: int = 1
+    schedule: str | None = None
+    virtual_stages: int = 1
+    micro_batches: int = 1
+    global_batch: int | None = None
+    micro_batch: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return bool(self.zero_stage) or self.recompute != "none" or self.pipeline_axis is not None \
+            or self.global_batch is not None
+
+    @classmethod
+    def of(cls, graph: Graph) -> "TrainingConfig":
+        """The configuration of ``graph``'s blocks (``graph.meta``), each parsed as ``check`` parses it."""
+        from layout_prop.passes.pipeline import PipelineConfig
+        from layout_prop.passes.recompute import parse_recompute
+        from layout_prop.passes.zero import parse_zero
+
+        out: dict = {}
+        if graph.meta.get("zero") is not None:
+            zero = parse_zero(graph.meta["zero"], graph.mesh)
+            out.update(zero_stage=zero.stage, zero_axes=tuple(zero.axes) if zero.stage else ())
+        if graph.meta.get("recompute") is not None:
+            out["recompute"], out["recompute_layers"] = parse_recompute(graph.meta["recompute"])
+        if graph.meta.get("pipeline") is not None:
+            p = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+            out.update(pipeline_axis=p.axis, pipeline_stages=p.stages, schedule=p.schedule,
+                       virtual_stages=p.virtual_stages, micro_batches=p.micro_batches)
+        training = graph.meta.get("training")
+        if isinstance(training, dict):
+            out.update(global_batch=training.get("global_batch"), micro_batch=training.get("micro_batch"))
+        return cls(**out)
 
 
 @dataclass(frozen=True)
@@ -80,7 +137,7 @@ class ExportTensor:
     shape: tuple[int, ...]
     dtype: str
     layout: Layout
-    kind: str  # "input" (data), "parameter" or "constant"
+    kind: str  # "input" (data), "parameter", "buffer" (a spec's input without gradient) or "constant"
     transposed: bool = False
     consumers: tuple[str, ...] = ()  # the ops reading it (embedding, matmul, linear...)
     #: held as a torch ``Linear`` weight, ``(out, in)``, in the model's own dims: read only as the weight
@@ -163,6 +220,13 @@ class ExportPlan:
     #: every redistribution of the resharded graph: (value moved, its layout, the layout it is moved to)
     moves: list[tuple[str, Layout, Layout]] = field(default_factory=list)
     model: bool = False  # imported from a model file (names are the model's own)
+    config: TrainingConfig = field(default_factory=TrainingConfig)
+    #: the mesh axes of size 1 left out of ``mesh`` (:func:`drop_unit_axes`)
+    dropped_axes: tuple[str, ...] = ()
+    #: the graph inputs taken as model inputs without ``--input``, with why (:func:`collect`)
+    recognised: dict[str, str] = field(default_factory=dict)
+    #: each embedding's output value -> its table's name (torch's MaskPartial starts there)
+    embeddings: dict[str, str] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, ExportTensor]:
         return {**self.inputs, **self.parameters}
@@ -198,6 +262,27 @@ def _read_as_linear(graph: Graph, name: str, shape: tuple[int, ...]) -> bool:
         for node, index in uses)
 
 
+def _input_reason(spec, requires_grad: bool, guess: bool) -> str | None:
+    """Why a spec's graph input is a model input although ``--input`` did not name it, or None.
+
+    An integer tensor takes no gradient: it is data (token ids, labels), whatever ``--input`` says.
+    Without ``--input`` (``guess``), a float tensor that takes a gradient and whose dim 0 is cut on a
+    data-parallel mesh axis (dp, data, fsdp) is a batch of activations: parameters are replicated on
+    those axes in a spec (ZeRO shards them by its block, not by their placements).
+    """
+    from layout_prop.passes.zero import DATA_AXES
+
+    if spec.dtype in INTEGER_DTYPES:
+        return "integer: data"
+    if not guess or not requires_grad:
+        return None
+    for name, p in zip(spec.layout.mesh.names, spec.layout.placements):
+        if name in DATA_AXES and isinstance(p, Shard) and p.dim == 0 and spec.layout.mesh.shape[
+                spec.layout.mesh.axis_index(name)] > 1:
+            return f"dim 0 cut on {name}: a batch"
+    return None
+
+
 def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
             nodes: bool = False, aliases: dict[str, Sequence[str]] | None = None) -> ExportPlan:
     """Gather what an export writes from ``graph`` and ``done``, the graph analysed as ``check --reshard``
@@ -219,13 +304,21 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
             if name not in names:
                 raise SpecError("unknown-input", f"{name!r} is not a graph input", path="--input",
                                 hint=f"graph inputs: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
-    plan = ExportPlan(mesh=graph.mesh, source=source, model=model)
+    plan = ExportPlan(mesh=graph.mesh, source=source, model=model, config=TrainingConfig.of(graph))
     for node in done.inputs():
         if node.name.startswith("cotangent/"):
             continue
         spec = node.meta[meta.SPECS][0]
         requires_grad = node.attrs.get("requires_grad", True)
-        kind = "input" if node.name in data else "parameter" if requires_grad or not model else "constant"
+        why = None if model or node.name in data else _input_reason(spec, requires_grad, data_inputs is None)
+        if why is not None:
+            plan.recognised[node.name] = why
+        if node.name in data or why is not None:
+            kind = "input"
+        elif requires_grad:
+            kind = "parameter"
+        else:  # takes no gradient: a model's folded constant, a spec's buffer (rotary tables, masks)
+            kind = "constant" if model else "buffer"
         transposed = model and kind == "parameter" and _stored_transposed(graph, node.name, tuple(spec.shape))
         consumers = tuple(sorted({n.op for n, _ in graph.consumers(node.name)}))
         linear = transposed or _read_as_linear(graph, node.name, tuple(spec.shape))
@@ -236,6 +329,9 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
         spec = _value_spec(done, value)
         if spec is not None:
             plan.outputs[value] = spec.layout
+    for node in graph.topo_order():
+        if node.op == "embedding" and len(node.inputs) > 1:
+            plan.embeddings[node.name] = node.inputs[1]
     for node in done.topo_order():
         if node.op == "redistribute" and node.inputs:
             src, dst = _value_spec(done, node.inputs[0]), (node.meta.get(meta.SPECS) or (None,))[0]
@@ -252,28 +348,35 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
 
 
 def unmarked_inputs_note(plan: ExportPlan, data_inputs: Sequence[str] | None) -> str | None:
-    """One note line when ``plan`` took every graph input of a spec as a parameter because none was
-    named a model input (``data_inputs`` is None, no ``--input``), else None: a spec does not say which
-    of its inputs are activations, so ``x`` or the token ids would be sharded as weights without a word.
-
-    It names the inputs taken as parameters (the first eight, and how many in all) and how to mark one.
+    """One note line when ``plan`` told a spec's model inputs from its parameters without ``--input``
+    (``data_inputs`` is None), else None: a spec does not say which of its inputs are activations, so the
+    guess (:func:`collect`: integer tensors and batches cut on dim 0 by a data-parallel axis are inputs,
+    inputs without gradient are buffers, every other input a parameter) is said, never made silently.
 
     >>> from layout_prop.core.mesh import DeviceMesh
     >>> mesh = DeviceMesh((2,), ("tp",))
     >>> tensor = lambda name: ExportTensor(name, (4,), "float32", Layout(mesh, [Replicate()], 1), "parameter")
     >>> plan = ExportPlan(mesh, "mlp.yaml", parameters={n: tensor(n) for n in ("x", "w")})
     >>> print(unmarked_inputs_note(plan, None))  # doctest: +NORMALIZE_WHITESPACE
-    note: no --input given: export took every graph input as a parameter (a weight to shard): x, w;
-    name the model's inputs (activations, token ids) with --input NAME, e.g. --input x
+    note: no --input given: export took as model inputs: none; as parameters (weights to shard): x, w;
+    if that is wrong, name every model input (activations, token ids) with --input NAME
     >>> unmarked_inputs_note(plan, ["x"]) is None
     True
     """
-    if plan.model or data_inputs is not None or not plan.parameters:
+    if plan.model or data_inputs is not None or not (plan.parameters or plan.inputs):
         return None  # a model's inputs are its own, and named inputs are the user's word
-    names = list(plan.parameters)
-    listed = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    return (f"note: no --input given: export took every graph input as a parameter (a weight to shard): {listed}; "
-            f"name the model's inputs (activations, token ids) with --input NAME, e.g. --input {names[0]}")
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "") or "none"
+
+    inputs = [f"{name} ({why})" for name, why in plan.recognised.items()]
+    params = [n for n, t in plan.parameters.items() if t.kind == "parameter"]
+    buffers = [n for n, t in plan.parameters.items() if t.kind == "buffer"]
+    text = f"note: no --input given: export took as model inputs: {listed(inputs)}; "
+    if buffers:
+        text += f"as buffers (no gradient): {listed(buffers)}; "
+    return text + (f"as parameters (weights to shard): {listed(params)}; if that is wrong, name every model input "
+                   "(activations, token ids) with --input NAME")
 
 
 # --------------------------------------------------------------------------- plan as data
@@ -337,3 +440,76 @@ def placement_args(layout: Layout) -> list[tuple[str, object]]:
         else:
             out.append(("_S", (p.dim, p.split_factor)))
     return out
+
+
+def drop_unit_axes(plan: ExportPlan) -> ExportPlan:
+    """``plan`` on its mesh without the axes of size 1 (:attr:`ExportPlan.dropped_axes` names them).
+
+    A size-1 axis cuts nothing: every placement on it (``S(d)``, ``P``, ``R``) holds the whole tensor.
+    A target given one does work for nothing and may stall there (torch's redistribution planner
+    searches paths over every mesh axis: on ``dp=2 x sp=1 x tp=2`` it ran 150 s on gen llama's first
+    linear). A mesh of size-1 axes only keeps its first axis. A ZeRO or pipeline axis of size 1 is
+    dropped from the configuration as well (it shards nothing).
+
+    >>> from layout_prop.core.mesh import DeviceMesh
+    >>> mesh = DeviceMesh((2, 1, 2), ("dp", "sp", "tp"))
+    >>> w = ExportTensor("w", (4, 4), "float32", Layout(mesh, ["R", "S(0)", "S(1)"], 2), "parameter")
+    >>> small = drop_unit_axes(ExportPlan(mesh, "", parameters={"w": w}))
+    >>> small.mesh, small.parameters["w"].layout.placement_strs(), small.dropped_axes
+    (DeviceMesh(shape=(2, 2), names=('dp', 'tp')), ['R', 'S(1)'], ('sp',))
+    """
+    import dataclasses
+
+    keep = [i for i, size in enumerate(plan.mesh.shape) if size > 1] or [0]
+    if len(keep) == plan.mesh.ndim:
+        return plan
+    mesh = DeviceMesh(tuple(plan.mesh.shape[i] for i in keep), tuple(plan.mesh.names[i] for i in keep))
+
+    def shrink(layout: Layout | None) -> Layout | None:
+        return None if layout is None else Layout(mesh, [layout.placements[i] for i in keep], layout.ndim)
+
+    def tensor(t: ExportTensor) -> ExportTensor:
+        return dataclasses.replace(t, layout=shrink(t.layout))
+
+    dropped = tuple(n for i, n in enumerate(plan.mesh.names) if i not in keep)
+    config = plan.config
+    config = dataclasses.replace(config, zero_axes=tuple(a for a in config.zero_axes if a not in dropped))
+    if config.zero_stage and not config.zero_axes:
+        config = dataclasses.replace(config, zero_stage=0)
+    if config.pipeline_axis in dropped:  # one stage: no pipeline (its micro-batches stay gradient accumulation)
+        config = dataclasses.replace(config, pipeline_axis=None, pipeline_stages=1, schedule=None)
+    return dataclasses.replace(
+        plan, mesh=mesh, config=config, dropped_axes=dropped,
+        inputs={n: tensor(t) for n, t in plan.inputs.items()},
+        parameters={n: tensor(t) for n, t in plan.parameters.items()},
+        outputs={n: shrink(layout) for n, layout in plan.outputs.items()},
+        nodes=[dataclasses.replace(node, in_layouts=tuple(map(shrink, node.in_layouts)),
+                                   out_layouts=tuple(map(shrink, node.out_layouts))) for node in plan.nodes],
+        moves=[(v, shrink(a), shrink(b)) for v, a, b in plan.moves])
+
+
+def refuse_config(plan: ExportPlan, target: str) -> None:
+    """Refuse every block of the training configuration (ZeRO, pipeline, recomputation) in one
+    ``not-expressible`` line naming the first: for a target whose export writes the layouts only, a plan
+    whose ZeRO or pipeline is dropped would be pasted as one that shards nothing (each rank holding every
+    weight and optimizer state)."""
+    c = plan.config
+    blocks = []
+    if c.zero_stage:
+        blocks.append(f"the zero: block (ZeRO stage {c.zero_stage} over {', '.join(c.zero_axes)})")
+    if c.pipeline_axis is not None:
+        blocks.append(f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, {c.schedule})")
+    if c.recompute != "none":
+        blocks.append(f"the recompute: block ({c.recompute})")
+    if blocks:
+        raise not_written(target, " and ".join(blocks), "this export writes the layouts only",
+                          "export --to torch writes ZeRO and recomputation; or take the blocks out of the spec to "
+                          "export its layouts alone")
+
+
+def batch_lines(plan: ExportPlan, comment: str = "#") -> list[str]:
+    """The step's batch (the spec's ``training:`` block, and a pipeline's micro-batches) as constants."""
+    c = plan.config
+    return [f"{comment}: the step's batch (the spec's training: block): sequences an optimizer step trains, and one",
+            f"{comment}: micro-batch on one data-parallel rank",
+            f"GLOBAL_BATCH = {c.global_batch!r}", f"MICRO_BATCH = {c.micro_batch!r}"]

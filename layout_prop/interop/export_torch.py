@@ -19,6 +19,23 @@ other axes).  Otherwise every parameter, replicated ones included, becomes a ``D
 placements (``distribute_tensor`` in ``parallelize``) and the inputs ``DTensor`` too, so that the
 model runs on DTensors throughout.
 
+The training configuration is written, never dropped (:func:`config_lines`): ZeRO stage 3 is FSDP2's
+``fully_shard`` over the ZeRO axes (``reshard_after_forward=True``), stages 1 and 2 ``fully_shard``
+with ``reshard_after_forward=False`` (torch's ZeRO-2: it shards gradients too, and has no ZeRO-1 for
+DTensor parameters: stage 1 is written so, and said so); with ZeRO the parameters are DTensors on the
+mesh without the ZeRO axes (``MODEL_AXES``), as FSDP2 + tensor parallelism wants them. ``recompute:
+full`` is torch's activation checkpointing of each layer (``checkpoint_layers`` for modules,
+``recompute`` for a function); the step's batch is written as constants. A pipeline and selective
+recomputation are refused (``not-expressible``, one line naming the block): torch's pipelining
+needs the model cut into stage modules, which a plan of layouts cannot do for the user.
+
+Where torch's own propagation fails on the plan, the export writes the move itself (``SETTLE``,
+``settle``): an embedding whose table is cut on its rows leaves torch's ``MaskPartial``, whose
+reduce-scatter into a sequence-parallel layout fails an assertion in ``Partial._reduce_shard_value``;
+it is all-reduced to ``Replicate`` first, then cut. Size-1 mesh axes are left out of the mesh
+(:func:`~layout_prop.interop.export_plan.drop_unit_axes`): torch's redistribution planner stalls on
+them. Inputs without gradient (rotary tables, masks) are buffers (``BUFFER_PLACEMENTS``).
+
 Placements are in the module's own dims (a Linear weight the ONNX exporter stored transposed is
 ``(out, in)`` again).  torch's ``distribute_tensor`` takes no partial placement and its strided shard
 is private: a parameter or input with either is ``not-expressible``.
@@ -33,9 +50,9 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, ExportTensor, not_expressible, own_parameters, placement_args
+from .export_plan import ExportPlan, ExportTensor, not_expressible, not_written, own_parameters, placement_args
 
-__all__ = ["export_torch", "placements_text", "module_styles"]
+__all__ = ["export_torch", "placements_text", "module_styles", "config_lines", "settle_moves"]
 
 TARGET = "torch"
 
@@ -131,8 +148,73 @@ def module_styles(plan: ExportPlan) -> tuple[int | None, dict[str, str]]:
     return axis, styles
 
 
+def _tuple(items) -> str:
+    items = list(items)
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def check_config(plan: ExportPlan) -> None:
+    """Refuse what this export does not write: a pipeline, selective recomputation, a parameter cut on a
+    ZeRO axis (FSDP2 shards it there itself); one ``not-expressible`` line naming the block."""
+    c = plan.config
+    if c.pipeline_axis is not None:
+        raise not_written(TARGET, f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, "
+                          f"{c.schedule}, {c.micro_batches} micro-batches)",
+                          "torch.distributed.pipelining runs stage modules the model must be cut into, which "
+                          "a plan of layouts does not do", "cut the model into stages with "
+                          "torch.distributed.pipelining and export each stage's spec without the pipeline: block")
+    if c.recompute not in ("none", "full"):
+        raise not_written(TARGET, f"recompute: {c.recompute}", "torch checkpoints whole modules or functions; "
+                          "layout-prop's selective recomputation keeps chosen activations inside a layer",
+                          "write recompute: full (each layer checkpointed), or leave the block out")
+    for name, t in plan.parameters.items():
+        for axis in c.zero_axes:
+            if t.kind == "parameter" and placement_args(t.layout)[plan.mesh.axis_index(axis)][0] != "R":
+                raise not_written(TARGET, f"ZeRO stage {c.zero_stage} over {axis}", f"parameter {name!r} is cut on "
+                                  f"{axis} by its placements {t.layout.placement_strs()} already",
+                                  f"replicate the parameters on {axis}: the zero: block shards them there")
+
+
+def config_lines(plan: ExportPlan) -> list[str]:
+    """The module's constants for the training configuration (ZeRO, recomputation, the step's batch)."""
+    c = plan.config
+    model_axes = [n for n in plan.mesh.names if n not in c.zero_axes] if c.zero_stage else list(plan.mesh.names)
+    lines = ["#: ZeRO: 3 is fully_shard (FSDP2) over ZERO_AXES, resharding after forward; 1 and 2 are fully_shard",
+             "#: without resharding after forward (torch's ZeRO-2; torch has no ZeRO-1 for DTensor parameters)"]
+    if c.zero_stage == 1:
+        lines.append("#: NOTE: the plan asks ZeRO-1 (optimizer states sharded); this writes ZeRO-2 (gradients too)")
+    lines += [f"ZERO_STAGE = {c.zero_stage}",
+              f"ZERO_AXES = {_tuple(repr(a) for a in c.zero_axes)}",
+              "#: the mesh axes of the parameters' DTensor placements (with ZeRO: the mesh without ZERO_AXES)",
+              f"MODEL_AXES = {_tuple(repr(a) for a in model_axes)}",
+              "#: activation checkpointing: 'full' checkpoints each layer in RECOMPUTE_LAYERS (None: every layer)",
+              f"RECOMPUTE = {c.recompute!r}",
+              f"RECOMPUTE_LAYERS = {None if c.recompute_layers is None else tuple(c.recompute_layers)!r}",
+              "#: the step's batch (the spec's training: block): sequences per optimizer step, per micro-batch on one",
+              "#: data-parallel rank, and micro-batches a step (gradient accumulation without a pipeline)",
+              f"GLOBAL_BATCH = {c.global_batch!r}",
+              f"MICRO_BATCH = {c.micro_batch!r}",
+              f"MICRO_BATCHES = {c.micro_batches!r}"]
+    if plan.dropped_axes:
+        lines.insert(0, f"#: left out of the mesh (size 1: they cut nothing): {', '.join(plan.dropped_axes)}")
+    return lines
+
+
+def settle_moves(plan: ExportPlan) -> dict[str, tuple[str, Layout]]:
+    """``value -> (table name, layout)``: an embedding's output that layout-prop reduces from a partial sum,
+    with the layout it moves to. torch's embedding over a row-cut table leaves a ``MaskPartial``, whose
+    reduce-scatter (``Partial._reduce_shard_value``) fails an assertion: the export reduces it itself."""
+    out = {}
+    for value, src, dst in plan.moves:
+        table = plan.embeddings.get(value)
+        if table is not None and any(kind == "P" for kind, _ in placement_args(src)):
+            out.setdefault(value, (table, dst))
+    return out
+
+
 def export_torch(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
+    check_config(plan)
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
     params = own_parameters(plan, TARGET)
@@ -140,19 +222,22 @@ def export_torch(plan: ExportPlan) -> str:
         placements_text(t.layout, "parameter", name)  # refuses what torch cannot place
     axis, styles = module_styles(plan)
     tp_axis = "None" if axis is None else repr(mesh.names[axis])
+    settle = {} if axis is not None else settle_moves(plan)
     lines = [
-        f'"""torch tensor-parallel plan written by layout-prop export from {plan.source or "a graph"}.',
+        f'"""torch plan written by layout-prop export from {plan.source or "a graph"}.',
         "",
         "Every layout was checked by layout-prop (check --reshard); names and dims are the model's own.",
         "Use: mesh = make_mesh(); model = parallelize(model, mesh); out = model(**shard_inputs(mesh, **inputs))",
+        "(and settle(name, x) where SETTLE names a value; checkpoint_layers(...) or recompute(...) for RECOMPUTE)",
         '"""',
         "import torch",
         "from torch.distributed.device_mesh import init_device_mesh",
-        "from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor  # noqa: F401",
+        "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: F401",
         "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: F401",
         "",
         f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
         f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",
+        *config_lines(plan),
         "#: the mesh axis of parallelize_module's styles (None: every parameter is placed as a DTensor)",
         f"TP_AXIS = {tp_axis}",
         "",
@@ -164,40 +249,119 @@ def export_torch(plan: ExportPlan) -> str:
               "PARAMETER_PLACEMENTS = {"]
     for name, t in params:
         lines.append(f"    {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
+    lines += ["}", "#: tensors without gradient the model holds (rotary tables, masks): registered as buffers",
+              "BUFFER_PLACEMENTS = {"]
+    lines += [f"    {name!r}: {placements_text(t.layout, 'buffer', name)},"
+              for name, t in plan.parameters.items() if t.kind == "buffer"]
     lines += ["}", "#: the model's inputs: name -> placements", "INPUT_PLACEMENTS = {"]
     lines += [f"    {name!r}: {placements_text(t.layout, 'input', name)}," for name, t in plan.inputs.items()]
+    lines += ["}",
+              "#: values moved here, not by torch: an embedding over a row-cut table leaves torch's MaskPartial, whose",
+              "#: reduce-scatter fails an assertion (Partial._reduce_shard_value); settle() all-reduces it first",
+              "SETTLE = {"]
+    for value, (table, layout) in settle.items():
+        lines.append(f"    {value!r}: {placements_text(layout, 'value', value)},  # the embedding of {table}")
     lines += ["}", "#: the outputs' layouts layout-prop predicts", "PREDICTED_OUTPUTS = {"]
     lines += [f"    {name!r}: {layout.placement_strs()!r}," for name, layout in plan.outputs.items()]
-    lines += [
-        "}",
-        "",
-        "",
-        'def make_mesh(device_type="cpu"):',
-        '    """The device mesh layout-prop checked the plan on (torch.distributed must be initialised)."""',
-        "    return init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)",
-        "",
-        "",
-        "def parallelize(model, mesh):",
-        '    """The styles on mesh[TP_AXIS]; without styles, every parameter a DTensor with its placements."""',
-        "    if TP_AXIS is not None:",
-        "        sub = mesh[TP_AXIS] if len(MESH_SHAPE) > 1 else mesh",
-        "        return parallelize_module(model, sub, PARALLELIZE_PLAN) if PARALLELIZE_PLAN else model",
-        "    for name, placements in PARAMETER_PLACEMENTS.items():",
-        '        module_name, _, leaf = name.rpartition(".")',
-        "        module = model.get_submodule(module_name) if module_name else model",
-        "        param = getattr(module, leaf)",
-        "        placed = distribute_tensor(param.detach(), mesh, placements)",
-        "        module.register_parameter(leaf, torch.nn.Parameter(placed, requires_grad=param.requires_grad))",
-        "    return model",
-        "",
-        "",
-        "def shard_inputs(mesh, **inputs):",
-        '    """With styles, each rank\'s local piece of each input; without, each input a DTensor."""',
-        "    out = {}",
-        "    for name, value in inputs.items():",
-        "        placements = INPUT_PLACEMENTS.get(name, (Replicate(),) * len(MESH_SHAPE))",
-        "        placed = distribute_tensor(value, mesh, placements)",
-        "        out[name] = placed.to_local() if TP_AXIS is not None else placed",
-        "    return out",
-    ]
+    hooks = {value: table.rpartition(".")[0] for value, (table, _) in settle.items() if "." in table}
+    lines += ["}", "#: SETTLE's values made by a module: settled by a forward hook on it",
+              f"SETTLE_MODULES = {hooks!r}"]
+    lines += _FUNCTIONS
     return "\n".join(lines) + "\n"
+
+
+_FUNCTIONS = '''
+
+def make_mesh(device_type="cpu"):
+    """The device mesh layout-prop checked the plan on (torch.distributed must be initialised)."""
+    return init_device_mesh(device_type, MESH_SHAPE, mesh_dim_names=MESH_DIM_NAMES)
+
+
+def _sub(mesh, axes):
+    """mesh's sub-mesh over ``axes`` (flattened to one dim when several: FSDP2 shards over one)."""
+    if tuple(axes) == MESH_DIM_NAMES:
+        return mesh
+    sub = mesh[axes[0]] if len(axes) == 1 else mesh[tuple(axes)]
+    return sub if len(axes) == 1 else sub._flatten()
+
+
+def _model_mesh(mesh):
+    return _sub(mesh, MODEL_AXES) if MODEL_AXES else None
+
+
+def _model_placements(placements):
+    return tuple(p for p, name in zip(placements, MESH_DIM_NAMES) if name in MODEL_AXES)
+
+
+def parallelize(model, mesh):
+    """Styles on mesh[TP_AXIS], or every parameter and buffer a DTensor on the model mesh; then ZeRO."""
+    if TP_AXIS is not None:
+        sub = mesh[TP_AXIS] if len(MESH_SHAPE) > 1 else mesh
+        if PARALLELIZE_PLAN:
+            model = parallelize_module(model, sub, PARALLELIZE_PLAN)
+    elif MODEL_AXES:
+        on = _model_mesh(mesh)
+        for table, leaves in ((PARAMETER_PLACEMENTS, "parameter"), (BUFFER_PLACEMENTS, "buffer")):
+            for name, placements in table.items():
+                module_name, _, leaf = name.rpartition(".")
+                module = model.get_submodule(module_name) if module_name else model
+                value = getattr(module, leaf)
+                placed = distribute_tensor(value.detach(), on, _model_placements(placements))
+                if leaves == "parameter":
+                    module.register_parameter(leaf, torch.nn.Parameter(placed, requires_grad=value.requires_grad))
+                else:
+                    module.register_buffer(leaf, placed)
+        for value, module_name in SETTLE_MODULES.items():
+            model.get_submodule(module_name).register_forward_hook(
+                lambda _module, _args, out, value=value: settle(value, out))
+    if ZERO_STAGE:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model, mesh=_sub(mesh, ZERO_AXES), reshard_after_forward=ZERO_STAGE == 3)
+    return model
+
+
+def shard_inputs(mesh, **inputs):
+    """Each input's piece: a local tensor with styles (or without model axes), else a DTensor on the
+    model mesh (with ZeRO: this rank's piece on the ZeRO axes, a DTensor on the others)."""
+    out = {}
+    for name, value in inputs.items():
+        placements = INPUT_PLACEMENTS.get(name, (Replicate(),) * len(MESH_SHAPE))
+        placed = distribute_tensor(value, mesh, placements)
+        if TP_AXIS is not None or not MODEL_AXES:
+            out[name] = placed.to_local()
+        elif ZERO_STAGE:
+            out[name] = DTensor.from_local(placed.to_local(), _model_mesh(mesh), _model_placements(placements),
+                                           run_check=False)
+        else:
+            out[name] = placed
+    return out
+
+
+def settle(name, x):
+    """``x`` (the value ``name``) moved to SETTLE's placements by hand: its partial sums all-reduced to
+    Replicate first (torch's MaskPartial cannot be reduce-scattered), then cut; other values as they are."""
+    if name not in SETTLE or not isinstance(x, DTensor):
+        return x
+    target = _model_placements(SETTLE[name]) if ZERO_STAGE else SETTLE[name]
+    reduced = [Replicate() if p.is_partial() else p for p in x.placements]
+    return x.redistribute(x.device_mesh, reduced).redistribute(x.device_mesh, target)
+
+
+def checkpoint_layers(layers):
+    """Wrap each module of ``layers`` (name -> module) in activation checkpointing when RECOMPUTE asks it."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if RECOMPUTE != "full":
+        return dict(layers)
+    return {name: checkpoint_wrapper(module) if RECOMPUTE_LAYERS is None or name in RECOMPUTE_LAYERS else module
+            for name, module in layers.items()}
+
+
+def recompute(layer, fn, *args):
+    """``fn(*args)``, checkpointed (its activations recomputed in backward) when RECOMPUTE asks it for ``layer``."""
+    if RECOMPUTE == "full" and (RECOMPUTE_LAYERS is None or layer in RECOMPUTE_LAYERS):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)'''.splitlines()

@@ -1,0 +1,145 @@
+"""A torch module of ``gen llama --full`` (parameters and buffers by gen's names, from the spec's shapes) and
+the multi-process worker that trains it one step with the plan ``export --to torch`` wrote.
+
+Used by graph_tests/test_export_torch_train.py; imported only where torch is installed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+EPS = 1e-6
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def like(value, ref):
+    """``value`` (a plain tensor) replicated on ``ref``'s mesh when ``ref`` is a DTensor: DTensors mix with none."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not isinstance(ref, DTensor):
+        return value
+    return DTensor.from_local(value, ref.device_mesh, [Replicate()] * ref.device_mesh.ndim, run_check=False)
+
+
+def rms_norm(x, w):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
+
+
+class GenLlama(torch.nn.Module):
+    """``gen llama --full``: the spec's inputs that take a gradient are parameters (gen's names: ``embed``,
+    ``l0_wq``...), cos and sin buffers; ``forward(tokens, labels)`` is the mean next-token cross entropy.
+
+    ``plan`` is the exported module's namespace (``settle``, ``recompute``), or None on one process."""
+
+    def __init__(self, spec: dict, plan: dict | None = None):
+        super().__init__()
+        self.plan = plan
+        self.layers = sorted({name.split("_")[0] for name in spec["inputs"] if name[0] == "l" and name[1].isdigit()})
+        self.heads = next(n for n in spec["nodes"] if n["name"] == "l0_q_heads")["attrs"]["shape"][2]
+        gen = torch.Generator().manual_seed(0)
+        for name, entry in spec["inputs"].items():
+            if entry.get("dtype", "float32").startswith("int"):
+                continue
+            shape = entry["shape"]
+            if entry.get("requires_grad", True) is False:
+                continue
+            if "norm" in name:
+                value = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+            else:
+                value = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
+            self.register_parameter(name, torch.nn.Parameter(value))
+        seq, head_dim = spec["inputs"]["cos"]["shape"][2:]
+        inv = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        emb = torch.cat([torch.outer(torch.arange(seq, dtype=torch.float32), inv)] * 2, dim=-1)
+        self.register_buffer("cos", emb.cos()[None, None])
+        self.register_buffer("sin", emb.sin()[None, None])
+
+    def _settle(self, name, x):
+        return self.plan["settle"](name, x) if self.plan else x
+
+    def _layer(self, i, x):
+        p = lambda w: getattr(self, f"l{i}_{w}")  # noqa: E731
+        b, s, hidden = x.shape
+        hd = hidden // self.heads
+        h = rms_norm(x, p("norm1"))
+        q, k, v = (F.linear(h, p(w)).view(b, s, -1, hd).transpose(1, 2) for w in ("wq", "wk", "wv"))
+        q = q * self.cos + rotate_half(q) * self.sin
+        k = k * self.cos + rotate_half(k) * self.sin
+        scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+        mask = torch.full((s, s), float("-inf")).triu(1)
+        attn = torch.softmax(scores + like(mask, scores), dim=-1) @ v  # torch's CPU sdpa has no DTensor rule
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, s, hidden), p("wo"))
+        h2 = rms_norm(x, p("norm2"))
+        return x + F.linear(F.silu(F.linear(h2, p("w_gate"))) * F.linear(h2, p("w_up")), p("w_down"))
+
+    def forward(self, tokens, labels):
+        x = self._settle("embedded", F.embedding(tokens, self.embed))
+        for layer in self.layers:
+            i = int(layer[1:])
+            if self.plan:
+                x = self.plan["recompute"](layer, lambda y, i=i: self._layer(i, y), x)
+            else:
+                x = self._layer(i, x)
+        logits = F.linear(rms_norm(x, self.final_norm), self.head)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def batch(spec: dict):
+    gen = torch.Generator().manual_seed(1)
+    b, s = spec["inputs"]["tokens"]["shape"]
+    vocab = spec["inputs"]["embed"]["shape"][0]
+    return torch.randint(0, vocab, (b, s), generator=gen), torch.randint(0, vocab, (b, s), generator=gen)
+
+
+def one_step(model, tokens, labels, lr=0.1):
+    """Forward, loss, backward, SGD step: the loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss = model(tokens, labels)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def reference(spec: dict):
+    """One process: the loss and every parameter after one step."""
+    model = GenLlama(spec)
+    tokens, labels = batch(spec)
+    loss = one_step(model, tokens, labels)
+    return float(loss.detach()), {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def worker(rank: int, world: int, store: str, spec: dict, code: str, out: str):
+    """One rank: the exported plan applied to the model, one training step, rank 0 saves the loss and the
+    parameters (full tensors) to ``out``."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        plan: dict = {}
+        exec(compile(code, "exported_plan.py", "exec"), plan)
+        mesh = plan["make_mesh"]("cpu")
+        model = plan["parallelize"](GenLlama(spec, plan), mesh)
+        tokens, labels = batch(spec)
+        loss = one_step(model, **plan["shard_inputs"](mesh, tokens=tokens, labels=labels))
+        if isinstance(loss, DTensor):
+            loss = loss.full_tensor()
+        if plan["ZERO_STAGE"]:  # each data-parallel rank's loss is its own batch's mean (equal on its
+            loss = loss.detach().clone()  # model-parallel ranks): the mean over every rank is the batch's
+            dist.all_reduce(loss)
+            loss = loss / world
+        params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                  for n, p in model.named_parameters()}
+        if rank == 0:
+            torch.save({"loss": float(loss), "params": params}, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -79,7 +79,8 @@ def write(tmp_path: Path, name: str, text: str | bytes) -> str:
 
 
 # --------------------------------------------------------------------------- --cluster FILE everywhere
-SLOW = "name: slow-a100\nbase: a100-80g\npeak_tflops: {float16: 0.312, float32: 0.156}\nvector_tflops: 0.0195\n"
+SLOW = ("name: slow-a100\nbase: a100-80g\npeak_tflops: {float16: 0.312, float32: 0.156}\nvector_tflops: 0.0195\n"
+        "hbm_GBps: 2.039\nintra: {GBps: 0.3}\ninter: {GBps: 0.025}\n")  # every rate 1000 times the a100's
 
 
 def _modelled_line(out: str) -> str:
@@ -97,7 +98,7 @@ def test_pipeline_prices_with_the_cluster_files_own_figures(tmp_path, capsys, pi
     assert file_line.startswith("modelled step on slow-a100: ") and builtin_line.startswith("modelled step on a100-80g")
     file_us = float(file_line.split(": ")[1].split(" us")[0])
     builtin_us = float(builtin_line.split(": ")[1].split(" us")[0])
-    assert file_us > 2 * builtin_us, (file_line, builtin_line)
+    assert file_us > 10 * builtin_us, (file_line, builtin_line)
 
 
 def test_every_command_taking_cluster_reads_a_file(tmp_path, capsys, pipe_spec, plain_spec):
@@ -235,3 +236,163 @@ def test_a_cluster_of_extreme_accepted_figures_prices_a_finite_step(tmp_path, ca
     assert main(["estimate", plain_spec, "--cluster", path]) == 0
     out = capsys.readouterr().out
     assert "inf" not in out and "nan" not in out and out.startswith("step time ")
+
+
+# --------------------------------------------------------------------------- no silent misreading of flags and blocks
+def _spec_with(tmp_path: Path, name: str, spec: dict, **blocks) -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**spec, **blocks}, sort_keys=False))
+    return str(path)
+
+
+def test_batch_inputs_naming_a_weight_is_refused(tmp_path, capsys):
+    # issue 40: batch_inputs: [embed] was accepted, the vocabulary cut into micro-batches (exit 0)
+    spec = with_pp(small_gpt(), 2, {"micro_batches": 2, "batch_inputs": ["embed"]})
+    path = _spec_with(tmp_path, "embed.yaml", spec)
+    for command in (["pipeline", path], ["estimate", path, "--cluster", "a100-80g"]):
+        refused(capsys, command, "bad-pipeline", "batch input 'embed' is a weight", "the table of embedded")
+
+
+def test_the_same_output_twice_is_refused_before_the_work(tmp_path, capsys, plain_spec):
+    out = tmp_path / "same.yaml"
+    refused(capsys, ["plan", plain_spec, "--search", "--cluster", "a100-80g", "--devices", "2", "--global-batch",
+                     "4", "-o", str(out), "--plan-out", str(tmp_path / "." / "same.yaml")],
+            "same-output", "-o and --plan-out name the same file")
+    refused(capsys, ["export", plain_spec, "--to", "torch", "-o", str(tmp_path / "m.py"), "--data",
+                     str(tmp_path / "m.py")], "same-output", "-o and --data")
+    assert not out.exists() and not (tmp_path / "m.py").exists()
+    (tmp_path / "real.py").write_text("")
+    (tmp_path / "link.py").symlink_to(tmp_path / "real.py")
+    refused(capsys, ["export", plain_spec, "--to", "torch", "-o", str(tmp_path / "real.py"), "--data",
+                     str(tmp_path / "link.py")], "same-output")
+
+
+def test_recompute_none_with_layers_is_refused(tmp_path, capsys, plain_spec):
+    # issue 40: --recompute none --recompute-layers l0 still recomputed l0
+    refused(capsys, ["estimate", plain_spec, "--cluster", "a100-80g", "--recompute", "none", "--recompute-layers",
+                     "l0"], "bad-usage", "--recompute none with --recompute-layers")
+    path = _spec_with(tmp_path, "r.yaml", small_gpt(), recompute={"mode": "none", "layers": ["l0"]})
+    refused(capsys, ["check", path], "bad-value", "recompute mode none names layers")
+
+
+def test_an_empty_recompute_layer_list_is_refused_as_the_flag_is(tmp_path, capsys, plain_spec):
+    # issue 40: recompute: {layers: []} was accepted where --recompute-layers ,,, is refused
+    refused(capsys, ["estimate", plain_spec, "--cluster", "a100-80g", "--recompute-layers", ",,,"], "bad-value",
+            "names no layer")
+    refused(capsys, ["estimate", plain_spec, "--cluster", "a100-80g", "--recompute-layers", ""], "bad-value",
+            "names no layer")
+    for layers in ([], ["", " "]):
+        path = _spec_with(tmp_path, "r.yaml", small_gpt(), recompute={"mode": "full", "layers": layers})
+        refused(capsys, ["check", path], "bad-value", "name no layer")
+
+
+def test_zero_blocks_are_typed_alike(tmp_path, capsys):
+    # issue 40: zero: 3.0 was refused (bad-type) but {stage: 3.0} accepted
+    lines = []
+    for block in (3.0, {"stage": 3.0}, True, {"stage": True}):
+        path = _spec_with(tmp_path, "z.yaml", small_gpt(), zero=block)
+        lines.append(refused(capsys, ["check", path], "bad-value", "ZeRO stage must be 0, 1, 2 or 3"))
+    assert "got 3.0" in lines[0] and "got 3.0" in lines[1]
+    path = _spec_with(tmp_path, "r.yaml", small_gpt(), recompute=2.5)
+    refused(capsys, ["check", path], "bad-value", "recompute mode must be one of")
+
+
+@pytest.mark.parametrize("block, code", [
+    ({"zero": {1: 2, "x": 3, None: 4}}, "unknown-key"),
+    ({"recompute": {1: 2, "x": 3, "mode": "full"}}, "unknown-key"),
+    ({"pipeline": {"micro_batches": 2, 1: 2, "x": 3, None: 1}}, "bad-pipeline"),
+])
+def test_blocks_with_unknown_keys_of_mixed_types_are_refused(tmp_path, capsys, block, code):
+    # issue 40: sorting keys of mixed types crashed check, estimate and pipeline
+    spec = with_pp(small_gpt(), 2, {"micro_batches": 2}) if "pipeline" in block else small_gpt()
+    if "pipeline" in block:
+        block = {"pipeline": {**spec["pipeline"], **block["pipeline"]}}
+    path = _spec_with(tmp_path, "b.yaml", spec, **block)
+    for command in (["check", path], ["estimate", path, "--cluster", "a100-80g"], ["pipeline", path]):
+        if command[0] == "pipeline" and "pipeline" not in block:
+            continue
+        refused(capsys, command, code)
+
+
+def test_a_constraint_placement_of_5000_digits_is_refused_as_inputs_refuse_it(tmp_path, capsys):
+    spec = small_gpt()
+    path = _spec_with(tmp_path, "c.yaml", spec, constraints={"embedded": ["S(" + "9" * 5000 + ")", "R", "R"]})
+    refused(capsys, ["check", path], "bad-placement", "constraints['embedded'][0]")
+
+
+def test_search_options_without_search_and_time_limit_with_it_are_refused(capsys, plain_spec):
+    # issue 40: --devices without --search and --time-limit with it were ignored silently
+    for extra in (["--devices", "4"], ["--global-batch", "8"], ["--axes", "tp=2"], ["--plan-out", "p.yaml"]):
+        refused(capsys, ["plan", plain_spec, *extra], "bad-usage", f"{extra[0]} is an option of plan --search")
+    refused(capsys, ["plan", plain_spec, "--search", "--cluster", "a100-80g", "--devices", "2", "--global-batch", "4",
+                     "--time-limit", "5"], "bad-usage", "does not take --time-limit")
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["plan", "{spec}", "--search", "--cluster", "a100-80g", "--devices", "2", "--global-batch", "4", "--axes",
+      "tp=²"], "bad-axes"),
+    (["plan", "{spec}", "--search", "--cluster", "a100-80g", "--devices", "2", "--global-batch", "4", "--axes",
+      "tp=٢"], "bad-axes"),
+    (["plan", "{spec}", "--search", "--cluster", "a100-80g", "--devices", "2", "--global-batch", "4", "--axes",
+      "tp=" + "9" * 5000], "bad-axes"),
+    (["plan", "{spec}", "--search", "--cluster", "a100-80g", "--devices", str(10 ** 30), "--global-batch", "4"],
+     "bad-devices"),
+    (["gen", "gpt", "--mesh", "dp=²,sp=1,tp=1"], "bad-mesh"),
+    (["gen", "gpt", "--mesh", "dp=٢,sp=1,tp=1"], "bad-mesh"),
+    (["gen", "gpt", "--mesh", "dp=1,sp=1,tp=" + "9" * 5000], "bad-mesh"),
+    (["viz", "{spec}", "--tensor", "tokens", "--dims", "٢", "-o", "{spec}.svg"], "bad-dims"),
+    (["viz", "{spec}", "--tensor", "tokens", "--dims", "9" * 5000, "-o", "{spec}.svg"], "bad-dims"),
+    (["check", "{spec}", "--mesh", "2x٢"], "bad-usage"),
+    (["estimate", "{spec}", "--cluster", "a100-80g", "--global-batch", "٤", "--micro-batch", "1"], "bad-usage"),
+])
+def test_integer_options_take_ascii_digits_only(capsys, plain_spec, argv, code):
+    line = refused(capsys, [a.replace("{spec}", plain_spec) for a in argv], code, seconds=5.0)
+    assert len(line) < 600, len(line)
+
+
+def test_search_divisors_take_time_independent_of_the_numbers(tmp_path, capsys, plain_spec):
+    # issue 40: plan --search counted divisors one by one up to devices_per_node (10^9: 61 s)
+    from layout_prop.planner.search import _divisors
+
+    start = time.perf_counter()
+    assert _divisors(2 ** 24, 10 ** 9)[-1] == 2 ** 24 and _divisors(16_777_213, 10 ** 9) == [1, 16_777_213]
+    assert _divisors(720, 10 ** 9) == [d for d in range(1, 721) if 720 % d == 0]
+    big = write(tmp_path, "big.yaml", "name: wide\nbase: a100-80g\ndevices_per_node: 1048576\n")
+    assert main(["plan", plain_spec, "--search", "--cluster", big, "--devices", "2", "--global-batch", "4"]) == 0
+    capsys.readouterr()
+    assert time.perf_counter() - start < 30
+
+
+# --------------------------------------------------------------------------- a broken optional dependency
+def test_plan_with_a_broken_scipy_is_the_missing_dependency_refusal(tmp_path, capsys, monkeypatch, plain_spec):
+    # issue 40: scipy installed but broken (its import raises ImportError, not ModuleNotFoundError) was an
+    # internal-error in the solver instead of the one-line refusal
+    import sys
+
+    fake = tmp_path / "site" / "scipy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('libopenblas.so.0: cannot open shared object file')\n")
+    for name in [n for n in sys.modules if n == "scipy" or n.startswith("scipy.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    line = refused(capsys, ["plan", plain_spec], "missing-dependency", "plan needs scipy, which is installed but "
+                   "cannot be imported (ImportError: libopenblas.so.0")
+    assert "--force-reinstall" in line
+
+
+# --------------------------------------------------------------------------- pipelined runs are guarded
+def test_a_pipelined_run_too_large_for_memory_is_refused_before_it_starts(tmp_path, capsys):
+    # issue 40: run refused a run too large in 1 s, but not with a pipeline: block (1.6 GB allocated, then a
+    # MemoryError blaming the op's localize rule)
+    big = with_pp(gpt_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=64, seq=2048, hidden=4096,
+                           heads=32, dropout=0.0, dtype="float32"), 2, {"micro_batches": 2})
+    path = _spec_with(tmp_path, "big.yaml", big)
+    for command in (["run", path], ["run", path, "--max-memory", "1G"], ["pipeline", path, "--run"]):
+        refused(capsys, command, "run-too-large", "the pipelined run needs about", seconds=15.0)
+
+
+def test_a_pipelined_run_takes_max_time(capsys, pipe_spec):
+    refused(capsys, ["run", pipe_spec, "--max-time", "0.0001"], "run-too-large",
+            "the pipelined run would take about", "over the --max-time limit of 0.0001 s")
+    assert main(["run", pipe_spec, "--max-time", "300", "--max-memory", "4G"]) == 0
+    assert "matches one device" in capsys.readouterr().out

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from layout_prop.core import meta
-from layout_prop.core.errors import GraphError, SpecError, cut
+from layout_prop.core.errors import GraphError, LayoutPropError, SpecError, cut
 from layout_prop.core.graph import Graph, Node
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
@@ -93,7 +93,7 @@ class PipelineConfig:
         """The config of a ``pipeline:`` mapping on ``mesh``; ``SpecError`` ``bad-pipeline`` when unusable."""
         if not isinstance(block, dict):
             raise _bad(f"pipeline must be a mapping, got {cut(block)}", "pipeline", "write pipeline: {axis: pp}")
-        unknown = sorted(set(block) - _KEYS)
+        unknown = sorted(set(block) - _KEYS, key=lambda key: (type(key).__name__, str(key)))
         if unknown:
             raise _bad(f"unknown pipeline key(s) {cut(unknown)}", f"pipeline.{cut(unknown[0])}",
                        f"the keys are {', '.join(sorted(_KEYS))}")
@@ -144,6 +144,24 @@ def stage_mesh(mesh: DeviceMesh, axis: str) -> DeviceMesh:
     return DeviceMesh(tuple(mesh.shape[i] for i in keep), tuple(mesh.names[i] for i in keep))
 
 
+#: the operands that hold a model's weights (an embedding's table, a norm's or a linear layer's weight and bias)
+WEIGHT_OPERANDS = frozenset({"table", "weight", "bias"})
+
+
+def _weight_use(graph: Graph, name: str) -> tuple[str, str] | None:
+    """``(node, operand)`` of the first node that reads input ``name`` as a weight (:data:`WEIGHT_OPERANDS`)."""
+    from layout_prop.core.registry import get_rule
+
+    for node, index in graph.consumers(name):
+        try:
+            operands = tuple(get_rule(node.op).operands) + tuple(getattr(get_rule(node.op), "optional_operands", ()))
+        except LayoutPropError:  # (an op without a rule is reported by the analysis)
+            continue
+        if index < len(operands) and operands[index] in WEIGHT_OPERANDS:
+            return node.name, operands[index]
+    return None
+
+
 def _batch_inputs(graph: Graph, config: PipelineConfig) -> list[str]:
     names = [n.name for n in graph.inputs()]
     if config.batch_inputs is not None:
@@ -151,6 +169,11 @@ def _batch_inputs(graph: Graph, config: PipelineConfig) -> list[str]:
             if name not in names:
                 raise _bad(f"batch input {cut(name)} is not a graph input", "pipeline.batch_inputs",
                            f"name inputs of the graph: {', '.join(names[:6])}")
+            weight = _weight_use(graph, name)
+            if weight is not None:
+                raise _bad(f"batch input {cut(name)} is a weight (the {weight[1]} of {weight[0]}): its dim 0 is not "
+                           "the batch, cutting it into micro-batches would cut the model", "pipeline.batch_inputs",
+                           "name the inputs whose dim 0 is the batch (token ids, labels, activations)")
         return list(config.batch_inputs)
     # default: the integer data inputs without gradient (token ids, labels)
     return [n.name for n in graph.inputs() if not n.attrs.get("requires_grad") and n.attrs.get("shape")

@@ -33,7 +33,7 @@ too) and before a pipeline pass.
 from __future__ import annotations
 
 from layout_prop.core import meta
-from layout_prop.core.errors import SpecError
+from layout_prop.core.errors import SpecError, cut
 from layout_prop.core.graph import Graph, Node
 
 from .zero import _is_backward, _layer_of
@@ -55,19 +55,25 @@ def parse_recompute(value, path: str = "recompute") -> tuple[str, tuple[str, ...
     (('selective', None), ('full', ('l0', 'l2')))
     """
     if isinstance(value, dict):
-        unknown = set(value) - {"mode", "layers"}
+        unknown = sorted(set(value) - {"mode", "layers"}, key=lambda key: (type(key).__name__, str(key)))
         if unknown:
-            raise SpecError("unknown-key", f"unknown key {sorted(unknown)[0]!r} in the recompute block", path=path,
+            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the recompute block", path=path,
                             hint="write recompute: {mode: selective, layers: [l0, l1]}")
         mode, layers = value.get("mode"), value.get("layers")
     else:
         mode, layers = value, None
-    if mode not in MODES:
-        raise SpecError("bad-value", f"recompute mode must be one of {', '.join(MODES)}, got {mode!r}",
+    if not isinstance(mode, str) or mode not in MODES:
+        raise SpecError("bad-value", f"recompute mode must be one of {', '.join(MODES)}, got {cut(mode)}",
                         path=f"{path}.mode" if isinstance(value, dict) else path, hint="write recompute: full")
     if layers is not None and (not isinstance(layers, list) or not all(isinstance(x, str) for x in layers)):
-        raise SpecError("bad-type", f"recompute layers must be a list of layer names, got {layers!r}",
+        raise SpecError("bad-type", f"recompute layers must be a list of layer names, got {cut(layers)}",
                         path=f"{path}.layers", hint="name layers as the nodes do: layers: [l0, l1]")
+    if layers is not None and not [x for x in layers if x.strip()]:  # as --recompute-layers ,,, is
+        raise SpecError("bad-value", f"recompute layers {cut(layers)} name no layer", path=f"{path}.layers",
+                        hint="name the layers, like layers: [l0, l1], or leave layers out (every layer)")
+    if mode == "none" and layers is not None:
+        raise SpecError("bad-value", f"recompute mode none names layers {cut(layers)} to recompute", path=path,
+                        hint="write mode: full (or selective) with layers, or drop the layers")
     return mode, None if layers is None else tuple(layers)
 
 

@@ -98,14 +98,14 @@ def parse_zero(value: Any, mesh, path: str = "zero") -> ZeroConfig:
     """
     data_axes = [name for name in mesh.names if name in DATA_AXES]
     if isinstance(value, dict):
-        unknown = set(value) - {"stage", "axes"}
+        unknown = sorted(set(value) - {"stage", "axes"}, key=lambda key: (type(key).__name__, str(key)))
         if unknown:
-            raise SpecError("unknown-key", f"unknown key {cut(sorted(unknown)[0])} in the zero block", path=path,
+            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the zero block", path=path,
                             hint="write zero: {stage: 1|2|3, axes: [dp]}")
         stage, axes = value.get("stage"), value.get("axes")
     else:
         stage, axes = value, None
-    if isinstance(stage, bool) or stage not in STAGES:
+    if type(stage) is not int or stage not in STAGES:  # (3.0 and True are refused, in a block as bare)
         raise SpecError("bad-value", f"ZeRO stage must be 0, 1, 2 or 3, got {cut(stage)}", path=f"{path}.stage"
                         if isinstance(value, dict) else path, hint="write zero: {stage: 3} (or --zero 3)")
     if axes is None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from layout_prop.core.errors import cut
+
 __all__ = ["Blocks", "read_blocks", "transform", "describe"]
 
 
@@ -65,11 +67,17 @@ def read_blocks(graph, args=None) -> Blocks:
             out.notes.append(f"--zero {flag_zero} given: the spec's zero: block ({_zero_text(out.zero)}) is not read")
         out.zero = flag
     flag_mode, flag_layers = getattr(args, "recompute", None), getattr(args, "recompute_layers", None)
-    if flag_mode is not None or flag_layers:
+    if flag_mode == "none" and flag_layers is not None:
+        from layout_prop.core.errors import SpecError
+
+        raise SpecError("bad-usage", f"--recompute none with --recompute-layers {cut(flag_layers)}: no layer is "
+                        "recomputed in mode none", path="--recompute-layers",
+                        hint="give --recompute full (or selective) with --recompute-layers, or drop one of them")
+    if flag_mode is not None or flag_layers is not None:
         before = (out.recompute, out.layers)
         if flag_mode is not None:
             out.recompute = flag_mode
-        if flag_layers:
+        if flag_layers is not None:
             out.layers = tuple(x.strip() for x in flag_layers.split(",") if x.strip())
             if not out.layers:
                 from layout_prop.core.errors import SpecError

@@ -100,13 +100,14 @@ def _load(args):
 
 def run(args) -> int:
     from layout_prop.core.errors import LayoutPropError
-    from layout_prop.io.output import check_output, write_output
+    from layout_prop.io.output import check_distinct_outputs, check_output, write_output
     from layout_prop.interop.export_plan import format_data, own_parameters, unmarked_inputs_note
 
     check_inputs(args.input)  # a flag's mistake is said before the model is read
     for path in (args.output, args.data):  # where the files go is checked before the work (as plan -o)
         if path is not None:
             check_output(path)
+    check_distinct_outputs({"-o": args.output, "--data": args.data})
     graph = _load(args)  # the spec's zero:, recompute:, pipeline: blocks are written or refused by the writer
     # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
     source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)

@@ -14,8 +14,11 @@ mindspore      ``mindspore``   a model ``.mindir`` (its protobuf schema), ``run 
 matplotlib     ``viz``         ``viz -o FILE.png`` (said as ``png-unavailable`` by viz/png.py)
 =============  ==============  ===================================================
 
-The check finds the module without importing it (importing MindSpore takes seconds): a
-module that is installed but broken still fails where it is imported, with its own message.
+The check finds the module without importing it (importing MindSpore takes seconds), except
+for the modules of :data:`IMPORTED`, cheap to import, which are imported: a scipy that is
+installed but broken (its import raises ``ImportError``, not ``ModuleNotFoundError``: a
+missing shared library, a half-removed install) is then the same one-line refusal, naming
+the error, rather than an internal error where the solver imports it.
 
 Examples
 --------
@@ -29,15 +32,20 @@ not installed (hint: pip install 'layout-prop[plan]')
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
-from .errors import LayoutPropError
+from .errors import LayoutPropError, cut
 
 __all__ = ["EXTRAS", "MissingDependency", "available", "require", "require_model_reader"]
 
 #: each optional module and the extra of layout-prop that installs it
 EXTRAS = {"scipy": "plan", "onnx": "onnx", "mindspore": "mindspore", "matplotlib": "viz"}
+
+#: the modules :func:`require` imports (a fraction of a second) rather than only finds: what the
+#: command imports later, so that a broken install is said before the work
+IMPORTED = {"scipy": ("scipy", "scipy.optimize")}
 
 #: a model file's suffix -> (the module that reads it, what for)
 MODEL_READERS = {".onnx": ("onnx", "reading an ONNX model"), ".mindir": ("mindspore", "reading a MindIR model")}
@@ -73,11 +81,18 @@ def require(module: str, feature: str, extra: str | None = None) -> None:
     extra : str, optional
         The extra of layout-prop that installs it (default: :data:`EXTRAS`'s).
     """
-    if available(module):
-        return
     extra = extra or EXTRAS.get(module)
     hint = f"pip install 'layout-prop[{extra}]'" if extra else f"pip install {module}"
-    raise MissingDependency("missing-dependency", f"{feature} needs {module}, which is not installed", hint=hint)
+    if not available(module):
+        raise MissingDependency("missing-dependency", f"{feature} needs {module}, which is not installed", hint=hint)
+    for name in IMPORTED.get(module, ()):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # installed, and broken: ModuleNotFoundError of a piece, or ImportError
+            raise MissingDependency("missing-dependency", f"{feature} needs {module}, which is installed but cannot "
+                                    f"be imported ({type(exc).__name__}: {cut(str(exc), 120)[1:-1]})",
+                                    hint=f"reinstall it: pip install --force-reinstall "
+                                    f"{repr(f'layout-prop[{extra}]') if extra else module}") from None
 
 
 def require_model_reader(path: str | Path) -> None:

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from layout_prop.core.errors import SpecError
+from layout_prop.core.errors import SpecError, cut
 
 __all__ = ["llama_spec", "gpt_spec", "moe_spec", "parse_mesh_arg", "ROUTERS", "MESH_AXES"]
 
@@ -76,8 +76,9 @@ def parse_mesh_arg(text: str, model: str = "llama") -> list[tuple[str, int]]:
     out = []
     for part in text.split(","):
         name, _, size = part.partition("=")
-        if not name or not size.isdigit() or int(size) < 1:
-            raise SpecError("bad-mesh", f"cannot read mesh {text!r} at {part!r}",
+        size = size.strip()  # ASCII digits only ('²' and '٢' pass isdigit), and few of them (int() refuses 4,300)
+        if not name or not (size.isascii() and size.isdigit() and len(size) <= 18) or int(size) < 1:
+            raise SpecError("bad-mesh", f"cannot read mesh {cut(text, 60)} at {cut(part, 60)}",
                             hint="write the mesh as " + ",".join(f"{a}=2" for a in MESH_AXES[model]))
         out.append((name.strip(), int(size)))
     names = [n for n, _ in out]

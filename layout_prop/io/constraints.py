@@ -154,6 +154,10 @@ def _placements(entry: Any, mesh: DeviceMesh, path: str) -> tuple[str, ...]:
             placements.append(str(parse_placement(p)))
         except LayoutPropError as err:
             raise _err(err.code, err.message, f"{path}[{i}]", err.hint or hint) from None
+        except ValueError:  # int() of a dim of more than 4,300 digits, as inputs: refuses it
+            raise _err("bad-placement", f"cannot parse placement {cut(p)}: its dim is not an integer a tensor "
+                       "can have", f"{path}[{i}]", "write R, S(d) (d a small integer, may be negative), P or "
+                       "P(sum|avg|max|min)") from None
     return tuple(placements)
 
 

@@ -47,7 +47,8 @@ import stat
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_path", "write_text_atomic", "write_output", "check_output", "resolve_target", "OutputFailed"]
+__all__ = ["atomic_path", "write_text_atomic", "write_output", "check_output", "check_distinct_outputs",
+           "resolve_target", "OutputFailed"]
 
 
 class OutputFailed(BaseException):
@@ -256,3 +257,38 @@ exists and is writable, on a disk with space)
     except OSError as exc:
         raise SpecError("write-failed", f"cannot write {cut(str(path))}: {exc.strerror or exc}",
                         hint="choose a folder that exists and is writable, on a disk with space") from None
+
+
+def check_distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
+    """Refuse two flags of one command that name the same output file (``-o X --plan-out X``: the
+    second write would replace the first, exit 0); ``outputs`` maps a flag to its path (None: not given).
+
+    The same file is the same resolved path (``./m.py`` and ``m.py``, a link and its target), or the
+    same existing file by device and inode.  A device or a pipe (``/dev/stdout``) may be named twice.
+
+    Raises
+    ------
+    SpecError
+        ``same-output``, naming both flags.
+    """
+    from layout_prop.core.errors import SpecError, cut
+
+    seen: dict[tuple, str] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            target = resolve_target(path)
+        except OSError:  # check_output says what is wrong with it
+            continue
+        if _is_special(target) or _kernel_file(target):
+            continue
+        try:
+            info = os.stat(target)
+            key: tuple = ("inode", info.st_dev, info.st_ino)
+        except OSError:
+            key = ("path", os.path.realpath(target))
+        if key in seen:
+            raise SpecError("same-output", f"{seen[key]} and {flag} name the same file {cut(str(path))}",
+                            path=flag, hint="give each output its own file")
+        seen[key] = flag

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layout_prop.core.errors import cut
 from layout_prop.core import meta
 from layout_prop.core.graph import Graph
 from layout_prop.passes.check import CheckResult
@@ -48,11 +49,12 @@ def parse_dims(text: str) -> tuple[int, ...]:
     >>> parse_dims("0,2"), parse_dims(" -1 ")
     ((0, 2), (-1,))
     """
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise VizError("bad-dims", f"--dims {text!r} is not a comma-separated list of integers",
-                       hint="name one or two tensor dims, such as --dims 0,2") from None
+    parts = [part.strip() for part in text.split(",")]
+    # ASCII digits only (int() reads '٢' as 2 and refuses 4,300 digits with a ValueError of its own)
+    if all(p.removeprefix("-").isascii() and p.removeprefix("-").isdigit() and len(p) <= 18 for p in parts):
+        return tuple(int(part) for part in parts)
+    raise VizError("bad-dims", f"--dims {cut(text, 60)} is not a comma-separated list of integers",
+                   hint="name one or two tensor dims, such as --dims 0,2")
 
 
 def find_value(graph: Graph, name: str) -> TensorSpec:

@@ -2,6 +2,7 @@
 word and number exact, a measured error within an order of magnitude."""
 
 import doctest
+import re
 
 import pytest
 
@@ -99,3 +100,22 @@ def test_tokens_join_back_into_the_line():
 def test_the_module_examples_run():
     result = doctest.testmod(transcripts, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted >= 5
+
+
+def test_every_tiny_number_in_the_pages_transcripts_is_a_measured_error():
+    """A number in e-notation in a transcript is, in this tool's output, a measured error: one that is not
+    after a label of MEASURED would be compared digit for digit and pass only on the CPU it was recorded on
+    (add its label to transcripts.MEASURED, or print it at a precision that holds on every CPU)."""
+    from .test_readme import EXAMPLE_PAGES, _transcript_commands
+
+    measured, unlabelled = 0, []
+    for page in EXAMPLE_PAGES:
+        for command, expected in _transcript_commands(page):
+            if command.startswith("cat > "):
+                continue  # a heredoc: a file the page writes (a spec's eps: 1e-6), not output
+            for line in expected.splitlines():
+                for kind, text in tokens(line):
+                    measured += kind == "measured"
+                    if kind == "exact" and re.fullmatch(r"[-+]?\d+(\.\d+)?[eE][-+]?\d+", text):
+                        unlabelled.append(f"{page.name}: {command}: {line}")
+    assert unlabelled == [] and measured >= 10

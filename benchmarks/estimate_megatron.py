@@ -14,7 +14,7 @@ configuration-search issue adds pipelines).  Each row's graph is a GPT in Megatr
 parallelism: the activations between blocks are replicated on ``tp`` and the row-parallel
 outputs all-reduced right after their linear, as an explicit ``redistribute``;
 vocab-parallel embedding and output layer tied to it; attention unfused, its scores
-through HBM, as Megatron-LM computed it then, without its dropout; no loss node: its FLOPs
+through HBM, as Megatron-LM computed it then, with its dropouts; no loss node: its FLOPs
 are not in F either), one micro-batch of ``--micro-batch`` sequences per
 data-parallel rank, analysed with its backward, and estimated with ``--recompute full``
 on the ``a100-80g`` profile.
@@ -76,8 +76,10 @@ def megatron_flops(batch: int, layers: int, hidden: int, seq: int = SEQ, vocab: 
     return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
-def gpt_spec(row: Row, micro_batch: int, layers: int, dtype: str = "float16") -> dict:
-    """A GPT in Megatron-LM's 2021 layout on mesh dp x tp (module docstring)."""
+def gpt_spec(row: Row, micro_batch: int, layers: int, dtype: str = "float16", dropout: float = 0.1) -> dict:
+    """A GPT in Megatron-LM's 2021 layout on mesh dp x tp (module docstring), with its dropouts (Megatron-LM's
+    defaults ``--attention-dropout 0.1 --hidden-dropout 0.1``: on the attention probabilities and before each
+    residual add; its fused bias-dropout-add kernel is priced as a dropout and an add)."""
     dp, tp = row.gpus // (row.tp * row.pp), row.tp
     h, heads, batch = row.hidden, row.heads, micro_batch * dp
     d = h // heads
@@ -114,15 +116,21 @@ def gpt_spec(row: Row, micro_batch: int, layers: int, dtype: str = "float16") ->
         q, k, v = heads_bnsd
         scores = node(p + "scores", "einsum", [q, k], equation="bnsd,bntd->bnst")
         probs = node(p + "probs", "softmax", [scores], axis=-1)
+        if dropout:  # Megatron-LM's attention dropout on the probabilities (--attention-dropout 0.1)
+            probs = node(p + "probs_drop", "dropout", [probs], p=dropout, seed=3 * i + 1)
         attn = node(p + "attn", "einsum", [probs, v], equation="bnst,bntd->bnsd")
         merged = node(p + "merged", "reshape", [node(p + "attn_bsnd", "transpose", [attn], dims=[0, 2, 1, 3])],
                       shape=[batch, SEQ, h])
         # the row-parallel outputs are all-reduced where Megatron-LM does it, right after the linear
         proj = node(p + "proj_ar", "redistribute", [node(p + "proj", "linear", [merged, p + "wo"])], placements=act)
+        if dropout:  # the hidden dropout before each residual add (--hidden-dropout 0.1)
+            proj = node(p + "proj_drop", "dropout", [proj], p=dropout, seed=3 * i + 2)
         x = node(p + "res1", "add", [x, proj])
         ln2 = node(p + "ln2", "layer_norm", [x, p + "ln2_w", p + "ln2_b"])
         up = node(p + "gelu", "gelu", [node(p + "fc1_out", "linear", [ln2, p + "fc1"])])
         down = node(p + "fc2_ar", "redistribute", [node(p + "fc2_out", "linear", [up, p + "fc2"])], placements=act)
+        if dropout:
+            down = node(p + "fc2_drop", "dropout", [down], p=dropout, seed=3 * i + 3)
         x = node(p + "out", "add", [x, down])
     final = node("lnf", "layer_norm", [x, "lnf_w", "lnf_b"])
     logits = node("logits", "linear", [final, "emb"])  # tied to the embedding table, vocab-parallel

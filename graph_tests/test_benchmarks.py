@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -83,3 +85,22 @@ def test_megatron_estimate_benchmark_prints_every_row_without_pipelines():
     assert [r[0] for r in rows] == ["1.7B", "3.6B", "7.5B", "18.4B"]
     assert all(float(r[6]) > 0 for r in rows)  # the predicted column
     assert lines[-1].startswith("largest error on the rows not fitted: ")
+
+
+def test_published_benchmark_is_the_calibration_the_commands_state():
+    """benchmarks/published.py prices every published row; its summary is the model error estimate and plan
+    --search print (layout_prop/perf/calibration.py): a model change that moves it must update the constant."""
+    from layout_prop.perf.calibration import CALIBRATION
+
+    done = _run("published.py")
+    assert done.returncode == 0, done.stderr
+    summary = next(line for line in done.stdout.splitlines() if " rows: mean absolute error " in line)
+    found = re.fullmatch(r"(\d+) rows: mean absolute error ([\d.]+)%, max ([\d.]+)%, mean signed error ([-+][\d.]+)%; "
+                         r"(\d+) of (\d+) fit their device in the model", summary)
+    assert found, summary
+    rows, mae, worst, signed = int(found[1]), float(found[2]), float(found[3]), float(found[4])
+    assert rows == CALIBRATION.rows
+    assert (mae, worst, signed) == pytest.approx((100 * CALIBRATION.mae, 100 * CALIBRATION.max_error,
+                                                  100 * CALIBRATION.signed), abs=0.1)
+    assert done.stdout.count("Narayanan et al. SC'21") == 10 and done.stdout.count("mindformers") + \
+        done.stdout.count("MindFormers") == 4

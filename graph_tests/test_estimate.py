@@ -3,6 +3,7 @@ collectives by their algorithms' formulas, bad profiles and batches refused in o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -57,12 +58,49 @@ def test_attention_counts_both_products_and_its_gradient_twice():
                    {"input_layout": "TND", "head_num": 4}).flops == 4 * 32 * 32 * 4 * 8
 
 
-def test_roofline_takes_the_slower_of_compute_and_memory():
+#: an A100 SM's share of the measured large-GEMM throughput (267.9 TFLOP/s, 108 SMs) and of the L2 (4,956 GB/s)
+SM_FLOPS, SM_L2 = 312e12 * round(267.9 / 312, 4) / 108, 2.3 * 2155e9 / 108
+LAUNCH = 1e-6
+
+
+def test_a_gemm_takes_whole_waves_of_tiles_and_at_least_its_bytes():
+    # 4096^3: 256 x 128 tiles, 16 x 32 = 512 of them over 108 SMs: 5 waves (4.74 rounded up), each tile at the SM's
+    # share of the measured throughput (128 x 128 tiles: 1,024 in 10 waves, the same time)
     big = op_cost("matmul", ((4096, 4096), (4096, 4096)), ((4096, 4096),), (2, 2), (2,), {}, dtype="float16")
-    assert op_time(big, A100) == pytest.approx(2 * 4096 ** 3 / (312e12 * A100.matmul_efficiency))
+    assert op_time(big, A100) == pytest.approx(5 * 2 * 256 * 128 * 4096 / SM_FLOPS + LAUNCH)
+    # 109 x 256 rows by 128: 109 tiles of 256 x 128, one more than the SMs; 218 tiles of 128 x 128 in 3 waves (one
+    # wave and a half of the big tile's time): a second wave for one tile
+    one_more = op_cost("matmul", ((109 * 256, 4096), (4096, 128)), ((109 * 256, 128),), (2, 2), (2,), {},
+                       dtype="float16")
+    assert op_time(one_more, A100) == pytest.approx(3 * 2 * 128 * 128 * 4096 / SM_FLOPS + LAUNCH)
+    # a thin GEMM (16 rows): its bytes through HBM at 80% of 2,039 GB/s take longer than its 3 waves of 256 64 x 64
+    # tiles (which the L2 feeds at 32 FLOPs a byte: 64 * 64 / 128)
+    thin = op_cost("matmul", ((16, 4096), (4096, 16384)), ((16, 16384),), (2, 2), (2,), {}, dtype="float16")
+    memory = (16 * 4096 + 4096 * 16384 + 16 * 16384) * 2 / (2039e9 * 0.8)
+    assert memory > 3 * 2 * 64 * 64 * 4096 / min(SM_FLOPS, 32 * SM_L2)
+    assert op_time(thin, A100) == pytest.approx(memory + LAUNCH)
     add = op_cost("add", ((1024, 1024), (1024, 1024)), ((1024, 1024),), (4, 4), (4,), {})
-    assert op_time(add, A100) == pytest.approx(3 * 4 * 2 ** 20 / (2039e9 * A100.memory_efficiency))
+    assert op_time(add, A100) == pytest.approx(3 * 4 * 2 ** 20 / (2039e9 * A100.memory_efficiency) + LAUNCH)
     assert op_time(op_cost("reshape", ((8, 8),), ((64,),), (4,), (4,), {}), A100) == 0.0
+
+
+def test_a_profile_without_cores_keeps_the_flat_roofline():
+    flat = dataclasses.replace(A100, cores=None)
+    big = op_cost("matmul", ((4096, 4096), (4096, 4096)), ((4096, 4096),), (2, 2), (2,), {}, dtype="float16")
+    assert op_time(big, flat) == pytest.approx(2 * 4096 ** 3 / (312e12 * flat.matmul_efficiency))
+
+
+def test_fused_attention_runs_at_the_flash_attention_fraction_half_its_flops_when_causal():
+    q = (1, 16, 4096, 128)  # BNSD
+    full = op_cost("scaled_dot_product_attention", (q,) * 3, (q,), (2,) * 3, (2,), {}, dtype="float16")
+    causal = op_cost("scaled_dot_product_attention", (q,) * 3, (q,), (2,) * 3, (2,), {"causal": True},
+                     dtype="float16")
+    grad = op_cost("scaled_dot_product_attention_grad", (q,) * 4, (q,) * 3, (2,) * 4, (2,) * 3, {"causal": True},
+                   dtype="float16")
+    flops = 4 * 16 * 4096 * 4096 * 128
+    assert op_time(full, A100) == pytest.approx(flops / (312e12 * 0.73) + LAUNCH)  # FlashAttention-2's 73%
+    assert op_time(causal, A100) == pytest.approx(flops / 2 / (312e12 * 0.73) + LAUNCH)
+    assert op_time(grad, A100) == pytest.approx(2 * flops / 2 / (312e12 * 0.50) + LAUNCH)
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -119,8 +157,10 @@ def _graph(text=SPEC):
 def test_a_data_parallel_matmul_step_is_counted_by_hand():
     est = estimate_step(_graph(), A100, overlap=False)
     local_flops = 2 * 4 * 1024 * 1024  # per rank: 4 rows of x
-    assert est.forward_s == pytest.approx(max(local_flops / (312e12 * A100.matmul_efficiency),
-                                              (4 * 1024 + 1024 * 1024 + 4 * 1024) * 2 / (2039e9 * 0.8)))
+    # one wave of 16 tiles of 64 x 64 (the L2 feeds them 32 FLOPs a byte): longer than the bytes through HBM
+    tiles = 2 * 64 * 64 * 1024 / min(SM_FLOPS, 32 * SM_L2)
+    assert tiles > (4 * 1024 + 1024 * 1024 + 4 * 1024) * 2 / (2039e9 * 0.8)
+    assert est.forward_s == pytest.approx(tiles + LAUNCH)
     # backward: dw = x^T dy (dx is not needed: x takes no gradient)
     assert est.backward_s > 0
     grad_bytes = 1024 * 1024 * 2  # w's gradient, float16, all-reduced over dp (2 ranks)
@@ -235,7 +275,7 @@ def test_a_small_model_s_estimate_prints_its_times_in_the_unit_that_shows_them(t
     parts = data["breakdown"]
     lines = text.splitlines()
     assert "0.000 ms" not in text and "0.0 TFLOP/s" not in text, text
-    assert data["step_time_s"] < 1e-3 and 0 < parts["forward_s"] < 1e-6  # (us and ns: a toy)
+    assert data["step_time_s"] < 1e-3 and 0 < parts["forward_s"] < 1e-4  # (us: a toy, its kernels' 1 us launches)
     _reads_back(lines[0], data["step_time_s"])
     _reads_back(lines[1], data["compute_s"], parts["forward_s"], parts["backward_s"], parts["recompute_s"])
     _reads_back(lines[2], data["communication_s"], parts["grad_sync_s"], parts["grad_sync_exposed_s"])

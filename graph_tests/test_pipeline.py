@@ -363,12 +363,16 @@ def LAYER_OF(name: str):
 
 
 def _op_time_cost(graph):
-    """The step-time model's seconds of each node on an A100 (perf.costs.op_time): the default balance."""
+    """The step-time model's seconds of each node on an A100 (perf.costs.op_time): the default balance.  The
+    profile's flat roofline (no device model: on these toy shapes every GEMM is one wave of tiles and one kernel
+    launch, whatever its FLOPs, and the balance would not depend on the head's size)."""
+    import dataclasses
+
     from layout_prop.core import meta
     from layout_prop.passes.propagate import value_spec
     from layout_prop.perf.costs import op_cost, op_time
 
-    a100 = get_cluster("a100-80g")
+    a100 = dataclasses.replace(get_cluster("a100-80g"), cores=None)
 
     def seconds(node):
         ins, outs = [value_spec(graph, v) for v in node.inputs], node.meta[meta.SPECS]

@@ -202,22 +202,49 @@ def test_a_toy_model_s_table_shows_its_memory_and_step_times(tmp_path, capsys):
         assert cand["memory_per_rank_bytes"] < 2**20 and cand["step_time_s"] < 1e-3  # (KiB and us: a toy)
 
 
-def test_why_says_which_of_a_tie_needs_less_memory(tmp_path, capsys):
-    """The toy llama's #1 and #2 tie on step time (1e-8 s apart) and #2 needs 5 KiB less: the line said they
-    'tie on step time and memory' (hidden by '0.00 against 0.00 GiB')."""
-    from layout_prop.frontends.generate import llama_spec
+def _result(*cands):
+    """A SearchResult of the candidates ``(config, step seconds, memory bytes)``, ranked as given."""
+    from layout_prop.planner.search import Candidate, ModelShape, SearchResult
 
-    path = tmp_path / "llama.yaml"
-    path.write_text(json.dumps(llama_spec(layers=1, mesh=(("dp", 2), ("sp", 2), ("tp", 2)))))
-    status, out, err = _cli(["plan", str(path), "--search", "--cluster", "a100-80g", "--devices", "8",
-                             "--global-batch", "16", "--json"], capsys)
-    assert status == 0, err
-    result = json.loads(out)
-    first, second = result["top"][:2]
-    assert second["step_time_s"] - first["step_time_s"] < 5e-8  # a tie, as the line calls it
-    assert second["memory_per_rank_bytes"] < first["memory_per_rank_bytes"]  # the case this test is about
-    assert "tie on step time; #2 needs less memory (98.50 against 103.50 KiB per rank)" in result["why"], \
-        result["why"]
+    ranked = [Candidate(config=c, step_time_s=t, memory_bytes=m, tflops_per_device=0.0, mfu=0.0, parts={})
+              for c, t, m in cands]
+    model = ModelShape("gpt", 1, 64, 4, 256, 16, "float16")
+    return SearchResult(model=model, cluster="a100-80g", devices=8, global_batch=8, memory_limit=2**30,
+                        ranked=ranked, candidates=len(ranked), layer_evaluations=0, seconds=0.0)
+
+
+def test_why_says_which_of_a_tie_needs_less_memory():
+    """#1 and #2 tie on step time (1e-8 s apart) and #2 needs 5 KiB less: the line said they 'tie on step time and
+    memory' (hidden by '0.00 against 0.00 GiB')."""
+    a, b = Config(dp=8, tp=1, pp=1), Config(dp=4, tp=2, pp=1)
+    result = _result((a, 2.0e-4, 103.5 * 1024), (b, 2.0e-4 + 1e-8, 98.5 * 1024))
+    assert "tie on step time; #2 needs less memory (98.50 against 103.50 KiB per rank)" in result.why(), result.why()
+    same = _result((a, 2.0e-4, 1024), (b, 2.0e-4, 1024))
+    assert "tie on step time and memory" in same.why()
+
+
+def test_candidates_within_the_model_error_are_a_tie_and_the_simplest_is_preferred(monkeypatch):
+    """With a 10% model error, #2 (5% slower, data parallel only, more memory) and #3 (9% slower, tp=2, less
+    memory) tie with #1 (tp=2, pp=2, ZeRO-1, full recomputation); #4 (11% slower) does not.  The search prefers
+    the fewest moving parts (#2: none, against #1's four), and says so."""
+    from layout_prop.perf import calibration
+
+    monkeypatch.setattr(calibration, "CALIBRATION", calibration.Calibration(
+        rows=3, mae=0.10, max_error=0.2, signed=0.0, measured="today", source="test"))
+    first = Config(dp=2, tp=2, pp=2, zero=1, recompute="full")
+    plain, tp2, slow = Config(dp=8, tp=1, pp=1), Config(dp=4, tp=2, pp=1), Config(dp=8, tp=1, pp=1, zero=2)
+    result = _result((first, 1.0, 20 * 2**30), (plain, 1.05, 30 * 2**30), (tp2, 1.09, 10 * 2**30),
+                     (slow, 1.11, 5 * 2**30))
+    assert result.ties() == [0, 1, 2] and result.preferred() == 1
+    text = result.uncertainty()
+    assert text.startswith("within the model's error (mean 10% on 3 published runs) #1 ties with 2 other "
+                           "candidates (up to #3); the search prefers #2 (dp=8 tp=1 pp=1"), text
+    assert "fewer moving parts (0 against 4: data parallel only against tp=2, pp=2, zero=1, recompute=full)" in text
+    assert "less memory" not in text and "50.0 ms slower in the model" in text, text
+    # the first is preferred when nothing tied is simpler
+    alone = _result((plain, 1.0, 2**30), (tp2, 1.05, 2**29))
+    assert alone.preferred() == 0 and "the search prefers #1" in alone.uncertainty()
+    assert _result((plain, 1.0, 2**30), (tp2, 1.2, 2**29)).uncertainty().endswith("no other candidate ties with #1")
 
 
 def test_the_units_keep_a_large_model_s_form():

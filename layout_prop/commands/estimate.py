@@ -149,6 +149,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     from layout_prop.passes.propagate import value_spec
     from layout_prop.passes.recompute import held_values
     from layout_prop.passes.schedule import bubble_fraction, simulate
+    from layout_prop.perf.calibration import CALIBRATION
     from layout_prop.perf.collectives import collective_time
     from layout_prop.perf.step import accumulation_steps
 
@@ -307,7 +308,8 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             "chunk_forward_s": forward, "chunk_backward_s": backward,
             "grad_sync_exposed_s": slowest["grad_sync_exposed_s"], "optimizer_s": slowest["optimizer_s"],
             "slowest_stage": slowest["stage"], "memory_per_rank_bytes": busiest["memory_bytes"],
-            "busiest_stage": busiest["stage"], "hbm_bytes": cluster.hbm_bytes, "stages": stages, "notes": notes}
+            "busiest_stage": busiest["stage"], "hbm_bytes": cluster.hbm_bytes, "stages": stages, "notes": notes,
+            "model_error": CALIBRATION.to_dict()}
 
 
 def format_pipelined(d: dict) -> str:
@@ -343,8 +345,16 @@ def format_pipelined(d: dict) -> str:
                  "executed)")
     lines.append(f"memory per rank {d['memory_per_rank_bytes']:,} bytes on stage {d['busiest_stage']} "
                  f"(device: {d['hbm_bytes']:,})")
+    lines.append(_model_error())
     lines += [f"note: {note}" for note in d["notes"]]
     return "\n".join(lines)
+
+
+def _model_error() -> str:
+    """The line that says how far the model is from published runs (:data:`layout_prop.perf.calibration.CALIBRATION`)."""
+    from layout_prop.perf.calibration import CALIBRATION
+
+    return CALIBRATION.text()
 
 
 def _time(seconds: float) -> str:
@@ -407,6 +417,7 @@ def format_estimate(e) -> str:
     lines += [f"  optimizer      {_time(e.optimizer_s)}  (AdamW)",
               f"{_tflops(e.tflops_per_device)} TFLOP/s per device, MFU {_mfu(e.mfu)} (the graph's FLOPs executed)",
               f"memory per rank {e.memory_per_rank_bytes:,} bytes (device: {e.hbm_bytes:,})",
+              _model_error(),
               "most expensive ops (per step):"]
     for op in e.top_ops:
         lines.append(f"  {_time(op['seconds']):>14}  {op['name']} ({op['op']}, {op['phase']})")

@@ -6,9 +6,12 @@ model applies (the fraction of a peak that real kernels and collectives reach). 
 are built in (:data:`BUILTIN`); a user's own is a YAML file (:func:`load_cluster`).
 
 Every built-in figure carries its source in ``sources``: a vendor datasheet where one was
-reachable, and otherwise a third-party report, said as such.  The efficiency factors are
-not hardware facts: they are fitted (``benchmarks/estimate_megatron.py`` says on which
-published rows, and reports the error on the others).
+reachable, a published micro-benchmark for what kernels reach (the large-GEMM fraction of the
+peak, FlashAttention's), and otherwise a third-party report or an assumption, said as such.
+None is fitted to training runs; ``benchmarks/published.py`` measures the model against
+published ones.  The device model of a matrix product (``cores``, ``gemm_tiles``,
+``gemm_efficiency``, ``l2_GBps``; :func:`layout_prop.perf.costs.gemm_time`) replaces the flat
+``matmul_efficiency`` on the built-in profiles; a profile without ``cores`` keeps it.
 
 Link figures are per device and per direction: a device inside a node reaches its peers at
 ``intra`` (NVLink, HCCS), and each device has its own network port between nodes
@@ -65,6 +68,13 @@ class Cluster:
     link_efficiency: float = 0.8
     nodes: int | None = None  # how many nodes the cluster has (None: as many as a mesh needs)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    # the device model of a matrix product (perf/costs.py gemm_time); ``cores`` None: the flat matmul_efficiency
+    cores: int | None = None  # streaming multiprocessors (NVIDIA) or AI cores (Ascend): one output tile each
+    gemm_tiles: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+    l2_GBps: float | None = None  # on-chip (L2) bandwidth feeding the cores' tiles, all cores (None: no bound)
+    gemm_efficiency: float = 0.54  # the fraction of the peak a large, whole-wave GEMM reaches (measured)
+    attention_efficiency: tuple[float, float] = (0.54, 0.54)  # fused attention, forward and backward
+    launch_us: float = 0.0  # a kernel's fixed cost on the device beyond its work
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s of the matrix units in ``dtype`` (float64 falls back to float32)."""
@@ -85,9 +95,28 @@ DGX_A100 = "NVIDIA DGX A100 datasheet (8x A100 80GB, NVLink 3 / NVSwitch, 8x sin
 H100_DATASHEET = "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column, dense figures: half the sparsity ones)"
 DGX_H100 = "NVIDIA DGX H100 datasheet (8x H100 SXM, NVLink 4, 8x 400 Gb/s NDR ConnectX-7 for compute)"
 ASSUMED_LATENCY = "assumed: a typical per-hop latency of the link class, not a published figure"
-FITTED = ("matmul_efficiency 0.54 fitted on Megatron-LM's published 1.7B row (benchmarks/estimate_megatron.py; "
-          "the 3.6B, 7.5B and 18.4B rows are then predicted within 14%); memory_efficiency and link_efficiency "
-          "0.8 assumed, not fitted")
+FITTED = ("memory_efficiency and link_efficiency 0.8 assumed, not fitted; matmul_efficiency 0.54 (fitted on "
+          "Megatron-LM's published 1.7B row) is no longer read on a profile with cores: the GEMM model is")
+SM_A100 = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020): 108 SMs in the A100 product"
+SM_H100 = "NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): 132 SMs in the H100 SXM5 product"
+TILES = ("NVIDIA Deep Learning Performance Guide, 'Matrix Multiplication Background' (docs.nvidia.com/deeplearning/"
+         "performance/dl-performance-matrix-multiplication): cuBLAS computes a GEMM in output tiles of 256x128 "
+         "down to 64x64, one thread block a tile on an SM, the larger tiles the more efficient; tile and wave "
+         "quantization as there (the wave example: 108 SMs on A100)")
+MAMF = ("Maximum Achievable Matmul FLOPS, measured (S. Bekman, ml-engineering, compute/accelerator/README.md, "
+        "'Maximum Achievable Matmul FLOPS comparison table', mamf-finder.py, BF16 matmul, CUDA 12.1)")
+FLASH2 = ("Dao, 'FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning' (arXiv:2307.08691, "
+          "2023): 50-73% of the theoretical maximum FLOPs/s on A100; the forward reaches the top of that range at "
+          "head dim 128, the backward its lower end")
+FLASH3 = ("Shah et al., 'FlashAttention-3: Fast and Accurate Attention with Asynchrony and Low-precision' "
+          "(arXiv:2407.08608, 2024): FP16 forward up to 740 TFLOPs/s on H100 (75% of the peak); the backward "
+          "taken at 50%, the FlashAttention-2 paper's lower end (no single H100 backward figure quoted)")
+L2_A100 = ("4,956 GB/s: 2.3x the V100's L2 read bandwidth (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "
+           "2020: '2.3x L2 cache read bandwidth' of V100) on the V100's measured 2,155 GB/s (Jia, Maggioni, Staiger, "
+           "Scarpazza, 'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking', arXiv:1804.06826, 2018)")
+LAUNCH = ("about 1 us a kernel on the device beyond its work when launches overlap (NVIDIA Developer Blog, A. Gray, "
+          "'Getting Started with CUDA Graphs', 2019: short kernels back to back in a stream); an order of "
+          "magnitude, not a measurement of these kernels")
 ASCEND_REPORT = ("third-party report (boardor.com, 'Huawei Ascend 910B outperforms H20', 2024): FP16 about "
                  "320 TFLOPS, 64 GB HBM2e; no vendor datasheet of the 910B was reachable")
 
@@ -98,7 +127,11 @@ BUILTIN: dict[str, Cluster] = {
         vector_tflops=19.5, hbm_gb=80.0, hbm_GBps=2039.0,
         intra=Network(GBps=300.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=6.0),
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
-        sources={"peak_tflops": A100_DATASHEET + ": FP16/BF16 tensor 312 TFLOPS, TF32 156 (used for float32)",
+        cores=108, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=1.0,
+        l2_GBps=2.3 * 2155.0,
+        sources={"cores": SM_A100, "l2_GBps": L2_A100, "gemm_tiles": TILES, "gemm_efficiency": MAMF + ": A100 SXM 267.9 of 312 TFLOPS "
+                 "(85.9%)", "attention_efficiency": FLASH2, "launch_us": LAUNCH,
+                 "peak_tflops": A100_DATASHEET + ": FP16/BF16 tensor 312 TFLOPS, TF32 156 (used for float32)",
                  "vector_tflops": A100_DATASHEET + ": FP32 19.5 TFLOPS", "hbm": A100_DATASHEET + ": 80 GB HBM2e, "
                  "2,039 GB/s", "intra": A100_DATASHEET + ": NVLink 600 GB/s (both directions: 300 each way)",
                  "inter": DGX_A100 + ": 200 Gb/s = 25 GB/s per GPU", "latency": ASSUMED_LATENCY,
@@ -109,26 +142,38 @@ BUILTIN: dict[str, Cluster] = {
         vector_tflops=67.0, hbm_gb=80.0, hbm_GBps=3350.0,
         intra=Network(GBps=450.0, latency_us=3.0), inter=Network(GBps=50.0, latency_us=6.0),
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
-        sources={"peak_tflops": H100_DATASHEET + ": FP16/BF16 tensor 989 TFLOPS, TF32 495 (used for float32)",
+        cores=132, gemm_efficiency=round(792.1 / 989, 4), attention_efficiency=(0.75, 0.50), launch_us=1.0,
+        l2_GBps=round(2.3 * 2155.0 * 132 / 108 * 1830 / 1410, 1),
+        sources={"cores": SM_H100, "l2_GBps": "assumed: the A100's (" + L2_A100 + ") per SM and clock, times H100's "
+                 "132 SMs at 1,830 MHz against A100's 108 at 1,410 (the whitepapers' boost clocks); no H100 L2 "
+                 "measurement found", "gemm_tiles": TILES, "gemm_efficiency": MAMF + ": H100 SXM 792.1 of 989 TFLOPS "
+                 "(80.1%)", "attention_efficiency": FLASH3, "launch_us": LAUNCH,
+                 "peak_tflops": H100_DATASHEET + ": FP16/BF16 tensor 989 TFLOPS, TF32 495 (used for float32)",
                  "vector_tflops": H100_DATASHEET + ": FP32 67 TFLOPS", "hbm": H100_DATASHEET + ": 80 GB HBM3, "
                  "3.35 TB/s", "intra": H100_DATASHEET + ": NVLink 900 GB/s (450 each way)",
                  "inter": DGX_H100 + ": 400 Gb/s = 50 GB/s per GPU", "latency": ASSUMED_LATENCY,
-                 "efficiency": "not fitted on H100 runs: the A100 factors, an assumption"}),
+                 "efficiency": "memory_efficiency and link_efficiency 0.8 assumed, as on A100"}),
     "ascend-910b": Cluster(
         name="ascend-910b", device="Huawei Ascend 910B (Atlas 800T A2 class: 8 NPUs a node)", devices_per_node=8,
         peak_tflops={"float16": 320.0, "bfloat16": 320.0, "float32": 80.0},
         vector_tflops=20.0, hbm_gb=64.0, hbm_GBps=1600.0,
         intra=Network(GBps=196.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=8.0),
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
-        sources={"peak_tflops": ASCEND_REPORT + "; float32 assumed a quarter of float16",
+        cores=24, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=1.0,
+        l2_GBps=round(2.3 * 2155.0 * 320 / 312, 1),
+        sources={"l2_GBps": "assumed: the A100's (" + L2_A100 + ") per unit of peak FLOP/s","cores": "assumed: 24 AI cores (Da Vinci cube units) for the 910B; no vendor figure was reachable",
+                 "gemm_tiles": "assumed: the cuBLAS tiles (" + TILES + ")",
+                 "gemm_efficiency": "assumed: the A100's measured fraction (" + MAMF + "); no Ascend measurement found",
+                 "attention_efficiency": "assumed: the A100 figures (" + FLASH2 + ")", "launch_us": LAUNCH,
+                 "peak_tflops": ASCEND_REPORT + "; float32 assumed a quarter of float16",
                  "vector_tflops": "assumed (no published vector-unit figure found)",
                  "hbm": ASCEND_REPORT + "; the bandwidth (1.6 TB/s) is an assumption",
                  "intra": "assumed: HCCS inside an Atlas 800T A2, 196 GB/s per NPU each way (unconfirmed)",
                  "inter": "assumed: one 200 Gb/s RoCE port per NPU (25 GB/s), as the Atlas 800T A2 is described",
                  "latency": ASSUMED_LATENCY,
-                 "efficiency": "not fitted on Ascend runs: the A100 factors, an assumption; against MindFormers' "
-                               "published Llama 2 7B and Llama 3 8B throughput on one Atlas 800T A2 node the "
-                               "model predicts 16-28% less (benchmarks/estimate_ascend.py)"}),
+                 "efficiency": "memory_efficiency and link_efficiency 0.8 assumed, as on A100; against "
+                               "MindFormers' published Llama 2 7B and Llama 3 8B throughput on one Atlas 800T A2 "
+                               "node the model predicts 11-31% more (benchmarks/published.py)"}),
 }
 
 _POSITIVE = ("devices_per_node", "vector_tflops", "hbm_gb", "hbm_GBps")

@@ -18,8 +18,22 @@ nowhere (a user's own) is costed as a vector op of one FLOP an element, and
 - ``free``: views and bookkeeping that move no data (reshape, squeeze, the
   ``redistribute`` node itself, whose collectives are priced by :mod:`.collectives`).
 
-The time of an op is the roofline ``max(FLOPs / (peak x efficiency), bytes / (HBM x
-efficiency))``.
+The time of an op (:func:`op_time`) on a profile with a device model (``cores``):
+
+- a matrix product: its output in tiles (the profile's ``gemm_tiles``, the best of them), one
+  tile a core at a time: ``waves = ceil(batch ceil(M / tm) ceil(N / tn) / cores)``, each wave
+  a tile's ``2 tm tn K`` FLOPs at the core's share of the measured large-GEMM throughput
+  (``peak x gemm_efficiency / cores``); tile and wave quantization make a thin or small GEMM
+  slower than its FLOPs say (:func:`gemm_time`); at least its bytes through HBM (the
+  roofline's memory-bound regime);
+- fused attention: its FLOPs (half of them when causal, as FlashAttention skips the masked
+  blocks) at the profile's ``attention_efficiency`` (forward, backward) of the peak;
+- vector work: its bytes through HBM at ``memory_efficiency`` of the bandwidth (or its FLOPs
+  on the vector units, whichever is longer);
+- every kernel adds the profile's ``launch_us``.
+
+A profile without ``cores`` (a user's file) keeps the roofline with one flat
+``matmul_efficiency``: ``max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency))``.
 
 Examples
 --------
@@ -30,6 +44,8 @@ Examples
 >>> c = op_cost("scaled_dot_product_attention", ((1, 2, 8, 4),) * 3, ((1, 2, 8, 4),), (2,) * 3, (2,), {})
 >>> c.flops, c.kind
 (2048, 'attention')
+>>> op_cost("linear", ((2, 2048, 4096), (1024, 4096)), ((2, 2048, 1024),), (2, 2), (2,), {}).gemm
+(1, 4096, 1024, 4096)
 """
 
 from __future__ import annotations
@@ -40,7 +56,7 @@ from typing import Sequence
 
 from .clusters import Cluster
 
-__all__ = ["OpCost", "VECTOR_FLOPS", "MATMUL", "ATTENTION", "FREE", "op_cost", "op_time", "cost_class"]
+__all__ = ["OpCost", "VECTOR_FLOPS", "MATMUL", "ATTENTION", "FREE", "op_cost", "op_time", "cost_class", "gemm_time"]
 
 MATMUL = ("einsum", "matmul", "batch_matmul", "linear")
 ATTENTION = ("scaled_dot_product_attention", "scaled_dot_product_attention_grad", "flash_attention_score",
@@ -53,6 +69,7 @@ VECTOR_FLOPS = {
     "relu": 1, "relu_grad": 1, "cast": 1, "sum_to": 1, "sum": 1, "mean": 1, "max": 1, "sum_grad": 1,
     "max_grad": 2, "embedding": 1, "embedding_grad": 1, "concat": 1, "slice": 1, "pad_slice": 1,
     "transpose": 1, **{f"split{n}": 1 for n in range(2, 9)}, **{f"chunk{n}": 1 for n in range(2, 9)},
+    "split": 1, "chunk": 1, "unbind": 1,
     # index family: memory-bound lookups and writes
     "gather": 1, "gather_nd": 1, "index_select": 1, "index_add": 1, "index_copy": 1, "index_copy_src_grad": 1,
     "index_put": 1, "scatter": 1, "scatter_add": 1, "scatter_nd": 1, "scatter_nd_src_grad": 1,
@@ -102,6 +119,9 @@ class OpCost:
     bytes: int
     kind: str
     dtype: str = "float32"
+    gemm: tuple[int, int, int, int] | None = None  # a matrix product's (batch, M, N, K)
+    causal: bool = False  # fused attention that masks the future (half its FLOPs run)
+    backward: bool = False  # the gradient of fused attention
 
 
 def _size(shape: Sequence[int]) -> int:
@@ -166,20 +186,77 @@ def op_cost(op: str, in_shapes, out_shapes, in_itemsizes, out_itemsizes, attrs: 
     if kind == "free":
         return OpCost(0, 0, kind, dtype)
     if kind == "matmul":
-        return OpCost(_matmul_flops(op, in_shapes, out_shapes, attrs), moved, kind, dtype)
+        flops = _matmul_flops(op, in_shapes, out_shapes, attrs)
+        return OpCost(flops, moved, kind, dtype, gemm=_gemm_dims(op, out_shapes, flops))
     if kind == "attention":
-        return OpCost(_attention_flops(op, in_shapes, attrs), moved, kind, dtype)
+        causal = attrs.get("sparse_mode") in (2, 3) if "sparse_mode" in attrs else bool(attrs.get("causal"))
+        return OpCost(_attention_flops(op, in_shapes, attrs), moved, kind, dtype, causal=causal,
+                      backward=op.endswith("_grad"))
     elements = sum(_size(s) for s in out_shapes)
     return OpCost(VECTOR_FLOPS.get(op, 1) * elements, moved, kind, dtype)
 
 
+def _gemm_dims(op: str, out_shapes, flops: int) -> tuple[int, int, int, int] | None:
+    """``(batch, M, N, K)`` of a matrix product from its output and FLOPs: the output's last two dims are the
+    tile grid's, the leading ones its batch (a ``linear``'s leading dims are rows of one product)."""
+    if not out_shapes or not out_shapes[0] or flops <= 0:
+        return None
+    out = tuple(int(d) for d in out_shapes[0])
+    if op == "linear" or len(out) < 2:
+        batch, m, n = 1, math.prod(out[:-1]) if len(out) > 1 else 1, out[-1]
+    else:
+        batch, m, n = math.prod(out[:-2]), out[-2], out[-1]
+    if batch * m * n == 0:
+        return None
+    return batch, m, n, max(1, round(flops / (2 * batch * m * n)))
+
+
+def gemm_time(batch: int, m: int, n: int, k: int, dtype: str, cluster: Cluster) -> float:
+    """Seconds of the compute of a ``batch`` of ``M x K`` by ``K x N`` products on ``cluster``'s cores (module
+    docstring): the best of the profile's tiles, whole waves of tiles over the cores, each tile at the core's share
+    of the measured large-GEMM throughput, or slower when the on-chip bandwidth (``l2_GBps``, shared by the cores)
+    cannot feed a small tile its operands (a 64 x 64 tile does 32 FLOPs a byte read, a 256 x 128 one 85).
+
+    >>> from layout_prop.perf.clusters import get_cluster
+    >>> a100 = get_cluster("a100-80g")
+    >>> full = gemm_time(1, 108 * 256, 128, 4096, "float16", a100)  # 108 tiles of 256 x 128: one whole wave
+    >>> round(2 * 108 * 256 * 128 * 4096 / full / 1e12, 1)  # the measured 267.9 TFLOP/s
+    267.9
+    >>> round(gemm_time(1, 109 * 256, 128, 4096, "float16", a100) / full, 2)  # one tile more: a second wave
+    1.5
+    """
+    peak_core = cluster.peak_flops(dtype) * cluster.gemm_efficiency / cluster.cores
+    itemsize = 4 if dtype in ("float32", "float64") else 2
+    best = math.inf
+    for tm, tn in cluster.gemm_tiles:
+        rate = peak_core
+        if cluster.l2_GBps is not None:  # a tile reads (tm + tn) K operands for its 2 tm tn K FLOPs
+            rate = min(rate, 2 * tm * tn / ((tm + tn) * itemsize) * cluster.l2_GBps * 1e9 / cluster.cores)
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        waves = math.ceil(tiles / cluster.cores)
+        best = min(best, waves * 2 * tm * tn * k / rate)
+    return best
+
+
 def op_time(cost: OpCost, cluster: Cluster) -> float:
-    """Seconds: the roofline of the op's FLOPs and bytes on ``cluster``'s device."""
+    """Seconds of the op on ``cluster``'s device (module docstring)."""
     if cost.kind == "free":
         return 0.0
     memory = cost.bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
-    if cost.kind in ("matmul", "attention"):
-        peak = cluster.peak_flops(cost.dtype) * cluster.matmul_efficiency
+    if cluster.cores is None:  # no device model: the flat roofline
+        if cost.kind in ("matmul", "attention"):
+            peak = cluster.peak_flops(cost.dtype) * cluster.matmul_efficiency
+        else:
+            peak = cluster.vector_tflops * 1e12 * cluster.memory_efficiency
+        return max(cost.flops / peak, memory)
+    if cost.kind == "matmul" and cost.gemm is not None:
+        compute = gemm_time(*cost.gemm, cost.dtype, cluster)
+    elif cost.kind in ("matmul", "attention"):
+        forward, backward = cluster.attention_efficiency
+        efficiency = backward if cost.backward else forward
+        if cost.kind == "matmul":
+            efficiency = cluster.gemm_efficiency
+        compute = cost.flops * (0.5 if cost.causal else 1.0) / (cluster.peak_flops(cost.dtype) * efficiency)
     else:
-        peak = cluster.vector_tflops * 1e12 * cluster.memory_efficiency
-    return max(cost.flops / peak, memory)
+        compute = cost.flops / (cluster.vector_tflops * 1e12 * cluster.memory_efficiency)
+    return max(compute, memory) + cluster.launch_us * 1e-6

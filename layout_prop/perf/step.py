@@ -59,6 +59,7 @@ from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.passes.memory import Memory
 from layout_prop.passes.propagate import value_spec
 
+from .calibration import CALIBRATION
 from .clusters import Cluster
 from .collectives import collective_time
 from .costs import cost_class, op_cost, op_time
@@ -125,7 +126,7 @@ class StepEstimate:
                 "grad_sync_s": self.grad_sync_s, "grad_sync_exposed_s": self.grad_sync_exposed_s,
                 "optimizer_s": self.optimizer_s, "zero_stage": self.zero_stage, "zero_gather_s": self.zero_gather_s,
             },
-            "top_ops": self.top_ops, "notes": self.notes,
+            "top_ops": self.top_ops, "notes": self.notes, "model_error": CALIBRATION.to_dict(),
         }
 
 

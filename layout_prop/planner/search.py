@@ -146,6 +146,10 @@ class Config:
     schedule: str = "1f1b"
     v: int = 1
     micro_batch: int = 1
+    # the data-parallel gradient reduction overlapped with the backward in buckets (Megatron-LM's
+    # --overlap-grad-reduce, PyTorch DDP's buckets); False: after the backward, as Megatron-LM's local DDP ran it in
+    # 2021 (allreduce_gradients after the last micro-batch)
+    overlap_grad_reduce: bool = True
 
     @property
     def devices(self) -> int:
@@ -158,7 +162,8 @@ class Config:
         sched = "-" if self.pp == 1 else (f"interleaved(v={self.v})" if self.schedule == "interleaved"
                                           else self.schedule)
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} cp={self.cp} ep={self.ep} zero={self.zero} "
-                f"recompute={self.recompute} schedule={sched} micro-batch={self.micro_batch}")
+                f"recompute={self.recompute} schedule={sched} micro-batch={self.micro_batch}"
+                + ("" if self.overlap_grad_reduce else " no-overlap"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "zero": self.zero,
@@ -228,6 +233,48 @@ class SearchResult:
     least_memory: Candidate | None = None
     notes: list[str] = field(default_factory=list)
 
+    def ties(self) -> list[int]:
+        """Indices of the candidates whose predicted step is within the model's error on its calibration set
+        (:data:`~layout_prop.perf.calibration.CALIBRATION`, the mean absolute error) of the first's: the model
+        cannot tell them apart (the first among them)."""
+        from layout_prop.perf.calibration import CALIBRATION
+
+        if not self.ranked:
+            return []
+        bound = self.ranked[0].step_time_s * (1 + CALIBRATION.mae)
+        return [i for i, c in enumerate(self.ranked) if c.step_time_s <= bound]
+
+    def preferred(self) -> int:
+        """The index of the candidate the search prefers among :meth:`ties`: the fewest moving parts
+        (:func:`moving_parts`), then the least memory, then the shortest step."""
+        tied = self.ties()
+        return min(tied, key=lambda i: (moving_parts(self.ranked[i].config), self.ranked[i].memory_bytes,
+                                        self.ranked[i].step_time_s)) if tied else 0
+
+    def uncertainty(self) -> str:
+        """One line: the model's error, how many candidates it cannot tell from the first, which of them the
+        search prefers and why."""
+        from layout_prop.perf.calibration import CALIBRATION
+
+        tied, best = self.ties(), self.preferred()
+        head = f"within the model's error (mean {CALIBRATION.mae:.0%} on {CALIBRATION.rows} published runs) "
+        if len(tied) <= 1:
+            return head + "no other candidate ties with #1"
+        if best == 0:
+            return head + (f"#1 ties with {len(tied) - 1} other candidate{'s' if len(tied) > 2 else ''} (up to "
+                           f"#{tied[-1] + 1}); the search prefers #1: none of them has fewer moving parts and less "
+                           "memory")
+        a, b = self.ranked[0], self.ranked[best]
+        why = []
+        if moving_parts(b.config) < moving_parts(a.config):
+            why.append(f"fewer moving parts ({moving_parts(b.config)} against {moving_parts(a.config)}: "
+                       f"{_parts_text(b.config)} against {_parts_text(a.config)})")
+        if b.memory_bytes < a.memory_bytes:
+            why.append(f"less memory ({_bytes_pair(b.memory_bytes, a.memory_bytes)} per rank)")
+        return head + (f"#1 ties with {len(tied) - 1} other candidate{'s' if len(tied) > 2 else ''} (up to "
+                       f"#{tied[-1] + 1}); the search prefers #{best + 1} ({b.config.label()}): "
+                       f"{' and '.join(why)}, {format_seconds(b.step_time_s - a.step_time_s)} slower in the model")
+
     def why(self) -> str:
         """One line on why the first candidate beats the second: the part of the step that differs most."""
         if len(self.ranked) < 2:
@@ -250,6 +297,26 @@ class SearchResult:
                 "optimizer_s": "optimizer", "recompute_s": "recomputation"}.get(key, key)
         return (f"#1 is {format_seconds(b.step_time_s - a.step_time_s)} faster than #2 ({b.config.label()}): "
                 f"its {what} is {format_seconds(diffs[key])} shorter")
+
+
+def moving_parts(c: Config) -> int:
+    """How many mechanisms a configuration runs beyond plain data parallelism: tensor, pipeline, context and
+    expert parallelism, ZeRO, recomputation and an interleaved schedule count one each (fewer is simpler to run
+    and to debug: the search's preference among candidates it cannot tell apart).
+
+    >>> moving_parts(Config(dp=8, tp=1, pp=1)), moving_parts(Config(dp=2, tp=2, pp=2, zero=1, schedule="interleaved"))
+    (0, 4)
+    """
+    return sum((c.tp > 1, c.pp > 1, c.cp > 1, c.ep > 1, c.zero > 0, c.recompute != "none",
+                c.pp > 1 and c.schedule == "interleaved"))
+
+
+def _parts_text(c: Config) -> str:
+    parts = [f"{axis}={c.degree(axis)}" for axis in ("tp", "pp", "cp", "ep") if c.degree(axis) > 1]
+    parts += [f"zero={c.zero}"] if c.zero else []
+    parts += [f"recompute={c.recompute}"] if c.recompute != "none" else []
+    parts += ["interleaved"] if c.pp > 1 and c.schedule == "interleaved" else []
+    return ", ".join(parts) or "data parallel only"
 
 
 def format_seconds(seconds: float) -> str:
@@ -1226,7 +1293,10 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
         # program does; counting every parameter twice put the search 5-13% above estimate)
         reduce_one, gather_one = par.zero_sync_parts(grads / tensors, c.zero, shape, dp_axis, cluster)
         reduce_s, gather_s = tensors * reduce_one, tensors * gather_one
-        if c.zero <= 1:
+        if not c.overlap_grad_reduce:  # every reduction after the backward (each micro-batch's for stages 2, 3)
+            st_sync = (m if c.zero >= 2 else 1) * reduce_s + gather_s * (m if c.zero == 3 else 1) + st["ep_sync"]
+            st_exposed = st_sync
+        elif c.zero <= 1:
             st_sync = reduce_s + gather_s + st["ep_sync"]
             st_exposed = max(reduce_s + st["ep_sync"] - st["bwd"], reduce_one + layer.ep_sync_s) + gather_s
         elif c.zero == 2:

@@ -632,3 +632,16 @@ def test_torch_writes_zero_recompute_and_the_batch_and_drops_unit_axes(capsys, t
     spec = _config_spec(tmp_path, "recompute: selective\n")
     assert main(["export", str(spec), "--to", "torch"]) == 2
     assert "cannot write recompute: selective" in capsys.readouterr().err
+
+
+def test_a_vocabulary_parallel_embedding_is_refused_for_hyper_parallel():
+    """The snapshot's embedding over a row-cut table does not mask ids outside a rank's rows: refused."""
+    from layout_prop.commands.export import export_text
+    from layout_prop.core.errors import LayoutPropError
+    from layout_prop.io.loader import load_spec
+    from layout_prop.frontends.generate import llama_spec
+
+    with pytest.raises(LayoutPropError) as err:
+        export_text(load_spec(llama_spec(full=True)), "hyper-parallel")
+    assert err.value.code == "not-expressible" and "'embed'" in err.value.message
+    assert "does not mask the ids" in err.value.message

@@ -125,6 +125,9 @@ def run(args) -> int:
     note = unmarked_inputs_note(plan, args.input)
     if note:
         print(note, file=sys.stderr)
+    for line in code.splitlines():  # a move the file leaves to the target's own rules is said here too
+        if line.startswith("# WARNING: "):
+            print("warning: " + line[len("# WARNING: "):], file=sys.stderr)
     if args.to == "torch" and plan.config.zero_stage == 1:
         print("note: ZeRO-1 is written as fully_shard without resharding after forward (ZeRO-2: gradients sharded "
               "too): torch has no ZeRO-1 for DTensor parameters", file=sys.stderr)

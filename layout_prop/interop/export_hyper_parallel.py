@@ -24,7 +24,7 @@ from layout_prop.core.layout import Layout
 from .export_plan import ExportPlan, batch_lines, not_expressible, own_parameters, placement_args, refuse_config
 from .hyper_parallel import _alias_map
 
-__all__ = ["export_hyper_parallel", "placements_text", "alias_text"]
+__all__ = ["export_hyper_parallel", "placements_text", "alias_text", "explicit_moves", "WRONG_RULES"]
 
 TARGET = "hyper-parallel"
 
@@ -71,6 +71,66 @@ def alias_text(layout: Layout) -> str:
     return "(" + ", ".join(items) + ")"
 
 
+#: what ``layout-prop audit`` finds hyper-parallel's rules do with the values layout-prop moves (the snapshot
+#: in ../shared/upstream/hyper-parallel, its torch platform): the export writes each such move itself
+WRONG_RULES = {
+    "partial input": "its rules take a partial-sum operand without reducing it (audit: linear answers S(1) for a "
+                     "P(sum) input with a column-cut weight, wrong)",
+    "operand move": "its linear and matmul never redistribute their operands (they refuse: Contracting dimensions "
+                    "must have same layout)",
+    "vocabulary embedding": "its embedding over a table cut on its rows does not mask the ids outside a rank's "
+                            "rows (IndexError, or wrong values when they happen to be in range)",
+}
+
+
+def _module(plan: ExportPlan, node: str) -> str | None:
+    """The module whose forward is op node ``node`` (its weight ``M.weight`` -> ``M``), or None."""
+    weight = plan.weights.get(node)
+    if weight is None or "." not in weight:
+        return None
+    module, _, leaf = weight.rpartition(".")
+    return module if leaf == "weight" else None
+
+
+def explicit_moves(plan: ExportPlan) -> tuple[dict[str, tuple[Layout, str]], list[str]]:
+    """``(entries, unwritten)``: the moves layout-prop makes that the export writes for hyper-parallel, as
+    ``shard_module`` forward-plan keys (``"M.output"``: a module's partial output reduced; ``"M.input"``: a
+    module's operand moved before it) -> (layout, why), and the moves it cannot attach to a module (left to
+    hyper-parallel's own rules, said in the file and on stderr)."""
+    entries: dict[str, tuple[Layout, str]] = {}
+    unwritten: list[str] = []
+
+    def put(key: str, layout: Layout, why: str, value: str) -> None:
+        if key in entries and entries[key][0] != layout:
+            unwritten.append(f"{value} -> {layout.placement_strs()} (the module {key} has another move)")
+        else:
+            entries[key] = (layout, why)
+
+    for value, src, dst in plan.moves:
+        if src.has_partial():
+            module = _module(plan, value)
+            if module is not None:
+                put(f"{module}.output", dst, "partial input", value)
+                continue
+        else:
+            modules = {_module(plan, c) for c in plan.move_consumers.get(value, ())}
+            if modules and None not in modules:
+                for module in sorted(modules):
+                    put(f"{module}.input", dst, "operand move", value)
+                continue
+        unwritten.append(f"{value}: {src.placement_strs()} -> {dst.placement_strs()}")
+    return entries, unwritten
+
+
+def _refuse_vocabulary_embedding(plan: ExportPlan) -> None:
+    for table in plan.embeddings.values():
+        t = plan.parameters.get(table)
+        if t is not None and any(kind == "S" and arg == 0 for kind, arg in placement_args(t.layout)):
+            raise not_expressible(TARGET, "parameter", table, t.layout, WRONG_RULES["vocabulary embedding"],
+                                  "replicate the embedding table's rows (vocab) for hyper-parallel, or cut its "
+                                  "columns (hidden)")
+
+
 def _ranks(shape: tuple[int, ...]) -> str:
     import numpy as np
 
@@ -80,6 +140,9 @@ def _ranks(shape: tuple[int, ...]) -> str:
 def export_hyper_parallel(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
     refuse_config(plan, TARGET)
+    own_parameters(plan, TARGET)  # a tied copy's refusal first: it names the model's own mistake
+    _refuse_vocabulary_embedding(plan)
+    moves, unwritten = explicit_moves(plan)
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
     lines = [
@@ -118,18 +181,41 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
     for name, t in own_parameters(plan, TARGET):
         lines.append(f"            {name!r}: {placements_text(t.own_layout(), 'parameter', name)},")
     lines.append("        },")
-    if plan.inputs:
-        lines.append('        input_plan={"input": {')
-        for name, t in plan.inputs.items():
-            lines.append(f"            {name!r}: {placements_text(t.layout, 'input', name)},")
-        lines.append("        }},")
+    def written(suffix: str) -> list[str]:
+        out, said = [], None
+        for key, (layout, why) in moves.items():
+            if key.endswith(suffix):
+                if why != said:  # each kind's reason once, above its entries
+                    out.append(f"            # written here, as hyper-parallel would not: {WRONG_RULES[why]}")
+                    said = why
+                out.append(f"            {key!r}: [{placements_text(layout, 'value', key)}],")
+        return out
+
+    inputs_written = written(".input")
+    if plan.inputs or inputs_written:
+        lines.append("        input_plan={")
+        if plan.inputs:
+            lines.append('            "input": {')
+            for name, t in plan.inputs.items():
+                lines.append(f"                {name!r}: {placements_text(t.layout, 'input', name)},")
+            lines.append("            },")
+        lines += inputs_written
+        lines.append("        },")
     partial = [name for name, layout in plan.outputs.items() if layout.has_partial()]
-    if plan.outputs and not partial:
-        lines.append('        output_plan={"output": [  # as layout-prop predicts them')
-        for name, layout in plan.outputs.items():
-            lines.append(f"            {placements_text(layout, 'output', name)},  # {name}")
-        lines.append("        ]},")
+    outputs_written = written(".output")
+    if (plan.outputs and not partial) or outputs_written:
+        lines.append("        output_plan={")
+        if plan.outputs and not partial:
+            lines.append('            "output": [  # as layout-prop predicts them')
+            for name, layout in plan.outputs.items():
+                lines.append(f"                {placements_text(layout, 'output', name)},  # {name}")
+            lines.append("            ],")
+        lines += outputs_written
+        lines.append("        },")
     lines.append("    )")
+    if unwritten:
+        lines.append("# WARNING: moves layout-prop makes that this plan does not write (no module to attach them to): "
+                     "hyper-parallel's own rules decide them, unchecked: " + "; ".join(unwritten))
     if partial:  # hyper-parallel's redistribute refuses a partial target ("to_layout must be non-partial")
         lines.append("# no output_plan: layout-prop predicts partial sums, which hyper-parallel redistributes to no "
                      "layout: " + "; ".join(f"{n}: {plan.outputs[n].placement_strs()}" for n in partial))
@@ -148,7 +234,7 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         '    """Each input as a DTensor with its planned placements (input_plan redistributes DTensor arguments only)."""',
         "    from hyper_parallel.core.dtensor import distribute_tensor",
         "",
-        '    planned = sharding_plan(mesh).input_plan or {"input": {}}',
-        '    return {name: distribute_tensor(value, mesh, planned["input"][name]) for name, value in inputs.items()}',
+        '    planned = (sharding_plan(mesh).input_plan or {}).get("input", {})',
+        '    return {name: distribute_tensor(value, mesh, planned[name]) for name, value in inputs.items()}',
     ]
     return "\n".join(lines) + "\n"

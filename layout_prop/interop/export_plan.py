@@ -61,6 +61,8 @@ __all__ = ["ExportTensor", "ExportNode", "ExportPlan", "TrainingConfig", "collec
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
+#: ops whose operand 1 is a module's weight (``M.weight``: the node is module ``M``'s forward)
+WEIGHT_OPS = ("linear", "matmul", "embedding", "batch_matmul")
 #: dtypes that take no gradient: an input of one is data (token ids, labels), never a parameter
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
 
@@ -227,6 +229,10 @@ class ExportPlan:
     recognised: dict[str, str] = field(default_factory=dict)
     #: each embedding's output value -> its table's name (torch's MaskPartial starts there)
     embeddings: dict[str, str] = field(default_factory=dict)
+    #: each op node reading a graph input as its weight (operand 1 of linear, matmul, embedding...) -> that input
+    weights: dict[str, str] = field(default_factory=dict)
+    #: each moved value -> the op nodes reading the moved copy
+    move_consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, ExportTensor]:
         return {**self.inputs, **self.parameters}
@@ -332,11 +338,15 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
     for node in graph.topo_order():
         if node.op == "embedding" and len(node.inputs) > 1:
             plan.embeddings[node.name] = node.inputs[1]
+        if node.op in WEIGHT_OPS and len(node.inputs) > 1 and graph.producer(node.inputs[1])[0].is_input:
+            plan.weights[node.name] = node.inputs[1]
     for node in done.topo_order():
         if node.op == "redistribute" and node.inputs:
             src, dst = _value_spec(done, node.inputs[0]), (node.meta.get(meta.SPECS) or (None,))[0]
             if src is not None and dst is not None:
                 plan.moves.append((node.inputs[0], src.layout, dst.layout))
+                readers = tuple(n.name for n, _ in done.consumers(node.name) if n.op != "redistribute")
+                plan.move_consumers[node.inputs[0]] = plan.move_consumers.get(node.inputs[0], ()) + readers
     if nodes:
         for node in done.topo_order():
             if node.is_input or node.meta.get(meta.INSERTED_BY):

@@ -140,6 +140,16 @@ class Forges(DistributedOp):
         return layouts[0]
 
 
+class ClosesThePipe(DistributedOp):
+    """Closes the worker's answer pipe and lives on."""
+
+    def infer_layout(self, layouts, extra_args):
+        import time
+
+        os.close(int(sys.argv[2]))
+        time.sleep(60)
+
+
 class PatchesTheAudit(DistributedOp):
     """Wrong for exp (a partial sum is kept), and tries to turn the verdict into right."""
 
@@ -214,12 +224,12 @@ def test_hostile_rules_are_named_failures_and_the_good_op_keeps_its_verdict(tmp_
            "Silu": ("parallel_hostile", "AnswersNone"), "Cos": ("parallel_hostile", "Exits"),
            "Sin": ("parallel_hostile", "SysExit"), "Neg": ("parallel_hostile", "HugeTuple"),
            "relu": ("parallel_hostile", "OtherMesh"), "gelu": ("parallel_hostile", "Forges"),
-           "sigmoid": ("parallel_hostile", "Prints")}
+           "sigmoid": ("parallel_hostile", "Prints"), "exp": ("parallel_hostile", "ClosesThePipe")}
     root = make_checkout(tmp_path, ops)
     code, data = audit_json(capsys, root)
     by_op = _by_op(data)
     assert code == 1 and data["ok"] is False
-    expected = {"Sigmoid": "bad-answer", "Silu": "bad-answer", "Cos": "crashed", "Sin": "crashed",
+    expected = {"Sigmoid": "bad-answer", "Silu": "bad-answer", "Cos": "crashed", "Sin": "crashed", "exp": "crashed",
                 "Neg": "bad-answer", "relu": "bad-answer", "gelu": "bad-answer"}
     assert {name: by_op[name].get("failure", {}).get("kind") for name in expected} == expected
     assert "42" in by_op["Sigmoid"]["failure"]["message"] and "None" in by_op["Silu"]["failure"]["message"]
@@ -227,7 +237,8 @@ def test_hostile_rules_are_named_failures_and_the_good_op_keeps_its_verdict(tmp_
     assert "SystemExit" in by_op["Sin"]["failure"]["message"]
     assert "1000000 values" in by_op["Neg"]["failure"]["message"]
     assert "mesh [8]" in by_op["relu"]["failure"]["message"]
-    assert data["failures"] == {"bad-answer": 5, "crashed": 2}
+    assert "closed its answer pipe" in by_op["exp"]["failure"]["message"]
+    assert data["failures"] == {"bad-answer": 5, "crashed": 3}
     # the good op's verdict is unchanged; printing is no failure and reaches neither stdout nor the verdict
     assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}
     assert by_op["sigmoid"]["right"] == 3 and "failure" not in by_op["sigmoid"]

@@ -358,6 +358,28 @@ def _our_answer(case: Case, mesh: DeviceMesh, placements):
     return codes, tuple(m[meta.SPECS]), tuple(m.get(meta.WANTS, ())), m[meta.ATTRS]
 
 
+#: layout-prop's answers during one run_audit, by what they depend on: many upstream ops share a case
+#: (Add, add, add_; the comparisons all stand in with maximum on the same shapes)
+_OURS: dict = {}
+
+
+def _our_answer_shared(case: Case, mesh: DeviceMesh, placements):
+    """:func:`_our_answer`, computed once per (op, shapes, dtypes, attrs, mesh, placements) in a run."""
+    key = (case.op, case.shapes, case.dtypes, repr(sorted(case.attrs.items())), tuple(mesh.shape), placements)
+    hit = _OURS.get(key)
+    if hit is None:
+        try:
+            hit = (None, _our_answer(case, mesh, placements))
+        except LayoutPropError as err:  # layout-prop cannot even state these inputs
+            hit = (err.code, None)
+        _OURS[key] = hit
+    code, answer = hit
+    if code is not None:
+        return code, None
+    codes, specs, wants, attrs = answer
+    return None, (list(codes), specs, wants, dict(attrs))
+
+
 def _describe_ours(codes, out_specs) -> str:
     if codes == ["no-layout-prop-op"]:
         return "no layout-prop op (judged with a numpy kernel of interop/judges.py)"
@@ -611,10 +633,11 @@ def audit_case(session: Session, name: str, case: Case, mesh: DeviceMesh, audit:
     replies = session.infer(name, calls, where)
     for call_id, ((placements, in_specs, locals_in), reply) in enumerate(zip(prepared, replies)):
         at = f"({where}, inputs {' '.join('(' + ', '.join(p) + ')' for p in placements)})"
-        try:
-            codes, our_specs, wants, our_attrs = _our_answer(case, mesh, placements)
-        except LayoutPropError as err:  # layout-prop cannot even state these inputs: no answer to offer
-            codes, our_specs, wants, our_attrs = [err.code], (), (), attrs
+        error, ours = _our_answer_shared(case, mesh, placements)
+        if error is not None:  # layout-prop cannot even state these inputs: no answer to offer
+            codes, our_specs, wants, our_attrs = [error], (), (), attrs
+        else:
+            codes, our_specs, wants, our_attrs = ours
         ours = _describe_ours(codes, our_specs)
         finding = Finding("rejected", name, case, mesh, tuple(tuple(p) for p in placements), "", ours)
         judge_ours = functools.partial(_judge_ours, rule, in_specs, locals_in, our_specs, wants, our_attrs,
@@ -727,6 +750,7 @@ def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
     report = AuditReport(checkout.given or str(checkout.root), [tuple(m) for m in meshes],
                          "package" if checkout.platform else "stand-in")
     session = Session(checkout, limits)
+    _OURS.clear()
     try:
         try:
             from_modules = set(session.module_names()) if checkout.modules else set()
@@ -779,4 +803,5 @@ def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
             progress("", len(names), len(names))
     finally:
         session.stop()
+        _OURS.clear()
     return report

@@ -199,6 +199,12 @@ class Worker:
             resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
             resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, 16 << 20))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            try:  # Linux: the worker ends with the audit, even when the audit is killed
+                import ctypes
+
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            except (OSError, AttributeError):
+                pass
 
         self._scratch = tempfile.TemporaryFile()
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OPENBLAS_NUM_THREADS": "1",
@@ -256,7 +262,11 @@ class Worker:
             raise self._exited("while reading a request") from None
 
     def _exited(self, doing: str) -> WorkerFailure:
-        code = self.proc.wait(timeout=5) if self.proc is not None else None
+        try:
+            code = self.proc.wait(timeout=2) if self.proc is not None else None
+        except subprocess.TimeoutExpired:  # it closed its end of the protocol and lives on
+            self.stop()
+            return WorkerFailure("crashed", f"the worker closed its answer pipe {doing}")
         if code is not None and code < 0:
             try:
                 how = f"killed by {signal.Signals(-code).name}"

@@ -10,9 +10,15 @@ alias tensor map (for ``Cell.shard(parameter_plan=...)``).  The redistributions 
 (and the explicit ``redistribute`` nodes of ``plan``'s output) are MindSpore's to insert: a node's
 strategy is the layout it needs.
 
-MindSpore's strategies state neither a partial sum on an input nor a strided shard (a tensor_map
-cuts a dim into contiguous blocks): either is ``not-expressible``, naming the node, the operand and
-its layout.
+A partial sum arriving at a node is left to MindSpore's own redistribution: semi-auto parallel reduces
+a producer's partial output itself (the AllReduce it inserts after a row-cut MatMul or a vocabulary-cut
+Gather), so the consumer's strategy lists that operand reduced (``R`` on the axes it was partial on)
+and ``partial_in`` names it; layout-prop's plan may add partial sums before reducing them (a residual
+add of two partial sums), which costs MindSpore one more AllReduce, not a wrong value. Each node names
+the MindSpore primitive its strategy is for (``primitive``: ``MatMul``, ``BatchMatMul``, ``Add``,
+``Gather``... or None where no single primitive is the op), and ``shard_primitive(name)`` builds it with
+its strategy. A partial sum on a model input or parameter and a strided shard (a tensor_map cuts a
+dim into contiguous blocks) are ``not-expressible``, naming the tensor and its layout.
 
 >>> from layout_prop.core.mesh import DeviceMesh
 >>> from layout_prop.core.layout import Layout
@@ -25,12 +31,83 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, batch_lines, not_expressible, own_parameters, refuse_config
+from .export_plan import ExportPlan, batch_lines, not_expressible, not_written, own_parameters
 from .hyper_parallel import _alias_map
 
-__all__ = ["export_mindspore", "strategy", "alias_map", "node_strategies"]
+__all__ = ["export_mindspore", "strategy", "alias_map", "node_strategies", "PRIMITIVES", "primitive"]
 
 TARGET = "MindSpore"
+
+
+#: layout-prop op -> (MindSpore primitive, its constructor's arguments as Python text, the operands it takes in
+#: the primitive's order: indices into the node's operands); a matmul of operands over 2-D is a BatchMatMul
+PRIMITIVES = {
+    "linear": ("MatMul", "transpose_b=True", (0, 1)),
+    "matmul": ("MatMul", "", (0, 1)),
+    "batch_matmul": ("BatchMatMul", "", (0, 1)),
+    "add": ("Add", "", (0, 1)),
+    "sub": ("Sub", "", (0, 1)),
+    "mul": ("Mul", "", (0, 1)),
+    "div": ("RealDiv", "", (0, 1)),
+    "rms_norm": ("RmsNorm", "", (0, 1)),
+    "softmax": ("Softmax", "", (0,)),
+    "gelu": ("GeLU", "", (0,)),
+    "relu": ("ReLU", "", (0,)),
+    "embedding": ("Gather", "", (1, 0)),  # Gather(table, ids, 0)
+    "transpose": ("Transpose", "", (0,)),
+    "reshape": ("Reshape", "", (0,)),
+}
+
+
+def primitive(op: str, in_layouts) -> tuple[str, str, tuple[int, ...]] | None:
+    """The MindSpore primitive that carries node ``op``'s strategy, or None (no single primitive is the op)."""
+    entry = PRIMITIVES.get(op)
+    if entry is None:
+        return None
+    name, args, order = entry
+    ranks = [layout.ndim for layout in in_layouts if layout is not None]
+    if name == "MatMul" and any(rank > 2 for rank in ranks[:2]):
+        name = "BatchMatMul"
+    return name, args, order
+
+
+def _reduced(layout: Layout) -> Layout:
+    """``layout`` with each partial sum reduced (``R`` there): what MindSpore hands the consumer."""
+    from layout_prop.core.placement import Partial, Replicate
+
+    return Layout(layout.mesh, [Replicate() if isinstance(p, Partial) else p for p in layout.placements],
+                  layout.ndim)
+
+
+def _check_config(plan: ExportPlan) -> None:
+    """Refuse what this export does not write (one ``not-expressible`` line naming the block): a pipeline
+    (MindSpore's pipeline needs each Cell's ``pipeline_stage`` and a ``PipelineCell``, which a plan of layouts
+    does not assign) and selective recomputation (MindSpore recomputes Cells or chosen primitives)."""
+    c = plan.config
+    if c.pipeline_axis is not None:
+        raise not_written(TARGET, f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, "
+                          f"{c.schedule})", "MindSpore's pipeline needs each Cell's pipeline_stage and a PipelineCell, "
+                          "which a plan of layouts does not assign", "set cell.pipeline_stage and "
+                          "AutoParallel.pipeline(stages=...) yourself, and export each stage's spec without the "
+                          "pipeline: block")
+    if c.recompute not in ("none", "full"):
+        raise not_written(TARGET, f"recompute: {c.recompute}", "this export recomputes whole Cells",
+                          "write recompute: full (each layer's Cell recomputed), or leave the block out")
+
+
+def _config_lines(plan: ExportPlan) -> list[str]:
+    c = plan.config
+    degree = 1
+    for axis in c.zero_axes:
+        degree *= plan.mesh.shape[plan.mesh.axis_index(axis)]
+    return ["#: ZeRO as MindSpore's parallel optimizer: AutoParallel.hsdp(shard_size=ZERO_SHARD_SIZE, threshold=0,",
+            "#: optimizer_level='level<ZERO_STAGE>') (level1: weights' optimizer states, level2: and gradients,",
+            "#: level3: and weights); 0: none",
+            f"ZERO_STAGE = {c.zero_stage}",
+            f"ZERO_SHARD_SIZE = {degree}  # the ranks of the ZeRO axes {', '.join(c.zero_axes) or '(none)'}",
+            "#: recomputation: 'full' recomputes each layer's Cell (recompute_cells)",
+            f"RECOMPUTE = {c.recompute!r}",
+            f"RECOMPUTE_LAYERS = {None if c.recompute_layers is None else tuple(c.recompute_layers)!r}"]
 
 
 def _refuse(layout: Layout, what: str, name: str, partial_ok: bool = False) -> None:
@@ -60,10 +137,13 @@ def node_strategies(plan: ExportPlan) -> dict[str, dict]:
     for node in plan.nodes:
         if node.op == "redistribute":  # plan's explicit moves: MindSpore inserts its own redistributions
             continue
-        ins, maps = [], []
+        ins, maps, partial_in = [], [], []
         for value, layout in zip(node.inputs, node.in_layouts):
             if layout is None:
                 continue
+            if layout.has_partial():  # MindSpore reduces the producer's partial output itself
+                partial_in.append(value)
+                layout = _reduced(layout)
             what = f"operand {value!r} of node"
             ins.append(strategy(layout, what, node.name))
             maps.append(alias_map(layout))
@@ -73,14 +153,17 @@ def node_strategies(plan: ExportPlan) -> dict[str, dict]:
                 continue
             _refuse(layout, "the output of node", node.name, partial_ok=True)
             outs.append(None if layout.has_partial() else tuple(layout.shard_count(d) for d in range(layout.ndim)))
-        out[node.name] = {"op": node.op, "in_strategy": tuple(ins), "in_layout": tuple(maps),
-                          "out_strategy": tuple(outs) if outs and None not in outs else None}
+        prim = primitive(node.op, node.in_layouts)
+        out[node.name] = {"op": node.op, "primitive": None if prim is None else prim[0],
+                          "in_strategy": tuple(ins), "in_layout": tuple(maps),
+                          "out_strategy": tuple(outs) if outs and None not in outs else None,
+                          "partial_in": tuple(partial_in)}
     return out
 
 
 def export_mindspore(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
-    refuse_config(plan, TARGET)
+    _check_config(plan)
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
     for name, t in plan.tensors().items():
@@ -100,17 +183,36 @@ def export_mindspore(plan: ExportPlan) -> str:
         *([f"#: left out of the mesh (size 1: they cut nothing): {', '.join(plan.dropped_axes)}"]
           if plan.dropped_axes else []),
         *(batch_lines(plan) if plan.config.global_batch is not None else []),
+        *_config_lines(plan),
         "",
         "STRATEGIES = {",
     ]
     for name, s in strategies.items():
-        lines.append(f"    {name!r}: {{'op': {s['op']!r}, 'in_strategy': {s['in_strategy']!r}, "
-                     f"'in_layout': {s['in_layout']!r}, 'out_strategy': {s['out_strategy']!r}}},")
+        extra = f", 'partial_in': {s['partial_in']!r}" if s["partial_in"] else ""
+        lines.append(f"    {name!r}: {{'op': {s['op']!r}, 'primitive': {s['primitive']!r}, "
+                     f"'in_strategy': {s['in_strategy']!r}, 'in_layout': {s['in_layout']!r}, "
+                     f"'out_strategy': {s['out_strategy']!r}{extra}}},")
+    lines.append("}")
+    if any(s["partial_in"] for s in strategies.values()):
+        lines.append("#: partial_in: operands layout-prop hands over as partial sums; MindSpore reduces the producer's "
+                     "output itself (its AllReduce), so they are listed reduced")
+    lines.append("#: the primitives' constructor arguments and operand order (indices into in_strategy)")
+    lines.append("PRIMITIVE_ARGS = {")
+    for op in sorted({s["op"] for s in strategies.values() if s["primitive"] is not None}):
+        _, args, order = PRIMITIVES[op]
+        lines.append(f"    {op!r}: ({args!r}, {order!r}),")
     lines.append("}")
     lines.append("")
+    lines.append("#: each parameter's tensor map in the alias form: parameter_layouts() builds the Layout objects")
     lines.append("PARAMETER_LAYOUTS = {")
     for name, t in own_parameters(plan, TARGET):  # constants and tied copies are no parameters of the model
         lines.append(f"    {name!r}: {alias_map(t.layout)!r},")
+    lines.append("}")
+    lines.append("#: tensors without gradient the model holds (rotary tables, masks), alias form")
+    lines.append("BUFFER_LAYOUTS = {")
+    for name, t in plan.parameters.items():
+        if t.kind == "buffer":
+            lines.append(f"    {name!r}: {alias_map(t.layout)!r},")
     lines.append("}")
     lines.append("INPUT_STRATEGIES = {")
     for name, t in plan.inputs.items():
@@ -119,11 +221,53 @@ def export_mindspore(plan: ExportPlan) -> str:
     lines += [
         "",
         "",
-        "def in_layouts(name):",
-        '    """Node ``name``\'s operands as MindSpore Layouts (for shard(in_strategy=...) with several axes on a dim)."""',
+        "def _layout():",
         "    from mindspore.parallel import Layout",
         "",
-        "    layout = Layout(DEVICE_MATRIX, ALIAS_NAME)",
+        "    return Layout(DEVICE_MATRIX, ALIAS_NAME)",
+        "",
+        "",
+        "def in_layouts(name):",
+        '    """Node ``name``\'s operands as MindSpore Layouts (for shard(in_strategy=...) with several axes on a dim)."""',
+        "    layout = _layout()",
         "    return tuple(layout(*alias) for alias in STRATEGIES[name]['in_layout'])",
+        "",
+        "",
+        "def parameter_layouts():",
+        '    """Each parameter\'s Layout object (a tensor map in the alias form is no Layout: Layout(...)(*alias))."""',
+        "    layout = _layout()",
+        "    return {name: layout(*alias) for name, alias in PARAMETER_LAYOUTS.items()}",
+        "",
+        "",
+        "def auto_parallel(net):",
+        '    """``net`` in MindSpore\'s semi-auto parallel mode, with the plan\'s ZeRO as its parallel optimizer."""',
+        "    from mindspore.parallel.auto_parallel import AutoParallel",
+        "",
+        '    parallel = AutoParallel(net, parallel_mode="semi_auto")',
+        "    if ZERO_STAGE:",
+        '        parallel.hsdp(shard_size=ZERO_SHARD_SIZE, threshold=0, optimizer_level=f"level{ZERO_STAGE}")',
+        "    return parallel",
+        "",
+        "",
+        "def recompute_cells(cells):",
+        '    """Recompute each Cell of ``cells`` (layer name -> Cell) when RECOMPUTE asks it for that layer."""',
+        "    for name, cell in cells.items():",
+        "        if RECOMPUTE == 'full' and (RECOMPUTE_LAYERS is None or name in RECOMPUTE_LAYERS):",
+        "            cell.recompute()",
+        "    return cells",
+        "",
+        "",
+        "def shard_primitive(name):",
+        '    """Node ``name``\'s MindSpore primitive with its strategy (Layouts where several axes cut a dim), or None."""',
+        "    from mindspore import ops",
+        "",
+        "    entry = STRATEGIES[name]",
+        "    if entry['primitive'] is None:",
+        "        return None",
+        "    args, order = PRIMITIVE_ARGS[entry['op']]",
+        "    prim = eval(f\"ops.{entry['primitive']}({args})\", {'ops': ops})  # noqa: S307 (this file's own table)",
+        "    nested = any(isinstance(a, tuple) for alias in entry['in_layout'] for a in alias)",
+        "    given = in_layouts(name) if nested else entry['in_strategy']",
+        "    return prim.shard(in_strategy=tuple(given[i] for i in order if i < len(given)))",
     ]
     return "\n".join(lines) + "\n"

@@ -340,3 +340,23 @@ def test_the_worker_cannot_import_layout_prop(tmp_path, capsys):
     root = make_checkout(tmp_path, {"ReLU": ("parallel_probe", "Probe")}, {"parallel_probe": probe})
     code, data = audit_json(capsys, root)
     assert code == 0 and data["ops"][0]["right"] == 3
+
+
+@pytest.mark.parametrize("text", ["raise ValueError('nope')\n", "import os\nos._exit(3)\n"])
+def test_a_module_file_that_fails_or_exits_is_a_one_line_refusal(tmp_path, capsys, text):
+    root = make_checkout(tmp_path / "c", {"ReLU": ("parallel_good", "Elementwise")})
+    module = tmp_path / "mine.py"
+    module.write_text(text)
+    line = _refusal(capsys, ["audit", str(root), "--mesh", "4", "--module", str(module)])
+    assert "module-failed" in line and ("ValueError: nope" in line or "exited with code 3" in line)
+
+
+def test_a_module_file_registers_an_op_the_worker_audits(tmp_path, capsys, clean_relu):
+    """--module: a user's rule for an op the checkout lacks (Exp) is audited with the checkout's ReLU."""
+    root = make_checkout(tmp_path / "c", {"ReLU": ("parallel_good", "Elementwise")})
+    module = tmp_path / "mine.py"
+    module.write_text("from hyper_parallel.core.shard.ops.parallel_good import Elementwise\n\nElementwise('Exp')\n")
+    code, data = audit_json(capsys, root, "--module", str(module))
+    by_op = _by_op(data)
+    assert code == 0 and by_op["Exp"]["source"] == str(module) and by_op["Exp"]["right"] == 3
+    assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}

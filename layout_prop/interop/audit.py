@@ -753,19 +753,16 @@ def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
     _OURS.clear()
     try:
         try:
-            from_modules = set(session.module_names()) if checkout.modules else set()
+            session._started()
         except WorkerFailure as failure:
-            code = "module-failed" if checkout.modules and failure.kind != "load-failed" else "upstream-import-failed"
-            raise SpecError(code, f"the checkout cannot be loaded: {failure.message}",
+            raise SpecError("upstream-import-failed", f"the checkout cannot be loaded: {failure.message}",
                             hint="its base modules (hyper_parallel.core.layout, core.shard.ops.parallel_ops) "
                                  "must import with the stand-in platform") from None
-        if not checkout.modules:
-            try:
-                session._started()
-            except WorkerFailure as failure:
-                raise SpecError("upstream-import-failed", f"the checkout cannot be loaded: {failure.message}",
-                                hint="its base modules (hyper_parallel.core.layout, core.shard.ops.parallel_ops) "
-                                     "must import with the stand-in platform") from None
+        try:
+            from_modules = set(session.module_names()) if checkout.modules else set()
+        except WorkerFailure as failure:
+            raise OpError("module-failed", f"importing the --module files failed: {failure.message}",
+                          hint="run the file with python, with the checkout on PYTHONPATH, to see why") from None
         known = set(checkout.entries) | from_modules
         names = sorted(known) if ops is None else list(ops)
         for name in names:

@@ -250,6 +250,9 @@ class Worker:
 
     # ----------------------------------------------------------------------- commands
     def run_files(self, files):
+        if not files or getattr(self, "files_run", False):  # once per worker
+            return
+        self.files_run = True
         for k, path in enumerate(files):
             spec = importlib.util.spec_from_file_location(f"audit_user_module_{k}", path)
             if spec is None or spec.loader is None:

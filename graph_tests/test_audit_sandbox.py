@@ -360,3 +360,31 @@ def test_a_module_file_registers_an_op_the_worker_audits(tmp_path, capsys, clean
     by_op = _by_op(data)
     assert code == 0 and by_op["Exp"]["source"] == str(module) and by_op["Exp"]["right"] == 3
     assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}
+
+
+def test_the_parent_reads_the_workers_values_with_suspicion():
+    """Arrays without pickle and of bounded size, known tags only, bounded nesting: else bad-answer."""
+    import base64
+    import io
+
+    import numpy as np
+
+    from layout_prop.interop.sandbox import WorkerFailure, decode_array, decode_value, encode_value
+
+    array = np.arange(6.0).reshape(2, 3)
+    assert np.array_equal(decode_array(encode_value(array)["__nd__"]), array)
+    assert decode_value({"__tuple__": [1, [2, {"__tuple__": []}]]}) == (1, [2, ()])
+    pickled, huge = io.BytesIO(), io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    np.lib.format.write_array_header_2_0(huge, {"descr": "<f8", "fortran_order": False, "shape": (10 ** 12,)})
+    for text in (base64.b64encode(pickled.getvalue()).decode(), base64.b64encode(huge.getvalue()).decode(),
+                 "not base64!", 42):
+        with pytest.raises(WorkerFailure) as failure:
+            decode_array(text)
+        assert failure.value.kind == "bad-answer"
+    deep = 1
+    for _ in range(50):
+        deep = [deep]
+    for value in ({"__import__": "os"}, deep, {"__nd__": "x", "more": 1}):
+        with pytest.raises(WorkerFailure):
+            decode_value(value)

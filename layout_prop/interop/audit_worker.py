@@ -48,6 +48,7 @@ import warnings
 MAX_TEXT = 1200
 MAX_ITEMS = 64
 MAX_DEPTH = 8
+MAX_VALUES = 4096
 
 
 def _block_layout_prop():
@@ -64,12 +65,17 @@ def _block_layout_prop():
 
 
 # --------------------------------------------------------------------------- values
-def encode(value, depth=0):
-    """A value as tagged JSON data (tuples and arrays tagged); anything else as its type name."""
+def encode(value, depth=0, budget=None):
+    """A value as tagged JSON data (tuples and arrays tagged); anything else as its type name.
+
+    At most ``MAX_VALUES`` values in all (``budget`` counts them down), so a nested answer is cut short.
+    """
     import numpy as np
 
-    if depth > MAX_DEPTH:
-        return {"__other__": "a value nested too deep"}
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
+    if depth > MAX_DEPTH or budget[0] < 0:
+        return {"__other__": "a value nested too deep or too large"}
     if value is None or isinstance(value, (bool, str)):
         return value[:MAX_TEXT] if isinstance(value, str) else value
     if isinstance(value, (int, np.integer)) and not isinstance(value, np.bool_):
@@ -81,7 +87,7 @@ def encode(value, depth=0):
     if isinstance(value, np.ndarray):
         return encode_array(value)
     if isinstance(value, (list, tuple)):
-        items = [encode(v, depth + 1) for v in list(value)[:MAX_ITEMS]]
+        items = [encode(v, depth + 1, budget) for v in value[:MAX_ITEMS]]
         if len(value) > MAX_ITEMS:
             items.append({"__other__": f"{len(value) - MAX_ITEMS} more items"})
         return {"__tuple__": items} if isinstance(value, tuple) else items

@@ -36,7 +36,7 @@ __all__ = ["Limits", "WorkerFailure", "Worker", "decode_value", "encode_value", 
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "audit_worker.py"
 #: the longest reply line read (bytes), the largest array (elements) and the deepest value decoded
-MAX_LINE = 64 << 20
+MAX_LINE = 8 << 20
 MAX_ELEMENTS = 1 << 22
 MAX_DEPTH = 10
 FAILURE_KINDS = ("crashed", "timeout", "bad-answer", "load-failed")
@@ -126,7 +126,17 @@ def decode_array(text: Any) -> np.ndarray:
     if not isinstance(text, str) or len(text) > MAX_LINE:
         raise WorkerFailure("bad-answer", "an array that is not base64 text")
     try:
-        array = np.load(io.BytesIO(base64.b64decode(text, validate=True)), allow_pickle=False)
+        data = io.BytesIO(base64.b64decode(text, validate=True))
+        version = np.lib.format.read_magic(data)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(data)  # the size, before any allocation
+        if int(np.prod(shape, dtype=np.float64)) > MAX_ELEMENTS or dtype.kind not in "biufc":
+            raise WorkerFailure("bad-answer", "an array that is not a plain numeric array of bounded size")
+        data.seek(0)
+        array = np.load(data, allow_pickle=False)
+    except WorkerFailure:
+        raise
     except Exception as exc:  # noqa: BLE001 - anything the worker sent that numpy cannot read
         raise WorkerFailure("bad-answer", f"an array numpy cannot read ({type(exc).__name__})") from None
     if not isinstance(array, np.ndarray) or array.dtype.kind not in "biufc" or array.size > MAX_ELEMENTS:

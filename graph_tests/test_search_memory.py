@@ -53,3 +53,22 @@ def test_selective_recomputation_frees_the_probabilities_only():
     # the two norms' inputs (2 + 2), q, k, v (6), the attention output (2), the MLP's input (2), the 4h-wide
     # fc1 and GELU outputs (8 + 8): 30 sbh; Korthikanti et al. count 34 with the dropout masks
     assert 30 * sbh <= kept <= 40 * sbh, kept / sbh
+
+
+def test_a_layer_s_activations_are_korthikanti_s_count():
+    """The search keeps a layer's activations as Korthikanti et al. count them (not the generator graph's saved
+    values): gen gpt on tp=2, no sequence parallelism, s=256, b=2, h=512: s b h (10 + 24 / 2) besides the core;
+    gen llama (sequence parallel, SwiGLU ffn 1024, 2 of 8 kv heads, no dropout) on tp=2: the norms', QKV and MLP
+    inputs 8, Q 2, K and V 4 x 2/8, the attention output 2, the MLP 3 x 2 x 1024/512 = 12: 25 s b h / 2."""
+    from layout_prop.commands.search import generator_spec
+
+    s, b, h = 256, 2, 512
+    gpt = ModelShape(family="gpt", layers=2, hidden=h, heads=8, ffn=4 * h, seq=s, dtype="float16", vocab=1024,
+                     builder=generator_spec)
+    layer, _, _ = LayerCache(gpt, get_cluster("a100-80g"), analysed).get(2, 1, 1, b)
+    assert layer.activation_bytes - layer.attention_core_bytes == s * b * h * (10 + 24 / 2)
+    llama = ModelShape(family="llama", layers=2, hidden=h, heads=8, kv_heads=2, ffn=2 * h, seq=s, dtype="float16",
+                       vocab=1024, builder=generator_spec)
+    layer, _, _ = LayerCache(llama, get_cluster("a100-80g"), analysed).get(2, 1, 1, b)
+    assert layer.attention_core_bytes == 0  # fused attention
+    assert layer.activation_bytes == s * b * h * (8 + 2 + 4 * 2 / 8 + 2 + 12) / 2

@@ -42,7 +42,7 @@ from .collectives import collective_time
 
 __all__ = ["SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "bubble_fraction", "pipeline_time", "pipeline_makespan",
            "critical_moves", "inflight_microbatches",
-           "activation_bytes_per_layer", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
+           "activation_bytes_per_layer", "layer_activation_bytes", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
            "grad_sync_time", "zero_sync_parts", "zero3_gather_time", "optimizer_state_bytes_per_param", "ceil_div"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -206,6 +206,41 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, seque
     if sequence_parallel:
         return s * b * h / t * (34 + attention)
     return s * b * h * (10 + 24 / t + attention / t)
+
+
+def layer_activation_bytes(s: int, b: int, h: int, a: int, ffn: int, t: int = 1, kv_heads: int | None = None,
+                           gated: bool = False, dropout: bool = True, sequence_parallel: bool = True,
+                           itemsize: int = 2) -> float:
+    """Bytes a transformer layer stores for its backward besides the attention core (the ``(s x s)`` scores,
+    probabilities and their dropout), Korthikanti et al. 2022's section 4.1 accounting generalised to grouped
+    key/value heads and a gated MLP:
+
+    - the two norms' inputs ``2 + 2``; the QKV projection's input ``2``; Q ``2``, K and V ``2 + 2`` (times
+      ``kv / a`` with grouped heads); the attention output (the projection's input) ``2``; the projection's
+      dropout mask ``1``;
+    - the MLP's input ``2``; GPT: the first linear's output (GeLU's input) and GeLU's output, ``2 f / h`` each;
+      gated (SwiGLU): the gate's and the up projection's outputs and their product, ``2 f / h`` each; the
+      MLP's dropout mask ``1``;
+
+    in ``s b h`` units of 16-bit items (``itemsize / 2`` otherwise; the masks are a byte an element): 34 for
+    GPT (``f = 4 h``, dropout), their equation 1 without the ``5 a s / h`` core.  With sequence parallelism all
+    of it is split by ``t`` (their equation 4); without, the norms' and projections' inputs and the masks (10 of
+    GPT's 34) are whole on every tensor-parallel rank (equation 2).
+
+    >>> s, b, h, a = 2048, 1, 12288, 96  # GPT-3 175B: 34 s b h / t with sequence parallelism (equation 6)
+    >>> layer_activation_bytes(s, b, h, a, 4 * h, t=8) == 34 * s * b * h / 8
+    True
+    >>> layer_activation_bytes(s, b, h, a, 4 * h, t=8, sequence_parallel=False) == s * b * h * (10 + 24 / 8)
+    True
+    """
+    e = itemsize / 2
+    kv = (kv_heads or a) / a
+    mask = 1.0 if dropout else 0.0
+    whole = e * (2 + 2 + 2 + 2) + 2 * mask  # norms' inputs, QKV and MLP inputs, masks: not split without SP
+    split = e * (2 + 4 * kv + 2) + e * (3 if gated else 2) * 2 * ffn / h  # Q, K, V, attention output, MLP
+    if sequence_parallel:
+        return s * b * h * (whole + split) / t
+    return s * b * h * (whole + split / t)
 
 
 def optimizer_state_bytes_per_param(itemsize: int) -> int:

@@ -299,6 +299,8 @@ class TestLayout:
         assert Layout.from_tensor_map(MESH222, [(2, 0), -1]).placements == (Shard(0), Replicate(), Shard(0))
         assert Layout.from_tensor_map(MESH22, [-1, 1, 0]).placements == (Shard(1), Shard(2))
         assert Layout.from_tensor_map(MESH22, [(1,), -1]).tensor_map() == (1, -1)
+        # inner mesh axis first: its blocks are the major ones, a strided shard of the outer axis (issue 37)
+        assert Layout.from_tensor_map(MESH22, [(0, 1), -1]).placements == (parse_placement("_S(0,2)"), Shard(0))
 
     def test_from_tensor_map_partial(self):
         lay = Layout.from_tensor_map(MESH22, [-1, 0], partial={"dp": "sum"})
@@ -311,13 +313,12 @@ class TestLayout:
         ([0, 0], "'tp'"),                  # mesh axis tp shards dim 0 and dim 1
         ([(1, 1), -1], "'dp'"),            # one axis twice inside a dim
         ([1, (1, 0)], "'dp'"),
-        ([(0, 1), -1], "inner first"),     # inner-first tuple
         ([(-1, 0), -1], "-1"),             # -1 mixed with axes
         ([2, -1], "entry 2"),              # out of range for 2 mesh axes
         ([-2, -1], "entry -2"),
         ([-1, "0"], "'0'"),
         ([True, -1], "True"),
-    ], ids=["axis-twice", "axis-twice-in-dim", "axis-twice-mixed", "inner-first", "minus-one-mixed",
+    ], ids=["axis-twice", "axis-twice-in-dim", "axis-twice-mixed", "minus-one-mixed",
             "too-large", "too-small", "string", "bool"])
     def test_bad_tensor_maps(self, tm, fragment):
         with pytest.raises(LayoutError) as e:

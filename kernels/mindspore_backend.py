@@ -597,6 +597,9 @@ def _reduce_kv(grad, kv_heads: int, index):
 def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
           context_parallel="all_gather", zigzag=0):
     ops = _ms().ops
+    if len(q.shape) == 3:  # torch's (N, L, E): one head
+        one = [ops.expand_dims(to_tensor(t), 1) for t in (q, k, v)]
+        return _sdpa(*one, "BNSD", causal, scale, q_offset, kv_head_map, context_parallel, zigzag)[:, 0]
     q, k, v = _floated(q), _floated(k), _floated(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
     index = _kv_index(qb.shape[1], kb.shape[1], kv_head_map)
@@ -608,6 +611,10 @@ def _sdpa(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_
 def _sdpa_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
                context_parallel="all_gather", zigzag=0):
     ops = _ms().ops
+    if len(q.shape) == 3:  # torch's (N, L, E): one head
+        one = [ops.expand_dims(to_tensor(t), 1) for t in (dy, q, k, v)]
+        return tuple(g[:, 0] for g in _sdpa_grad(*one, "BNSD", causal, scale, q_offset, kv_head_map,
+                                                 context_parallel, zigzag))
     dy, q, k, v = _floated(dy), _floated(q), _floated(k), _floated(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))
     kv_heads = kb.shape[1]

@@ -277,7 +277,11 @@ def reduce_kv(grad: np.ndarray, kv_heads: int, index) -> np.ndarray:
 def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0, kv_head_map=None,
                                  context_parallel="all_gather", zigzag=0):
     """``softmax(q k^T * scale + mask) v``; ``q_offset`` is the global index of q's first row;
-    k and v may have fewer heads than q (``kv_head_map``: :func:`kv_index`)."""
+    k and v may have fewer heads than q (``kv_head_map``: :func:`kv_index`); 3-D q, k, v are
+    torch's (N, L, E), one head."""
+    if np.ndim(q) == 3:
+        return scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], "BNSD", causal, scale, q_offset,
+                                            kv_head_map, context_parallel, zigzag)[:, 0]
     q, k, v = _f(q), _f(k), _f(v)
     qb, kb, vb = (_to_bnsd(t, layout) for t in (q, k, v))
     index = kv_index(qb.shape[1], kb.shape[1], kv_head_map)
@@ -288,7 +292,11 @@ def scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=Non
 
 def scaled_dot_product_attention_grad(dy, q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0,
                                       kv_head_map=None, context_parallel="all_gather", zigzag=0):
-    """``(dq, dk, dv)``, recomputing the probabilities."""
+    """``(dq, dk, dv)``, recomputing the probabilities (3-D: torch's (N, L, E), one head)."""
+    if np.ndim(q) == 3:
+        grads = scaled_dot_product_attention_grad(dy[:, None], q[:, None], k[:, None], v[:, None], "BNSD", causal,
+                                                  scale, q_offset, kv_head_map, context_parallel, zigzag)
+        return tuple(grad[:, 0] for grad in grads)
     dy, q, k, v = _f(dy), _f(q), _f(k), _f(v)
     dyb, qb, kb, vb = (_to_bnsd(t, layout) for t in (dy, q, k, v))
     kv_heads = kb.shape[1]

@@ -96,7 +96,10 @@ def _finite(errors: dict[str, dict[str, float]]) -> dict[str, dict[str, float | 
 def random_inputs(graph: Graph, seed: int, given=()) -> dict[str, np.ndarray]:
     """Seeded global arrays for every graph input of a propagated graph: normal floats (with
     the scale the consumers ask for, :meth:`OpRule.input_scale`: 1/sqrt(fan-in) for the
-    weights of products), small ints.  The inputs named in ``given`` are left out (and draw
+    weights of products), small ints in [0, 8).  An input whose consumers declare a domain
+    (:meth:`OpRule.input_domain`: an index within the indexed dim, multinomial's positive
+    weights) is drawn within it: uniform in it, integers for an integer dtype (ints in
+    [0, 8) where they fit, as without one).  The inputs named in ``given`` are left out (and draw
     nothing: the others' draws then differ from a run that draws every input)."""
     rng = np.random.default_rng(seed)
     out = {}
@@ -105,13 +108,45 @@ def random_inputs(graph: Graph, seed: int, given=()) -> dict[str, np.ndarray]:
             continue
         spec = node.meta[meta.SPECS][0]
         dt = numpy_dtype(spec.dtype)
-        if is_float_dtype(dt):
+        domain = _input_domain(graph, node.name) if dt.kind != "b" else None
+        if domain is not None and domain.high > domain.low and not (
+                not is_float_dtype(dt) and domain.low <= 0 and domain.high >= 8):  # (ints in [0, 8) fit: as before)
+            out[node.name] = _draw_in(rng, domain, spec.shape, dt)
+        elif is_float_dtype(dt):
             out[node.name] = (rng.standard_normal(spec.shape) * _input_scale(graph, node.name)).astype(dt)
         elif dt.kind == "b":
             out[node.name] = rng.integers(0, 2, spec.shape).astype(bool)
         else:
             out[node.name] = rng.integers(0, 8, spec.shape).astype(dt)
     return out
+
+
+def _draw_in(rng, domain, shape, dt) -> np.ndarray:
+    """Seeded values in ``domain``: integers for an integer dtype, uniform floats for a float one."""
+    if is_float_dtype(dt):
+        return rng.uniform(domain.low, domain.high, shape).astype(dt)
+    return rng.integers(math.ceil(domain.low), math.ceil(domain.high), shape).astype(dt)
+
+
+def _input_domain(graph: Graph, value: str):
+    """The values every consumer of ``value`` takes (:meth:`OpRule.input_domain`, met over the consumers,
+    looking through redistributions), or None when none declares a domain."""
+    from layout_prop.passes.propagate import value_spec
+
+    from .core.registry import get_rule
+
+    found = None
+    for node, index in graph.consumers(value):
+        if node.op == "redistribute":
+            domain = _input_domain(graph, node.name)
+        else:
+            specs = tuple(value_spec(graph, v) for v in node.inputs)
+            if any(s is None for s in specs):
+                continue
+            domain = get_rule(node.op).input_domain(index, specs, node.meta.get(meta.ATTRS, node.attrs))
+        if domain is not None:
+            found = domain if found is None else found.meet(domain)
+    return found
 
 
 def check_given_inputs(graph: Graph, arrays: dict[str, Any], source: str = "inputs") -> dict[str, np.ndarray]:

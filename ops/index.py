@@ -112,7 +112,7 @@ import numpy as np
 from layout_prop.core.errors import OpError, Violation, cut
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Placement, Replicate, Shard
-from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
+from layout_prop.core.registry import InputDomain, OpRule, RuleResult, get_rule, register_op
 from layout_prop.core.spec import TensorSpec
 
 from .common import plan_summary
@@ -275,6 +275,10 @@ class _LookupRule(OpRule):
     """Shared parts of gather and index_select: ``(x, index)``, attr ``dim``, linear in x."""
 
     operands = ("x", "index")
+
+    def input_domain(self, index, inputs, attrs):
+        """The index addresses x's ``dim``: ``[0, size)``."""
+        return _index_domain(inputs, attrs) if index == 1 else None
     attr_defaults = {"dim": None}
     required_attrs = ("dim",)
     violation_codes = LAYOUT_CODES
@@ -313,6 +317,18 @@ class _LookupRule(OpRule):
             return (None, None)
         zeros = g.op("zeros_like", [inputs[0]])
         return (g.op(self.grad_op, [zeros, inputs[1], dy], {"dim": attrs["dim"]}), None)  # indices: no gradient
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _index_domain(inputs, attrs) -> InputDomain | None:
+    """``[0, x.shape[dim])`` for the index of a lookup or scatter along ``dim`` (None for a dim that is not one)."""
+    x, dim = inputs[0], attrs.get("dim")
+    if not _is_int(dim) or not -x.ndim <= dim < x.ndim:
+        return None
+    return InputDomain(0, x.shape[dim % x.ndim])
 
 
 @register_op
@@ -435,6 +451,10 @@ class _ScatterRule(OpRule):
     """Shared parts of scatter, scatter_add and index_add: ``(x, index, src)``, attr ``dim``."""
 
     operands = ("x", "index", "src")
+
+    def input_domain(self, index, inputs, attrs):
+        """The index addresses x's ``dim``: ``[0, size)``."""
+        return _index_domain(inputs, attrs) if index == 1 else None
     attr_defaults = {"dim": None}
     required_attrs = ("dim",)
     violation_codes = LAYOUT_CODES
@@ -716,6 +736,13 @@ class GatherNd(OpRule):
 
     name = "gather_nd"
     operands = ("x", "indices")
+
+    def input_domain(self, index, inputs, attrs):
+        """An index tuple addresses x's first k dims (k: indices' last dim): ``[0, the least of their sizes)``."""
+        if index != 1 or not inputs[1].ndim:
+            return None
+        k = inputs[1].shape[-1]
+        return InputDomain(0, min(inputs[0].shape[:k])) if 0 < k <= inputs[0].ndim else None
     aliases = ("GatherND", "GatherNd", "tf.gather_nd")
     attr_defaults: dict = {}
     violation_codes = LAYOUT_CODES
@@ -816,6 +843,13 @@ class ScatterNd(OpRule):
 
     name = "scatter_nd"
     operands = ("x", "indices", "updates")
+
+    def input_domain(self, index, inputs, attrs):
+        """An index tuple addresses x's first k dims (k: indices' last dim): ``[0, the least of their sizes)``."""
+        if index != 1 or not inputs[1].ndim:
+            return None
+        k = inputs[1].shape[-1]
+        return InputDomain(0, min(inputs[0].shape[:k])) if 0 < k <= inputs[0].ndim else None
     aliases = ("ScatterND", "TensorScatterUpdate")
     attr_defaults = {"reduction": "none"}
     violation_codes = LAYOUT_CODES
@@ -1198,6 +1232,11 @@ class OneHot(OpRule):
 
     name = "one_hot"
     operands = ("indices",)
+
+    def input_domain(self, index, inputs, attrs):
+        """The indices are classes: ``[0, num_classes)``."""
+        n = attrs.get("num_classes")
+        return InputDomain(0, n) if _is_int(n) and n > 0 else None
     aliases = ("OneHot", "OneHotExt", "aten.one_hot", "torch.one_hot")
     attr_defaults = {"num_classes": None}
     required_attrs = ("num_classes",)

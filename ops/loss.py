@@ -76,7 +76,7 @@ import numpy as np
 from layout_prop.core.errors import OpError
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Partial, Replicate, Shard
-from layout_prop.core.registry import OpRule, RuleResult, register_op
+from layout_prop.core.registry import InputDomain, OpRule, RuleResult, register_op
 from layout_prop.core.spec import TensorSpec, is_float_dtype, numpy_dtype
 
 from .nn import _move_violations
@@ -618,8 +618,9 @@ class Dropout(OpRule):
 @register_op
 class Multinomial(OpRule):
     """``multinomial(probs, num_samples, replacement=False, seed=0)``: ``num_samples`` class
-    indices (int64) per row of ``probs`` (``[..., classes]``, non-negative weights that need
-    not sum to one), as ``torch.multinomial``; integer weights (counts) are taken too.
+    indices (int64) per row of ``probs`` (``[classes]`` or ``[rows, classes]``, as torch takes;
+    non-negative weights that need not sum to one), as ``torch.multinomial``; integer weights
+    (counts) are taken too.
 
     Draws come from ``counter_uniform`` keyed by global indices, so every layout draws what
     one device draws: with replacement, draw ``j`` of row ``r`` (the row's row-major index)
@@ -665,9 +666,10 @@ class Multinomial(OpRule):
 
     def infer_layout(self, inputs, attrs):
         (probs,) = inputs
-        if probs.ndim == 0 or probs.dtype == "bool":
+        if probs.ndim not in (1, 2) or probs.dtype == "bool":
             raise OpError("invalid-shape", f"multinomial: probs is {probs.dtype}{list(probs.shape)}; it must be a "
-                          "numeric tensor of at least one dim, the classes last", hint="give probs [..., classes]")
+                          "numeric tensor of one or two dims, the classes last (as torch.multinomial)",
+                          hint="give probs [classes] or [rows, classes]; reshape more row dims into one first")
         classes = probs.shape[-1]
         if not attrs["replacement"] and attrs["num_samples"] > classes:
             raise OpError("bad-attr", f"multinomial: {attrs['num_samples']} samples without replacement from "
@@ -692,6 +694,11 @@ class Multinomial(OpRule):
         shape = probs.shape[:-1] + (attrs["num_samples"],)
         out = TensorSpec(shape, "int64", want)
         return RuleResult((out,), tuple(_move_violations(probs, want, "probs", issues)), (_want(want, probs),))
+
+    def input_domain(self, index, inputs, attrs):
+        """Weights a draw can take: positive (every class possible, so any number of draws without
+        replacement up to the classes), of one order of magnitude."""
+        return InputDomain(1, 8)
 
     def localize(self, attrs, inputs, outputs, rank):
         return {**attrs, **_offsets(inputs[0], rank, inputs[0].ndim - 1)}

@@ -166,7 +166,7 @@ import numpy as np
 
 from layout_prop.core.errors import LayoutPropError, Violation
 from layout_prop.core.layout import Layout
-from layout_prop.core.placement import Partial, Replicate, Shard, shard_dim
+from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard, parse_placement, shard_dim
 from layout_prop.core.registry import OpRule, RuleResult, get_rule, register_op
 from layout_prop.core.spec import DTYPES, TensorSpec, is_float_dtype, numpy_dtype
 
@@ -1201,6 +1201,72 @@ _ATTENTION_ATTRS = {"layout": "BNSD", "causal": False, "scale": None, "q_offset"
 CONTEXT_PARALLEL = ("all_gather", "ulysses", "auto", "ring")
 
 
+def _heads_dim(attrs: dict) -> int:
+    """Where a 3-D (N, L, E) q, k, v gets its one head: the layout's head dim (1 for BNSD, 2 for BSND)."""
+    return ATTENTION_LAYOUTS.get(attrs.get("layout"), ATTENTION_LAYOUTS["BNSD"])["N"]
+
+
+def _moved_dims(layout: Layout, ndim: int, fn) -> Layout:
+    """``layout`` on a tensor of ``ndim`` dims, each shard's dim ``d`` at ``fn(d)`` (None: Replicate)."""
+    ps = []
+    for p in layout.placements:
+        if isinstance(p, (Shard, StridedShard)):
+            d = fn(p.dim)
+            p = Replicate() if d is None else StridedShard(d, p.split_factor) if isinstance(p, StridedShard) \
+                else Shard(d)
+        ps.append(p)
+    return Layout(layout.mesh, ps, ndim)
+
+
+def _one_head(specs: Sequence[TensorSpec], attrs: dict) -> tuple[TensorSpec, ...]:
+    """3-D (N, L, E) specs, torch's attention without a head dim, as 4-D ones with one head."""
+    h = _heads_dim(attrs)
+    return tuple(TensorSpec(t.shape[:h] + (1,) + t.shape[h:], t.dtype,
+                            _moved_dims(t.layout, t.ndim + 1, lambda d: d + 1 if d >= h else d)) for t in specs)
+
+
+def _headless(spec: TensorSpec | None, attrs: dict) -> TensorSpec | None:
+    """A 4-D spec of one head back to 3-D (the inverse of :func:`_one_head`)."""
+    if spec is None:
+        return None
+    h = _heads_dim(attrs)
+    return TensorSpec(spec.shape[:h] + spec.shape[h + 1:], spec.dtype, _headless_layout(spec.layout, attrs))
+
+
+def _headless_layout(layout: Layout | None, attrs: dict) -> Layout | None:
+    if layout is None:
+        return None
+    h = _heads_dim(attrs)
+    return _moved_dims(layout, layout.ndim - 1, lambda d: None if d == h else d - 1 if d > h else d)
+
+
+def _three_d(specs: Sequence[TensorSpec]) -> bool:
+    """Whether q, k, v (the last three specs) are all 3-D: torch's (N, L, E), one head."""
+    return all(t.ndim == 3 for t in specs[-3:])
+
+
+def _headless_result(res: RuleResult, attrs: dict) -> RuleResult:
+    """The result of the rule on one-head 4-D specs, for the 3-D specs it was asked about: outputs and
+    wants back to 3-D, each violation's message saying how its dims count (and its wanted placements
+    back on the 3-D dims)."""
+    h = _heads_dim(attrs)
+    note = (f" (3-D q, k, v (N, L, E) are read as {attrs.get('layout')} with one head at dim {h}: "
+            "the dims and layouts above count that dim)")
+
+    def placement(text: str) -> str:
+        p = parse_placement(text)
+        if not isinstance(p, (Shard, StridedShard)):
+            return text
+        d = None if p.dim == h else p.dim - 1 if p.dim > h else p.dim
+        return "R" if d is None else str(StridedShard(d, p.split_factor) if isinstance(p, StridedShard) else Shard(d))
+
+    violations = tuple(dataclasses.replace(v, message=v.message + note, details={
+        **v.details, **({"want": [placement(t) for t in v.details["want"]]} if "want" in v.details else {})})
+        for v in res.violations)
+    return RuleResult(tuple(_headless(o, attrs) for o in res.outputs), violations,
+                      tuple(_headless_layout(w, attrs) for w in res.wants))
+
+
 @register_op
 class ScaledDotProductAttention(OpRule):
     """``scaled_dot_product_attention(q, k, v, layout="BNSD", causal=False, scale=None, q_offset=0)``.
@@ -1215,6 +1281,8 @@ class ScaledDotProductAttention(OpRule):
     violation_codes = ATTENTION_CODES
 
     def infer_layout(self, inputs, attrs):
+        if _three_d(inputs):  # torch's (N, L, E): one head
+            return _headless_result(self.infer_layout(_one_head(inputs, attrs), attrs), attrs)
         q, k, v = inputs
         q_fixed, _, wants, violations, _ = _attention_analysis(q, k, v, attrs)
         out = None
@@ -1228,11 +1296,17 @@ class ScaledDotProductAttention(OpRule):
         return RuleResult((out,), tuple(violations), tuple(wants))
 
     def localize(self, attrs, inputs, outputs, rank):
+        if _three_d(inputs):
+            inputs = _one_head(inputs, attrs)
         return _localized(attrs, inputs[0], inputs[1], rank)
 
     def expand(self, b, inputs, attrs, specs):
         from .ring import ring_attention  # context_parallel='ring'
 
+        if _three_d(specs):
+            if attrs.get("context_parallel") == "ring":
+                b.note("ring attention takes 4-D q, k, v (BNSD or BSND); 3-D ones (N, L, E) gather k and v")
+            return None
         return ring_attention(b, inputs, attrs, specs)
 
     def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
@@ -1261,6 +1335,8 @@ class ScaledDotProductAttentionGrad(OpRule):
     differentiable = False
 
     def infer_layout(self, inputs, attrs):
+        if _three_d(inputs) and inputs[0].ndim == 3:  # torch's (N, L, E): one head
+            return _headless_result(self.infer_layout(_one_head(inputs, attrs), attrs), attrs)
         dy, q, k, v = inputs
         q_fixed, kv_wants, wants, violations, dims = _attention_analysis(q, k, v, attrs)
         if q_fixed is None:
@@ -1279,6 +1355,8 @@ class ScaledDotProductAttentionGrad(OpRule):
         return RuleResult(tuple(grads), tuple(violations), (_want(dy_want, dy), *wants))
 
     def localize(self, attrs, inputs, outputs, rank):
+        if _three_d(inputs):
+            inputs = _one_head(inputs, attrs)
         return _localized(attrs, inputs[1], inputs[2], rank)
 
 

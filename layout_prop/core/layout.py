@@ -21,6 +21,7 @@ True
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -29,6 +30,23 @@ from .mesh import DeviceMesh
 from .placement import Partial, Placement, Replicate, Shard, StridedShard, parse_placement, shard_dim
 
 __all__ = ["Layout"]
+
+
+def _ordered_shards(mesh: DeviceMesh, dim: int, axes: Sequence[int]) -> list[Placement]:
+    """The placements of mesh ``axes`` cutting ``dim`` in that order, the first one major (a tensor_map entry).
+
+    Mesh order (outer axis first) is plain shards.  An axis cut after an inner axis (``(0, 2)`` on three
+    mesh axes: the inner axis 2 picks the major blocks) is a strided shard ``_S(dim,k)``, ``k`` the
+    product of the sizes of the inner axes before it: its chunk of each of their ``k`` blocks.
+
+    >>> [str(p) for p in _ordered_shards(DeviceMesh((2, 3, 4), ("a", "b", "c")), 0, [2, 0])]
+    ['S(0)', '_S(0,4)']
+    """
+    out = []
+    for i, axis in enumerate(axes):
+        k = math.prod(mesh.shape[a] for a in axes[:i] if a > axis)
+        out.append(StridedShard(dim, k) if k > 1 else Shard(dim))
+    return out
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,12 @@ class Layout:
 
     @classmethod
     def from_tensor_map(cls, mesh: DeviceMesh, tensor_map: Sequence, partial: dict | None = None) -> "Layout":
-        """Build a layout from a MindSpore ``tensor_map``; ``partial`` maps mesh axis -> reduce op."""
+        """Build a layout from a MindSpore ``tensor_map``; ``partial`` maps mesh axis -> reduce op.
+
+        An entry of several mesh axes cuts the dim in that order, the first one major: mesh
+        order (outer axis first, larger tensor_map value first) is plain shards, an inner axis
+        first makes the outer ones strided shards (see :func:`_ordered_shards`).
+        """
         placements: list[Placement] = [Replicate()] * mesh.ndim
         used: dict[int, int] = {}
         for dim, entry in enumerate(tensor_map):
@@ -120,14 +143,8 @@ class Layout:
                     )
                 used[axis] = dim
                 axes.append(axis)
-            if axes != sorted(axes):
-                raise LayoutError(
-                    "invalid-layout",
-                    f"tensor_map entry {entry!r} for dim {dim} lists mesh axes inner first",
-                    hint="list several mesh axes of one dim outer axis first (larger tensor_map value first)",
-                )
-            for axis in axes:
-                placements[axis] = Shard(dim)
+            for axis, placement in zip(axes, _ordered_shards(mesh, dim, axes)):
+                placements[axis] = placement
         for axis, op in (partial or {}).items():
             a = mesh.axis_index(axis)
             if not isinstance(placements[a], Replicate):

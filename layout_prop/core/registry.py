@@ -30,7 +30,7 @@ from .layout import Layout
 from .spec import TensorSpec
 
 __all__ = ["OpSample", "OpRule", "RuleResult", "register_op", "get_rule", "is_registered", "registered_ops",
-           "variadic_output_ops", "GradBuilder",
+           "variadic_output_ops", "InputDomain", "GradBuilder",
            "ExpandBuilder", "apply_rule", "ATTR_KINDS", "attr_type", "check_attr_type"]
 
 _RULES: dict[str, "OpRule"] = {}
@@ -217,6 +217,14 @@ class OpRule(ABC):
         """
         return 1.0
 
+    def input_domain(self, index: int, inputs: tuple[TensorSpec, ...], attrs: dict) -> "InputDomain | None":
+        """The values input ``index`` must hold for the op to run (default None: any value).
+
+        ``layout-prop run`` draws a graph input from the domains its consumers declare: an index
+        into a dim of size n asks ``InputDomain(0, n)``, multinomial's weights a positive range.
+        """
+        return None
+
     def vjp(self, g: GradBuilder, inputs: tuple[str, ...], outputs: tuple[str, ...],
             cotangents: tuple[str | None, ...], attrs: dict, needs: tuple[bool, ...]) -> tuple[str | None, ...]:
         """Add the nodes computing input cotangents; one value (or None) per input."""
@@ -249,6 +257,23 @@ class OpRule(ABC):
     def is_communication(self) -> bool:
         """Whether the op is a move of data itself: its rule defines :meth:`comm_steps`."""
         return type(self).comm_steps is not OpRule.comm_steps
+
+
+@dataclass(frozen=True)
+class InputDomain:
+    """The values an op takes for one operand: ``[low, high)``, integers for an integer dtype and
+    uniform floats for a float one (see :meth:`OpRule.input_domain`).
+
+    >>> InputDomain(0, 5).meet(InputDomain(1, 8))
+    InputDomain(low=1, high=5)
+    """
+
+    low: float
+    high: float
+
+    def meet(self, other: "InputDomain") -> "InputDomain":
+        """The values both domains take (an empty one when they do not overlap: ``high <= low``)."""
+        return InputDomain(max(self.low, other.low), min(self.high, other.high))
 
 
 # ------------------------------------------------------------------------------ attr types

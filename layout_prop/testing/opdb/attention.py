@@ -23,6 +23,11 @@ RECORDS = [
         OpSample([(2, 8, 4, 4), (2, 8, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4)], {"causal": True}),
         OpSample([(2, 6, 3, 2), (2, 6, 3, 4), (2, 3, 3, 4), (2, 3, 3, 2)], {"layout": "BSND"}),
     ], meshes=MESHES, placements=40, id="attention_grad-gqa"),
+    # torch's 3-D q, k, v (N, L, E): one head (issue 37)
+    OpRecord("scaled_dot_product_attention", [
+        OpSample([(2, 5, 4), (2, 6, 4), (2, 6, 3)], {"causal": True}),
+        OpSample([(3, 4, 2), (3, 4, 2), (3, 4, 2)], {"layout": "BSND"}),
+    ], meshes=MESHES, placements=30, id="attention-3d"),
 ]
 
 _FLASH = [

@@ -54,7 +54,7 @@ RECORDS += [
     # integer weights: the kit draws them in [0, 8), non-negative as multinomial needs (normal floats are not)
     OpRecord("multinomial", [
         OpSample([(5, 9)], {"num_samples": 3}, dtypes=["int64"], requires_grad=[False]),
-        OpSample([(2, 3, 8)], {"num_samples": 6, "replacement": True, "seed": 3}, dtypes=["int64"],
+        OpSample([(6, 8)], {"num_samples": 6, "replacement": True, "seed": 3}, dtypes=["int64"],
                  requires_grad=[False]),
     ], meshes=MESHES, placements=30, backward=False, id="loss-multinomial"),
 ]

@@ -95,3 +95,13 @@ def test_the_conflicting_constraints_error_of_docs_spec_format_md(tmp_path, caps
     assert main(["check", "pinned.yaml"]) == 2
     shown = _text_block(SPEC_FORMAT_PAGE, 'layout-prop check pinned.yaml      # with constraints {"?": [R], y: ["S(0)"]}')
     assert transcript_differences(shown, capsys.readouterr().err) == []
+
+
+def test_the_idle_share_docs_pipeline_md_quotes_is_the_estimates_transcript():
+    """The sentence under ``estimate chain.yaml`` quotes its idle share; the transcript itself is checked
+    against the command by test_readme, so the sentence is held to the transcript."""
+    page = PIPELINE_PAGE.read_text()
+    printed = re.findall(r"the busiest stage idles ([\d.]+) of its busy time, the closed form's bubble", page)
+    quoted = re.findall(r"the\s+busiest\s+stage\s+idles\s+([\d.]+)\s+of\s+its\s+busy\s+time\s+where\s+the\s+closed",
+                        page)
+    assert len(printed) == 1 and quoted == printed

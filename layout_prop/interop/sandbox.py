@@ -13,7 +13,9 @@ fresh worker for the next.
 
 from __future__ import annotations
 
+import atexit
 import base64
+import contextlib
 import io
 import json
 import os
@@ -168,10 +170,21 @@ def _private_numpy() -> str:
     """A folder holding only numpy (links to the installed package): the worker's path beside the checkout."""
     home = Path(np.__file__).resolve().parent
     folder = Path(tempfile.mkdtemp(prefix="layout-prop-audit-"))
+    links = []
     for name in (home.name, home.name + ".libs"):
         source = home.parent / name
         if source.exists():
             os.symlink(source, folder / name)
+            links.append(folder / name)
+
+    def remove() -> None:  # the links, then the folder (never what they point to)
+        for link in links:
+            with contextlib.suppress(OSError):
+                link.unlink()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+    atexit.register(remove)
     return str(folder)
 
 

@@ -21,6 +21,7 @@ def samples(rng, f32) -> dict:
         "unbind6": [((f32(2, 6),), {"dim": 1})],
         "unbind7": [((f32(7),), {})],
         "unbind8": [((f32(8, 1),), {})],
+        "unbind": [((three,), {"dim": 1}), ((x,), {"dim": -1}), ((f32(1, 4),), {})],  # 2, 3 and 1 outputs
         "full_like": [((x,), {"fill_value": 2.5}), ((x,), {"fill_value": 3, "dtype": "int64", "shape": [2, 2]}),
                       ((ints,), {"fill_value": -1, "dtype": None, "shape": None})],
         "zeros_like": [((x,), {"fill_value": 0})],

@@ -320,3 +320,59 @@ def test_gen_refuses_a_spec_over_the_loaders_limit(monkeypatch, capsys, tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "too-large" in err[0] and "over the 4,000 bytes a spec may have" in err[0]
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- the training configuration
+def test_gen_writes_the_spec_plan_search_writes(capsys, tmp_path):
+    """gen could not write a pipelined or ZeRO configuration (--mesh pp=...: 'needs exactly the mesh axes dp,
+    sp and tp'). The search's best on 4 devices, written with -o, and gen given that configuration are the
+    same spec, every key."""
+    base, best, mine = tmp_path / "base.yaml", tmp_path / "best.yaml", tmp_path / "gen.yaml"
+    assert main(["gen", "llama", "--full", "--layers", "2", "-o", str(base)]) == 0
+    assert main(["plan", str(base), "--search", "--cluster", "a100-80g", "--devices", "4", "--global-batch", "8",
+                 "-o", str(best)]) == 0
+    spec = yaml.safe_load(best.read_text())
+    sizes = dict(zip(spec["mesh"]["names"], spec["mesh"]["shape"]))
+    flags = ["--mesh", ",".join(f"{a}={n}" for a, n in sizes.items()),
+             "--micro-batch", str(spec["training"]["micro_batch"])]
+    pipeline = spec.get("pipeline")
+    if pipeline:
+        flags += ["--micro-batches", str(pipeline["micro_batches"]), "--schedule", pipeline["schedule"]]
+    else:
+        flags += ["--micro-batches", str(spec["training"]["global_batch"]
+                                         // (spec["training"]["micro_batch"] * sizes["dp"]))]
+    if "zero" in spec:
+        flags += ["--zero", str(spec["zero"]["stage"])]
+    if "recompute" in spec:
+        flags += ["--recompute", spec["recompute"]]
+    assert main(["gen", "llama", "--full", "--layers", "2", *flags, "-o", str(mine)]) == 0
+    assert yaml.safe_load(mine.read_text()) == spec, flags
+
+
+def test_gen_writes_the_whole_configuration_and_estimate_needs_no_flags(capsys, tmp_path):
+    out = tmp_path / "cfg.yaml"
+    assert main(["gen", "llama", "--full", "--layers", "8", "--heads", "8", "--hidden", "64", "--mesh",
+                 "pp=8,dp=24,tp=8", "--micro-batches", "96", "--schedule", "1f1b", "--zero", "1", "--recompute",
+                 "full", "--sequence-parallel", "-o", str(out)]) == 0
+    spec = yaml.safe_load(out.read_text())
+    assert spec["mesh"] == {"shape": [8, 24, 1, 8], "names": ["pp", "dp", "sp", "tp"]}
+    assert spec["zero"] == {"stage": 1, "axes": ["dp"]} and spec["recompute"] == "full"
+    assert spec["pipeline"] == {"axis": "pp", "micro_batches": 96, "schedule": "1f1b", "virtual_stages": 1}
+    assert spec["training"] == {"global_batch": 24 * 96, "micro_batch": 1}
+    assert spec["inputs"]["tokens"]["shape"][0] == 24 * 96  # the pipeline's micro-batches on every dp rank
+    capsys.readouterr()
+    assert main(["estimate", str(out), "--cluster", "a100-80g"]) == 0
+    text = capsys.readouterr().out
+    assert "8 pipeline stages on pp (1f1b, 96 micro-batches)" in text and "ZeRO stage 1 over dp" in text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["llama", "--schedule", "gpipe"], "--schedule needs a pipeline"),
+    (["llama", "--zero", "3", "--batch", "5"], "--batch 5 is not the configuration's graph batch 2"),
+    (["gpt", "--mesh", "pp=2,dp=2,ep=2"], "needs exactly the mesh axes dp, sp and tp (and pp)"),
+])
+def test_bad_configuration_flags_are_one_line_exit_2(capsys, args, needle):
+    assert main(["gen", *args]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1 and needle in lines[0], err

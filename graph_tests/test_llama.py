@@ -110,5 +110,6 @@ def test_gen_writes_only_dtypes_its_model_can_run(tmp_path, capsys, dtype, code)
 
 
 def test_gen_rejects_a_bad_mesh(capsys):
-    assert main(["gen", "llama", "--mesh", "dp=2,tp=2"]) == 2
+    # an axis left out has size 1 (gen --mesh pp=8,dp=24,tp=8 writes sp=1); an axis gen does not take is refused
+    assert main(["gen", "llama", "--mesh", "dp=2,xp=2"]) == 2
     assert "bad-mesh" in capsys.readouterr().err

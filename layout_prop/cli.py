@@ -253,6 +253,18 @@ def _parser() -> argparse.ArgumentParser:
     ge.add_argument("--dense-layers", type=_non_negative_int, default=0, help="moe: the first N layers have a dense "
                     "SwiGLU MLP instead of experts, as DeepSeek-V3's first 3 (default 0)")
     ge.add_argument("--dense-ffn", type=_positive_int, help="moe: the dense layers' MLP inner size (default --ffn)")
+    ge.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="the training configuration, written as plan "
+                    "--search -o writes it: ZeRO stage over dp (a zero: block)")
+    ge.add_argument("--recompute", choices=["none", "selective", "full"], help="recomputation (a recompute: block)")
+    ge.add_argument("--micro-batches", type=_positive_int, help="micro-batches a step: the pipeline's with a pp axis "
+                    "in --mesh, else gradient accumulation (the training: block's global batch)")
+    ge.add_argument("--micro-batch", type=_positive_int, help="sequences of one micro-batch on one data-parallel rank "
+                    "(default 1 with a configuration flag; the graph batch is micro-batch x dp, x micro-batches with pp)")
+    ge.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], help="the pipeline schedule (needs pp in "
+                    "--mesh; default 1f1b)")
+    ge.add_argument("--virtual-stages", type=_positive_int, help="interleaved: chunks a stage (default 2)")
+    ge.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (activations "
+                    "outside the tensor-parallel regions cut on S by tp): what gen always writes, said explicitly")
     ge.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64"],
                     help="dtype of every float tensor (default float32; RoPE, softmax and the norms need floats)")
     ge.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")

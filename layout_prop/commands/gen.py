@@ -43,13 +43,73 @@ def _refuse_foreign_flags(args) -> None:
                         hint=f"add --full, or leave {flag} out")
 
 
+#: the training-configuration flags (their defaults): any given makes gen write the configuration blocks
+CONFIG_FLAGS = {"zero": None, "recompute": None, "micro_batches": None, "micro_batch": None, "schedule": None,
+                "virtual_stages": None}
+
+
+def _configuration(args, mesh: list[tuple[str, int]]) -> tuple[int | None, dict]:
+    """``(graph batch, blocks)`` for the training configuration the flags ask for, as ``plan --search -o`` writes
+    it: ``zero: {stage, axes: [dp]}``, ``recompute: MODE``, ``pipeline: {axis: pp, micro_batches, schedule,
+    virtual_stages}`` with a pp axis over 1, and ``training: {global_batch, micro_batch}`` (the global batch is
+    micro-batch x dp x micro-batches); the graph batch is one micro-batch on every data-parallel rank (with a
+    pipeline, its micro-batches). ``(None, {})`` when no such flag is given and the mesh has no pp axis."""
+    from layout_prop.core.errors import SpecError
+
+    sizes = dict(mesh)
+    given = {k: getattr(args, k, None) for k in CONFIG_FLAGS}
+    if all(v is None for v in given.values()) and "pp" not in sizes:
+        return None, {}
+    pp, dp = sizes.get("pp", 1), sizes.get("dp", 1)
+    if args.model == "moe":
+        dp *= sizes.get("ep", 1)  # an ep rank's sequences are data parallel outside the experts
+    m = given["micro_batches"] or 1
+    b = given["micro_batch"] or 1
+    if pp == 1 and (given["schedule"] is not None or given["virtual_stages"] is not None):
+        flag = "--schedule" if given["schedule"] is not None else "--virtual-stages"
+        raise SpecError("bad-usage", f"{flag} needs a pipeline: a pp axis over 1 in --mesh",
+                        hint="add pp=N to --mesh (e.g. --mesh pp=2,dp=2,tp=2), or leave the flag out")
+    schedule = given["schedule"] or "1f1b"
+    v = given["virtual_stages"] or (2 if schedule == "interleaved" else 1)
+    batch = b * dp * (m if pp > 1 else 1)
+    if args.batch is not None and args.batch != batch:
+        raise SpecError("bad-usage", f"--batch {args.batch} is not the configuration's graph batch {batch} (micro-batch "
+                        f"{b} x dp {dp}{f' x {m} micro-batches' if pp > 1 else ''})",
+                        hint="leave --batch out (the configuration sets it), or give --micro-batch")
+    blocks: dict = {}
+    if given["zero"]:
+        blocks["zero"] = {"stage": given["zero"], "axes": ["dp"]}
+    if given["recompute"] not in (None, "none"):
+        blocks["recompute"] = given["recompute"]
+    if pp > 1:
+        blocks["pipeline"] = {"axis": "pp", "micro_batches": m, "schedule": schedule,
+                              "virtual_stages": v if schedule == "interleaved" else 1}
+    blocks["training"] = {"global_batch": b * dp * m, "micro_batch": b * (sizes.get("ep", 1) if args.model == "moe"
+                                                                           else 1)}
+    return batch, blocks
+
+
 def build_spec(args) -> dict:
     """The spec dict the parsed ``gen`` arguments ask for."""
-    from layout_prop.frontends.generate import gpt_spec, llama_spec, moe_spec, parse_mesh_arg
+    from layout_prop.frontends.generate import parse_mesh_arg
 
     _refuse_foreign_flags(args)
-    mesh = parse_mesh_arg(_value(args, "mesh"), args.model)
-    common = dict(batch=_value(args, "batch"), seq=args.seq, hidden=args.hidden, heads=args.heads,
+    mesh = parse_mesh_arg(_value(args, "mesh"), args.model, pipeline=True)
+    batch, blocks = _configuration(args, mesh)
+    spec = _model_spec(args, mesh, batch if batch is not None else _value(args, "batch"))
+    spec.update(blocks)
+    if blocks:
+        from layout_prop.io.loader import load_spec
+        from layout_prop.commands.config_blocks import read_blocks
+
+        read_blocks(load_spec(spec))  # a block check would refuse (micro-batches the batch does not cut) is said here
+    return spec
+
+
+def _model_spec(args, mesh, batch: int) -> dict:
+    from layout_prop.frontends.generate import gpt_spec, llama_spec, moe_spec
+
+    common = dict(batch=batch, seq=args.seq, hidden=args.hidden, heads=args.heads,
                   ffn=_value(args, "ffn"), dtype=args.dtype)
     if args.model == "gpt":
         return gpt_spec(args.layers, mesh, vocab=args.vocab, dropout=args.dropout, **common)

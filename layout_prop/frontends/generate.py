@@ -71,8 +71,14 @@ ROUTERS = ("softmax", "sigmoid")
 MESH_AXES = {"llama": ("dp", "sp", "tp"), "gpt": ("dp", "sp", "tp"), "moe": ("dp", "ep", "tp")}
 
 
-def parse_mesh_arg(text: str, model: str = "llama") -> list[tuple[str, int]]:
-    """``"dp=2,sp=2,tp=2"`` -> ``[("dp", 2), ("sp", 2), ("tp", 2)]``; ``model`` names the axes needed."""
+def parse_mesh_arg(text: str, model: str = "llama", pipeline: bool = False) -> list[tuple[str, int]]:
+    """``"dp=2,sp=2,tp=2"`` -> ``[("dp", 2), ("sp", 2), ("tp", 2)]``, in the order written; ``model`` names the
+    axes taken (:data:`MESH_AXES`), and with ``pipeline`` a ``pp`` axis too. An axis of the model not written
+    has size 1 (appended in the model's order); an axis the model does not take is ``bad-mesh``.
+
+    >>> parse_mesh_arg("pp=8,dp=24,tp=8", pipeline=True)
+    [('pp', 8), ('dp', 24), ('sp', 1), ('tp', 8)]
+    """
     out = []
     for part in text.split(","):
         name, _, size = part.partition("=")
@@ -83,12 +89,19 @@ def parse_mesh_arg(text: str, model: str = "llama") -> list[tuple[str, int]]:
         out.append((name.strip(), int(size)))
     names = [n for n, _ in out]
     need = MESH_AXES[model]
-    missing = sorted(set(need) - set(names))
-    if missing or len(names) != len(need):
+    taken = need + (("pp",) if pipeline else ())
+    unknown = [n for n in names if n not in taken]
+    if unknown or len(set(names)) != len(names):
         example = ",".join(f"{a}=2" for a in need)
         title = {"llama": "Llama", "gpt": "GPT", "moe": "MoE"}[model]
         raise SpecError("bad-mesh", f"the {title} generator needs exactly the mesh axes {', '.join(need[:-1])} and "
-                        f"{need[-1]}, got {names}", hint=f"write the mesh as {example} (sizes may be 1)")
+                        f"{need[-1]}{' (and pp)' if pipeline else ''}, got {names}",
+                        hint=f"write the mesh as {example} (sizes may be 1; an axis left out has size 1)")
+    for i, axis in enumerate(need):  # an axis left out goes before the next of the model's axes written
+        if axis not in names:
+            later = [j for j, (n, _) in enumerate(out) if n in need[i + 1:]]
+            out.insert(later[0] if later else len(out), (axis, 1))
+            names = [n for n, _ in out]
     return out
 
 

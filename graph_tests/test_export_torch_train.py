@@ -47,9 +47,8 @@ def _compare(result, spec):
         torch.testing.assert_close(result["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def _spec(**config) -> dict:
-    spec = llama_spec(layers=1, mesh=(("dp", 2), ("sp", 1), ("tp", 2)), batch=4, seq=8, hidden=32, heads=4,
-                      ffn=64, full=True, vocab=64)
+def _spec(mesh=(("dp", 2), ("sp", 1), ("tp", 2)), **config) -> dict:
+    spec = llama_spec(layers=1, mesh=mesh, batch=4, seq=8, hidden=32, heads=4, ffn=64, full=True, vocab=64)
     spec.update(config)
     return spec
 
@@ -66,4 +65,17 @@ def test_zero3_fsdp_with_tp_step_equals_one_process(tmp_path):
     spec = _spec(zero={"stage": 3})
     code = _export(spec)
     assert "ZERO_STAGE = 3" in code and "MODEL_AXES = ('tp',)" in code
+    _compare(_train(tmp_path, spec, code), spec)
+
+
+def test_the_searchs_7b_plan_shape_dp_zero3_step_equals_one_process(tmp_path):
+    """plan --search's best for a Llama-2-7B shape on 64 A100s is dp=64 x sp=1 x tp=1 with ZeRO-3 (docs/export.md):
+    the same configuration at a toy size on 4 processes, dp=4: the sp and tp axes (size 1) are left out, every
+    parameter is a plain tensor fully_shard shards over dp, and the step equals one process."""
+    spec = _spec(mesh=(("dp", 4), ("sp", 1), ("tp", 1)), zero={"stage": 3, "axes": ["dp"]},
+                 training={"global_batch": 8, "micro_batch": 1})
+    code = _export(spec)
+    for line in ("MESH_DIM_NAMES = ('dp',)", "ZERO_STAGE = 3", "MODEL_AXES = ()", "MICRO_BATCHES = 2",
+                 "GLOBAL_BATCH = 8"):
+        assert line in code.splitlines(), line
     _compare(_train(tmp_path, spec, code), spec)

@@ -175,6 +175,20 @@ def check_config(plan: ExportPlan) -> None:
                                   f"replicate the parameters on {axis}: the zero: block shards them there")
 
 
+def _micro_batches(plan: ExportPlan) -> int:
+    """Micro-batches a step: the pipeline's, else the gradient accumulation the training: block implies
+    (global batch / (micro-batch x the data-parallel ranks))."""
+    from layout_prop.passes.zero import DATA_AXES
+
+    c = plan.config
+    if c.pipeline_axis is not None or not c.global_batch or not c.micro_batch:
+        return c.micro_batches
+    dp = 1
+    for name, size in zip(plan.mesh.names, plan.mesh.shape):
+        dp *= size if name in DATA_AXES else 1
+    return max(1, c.global_batch // (c.micro_batch * dp))
+
+
 def config_lines(plan: ExportPlan) -> list[str]:
     """The module's constants for the training configuration (ZeRO, recomputation, the step's batch)."""
     c = plan.config
@@ -194,7 +208,7 @@ def config_lines(plan: ExportPlan) -> list[str]:
               "#: data-parallel rank, and micro-batches a step (gradient accumulation without a pipeline)",
               f"GLOBAL_BATCH = {c.global_batch!r}",
               f"MICRO_BATCH = {c.micro_batch!r}",
-              f"MICRO_BATCHES = {c.micro_batches!r}"]
+              f"MICRO_BATCHES = {_micro_batches(plan)!r}"]
     if plan.dropped_axes:
         lines.insert(0, f"#: left out of the mesh (size 1: they cut nothing): {', '.join(plan.dropped_axes)}")
     return lines

@@ -468,3 +468,25 @@ def test_the_searched_spec_with_dropout_passes_pipeline_run(tmp_path, capsys, dt
     rc = main(["pipeline", searched, "--run"])
     out = capsys.readouterr().out
     assert rc == 0 and "matches one device" in out, out[-800:]
+
+
+def test_plan_files_are_read_by_the_same_reader(tmp_path):
+    # a sharding plan (import --plan, export --data) goes through io/reader.py as specs and cluster files do
+    from layout_prop.io.plan_file import load_plan
+
+    link = tmp_path / "zero.yaml"
+    link.symlink_to("/dev/zero")
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    cases = [(link, "plan-not-found"), (write(tmp_path, "bad.yaml", b"mesh: caf\xe9\n"), "plan-syntax"),
+             (write(tmp_path, "bomb.yaml", "\n".join(levels) + "\nmesh: *a8\n"), "plan-too-large"),
+             (write(tmp_path, "keys.yaml", "mesh: {shape: [2]}\n1: x\nparamters: {}\n"), "unknown-key")]
+    for path, code in cases:
+        start = time.perf_counter()
+        with pytest.raises(SpecError) as info:
+            load_plan(Path(path))
+        assert info.value.code == code, (path, info.value)
+        assert time.perf_counter() - start < 3
+    assert "plan has no key 1 and 1 more" in str(info.value)  # keys of mixed types: no crash sorting them
+    with pytest.raises(SpecError, match="did you mean 'parameters'"):
+        load_plan(Path(write(tmp_path, "typo.yaml", "mesh: {shape: [2]}\nparamters: {}\n")))

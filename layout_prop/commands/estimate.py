@@ -165,7 +165,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
                             f"{acc} micro-batches, the spec's pipeline block has micro_batches {c.micro_batches}",
                             path="pipeline.micro_batches", hint="drop --global-batch and --micro-batch (the block's "
                             "micro-batches are the step's), or make them agree")
-    built = build(graph, cluster_arg, blocks.zero, (blocks.recompute, blocks.layers))
+    built = build(graph, cluster_arg, blocks.zero, (blocks.recompute, blocks.layers), localize=False)
     pprog, g = built.program, built.micro
     zero = blocks.zero
     stage = blocks.zero_stage
@@ -218,7 +218,10 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     received += [(key, mv, True) for key, mvs in sorted(pprog.step_moves.items()) for mv in mvs]
     for (chunk, phase), mv, once in received:
         before = (chunk - 1 if phase == "F" else chunk + 1) % p
-        t = collective_time("permute", pprog.permute(mv).bytes_per_rank, pprog.mesh.shape, pprog.axis, cluster)
+        # the largest piece a rank sends, rank 0's (the permute step's bytes_per_rank, without building the step for
+        # every rank of the mesh: 3 s a move on a 16,384-rank mesh)
+        sent = pprog.program.specs[mv.value].local_nbytes(0)
+        t = collective_time("permute", sent, pprog.mesh.shape, pprog.axis, cluster)
         (step_moves if once else moves).append(t)
         key = (chunk, phase, m - 1) if once else (chunk, phase)
         if mv.src_stage == before:

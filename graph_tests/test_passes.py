@@ -165,7 +165,7 @@ nodes:
 def test_auto_completion_matches_x_and_reports_alternatives():
     g = load_spec(AUTO)
     res = Complete().run(g)
-    Verify().run(g)  # the graph carries the specs of the chosen layouts, not of the last one tried
+    Verify().run(res.graph)  # the graph carries the specs of the chosen layouts, not of the last one tried
     assert res.chosen == {"cos": ("R", "R", "S(2)"), "sin": ("R", "R", "S(2)")}
     assert len(res.notes) == 2
     assert "alternatives: (R, R, R): 0 bytes/rank" in res.notes[0]
@@ -187,7 +187,7 @@ nodes:
 """
     g = load_spec(spec)
     res = Complete().run(g)
-    Verify().run(g)
+    Verify().run(res.graph)
     # a wants w as S(1), b and c want S(0).  Replicate serves all three by free local slices (0 bytes).
     # S(0) makes a all-to-all w: its local [4, 64] float32 = 1024 bytes, it keeps half: 512 bytes.
     # S(1) makes b and c each all-to-all w: 2 * 512 = 1024 bytes.

@@ -606,14 +606,14 @@ def test_a_final_graph_that_does_not_run_the_ring_says_so_in_the_notes_run_print
     """Where the moves finally chosen do not run the ring (here: the solver's plan taken whatever it does, as
     when the greedy sweep's graph does not check), an ``expand:`` note takes back the expand pass's own."""
     pytest.importorskip("scipy")
-    import layout_prop.api as api
+    import layout_prop.planner.choice as choice
     from layout_prop.passes.check import Check
 
-    def take_the_plan(forward, plan, chosen, forced, greedy, check, propagate, backward):
-        planned = api._planned(forward, plan.strategies(chosen), propagate, backward)
+    def take_the_plan(forward, plan, chosen, forced, greedy, check, ctx):
+        planned = choice._planned(forward, plan.strategies(chosen), ctx)
         return planned, Check().run(planned), []
 
-    monkeypatch.setattr(api, "_whole_graph", take_the_plan)
+    monkeypatch.setattr(choice, "_whole_graph", take_the_plan)
     spec = _projected(["S(0)", "S(1)"], ["S(0)", "R"])
     said = ("expand: attn (scaled_dot_product_attention) does not run as written, which context_parallel='ring' on "
             "mesh axis 'cp' asks: in the resharded graph its nodes read q, k, v as (S(2), R), not (S(0), S(1)); "

@@ -32,7 +32,7 @@ from typing import Any
 from .core import meta
 from .core.graph import Graph, paused_gc
 
-__all__ = ["Analysis", "analyze", "clear_caches", "format_table"]
+__all__ = ["Analysis", "analysis_pipeline", "analyze", "clear_caches", "format_table"]
 
 
 @dataclass
@@ -156,239 +156,36 @@ def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, back
     With ``verify=True`` the graph verifier (:class:`~layout_prop.passes.verify.Verify`) runs
     after every pass and raises ``GraphError`` on a malformed or stale graph: what the tests
     and the op testing kit (:func:`layout_prop.testing.verify_op`) ask for.
+
+    The passes run are :func:`analysis_pipeline`'s; ``graph``'s inputs and nodes are left as they
+    were (an ``auto`` input stays ``auto``), its nodes may receive the propagated metadata.
     """
+    from layout_prop.passes.base import AnalysisOptions
+    from layout_prop.passes.pass_manager import PassContext
+
+    ctx = PassContext(AnalysisOptions(reshard=reshard, backward=backward, backend=backend, verify=verify))
+    ctx.notes.extend(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
     with paused_gc():
-        return _analyze(graph, reshard, backward, backend, verify)
+        result = analysis_pipeline().apply(graph, ctx)
+    choice = ctx.results["sweep-or-solver"]
+    return Analysis(result.graph, ctx.results["check"], ctx.notes, expanded=choice.expanded)
 
 
-def _analyze(graph: Graph, reshard: bool, backward: bool, backend: str, verify: bool) -> Analysis:
-    from layout_prop.passes.check import Check
-    from layout_prop.passes.complete import Complete
-    from layout_prop.passes.propagate import Propagate
-    from layout_prop.passes.reshard import Reshard
-    from layout_prop.passes.verify import Verify
+def analysis_pipeline():
+    """The passes :func:`analyze` runs, in order: the greedy sweep or the whole-graph solver
+    (:class:`~layout_prop.planner.choice.SweepOrSolver`: the auto layouts, the expansions, the
+    backward, the moves, the check), the verifier of the resolved graph (with ``verify``), the
+    backend's kernel limits (a backend other than numpy).
 
-    notes: list[str] = list(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
-    was_expanded = False
-    forced = []  # the expansions the nodes' attrs ask for (context_parallel='ring'), as the expand pass wrote them
-    propagate = Propagate()
-    autos = any(n.attrs.get("placements") == "auto" for n in graph.inputs())
-    plan = _global_choice(graph, backward) if autos else None  # asked before complete fills the autos
-    completed = Complete(propagate).run(graph)
-    chosen = None
-    if plan is not None:
-        greedy = plan.solve_with(completed.chosen) if completed.chosen else None
-        dropped = _dropped_rings(graph, propagate, completed, plan.layouts()) if completed.rings else []
-        if dropped:  # the solver's autos drop a ring the attrs ask that the greedy choice runs: not taken
-            notes.extend(completed.notes)
-            notes.append(f"complete: the whole-graph choice of the auto layouts ({_layouts_text(plan.layouts())}) "
-                         f"drops the ring {', '.join(dropped)} asks (context_parallel='ring'): not taken")
-            chosen = greedy[0] if greedy is not None else None
-        elif completed.chosen and (greedy is None or plan.cost < greedy[1] - 0.5):  # the solver's autos are better
-            for name, placements in plan.layouts().items():
-                graph.node(name).attrs["placements"] = placements
-            propagate.run(graph)
-            notes.extend(plan.notes())
-            chosen = plan.chosen
-        elif greedy is not None:  # the greedy choice is as good: kept, with the alternatives the solver weighed
-            notes.extend(plan.notes(*greedy))
-            chosen = greedy[0]
-        else:
-            notes.extend(completed.notes)
-            chosen = plan.chosen
-    else:
-        notes.extend(completed.notes)
-    if not completed.chosen:  # (complete leaves the graph propagated with what it chose)
-        propagate.run(graph)
-    if reshard:  # ops whose rule has a sharded form of several nodes (passes/expand.py) take it where cheaper
-        from layout_prop.passes.expand import Expand
-
-        expanded = Expand(propagate).run(graph)
-        notes.extend(expanded.notes)
-        if expanded.expanded:
-            graph = expanded.graph
-            was_expanded = True
-            forced = expanded.forced
-            if plan is not None:  # the solver's plan of the graph before: ask again on the expanded one
-                plan = _global_choice(graph, backward)
-                chosen = None if plan is None else plan.chosen
-    if plan is None and reshard and any(v.fixable for n in graph.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
-        plan = _global_choice(graph, backward)  # only when there is something to fix
-        chosen = None if plan is None else plan.chosen
-    if verify:
-        Verify().run(graph)
-    forward = graph
-    if backward:
-        from layout_prop.passes.backward import Backward
-
-        graph = Backward(propagate).run(graph).graph
-        if verify:
-            Verify().run(graph)
-    if reshard:
-        graph = Reshard(propagate).run(graph).graph
-    check = Check().run(graph)
-    if reshard and plan is not None and chosen is not None and any(
-            v.fixable for n in forward.nodes for v in n.meta.get(meta.VIOLATIONS, ())):
-        greedy_graph = graph
-        graph, check, said = _whole_graph(forward, plan, chosen, forced, graph, check, propagate, backward)
-        notes.extend(said)
-        if verify and graph is not greedy_graph:
-            Verify().run(graph)
-    if reshard:  # an expansion the attrs ask for that the moves chosen do not run as written is said
-        notes.extend(_unkept_notes(graph, forced))
-    if verify:  # after reshard, a graph that checks clean must also be resolved
-        Verify(resolved=reshard and check.ok).run(graph)
-    if backend != "numpy":
-        from layout_prop.passes.kernel_check import KernelCheck
-
-        check.violations.extend(KernelCheck(backend).run(graph))
-    return Analysis(graph, check, notes, expanded=was_expanded)
-
-
-def _dropped_rings(graph: Graph, propagate, completed, layouts: dict) -> list[str]:
-    """The rings the attrs ask (``context_parallel='ring'``) that the complete pass's choice runs
-    (``completed.rings``) and the auto ``layouts`` would not (the expand pass would gather instead);
-    ``graph`` is left with the complete pass's layouts, propagated."""
-    from layout_prop.core.errors import LayoutPropError
-    from layout_prop.passes.expand import Expand
-
-    ran = {ring for rings in completed.rings.values() for ring in rings}
-    if all(tuple(layouts[name]) == tuple(placements) for name, placements in completed.chosen.items()
-           if name in layouts):
-        return []
-    try:
-        for name, placements in layouts.items():
-            graph.node(name).attrs["placements"] = tuple(placements)
-        propagate.run(graph)
-        kept = {f.node for f in Expand(propagate).run(graph).forced}
-    except LayoutPropError:  # the solver's layouts do not propagate: not this function's to judge
-        kept = ran
-    finally:
-        for name, placements in completed.chosen.items():
-            graph.node(name).attrs["placements"] = placements
-        propagate.run(graph)
-    return sorted(ran - kept)
-
-
-def _layouts_text(layouts: dict) -> str:
-    """``k (S(0), R), v (R, R)``: auto layouts as a note names them."""
-    return ", ".join(f"{name} ({', '.join(placements)})" for name, placements in sorted(layouts.items()))
-
-
-def _global_choice(graph: Graph, backward: bool):
-    """The solver's plan of a small graph (None for a larger one, or when it cannot plan it:
-    the greedy passes then decide alone)."""
-    from layout_prop.core.errors import LayoutPropError
-    from layout_prop.planner.solver import GlobalChoice, global_applies
-
-    if not global_applies(graph):
-        return None
-    try:
-        return GlobalChoice(graph, backward)
-    except LayoutPropError:
-        return None
-
-
-def _whole_graph(forward: Graph, plan, chosen, forced, greedy: Graph, check, propagate, backward: bool):
-    """The solver's moves for ``forward`` when they do better than the greedy sweep's (``greedy``
-    and its ``check``), else the sweep's: ``(graph, its check, notes)``.
-
-    Better: the graph checks clean and moves strictly fewer bytes per rank (or the sweep's does
-    not check), and it runs every expansion in ``forced`` (the node's attrs ask it: a ring) as
-    the expand pass wrote it, unless the sweep's does not check.  When the solver's best plan
-    drops such an expansion, its best plan with the expansions' nodes held as written is tried.
+    >>> analysis_pipeline()
+    PassPipeline(sweep-or-solver, verify, kernel_check)
     """
-    from layout_prop.passes.check import Check
-    from layout_prop.passes.expand import unkept
+    from layout_prop.passes.pass_manager import PassPipeline
+    from layout_prop.passes.kernel_check import KernelCheck
+    from layout_prop.passes.verify import Verify
+    from layout_prop.planner.choice import SweepOrSolver
 
-    planned = _planned(forward, plan.strategies(chosen), propagate, backward)
-    if planned is None:
-        return greedy, check, []
-    planned_check = Check().run(planned)
-    better = planned_check.ok and (not check.ok or planned_check.total_bytes_per_rank < check.total_bytes_per_rank)
-    if not better:
-        return greedy, check, []
-    dropped = [(f, what) for f in forced if (what := unkept(planned, f)) is not None]
-    if not dropped or not check.ok:
-        return planned, planned_check, [_chose(planned_check, check)]
-    return _holding(forward, plan, forced, dropped, planned_check.total_bytes_per_rank, greedy, check, propagate,
-                    backward)
-
-
-def _holding(forward: Graph, plan, forced, dropped, planned_bytes: int, greedy: Graph, check, propagate,
-             backward: bool):
-    """When the solver's plan (``planned_bytes``) does not run the ``dropped`` expansions (each with
-    what it does instead) as written: its best plan that runs every ``forced`` one so, if it moves
-    fewer bytes than the greedy sweep, else the sweep's graph; ``(graph, its check, notes)``."""
-    from layout_prop.passes.check import Check
-    from layout_prop.passes.expand import unkept
-
-    held = _held_choice(plan, forced)
-    kept = None if held is None else _planned(forward, plan.strategies(held), propagate, backward)
-    kept_check = None if kept is None else Check().run(kept)
-    if (kept_check is None or not kept_check.ok or kept_check.total_bytes_per_rank >= check.total_bytes_per_rank
-            or any(unkept(kept, f) is not None for f in forced)):
-        kept, kept_check = greedy, check
-        instead = f"the greedy sweep's {check.total_bytes_per_rank} bytes per rank run it as written"
-    else:
-        instead = f"the solver's best plan that runs it as written moves {kept_check.total_bytes_per_rank}"
-    said = [f"reshard: the whole-graph plan of {planned_bytes} bytes per rank does not run {f.node} ({f.op}) as "
-            f"the expand pass wrote it, which {f.reason} asks: {what}; not taken: {instead}" for f, what in dropped]
-    if kept is not greedy:
-        said.append(_chose(kept_check, check))
-    return kept, kept_check, said
-
-
-def _chose(planned_check, check) -> str:
-    """The note of a whole-graph plan taken: its bytes and the greedy sweep's."""
-    return (f"reshard: chose where to redistribute over the whole graph: {planned_check.total_bytes_per_rank} bytes "
-            f"per rank (the greedy sweep moves {check.total_bytes_per_rank})")
-
-
-def _held_choice(plan, forced):
-    """The solver's best choice (class -> strategy) with every part of the ``forced`` expansions
-    receiving its inputs as the expand pass wrote them, their strategies held fixed in the
-    program (None when a part has no such strategy, or nothing is consistent with them)."""
-    problem = plan.problem
-    fix = {}
-    for f in forced:
-        for part in f.parts:
-            cls = problem.classes.get(part)
-            if cls is None:
-                return None
-            want = tuple(read.layout for read in f.reads[part])
-            k = next((k for k, s in enumerate(problem.strategies[cls]) if tuple(s.inputs) == want), None)
-            if k is None or fix.get(cls, k) != k:
-                return None
-            fix[cls] = k
-    found = problem.solve(None, fix=fix)
-    return None if found is None else found[0]
-
-
-def _unkept_notes(graph: Graph, forced) -> list[str]:
-    """A note per expansion of ``forced`` that ``graph`` (resharded) does not run as the expand pass
-    wrote it: ``expand:``, as it takes back that pass's note (``run`` prints those)."""
-    from layout_prop.passes.expand import unkept
-
-    return [f"expand: {f.node} ({f.op}) does not run as written, which {f.reason} asks: in the resharded graph "
-            f"{what}" for f in forced if (what := unkept(graph, f)) is not None]
-
-
-def _planned(forward: Graph, strategies, propagate, backward: bool) -> Graph | None:
-    """``forward`` with the moves of ``strategies`` (then its backward, resharded greedily)."""
-    from layout_prop.core.errors import LayoutPropError
-    from layout_prop.planner.solver import realise
-    from layout_prop.passes.reshard import Reshard
-
-    try:
-        graph, _ = realise(forward, strategies, propagate)
-        if backward:
-            from layout_prop.passes.backward import Backward
-
-            graph = Backward(propagate).run(graph).graph
-        return Reshard(propagate).run(graph).graph
-    except LayoutPropError:
-        return None
+    return PassPipeline(SweepOrSolver(), Verify(resolved=None), KernelCheck())
 
 
 def format_table(analysis: Analysis) -> str:

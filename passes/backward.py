@@ -37,6 +37,7 @@ from layout_prop.core.graph import Graph, Node
 from layout_prop.core.registry import get_rule
 from layout_prop.core.spec import TensorSpec
 
+from .base import GraphPass, PassResult
 from .propagate import Propagate, value_spec
 
 __all__ = ["Backward", "BackwardResult", "COTANGENT_PREFIX", "GRAD_PREFIX"]
@@ -78,11 +79,19 @@ class _Builder:
         return value_spec(self.graph, value)
 
 
-class Backward:
+class Backward(GraphPass):
     name = "backward"
+    transforms = True
 
     def __init__(self, propagate: Propagate | None = None) -> None:
         self.propagate = propagate or Propagate()
+
+    def applies(self, ctx: PassContext) -> bool:
+        return ctx.options.backward
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        result = Backward(ctx.propagate).run(graph)
+        return PassResult(result.graph, True, result)
 
     def run(self, graph: Graph) -> BackwardResult:
         new = graph.copy_structure()

@@ -35,6 +35,7 @@ from layout_prop.core.graph import Graph
 from layout_prop.core.layout import Layout
 from layout_prop.core.redistribute import Redistribution, plan_redistribution
 
+from .base import GraphPass, PassResult
 from .propagate import value_spec
 
 __all__ = ["Check", "CheckResult", "InputRedistribution"]
@@ -79,8 +80,11 @@ class CheckResult:
         return sum(r.plan.bytes_per_rank for r in self.redistributions)
 
 
-class Check:
+class Check(GraphPass):
     name = "check"
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        return PassResult(graph, False, self.run(graph))
 
     def run(self, graph: Graph) -> CheckResult:
         result = CheckResult()

@@ -17,6 +17,9 @@ left unwritten, then bytes... as above.  The ring moves the bytes of the gather 
 (or more, where the gather moved only v), so on bytes alone the layout that drops the ring
 would win; the notes say which candidates run the ring and which drop it.
 
+A transforming pass: the layouts are written on a copy of the graph (:attr:`CompleteResult.graph`,
+left propagated with what was chosen); the given graph keeps its ``auto`` inputs.
+
 This is greedy (one input at a time, each scored by the graph's wants as they stand).  On
 graphs of 2 to :data:`~layout_prop.planner.solver.GLOBAL_NODES` ops,
 :func:`layout_prop.api.analyze` also solves every ``auto`` input together with the solver of
@@ -36,8 +39,10 @@ Examples
 ...   - {name: y, op: rope, inputs: [x, cos, sin]}
 ... ''')
 >>> res = Complete().run(g)
->>> g.node("cos").attrs["placements"]
-('S(2)',)
+>>> res.chosen["cos"], res.graph.node("cos").attrs["placements"]
+(('S(2)',), ('S(2)',))
+>>> g.node("cos").attrs["placements"]  # the given graph is unchanged
+'auto'
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph
 from layout_prop.core.registry import get_rule
 
+from .base import GraphPass, PassResult, own_copy
 from .expand import Expand, comm_bytes
 from .propagate import Propagate, value_spec
 
@@ -64,19 +70,31 @@ class CompleteResult:
     chosen: dict[str, tuple[str, ...]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     rings: dict[str, tuple[str, ...]] = field(default_factory=dict)  # auto input -> the rings its choice runs
+    #: the graph with the chosen layouts, propagated (a copy); the given graph itself when it has no ``auto``
+    graph: Graph | None = None
 
 
-class Complete:
+class Complete(GraphPass):
     name = "complete"
+    transforms = True
 
     def __init__(self, propagate: Propagate | None = None) -> None:
         self.propagate = propagate or Propagate()
 
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        """:meth:`run` with the context's cache; its notes said in ``ctx.notes``."""
+        result = Complete(ctx.propagate).run(graph)
+        ctx.notes.extend(result.notes)
+        return PassResult(result.graph, bool(result.chosen), result)
+
     def run(self, graph: Graph) -> CompleteResult:
-        result = CompleteResult()
-        autos = [n for n in graph.inputs() if n.attrs.get("placements") == "auto"]
+        """The layouts of ``graph``'s ``auto`` inputs, written on a copy of it (``graph`` is left as it was)."""
+        autos = [n.name for n in graph.inputs() if n.attrs.get("placements") == "auto"]
         if not autos:
-            return result
+            return CompleteResult(graph=graph)
+        graph = own_copy(graph)
+        result = CompleteResult(graph=graph)
+        autos = [graph.node(name) for name in autos]
         replicated = ("R",) * graph.mesh.ndim
         for node in autos:
             node.attrs["placements"] = replicated

@@ -61,6 +61,7 @@ from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import OpRule, get_rule
 from layout_prop.core.spec import TensorSpec
 
+from .base import GraphPass, PassResult
 from .propagate import Propagate, value_spec
 
 __all__ = ["Expand", "ExpandResult", "EXPANDED_FROM", "Forced", "unkept", "comm_bytes"]
@@ -107,11 +108,21 @@ class ExpandResult:
     forced: list[Forced] = field(default_factory=list)  # the expansions kept because the node's attrs ask them
 
 
-class Expand:
+class Expand(GraphPass):
     name = "expand"
+    transforms = True
 
     def __init__(self, propagate: Propagate | None = None) -> None:
         self.propagate = propagate or Propagate()
+
+    def applies(self, ctx: PassContext) -> bool:
+        return ctx.options.reshard
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        """:meth:`run` with the context's cache; its notes said in ``ctx.notes``."""
+        result = Expand(ctx.propagate).run(graph)
+        ctx.notes.extend(result.notes)
+        return PassResult(result.graph, bool(result.expanded), result)
 
     def run(self, graph: Graph) -> ExpandResult:
         """Propagate ``graph`` (in place, if it is not yet), then build the expanded graph.

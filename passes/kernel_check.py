@@ -34,16 +34,28 @@ from layout_prop.core.graph import Graph
 from layout_prop.core.registry import get_rule
 from layout_prop.core.spec import TensorSpec, class_ranks, rank_classes
 
+from .base import GraphPass, PassResult
 from .propagate import value_spec
 
 __all__ = ["KernelCheck"]
 
 
-class KernelCheck:
+class KernelCheck(GraphPass):
+    """The limits of ``backend``'s kernels; in a pipeline, those of ``ctx.options.backend`` when
+    ``backend`` is None, its violations added to the check's (``ctx.results["check"]``)."""
+
     name = "kernel_check"
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str | None = None) -> None:
         self.backend = backend
+
+    def applies(self, ctx: PassContext) -> bool:
+        return (self.backend or ctx.options.backend) != "numpy"
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        found = KernelCheck(self.backend or ctx.options.backend).run(graph)
+        ctx.results["check"].violations.extend(found)
+        return PassResult(graph, False, found)
 
     def run(self, graph: Graph) -> list[Violation]:
         found: list[Violation] = []

@@ -29,6 +29,8 @@ from layout_prop.core.layout import Layout
 from layout_prop.core.registry import apply_rule, get_rule
 from layout_prop.core.spec import TensorSpec
 
+from .base import GraphPass, PassResult
+
 __all__ = ["Propagate", "PropagateResult", "clear_caches", "input_spec", "value_spec"]
 
 _PREPARED = "propagate.prepared"  # private: (heads table, rule, attrs, cache-key head), once per node
@@ -81,7 +83,7 @@ class PropagateResult:
     violations: list[Violation] = field(default_factory=list)
 
 
-class Propagate:
+class Propagate(GraphPass):
     """The propagate pass; ``cache`` may be shared between runs (it is keyed on pure inputs)."""
 
     name = "propagate"
@@ -91,6 +93,10 @@ class Propagate:
         self._heads = self.cache.setdefault(_HEADS, {})
         self._by_attrs = self.cache.setdefault(_BY_ATTRS, {})
         self._mesh = self._inputs = None  # the mesh of the last input visited and its input specs
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        """Propagate ``graph`` with the context's cache (its node metadata written in place)."""
+        return PassResult(graph, False, ctx.propagate.run(graph))
 
     def run(self, graph: Graph) -> PropagateResult:
         """Propagate every node in topological order (specs read from a local map, not the producers)."""

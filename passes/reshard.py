@@ -55,6 +55,7 @@ from layout_prop.core.registry import get_rule
 from layout_prop.core.spec import TensorSpec
 
 from .backward import GRAD_PREFIX
+from .base import GraphPass, PassResult
 from .propagate import Propagate
 
 __all__ = ["Reshard", "ReshardResult"]
@@ -66,12 +67,20 @@ class ReshardResult:
     inserted: int
 
 
-class Reshard:
+class Reshard(GraphPass):
     name = "reshard"
+    transforms = True
     max_rounds = 8  # moves inserted for one node, again and again while its rule still asks
 
     def __init__(self, propagate: Propagate | None = None) -> None:
         self.propagate = propagate or Propagate()
+
+    def applies(self, ctx: PassContext) -> bool:
+        return ctx.options.reshard
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        result = Reshard(ctx.propagate).run(graph)
+        return PassResult(result.graph, result.graph is not graph, result)
 
     def run(self, graph: Graph) -> ReshardResult:
         """Propagate ``graph`` (in place, if it is not yet), then build the resharded graph.

@@ -31,16 +31,31 @@ from layout_prop.core.errors import GraphError, LayoutPropError
 from layout_prop.core.graph import Graph
 from layout_prop.core.redistribute import plan_redistribution
 
+from .base import GraphPass, PassResult
 from .propagate import Propagate, value_spec
 
 __all__ = ["Verify"]
 
 
-class Verify:
+class Verify(GraphPass):
+    """The verifier; ``resolved`` None (in a pipeline): resolved when the run resharded and its
+    check (``ctx.results["check"]``) is clean."""
+
     name = "verify"
 
-    def __init__(self, resolved: bool = False) -> None:
+    def __init__(self, resolved: bool | None = False) -> None:
         self.resolved = resolved
+
+    def applies(self, ctx: PassContext) -> bool:
+        return ctx.options.verify
+
+    def apply(self, graph: Graph, ctx: PassContext) -> PassResult:
+        resolved = self.resolved
+        if resolved is None:
+            check = ctx.results.get("check")
+            resolved = ctx.options.reshard and check is not None and check.ok
+        Verify(resolved).run(graph)
+        return PassResult(graph, False, None)
 
     def run(self, graph: Graph) -> None:
         graph.lint()

@@ -82,8 +82,10 @@ from layout_prop.core.redistribute import LOCAL_STEPS, Redistribution, plan_redi
 from layout_prop.core.registry import OpRule, get_rule
 from layout_prop.core.spec import TensorSpec
 
+from layout_prop.passes.base import AnalysisOptions
 from layout_prop.passes.expand import EXPANDED_FROM
 from layout_prop.passes.memory import optimizer_states_per_parameter
+from layout_prop.passes.pass_manager import PassContext
 from layout_prop.passes.propagate import Propagate, value_spec
 
 __all__ = ["Problem", "Strategy", "Solution", "solve", "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan",
@@ -213,8 +215,7 @@ class _Rules:
 
 
 def _vjp(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...]):
-    from layout_prop.passes.backward import Backward
-    from layout_prop.passes.reshard import Reshard
+    from layout_prop.passes.resolve import RESOLVE
 
     mesh = inputs[0].mesh
     g = Graph(mesh)
@@ -224,11 +225,11 @@ def _vjp(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool, ...])
                              placements=spec.layout.placement_strs(), requires_grad=req))
     outs = g.op("node", node.op, names, dict(node.attrs), node.num_outputs)
     g.output(*([outs] if isinstance(outs, str) else outs))
-    propagate = Propagate()
+    ctx = PassContext(AnalysisOptions(reshard=True, backward=True))
     try:
-        propagate.run(g)
-        back = Backward(propagate).run(g)
-        fixed = Reshard(propagate).run(back.graph).graph
+        ctx.propagate.run(g)
+        fixed = RESOLVE.apply(g, ctx).graph
+        back = ctx.results["backward"]
     except LayoutPropError:
         return None
     if any(n.meta.get(meta.VIOLATIONS) for n in fixed.nodes):
@@ -263,9 +264,8 @@ def _expansion(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool,
     backward op and of each forward op of the subgraph.  The one-node graph goes through the passes
     :func:`layout_prop.api.analyze` runs (propagate, expand, backward, reshard), so the plan is priced
     as the measurement of its realised graph resolves it."""
-    from layout_prop.passes.backward import Backward
     from layout_prop.passes.expand import Expand
-    from layout_prop.passes.reshard import Reshard
+    from layout_prop.passes.resolve import RESOLVE
 
     mesh = inputs[0].mesh
     flags = requires if requires is not None else (False,) * len(inputs)
@@ -276,16 +276,16 @@ def _expansion(node: Node, inputs: tuple[TensorSpec, ...], requires: tuple[bool,
                              placements=spec.layout.placement_strs(), requires_grad=req))
     outs = g.op("node", node.op, names, dict(node.attrs), node.num_outputs)
     g.output(*([outs] if isinstance(outs, str) else outs))
-    propagate = Propagate()
+    ctx = PassContext(AnalysisOptions(reshard=True, backward=requires is not None and any(requires)))
     try:
-        propagate.run(g)
-        result = Expand(propagate).run(g)
+        ctx.propagate.run(g)
+        result = Expand(ctx.propagate).run(g)
         if not result.expanded:
             return None
         forward = result.graph
         outputs = tuple(forward.node("node").meta[meta.SPECS])
-        back = Backward(propagate).run(forward) if requires is not None and any(requires) else None
-        fixed = Reshard(propagate).run(back.graph if back is not None else forward).graph
+        fixed = RESOLVE.apply(forward, ctx).graph
+        back = ctx.results.get("backward")
     except LayoutPropError:
         return None
     if any(o is None for o in outputs) or any(n.meta.get(meta.VIOLATIONS) for n in fixed.nodes):

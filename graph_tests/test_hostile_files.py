@@ -403,7 +403,7 @@ def test_a_pipelined_run_takes_max_time(capsys, pipe_spec):
 def test_a_pipelined_run_with_dropout_matches_one_device(tmp_path, capsys, dtype, micro_batches, schedule):
     # issue 40: with gen gpt's default dropout every pipelined run said DIFFERS (each micro-batch drew the masks
     # of the whole batch's first rows); the spec plan --search -o writes failed pipeline --run
-    from layout_prop.engines.pipeline import for_micro_batch
+    from layout_prop.passes.pipeline import micro_batch_op
 
     spec = with_pp(gpt_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, dtype=dtype), 2,
                    {"micro_batches": micro_batches, "schedule": schedule})
@@ -420,8 +420,8 @@ def test_a_pipelined_run_with_dropout_matches_one_device(tmp_path, capsys, dtype
     from layout_prop.passes.lower import LocalOp
 
     op = LocalOp("d", "kernel", "dropout", ("x",), ("y",), (), attrs=({"offsets": [1, 0], "global_shape": [2, 8]},))
-    assert for_micro_batch(op, 3, 4).attrs[0] == {"offsets": [7, 0], "global_shape": [8, 8]}
-    assert for_micro_batch(op, 0, 1) is op
+    assert micro_batch_op(op, 3, 4).attrs[0] == {"offsets": [7, 0], "global_shape": [8, 8]}
+    assert micro_batch_op(op, 0, 1) is op
 
 
 # --------------------------------------------------------------------------- tolerances that fit the dtype

@@ -42,7 +42,7 @@ micro-batches: exactly the gradient of the whole batch's mean.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from layout_prop.core import meta
@@ -616,6 +616,11 @@ class PipelineProgram:
     def axis(self) -> int:
         return self.mesh.names.index(self.config.axis)
 
+    def micro_batch_op(self, op: LocalOp, k: int) -> LocalOp:
+        """``op`` as micro-batch ``k`` runs it (:func:`micro_batch_op`: its random draws are those of
+        its rows of the whole batch)."""
+        return micro_batch_op(op, k, self.config.micro_batches)
+
     def stage_of(self, rank: int) -> int:
         return self.mesh.coords(rank)[self.axis]
 
@@ -704,6 +709,33 @@ class PipelineProgram:
             lines.append(f"  send {what} to stage {mv.dst_stage} (rank {self.rank_at(mv.dst_stage, q)}) before its "
                          + (f"last micro-batch's {task}" if once else task))
         return "\n".join(lines)
+
+
+def micro_batch_op(op: LocalOp, k: int, m: int) -> LocalOp:
+    """``op`` as micro-batch ``k`` of ``m`` runs it: a random op (dropout, multinomial: localised
+    ``offsets`` and ``global_shape``; flash attention's dropout: ``b_start`` and ``b_total``) draws
+    what one device draws for those rows of the whole batch, so a pipelined run with dropout on
+    equals one device on the whole batch.
+
+    The draws are keyed by an element's global row-major index (``kernels/loss_numpy.py``
+    ``counter_uniform``); a micro-batch's graph has dim 0 the batch cut ``m`` ways (or the tokens
+    ``[B * S, ...]``, batch-major), so its row ``r`` is row ``k * rows + r`` of the whole batch,
+    whose dim 0 is ``m * rows``.  Other ops are returned as they are.
+    """
+    if k == 0 and m == 1 or op.kind != "kernel" or not op.attrs:
+        return op
+    first = op.attrs[0]
+    if "offsets" in first and "global_shape" in first and first["global_shape"]:
+        def shifted(attrs: dict) -> dict:
+            rows = attrs["global_shape"][0]
+            return {**attrs, "offsets": [attrs["offsets"][0] + k * rows, *attrs["offsets"][1:]],
+                    "global_shape": [rows * m, *attrs["global_shape"][1:]]}
+    elif "b_start" in first and "b_total" in first:
+        def shifted(attrs: dict) -> dict:
+            return {**attrs, "b_start": attrs["b_start"] + k * attrs["b_total"], "b_total": attrs["b_total"] * m}
+    else:
+        return op
+    return replace(op, attrs=tuple(shifted(attrs) for attrs in op.attrs))
 
 
 def lower_pipeline(graph: Graph, config: PipelineConfig, mesh: DeviceMesh, batch_inputs: list[str],
@@ -875,7 +907,7 @@ def rank_programs(pprog: PipelineProgram) -> RankPrograms:
             if task_stage != stage:
                 continue
             for op in pprog.tasks.get(key, ()):
-                add(ops, lift_op(op, lambda v, k=k: _renamed(v, k, shared)))
+                add(ops, lift_op(pprog.micro_batch_op(op, k), lambda v, k=k: _renamed(v, k, shared)))
         made = {v for op in ops for v in op.outputs}
         for value in pprog.outputs:
             if f"{value}@mb0" in made:

@@ -19,7 +19,7 @@ by ``1/M`` for a mean: :mod:`layout_prop.passes.pipeline`).
 
 The program is duck-typed here (this room does not import passes): ``mesh``, ``config``,
 ``program``, ``tasks``, ``inputs``, ``moves``, ``receives``, ``orders``, ``batch_inputs``, ``grads``,
-``outputs``, ``stage_inputs``, ``lift``, ``permute``, ``rank_at``.
+``outputs``, ``stage_inputs``, ``lift``, ``permute``, ``rank_at``, ``micro_batch_op``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from layout_prop.core.errors import ExecutionError
 from .collectives import assemble, scatter_global
 from .simulator import Simulator
 
-__all__ = ["execute_pipeline", "PipelineRun", "gather_rank_results", "for_micro_batch"]
+__all__ = ["execute_pipeline", "PipelineRun", "gather_rank_results"]
 
 
 @dataclass
@@ -128,7 +128,7 @@ def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_in
             record = (move.value, task.micro_batch, move.src_stage, stage, op.step.bytes_per_rank)
             (run.step_moves if once else run.moves).append(record)
         for op in pprog.tasks.get(key, ()):
-            sim.run_op(for_micro_batch(op, task.micro_batch, m), env, size)
+            sim.run_op(pprog.micro_batch_op(op, task.micro_batch), env, size)  # its random draws: its rows'
         held[stage] += 1 if task.phase == "F" else -1
         run.in_flight[stage] = max(run.in_flight[stage], held[stage])
         run.order.append((stage, str(task)))
@@ -148,35 +148,6 @@ def execute_pipeline(pprog, micro_inputs: list[dict[str, np.ndarray]], shared_in
         else:
             run.values[value] = np.concatenate(per_mb, axis=0)
     return run
-
-
-def for_micro_batch(op, k: int, m: int):
-    """``op`` as micro-batch ``k`` of ``m`` runs it: a random op (dropout, multinomial: localised
-    ``offsets`` and ``global_shape``; flash attention's dropout: ``b_start`` and ``b_total``) draws
-    what one device draws for those rows of the whole batch, so a pipelined run with dropout on
-    equals one device on the whole batch.
-
-    The draws are keyed by an element's global row-major index (``kernels/loss_numpy.py``
-    ``counter_uniform``); a micro-batch's graph has dim 0 the batch cut ``m`` ways (or the tokens
-    ``[B * S, ...]``, batch-major), so its row ``r`` is row ``k * rows + r`` of the whole batch,
-    whose dim 0 is ``m * rows``.  Other ops are returned as they are.
-    """
-    if k == 0 and m == 1 or op.kind != "kernel" or not op.attrs:
-        return op
-    first = op.attrs[0]
-    if "offsets" in first and "global_shape" in first and first["global_shape"]:
-        def shifted(attrs: dict) -> dict:
-            rows = attrs["global_shape"][0]
-            return {**attrs, "offsets": [attrs["offsets"][0] + k * rows, *attrs["offsets"][1:]],
-                    "global_shape": [rows * m, *attrs["global_shape"][1:]]}
-    elif "b_start" in first and "b_total" in first:
-        def shifted(attrs: dict) -> dict:
-            return {**attrs, "b_start": attrs["b_start"] + k * attrs["b_total"], "b_total": attrs["b_total"] * m}
-    else:
-        return op
-    import dataclasses
-
-    return dataclasses.replace(op, attrs=tuple(shifted(attrs) for attrs in op.attrs))
 
 
 def _given(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:

@@ -490,3 +490,13 @@ def test_plan_files_are_read_by_the_same_reader(tmp_path):
     assert "plan has no key 1 and 1 more" in str(info.value)  # keys of mixed types: no crash sorting them
     with pytest.raises(SpecError, match="did you mean 'parameters'"):
         load_plan(Path(write(tmp_path, "typo.yaml", "mesh: {shape: [2]}\nparamters: {}\n")))
+
+
+@pytest.mark.parametrize("block, guess", [({"zero": {"stgae": 1}}, "'stage'"), ({"recompute": {"mdoe": "full"}}, "'mode'"),
+                                          ({"pipeline": {"micro_batch": 2}}, "'micro_batches'")])
+def test_a_misspelt_block_key_gets_a_did_you_mean(tmp_path, capsys, block, guess):
+    spec = with_pp(small_gpt(), 2, {"micro_batches": 2}) if "pipeline" in block else small_gpt()
+    if "pipeline" in block:
+        block = {"pipeline": {**spec["pipeline"], **block["pipeline"]}}
+    path = _spec_with(tmp_path, "b.yaml", spec, **block)
+    refused(capsys, ["check", path], "", f"(did you mean {guess}?)")

@@ -95,7 +95,10 @@ class PipelineConfig:
             raise _bad(f"pipeline must be a mapping, got {cut(block)}", "pipeline", "write pipeline: {axis: pp}")
         unknown = sorted(set(block) - _KEYS, key=lambda key: (type(key).__name__, str(key)))
         if unknown:
-            raise _bad(f"unknown pipeline key(s) {cut(unknown)}", f"pipeline.{cut(unknown[0])}",
+            from .zero import _did_you_mean
+
+            raise _bad(f"unknown pipeline key(s) {cut(unknown)}{_did_you_mean(unknown[0], _KEYS)}",
+                       f"pipeline.{cut(unknown[0])}",
                        f"the keys are {', '.join(sorted(_KEYS))}")
         axis = block.get("axis", "pp")
         if axis not in mesh.names:

@@ -36,7 +36,7 @@ from layout_prop.core import meta
 from layout_prop.core.errors import SpecError, cut
 from layout_prop.core.graph import Graph, Node
 
-from .zero import _is_backward, _layer_of
+from .zero import _did_you_mean, _is_backward, _layer_of
 
 __all__ = ["Recompute", "MODES", "PREFIX", "ATTENTION_OPS", "segments", "layer_activations", "held_values",
            "parse_recompute", "layers_on_stages"]
@@ -57,7 +57,8 @@ def parse_recompute(value, path: str = "recompute") -> tuple[str, tuple[str, ...
     if isinstance(value, dict):
         unknown = sorted(set(value) - {"mode", "layers"}, key=lambda key: (type(key).__name__, str(key)))
         if unknown:
-            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the recompute block", path=path,
+            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the recompute block"
+                            f"{_did_you_mean(unknown[0], ('mode', 'layers'))}", path=path,
                             hint="write recompute: {mode: selective, layers: [l0, l1]}")
         mode, layers = value.get("mode"), value.get("layers")
     else:

@@ -100,7 +100,8 @@ def parse_zero(value: Any, mesh, path: str = "zero") -> ZeroConfig:
     if isinstance(value, dict):
         unknown = sorted(set(value) - {"stage", "axes"}, key=lambda key: (type(key).__name__, str(key)))
         if unknown:
-            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the zero block", path=path,
+            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the zero block"
+                            f"{_did_you_mean(unknown[0], ('stage', 'axes'))}", path=path,
                             hint="write zero: {stage: 1|2|3, axes: [dp]}")
         stage, axes = value.get("stage"), value.get("axes")
     else:
@@ -366,3 +367,11 @@ def finish(graph: Graph, config: ZeroConfig, propagate=None) -> Graph:
         if meta.SPECS not in node.meta:
             propagate.visit(new_graph, node)
     return new_graph
+
+
+def _did_you_mean(key, known) -> str:
+    """`` (did you mean 'stage'?)`` for a key close to a known one, else ``''`` (any key type)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(key)[:64], list(known), n=1) if isinstance(key, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -474,16 +474,18 @@ def run(args) -> int:
         from layout_prop.io.output import check_output
 
         check_output(args.output)  # a folder, a missing folder, /dev/full: said now, not after the solve
-    graph = load_graph(args)
+    from layout_prop.io.progress import Ticker
+
+    with Ticker("plan", enabled=False if args.json else None) as ticker:  # on a terminal only
+        ticker.say("reading the model")  # (an imported model with its plan takes a while)
+        graph = load_graph(args)
     baseline = load_spec(args.baseline) if args.baseline is not None else None
     if baseline is not None and (baseline.mesh != graph.mesh or
                                  [n.name for n in baseline.inputs()] != [n.name for n in graph.inputs()]):
         raise SpecError("bad-baseline", f"the baseline {str(args.baseline)!r} is not the same model on the same mesh",
                         hint="give a baseline with the same mesh and inputs (gen llama with the same sizes)")
-    from layout_prop.io.progress import Ticker
-
     try:
-        with Ticker("plan", enabled=False if args.json else None) as ticker:  # on a terminal only
+        with Ticker("plan", enabled=False if args.json else None) as ticker:
             report = plan_spec(graph, backward=not args.forward_only, objective=objective, memory_limit=limit,
                                optimizer=args.optimizer, baseline=baseline, time_limit=time_limit, cluster=cluster,
                                progress=ticker.say)

@@ -79,6 +79,7 @@ class Result:
     fits: bool
     seconds: float
     rank: str = ""
+    first: str = ""  # with --rank: the search's first and how far the published configuration is from it
 
     @property
     def error(self) -> float:
@@ -120,16 +121,20 @@ def price(row: Published, caches: dict, rank: bool) -> Result:
     best = min(priced, key=lambda c: c.step_time_s)
     devices = best.config.devices
     predicted = row.work / best.step_time_s / devices / (1e12 if row.unit == "TFLOP/s" else 1)
-    place = ""
+    place, first = "", ""
     if rank:
         fixed = {"cp": 1, "ep": 1}
         result = run_search(row.model, cluster, devices, row.global_batch, fixed=fixed)
         mine = {dataclasses.replace(p.config, overlap_grad_reduce=True) for p in priced}  # (the search's overlap)
         found = next((i + 1 for i, c in enumerate(result.ranked) if c.config in mine), None)
         place = f"{found}/{len(result.ranked)}" if found else f"-/{len(result.ranked)}"
+        top = result.ranked[0]
+        mine_s = result.ranked[found - 1].step_time_s if found else best.step_time_s
+        first = (f"the search's first: {label(top.config)}, {top.step_time_s:.2f} s; the published configuration "
+                 f"{mine_s / top.step_time_s - 1:+.1%} slower in the model; {result.uncertainty()}")
     return Result(row=row, predicted=predicted, config=best.config, step_s=best.step_time_s,
                   memory_bytes=best.memory_bytes, fits=best.memory_bytes <= cluster.hbm_bytes,
-                  seconds=time.perf_counter() - start, rank=place)
+                  seconds=time.perf_counter() - start, rank=place, first=first)
 
 
 def label(c: Config) -> str:
@@ -152,6 +157,8 @@ def table(results: list[Result], rank: bool) -> str:
                      f"{r.row.unit:>8} {r.row.published:>9.0f} {r.predicted:>9.1f} {r.error:>+7.1%} "
                      f"{r.step_s:>8.2f} {r.memory_bytes / 2 ** 30:>7.1f} {'yes' if r.fits else 'NO':>4}"
                      + (f" {r.rank:>9}" if rank else "") + f" {r.seconds:>5.1f}  {r.row.source}")
+        if r.first:
+            lines.append(f"{'':>13} {r.first}")
     s = summary(results)
     lines.append(f"{s['rows']} rows: mean absolute error {s['mae']:.1%}, max {s['max']:.1%}, mean signed error "
                  f"{s['signed']:+.1%}; {s['fit']} of {s['rows']} fit their device in the model")

@@ -43,6 +43,7 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 
+from . import family_tables
 from .rpe_mindspore import import_mindspore, rpe_forward_tensor
 from .rpe_numpy import check_rpe_shapes
 
@@ -841,9 +842,6 @@ LINALG_KERNELS: dict[str, Callable] = {
 
 
 # --------------------------------------------------------------------------- tables
-from . import (attention_mindspore, copying_mindspore, index_mindspore, loss_mindspore,  # noqa: E402
-               moe_mindspore, order_mindspore)
-
 KERNELS: dict[str, Callable] = {
     "identity": _identity,
     "add": _add,
@@ -859,9 +857,8 @@ KERNELS: dict[str, Callable] = {
     **LINALG_KERNELS,
 }
 """Backend ``mindspore``: MindSpore ops (CPU or any device), keyed like ``numpy_backend.KERNELS``."""
-for _family in (index_mindspore, order_mindspore, copying_mindspore, loss_mindspore, attention_mindspore,
-                moe_mindspore):
-    KERNELS.update(_family.KERNELS)
+for _table in family_tables("mindspore"):  # every *_mindspore module's table
+    KERNELS.update(_table)
 
 CANN_KERNELS: dict[str, Callable] = {
     **KERNELS,

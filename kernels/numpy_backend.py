@@ -21,8 +21,7 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError
 
-from . import (attention_numpy, copying_numpy, index_numpy, linalg_numpy, loss_numpy, moe_numpy, nn_numpy, order_numpy,
-               shape_numpy)
+from . import family_tables
 from .rpe_numpy import reduce_to_shape, rpe_backward, rpe_forward
 
 __all__ = ["KERNELS", "get_kernel", "register_kernel"]
@@ -60,9 +59,8 @@ KERNELS: dict[str, Callable] = {
     "rotary_position_embedding_grad": _rpe_grad,
     "redistribute": _redistribute_global,
 }
-for _family in (linalg_numpy, shape_numpy, nn_numpy, index_numpy, order_numpy, copying_numpy, loss_numpy, attention_numpy,
-                moe_numpy):
-    KERNELS.update(_family.KERNELS)
+for _table in family_tables("numpy"):  # every *_numpy module's table
+    KERNELS.update(_table)
 
 
 def register_kernel(op: str, fn: Callable, table: dict[str, Callable] = KERNELS) -> Callable:

@@ -5,9 +5,27 @@ One module per op family: :mod:`.rpe` (RotaryPositionEmbedding), :mod:`.elementw
 transpose, split, concat...), :mod:`.nn` (norms, softmax, attention, activations),
 :mod:`.redistribute`, :mod:`.index` (gather, scatter, where...), :mod:`.order` (topk, sort,
 cumsum...), :mod:`.copying` (pad, expand, stack...), :mod:`.loss` (cross entropy and the random ops),
-:mod:`.attention` (fused attention) and :mod:`.moe` (expert routing).
+:mod:`.attention` (fused attention), :mod:`.moe` (expert routing) and :mod:`.ring` (ring attention's
+steps); :mod:`.common` holds shared helpers.
 """
 
-from . import elementwise, linalg, nn, redistribute, rpe, shape  # noqa: F401
-from . import attention, copying, index, loss, moe, order  # noqa: F401
-from . import ring  # noqa: F401  (after nn: ring attention's ops)
+import importlib
+import pkgutil
+
+
+
+def family_modules() -> tuple[str, ...]:
+    """The op family modules: every module of this package but the shared helpers (``common``), in name
+    order.  Importing one registers its ops; a module added here is found, no list to extend."""
+    return tuple(info.name for info in pkgutil.iter_modules(__path__) if info.name != "common")
+
+
+def load_families() -> None:
+    """Import every op family module (a family that needs another imports it first)."""
+    for name in family_modules():
+        importlib.import_module(f"{__name__}.{name}")
+
+
+LOADED = False  # (the registry loads plugins only once every built-in family is imported)
+load_families()
+LOADED = True

@@ -112,6 +112,11 @@ class OpRule(ABC):
     #: the output count follows the attrs and the input shapes (torch's ``unbind``, ``chunk``, ``split``): a node's
     #: count is :meth:`output_count`, worked out when the graph is built; ``num_outputs`` is then only a default
     variadic_outputs: bool = False
+    #: the step model's cost class of the op (``vector``, ``matmul``, ``attention`` or ``free``; perf/costs.py's
+    #: tables name the built-in ops) and, for ``vector``, the FLOPs an output element costs: a new family
+    #: declares them beside its rule (None: the op is priced nowhere, which ``estimate`` reports)
+    cost_kind: str | None = None
+    vector_flops: int = 1
 
     # ---------------------------------------------------------------- attrs and arity
     def normalize_attrs(self, attrs: dict, node: str | None = None) -> dict:
@@ -484,7 +489,11 @@ def _load_builtin_ops() -> None:
     if _BUILTINS["loaded"]:
         return
     _BUILTINS["loaded"] = True
-    import layout_prop.ops  # noqa: F401
+    import layout_prop.ops as builtin
+
+    if not getattr(builtin, "LOADED", True):  # asked by a built-in family while the package imports them all:
+        _BUILTINS["loaded"] = False  # plugins come after every built-in op (they may import any family)
+        return
     from importlib.metadata import entry_points
 
     for ep in entry_points(group=ENTRY_POINT_GROUP):

@@ -108,7 +108,17 @@ def cost_class(op: str) -> str | None:
         return "attention"
     if op in FREE:
         return "free"
-    return "vector" if op in VECTOR_FLOPS else None
+    if op in VECTOR_FLOPS:
+        return "vector"
+    rule = _rule(op)
+    return rule.cost_kind if rule is not None else None  # a family's own ops declare it beside their rule
+
+
+def _rule(op: str):
+    """The rule of ``op`` when it is registered (its ``cost_kind`` and ``vector_flops``), else None."""
+    from layout_prop.core.registry import get_rule, is_registered
+
+    return get_rule(op) if is_registered(op) else None
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,8 @@ def op_cost(op: str, in_shapes, out_shapes, in_itemsizes, out_itemsizes, attrs: 
         return OpCost(_attention_flops(op, in_shapes, attrs), moved, kind, dtype, causal=causal,
                       backward=op.endswith("_grad"))
     elements = sum(_size(s) for s in out_shapes)
-    return OpCost(VECTOR_FLOPS.get(op, 1) * elements, moved, kind, dtype)
+    flops = VECTOR_FLOPS[op] if op in VECTOR_FLOPS else getattr(_rule(op), "vector_flops", 1)
+    return OpCost(flops * elements, moved, kind, dtype)
 
 
 def _gemm_dims(op: str, out_shapes, flops: int) -> tuple[int, int, int, int] | None:

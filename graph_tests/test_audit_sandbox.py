@@ -388,3 +388,24 @@ def test_the_parent_reads_the_workers_values_with_suspicion():
     for value in ({"__import__": "os"}, deep, {"__nd__": "x", "more": 1}):
         with pytest.raises(WorkerFailure):
             decode_value(value)
+
+
+def test_an_expansion_that_fails_leaves_answers_unjudged_and_the_verdict_is_not_right(tmp_path, capsys):
+    """A rule wrong for exp (a partial sum kept) whose get_expand_impl always raises: its answers cannot be
+    executed (unjudged), and the audit does not say they are right (exit 1)."""
+    rule = textwrap.dedent('''
+        from .parallel_ops import DistributedOp
+
+
+        class Unjudgeable(DistributedOp):
+            def infer_layout(self, layouts, extra_args):
+                return layouts[0]
+
+            def get_expand_impl(self, func, output_layout, layouts, extra_args):
+                raise RuntimeError("no execution for you")
+    ''')
+    root = make_checkout(tmp_path, {"Exp": ("parallel_unjudgeable", "Unjudgeable")}, {"parallel_unjudgeable": rule})
+    assert main(["audit", str(root), "--mesh", "4", "--time-limit", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "unjudged 4: the rule's expansion did not run on numpy arrays: RuntimeError: no execution for you" in out
+    assert out.splitlines()[-1] == "no wrong answer found, but 4 accepted answers could not be judged"

@@ -58,6 +58,8 @@ def _print_report(report) -> None:
         print("WRONG answers found")
     elif failures:
         print("some ops could not be audited")
+    elif t["unjudged"]:  # an answer that could not be executed is no evidence that it is right
+        print(f"no wrong answer found, but {t['unjudged']} accepted answers could not be judged")
     elif not t["combinations"]:  # every op named is not mapped: "all right" would be vacuous
         print("no combination audited: nothing was judged")
     else:

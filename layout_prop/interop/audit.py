@@ -156,7 +156,9 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return not any(a.counts["wrong"] for a in self.ops) and not self.failures()
+        """No wrong answer, no op failed, and every accepted answer judged (an unjudged one is no "right")."""
+        judged = [a for a in self.ops if a.failure is None]
+        return not any(a.counts["wrong"] or a.counts["unjudged"] for a in judged) and not self.failures()
 
     def failures(self) -> dict[str, int]:
         """How many ops could not be audited, by kind (crashed, timeout, bad-answer, load-failed)."""

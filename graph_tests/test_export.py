@@ -610,13 +610,19 @@ def test_a_pipeline_is_refused_in_one_line_never_dropped(capsys, tmp_path, targe
     assert len(err) == 1 and "not-expressible" in err[0] and "pipeline: block (2 stages on pp, 1f1b" in err[0], err
 
 
-@pytest.mark.parametrize("target", ["hyper-parallel"])
-def test_zero_and_recompute_are_refused_where_the_export_writes_layouts_only(capsys, tmp_path, target):
-    spec = _config_spec(tmp_path, "zero: {stage: 3}\nrecompute: full\n")
+def test_hyper_parallel_refuses_zero_beside_tensor_parallelism_and_recompute(capsys, tmp_path):
+    """hyper-parallel's fully_shard is written for data parallelism only (executed in
+    test_export_hyper_parallel_run.py); beside tp, and recomputation, are one line each."""
+    spec = _config_spec(tmp_path, "zero: {stage: 3}\n")
     capsys.readouterr()
-    assert main(["export", str(spec), "--to", target]) == 2
+    assert main(["export", str(spec), "--to", "hyper-parallel"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "the zero: block (ZeRO stage 3 over dp) and the recompute: block (full)" in err[0], err
+    assert len(err) == 1 and "cannot write the zero: block (ZeRO stage 3 over dp): hyper-parallel's fully_shard " \
+        "beside shard_module on the other mesh axes (tp)" in err[0], err
+    spec = _config_spec(tmp_path, "recompute: full\n")
+    assert main(["export", str(spec), "--to", "hyper-parallel"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the recompute: block (full)" in err[0], err
 
 
 def test_torch_writes_zero_recompute_and_the_batch_and_drops_unit_axes(capsys, tmp_path):

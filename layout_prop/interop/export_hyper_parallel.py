@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, batch_lines, not_expressible, own_parameters, placement_args, refuse_config
+from .export_plan import (ExportPlan, batch_lines, not_expressible, not_written, own_parameters, placement_args,
+                          refuse_config)
 from .hyper_parallel import _alias_map
 
 __all__ = ["export_hyper_parallel", "placements_text", "alias_text", "explicit_moves", "WRONG_RULES"]
@@ -131,6 +132,39 @@ def _refuse_vocabulary_embedding(plan: ExportPlan) -> None:
                                   "columns (hidden)")
 
 
+def _zero(plan: ExportPlan) -> tuple[ExportPlan, list[str]]:
+    """``(plan without its ZeRO, the module's ZeRO lines)``: ZeRO as hyper-parallel's own ``fully_shard`` over the
+    whole mesh, when the ZeRO axes are the whole mesh (data parallelism only; with other axes it is refused:
+    fully_shard beside shard_module's tensor parallelism is not checked here). Stages 1 and 2 shard without
+    resharding after forward; stage 3 reshards after forward, which failed its backward on the snapshot's torch
+    platform on CPU (a WARNING line says so)."""
+    import dataclasses
+
+    c = plan.config
+    if not c.zero_stage:
+        return plan, []
+    if set(c.zero_axes) != set(plan.mesh.names):
+        raise not_written(TARGET, f"the zero: block (ZeRO stage {c.zero_stage} over {', '.join(c.zero_axes)})",
+                          f"hyper-parallel's fully_shard beside shard_module on the other mesh axes "
+                          f"({', '.join(n for n in plan.mesh.names if n not in c.zero_axes)}) is not checked here",
+                          "export --to torch writes ZeRO with tensor parallelism (FSDP2), or use data parallelism only")
+    for name, t in plan.parameters.items():
+        if t.kind == "parameter" and not t.layout.is_replicated():
+            raise not_written(TARGET, f"the zero: block (ZeRO stage {c.zero_stage} over {', '.join(c.zero_axes)})",
+                              f"parameter {name!r} is cut on the ZeRO axes by its placements "
+                              f"{t.layout.placement_strs()} already", "replicate the parameters: ZeRO shards them")
+    lines = ["#: ZeRO as hyper-parallel's fully_shard over the mesh: apply_zero(model, mesh) INSTEAD of shard_module",
+             "#: (every parameter is replicated in the plan; the snapshot's fully_shard refuses shard_module's",
+             "#: DTensors) with shard_inputs' local pieces; stages 1 and 2 without resharding after forward",
+             f"ZERO_STAGE = {c.zero_stage}"]
+    if c.zero_stage == 3:
+        lines.append("# WARNING: ZeRO-3 is fully_shard(reshard_after_forward=True), whose backward failed on the "
+                     "snapshot's torch platform on CPU (RuntimeError: a variable needed for gradient computation "
+                     "has been modified by an inplace operation); stage 2 (reshard_after_forward=False) ran equal "
+                     "to one process")
+    return dataclasses.replace(plan, config=dataclasses.replace(c, zero_stage=0, zero_axes=())), lines
+
+
 def _ranks(shape: tuple[int, ...]) -> str:
     import numpy as np
 
@@ -139,6 +173,7 @@ def _ranks(shape: tuple[int, ...]) -> str:
 
 def export_hyper_parallel(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
+    plan, zero_lines = _zero(plan)
     refuse_config(plan, TARGET)
     own_parameters(plan, TARGET)  # a tied copy's refusal first: it names the model's own mistake
     _refuse_vocabulary_embedding(plan)
@@ -164,6 +199,7 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         *([f"#: left out of the mesh (size 1: they cut nothing): {', '.join(plan.dropped_axes)}"]
           if plan.dropped_axes else []),
         *(batch_lines(plan) if plan.config.global_batch is not None else []),
+        *zero_lines,
         "",
         "",
         'def make_mesh(device_type="npu"):',
@@ -230,11 +266,22 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
     lines += [
         "",
         "",
+        *([] if not zero_lines else [
+            "def apply_zero(model, mesh):",
+            '    """ZeRO: hyper-parallel\'s fully_shard over the mesh (in place of shard_module: see ZERO_STAGE)."""',
+            "    from hyper_parallel.core.fully_shard.api import fully_shard",
+            "",
+            "    fully_shard(model, mesh=mesh, reshard_after_forward=ZERO_STAGE == 3)",
+            "    return model",
+            "",
+            ""]),
         "def shard_inputs(mesh, **inputs):",
         '    """Each input as a DTensor with its planned placements (input_plan redistributes DTensor arguments only)."""',
         "    from hyper_parallel.core.dtensor import distribute_tensor",
         "",
         '    planned = (sharding_plan(mesh).input_plan or {}).get("input", {})',
-        '    return {name: distribute_tensor(value, mesh, planned[name]) for name, value in inputs.items()}',
+        '    placed = {name: distribute_tensor(value, mesh, planned[name]) for name, value in inputs.items()}',
+        *(['    return {name: value.to_local() for name, value in placed.items()}  # fully_shard takes local batches']
+          if zero_lines else ['    return placed']),
     ]
     return "\n".join(lines) + "\n"

@@ -30,7 +30,9 @@ parallelism and ZeRO); memory per rank is its figure against the device's capaci
     python benchmarks/published.py [--only megatron|ascend] [--rank] [--rows 1.7B,7.5B]
 
 ``--rank`` runs ``plan --search`` on each row (minutes on the large rows) and prints the published
-configuration's place among the feasible candidates.
+configuration's place among the feasible candidates; ``--estimate`` runs ``layout-prop estimate`` (no
+batch flags) on the spec ``plan --search -o`` would write for the row's configuration and prints its
+step against the search's and how long it took.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Result:
     memory_bytes: float
     fits: bool
     seconds: float
+    estimate: str = ""  # with --estimate: estimate of the spec -o would write, its step against the search's
     rank: str = ""
     first: str = ""  # with --rank: the search's first and how far the published configuration is from it
 
@@ -111,7 +114,40 @@ def ascend_rows() -> list[Published]:
     return rows
 
 
-def price(row: Published, caches: dict, rank: bool) -> Result:
+def estimate_written(row: Published, candidate, cluster) -> str:
+    """``layout-prop estimate`` (no batch flags: the spec's training: block) of the spec ``plan --search -o`` writes
+    for the row's priced configuration: its step against the search's, and the seconds it took."""
+    import io
+    import json
+    import tempfile
+    from contextlib import redirect_stdout
+
+    from layout_prop.cli import main as cli
+    from layout_prop.commands.search import best_spec
+    from layout_prop.planner.search import SearchResult
+
+    result = SearchResult(model=row.model, cluster=cluster.name, devices=candidate.config.devices,
+                          global_batch=row.global_batch, memory_limit=cluster.hbm_bytes, ranked=[candidate],
+                          candidates=1, layer_evaluations=0, seconds=0.0)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "spec.json"
+        path.write_text(json.dumps(best_spec(result)))
+        args = ["estimate", str(path), "--cluster", cluster.name, "--json"]
+        if not candidate.config.overlap_grad_reduce:
+            args.append("--no-overlap")
+        out = io.StringIO()
+        start = time.perf_counter()
+        with redirect_stdout(out):
+            code = cli(args)
+        took = time.perf_counter() - start
+    if code != 0:
+        return f"estimate: exit {code} ({took:.1f} s)"
+    step = json.loads(out.getvalue())["step_time_s"]
+    return f"estimate of the written spec: {step:.2f} s, {step / candidate.step_time_s - 1:+.1%} against the search, " \
+           f"in {took:.1f} s"
+
+
+def price(row: Published, caches: dict, rank: bool, estimate: bool = False) -> Result:
     cluster = get_cluster(row.cluster)
     start = time.perf_counter()
     key = (row.model, row.cluster)
@@ -132,9 +168,11 @@ def price(row: Published, caches: dict, rank: bool) -> Result:
         mine_s = result.ranked[found - 1].step_time_s if found else best.step_time_s
         first = (f"the search's first: {label(top.config)}, {top.step_time_s:.2f} s; the published configuration "
                  f"{mine_s / top.step_time_s - 1:+.1%} slower in the model; {result.uncertainty()}")
+    seconds = time.perf_counter() - start
     return Result(row=row, predicted=predicted, config=best.config, step_s=best.step_time_s,
                   memory_bytes=best.memory_bytes, fits=best.memory_bytes <= cluster.hbm_bytes,
-                  seconds=time.perf_counter() - start, rank=place, first=first)
+                  seconds=seconds, rank=place, first=first,
+                  estimate=estimate_written(row, best, cluster) if estimate else "")
 
 
 def label(c: Config) -> str:
@@ -159,6 +197,8 @@ def table(results: list[Result], rank: bool) -> str:
                      + (f" {r.rank:>9}" if rank else "") + f" {r.seconds:>5.1f}  {r.row.source}")
         if r.first:
             lines.append(f"{'':>13} {r.first}")
+        if r.estimate:
+            lines.append(f"{'':>13} {r.estimate}")
     s = summary(results)
     lines.append(f"{s['rows']} rows: mean absolute error {s['mae']:.1%}, max {s['max']:.1%}, mean signed error "
                  f"{s['signed']:+.1%}; {s['fit']} of {s['rows']} fit their device in the model")
@@ -169,6 +209,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=["megatron", "ascend"], default=None)
     parser.add_argument("--rank", action="store_true", help="run the search on each row (slow on the large rows)")
+    parser.add_argument("--estimate", action="store_true", help="also run estimate on the spec plan --search -o "
+                        "writes for each row's configuration (its step against the search's, and its time)")
     parser.add_argument("--rows", default=None, help="comma-separated row names (e.g. 'GPT 1.7B,Llama 2 7B')")
     args = parser.parse_args()
     rows = []
@@ -180,7 +222,7 @@ def main() -> None:
         wanted = {w.strip() for w in args.rows.split(",")}
         rows = [r for r in rows if r.name in wanted or r.name.split()[-1] in wanted]
     caches: dict = {}
-    results = [price(row, caches, args.rank) for row in rows]
+    results = [price(row, caches, args.rank, args.estimate) for row in rows]
     print(table(results, args.rank))
     for group in ("a100-80g", "ascend-910b"):
         part = [r for r in results if r.row.cluster == group]

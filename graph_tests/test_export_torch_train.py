@@ -79,3 +79,38 @@ def test_the_searchs_7b_plan_shape_dp_zero3_step_equals_one_process(tmp_path):
                  "GLOBAL_BATCH = 8"):
         assert line in code.splitlines(), line
     _compare(_train(tmp_path, spec, code), spec)
+
+
+def test_the_hugging_face_llama_fixture_trains_with_styles_and_zero3(tmp_path):
+    """The tiny Hugging Face Llama of the fixtures (examples/models/llama.onnx, as graph_tests/test_export_torch.py
+    mirrors it in torch with the fixture's weights), imported with a Megatron plan on dp=2 x tp=2 and the spec's
+    ZeRO-3: the export's parallelize_module styles on tp, then fully_shard over dp; one SGD step of next-token
+    cross entropy on 4 gloo processes equals one process (the batch is replicated: the fixture's batch is 1)."""
+    import numpy as np
+
+    import torch.multiprocessing as mp
+
+    from graph_tests import test_export_torch as fx
+    from graph_tests.torch_gen_llama import fixture_step, fixture_worker
+    from layout_prop.frontends import build_graph, read_model
+    from layout_prop.io.plan_file import load_plan
+
+    torch.manual_seed(0)
+    model = fx.Llama()
+    fx._load_fixture(model, fx._weights(tmp_path))
+    plan = load_plan(fx.PLAN)
+    graph = build_graph(read_model(fx.MODEL, plan), plan)
+    graph.meta["zero"] = {"stage": 3}
+    _, code = export_text(graph, "torch", source=fx.MODEL.name)
+    assert "ZERO_STAGE = 3" in code and "TP_AXIS = 'tp'" in code
+    ids = torch.from_numpy(np.load(fx.ROOT / "examples" / "models" / "llama.npz")["input_ids"])
+    torch.save(model.state_dict(), tmp_path / "state.pt")
+    torch.save(ids, tmp_path / "ids.pt")
+    out = tmp_path / "rank0.pt"
+    mp.start_processes(fixture_worker, args=(WORLD, str(tmp_path / "store"), code, str(tmp_path / "state.pt"),
+                                             str(tmp_path / "ids.pt"), str(out)), nprocs=WORLD, start_method="fork")
+    result = torch.load(out)
+    loss = fixture_step(model, ids)
+    assert abs(result["loss"] - float(loss.detach())) < 1e-5
+    for name, value in model.named_parameters():
+        torch.testing.assert_close(result["params"][name], value.detach(), rtol=1e-5, atol=1e-6, msg=name)

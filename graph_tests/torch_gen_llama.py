@@ -143,3 +143,41 @@ def worker(rank: int, world: int, store: str, spec: dict, code: str, out: str):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def fixture_worker(rank: int, world: int, store: str, code: str, state: str, ids_path: str, out: str):
+    """One rank of the Hugging Face Llama fixture's mirror (graph_tests/test_export_torch.py's ``Llama``) with
+    the exported plan (parallelize_module's styles, then ZeRO): one SGD step on next-token cross entropy; rank 0
+    saves the loss and every parameter (full tensors) to ``out``."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from graph_tests.test_export_torch import Llama
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        plan: dict = {}
+        exec(compile(code, "exported_plan.py", "exec"), plan)
+        model = Llama()
+        model.load_state_dict(torch.load(state))
+        ids = torch.load(ids_path)
+        mesh = plan["make_mesh"]("cpu")
+        model = plan["parallelize"](model, mesh)
+        loss = fixture_step(model, plan["shard_inputs"](mesh, input_ids=ids)["input_ids"])
+        params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+                  for n, p in model.named_parameters()}
+        if rank == 0:
+            torch.save({"loss": float(loss.detach()), "params": params}, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def fixture_step(model, ids, lr=0.1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    logits = model(ids)
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    opt.step()
+    return loss

@@ -481,13 +481,11 @@ def test_a_one_stage_pipeline_is_estimate_with_accumulation(tmp_path, capsys, ze
 
 
 @pytest.mark.parametrize("argv", [["lower", "{spec}", "--rank", "0"], ["explain", "{spec}", "l0_q"],
-                                  ["viz", "{spec}", "-o", "{out}"],
-                                  ["export", "{spec}", "--to", "torch", "--input", "tokens", "--input", "labels"]])
+                                  ["viz", "{spec}", "-o", "{out}"]])
 def test_commands_that_show_the_plain_graph_say_so(tmp_path, capsys, argv):
-    """lower, explain, viz and export show the graph without the blocks: their output is the
+    """lower, explain and viz show the graph without the blocks: their output is the
     plain spec's, and one note on stderr says which blocks were not applied and who applies them.
-    (export names the model's inputs: without --input it notes, rightly, that it took tokens and labels as
-    parameters, a note of its own that this test is not about.)"""
+    (export writes the blocks or refuses them in one line: graph_tests/test_export.py.)"""
     plain, blocked = _write(tmp_path, llama(), "plain.yaml"), _write(
         tmp_path, llama(pp=True, zero={"stage": 3}, recompute={"mode": "full"}), "blocked.yaml")
     outs = []

@@ -123,13 +123,14 @@ def run_suite(label: str, extra: list[str], coverage: bool, log_to: Path | None 
             env[LOG_ENV] = str(log_to)
             env["PYTHONPATH"] = str(ROOT / "benchmarks") + os.pathsep + env.get("PYTHONPATH", "")
             command += ["-p", "suite_times"]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _children_cpu()
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
         tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-300:]
         counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)",
                                                            tail)}
-        row = {"run": label, "wall_s": wall, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0)
+        failures = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+        row = {"run": label, "wall_s": wall, "cpu_s": cpu, "failures": failures, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0)
                + counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
                "exit": proc.returncode, "summary": tail}
         if coverage:
@@ -137,13 +138,23 @@ def run_suite(label: str, extra: list[str], coverage: bool, log_to: Path | None 
         return row
 
 
+def _children_cpu() -> float:
+    """CPU seconds of the processes this one has waited for (pytest, its workers, their subprocesses)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def format_rows(rows: list[dict]) -> str:
-    header = f"{'run':<28} {'tests':>6} {'failed':>6} {'wall':>9}  {'coverage':>8}  by package"
+    """The table: tests run, failed, wall seconds, CPU seconds (what a loaded machine does not stretch: on an
+    idle machine of N cores the wall time is about CPU / N at best), line coverage."""
+    header = f"{'run':<28} {'tests':>6} {'failed':>6} {'wall':>9} {'CPU':>9}  {'coverage':>8}  by package"
     lines = [header, "-" * len(header)]
     for row in rows:
         cov = row.get("coverage")
         lines.append(f"{row['run']:<28} {row['passed'] + row['failed']:>6} {row['failed']:>6} "
-                     f"{row['wall_s']:>8.0f}s  " + (f"{cov['total']:>7.1f}%  " + ", ".join(
+                     f"{row['wall_s']:>8.0f}s {row['cpu_s']:>8.0f}s  " + (f"{cov['total']:>7.1f}%  " + ", ".join(
                          f"{p} {cov[p]:.1f}%" for p in PACKAGES) if cov else f"{'-':>8}"))
     return "\n".join(lines)
 
@@ -185,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(format_rows(rows))
+    for row in rows:
+        for line in row["failures"]:
+            print(f"{row['run']}: {line}")
     by = {row["run"]: row for row in rows}
     whole = by.get("whole suite")
     for row in rows:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layout_prop.core.errors import cut
+from layout_prop.core import meta
 
 __all__ = ["Blocks", "read_blocks", "transform", "describe"]
 
@@ -51,15 +52,15 @@ def read_blocks(graph, args=None) -> Blocks:
     from layout_prop.passes.zero import parse_zero
 
     out = Blocks()
-    block_zero, block_recompute = graph.meta.get("zero"), graph.meta.get("recompute")
+    block_zero, block_recompute = graph.meta.get(meta.ZERO), graph.meta.get(meta.RECOMPUTE)
     if block_zero is not None:
         out.zero = parse_zero(block_zero, graph.mesh)
     if block_recompute is not None:
         out.recompute, out.layers = parse_recompute(block_recompute)
-    if graph.meta.get("pipeline") is not None:
+    if graph.meta.get(meta.PIPELINE) is not None:
         from layout_prop.passes.pipeline import PipelineConfig
 
-        out.pipeline = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+        out.pipeline = PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh)
     flag_zero = getattr(args, "zero", None)
     if flag_zero is not None:
         flag = parse_zero(flag_zero, graph.mesh, path="--zero")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from layout_prop.core import meta
+
 from .model_input import load_graph
 from .printing import print_json
 
@@ -91,7 +93,7 @@ def training_batch(graph, global_batch: int | None, micro_batch: int | None, not
     ``training:`` block), else the block's (``perf.step.parse_training``), else ``(None, None)``."""
     from layout_prop.perf.step import parse_training
 
-    block = graph.meta.get("training")
+    block = graph.meta.get(meta.TRAINING)
     if block is None:
         return global_batch, micro_batch
     training = parse_training(block)

@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from layout_prop.core import meta
 from layout_prop.core.errors import LayoutError, SpecError
 
 from .model_input import load_graph
@@ -69,10 +70,10 @@ def build(graph, cluster: str = "a100-80g", zero=None, recompute: tuple = ("none
     from layout_prop.api import analyze
     from layout_prop.passes.pipeline import PipelineConfig, forward_chunks, lower_pipeline, micro_batch_graph
 
-    if "pipeline" not in graph.meta:
+    if meta.PIPELINE not in graph.meta:
         raise SpecError("bad-pipeline", "the spec has no pipeline: block", path="pipeline",
                         hint="add pipeline: {axis: pp, micro_batches: 4} and a pp axis to the mesh (docs/pipeline.md)")
-    config = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+    config = PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh)
     micro, batch_inputs = micro_batch_graph(graph, config)
     if zero is not None and zero.stage:
         from layout_prop.passes.zero import Zero

@@ -46,6 +46,7 @@ from layout_prop.core.graph import Graph
 __all__ = ["plan_spec", "PlanReport", "graph_to_spec", "measure", "parse_bytes", "run"]
 
 from layout_prop.io.sizes import parse_size
+from layout_prop.core import meta
 
 
 def parse_bytes(text: str) -> int:
@@ -238,7 +239,7 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
     say = progress if progress is not None else (lambda text: None)
     say("measuring the baseline")
     base = measure(base_graph, optimizer, links, cluster, backward)
-    base_spec, baseline_layouts, resolved = _baseline_spec(base_graph, links if graph.meta.get("links") else None)
+    base_spec, baseline_layouts, resolved = _baseline_spec(base_graph, links if graph.meta.get(meta.LINKS) else None)
     seeds = (resolved,)  # the baseline's layouts stay among the solver's candidates
     # the solver stops early enough to realise and measure its last plan (about what the baseline took)
     deadline = Deadline(time_limit, reserve=RESERVE * (time.perf_counter() - start), start=start)
@@ -290,7 +291,7 @@ def plan_spec(graph: Graph, *, backward: bool = True, objective: str = "bytes", 
         spec, layouts, plan = base_spec, dict(baseline_layouts), base
     else:
         solver["kept"] = "plan"
-        spec = graph_to_spec(realised, links if graph.meta.get("links") else None)
+        spec = graph_to_spec(realised, links if graph.meta.get(meta.LINKS) else None)
         layouts = {name: list(spec["inputs"][name]["placements"]) for name in spec["inputs"]}
     return PlanReport(spec, layouts, auto, plan, base, baseline_layouts, solver, notes)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import SpecError, cut
 from .graph import Graph
+from . import meta
 
 __all__ = ["Link", "DEFAULT_LINK", "LINK_BOUNDS", "parse_links", "links_of"]
 
@@ -72,4 +73,4 @@ def parse_links(data: Any, mesh) -> dict[str, Link]:
 
 def links_of(graph: Graph) -> dict[str, Link]:
     """The graph's links (set by the loader from ``mesh.links``), defaults elsewhere."""
-    return graph.meta.get("links") or parse_links(None, graph.mesh)
+    return graph.meta.get(meta.LINKS) or parse_links(None, graph.mesh)

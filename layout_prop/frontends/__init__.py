@@ -17,6 +17,7 @@ from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 from layout_prop.io.plan_file import ShardingPlan, load_plan
 from .ir import ModelGraph, apply_plan, compare_declared, to_spec
+from layout_prop.core import meta
 
 __all__ = ["load_model", "import_spec", "build_spec", "build_graph", "is_model_path", "read_model_bytes",
            "MODEL_SUFFIXES", "MAX_MODEL_BYTES"]
@@ -70,8 +71,8 @@ def build_graph(model: ModelGraph, plan: ShardingPlan, *, opaque: bool = False, 
 
     spec, notes = build_spec(model, plan, opaque=opaque, fuse=fuse)
     graph = load_spec(spec)
-    graph.meta["import_notes"] = notes
-    graph.meta["import_sources"] = dict(model.spec_sources)
+    graph.meta[meta.IMPORT_NOTES] = notes
+    graph.meta[meta.IMPORT_SOURCES] = dict(model.spec_sources)
     return graph
 
 
@@ -114,5 +115,5 @@ def load_model(path: str | Path, plan: Any, *, opaque: bool = False, fuse: bool 
     spec, notes = import_spec(path, plan, opaque=opaque, fuse=fuse)
     with paused_gc():
         graph = load_spec(spec)
-    graph.meta["import_notes"] = notes
+    graph.meta[meta.IMPORT_NOTES] = notes
     return graph

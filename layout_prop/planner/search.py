@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
+from layout_prop.core import meta
 from layout_prop.core.errors import SpecError, cut
 from layout_prop.core.graph import Graph
 from layout_prop.perf import parallel as par
@@ -528,7 +529,7 @@ class ImportedModel:
 
 def is_imported(graph: Graph) -> bool:
     """Whether ``graph`` was read from a model file (the importer's notes) or names its parameters as torch does."""
-    if "import_notes" in graph.meta:
+    if meta.IMPORT_NOTES in graph.meta:
         return True
     return any(_IMPORTED_LAYER.match(n.name) for n in graph.inputs())
 

@@ -311,3 +311,22 @@ def test_builtin_profiles_name_a_source_for_every_figure():
         for key in ("peak_tflops", "hbm", "intra", "inter", "latency", "efficiency"):
             assert cluster.sources.get(key), (cluster.name, key)
     assert get_cluster("ascend-910b").devices_per_node == 8
+
+
+def test_every_device_model_constant_has_a_source_and_a_file_profile_inherits_them():
+    from layout_prop.perf.clusters import BUILTIN, parse_cluster
+
+    for name, profile in BUILTIN.items():
+        assert profile.cores, name
+        for key in ("cores", "gemm_tiles", "gemm_efficiency", "l2_GBps", "attention_efficiency", "launch_us"):
+            assert profile.sources.get(key), (name, key)
+    # the measured large-GEMM fractions: 267.9 of 312 (A100 SXM), 792.1 of 989 (H100 SXM)
+    assert BUILTIN["a100-80g"].peak_flops("bfloat16") * BUILTIN["a100-80g"].gemm_efficiency == pytest.approx(267.9e12,
+                                                                                                         rel=1e-4)
+    assert BUILTIN["h100-80g"].peak_flops("bfloat16") * BUILTIN["h100-80g"].gemm_efficiency == pytest.approx(792.1e12,
+                                                                                                         rel=1e-4)
+    mine = parse_cluster({"base": "h100-80g", "inter": {"GBps": 100}})
+    assert (mine.cores, mine.gemm_efficiency, mine.l2_GBps) == (132, BUILTIN["h100-80g"].gemm_efficiency,
+                                                                BUILTIN["h100-80g"].l2_GBps)
+    big = op_cost("matmul", ((8192, 8192), (8192, 8192)), ((8192, 8192),), (2, 2), (2,), {}, dtype="bfloat16")
+    assert op_time(big, mine) == op_time(big, BUILTIN["h100-80g"])

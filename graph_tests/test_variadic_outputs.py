@@ -169,6 +169,27 @@ def test_torch_and_upstream_names_resolve():
     assert get_rule("torch.split").name == "split" and get_rule("aten.chunk").name == "chunk"
     assert get_rule("OneHotExt").name == "one_hot"
     assert get_rule("IsIn").name == "isin"
+    assert get_rule("ScatterUpdate").name == "scatter_update" and get_rule("ArgMaxWithValue").name == "argmax_with_value"
+
+
+def test_upstream_argmax_with_value_and_scatter_update_run():
+    # ArgMaxWithValue: (index, value) along axis 1, checked against numpy; ScatterUpdate: x[index] = src on dim 0
+    spec = {"mesh": {"shape": [2, 2], "names": ["dp", "tp"]},
+            "inputs": {"x": {"shape": [4, 6], "placements": ["S(0)", "S(1)"]},
+                       "t": {"shape": [5, 3], "placements": ["S(1)", "R"]},
+                       "i": {"shape": [2], "dtype": "int64"}, "s": {"shape": [2, 3]}},
+            "nodes": [{"name": "a", "op": "ArgMaxWithValue", "inputs": ["x"], "attrs": {"axis": 1}},
+                      {"name": "u", "op": "ScatterUpdate", "inputs": ["t", "i", "s"]}]}
+    g = load_spec(spec)
+    analyze(g)
+    x = np.array([[0, 5, 1, 2, 9, 3], [7, 1, 2, 3, 4, 5], [1, 1, 8, 1, 1, 1], [0, 0, 0, 0, 0, 6]], np.float32)
+    t = np.zeros((5, 3), np.float32)
+    s = np.arange(6, dtype=np.float32).reshape(2, 3)
+    env = execute_global(g, {"x": x, "t": t, "i": np.array([3, 0]), "s": s})
+    assert env["a:0"].tolist() == [4, 0, 2, 5] and env["a:1"].tolist() == [9, 7, 8, 6]
+    assert env["u"].tolist() == [[3, 4, 5], [0, 0, 0], [0, 0, 0], [0, 1, 2], [0, 0, 0]]
+    report = run_graph(load_spec(spec), backward=True, seed=6, verify=True)
+    assert report.ok, report.mismatches
 
 
 def test_upstream_alias_nodes_run():

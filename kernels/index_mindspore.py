@@ -311,6 +311,7 @@ KERNELS: dict[str, Callable] = {
     "scatter_add": scatter_add,
     "index_add": index_add,
     "index_copy": index_copy,
+    "scatter_update": index_copy,  # MindSpore's ScatterUpdate: index_copy along dim 0
     "index_copy_src_grad": index_copy_src_grad,
     "gather_nd": gather_nd,
     "scatter_nd": scatter_nd,

@@ -310,11 +310,24 @@ def _chunk_cumsum(x, offsets=None, dim=0, chunks=1, exclusive=False, reverse=Fal
     return _cat_pieces(pieces, x.shape, dim, x.dtype)
 
 
+def _argmax_with_value(x, axis=0, keep_dims=False):
+    """MindSpore's ArgMaxWithValue, with argmax's NaN rule: the index and the element it points at."""
+    b = _backend()
+    ops = b._ms().ops
+    x = b.to_tensor(x)
+    index = _arg("argmax")(x, axis, True)
+    value = ops.gather_elements(x, axis % x.ndim, index)
+    if not keep_dims:
+        index, value = ops.squeeze(index, axis % x.ndim), ops.squeeze(value, axis % x.ndim)
+    return index, value
+
+
 KERNELS: dict[str, Callable] = {
     "topk": _topk,
     "sort": _sort,
     "argmax": _arg("argmax"),
     "argmin": _arg("argmin"),
+    "argmax_with_value": _argmax_with_value,
     "cumsum": _cumsum,
     "prod": _prod,
     "maximum": _maximum,

@@ -258,11 +258,22 @@ def _topk_candidates_grad(dc, indices, dim, size, chunks=1, start=0):
     return np.concatenate(pieces, axis=dim)
 
 
+def _argmax_with_value(x, axis=0, keep_dims=False):
+    """MindSpore's ArgMaxWithValue: the argmax along ``axis`` and the element it points at."""
+    x = np.asarray(x)
+    index = np.argmax(x, axis=axis, keepdims=True).astype(np.int64)
+    value = np.take_along_axis(x, index, axis=axis)
+    if not keep_dims:
+        index, value = np.squeeze(index, axis=axis), np.squeeze(value, axis=axis)
+    return index, value
+
+
 KERNELS: dict[str, Callable] = {
     "topk": _topk,
     "sort": _sort,
     "argmax": _arg(np.argmax),
     "argmin": _arg(np.argmin),
+    "argmax_with_value": _argmax_with_value,
     "cumsum": _cumsum,
     "prod": _prod,
     "maximum": np.maximum,

@@ -48,7 +48,8 @@ The ops and their layout rules
     ``index`` 1-D, ``src`` x's shape with ``dim`` of ``len(index)``; adds ``src`` slices at
     the indexed positions.  Sharded like scatter_add, the index being the contributions' dim.
     vjp: ``dx = dy``, ``dsrc = index_select(dy, index, dim)``.
-``index_copy(x, index, src, dim)`` (``aten.index_copy``)
+``index_copy(x, index, src, dim)`` (``aten.index_copy``; ``scatter_update``, MindSpore ``ScatterUpdate``, is it with
+    ``dim`` 0)
     index_add that writes instead of adding (the last of duplicate indices wins); sharded
     like scatter.  vjp: ``dx = index_copy(dy, index, zeros_like(src))``, ``dsrc =
     index_copy_src_grad(dy, index, dim)``: index_select of dy where the index is the last
@@ -670,6 +671,18 @@ class IndexCopy(IndexAdd):
             zeros = g.op("zeros_like", [inputs[2]])
             dx = g.op("index_copy", [dy, inputs[1], zeros], {"dim": attrs["dim"]})
         return (dx, None, dsrc if needs[2] else None)
+
+
+@register_op
+class ScatterUpdate(IndexCopy):
+    """``scatter_update(x, index, src)``: MindSpore's ``ScatterUpdate``, ``x[index] = src`` along dim 0 with a
+    1-D ``index``: ``index_copy`` with ``dim`` 0 (its layout rule, gradient and kernels)."""
+
+    name = "scatter_update"
+    aliases = ("ScatterUpdate",)
+    attr_defaults = {"dim": 0}
+    required_attrs = ()
+    cost_kind = "vector"
 
 
 @register_op

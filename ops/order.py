@@ -513,6 +513,38 @@ class ArgMin(_ArgRule):
     aliases = ("Argmin", "ArgMin", "aten.argmin")
 
 
+@register_op
+class ArgMaxWithValue(_ArgRule):
+    """``argmax_with_value(x, axis=0, keep_dims=False) -> (index, value)``: MindSpore's ``ArgMaxWithValue``,
+    the int64 index of the first greatest element along ``axis`` (a NaN wins) and that element.
+
+    Layout as ``argmax`` along ``axis`` (the axis whole, x not Partial, other dims free); the
+    value has the index's shape and layout.  vjp: ``max_grad`` of the value's cotangent (with
+    ties, every greatest element gets it, where MindSpore gives it to the index's alone).
+    """
+
+    name = "argmax_with_value"
+    aliases = ("ArgMaxWithValue",)
+    num_outputs = 2
+    attr_defaults = {"axis": 0, "keep_dims": False}
+    attr_types = {"axis": "int"}
+    differentiable = True
+    cost_kind = "vector"
+
+    def infer_layout(self, inputs, attrs):
+        res = super().infer_layout(inputs, {"dim": attrs["axis"], "keepdim": attrs["keep_dims"]})
+        index = res.outputs[0]
+        value = TensorSpec(index.shape, inputs[0].dtype, index.layout)
+        return RuleResult((index, value), res.violations, res.wants)
+
+    def vjp(self, g, inputs, outputs, cotangents, attrs, needs):
+        dy = cotangents[1]
+        if dy is None or not needs[0]:
+            return (None,)
+        axis = attrs["axis"] % g.spec(inputs[0]).ndim
+        return (g.op("max_grad", [dy, inputs[0], outputs[1]], {"dims": [axis], "keepdim": bool(attrs["keep_dims"])}),)
+
+
 # ------------------------------------------------------------------------------ cumsum
 def _cumsum_dtype(dtype: str) -> str:
     return dtype if _is_float(dtype) else "int64"

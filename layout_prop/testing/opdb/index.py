@@ -47,6 +47,9 @@ RECORDS = [
         OpSample([(8, 3), (5,), (5, 3)], {"dim": 0}, **SCATTER),
         OpSample([(2, 9), (4,), (2, 4)], {"dim": 1}, **SCATTER),
     ], meshes=MESHES, placements=30, id="index-index_copy"),
+    OpRecord("scatter_update", [  # MindSpore's ScatterUpdate (index_copy along dim 0)
+        OpSample([(7, 3), (4,), (4, 3)], {}, **SCATTER),
+    ], meshes=MESHES, placements=30, id="index-scatter_update"),
     OpRecord("index_copy_src_grad", [
         OpSample([(9, 3), (5,)], {"dim": 0}, dtypes=["float32", "int64"], requires_grad=[False, False]),
     ], meshes=MESHES, placements=30, backward=False, id="index-index_copy_src_grad"),

@@ -26,6 +26,11 @@ RECORDS = [
         OpSample([(5, 1, 4)], {"dim": 0, "keepdim": True}),
         OpSample([(4, 5)], dtypes=["int32"]),  # dim None: the flattened index
     ], meshes=_MESHES, placements=30),
+    OpRecord("argmax_with_value", [  # MindSpore's ArgMaxWithValue: the index and the value (differentiable)
+        OpSample([(3, 10)], {"axis": 1}),
+        OpSample([(5, 1, 4)], {"axis": 0, "keep_dims": True}),
+        OpSample([(4, 5)], {"axis": -1}, dtypes=["int32"], requires_grad=[False]),
+    ], meshes=_MESHES, placements=30),
     OpRecord("argmin", [
         OpSample([(10, 3)], {"dim": 0}, dtypes=["int32"]),
         OpSample([(2, 5, 1)], {"dim": -2, "keepdim": True}),

@@ -55,7 +55,7 @@ from typing import NamedTuple, Sequence
 
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError, OpError
-from layout_prop.core.graph import Graph, Node
+from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.layout import Layout
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import OpRule, get_rule
@@ -467,8 +467,4 @@ class _Builder:
         """``base``, or ``base2``, ``base3``...: the first name no graph nor the subgraph has."""
         graph, nodes = self.sweep.graph, self.sweep.nodes
         taken = {part.name for part in self.nodes}
-        name, i = base, 1
-        while name in graph or name in nodes or name in taken or graph.has_value(name):
-            i += 1
-            name = f"{base}{i}"
-        return name
+        return fresh_name(base, lambda name: name in graph or name in nodes or name in taken or graph.has_value(name))

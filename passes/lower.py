@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from layout_prop.core import meta
 from layout_prop.core.errors import ExecutionError
-from layout_prop.core.graph import Graph
+from layout_prop.core.graph import Graph, fresh_name
 from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.redistribute import Step, plan_redistribution
 from layout_prop.core.registry import OpRule, get_rule
@@ -371,11 +371,7 @@ def _spec_of(env: dict, graph: Graph, value: str) -> TensorSpec:
 
 def _fresh(defined: set[str], base: str) -> str:
     """A local value name no op of the program uses yet."""
-    name, i = base, 1
-    while name in defined:
-        i += 1
-        name = f"{base}.{i}"
-    return name
+    return fresh_name(base, defined.__contains__, sep=".")
 
 
 def _steps(defined: set[str], value: str, steps, final: str, source: str):

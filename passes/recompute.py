@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from layout_prop.core import meta
 from layout_prop.core.errors import SpecError, cut
-from layout_prop.core.graph import Graph, Node
+from layout_prop.core.graph import Graph, Node, fresh_name
 
 from .zero import _did_you_mean, _is_backward, _layer_of
 
@@ -226,11 +226,7 @@ def _reader_layer(graph: Graph, name: str) -> str | None:
 
 
 def _fresh(base: str, taken) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}/{k}"  # (not "#" or "@": lowering names its local values with them)
-    return name
+    return fresh_name(base, taken.__contains__, sep="/")  # (not "#" or "@": lowering names its local values with them)
 
 
 def held_values(graph: Graph, rank: int = 0) -> dict[str, tuple[str | None, int]]:

@@ -49,7 +49,7 @@ from functools import lru_cache
 
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError
-from layout_prop.core.graph import Graph, Node
+from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.registry import get_rule
 from layout_prop.core.spec import TensorSpec
@@ -505,8 +505,4 @@ class _Sweep:
 
     def _fresh(self, base: str) -> str:
         """``base``, or ``base2``, ``base3``...: the first name neither graph has."""
-        name, i = base, 1
-        while name in self.graph or name in self.nodes:
-            i += 1
-            name = f"{base}{i}"
-        return name
+        return fresh_name(base, lambda name: name in self.graph or name in self.nodes)

@@ -48,7 +48,7 @@ from typing import Any
 
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError, SpecError, cut
-from layout_prop.core.graph import Graph, Node
+from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.layout import Layout
 from layout_prop.core.placement import Replicate, Shard, shard_dim
 from layout_prop.core.redistribute import plan_redistribution
@@ -249,11 +249,7 @@ class Zero:
 
 
 def _fresh(base: str, taken) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}/{k}"  # (not "#" or "@": lowering names its local values with them)
-    return name
+    return fresh_name(base, taken.__contains__, sep="/")  # (not "#" or "@": lowering names its local values with them)
 
 
 def _is_backward(graph: Graph, node: Node) -> bool:

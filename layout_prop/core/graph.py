@@ -31,7 +31,7 @@ import gc
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from .errors import GraphError, LayoutPropError
 from .mesh import DeviceMesh
@@ -95,6 +95,23 @@ def last_uses(steps: Sequence, keep: set[str]) -> dict[int, list[str]]:
         if value not in keep:
             dying.setdefault(index, []).append(value)
     return dying
+
+
+def fresh_name(base: str, taken: Callable[[str], bool], sep: str = "", first: int = 2) -> str:
+    """``base``, else ``base{sep}{first}``, ``base{sep}{first + 1}``...: the first name ``taken`` refuses.
+
+    The one maker of fresh names: every pass and builder that invents a node or value name
+    asks here, with its own ``taken`` (the graphs and nodes it must not clash with) and its
+    spelling (``sep``: ``/`` for ZeRO's and recomputation's copies, ``.`` for lowering's local
+    values, ``_`` from 1 for the importers).
+
+    >>> fresh_name("x", {"x", "x2"}.__contains__), fresh_name("v", {"v"}.__contains__, sep="_", first=1)
+    ('x3', 'v_1')
+    """
+    name, k = base, first
+    while taken(name):
+        name, k = f"{base}{sep}{k}", k + 1
+    return name
 
 
 def value_name(node: str, index: int, num_outputs: int) -> str:

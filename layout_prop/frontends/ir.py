@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from layout_prop.core.errors import OpError, SpecError
+from layout_prop.core.graph import fresh_name
 from layout_prop.io.plan_file import ParamUse, ShardingPlan, resolve_parameters
 
 __all__ = ["Value", "MNode", "ModelGraph", "to_spec", "parameter_uses", "apply_plan", "sanitize", "scalar_value",
@@ -133,10 +134,7 @@ class ModelGraph:
         self.nodes = kept[::-1]
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.values:
-            name, k = f"{base}_{k}", k + 1
-        return name
+        return fresh_name(base, self.values.__contains__, sep="_", first=1)
 
 
 _BAD = re.compile(r"[:@#]")

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from layout_prop.core.errors import CONTROL_CHARS, LayoutPropError, SpecError, cut
-from layout_prop.core.graph import Graph, Node
+from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.layout import Layout
 from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.placement import parse_placement
@@ -296,11 +296,7 @@ def resolve_module_pins(constraints: tuple[Constraint, ...], spec: dict, values:
 
 
 def _fresh(base: str, taken: set[str]) -> str:
-    name, i = base, 1
-    while name in taken:
-        i += 1
-        name = f"{base}{i}"
-    return name
+    return fresh_name(base, taken.__contains__)
 
 
 def _unmatched_hint(inputs: list[str], pattern: str, values: list[str],

@@ -74,7 +74,7 @@ import numpy as np
 
 from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError, SpecError
-from layout_prop.core.graph import Graph, Node, attrs_key
+from layout_prop.core.graph import Graph, Node, attrs_key, fresh_name
 from layout_prop.core.layout import Layout
 from layout_prop.core.links import DEFAULT_LINK, Link, links_of  # noqa: F401  (DEFAULT_LINK: the doctests)
 from layout_prop.core.placement import Partial, Replicate, Shard
@@ -1202,11 +1202,7 @@ def _move(new: Graph, graph: Graph, node: Node, i: int, value: str, want: Layout
 
 
 def _fresh(base: str, *graphs: Graph) -> str:
-    name, i = base, 1
-    while any(name in g for g in graphs):
-        i += 1
-        name = f"{base}{i}"
-    return name
+    return fresh_name(base, lambda name: any(name in g for g in graphs))
 
 
 # --------------------------------------------------------------------------- for check --reshard and auto

@@ -26,14 +26,25 @@ def _export(spec: dict) -> str:
     return code
 
 
-def _train(tmp_path, spec: dict, code: str):
+def _start(fn, args) -> None:
+    """``fn(rank, *args)`` on WORLD fresh processes: forked from a forkserver (torch imported there once), not
+    from pytest's process, whose torch state (an earlier test's fake process group) a fork would inherit."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    try:
+        multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "graph_tests.torch_gen_llama"])
+    except (ValueError, RuntimeError):
+        pass
+    mp.start_processes(fn, args=args, nprocs=WORLD, start_method="forkserver")
+
+
+def _train(tmp_path, spec: dict, code: str):
     from graph_tests.torch_gen_llama import worker
 
     out = tmp_path / "rank0.pt"
-    mp.start_processes(worker, args=(WORLD, str(tmp_path / "store"), spec, code, str(out)), nprocs=WORLD,
-                       start_method="fork")
+    _start(worker, (WORLD, str(tmp_path / "store"), spec, code, str(out)))
     return torch.load(out)
 
 
@@ -88,8 +99,6 @@ def test_the_hugging_face_llama_fixture_trains_with_styles_and_zero3(tmp_path):
     cross entropy on 4 gloo processes equals one process (the batch is replicated: the fixture's batch is 1)."""
     import numpy as np
 
-    import torch.multiprocessing as mp
-
     from graph_tests import test_export_torch as fx
     from graph_tests.torch_gen_llama import fixture_step, fixture_worker
     from layout_prop.frontends import build_graph, read_model
@@ -107,8 +116,8 @@ def test_the_hugging_face_llama_fixture_trains_with_styles_and_zero3(tmp_path):
     torch.save(model.state_dict(), tmp_path / "state.pt")
     torch.save(ids, tmp_path / "ids.pt")
     out = tmp_path / "rank0.pt"
-    mp.start_processes(fixture_worker, args=(WORLD, str(tmp_path / "store"), code, str(tmp_path / "state.pt"),
-                                             str(tmp_path / "ids.pt"), str(out)), nprocs=WORLD, start_method="fork")
+    _start(fixture_worker, (WORLD, str(tmp_path / "store"), code, str(tmp_path / "state.pt"), str(tmp_path / "ids.pt"),
+                            str(out)))
     result = torch.load(out)
     loss = fixture_step(model, ids)
     assert abs(result["loss"] - float(loss.detach())) < 1e-5

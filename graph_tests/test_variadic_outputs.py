@@ -209,3 +209,23 @@ def test_unknown_op_hint_no_longer_offers_a_numbered_variant():
     with pytest.raises(LayoutPropError) as err:
         get_rule("unbnd")
     assert err.value.hint == "did you mean 'unbind'?"
+
+
+def test_onnx_split_into_more_than_eight_pieces_imports_as_split():
+    # before split by torch's name, an ONNX Split of 9 or more outputs had no op (split2..split8 only)
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from layout_prop.frontends.onnx import from_onnx
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 12])
+    outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4, None]) for i in range(10)]
+    sizes = numpy_helper.from_array(np.array([1] * 9 + [3], np.int64), "sizes")
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Split", ["x", "sizes"], [f"y{i}" for i in range(10)], axis=1)], "g", [x], outs, [sizes]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    assert onnx.checker.check_model(model) is None
+    g = from_onnx(model, {"mesh": {"shape": [2], "names": ["tp"]}})
+    (node,) = [n for n in g.nodes if not n.is_input]
+    assert (node.op, node.num_outputs) == ("split", 10)
+    assert run_graph(g, backward=True, seed=9, verify=True).ok

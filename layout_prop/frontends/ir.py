@@ -461,6 +461,8 @@ def _lower(model: ModelGraph, node: MNode) -> list[tuple[str, list[str], dict]] 
         n = len(node.outputs)
         if 2 <= n <= 8:
             return [(f"split{n}", [node.inputs[0]], {"axis": a["axis"], "sizes": list(a["sizes"])})]
+        if n > 8:  # torch's split: as many outputs as sizes
+            return [("split", [node.inputs[0]], {"axis": a["axis"], "split_size_or_sections": list(a["sizes"])})]
         return None
     if op == "unsqueeze":
         dims = sorted(a["dims"])

@@ -409,3 +409,82 @@ def test_an_expansion_that_fails_leaves_answers_unjudged_and_the_verdict_is_not_
     out = capsys.readouterr().out
     assert "unjudged 4: the rule's expansion did not run on numpy arrays: RuntimeError: no execution for you" in out
     assert out.splitlines()[-1] == "no wrong answer found, but 4 accepted answers could not be judged"
+
+
+#: what one op's code can leave behind in its worker, each aimed at the ops audited after it
+LEFTOVERS = '''
+import os
+import sys
+import threading
+import time
+
+from .parallel_ops import DistributedOp
+
+MARKER = {marker!r}
+
+
+class Elementwise(DistributedOp):
+    def infer_layout(self, layouts, extra_args):
+        if layouts[0].is_partial():
+            raise ValueError("no partial input")
+        return layouts[0]
+
+
+def _garbage_when_the_next_op_loads():
+    """In a grandchild that left the worker's session: write garbage on the inherited answer pipe."""
+    fd = int(sys.argv[2])
+    deadline = time.monotonic() + 20
+    while not os.path.exists(MARKER) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for _ in range(400):
+        try:
+            os.write(fd, b"garbage from an earlier op\\\\n")
+        except OSError:
+            break
+        time.sleep(0.005)
+
+
+class ForksAChild(Elementwise):
+    def __init__(self, name):
+        super().__init__(name)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                _garbage_when_the_next_op_loads()
+            os._exit(0)
+        os.wait()
+
+
+def _patch_when_the_next_op_loads():
+    good = "hyper_parallel.core.shard.ops.parallel_marked"
+    deadline = time.monotonic() + 20
+    while good not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.001)
+    if good in sys.modules:
+        sys.modules[good].Elementwise.infer_layout = lambda self, layouts, extra_args: layouts[0]
+
+
+class PatchesTheNextOp(Elementwise):
+    def __init__(self, name):
+        super().__init__(name)
+        threading.Thread(target=_patch_when_the_next_op_loads, daemon=True).start()
+'''
+
+
+def test_what_an_op_leaves_running_cannot_change_the_next_ops_verdict(tmp_path, capsys, clean_relu):
+    """A grandchild writing on the old answer pipe, a thread patching the next op's class: ReLU unchanged.
+
+    Cos and Exp are audited before ReLU (names in order); ReLU's module marks its import with a
+    file, which the grandchild waits for.  Each op gets a worker of its own, so neither reaches ReLU.
+    """
+    marker = tmp_path / "relu-imported"
+    marked = f"open({str(marker)!r}, 'w').close()\n" + GOOD
+    root = make_checkout(tmp_path / "co", {"Cos": ("parallel_leftovers", "ForksAChild"),
+                                           "Exp": ("parallel_leftovers", "PatchesTheNextOp"),
+                                           "ReLU": ("parallel_marked", "Elementwise")},
+                         {"parallel_leftovers": LEFTOVERS.format(marker=str(marker)), "parallel_marked": marked})
+    code, data = audit_json(capsys, root)
+    by_op = _by_op(data)
+    assert marker.exists()  # ReLU's module was imported: the leftovers had their chance
+    assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}
+    assert "failure" not in by_op["Cos"] and "failure" not in by_op["Exp"] and code == 0

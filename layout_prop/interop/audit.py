@@ -465,7 +465,11 @@ class _ExpansionRaised(Exception):
 
 
 class Session:
-    """The audit's worker for one checkout: started on demand, restarted after a failure."""
+    """The audit's worker for one checkout: started on demand, stopped after each op.
+
+    One op's code never shares a process with the next op's: a thread or a child process it
+    left running, or a class it patched, cannot change another op's verdict.
+    """
 
     def __init__(self, checkout: CheckoutFiles, limits: Limits) -> None:
         self.checkout = checkout
@@ -792,11 +796,12 @@ def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
                     for shape in meshes:
                         mesh = DeviceMesh(tuple(shape), MESH_NAMES[len(shape)])
                         audit_case(session, name, case, mesh, audit, budget, seed)
-            except WorkerFailure as failure:  # this op only: a fresh worker for the next
-                session.stop()
+            except WorkerFailure as failure:  # this op only
                 audit = OpAudit(name, label, source, failure=(failure.kind, failure.message))
                 if failure.kind == "load-failed":
                     report.failed[name] = failure.message
+            finally:  # a fresh worker for the next op: nothing this op's code left running or patched
+                session.stop()
             report.ops.append(audit)
         if progress is not None:
             progress("", len(names), len(names))

@@ -82,7 +82,7 @@ SAMPLES = '''
 from layout_prop.testing.opdb import OpRecord, OpSample
 
 RECORDS = [OpRecord("toy_axpy", [OpSample([(4, 3), (4, 3)], {"a": 1.5}), OpSample([(5, 2), (2,)])],
-                    meshes=((2,), (2, 2)), placements=40, id="toy-axpy")]
+                    meshes=((2,), (2, 2)), placements=12, id="toy-axpy")]
 '''
 
 
@@ -124,7 +124,7 @@ def test_a_family_in_four_places_is_found_registered_and_verified(toy_family, mo
     report = verify_op(record.op, record.samples, meshes=record.meshes, placements=record.placements,
                        backward=record.backward, codes=record.codes, seed=len(record.name))
     assert report.ok, report.to_dict()
-    assert report.accepted > 0 and report.combinations > 40  # sharded combinations ran and matched one device
+    assert report.accepted > 0 and report.combinations > 20  # sharded combinations ran and matched one device
     # its cost is declared beside the rule: no perf table to extend
     assert cost_class("toy_axpy") == "vector"
     assert op_cost("toy_axpy", ((4, 3), (4, 3)), ((4, 3),), (4, 4), (4,), {}).flops == 2 * 12

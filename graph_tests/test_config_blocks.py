@@ -186,8 +186,9 @@ AGREEING = [
     (2, 60_000_000, dict(dp=4, tp=2, zero=1, recompute="none", schedule="interleaved", v=2, micro_batch=2), 0.08),
     # 4 stages of one-sequence micro-batches, 19 us moves across nodes against 15 us forward chunks: -8.0% (-8.7%),
     # the search's uniform stages (each with the embedding's and the head's time) against estimate's own chunk
-    # times; -12.8% since every kernel adds a 1 us launch (the embedding's and head's dozens counted on all 4 stages)
-    (4, None, dict(dp=4, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=1), 0.14),
+    # times (with the GEMM device model; -12.8% while every kernel added a 1 us launch, the embedding's and head's
+    # dozens counted on all 4 stages)
+    (4, None, dict(dp=4, tp=1, zero=0, recompute="none", schedule="1f1b", micro_batch=1), 0.09),
     # ZeRO-3 on two stages, its latency-bound gathers most of the step: -0.0%, -0.3%, -1.2%, full recomputation
     # -3.2% (-2.1%, -2.4%, -2.6%, -4.3% while the search gathered the embedding, the position embedding and the
     # final norm on both stages: 34 tensors a stage where the program has 32 and 33); -11.9%, -12.5%, -9.3% and

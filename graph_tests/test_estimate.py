@@ -60,7 +60,7 @@ def test_attention_counts_both_products_and_its_gradient_twice():
 
 #: an A100 SM's share of the measured large-GEMM throughput (267.9 TFLOP/s, 108 SMs) and of the L2 (4,956 GB/s)
 SM_FLOPS, SM_L2 = 312e12 * round(267.9 / 312, 4) / 108, 2.3 * 2155e9 / 108
-LAUNCH = 1e-6
+LAUNCH = 0.0  # the built-in profiles price no kernel launch (clusters.py LAUNCH says why)
 
 
 def test_a_gemm_takes_whole_waves_of_tiles_and_at_least_its_bytes():
@@ -275,7 +275,7 @@ def test_a_small_model_s_estimate_prints_its_times_in_the_unit_that_shows_them(t
     parts = data["breakdown"]
     lines = text.splitlines()
     assert "0.000 ms" not in text and "0.0 TFLOP/s" not in text, text
-    assert data["step_time_s"] < 1e-3 and 0 < parts["forward_s"] < 1e-4  # (us: a toy, its kernels' 1 us launches)
+    assert data["step_time_s"] < 1e-3 and 0 < parts["forward_s"] < 1e-4  # (us: a toy)
     _reads_back(lines[0], data["step_time_s"])
     _reads_back(lines[1], data["compute_s"], parts["forward_s"], parts["backward_s"], parts["recompute_s"])
     _reads_back(lines[2], data["communication_s"], parts["grad_sync_s"], parts["grad_sync_exposed_s"])

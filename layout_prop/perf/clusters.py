@@ -32,11 +32,12 @@ layout_prop.core.errors.SpecError: unknown-cluster: no built-in cluster 'a100' (
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from layout_prop.core.errors import SpecError, cut
+from layout_prop.core.errors import SpecError, cut, printable
 from layout_prop.io.reader import MAX_TEXT
 
 __all__ = ["Network", "Cluster", "BUILTIN", "get_cluster", "load_cluster", "parse_cluster"]
@@ -114,9 +115,10 @@ FLASH3 = ("Shah et al., 'FlashAttention-3: Fast and Accurate Attention with Asyn
 L2_A100 = ("4,956 GB/s: 2.3x the V100's L2 read bandwidth (NVIDIA A100 Tensor Core GPU Architecture whitepaper, "
            "2020: '2.3x L2 cache read bandwidth' of V100) on the V100's measured 2,155 GB/s (Jia, Maggioni, Staiger, "
            "Scarpazza, 'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking', arXiv:1804.06826, 2018)")
-LAUNCH = ("about 1 us a kernel on the device beyond its work when launches overlap (NVIDIA Developer Blog, A. Gray, "
-          "'Getting Started with CUDA Graphs', 2019: short kernels back to back in a stream); an order of "
-          "magnitude, not a measurement of these kernels")
+LAUNCH = ("not priced (0): a kernel's fixed cost (about 1 us when launches overlap, NVIDIA Developer Blog, A. Gray, "
+          "'Getting Started with CUDA Graphs', 2019, an order of magnitude) is left out because the search, the "
+          "solver and estimate enumerate a step's small kernels differently: priced, it moved their agreement on "
+          "small graphs by 15-20% while the calibration rows moved by 0.4%")
 ASCEND_REPORT = ("third-party report (boardor.com, 'Huawei Ascend 910B outperforms H20', 2024): FP16 about "
                  "320 TFLOPS, 64 GB HBM2e; no vendor datasheet of the 910B was reachable")
 
@@ -127,7 +129,7 @@ BUILTIN: dict[str, Cluster] = {
         vector_tflops=19.5, hbm_gb=80.0, hbm_GBps=2039.0,
         intra=Network(GBps=300.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=6.0),
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
-        cores=108, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=1.0,
+        cores=108, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=0.0,
         l2_GBps=2.3 * 2155.0,
         sources={"cores": SM_A100, "l2_GBps": L2_A100, "gemm_tiles": TILES, "gemm_efficiency": MAMF + ": A100 SXM 267.9 of 312 TFLOPS "
                  "(85.9%)", "attention_efficiency": FLASH2, "launch_us": LAUNCH,
@@ -142,7 +144,7 @@ BUILTIN: dict[str, Cluster] = {
         vector_tflops=67.0, hbm_gb=80.0, hbm_GBps=3350.0,
         intra=Network(GBps=450.0, latency_us=3.0), inter=Network(GBps=50.0, latency_us=6.0),
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
-        cores=132, gemm_efficiency=round(792.1 / 989, 4), attention_efficiency=(0.75, 0.50), launch_us=1.0,
+        cores=132, gemm_efficiency=round(792.1 / 989, 4), attention_efficiency=(0.75, 0.50), launch_us=0.0,
         l2_GBps=round(2.3 * 2155.0 * 132 / 108 * 1830 / 1410, 1),
         sources={"cores": SM_H100, "l2_GBps": "assumed: the A100's (" + L2_A100 + ") per SM and clock, times H100's "
                  "132 SMs at 1,830 MHz against A100's 108 at 1,410 (the whitepapers' boost clocks); no H100 L2 "
@@ -159,7 +161,7 @@ BUILTIN: dict[str, Cluster] = {
         vector_tflops=20.0, hbm_gb=64.0, hbm_GBps=1600.0,
         intra=Network(GBps=196.0, latency_us=3.0), inter=Network(GBps=25.0, latency_us=8.0),
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
-        cores=24, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=1.0,
+        cores=24, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=0.0,
         l2_GBps=round(2.3 * 2155.0 * 320 / 312, 1),
         sources={"l2_GBps": "assumed: the A100's (" + L2_A100 + ") per unit of peak FLOP/s","cores": "assumed: 24 AI cores (Da Vinci cube units) for the 910B; no vendor figure was reachable",
                  "gemm_tiles": "assumed: the cuBLAS tiles (" + TILES + ")",
@@ -200,8 +202,8 @@ def get_cluster(name_or_path: str) -> Cluster:
     """A built-in profile by name, or the profile in a YAML file (a path ending .yaml/.yml/.json)."""
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]
-    if name_or_path.endswith((".yaml", ".yml", ".json")) or Path(name_or_path).is_file():
-        return load_cluster(Path(name_or_path))
+    if name_or_path.endswith((".yaml", ".yml", ".json")) or os.sep in name_or_path or os.path.lexists(name_or_path):
+        return load_cluster(Path(name_or_path))  # a path: the file's own refusal (a device, a folder, a link loop)
     raise SpecError("unknown-cluster", f"no built-in cluster {cut(name_or_path)}",
                     hint=f"built in: {', '.join(sorted(BUILTIN))}; or give a cluster YAML file")
 
@@ -215,7 +217,19 @@ def load_cluster(path: Path) -> Cluster:
 
     data = read_mapping(path, what="cluster", hint="give a readable cluster YAML file or a built-in name "
                         f"({', '.join(sorted(BUILTIN))}); see docs/performance.md for the format")
-    return parse_cluster(data, default_name=path.stem[:MAX_TEXT] or "custom")
+    return parse_cluster(data, default_name=_file_name(path))
+
+
+def _file_name(path: Path) -> str:
+    """A profile's name when its file gives none: the file's stem, or its whole name where the stem is a
+    built-in's (``a100-80g.yaml`` is named ``a100-80g.yaml``: a file never passes for a built-in), its
+    control characters escaped (a file name cannot forge an output line).
+
+    >>> _file_name(Path("a100-80g.yaml")), _file_name(Path("slow.yaml")), _file_name(Path("x\\nstep time 0.yaml"))
+    ('a100-80g.yaml', 'slow', 'x\\\\nstep time 0')
+    """
+    name = path.stem if path.stem not in BUILTIN else path.name
+    return printable(name)[:MAX_TEXT] or "custom"
 
 
 def parse_cluster(data: Any, default_name: str = "custom") -> Cluster:

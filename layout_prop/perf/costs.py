@@ -30,7 +30,7 @@ The time of an op (:func:`op_time`) on a profile with a device model (``cores``)
   blocks) at the profile's ``attention_efficiency`` (forward, backward) of the peak;
 - vector work: its bytes through HBM at ``memory_efficiency`` of the bandwidth (or its FLOPs
   on the vector units, whichever is longer);
-- every kernel adds the profile's ``launch_us``.
+- every kernel adds the profile's ``launch_us`` (0 on the built-in profiles: not priced).
 
 A profile without ``cores`` (a user's file) keeps the roofline with one flat
 ``matmul_efficiency``: ``max(FLOPs / (peak x efficiency), bytes / (HBM x efficiency))``.

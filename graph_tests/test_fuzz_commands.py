@@ -31,6 +31,8 @@ import yaml
 from layout_prop.cli import main
 from layout_prop.frontends.generate import gpt_spec
 
+from .test_hostile_files import with_pp
+
 SEED = int(os.environ.get("LAYOUT_PROP_FUZZ_SEED", "40"))
 #: cases per kind (three kinds)
 CASES = int(os.environ.get("LAYOUT_PROP_FUZZ_CASES", "100"))
@@ -43,20 +45,11 @@ class _Hung(BaseException):
     not turn it into an exit code)."""
 
 
-def _with_pp(spec: dict, pp: int, block: dict) -> dict:
-    return {**spec, "mesh": {"shape": [pp] + list(spec["mesh"]["shape"]), "names": ["pp"] + list(spec["mesh"]["names"])},
-            "inputs": {name: {**entry, "placements": ["R"] + list(entry["placements"])}
-                       for name, entry in spec["inputs"].items()},
-            "nodes": [{**node, "attrs": {**node["attrs"], "placements": ["R"] + list(node["attrs"]["placements"])}}
-                      if "placements" in node.get("attrs", {}) else node for node in spec["nodes"]],
-            "pipeline": {"axis": "pp", **block}}
-
-
 @pytest.fixture(scope="module")
 def specs(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("fuzz40")
     plain = gpt_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=4, dropout=0.0, dtype="float32")
-    piped = _with_pp(plain, 2, {"micro_batches": 2})
+    piped = with_pp(plain, 2, {"micro_batches": 2})
     paths = {"folder": folder, "plain_data": plain, "piped_data": piped}
     for name, data in (("plain", plain), ("piped", piped)):
         paths[name] = str(folder / f"{name}.yaml")

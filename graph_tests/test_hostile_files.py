@@ -119,6 +119,42 @@ def test_a_cluster_file_never_passes_for_a_builtin(tmp_path, capsys, pipe_spec, 
     refused(capsys, [command, pipe_spec, "--cluster", fake], "bad-name", "built-in profile's name 'a100-80g'")
 
 
+def test_a_cluster_file_named_like_a_builtin_is_read_under_its_own_file_name(tmp_path, capsys, plain_spec):
+    """``a100-80g.yaml`` holding ``base: a100-80g`` and slower links (no ``name:``) was refused bad-name
+    "may not take the built-in profile's name" at cluster.name, a key the file does not have."""
+    own = write(tmp_path, "a100-80g.yaml", "base: a100-80g\ninter: {GBps: 0.025}\nintra: {GBps: 0.3}\n")
+    assert main(["estimate", plain_spec, "--cluster", own]) == 0
+    file_out = capsys.readouterr().out
+    assert main(["estimate", plain_spec, "--cluster", "a100-80g"]) == 0
+    builtin_out = capsys.readouterr().out
+    assert " devices of a100-80g.yaml " in file_out and " devices of a100-80g " in builtin_out
+    assert file_out.splitlines()[0] != builtin_out.splitlines()[0]  # its own (slower) links priced
+
+
+def test_a_cluster_file_name_cannot_forge_an_output_line(tmp_path, capsys, plain_spec):
+    """The profile's name comes from the file name when the file gives none: its line break is escaped."""
+    forged = "x\nstep time 0.001 ms on 4 devices of a100-80g\x1b[31m"
+    path = write(tmp_path, forged + ".yaml", SLOW.replace("name: slow-a100\n", ""))
+    assert main(["estimate", plain_spec, "--cluster", path]) == 0
+    out = capsys.readouterr().out
+    assert not any(line.startswith("step time 0.001 ms") for line in out.splitlines()), out
+    assert "\x1b" not in out and "x\\nstep time 0.001 ms" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("make", ["/dev/null", "folder", "loop"])
+def test_a_cluster_path_without_a_yaml_suffix_gets_the_files_refusal(tmp_path, capsys, plain_spec, make):
+    """``--cluster /dev/null`` or a folder said "no built-in cluster"; a path is read as a file and refused as one."""
+    if make == "/dev/null":
+        path, says = "/dev/null", "is a device"
+    elif make == "folder":
+        path, says = str(tmp_path / "profiles"), "is a folder"
+        Path(path).mkdir()
+    else:
+        path, says = str(tmp_path / "loop"), "cannot read"
+        Path(path).symlink_to(path)
+    refused(capsys, ["estimate", plain_spec, "--cluster", path], "cluster-not-found", says)
+
+
 # --------------------------------------------------------------------------- the same hostile file, both loaders
 def _both_refuse(capsys, path: str, code_suffix: str, *fragments: str, seconds: float = 10.0) -> None:
     """The spec loader (check) and the cluster loader (load_cluster, and estimate --cluster) refuse ``path``

@@ -947,6 +947,30 @@ def test_integer_flags_still_take_their_numbers(capsys):
     assert "invalid-rank" in one_error_line(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("argv,flag", [
+    (["run", "SPEC", "--max-time", "\u0662"], "--max-time"),
+    (["run", "SPEC", "--timeout", "1_0"], "--timeout"),
+    (["run", "SPEC", "--rtol", " 0.1"], "--rtol"),
+    (["gen", "llama", "--dropout", "\u0660.1"], "--dropout"),
+    (["plan", "SPEC", "--time-limit", "\uff15"], "--time-limit"),
+], ids=lambda v: "-".join(v[-2:]).encode("ascii", "backslashreplace").decode() if isinstance(v, list) else None)
+def test_number_flags_take_ascii_text_only(capsys, argv, flag):
+    # float() took '٢' (Arabic-Indic digits) as 2.0, '1_0' as 10 and blanks: `run --max-time ٢` ran, exit 0
+    argv = [str(EXAMPLES / "rpe" / "dp_sp.yaml") if a == "SPEC" else a for a in argv]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    line = one_error_line(err)
+    assert out == "" and line.startswith(f"layout-prop: error: bad-usage: argument {flag}: ") and \
+        "is not a number" in line, line
+
+
+def test_number_flags_still_take_their_numbers():
+    from layout_prop.cli import _finite_float, _seconds, _tolerance
+
+    assert [_finite_float(t) for t in ("0.5", "-2", "1e-3", ".5", "5.")] == [0.5, -2.0, 0.001, 0.5, 5.0]
+    assert (_seconds("2"), _seconds("0.25"), _tolerance("0"), _tolerance("1E-2")) == (2.0, 0.25, 0.0, 0.01)
+
+
 def test_size_flags_are_exact():
     from layout_prop.cli import _memory_size
     from layout_prop.commands.plan import parse_bytes

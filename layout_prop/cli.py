@@ -430,6 +430,21 @@ def _ascii_int(text: str) -> int:
     return int(text)
 
 
+def _ascii_float(text: str) -> float:
+    """``float(text)`` for ASCII text without blanks or underscores, else ``ValueError``: ``float`` alone
+    also takes other scripts' digits (``'٢'`` is 2.0), underscores (``'1_0'``) and surrounding blanks.
+
+    >>> _ascii_float("0.5"), _ascii_float("1e-3")
+    (0.5, 0.001)
+    >>> _ascii_float("٢")
+    Traceback (most recent call last):
+    ValueError: '٢' is not a number in ASCII characters
+    """
+    if not text.isascii() or "_" in text or text != text.strip():
+        raise ValueError(f"{text!r} is not a number in ASCII characters")
+    return float(text)
+
+
 def _integer(text: str) -> int:
     """An integer flag's value (``lower --rank``: the command says which are ranks), in ASCII digits."""
     try:
@@ -495,7 +510,7 @@ def _finite_float(text: str) -> float:
     import math
 
     try:
-        value = float(text)
+        value = _ascii_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number") from None
     if not math.isfinite(value):
@@ -529,7 +544,7 @@ def _probability_arg(text: str) -> float:
 
 def _seconds(text: str) -> float:
     try:
-        value = float(text)
+        value = _ascii_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number of seconds") from None
     if not 0 < value <= 7 * 24 * 3600:  # nan and inf fail too
@@ -539,7 +554,7 @@ def _seconds(text: str) -> float:
 
 def _tolerance(text: str) -> float:
     try:
-        value = float(text)
+        value = _ascii_float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{cut(text, 60)} is not a number") from None
     if not value >= 0 or value == float("inf"):

@@ -488,3 +488,29 @@ def test_what_an_op_leaves_running_cannot_change_the_next_ops_verdict(tmp_path, 
     assert marker.exists()  # ReLU's module was imported: the leftovers had their chance
     assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}
     assert "failure" not in by_op["Cos"] and "failure" not in by_op["Exp"] and code == 0
+
+
+def test_a_rule_printing_past_the_file_size_limit_is_a_failure_not_a_refusal(tmp_path, capsys, clean_relu):
+    """Past the worker's 16 MiB file-size limit a write raises OSError (EFBIG): that is the sandbox's doing.
+
+    It was taken for the rule refusing the inputs: Exp 'rejected 4 (over-strict 3)', exit 0.
+    """
+    floods = textwrap.dedent('''
+        import os
+
+        from .parallel_good import Elementwise
+
+
+        class Floods(Elementwise):
+            def infer_layout(self, layouts, extra_args):
+                for _ in range(300):  # 19 MiB
+                    os.write(1, b"x" * 65536)
+                return super().infer_layout(layouts, extra_args)
+    ''')
+    root = make_checkout(tmp_path, {"Exp": ("parallel_floods", "Floods"), "ReLU": ("parallel_good", "Elementwise")},
+                         {"parallel_floods": floods})
+    code, data = audit_json(capsys, root)
+    by_op = _by_op(data)
+    assert code == 1 and by_op["Exp"]["failure"]["kind"] == "crashed"
+    assert "16 MiB file-size limit" in by_op["Exp"]["failure"]["message"]
+    assert by_op["ReLU"] == {**clean_relu, "op": "ReLU"}

@@ -117,6 +117,20 @@ def decode(value):
     return value
 
 
+def _over_file_limit(exc):
+    """Whether ``exc`` is the worker's file-size limit (``RLIMIT_FSIZE``) refusing a write: what the
+    rule printed or wrote went past it.  Python ignores ``SIGXFSZ``, so the write raises ``EFBIG``;
+    that is the sandbox's doing, never a refusal of the inputs by the rule."""
+    import errno
+
+    return isinstance(exc, OSError) and exc.errno == errno.EFBIG
+
+
+#: what the worker reports when a rule's output went past its file-size limit
+FILE_LIMIT = ["OSError(EFBIG)", "it wrote past the audit worker's 16 MiB file-size limit "
+              "(what a rule prints goes to a scratch file)"]
+
+
 def _text(exc):
     try:
         message = str(exc)
@@ -310,8 +324,11 @@ class Worker:
                 layouts = tuple(self.layout(d) for d in case["layouts"])
                 try:
                     answer = op.infer_layout(layouts, decode(case["extra"]))
-                except Exception as exc:  # the rule refuses these inputs
-                    send({"id": case["id"], "raises": _text(exc)})
+                except Exception as exc:  # the rule refuses these inputs (unless the sandbox made it fail)
+                    if _over_file_limit(exc):
+                        send({"id": case["id"], "fatal": FILE_LIMIT})
+                    else:
+                        send({"id": case["id"], "raises": _text(exc)})
                     continue
                 except BaseException as exc:  # noqa: B036 - SystemExit, KeyboardInterrupt: no refusal
                     send({"id": case["id"], "fatal": _text(exc)})
@@ -368,7 +385,7 @@ class Worker:
             results = list(result) if isinstance(result, (tuple, list)) else [result]
             send({"result": [encode_array(np.asarray(r)) for r in results[:MAX_ITEMS]]})
         except Exception as exc:
-            send({"raised": _text(exc)})
+            send({"fatal": FILE_LIMIT} if _over_file_limit(exc) else {"raised": _text(exc)})
 
 
 def main(argv):
@@ -408,7 +425,7 @@ def main(argv):
             else:
                 send({"error": ["ValueError", f"unknown command {cmd!r}"]})
         except Exception as exc:
-            send({"error": _text(exc)})
+            send({"fatal": FILE_LIMIT} if _over_file_limit(exc) else {"error": _text(exc)})
         except BaseException as exc:  # noqa: B036 - SystemExit from the checkout's code: this worker is done
             send({"fatal": _text(exc)})
             return

@@ -474,8 +474,9 @@ class PatchesTheNextOp(Elementwise):
 def test_what_an_op_leaves_running_cannot_change_the_next_ops_verdict(tmp_path, capsys, clean_relu):
     """A grandchild writing on the old answer pipe, a thread patching the next op's class: ReLU unchanged.
 
-    Cos and Exp are audited before ReLU (names in order); ReLU's module marks its import with a
-    file, which the grandchild waits for.  Each op gets a worker of its own, so neither reaches ReLU.
+    Cos and Exp (one module) are audited before ReLU (another); ReLU's module marks its import with
+    a file, which the grandchild waits for.  Each module's ops get a worker of their own, so neither
+    leftover reaches ReLU.
     """
     marker = tmp_path / "relu-imported"
     marked = f"open({str(marker)!r}, 'w').close()\n" + GOOD

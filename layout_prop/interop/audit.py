@@ -465,11 +465,8 @@ class _ExpansionRaised(Exception):
 
 
 class Session:
-    """The audit's worker for one checkout: started on demand, stopped after each op.
-
-    One op's code never shares a process with the next op's: a thread or a child process it
-    left running, or a class it patched, cannot change another op's verdict.
-    """
+    """The audit's worker for one checkout: started on demand, stopped after a failure and
+    between two modules' ops (:func:`_code_of`)."""
 
     def __init__(self, checkout: CheckoutFiles, limits: Limits) -> None:
         self.checkout = checkout
@@ -736,6 +733,16 @@ def _safe_layout(up, mesh: DeviceMesh, partial_as=None) -> str:
         return f"tensor_map {up.tensor_map} partial {up.partial}"
 
 
+def _code_of(checkout: CheckoutFiles, name: str, from_modules: set) -> str:
+    """Where op ``name``'s rule comes from: its yaml entry's module, or ``--module`` (the user's files).
+
+    The audit runs the ops of one module in one worker and starts a fresh worker for the next
+    module: a thread or a process one module's code leaves running, or a class it patches,
+    cannot reach another module's ops.
+    """
+    return "--module" if name in from_modules or name not in checkout.entries else checkout.entries[name].module
+
+
 def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
               meshes: Sequence[Sequence[int]] = DEFAULT_MESHES, budget: int = 256, seed: int = 0,
               progress: Callable[[str, int, int], None] | None = None, limits: Limits = Limits()) -> AuditReport:
@@ -776,11 +783,20 @@ def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
                 shown = ", ".join(sorted(known)[:8])
                 raise OpError("unknown-op", f"the checkout registers no op {cut(name)}",
                               hint=f"name an op of its ops/yaml files (e.g. {shown})")
-        for done, name in enumerate(names):
+        for name in names:
+            if not cases_for(name):
+                report.not_mapped[name] = NOT_MAPPED.get(name, "no audit case written")
+        audits: dict[str, OpAudit] = {}
+        code_of = {name: _code_of(checkout, name, from_modules) for name in names}
+        position = {name: k for k, name in enumerate(names)}
+        last_code = "--module" if checkout.modules else None  # what the running worker has run
+        for done, name in enumerate(sorted(names, key=lambda n: (code_of[n], position[n]))):
             cases = cases_for(name)
             if not cases:
-                report.not_mapped[name] = NOT_MAPPED.get(name, "no audit case written")
                 continue
+            if last_code is not None and code_of[name] != last_code:  # a fresh worker for each module's ops
+                session.stop()
+            last_code = code_of[name]
             if progress is not None:
                 progress(name, done, len(names))
             first = cases[0]
@@ -796,13 +812,14 @@ def run_audit(checkout: CheckoutFiles, ops: Sequence[str] | None = None,
                     for shape in meshes:
                         mesh = DeviceMesh(tuple(shape), MESH_NAMES[len(shape)])
                         audit_case(session, name, case, mesh, audit, budget, seed)
-            except WorkerFailure as failure:  # this op only
+            except WorkerFailure as failure:  # this op only: a fresh worker for the next
+                session.stop()
                 audit = OpAudit(name, label, source, failure=(failure.kind, failure.message))
                 if failure.kind == "load-failed":
                     report.failed[name] = failure.message
-            finally:  # a fresh worker for the next op: nothing this op's code left running or patched
-                session.stop()
-            report.ops.append(audit)
+            audits[name] = audit
+        report.ops.extend(audits[name] for name in names if name in audits)  # in the names' order
+        report.failed = {name: report.failed[name] for name in names if name in report.failed}
         if progress is not None:
             progress("", len(names), len(names))
     finally:

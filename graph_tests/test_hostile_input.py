@@ -931,12 +931,16 @@ def test_absurd_flag_values_are_one_line(capsys, argv, fragment):
 ], ids=lambda v: "-".join(v[-2:]).encode("ascii", "backslashreplace").decode() if isinstance(v, list) else None)
 def test_integer_flags_take_ascii_digits_only(capsys, argv, flag):
     # int() took '١٦' (Arabic-Indic digits) as 16, '1_6' as 16 and a plus or blanks: each is a usage error now
+    _refused_flag(capsys, argv, flag, "is not an integer")
+
+
+def _refused_flag(capsys, argv: list[str], flag: str, says: str) -> None:
+    """``argv`` (``SPEC``: an example spec) exits 2 with one bad-usage line about ``flag`` that ``says``."""
     argv = [str(EXAMPLES / "rpe" / "dp_sp.yaml") if a == "SPEC" else a for a in argv]
     assert main(argv) == 2
     out, err = capsys.readouterr()
     line = one_error_line(err)
-    assert out == "" and line.startswith(f"layout-prop: error: bad-usage: argument {flag}: ") and \
-        "is not an integer" in line, line
+    assert out == "" and line.startswith(f"layout-prop: error: bad-usage: argument {flag}: ") and says in line, line
 
 
 def test_integer_flags_still_take_their_numbers(capsys):
@@ -956,12 +960,7 @@ def test_integer_flags_still_take_their_numbers(capsys):
 ], ids=lambda v: "-".join(v[-2:]).encode("ascii", "backslashreplace").decode() if isinstance(v, list) else None)
 def test_number_flags_take_ascii_text_only(capsys, argv, flag):
     # float() took '٢' (Arabic-Indic digits) as 2.0, '1_0' as 10 and blanks: `run --max-time ٢` ran, exit 0
-    argv = [str(EXAMPLES / "rpe" / "dp_sp.yaml") if a == "SPEC" else a for a in argv]
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    line = one_error_line(err)
-    assert out == "" and line.startswith(f"layout-prop: error: bad-usage: argument {flag}: ") and \
-        "is not a number" in line, line
+    _refused_flag(capsys, argv, flag, "is not a number")
 
 
 def test_number_flags_still_take_their_numbers():

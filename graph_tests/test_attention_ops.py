@@ -135,6 +135,20 @@ def test_gqa_head_counts_that_do_not_divide_are_invalid_shape():
     assert codes == [("invalid-shape", "v")]  # k and v differ
 
 
+def test_a_rank_sdpa_does_not_take_is_refused_naming_both_forms_it_takes():
+    """q, k, v are all 4-D or all 3-D (torch's (N, L, E)); a mix, or rank 2, is refused saying so."""
+    q3, kv4 = spec((2, 6, 4), ["R"]), spec((2, 1, 6, 4), ["R"])
+    expected = ("q has rank 3 (shape [2, 6, 4]); attention takes q, k, v all 4-D (BNSD or BSND) or all 3-D "
+                "(N, L, E)")
+    for op, inputs in (("sdpa", (q3, kv4, kv4)), ("scaled_dot_product_attention_grad", (spec((2, 6, 4), ["R"]), q3, kv4, kv4))):
+        (v,) = infer(op, *inputs).violations
+        assert (v.code, v.operand, v.message) == ("invalid-shape", "q", expected)
+        assert v.hint == "reshape q to 4-D, or give q, k and v all 3-D"
+    # attention_block (a ring step, written by the expand pass on 4-D q, k, v) still names 4-D only
+    (v, *_) = infer("attention_block", q3, kv4, kv4, blocks=1, step=0).violations
+    assert v.message == "q has rank 3 (shape [2, 6, 4]); attention takes 4-D q, k, v in the BNSD or BSND layout"
+
+
 def test_kv_head_map_is_not_a_user_attr():
     from layout_prop.core.errors import OpError
 

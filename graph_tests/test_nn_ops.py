@@ -224,7 +224,7 @@ def test_partial_attention_inputs():
      "v's S (dim 2) is 6 but k's is 8 (q [2, 4, 8, 16], k [2, 4, 8, 16], v [2, 4, 6, 16])"),
     # 3-D (N, L, E) q, k, v are torch's one-head form, taken since 122d421; rank 2 is still refused
     ([(8, 16), (8, 16), (8, 16)],
-     "q has rank 2 (shape [8, 16]); attention takes 4-D q, k, v in the BNSD or BSND layout"),
+     "q has rank 2 (shape [8, 16]); attention takes q, k, v all 4-D (BNSD or BSND) or all 3-D (N, L, E)"),
 ])
 def test_attention_invalid_shapes(shapes, message):
     ins = [spec(s, ["R", "R"]) for s in shapes]

@@ -915,13 +915,18 @@ def _attention_attr_violations(attrs: dict) -> list[Violation]:
     return out
 
 
-def _attention_shape_violations(q: TensorSpec, k: TensorSpec, v: TensorSpec, dims: dict) -> list[Violation]:
+def _attention_shape_violations(q: TensorSpec, k: TensorSpec, v: TensorSpec, dims: dict,
+                                three_d: bool = False) -> list[Violation]:
+    """Rank and size mismatches of 4-D q, k, v; ``three_d`` when the op also takes them all 3-D
+    (torch's (N, L, E): scaled_dot_product_attention and its gradient), so the message says so."""
     out = []
+    takes = ("attention takes q, k, v all 4-D (BNSD or BSND) or all 3-D (N, L, E)" if three_d
+             else "attention takes 4-D q, k, v in the BNSD or BSND layout")
+    fix = "reshape {} to 4-D, or give q, k and v all 3-D" if three_d else "reshape {} to 4-D"
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
-            out.append(Violation("invalid-shape", f"{name} has rank {t.ndim} (shape {list(t.shape)}); attention "
-                                 "takes 4-D q, k, v in the BNSD or BSND layout",
-                                 f"reshape {name} to 4-D", operand=name))
+            out.append(Violation("invalid-shape", f"{name} has rank {t.ndim} (shape {list(t.shape)}); {takes}",
+                                 fix.format(name), operand=name))
     if out:
         return out
 
@@ -1081,7 +1086,7 @@ def _attention_analysis(q: TensorSpec, k: TensorSpec, v: TensorSpec, attrs: dict
     violations = _attention_attr_violations(attrs)
     dims = ATTENTION_LAYOUTS.get(attrs["layout"])
     if dims is not None:
-        violations += _attention_shape_violations(q, k, v, dims)
+        violations += _attention_shape_violations(q, k, v, dims, three_d=True)
         if not violations and q.shape[dims["D"]] == 0 and attrs["scale"] is None:
             violations.append(Violation("invalid-shape", f"q's head dim D is 0 (q {list(q.shape)}): the default "
                                         "scale 1/sqrt(D) is undefined", "give q and k a head dim of at least 1, "

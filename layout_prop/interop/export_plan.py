@@ -57,7 +57,7 @@ from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
 
 __all__ = ["ExportTensor", "ExportNode", "ExportPlan", "TrainingConfig", "collect", "plan_data", "format_data",
            "not_expressible", "not_written", "own_parameters", "tied_copy", "unmarked_inputs_note", "drop_unit_axes",
-           "TARGETS", "INTEGER_DTYPES"]
+           "TARGETS", "INTEGER_DTYPES", "pipeline_chunks"]
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -233,6 +233,11 @@ class ExportPlan:
     weights: dict[str, str] = field(default_factory=dict)
     #: each moved value -> the op nodes reading the moved copy
     move_consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: a pipelined plan's forward op nodes -> their chunk, as ``layout-prop pipeline SPEC`` cuts them (chunk ``c``
+    #: runs on stage ``c % stages``: :func:`pipeline_chunks`); empty without a ``pipeline:`` block
+    chunks: dict[str, int] = field(default_factory=dict)
+    #: the forward op nodes the spec's ``recompute:`` block recomputes, by layer (``passes.recompute.segments``)
+    recomputed: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def tensors(self) -> dict[str, ExportTensor]:
         return {**self.inputs, **self.parameters}
@@ -347,6 +352,14 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
                 plan.moves.append((node.inputs[0], src.layout, dst.layout))
                 readers = tuple(n.name for n, _ in done.consumers(node.name) if n.op != "redistribute")
                 plan.move_consumers[node.inputs[0]] = plan.move_consumers.get(node.inputs[0], ()) + readers
+    if plan.config.pipeline_axis is not None:
+        plan.chunks = pipeline_chunks(graph)
+    if plan.config.recompute != "none":
+        from layout_prop.passes.recompute import segments
+
+        chosen = segments(done, plan.config.recompute, plan.config.recompute_layers)
+        plan.recomputed = {layer: tuple(n.name for n in seg if not n.meta.get(meta.INSERTED_BY))
+                           for layer, seg in chosen.items()}
     if nodes:
         for node in done.topo_order():
             if node.is_input or node.meta.get(meta.INSERTED_BY):
@@ -355,6 +368,28 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
             outs = tuple(getattr(s, "layout", None) for s in node.meta.get(meta.SPECS) or ())
             plan.nodes.append(ExportNode(node.name, node.op, tuple(node.inputs), ins, outs))
     return plan
+
+
+def pipeline_chunks(graph: Graph) -> dict[str, int]:
+    """The chunk of every forward op node of ``graph``, a spec with a ``pipeline:`` block, cut as ``layout-prop
+    pipeline SPEC`` cuts it (its boundaries or layers, else balanced by the step-time model on a100-80g, with the
+    spec's ``zero:`` and ``recompute:`` blocks applied): one micro-batch analysed on the stage mesh and lowered.
+    Nodes the passes inserted (moves, ZeRO's gathers, recomputed copies) and backward nodes are left out."""
+    from layout_prop.passes.pipeline import CHUNK, chunk_of_position, POSITION
+    from layout_prop.passes.recompute import parse_recompute
+    from layout_prop.passes.zero import parse_zero
+
+    try:  # the command layer's pipeline workflow (moved from commands/ to workflows/)
+        from layout_prop.workflows.pipeline import build
+    except ImportError:
+        from layout_prop.commands.pipeline import build
+    zero = parse_zero(graph.meta["zero"], graph.mesh) if graph.meta.get("zero") is not None else None
+    recompute = parse_recompute(graph.meta["recompute"]) if graph.meta.get("recompute") is not None else ("none", None)
+    built = build(graph, "a100-80g", zero, recompute, localize=False)
+    forward = {n.name for n in graph.nodes if not n.is_input}
+    total = built.config.chunks
+    return {n.name: n.meta.get(CHUNK, chunk_of_position(n.meta[POSITION], total)) for n in built.micro.nodes
+            if n.name in forward and POSITION in n.meta and not n.meta.get(meta.INSERTED_BY)}
 
 
 def unmarked_inputs_note(plan: ExportPlan, data_inputs: Sequence[str] | None) -> str | None:

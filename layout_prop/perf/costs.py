@@ -14,7 +14,10 @@ nowhere (a user's own) is costed as a vector op of one FLOP an element, and
   ``attention_block`` on its local q and k (exact where a rank holds one block, as in the
   ring; a rank holding several blocks computes only the diagonal ones, which this overcounts);
 - ``vector``: elementwise, norms, softmax, losses, gathers and scatters: bytes read and
-  written, and a few FLOPs an element (:data:`VECTOR_FLOPS`), on the vector units;
+  written, and a few FLOPs an element (:data:`VECTOR_FLOPS`), on the vector units; a dropout
+  also moves its mask, one byte an element (:data:`MASK_BYTES`): the forward writes it and the
+  gradient reads it (PyTorch's fused dropout keeps a one-byte mask; Korthikanti et al. 2022,
+  arXiv:2205.05198, section 4.1, count it so among a layer's stored activations);
 - ``free``: views and bookkeeping that move no data (reshape, squeeze, the
   ``redistribute`` node itself, whose collectives are priced by :mod:`.collectives`).
 
@@ -56,7 +59,7 @@ from typing import Sequence
 
 from .clusters import Cluster
 
-__all__ = ["OpCost", "VECTOR_FLOPS", "MATMUL", "ATTENTION", "FREE", "op_cost", "op_time", "cost_class", "gemm_time"]
+__all__ = ["OpCost", "VECTOR_FLOPS", "MASK_BYTES", "MATMUL", "ATTENTION", "FREE", "op_cost", "op_time", "cost_class", "gemm_time"]
 
 MATMUL = ("einsum", "matmul", "batch_matmul", "linear")
 ATTENTION = ("scaled_dot_product_attention", "scaled_dot_product_attention_grad", "flash_attention_score",
@@ -98,6 +101,11 @@ VECTOR_FLOPS = {
     # priced by perf/step.py as a collective)
     "attention_merge": 8, "attention_merge_grad": 12, "ring_shift": 1,
 }
+
+#: bytes an output element of the op moves besides its operands and outputs: a dropout's mask, one byte an element,
+#: written by the forward and read by the gradient (Korthikanti et al. 2022, arXiv:2205.05198, section 4.1, count a
+#: dropout's mask at one byte an element; the graph's gradient of a dropout is a dropout of the same seed)
+MASK_BYTES = {"dropout": 1}
 
 
 def cost_class(op: str) -> str | None:
@@ -204,7 +212,7 @@ def op_cost(op: str, in_shapes, out_shapes, in_itemsizes, out_itemsizes, attrs: 
                       backward=op.endswith("_grad"))
     elements = sum(_size(s) for s in out_shapes)
     flops = VECTOR_FLOPS[op] if op in VECTOR_FLOPS else getattr(_rule(op), "vector_flops", 1)
-    return OpCost(flops * elements, moved, kind, dtype)
+    return OpCost(flops * elements, moved + MASK_BYTES.get(op, 0) * elements, kind, dtype)
 
 
 def _gemm_dims(op: str, out_shapes, flops: int) -> tuple[int, int, int, int] | None:

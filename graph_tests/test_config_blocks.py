@@ -11,8 +11,8 @@ import json
 import pytest
 
 from layout_prop.cli import main
-from layout_prop.commands.config_blocks import read_blocks
-from layout_prop.commands.estimate import estimate_pipelined
+from layout_prop.workflows.blocks import read_blocks
+from layout_prop.workflows.estimate import estimate_pipelined
 from layout_prop.frontends.generate import gpt_spec, llama_spec
 from layout_prop.io.loader import load_spec
 from layout_prop.perf.clusters import Network, get_cluster
@@ -83,7 +83,7 @@ def test_two_equal_stages_take_stage_time_times_m_plus_p_minus_1_over_m(schedule
 def test_chunk_times_add_up_to_estimate_of_one_micro_batch():
     """The chunks' times are the step model's: their sum is estimate_step's forward and backward of one
     micro-batch on the stage mesh (another code path over the same graph)."""
-    from layout_prop.commands.pipeline import build
+    from layout_prop.workflows.pipeline import build
     from layout_prop.perf.step import estimate_step
 
     spec = chain(4, "1f1b")
@@ -371,7 +371,7 @@ def test_run_executes_zero_and_recompute_against_the_plain_graph(tmp_path, capsy
 def test_run_catches_a_wrong_zero_graph(tmp_path, capsys, monkeypatch):
     """The comparison is not vacuous: a ZeRO gather wired to the wrong weight (l0_wk for l0_wq, the same
     shape) runs, and differs from the spec's graph on one device."""
-    import layout_prop.commands.config_blocks as blocks_module
+    import layout_prop.workflows.blocks as blocks_module
     from layout_prop.core.graph import Graph, Node
 
     real = blocks_module.forward

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from layout_prop.cli import main
-from layout_prop.commands.pipeline import build, summary
+from layout_prop.workflows.pipeline import build, summary
 from layout_prop.frontends.generate import gpt_spec, llama_spec
 from layout_prop.io.loader import load_spec
 

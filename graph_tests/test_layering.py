@@ -31,8 +31,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "viz": frozenset({"core", "io", "passes", "api"}),
     "testing": frozenset({"core", "io", "ops", "kernels", "passes", "api", "runner"}),
     "interop": frozenset({"core", "io", "ops", "kernels", "passes", "engines", "testing"}),
+    # the drivers the commands call (and benchmarks, and the Python API): every room below them
+    "workflows": frozenset({"core", "io", "ops", "kernels", "passes", "planner", "perf", "engines", "frontends",
+                            "api", "runner", "viz", "testing", "interop"}),
     "commands": frozenset({"core", "io", "ops", "kernels", "passes", "planner", "perf", "engines", "frontends", "api",
-                           "runner", "viz", "testing", "interop"}),
+                           "runner", "viz", "testing", "interop", "workflows"}),
     "cli": frozenset({"core", "io", "commands", "package"}),
     # layout_prop/__init__.py: the public names, from the core; analyze and register_kernel lazily
     "package": frozenset({"core", "api", "kernels"}),

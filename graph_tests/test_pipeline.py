@@ -280,11 +280,11 @@ def test_a_tied_embeddings_gradient_crosses_once_a_step_and_matches_one_device(p
     micro-batches there and sent to the first stage once, before its last micro-batch's backward (Megatron-LM's
     embedding group all-reduces it once a step), where it was sent every micro-batch; the first stage adds it to
     its own.  The whole batch's gradients equal one device's."""
-    from layout_prop.commands.pipeline import build
+    from layout_prop.workflows.pipeline import build
 
     spec = _tied_gpt(pp, block, dp, tp, **blocks)
     if blocks:  # the zero: block is applied by the command's build (the pipeline as run and estimate make it)
-        from layout_prop.commands.pipeline import run_pipeline
+        from layout_prop.workflows.pipeline import run_pipeline
 
         built = build(load_spec(spec))
         pprog = built.program
@@ -314,7 +314,8 @@ def test_a_tied_gradient_once_a_step_in_the_rank_program():
     receives = [r for t in pprog.to_dict(0)["tasks"] for r in t["receives"]]
     assert [(r["value"], r["once_a_step"]) for r in receives] == [("grad/l1_out/accadd1", False),
                                                                   ("grad/logits/einsum2", True)]
-    from layout_prop.commands.pipeline import build, format_summary, summary
+    from layout_prop.commands.pipeline import format_summary
+    from layout_prop.workflows.pipeline import build, summary
 
     text = format_summary(summary(build(load_spec(spec))))
     assert "moves per micro-batch: 2, 4096 bytes per rank" in text
@@ -485,7 +486,7 @@ def test_recomputation_runs_on_its_layers_stage_and_adds_no_move(recompute, zero
     of a micro-batch (values, stages, tasks, bytes) are those without recomputation.  (Found measuring: with full
     recomputation stage 0's last layer was recomputed on stage 1, 10 more moves, 479 us a micro-batch of 2, when
     the next layer's norm backward read the layer's output itself: tp=1; with tp=2 it reads its forward reshard.)"""
-    from layout_prop.commands.pipeline import build
+    from layout_prop.workflows.pipeline import build
     from layout_prop.passes.pipeline import CHUNK, POSITION
     from layout_prop.passes.zero import ZeroConfig
 

@@ -21,7 +21,7 @@ __all__ = ["run"]
 def run(args) -> int:
     from layout_prop.api import analyze, format_table
 
-    from .config_blocks import read_blocks
+    from layout_prop.workflows.blocks import read_blocks
 
     graph = load_graph(args)
     blocks = read_blocks(graph)  # a bad block is its one-line error (exit 2)
@@ -118,7 +118,7 @@ def _check_configured(graph, blocks, args):
     from layout_prop.passes.check import Check
     from layout_prop.passes.verify import Verify
 
-    from .config_blocks import describe, forward, transform
+    from layout_prop.workflows.blocks import describe, forward, transform
 
     analysis = analyze(forward(graph, blocks), reshard=args.reshard, backward=args.backward, backend=args.backend)
     applied_backward = args.reshard and args.backward and analysis.ok
@@ -148,8 +148,8 @@ def _check_pipelined(graph, blocks, args):
     from layout_prop.passes.check import Check
     from layout_prop.passes.pipeline import forward_chunks, lower_pipeline, micro_batch_graph
 
-    from .config_blocks import describe, forward, transform
-    from .pipeline import op_time_cost
+    from layout_prop.workflows.blocks import describe, forward, transform
+    from layout_prop.workflows.pipeline import op_time_cost
 
     c = blocks.pipeline
     micro, batch_inputs = micro_batch_graph(graph, c)

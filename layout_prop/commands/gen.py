@@ -100,7 +100,7 @@ def build_spec(args) -> dict:
     spec.update(blocks)
     if blocks:
         from layout_prop.io.loader import load_spec
-        from layout_prop.commands.config_blocks import read_blocks
+        from layout_prop.workflows.blocks import read_blocks
 
         read_blocks(load_spec(spec))  # a block check would refuse (micro-batches the batch does not cut) is said here
     return spec

@@ -133,7 +133,7 @@ def run(args) -> int:
     with Ticker("run", enabled=quiet) as ticker:
         ticker.say("reading the spec")
         graph, weights, unread = load_with_weights(args)
-    from .config_blocks import read_blocks
+    from layout_prop.workflows.blocks import read_blocks
 
     blocks = read_blocks(graph)  # the spec's zero:, recompute:, pipeline: blocks (a bad one: exit 2)
     if blocks.pipeline is not None:
@@ -226,7 +226,7 @@ def _configured(args, graph, blocks, transformed: dict) -> dict:
     so that no node's metadata is shared)."""
     from layout_prop.api import analyze
 
-    from .config_blocks import forward, transform
+    from layout_prop.workflows.blocks import forward, transform
 
     plain = analyze(graph.copy_structure(), reshard=not args.no_reshard, backward=args.backward)
     out = {"graph": forward(graph, blocks)}
@@ -265,7 +265,7 @@ def _optimizer_step(rep, graph, blocks, args, given: dict) -> None:
 
 def _configured_note(blocks, args, rep) -> str:
     """What of the zero:/recompute: blocks the run executed, and what not."""
-    from .config_blocks import describe
+    from layout_prop.workflows.blocks import describe
 
     if not rep.executed:
         return f"{describe(blocks)}: nothing executed (violations)"
@@ -301,7 +301,7 @@ def _run_pipelined(args, graph, blocks, weights: dict, backend: str) -> int:
     """A spec with a ``pipeline:`` block: the pipelined program executed as ``layout-prop pipeline --run``
     executes it (commands/pipeline.py ``build`` and ``run_pipeline``, with the zero:/recompute: blocks), on
     every rank over the micro-batches, compared with one device on the whole batch."""
-    from .pipeline import build, run_pipeline
+    from layout_prop.workflows.pipeline import build, run_pipeline
 
     for attr, default, flag in _NOT_PIPELINED:
         if getattr(args, attr, default) != default:
@@ -346,7 +346,7 @@ def _run_pipelined(args, graph, blocks, weights: dict, backend: str) -> int:
 
 
 def _describe(blocks) -> str:
-    from .config_blocks import describe
+    from layout_prop.workflows.blocks import describe
 
     return describe(blocks)
 

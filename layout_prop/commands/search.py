@@ -103,7 +103,7 @@ def run(args) -> int:
     from layout_prop.io.progress import Progress, Ticker
     from layout_prop.perf.clusters import get_cluster
     from layout_prop.planner.search import InfeasibleSearch, parse_axes, parse_axis_order
-    from .estimate import check_global_batch
+    from layout_prop.workflows.estimate import check_global_batch
     from .plan import parse_bytes
 
     if args.time_limit is not None:  # (the search has no deadline: it reports the seconds it took)

@@ -45,9 +45,11 @@ class Blocks:
                                                     "schedule": p.schedule, "virtual_stages": p.virtual_stages}}
 
 
-def read_blocks(graph, args=None) -> Blocks:
+def read_blocks(graph, *, zero: int | None = None, recompute: str | None = None,
+                recompute_layers: str | None = None) -> Blocks:
     """The spec's blocks, checked (a bad one is its one-line typed error: ``bad-pipeline``, ``bad-value``,
-    ``unknown-key``...), with ``args``' ``--zero``, ``--recompute`` and ``--recompute-layers`` over them."""
+    ``unknown-key``...), with the flags ``--zero`` (``zero``), ``--recompute`` and ``--recompute-layers`` (their
+    text, ``None`` where not given) over them."""
     from layout_prop.passes.recompute import parse_recompute
     from layout_prop.passes.zero import parse_zero
 
@@ -61,13 +63,13 @@ def read_blocks(graph, args=None) -> Blocks:
         from layout_prop.passes.pipeline import PipelineConfig
 
         out.pipeline = PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh)
-    flag_zero = getattr(args, "zero", None)
+    flag_zero = zero
     if flag_zero is not None:
         flag = parse_zero(flag_zero, graph.mesh, path="--zero")
         if out.zero is not None and out.zero != flag:
             out.notes.append(f"--zero {flag_zero} given: the spec's zero: block ({_zero_text(out.zero)}) is not read")
         out.zero = flag
-    flag_mode, flag_layers = getattr(args, "recompute", None), getattr(args, "recompute_layers", None)
+    flag_mode, flag_layers = recompute, recompute_layers
     if flag_mode == "none" and flag_layers is not None:
         from layout_prop.core.errors import SpecError
 

@@ -154,3 +154,45 @@ def test_generated_and_imported_specs_are_written_by_the_block_writer():
 
     spec = llama_spec(layers=2)
     assert loader._BlockWriter().write(spec) == _reference(spec)
+
+
+# ------------------------------------------------------------------ a tensor_map naming an inner mesh axis first
+@pytest.mark.parametrize("mesh_shape, entry", [
+    ([2, 1, 2], [0, 2]),  # issue 37's example: (_S(0,2), R, S(0))
+    ([2, 3, 2], [0, 2]),
+    ([2, 3, 2], [0, 1, 2]),
+    ([2, 3, 2], [1, 2, 0]),
+    ([2, 3, 2], [2, 0, 1]),
+    ([2, 3, 2], [2, 1, 0]),  # mesh order: plain shards, as before
+])
+def test_an_inner_first_tensor_map_is_written_back_as_itself(mesh_shape, entry):
+    """load -> write (the value's tensor_map, as check reports it) -> load gives the same layout, and
+    the tensor_map written is the one read."""
+    from layout_prop.api import analyze, format_table
+
+    def spec(tensor_map) -> dict:
+        return {"mesh": {"shape": mesh_shape, "names": ["dp", "pp", "tp"]},
+                "inputs": {"x": {"shape": [24, 4], "tensor_map": tensor_map}, "w": {"shape": [4, 3]}},
+                "nodes": [{"name": "y", "op": "matmul", "inputs": ["x", "w"]}]}
+
+    first = load_spec(spec([entry, -1]))
+    analysis = analyze(first)
+    written = analysis.report()["tensors"]["x"]["tensor_map"]
+    assert written == [entry, -1]
+    again = load_spec(parse_spec(format_spec(spec(written))))
+    assert again.node("x").attrs["placements"] == first.node("x").attrs["placements"]
+    row = next(line for line in format_table(analysis).splitlines() if line.startswith("x "))
+    assert f"[{entry}, -1]".replace(" ", "") in row.replace(" ", "") and "none (strided)" not in row
+
+
+def test_a_strided_shard_no_tensor_map_makes_is_still_none():
+    """(_S(0,4), R) on a 2 x 2 mesh: no order of the two axes cuts dim 0 so (k would be 2 at most)."""
+    from layout_prop.api import analyze, format_table
+
+    g = load_spec({"mesh": {"shape": [2, 2], "names": ["dp", "tp"]},
+                   "inputs": {"x": {"shape": [8, 4], "placements": ["_S(0,4)", "R"]}, "w": {"shape": [4, 3]}},
+                   "nodes": [{"name": "y", "op": "matmul", "inputs": ["x", "w"]}]})
+    analysis = analyze(g)
+    assert analysis.report()["tensors"]["x"]["tensor_map"] is None
+    row = next(line for line in format_table(analysis).splitlines() if line.startswith("x "))
+    assert "none (strided)" in row

@@ -157,22 +157,51 @@ class Layout:
     def tensor_map(self) -> tuple:
         """The MindSpore tensor_map: ints, or tuples of ints when several axes shard a dim.
 
-        Raises ``unsupported-layout`` for a strided shard: a tensor_map cuts a dim into
-        contiguous blocks only.
+        The inverse of :meth:`from_tensor_map`: a dim cut by several mesh axes is written in the
+        order that cuts it so, outer axis first where that does (plain shards); strided shards
+        that an inner axis first made are written that way (``(_S(0,2), S(0))`` on a 2 x 2 mesh
+        is ``((0, 1),)``).  Raises ``unsupported-layout`` for a strided shard that no order of
+        axes makes (a tensor_map entry cuts its dim by its axes in turn, the first one major).
+
+        >>> from layout_prop.core.mesh import DeviceMesh
+        >>> Layout(DeviceMesh((2, 2), ("dp", "tp")), ["_S(0,2)", "S(0)"], 1).tensor_map()
+        ((0, 1),)
         """
-        if self.has_strided:
-            axis = next(a for a, p in enumerate(self.placements) if isinstance(p, StridedShard))
-            raise LayoutError(
-                "unsupported-layout",
-                f"{self} has the strided shard {self.placements[axis]} on mesh axis {self.mesh.names[axis]!r}, "
-                f"which a MindSpore tensor_map cannot express (it cuts a dim into contiguous blocks)",
-                hint="gather that mesh axis (R) or reshape back to the unmerged dims before exporting a tensor_map")
         out = []
         for d in range(self.ndim):
-            axes = self.dim_axes(d)
+            axes = self._cut_order(d)
+            if axes is None:
+                axis = next(a for a in self.cut_axes(d) if isinstance(self.placements[a], StridedShard))
+                raise LayoutError(
+                    "unsupported-layout",
+                    f"{self} has the strided shard {self.placements[axis]} on mesh axis {self.mesh.names[axis]!r}, "
+                    f"which no MindSpore tensor_map expresses (an entry cuts a dim by its mesh axes in turn, the "
+                    f"first one major)",
+                    hint="gather that mesh axis (R) or reshape back to the unmerged dims before exporting a "
+                    "tensor_map")
             ks = tuple(self.mesh.ndim - 1 - a for a in axes)
             out.append(-1 if not ks else ks[0] if len(ks) == 1 else ks)
         return tuple(out)
+
+    def _cut_order(self, dim: int) -> tuple[int, ...] | None:
+        """The order of the mesh axes cutting ``dim`` that :func:`_ordered_shards` turns into this
+        layout's placements (outer axis first where several orders do), or None if no order does."""
+        want = {a: self.placements[a] for a in self.cut_axes(dim)}
+
+        def extend(chosen: tuple[int, ...]) -> tuple[int, ...] | None:
+            if len(chosen) == len(want):
+                return chosen
+            for axis in want:  # outer first: a plain layout is mesh order at the first try
+                if axis in chosen:
+                    continue
+                k = math.prod(self.mesh.shape[a] for a in chosen if a > axis)
+                if want[axis] == (StridedShard(dim, k) if k > 1 else Shard(dim)):
+                    found = extend(chosen + (axis,))
+                    if found is not None:
+                        return found
+            return None
+
+        return extend(())
 
     def dim_axes(self, dim: int) -> tuple[int, ...]:
         """Mesh axes that ``Shard`` tensor dim ``dim``, outer first (strided shards: :meth:`cut_axes`)."""

@@ -433,8 +433,9 @@ class TensorSpec:
         return tuple(tuple(g) for g in groups.values())
 
     def to_dict(self) -> dict:
-        """``shape``, ``dtype``, ``placements``, ``tensor_map`` (None for a strided shard: MindSpore
-        has none), ``local_shape`` (rank 0's); fresh lists."""
+        """``shape``, ``dtype``, ``placements``, ``tensor_map`` (None for a strided shard that no
+        MindSpore tensor_map expresses: :meth:`Layout.tensor_map`), ``local_shape`` (rank 0's); fresh
+        lists."""
         placements, tensor_map, local_shape = self._report_parts
         return {
             "shape": list(self.shape),
@@ -446,7 +447,10 @@ class TensorSpec:
 
     @cached_property
     def _report_parts(self) -> tuple[tuple, tuple, tuple]:  # specs are uniqued: a report computes each once
-        tensor_map = None if self.layout.has_strided else tuple(self.layout.tensor_map())
+        try:  # a strided shard an inner mesh axis first made is a tensor_map too
+            tensor_map = tuple(self.layout.tensor_map())
+        except LayoutError:
+            tensor_map = None
         return tuple(self.layout.placement_strs()), tensor_map, self.local_shape(0)
 
     def __str__(self) -> str:

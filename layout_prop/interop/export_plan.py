@@ -209,6 +209,60 @@ def own_parameters(plan: "ExportPlan", target: str) -> list[tuple[str, ExportTen
     return out
 
 
+@dataclass(frozen=True)
+class ExportChunk:
+    """One model chunk of a pipelined plan: chunk ``index`` runs on pipeline stage ``stage`` (``index % stages``).
+
+    ``layers`` are the decoder layers whose nodes (``l<i>_...``) it runs; ``reads`` the graph inputs its
+    forward nodes read (parameters, buffers, model inputs), in graph order; ``receives`` the values made by
+    earlier chunks it reads, ``sends`` the values it makes that later chunks read, each with its layout
+    (``(name, layout)``); ``first`` and ``last`` are the forward's first and last nodes it runs.
+    """
+
+    index: int
+    stage: int
+    layers: tuple[int, ...]
+    reads: tuple[str, ...]
+    receives: tuple[tuple[str, Layout], ...]
+    sends: tuple[tuple[str, Layout], ...]
+    first: str
+    last: str
+
+
+def chunk_values(graph: Graph, done: Graph, chunk_of: dict[str, int], stages: int) -> tuple[ExportChunk, ...]:
+    """Each model chunk of a pipelined ``graph`` (``chunk_of``: forward op node -> chunk, as
+    :func:`pipeline_chunks` cuts it; ``stages``: the pipeline axis's size): what it reads and the values
+    crossing chunks, with their layouts in ``done`` (the graph analysed as ``check --reshard`` does)."""
+    from layout_prop.passes.pipeline import LAYER
+
+    made_by = {}
+    for node in graph.topo_order():
+        if node.name in chunk_of:
+            for value in node.outputs:
+                made_by[value] = chunk_of[node.name]
+    chunks = []
+    for index in range(max(chunk_of.values(), default=-1) + 1):
+        nodes = [n for n in graph.topo_order() if chunk_of.get(n.name) == index]
+        reads, receives = [], []
+        for node in nodes:
+            for value in node.inputs:
+                producer = graph.producer(value)[0]
+                if producer.is_input and value not in reads:
+                    reads.append(value)
+                elif made_by.get(value, index) < index and value not in receives:
+                    receives.append(value)
+        sends = [v for n in nodes for v in n.outputs
+                 if any(chunk_of.get(c.name, index) > index for c, _ in graph.consumers(v))]
+        layers = sorted({int(m.group(1)) for m in (LAYER.match(n.name) for n in nodes) if m})
+
+        def with_layout(values):
+            return tuple((v, _value_spec(done, v).layout) for v in values)
+
+        chunks.append(ExportChunk(index, index % stages, tuple(layers), tuple(reads), with_layout(receives),
+                                  with_layout(sends), nodes[0].name if nodes else "", nodes[-1].name if nodes else ""))
+    return tuple(chunks)
+
+
 @dataclass
 class ExportPlan:
     """The checked layouts of one graph, ready to be written for a target (see the module docstring)."""
@@ -236,6 +290,8 @@ class ExportPlan:
     #: a pipelined plan's forward op nodes -> their chunk, as ``layout-prop pipeline SPEC`` cuts them (chunk ``c``
     #: runs on stage ``c % stages``: :func:`pipeline_chunks`); empty without a ``pipeline:`` block
     chunks: dict[str, int] = field(default_factory=dict)
+    #: a pipelined plan's model chunks, what each reads and the values crossing them (:func:`chunk_values`)
+    chunk_plan: tuple[ExportChunk, ...] = ()
     #: the forward op nodes the spec's ``recompute:`` block recomputes, by layer (``passes.recompute.segments``)
     recomputed: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -354,6 +410,7 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
                 plan.move_consumers[node.inputs[0]] = plan.move_consumers.get(node.inputs[0], ()) + readers
     if plan.config.pipeline_axis is not None:
         plan.chunks = pipeline_chunks(graph)
+        plan.chunk_plan = chunk_values(graph, done, plan.chunks, plan.config.pipeline_stages)
     if plan.config.recompute != "none":
         from layout_prop.passes.recompute import segments
 
@@ -523,6 +580,11 @@ def drop_unit_axes(plan: ExportPlan) -> ExportPlan:
         config = dataclasses.replace(config, zero_stage=0)
     if config.pipeline_axis in dropped:  # one stage: no pipeline (its micro-batches stay gradient accumulation)
         config = dataclasses.replace(config, pipeline_axis=None, pipeline_stages=1, schedule=None)
+
+    def chunk(c: ExportChunk) -> ExportChunk:
+        return dataclasses.replace(c, receives=tuple((v, shrink(a)) for v, a in c.receives),
+                                   sends=tuple((v, shrink(a)) for v, a in c.sends))
+
     return dataclasses.replace(
         plan, mesh=mesh, config=config, dropped_axes=dropped,
         inputs={n: tensor(t) for n, t in plan.inputs.items()},
@@ -530,7 +592,8 @@ def drop_unit_axes(plan: ExportPlan) -> ExportPlan:
         outputs={n: shrink(layout) for n, layout in plan.outputs.items()},
         nodes=[dataclasses.replace(node, in_layouts=tuple(map(shrink, node.in_layouts)),
                                    out_layouts=tuple(map(shrink, node.out_layouts))) for node in plan.nodes],
-        moves=[(v, shrink(a), shrink(b)) for v, a, b in plan.moves])
+        moves=[(v, shrink(a), shrink(b)) for v, a, b in plan.moves],
+        chunk_plan=tuple(chunk(c) for c in plan.chunk_plan) if config.pipeline_axis is not None else ())
 
 
 def refuse_config(plan: ExportPlan, target: str) -> None:

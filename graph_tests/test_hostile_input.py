@@ -944,7 +944,7 @@ def _refused_flag(capsys, argv: list[str], flag: str, says: str) -> None:
 
 
 def test_integer_flags_still_take_their_numbers(capsys):
-    from layout_prop.cli import _ascii_int
+    from layout_prop.commands.flags import ascii_int as _ascii_int
 
     assert [_ascii_int(t) for t in ("0", "16", "-1", "0016")] == [0, 16, -1, 16]
     assert main(["lower", str(EXAMPLES / "rpe" / "dp_sp.yaml"), "--rank", "-1"]) == 2  # the command's own refusal
@@ -964,14 +964,14 @@ def test_number_flags_take_ascii_text_only(capsys, argv, flag):
 
 
 def test_number_flags_still_take_their_numbers():
-    from layout_prop.cli import _finite_float, _seconds, _tolerance
+    from layout_prop.commands.flags import finite_float as _finite_float, seconds_arg as _seconds, tolerance_arg as _tolerance
 
     assert [_finite_float(t) for t in ("0.5", "-2", "1e-3", ".5", "5.")] == [0.5, -2.0, 0.001, 0.5, 5.0]
     assert (_seconds("2"), _seconds("0.25"), _tolerance("0"), _tolerance("1E-2")) == (2.0, 0.25, 0.0, 0.01)
 
 
 def test_size_flags_are_exact():
-    from layout_prop.cli import _memory_size
+    from layout_prop.commands.flags import memory_size_arg as _memory_size
     from layout_prop.commands.plan import parse_bytes
 
     assert _memory_size("1.5T") == 3 * 2 ** 39 and _memory_size("0.5K") == 512 and _memory_size("1024P") == 2 ** 60

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layout_prop.cli import _memory_size, main
+from layout_prop.cli import main
+from layout_prop.commands.flags import memory_size_arg as _memory_size
 from layout_prop.core.errors import SpecError
 from layout_prop.io.loader import load_spec
 from layout_prop.commands.plan import parse_bytes, plan_spec

@@ -15,7 +15,8 @@ import tracemalloc
 import pytest
 
 from layout_prop.api import analyze
-from layout_prop.cli import _memory_size, main
+from layout_prop.cli import main
+from layout_prop.commands.flags import memory_size_arg as _memory_size
 from layout_prop.core.errors import ExecutionError
 from layout_prop.io.loader import load_spec
 from layout_prop.frontends.generate import llama_spec, parse_mesh_arg

@@ -29,7 +29,7 @@ from layout_prop.api import analyze
 from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 from layout_prop.io.loader import load_spec
-from layout_prop.cli import _add_viz_parser as add_viz_parser
+from layout_prop.commands.viz import add_parser as add_viz_parser
 from layout_prop.commands.viz import run as cmd_viz
 from layout_prop.viz import (
     FORMATS,

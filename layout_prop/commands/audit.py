@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from .printing import print_json
+import argparse
+from pathlib import Path
 
-__all__ = ["run"]
+from .printing import print_json
+from .flags import RUNS_CODE, mesh_arg, non_negative_int, positive_int, time_limit_arg
+
+__all__ = ["add_parser", "run"]
 
 
 def _print_finding(kind: str, finding) -> None:
@@ -104,6 +108,33 @@ def markdown(report) -> str:
     if report.not_mapped:
         lines.append(f"Not mapped: {', '.join(_escape(n) for n in sorted(report.not_mapped))}.")
     return "\n".join(lines)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop audit``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("audit", help="judge a hyper-parallel checkout's sharding rules by execution",
+                            epilog=RUNS_CODE)
+    parser.add_argument("path", metavar="PATH", type=Path,
+                        help="a hyper-parallel checkout (the folder holding hyper_parallel/); its package is imported, "
+                             "so its code RUNS with your permissions")
+    parser.add_argument("--op", action="append", metavar="NAME", help="an upstream op name (repeatable; default all)")
+    parser.add_argument("--module", type=Path, action="append", metavar="FILE",
+                        help="a Python file defining DistributedOp subclasses that register more ops (repeatable; "
+                             "imported after the checkout, its code RUNS)")
+    parser.add_argument("--platform", action="store_true",
+                        help="import the checkout's package with its own platform layer (MindSpore or torch) instead of "
+                             "layout-prop's stand-in")
+    parser.add_argument("--mesh", action="append", type=mesh_arg, metavar="AxB",
+                        help="a mesh shape such as 4 or 2x2 (repeatable; default 4 and 2x2)")
+    parser.add_argument("--samples", type=positive_int, default=256, metavar="N",
+                        help="input combinations per case and mesh, a seeded sample beyond N (default 256)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
+    parser.add_argument("--time-limit", type=time_limit_arg, default=10.0, metavar="SECONDS",
+                        help="wall time one call of the checkout's code may take in the audit's worker (default 10)")
+    parser_out = parser.add_mutually_exclusive_group()
+    parser_out.add_argument("--json", action="store_true", help="print one JSON object")
+    parser_out.add_argument("--markdown", action="store_true", help="print the per-op table as docs/audit.md shows it")
+    return parser
 
 
 def run(args) -> int:

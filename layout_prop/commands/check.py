@@ -9,13 +9,31 @@ the pipeline verifier.  One ``note: config: ...`` line (JSON: ``"config"``) says
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 from .model_input import load_graph
 from .printing import print_json
+from .flags import add_model_args
 
-__all__ = ["run"]
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop check``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("check", help="propagate layouts and report every layout and violation")
+    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
+    parser.add_argument("--reshard", action="store_true", help="insert the cheapest redistributions that fix violations")
+    parser.add_argument("--backward", action="store_true", help="also build the gradient graph (grad:NAME values)")
+    parser.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default="numpy",
+                        help="the kernel backend whose constraints to check (default numpy)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
+                        help="count the optimizer's states in memory per rank (adam: 2 per parameter; default none, as "
+                             "sgd)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_args(parser)
+    return parser
 
 
 def run(args) -> int:
@@ -23,7 +41,7 @@ def run(args) -> int:
 
     from layout_prop.workflows.blocks import read_blocks
 
-    graph = load_graph(args)
+    graph = load_graph(args.spec, args.plan, args.opaque)
     blocks = read_blocks(graph)  # a bad block is its one-line error (exit 2)
     config = None
     if blocks.pipeline is not None:

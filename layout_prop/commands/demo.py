@@ -12,6 +12,7 @@ output and gradient matches one device.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Callable
 
@@ -55,6 +56,13 @@ def run_demo(print_fn: Callable[[str], None] = print, folder: Path | None = None
              f"{max(worst_out, worst_grad):.1e}: " + ("matches one device" if rep.ok else
                                                     "MISMATCH: " + "; ".join(rep.mismatches)))
     return rep.ok
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop demo``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("demo", help="analyse and simulate a built-in example (no files needed; writes "
+                   "./layout-prop-demo.html)")
+    return parser
 
 
 def run(args) -> int:

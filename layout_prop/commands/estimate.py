@@ -3,10 +3,37 @@
 
 from __future__ import annotations
 
+import argparse
+
 from .model_input import load_graph
 from .printing import print_json
+from .flags import add_model_args, non_negative_int, positive_int
 
-__all__ = ["run", "format_estimate", "format_pipelined"]
+__all__ = ["add_parser", "run", "format_estimate", "format_pipelined"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop estimate``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("estimate", help="a training step's modelled time on a cluster: compute, exposed "
+                            "communication, optimizer, MFU, memory")
+    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file, or a model with --plan (- reads stdin)")
+    parser.add_argument("--cluster", required=True, metavar="NAME|FILE",
+                        help="a built-in profile (a100-80g, h100-80g, ascend-910b) or a cluster YAML file")
+    parser.add_argument("--global-batch", type=positive_int, metavar="N", help="sequences a step (with --micro-batch)")
+    parser.add_argument("--micro-batch", type=positive_int, metavar="M",
+                        help="sequences a micro-batch on one data-parallel rank; accumulation is N / (M x dp)")
+    parser.add_argument("--recompute", choices=["none", "selective", "full"], default=None,
+                        help="full: recompute every activation in the backward (one more forward); selective: the "
+                        "attention core (default: the spec's recompute block, else none)")
+    parser.add_argument("--recompute-layers", metavar="L0,L1", help="recompute only these layers (full unless "
+                        "--recompute selective)")
+    parser.add_argument("--zero", type=non_negative_int, choices=[0, 1, 2, 3], metavar="STAGE", help="ZeRO stage 0-3 over every "
+                        "data-parallel mesh axis (dp, data, fsdp; default: the spec's zero block, else 0)")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="expose the whole gradient synchronisation (default: overlapped with the backward)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    add_model_args(parser)
+    return parser
 
 
 def run(args) -> int:
@@ -16,7 +43,7 @@ def run(args) -> int:
 
     check_global_batch(args.global_batch)
     cluster = get_cluster(args.cluster)  # a bad profile or batch is said before the model is read
-    graph = load_graph(args)
+    graph = load_graph(args.spec, args.plan, args.opaque)
     # the spec's zero:, recompute:, pipeline: blocks, the flags over them
     blocks = read_blocks(graph, zero=args.zero, recompute=args.recompute, recompute_layers=args.recompute_layers)
     result = estimate(graph, blocks, cluster, args.cluster, global_batch=args.global_batch,

@@ -29,13 +29,16 @@ z = neg(y) -> (S(2))   [rule neg in layout_prop.ops.elementwise]
 
 from __future__ import annotations
 
+import argparse
 import difflib
+from pathlib import Path
 from typing import Any
 
 from layout_prop.core import meta
 from layout_prop.core.errors import GraphError
 from layout_prop.core.graph import Graph
 from layout_prop.core.registry import get_rule
+from .flags import add_model_args, positive_int
 
 __all__ = ["explain", "format_explanation"]
 
@@ -146,6 +149,25 @@ def format_explanation(tree: dict[str, Any], indent: int = 0, use: dict | None =
 
 
 # --------------------------------------------------------------------------- command line
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop explain``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("explain", help="why a value has its layout: the chain of rules back to the inputs",
+                            description="Why a value has its layout: the chain of rules back to the declared inputs, "
+                                        "with the violations on the way. Exits 0 once the explanation is printed, "
+                                        "violations or not (check exits 1 on them).")
+    parser.add_argument("spec", metavar="SPEC", type=Path, help="a YAML or JSON spec file (- reads standard input)")
+    parser.add_argument("value", metavar="NAME", help="a value name (node, node:i, an input, or grad:INPUT)")
+    parser.add_argument("--reshard", action="store_true", help="explain the resharded graph")
+    parser.add_argument("--backward", action="store_true", help="include the gradient graph")
+    parser.add_argument("--json", action="store_true", help="print the derivation as JSON")
+    
+    parser.add_argument("--depth", type=positive_int, default=DEFAULT_DEPTH, metavar="N",
+                        help=f"producers to walk back, at most {MAX_DEPTH} (default {DEFAULT_DEPTH}); a value further "
+                             "up is marked, to be explained on its own")
+    add_model_args(parser)
+    return parser
+
+
 def run(args) -> int:
     import sys
 
@@ -154,7 +176,7 @@ def run(args) -> int:
     from .model_input import load_graph, unapplied_blocks_note
     from .printing import print_json
     
-    graph = load_graph(args)
+    graph = load_graph(args.spec, args.plan, args.opaque)
     note = unapplied_blocks_note(graph, "explain")
     if note:
         print(note, file=sys.stderr)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["run", "export_text", "check_inputs"]
+from .flags import add_model_args
+
+__all__ = ["add_parser", "run", "export_text", "check_inputs"]
 
 
 def _writers():
@@ -85,7 +88,7 @@ def _load(args):
     from .model_input import load_graph
 
     if not is_model_path(str(args.spec)) or args.plan is None:
-        return load_graph(args)  # a spec, or the missing-plan error
+        return load_graph(args.spec, args.plan, args.opaque)  # a spec, or the missing-plan error
     from layout_prop.core.dependencies import require_model_reader
     from layout_prop.frontends import build_graph, read_model
     from layout_prop.io.plan_file import load_plan
@@ -96,6 +99,21 @@ def _load(args):
     graph = build_graph(model, plan, opaque=args.opaque)
     graph.meta["import_aliases"] = dict(model.spec_aliases)  # the other names of de-duplicated parameters
     return graph
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop export``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("export", help="write the checked plan for hyper-parallel, MindSpore or torch (code to paste, "
+                            "and the plan as data)")
+    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (plan's output too), or a model with --plan")
+    parser.add_argument("--to", required=True, choices=["hyper-parallel", "mindspore", "torch"], help="the target framework")
+    parser.add_argument("-o", "--output", type=Path, help="write the Python module to this file; default stdout")
+    parser.add_argument("--data", type=Path, metavar="FILE", help="also write the plan as data (.yaml or .json), a "
+                        "sharding plan that import --plan reads")
+    parser.add_argument("--input", action="append", metavar="NAME", help="a graph input that is a model input, not a "
+                        "parameter (repeatable; default: a model's own inputs, none for a spec)")
+    add_model_args(parser)
+    return parser
 
 
 def run(args) -> int:

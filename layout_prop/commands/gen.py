@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
-__all__ = ["run", "build_spec"]
+from .flags import (
+    MAX_LAYERS, layers_arg, non_negative_int, positive_float_arg, positive_int, probability_arg,
+)
+
+__all__ = ["add_parser", "run", "build_spec"]
 
 #: per model, the defaults of the flags whose default depends on it
 DEFAULTS = {"llama": {"mesh": "dp=2,sp=2,tp=2", "batch": 2, "ffn": 64},
@@ -13,7 +19,7 @@ DEFAULTS = {"llama": {"mesh": "dp=2,sp=2,tp=2", "batch": 2, "ffn": 64},
 
 
 def _value(args, name: str):
-    value = getattr(args, name, None)
+    value = vars(args)[name]
     return DEFAULTS[args.model][name] if value is None else value
 
 
@@ -29,7 +35,7 @@ def _refuse_foreign_flags(args) -> None:
     defaults = {"dropout": 0.1, "experts": 4, "top_k": 2, "capacity_factor": None, "capacity_scope": "global",
                 "shared_experts": 0, "router": "softmax", "kv_heads": None, "full": False, "tie_embeddings": False,
                 "dense_layers": 0, "dense_ffn": None, "context_parallel": "all_gather"}
-    given = [f"--{name.replace('_', '-')}" for name in foreign if getattr(args, name, defaults[name]) != defaults[name]]
+    given = [f"--{name.replace('_', '-')}" for name in foreign if vars(args)[name] != defaults[name]]
     if given:
         raise SpecError("bad-usage", f"gen {args.model} does not take {', '.join(given)}",
                         hint="see layout-prop gen --help for which flags each model takes")
@@ -57,7 +63,7 @@ def _configuration(args, mesh: list[tuple[str, int]]) -> tuple[int | None, dict]
     from layout_prop.core.errors import SpecError
 
     sizes = dict(mesh)
-    given = {k: getattr(args, k, None) for k in CONFIG_FLAGS}
+    given = {k: vars(args)[k] for k in CONFIG_FLAGS}
     if all(v is None for v in given.values()) and "pp" not in sizes:
         return None, {}
     pp, dp = sizes.get("pp", 1), sizes.get("dp", 1)
@@ -118,13 +124,73 @@ def _model_spec(args, mesh, batch: int) -> dict:
                         capacity_factor=args.capacity_factor, capacity_scope=args.capacity_scope,
                         shared_experts=args.shared_experts, router=args.router,
                         kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
-                        tie_embeddings=args.tie_embeddings, dense_layers=getattr(args, "dense_layers", 0),
-                        dense_ffn=getattr(args, "dense_ffn", None), **common)
-    cp = getattr(args, "context_parallel", "all_gather")
+                        tie_embeddings=args.tie_embeddings, dense_layers=args.dense_layers,
+                        dense_ffn=args.dense_ffn, **common)
+    cp = args.context_parallel
     if not args.full and args.kv_heads is None and cp == "all_gather":
         return llama_spec(args.layers, mesh, **common)  # exactly what gen llama has always written
     return llama_spec(args.layers, mesh, kv_heads=args.kv_heads, full=args.full, vocab=args.vocab,
                       tie_embeddings=args.tie_embeddings, context_parallel=cp, **common)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop gen``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("gen", help="write the spec of a generated model")
+    parser.add_argument("model", choices=["llama", "gpt", "moe"], help="the model family: Llama, GPT-3, or Llama "
+                        "layers with a Mixture-of-Experts MLP")
+    parser.add_argument("--layers", type=layers_arg, default=1,
+                        help=f"number of decoder layers (default 1, at most {MAX_LAYERS:,})")
+    parser.add_argument("--mesh", help="mesh axes and sizes (default dp=2,sp=2,tp=2; moe: dp=2,ep=2,tp=2)")
+    parser.add_argument("--batch", type=positive_int, help="batch size B (default 2; moe: 4)")
+    parser.add_argument("--seq", type=positive_int, default=8, help="sequence length S (default 8)")
+    parser.add_argument("--hidden", type=positive_int, default=32, help="hidden size (default 32)")
+    parser.add_argument("--heads", type=positive_int, default=4, help="attention heads; hidden / heads is the head dim "
+                        "(default 4)")
+    parser.add_argument("--kv-heads", type=positive_int, help="key/value heads, dividing heads (grouped-query "
+                        "attention; default: heads; llama and moe)")
+    parser.add_argument("--ffn", type=positive_int, help="MLP inner size (default 64; gpt: 4 x hidden; moe: 32, "
+                        "each expert's)")
+    parser.add_argument("--full", action="store_true", help="llama, moe: the training graph: token ids and labels in, "
+                        "embedding, the layers, final norm, output head, cross-entropy loss out (gpt always is)")
+    parser.add_argument("--vocab", type=positive_int, default=64, help="vocabulary size, at least 2 (default 64; "
+                        "with --full, and gpt)")
+    parser.add_argument("--tie-embeddings", action="store_true", help="llama --full, moe --full: the output head is "
+                        "the embedding table (gpt always ties)")
+    parser.add_argument("--context-parallel", choices=["all_gather", "ulysses", "auto", "ring"], default="all_gather",
+                        help="llama: the attention's context_parallel over the sp axis (ring: ring attention, k and v "
+                        "passed around sp by permutes; default all_gather)")
+    parser.add_argument("--dropout", type=probability_arg, default=0.1, help="gpt: dropout probability (default 0.1)")
+    parser.add_argument("--experts", type=positive_int, default=4, help="moe: routed experts E (default 4)")
+    parser.add_argument("--top-k", type=positive_int, default=2, help="moe: experts per token, at most E (default 2)")
+    parser.add_argument("--capacity-factor", type=positive_float_arg, help="moe: expert capacity, ceil(factor x tokens "
+                        "x top-k / E) over the global token count, tokens past it dropped in token order (default: "
+                        "none, no token dropped)")
+    parser.add_argument("--capacity-scope", choices=["global", "group"], default="global", help="moe: where the "
+                        "capacity counts: over all tokens, dropped in global token order (default), or per token shard "
+                        "(Megatron's drop-and-pad: a buffer of about factor x tokens x top-k slots)")
+    parser.add_argument("--shared-experts", type=non_negative_int, default=0, help="moe: always-on SwiGLU experts "
+                        "beside the routed ones (default 0)")
+    parser.add_argument("--router", choices=["softmax", "sigmoid"], default="softmax", help="moe: router scores, "
+                        "softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3); the top-k renormalised (default softmax)")
+    parser.add_argument("--dense-layers", type=non_negative_int, default=0, help="moe: the first N layers have a dense "
+                        "SwiGLU MLP instead of experts, as DeepSeek-V3's first 3 (default 0)")
+    parser.add_argument("--dense-ffn", type=positive_int, help="moe: the dense layers' MLP inner size (default --ffn)")
+    parser.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="the training configuration, written as plan "
+                        "--search -o writes it: ZeRO stage over dp (a zero: block)")
+    parser.add_argument("--recompute", choices=["none", "selective", "full"], help="recomputation (a recompute: block)")
+    parser.add_argument("--micro-batches", type=positive_int, help="micro-batches a step: the pipeline's with a pp axis "
+                        "in --mesh, else gradient accumulation (the training: block's global batch)")
+    parser.add_argument("--micro-batch", type=positive_int, help="sequences of one micro-batch on one data-parallel rank "
+                        "(default 1 with a configuration flag; the graph batch is micro-batch x dp, x micro-batches with pp)")
+    parser.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], help="the pipeline schedule (needs pp in "
+                        "--mesh; default 1f1b)")
+    parser.add_argument("--virtual-stages", type=positive_int, help="interleaved: chunks a stage (default 2)")
+    parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (activations "
+                        "outside the tensor-parallel regions cut on S by tp): what gen always writes, said explicitly")
+    parser.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64"],
+                        help="dtype of every float tensor (default float32; RoPE, softmax and the norms need floats)")
+    parser.add_argument("-o", "--output", type=Path, help="write to this file (.yaml or .json); default stdout")
+    return parser
 
 
 def run(args) -> int:

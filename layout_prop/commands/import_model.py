@@ -8,7 +8,22 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["run"]
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop import``'s flags, on the command line's ``subparsers``."""
+    im = subparsers.add_parser("import", help="import an ONNX or MindIR model with a sharding plan; write an ordinary spec")
+    im.add_argument("model", metavar="MODEL", help="an .onnx or .mindir file")
+    im.add_argument("--plan", metavar="PLAN", help="the sharding plan (YAML or JSON); without it, list the parameters "
+                    "a plan may name (name, shape, consumer, suggested preset) and, with -o, write a plan skeleton")
+    im.add_argument("-o", "--output", type=Path, help="write the spec to this file (.yaml or .json; without --plan, "
+                    "the plan skeleton); default stdout")
+    im.add_argument("--opaque", action="store_true",
+                    help="treat ops the importer cannot map as barriers instead of refusing the model")
+    im.add_argument("--no-fuse", action="store_true",
+                    help="do not fuse decomposed patterns (RMSNorm, RoPE, SiLU, attention) into registry ops")
+    return im
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from .model_input import load_graph, unapplied_blocks_note
+from .flags import add_model_args, integer_arg
 
-__all__ = ["run"]
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop lower``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("lower", help="print one rank's local subgraph")
+    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
+    parser.add_argument("--rank", type=integer_arg, required=True, help="the rank to print")
+    parser.add_argument("--backward", action="store_true", help="lower the joint forward and backward graph")
+    parser.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
+    parser.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
+    add_model_args(parser)
+    return parser
 
 
 def run(args) -> int:
@@ -14,7 +28,7 @@ def run(args) -> int:
 
     from layout_prop.passes.lower import Lower
 
-    graph = load_graph(args)
+    graph = load_graph(args.spec, args.plan, args.opaque)
     note = unapplied_blocks_note(graph, "lower")
     if note:
         print(note, file=sys.stderr)

@@ -3,7 +3,6 @@ commands load their input."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from layout_prop.core.errors import SpecError
@@ -12,21 +11,21 @@ from layout_prop.core.graph import Graph
 __all__ = ["load_graph", "unapplied_blocks_note"]
 
 
-def load_graph(args: argparse.Namespace) -> Graph:
-    """The graph a command analyses: ``args.spec`` loaded as a spec (``-``: standard input), or
-    imported as a model with ``args.plan`` when it is an ``.onnx`` / ``.mindir`` file."""
+def load_graph(spec: str | Path, plan: str | Path | None = None, opaque: bool = False) -> Graph:
+    """The graph a command analyses: ``spec`` loaded as a spec (``-``: standard input), or imported
+    as a model with the sharding plan ``plan`` (``--plan``; ``opaque``: ``--opaque``) when it is an
+    ``.onnx`` / ``.mindir`` file."""
     from layout_prop.core.dependencies import require_model_reader
     from layout_prop.io.loader import load_spec
     from layout_prop.frontends import is_model_path, load_model
 
-    source = str(args.spec)
-    plan = getattr(args, "plan", None)
+    source = str(spec)
     if is_model_path(source):
         if plan is None:
             raise SpecError("missing-plan", f"{source!r} is a model: it needs a sharding plan", path=source,
                             hint="add --plan PLAN.yaml (see docs/importing-models.md)")
         require_model_reader(source)  # onnx or MindSpore, said before anything is read
-        return load_model(source, Path(plan), opaque=getattr(args, "opaque", False))  # --plan is always a file
+        return load_model(source, Path(plan), opaque=opaque)  # --plan is always a file
     if plan is not None:
         raise SpecError("unexpected-plan", f"--plan goes with a model (.onnx or .mindir), but {source!r} is a spec",
                         path=source, hint="drop --plan, or give the model file")

@@ -7,12 +7,15 @@ See docs/pipeline.md.  The drivers (``build``, ``summary``, ``run_pipeline``) ar
 
 from __future__ import annotations
 
+import argparse
+
 from layout_prop.core.errors import SpecError
 
 from .model_input import load_graph
 from .printing import print_json
+from .flags import non_negative_int, seconds_arg
 
-__all__ = ["run", "format_summary"]
+__all__ = ["add_parser", "run", "format_summary"]
 
 
 def format_summary(data: dict) -> str:
@@ -40,6 +43,26 @@ def format_summary(data: dict) -> str:
     return "\n".join(lines)
 
 
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop pipeline``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("pipeline", help="a spec's pipeline stages, schedule, bubble and moves; one rank's program; "
+                            "--run executes it and compares with one device")
+    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec with a pipeline: block (- reads standard input)")
+    parser.add_argument("--rank", type=non_negative_int, metavar="R",
+                        help="print rank R's program: its stage, schedule, the values it receives, its local ops")
+    parser.add_argument("--run", action="store_true", help="execute every rank's schedule over the micro-batches and "
+                        "compare the loss and gradients with one device on the whole batch (exit 1 if they differ)")
+    parser.add_argument("--engine", choices=["sim", "mindspore"], default="sim",
+                        help="with --run: the simulator (default) or msrun workers (numpy kernels)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--timeout", type=seconds_arg, default=300.0,
+                        help="--engine mindspore: seconds before giving up (default 300)")
+    parser.add_argument("--cluster", default="a100-80g", metavar="NAME|FILE",
+                        help="the device whose op times balance stages the spec does not cut (default a100-80g)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
 def run(args) -> int:
     from layout_prop.io.progress import Ticker
     from layout_prop.workflows.blocks import read_blocks
@@ -49,7 +72,7 @@ def run(args) -> int:
     # 16 ranks and 16 micro-batches, ran minutes in silence); nothing when piped or with --json
     with Ticker("pipeline" + (" --run" if args.run else ""), enabled=False if args.json else None) as ticker:
         ticker.say("reading the spec")
-        graph = load_graph(args)
+        graph = load_graph(args.spec)
         blocks = read_blocks(graph)  # the zero: and recompute: blocks are applied too
         profile = profile_of(args.cluster)  # read once: a file's figures, never a built-in of the same name
         ticker.say("analysing and lowering one micro-batch")

@@ -32,6 +32,7 @@ Examples
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -47,6 +48,7 @@ __all__ = ["plan_spec", "PlanReport", "graph_to_spec", "measure", "parse_bytes",
 
 from layout_prop.io.sizes import parse_size
 from layout_prop.core import meta
+from .flags import add_model_args, positive_int, time_limit_arg
 
 
 def parse_bytes(text: str) -> int:
@@ -446,13 +448,52 @@ def _fit(graph: Graph, backward: bool, objective: str, limit: int, optimizer: st
 
 
 # --------------------------------------------------------------------------- command line
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop plan``'s flags (and ``plan --search``'s), on the command line's ``subparsers``."""
+    from layout_prop.io.sizes import GRAMMAR as SIZE_GRAMMAR
+
+    parser = subparsers.add_parser("plan", help="choose every auto layout with the least communication per training step")
+    parser.add_argument("spec", metavar="SPEC_OR_MODEL", type=Path,
+                   help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
+    parser.add_argument("--memory-per-rank", metavar="SIZE", help="the memory limit per rank, like 16GiB, 512M or 2GB "
+                   f"(default none); {SIZE_GRAMMAR}")
+    parser.add_argument("--objective", choices=["bytes", "time"], default=None,
+                   help="minimise bytes per rank per step (the default without --cluster) or modelled time: with "
+                   "--cluster the training step's (compute and collectives; the default with it), else the "
+                   "redistributions' with the mesh's links")
+    parser.add_argument("--cluster", metavar="NAME|FILE", help="price the step on this cluster profile (a100-80g, "
+                   "h100-80g, ascend-910b, or a cluster YAML file), as layout-prop estimate does")
+    parser.add_argument("--time-limit", metavar="SECONDS", type=time_limit_arg, default=None,
+                   help="seconds the whole command may take: building the model, the solves, the memory ladder "
+                   "(default 60; up to 86400)")
+    parser.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
+                   help="count the optimizer's states in memory (adam: 2 per parameter; default none, as sgd)")
+    parser.add_argument("--forward-only", action="store_true", help="plan for inference: the forward's moves only")
+    parser.add_argument("--baseline", metavar="SPEC", type=Path, help="compare with this spec's layouts (default: SPEC's own)")
+    parser.add_argument("-o", "--output", type=Path, help="write the planned spec here (.yaml or .json)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_args(parser)  # a model with its sharding plan (parameters: auto for the ones to choose)
+    # plan --search: the whole parallel configuration (layout_prop/commands/search.py)
+    parser.add_argument("--search", action="store_true", help="search dp, tp, cp, ep, pp, ZeRO, recomputation, schedule "
+                   "and micro-batch, ranked by predicted step time (needs --cluster, --devices, --global-batch)")
+    parser.add_argument("--devices", metavar="N", type=positive_int, help="with --search: the devices to use")
+    parser.add_argument("--global-batch", metavar="B", type=positive_int, help="with --search: sequences a step")
+    parser.add_argument("--top", metavar="K", type=positive_int, default=5, help="with --search: candidates shown (5)")
+    parser.add_argument("--plan-out", metavar="FILE", type=Path, help="with --search: write the best as a sharding plan")
+    parser.add_argument("--axis-order", metavar="AXES", help="with --search: mesh axes outermost first, the last filling "
+                   "a node first (default pp,dp,ep,cp,tp)")
+    parser.add_argument("--axes", metavar="AXIS=N,...", help="with --search: degrees kept fixed, like tp=8,pp=8")
+    return parser
+
+
 def run(args) -> int:
-    if getattr(args, "search", False):  # the whole parallel configuration: commands/search.py
+    if args.search:  # the whole parallel configuration: commands/search.py
         from .search import run as run_search
 
         return run_search(args)
-    given = [flag for flag in ("--devices", "--global-batch", "--plan-out", "--axis-order", "--axes")
-             if getattr(args, flag[2:].replace("-", "_"), None) is not None]
+    given = [flag for flag, value in (("--devices", args.devices), ("--global-batch", args.global_batch),
+                                      ("--plan-out", args.plan_out), ("--axis-order", args.axis_order),
+                                      ("--axes", args.axes)) if value is not None]
     if given:  # (search options without --search were ignored silently)
         raise SpecError("bad-usage", f"{given[0]} is an option of plan --search", path=given[0],
                         hint="add --search, or drop " + ", ".join(given))
@@ -479,7 +520,7 @@ def run(args) -> int:
 
     with Ticker("plan", enabled=False if args.json else None) as ticker:  # on a terminal only
         ticker.say("reading the model")  # (an imported model with its plan takes a while)
-        graph = load_graph(args)
+        graph = load_graph(args.spec, args.plan, args.opaque)
     baseline = load_spec(args.baseline) if args.baseline is not None else None
     if baseline is not None and (baseline.mesh != graph.mesh or
                                  [n.name for n in baseline.inputs()] != [n.name for n in graph.inputs()]):

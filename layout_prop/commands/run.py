@@ -7,9 +7,9 @@ own initialisers (:func:`load_with_weights`); the file wins over the model's wei
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +18,12 @@ from layout_prop.core.errors import ExecutionError, SpecError, cut
 
 from .model_input import load_graph
 from .printing import print_json
+from .flags import (
+    add_model_args, count_arg, memory_size_arg, node_rank_arg, non_negative_int, positive_int, seconds_arg,
+    tolerance_arg,
+)
 
-__all__ = ["run", "read_inputs", "load_with_weights", "MAX_INPUTS_BYTES"]
+__all__ = ["add_parser", "run", "read_inputs", "load_with_weights", "MAX_INPUTS_BYTES"]
 
 #: the largest ``--inputs`` file read (its bytes are read whole, then parsed by numpy): 2 GiB
 MAX_INPUTS_BYTES = 2 ** 31
@@ -36,6 +40,8 @@ def read_inputs(path: str | Path) -> dict[str, np.ndarray]:
         :data:`MAX_INPUTS_BYTES`), ``bad-inputs`` (not an .npz archive, a damaged one, or an array
         stored as a pickle: object arrays are refused, ``allow_pickle=False``).
     """
+    import zipfile
+
     from layout_prop.io.loader import read_file_bytes
 
     data = read_file_bytes(path, MAX_INPUTS_BYTES, what="inputs", missing="inputs-not-found",
@@ -72,8 +78,8 @@ def load_with_weights(args) -> tuple:
     in external data files: they are drawn at random)."""
     from layout_prop.frontends import is_model_path
 
-    if not is_model_path(str(args.spec)) or getattr(args, "plan", None) is None:
-        return load_graph(args), {}, []  # (load_graph refuses a model without a plan)
+    if not is_model_path(str(args.spec)) or args.plan is None:
+        return load_graph(args.spec, args.plan, args.opaque), {}, []  # (load_graph refuses a model without a plan)
     from layout_prop.core.dependencies import require_model_reader
     from layout_prop.core.graph import paused_gc
     from layout_prop.frontends import build_graph, read_model
@@ -83,7 +89,7 @@ def load_with_weights(args) -> tuple:
     plan = load_plan(Path(args.plan))
     with paused_gc():
         model = read_model(args.spec, plan)
-        graph = build_graph(model, plan, opaque=getattr(args, "opaque", False))
+        graph = build_graph(model, plan, opaque=args.opaque)
     weights, unread = {}, []
     for name, value in graph.meta["import_sources"].items():
         const = model.values[value].const if value in model.values else None
@@ -100,6 +106,50 @@ def _unread(array: np.ndarray) -> bool:
     """A tensor the importer did not read (``frontends.limits.unread``: read-only zeros of
     stride 0 that take no memory)."""
     return array.size > 1 and not array.flags.writeable and all(s == 0 for s in array.strides)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop run``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("run", help="lower, execute every rank, and compare with one device")
+    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
+    parser.add_argument("--engine", choices=["sim", "mindspore"], default="sim", help="execution engine (default sim)")
+    parser.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default=None,
+                        help="kernel backend (default: numpy on sim, mindspore on the mindspore engine)")
+    parser.add_argument("--backward", action="store_true", help="also run the backward and compare gradients")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
+    parser.add_argument("--timeout", type=seconds_arg, default=None,
+                        help="mindspore engine: seconds before giving up (default 300, at most a week)")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="mindspore engine: keep the run folder (worker logs) after a successful run too")
+    parser.add_argument("--nodes", type=count_arg, default=1,
+                        help="mindspore engine: machines the run spans (default 1)")
+    parser.add_argument("--node-rank", type=node_rank_arg, default=0,
+                        help="mindspore engine: this machine's node (default 0)")
+    parser.add_argument("--master-addr", metavar="HOST", help="mindspore engine: host of msrun's scheduler (--nodes)")
+    parser.add_argument("--master-port", type=positive_int, metavar="P",
+                        help="mindspore engine: its port (1024-65535; default a free one on one machine, msrun's 8118 "
+                             "across machines)")
+    parser.add_argument("--local-workers", type=count_arg, metavar="W",
+                        help="mindspore engine: workers a node (default the mesh's ranks over --nodes)")
+    parser.add_argument("--emulate-nodes", type=count_arg, metavar="N",
+                        help="mindspore engine: run N nodes on this machine, each through its own msrun (for tests)")
+    parser.add_argument("--rtol", type=tolerance_arg, default=None,
+                        help="relative tolerance (default by dtype: float64 1e-12, float32 1e-5, float16 1e-2, bfloat16 "
+                             "8e-2)")
+    parser.add_argument("--inputs", type=Path, default=None, metavar="FILE.npz",
+                        help="global arrays of some or all graph inputs, keyed by input name (numpy.savez; no pickles); "
+                             "the others are drawn at random, or with MODEL --plan PLAN are the model's own weights")
+    from layout_prop.io.sizes import GRAMMAR as SIZE_GRAMMAR  # --max-memory's grammar, the same as plan --memory-per-rank's
+    parser.add_argument("--max-memory", type=memory_size_arg, default=None, metavar="SIZE",
+                        help="refuse a run whose estimated memory exceeds SIZE (like 4096, 512M, 8GB, 1.5TiB; default: "
+                             f"the memory available now); {SIZE_GRAMMAR}")
+    parser.add_argument("--max-time", type=seconds_arg, default=None, metavar="SECONDS",
+                        help="refuse a run on the simulator estimated to take longer than SECONDS (default 300, at most "
+                             "a week); the estimate counts elements, bytes and ranks")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_model_args(parser)
+    return parser
 
 
 def run(args) -> int:
@@ -304,7 +354,7 @@ def _run_pipelined(args, graph, blocks, weights: dict, backend: str) -> int:
     from layout_prop.workflows.pipeline import build, run_pipeline
 
     for attr, default, flag in _NOT_PIPELINED:
-        if getattr(args, attr, default) != default:
+        if vars(args)[attr] != default:
             raise SpecError("bad-usage", f"{flag} is not taken by a pipelined run (the spec has a pipeline: block)",
                             hint="drop it; layout-prop pipeline SPEC --run takes --engine, --seed and --timeout")
     if weights:

@@ -66,13 +66,13 @@ def load_search_graph(args):
 
     from .model_input import load_graph
 
-    if is_model_path(str(args.spec)) and getattr(args, "plan", None) is None:
+    if is_model_path(str(args.spec)) and args.plan is None:
         from layout_prop.core.dependencies import require_model_reader
         from layout_prop.frontends import load_model
 
         require_model_reader(str(args.spec))
         try:
-            return load_model(str(args.spec), ONE_RANK_PLAN, opaque=getattr(args, "opaque", False))
+            return load_model(str(args.spec), ONE_RANK_PLAN, opaque=args.opaque)
         except SpecError as err:
             if err.code != "dynamic-shape":
                 raise
@@ -80,7 +80,7 @@ def load_search_graph(args):
                             path=str(args.spec), hint="give plan --search a --plan PLAN with the inputs' shapes, "
                             "like inputs: {input_ids: {shape: [1, 4096], placements: [R]}} on mesh {shape: [1], "
                             "names: [dp]} (the search reads the sequence length from them)") from None
-    return load_graph(args)
+    return load_graph(args.spec, args.plan, args.opaque)
 
 
 def load_model_shape(graph):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -9,8 +10,9 @@ from pathlib import Path
 from layout_prop.core.errors import LayoutPropError, cut, describe
 
 from .printing import print_json
+from .flags import MAX_JOBS, RUNS_CODE, jobs_arg, mesh_arg, non_negative_int, samples_arg
 
-__all__ = ["run", "import_module_file"]
+__all__ = ["add_parser", "run", "import_module_file"]
 
 
 def import_module_file(path: Path) -> None:
@@ -38,6 +40,26 @@ def import_module_file(path: Path) -> None:
 
 #: above this many combinations, verify says how to sample or parallelise before it starts
 VERIFY_ADVICE_THRESHOLD = 5_000
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop verify``'s flags, on the command line's ``subparsers``."""
+    parser = subparsers.add_parser("verify", help="check an op's transfer function on every placement combination",
+                            epilog=RUNS_CODE)
+    parser.add_argument("op", metavar="OP", help="a built-in op or one registered by --module")
+    parser.add_argument("--module", type=Path,
+                        help="a Python file that registers the op (rule and numpy kernel); it is imported, so its "
+                             "code RUNS with your permissions: give only a file you trust")
+    parser.add_argument("--mesh", action="append", type=mesh_arg, metavar="AxB",
+                        help="a mesh shape such as 2x2 (repeatable; default 2 and 2x2)")
+    parser.add_argument("--backward", action="store_true", help="also compare gradients")
+    parser.add_argument("--samples", type=samples_arg, default="all",
+                        help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
+    parser.add_argument("--jobs", type=jobs_arg, default=1,
+                        help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
 
 
 def run(args) -> int:

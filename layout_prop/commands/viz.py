@@ -6,21 +6,45 @@ import argparse
 import sys
 from pathlib import Path
 
-from layout_prop.core.errors import SpecError
-from layout_prop.io.output import check_output
-from layout_prop.viz.files import find_value, output_format, parse_dims, write_graph, write_grid
-from layout_prop.viz.grid import tensor_grid
-from layout_prop.viz.png import _matplotlib
-from layout_prop.viz.scene import VizError
-
+from .flags import add_model_args
 from .model_input import load_graph, unapplied_blocks_note
 
-__all__ = ["run"]
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """``layout-prop viz``'s flags (``layout-prop viz SPEC -o FILE``), on the command line's ``subparsers``."""
+    viz = subparsers.add_parser(
+        "viz", help="draw the graph (or one tensor's sharding grid) as HTML, SVG, PNG or DOT",
+        description="Draw the propagated graph: layers left to right, placements and local shapes on the edges, "
+                    "redistributions with their steps and bytes, violations in red. With --tensor, draw which "
+                    "ranks hold which block of one value instead. Exits 0 once the file is written, violations or not "
+                    "(check exits 1 on them).")
+    viz.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
+    viz.add_argument("-o", "--output", required=True, metavar="FILE",
+                     help="the picture to write; its extension picks the format: .html (interactive, "
+                          "self-contained), .svg, .png (needs matplotlib) or .dot (Graphviz text)")
+    viz.add_argument("--reshard", action="store_true", help="draw the graph with the redistributions reshard inserts")
+    viz.add_argument("--backward", action="store_true", help="also draw the gradient graph (grad:NAME values)")
+    viz.add_argument("--tensor", metavar="NAME",
+                     help="draw one value's sharding grid instead: an input, a node output (name:i), or grad:NAME "
+                          "with --backward")
+    viz.add_argument("--dims", metavar="D0,D1",
+                     help="with --tensor: the dims drawn as rows and columns (default: the sharded ones); write a "
+                          "list that starts with a negative dim as --dims=-1,0")
+    add_model_args(viz)
+    return viz
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``layout-prop viz``: 0 when the picture is written; typed errors (exit 2) otherwise."""
     from layout_prop.api import analyze
+    from layout_prop.core.errors import SpecError
+    from layout_prop.io.output import check_output
+    from layout_prop.viz.files import find_value, output_format, parse_dims, write_graph, write_grid
+    from layout_prop.viz.grid import tensor_grid
+    from layout_prop.viz.png import _matplotlib
+    from layout_prop.viz.scene import VizError
 
     out = Path(args.output)
     fmt = output_format(out)
@@ -31,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as err:  # said as the drawing's own write says it
         raise VizError(err.code, err.message, path=str(out), hint="check that the folder exists and is writable") \
             from None
-    graph = load_graph(args)  # a spec, or a model with --plan
+    graph = load_graph(args.spec, args.plan, args.opaque)  # a spec, or a model with --plan
     note = unapplied_blocks_note(graph, "viz")
     if note:
         print(note, file=sys.stderr)
-    tensor = getattr(args, "tensor", None)
-    dims = parse_dims(args.dims) if getattr(args, "dims", None) is not None else None
+    tensor = args.tensor
+    dims = parse_dims(args.dims) if args.dims is not None else None
     if dims is not None and tensor is None:
         raise VizError("bad-usage", "--dims chooses the drawn dims of a tensor's grid, but no --tensor was given",
                        hint="add --tensor NAME, or drop --dims")

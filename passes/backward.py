@@ -153,7 +153,7 @@ class Backward(GraphPass):
         attrs = {} if op == "identity" else {"placements": target}
         name = f"{GRAD_PREFIX}{primal.name}"
         node = Node(name, op, (total,), attrs, meta={meta.INSERTED_BY: "backward", meta.GRAD_OF: primal.name,
-                                                     "for": (name, total)})
+                                                     meta.FOR: (name, total)})
         graph.add_node(node)
         self.propagate.visit(graph, node)
         return name

@@ -105,7 +105,7 @@ class Check(GraphPass):
                 src = value_spec(graph, node.inputs[0])
                 dst = node.meta[meta.SPECS][0]
                 if src is not None and dst is not None:
-                    consumer, value = node.meta.get("for", (node.name, node.inputs[0]))
+                    consumer, value = node.meta.get(meta.FOR, (node.name, node.inputs[0]))
                     result.redistributions.append(
                         InputRedistribution(consumer, value, plan_redistribution(src, dst.layout), True))
                 continue

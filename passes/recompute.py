@@ -120,7 +120,7 @@ def segments(graph: Graph, mode: str, layers=None) -> dict[str, list[Node]]:
         if node.is_input or _is_backward(graph, node) or node.meta.get(meta.INSERTED_BY) in (INSERTED, "zero") \
                 or node.name.startswith(("zero/gather/", "zero/regather/")):  # (ZeRO's gathers: finish re-gathers)
             continue
-        owner = node.meta.get("for", (node.name,))[0] if node.op == "redistribute" else node.name
+        owner = node.meta.get(meta.FOR, (node.name,))[0] if node.op == "redistribute" else node.name
         layer = _layered(owner)
         if layer is None or (wanted is not None and layer not in wanted):
             continue
@@ -198,7 +198,7 @@ class Recompute:
                 taken.add(name)
                 copy = Node(name, node.op, tuple(mapping.get(v, v) for v in node.inputs), node.attrs,
                             node.num_outputs, {**node.meta, meta.INSERTED_BY: INSERTED})
-                copy.meta.pop("for", None)
+                copy.meta.pop(meta.FOR, None)
                 mapping.update(zip(node.outputs, copy.outputs))
                 new_nodes.append(copy)
             insert_before.setdefault(first, []).extend(new_nodes)
@@ -221,7 +221,7 @@ class Recompute:
 def _reader_layer(graph: Graph, name: str) -> str | None:
     """The layer a backward node works for (``grad/l2_h/...``: l2; a reshard move: its consumer's), or None."""
     node = graph.node(name)
-    owner = node.meta.get("for", (name,))[0] if node.op == "redistribute" else name
+    owner = node.meta.get(meta.FOR, (name,))[0] if node.op == "redistribute" else name
     return _layered(owner)
 
 
@@ -248,7 +248,7 @@ def held_values(graph: Graph, rank: int = 0) -> dict[str, tuple[str | None, int]
     for node in nodes[:boundary]:
         if node.is_input:
             continue
-        owner = node.meta.get("for", (node.name,))[0] if node.op == "redistribute" else node.name
+        owner = node.meta.get(meta.FOR, (node.name,))[0] if node.op == "redistribute" else node.name
         for value, spec in zip(node.outputs, node.meta.get(meta.SPECS, ())):
             if spec is not None and (value in kept or last.get(value, -1) >= boundary):
                 out[value] = (_layered(owner), spec.local_nbytes(rank))

@@ -490,14 +490,14 @@ class _Sweep:
         if known is not None:  # the same move seen before: its rule's result is a pure function of it
             attrs, template = known
             move = Node(name, "redistribute", (value,), dict(attrs),  # each node its own attrs
-                        meta={**template, meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
+                        meta={**template, meta.INSERTED_BY: self.reshard.name, meta.FOR: (node.name, value)})
         else:
             attrs = {"placements": tuple(want.placement_strs())}
             move = Node(name, "redistribute", (value,), attrs,
-                        meta={meta.INSERTED_BY: self.reshard.name, "for": (node.name, value)})
+                        meta={meta.INSERTED_BY: self.reshard.name, meta.FOR: (node.name, value)})
             self.propagate.visit(self.graph, move, (spec,))
             if not move.meta[meta.VIOLATIONS]:  # violations name the node: those are not shared
-                template = {k: v for k, v in move.meta.items() if k not in (meta.INSERTED_BY, "for")}
+                template = {k: v for k, v in move.meta.items() if k not in (meta.INSERTED_BY, meta.FOR)}
                 self.move_meta[(spec, want)] = (dict(attrs), template)
         self.nodes[name] = move
         self.inserted += 1

@@ -37,6 +37,7 @@ import yaml
 
 from .block_yaml import PLAIN, read_block_yaml
 from .reader import read_file_bytes, read_text
+from layout_prop.core import meta
 from layout_prop.core.errors import CONTROL_CHARS, GraphError, LayoutPropError, SpecError, cut, printable
 from layout_prop.core.graph import Graph, Node, output_counts, split_value
 from layout_prop.core.layout import Layout
@@ -1035,7 +1036,7 @@ def _build(data: dict) -> Graph:
     if "links" in data["mesh"]:  # per-axis bandwidth and latency, for the planner's time objective
         from layout_prop.core.links import parse_links
 
-        g.meta["links"] = parse_links(data["mesh"]["links"], g.mesh)
+        g.meta[meta.LINKS] = parse_links(data["mesh"]["links"], g.mesh)
     inputs = data["inputs"]
     if not isinstance(inputs, dict) or not inputs:
         raise _err("bad-type", f"inputs must be a non-empty mapping of name -> spec, got {cut(inputs)}", "inputs",
@@ -1080,18 +1081,19 @@ def _build(data: dict) -> Graph:
         if not isinstance(data["pipeline"], dict):
             raise _err("bad-type", f"pipeline must be a mapping, got {cut(data['pipeline'])}", "pipeline",
                        "write pipeline: {axis: pp, micro_batches: 4, schedule: 1f1b}")
-        g.meta["pipeline"] = dict(data["pipeline"])
+        g.meta[meta.PIPELINE] = dict(data["pipeline"])
     if data.get("training") is not None:  # global batch and micro-batch: read by perf/step.py (parse_training)
         if not isinstance(data["training"], dict):
             raise _err("bad-type", f"training must be a mapping, got {cut(data['training'])}", "training",
                        "write training: {global_batch: 512, micro_batch: 1}")
-        g.meta["training"] = dict(data["training"])
-    for key in ("zero", "recompute"):  # read by passes/zero.py (parse_zero) and passes/recompute.py (parse_recompute)
+        g.meta[meta.TRAINING] = dict(data["training"])
+    # read by passes/zero.py (parse_zero) and passes/recompute.py (parse_recompute)
+    for key, meta_key in (("zero", meta.ZERO), ("recompute", meta.RECOMPUTE)):
         if data.get(key) is not None:
             # any scalar passes: its parse refuses a wrong one as it refuses the same value in a mapping
             # (zero: 3.0 and zero: {stage: 3.0} are one answer)
             if not isinstance(data[key], (dict, int, float, str)):
                 raise _err("bad-type", f"{key} must be a mapping or a scalar, got {cut(data[key])}", key,
                            "write zero: {stage: 3, axes: [dp]} or recompute: {mode: selective, layers: [l0]}")
-            g.meta[key] = data[key]
+            g.meta[meta_key] = data[key]
     return g

@@ -32,69 +32,127 @@ def rms_norm(x, w):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
 
 
+def roles(spec: dict) -> dict:
+    """The spec's parameter names by role, read from the nodes that use them (whatever gen names them):
+    ``embed``, ``final_norm``, ``head`` and ``layers`` (layer index -> role -> name: norm1, q, k, v, o, norm2,
+    gate, up, down, in graph order of the layer's rms_norm and linear nodes)."""
+    out: dict = {"layers": {}}
+    norms, linears = [], []
+    for node in spec["nodes"]:
+        layer = node["name"].split("_")[0]
+        inside = layer[0] == "l" and layer[1:].isdigit()
+        if node["op"] == "embedding":
+            out["embed"] = node["inputs"][1]
+        elif node["op"] in ("rms_norm", "linear") and inside:
+            named = out["layers"].setdefault(int(layer[1:]), {})
+            kinds = ("norm1", "norm2") if node["op"] == "rms_norm" else ("q", "k", "v", "o", "gate", "up", "down")
+            named[kinds[sum(k in named for k in kinds)]] = node["inputs"][1]
+        elif node["op"] == "rms_norm":
+            norms.append(node["inputs"][1])
+        elif node["op"] == "linear":
+            linears.append(node["inputs"][1])
+    out["final_norm"], out["head"] = norms[-1], linears[-1]
+    return out
+
+
+def _holder(root: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    """The module holding the (possibly dotted) tensor ``name`` under ``root``, made of plain modules, and its leaf."""
+    module = root
+    *path, leaf = name.split(".")
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    return module, leaf
+
+
 class GenLlama(torch.nn.Module):
-    """``gen llama --full``: the spec's inputs that take a gradient are parameters (gen's names: ``embed``,
-    ``l0_wq``...), cos and sin buffers; ``forward(tokens, labels)`` is the mean next-token cross entropy.
+    """``gen llama --full``: the spec's inputs that take a gradient are parameters under the spec's names
+    (dotted names as nested modules), cos and sin buffers; ``forward(tokens, labels)`` is the mean next-token
+    cross entropy.
 
-    ``plan`` is the exported module's namespace (``settle``, ``recompute``), or None on one process."""
+    ``plan`` is the exported module's namespace (``settle``, ``recompute``), or None on one process. ``chunk``
+    (an entry of the exported ``CHUNKS``) makes the module one pipeline chunk: it holds that chunk's parameters
+    only (equal to the whole model's), and ``forward(x)`` takes the token ids (first chunk) or the residual
+    stream and returns the residual stream or (last chunk) the logits."""
 
-    def __init__(self, spec: dict, plan: dict | None = None):
+    def __init__(self, spec: dict, plan: dict | None = None, chunk: dict | None = None):
         super().__init__()
-        self.plan = plan
-        self.layers = sorted({name.split("_")[0] for name in spec["inputs"] if name[0] == "l" and name[1].isdigit()})
+        self.plan, self.chunk = plan, chunk
+        self.roles = roles(spec)
+        self.layers = sorted(self.roles["layers"]) if chunk is None else list(chunk["layers"])
         self.heads = next(n for n in spec["nodes"] if n["name"] == "l0_q_heads")["attrs"]["shape"][2]
+        keep = None if chunk is None else set(chunk["parameters"])
         gen = torch.Generator().manual_seed(0)
         for name, entry in spec["inputs"].items():
-            if entry.get("dtype", "float32").startswith("int"):
+            if entry.get("dtype", "float32").startswith("int") or entry.get("requires_grad", True) is False:
                 continue
             shape = entry["shape"]
-            if entry.get("requires_grad", True) is False:
-                continue
-            if "norm" in name:
+            if len(shape) == 1:  # a norm's weight
                 value = 1.0 + 0.1 * torch.randn(shape, generator=gen)
             else:
                 value = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
-            self.register_parameter(name, torch.nn.Parameter(value))
+            if keep is None or name in keep:
+                module, leaf = _holder(self, name)
+                module.register_parameter(leaf, torch.nn.Parameter(value))
         seq, head_dim = spec["inputs"]["cos"]["shape"][2:]
         inv = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         emb = torch.cat([torch.outer(torch.arange(seq, dtype=torch.float32), inv)] * 2, dim=-1)
         self.register_buffer("cos", emb.cos()[None, None])
         self.register_buffer("sin", emb.sin()[None, None])
 
+    def _p(self, name):
+        module, leaf = _holder(self, name)
+        return getattr(module, leaf)
+
     def _settle(self, name, x):
         return self.plan["settle"](name, x) if self.plan else x
 
     def _layer(self, i, x):
-        p = lambda w: getattr(self, f"l{i}_{w}")  # noqa: E731
+        p = lambda role: self._p(self.roles["layers"][i][role])  # noqa: E731
         b, s, hidden = x.shape
         hd = hidden // self.heads
         h = rms_norm(x, p("norm1"))
-        q, k, v = (F.linear(h, p(w)).view(b, s, -1, hd).transpose(1, 2) for w in ("wq", "wk", "wv"))
+        q, k, v = (F.linear(h, p(w)).view(b, s, -1, hd).transpose(1, 2) for w in ("q", "k", "v"))
         q = q * self.cos + rotate_half(q) * self.sin
         k = k * self.cos + rotate_half(k) * self.sin
         scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
         mask = torch.full((s, s), float("-inf")).triu(1)
         attn = torch.softmax(scores + like(mask, scores), dim=-1) @ v  # torch's CPU sdpa has no DTensor rule
-        x = x + F.linear(attn.transpose(1, 2).reshape(b, s, hidden), p("wo"))
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, s, hidden), p("o"))
         h2 = rms_norm(x, p("norm2"))
-        return x + F.linear(F.silu(F.linear(h2, p("w_gate"))) * F.linear(h2, p("w_up")), p("w_down"))
+        return x + F.linear(F.silu(F.linear(h2, p("gate"))) * F.linear(h2, p("up")), p("down"))
 
-    def forward(self, tokens, labels):
-        x = self._settle("embedded", F.embedding(tokens, self.embed))
-        for layer in self.layers:
-            i = int(layer[1:])
+    def _run(self, x):
+        """The token ids or residual stream ``x`` through this module's part: the residual stream or the logits."""
+        params = None if self.chunk is None else set(self.chunk["parameters"])
+        if params is None or self.roles["embed"] in params:
+            x = self._settle("embedded", F.embedding(x, self._p(self.roles["embed"])))
+        for i in self.layers:
             if self.plan:
-                x = self.plan["recompute"](layer, lambda y, i=i: self._layer(i, y), x)
+                x = self.plan["recompute"](f"l{i}", lambda y, i=i: self._layer(i, y), x)
             else:
                 x = self._layer(i, x)
-        logits = F.linear(rms_norm(x, self.final_norm), self.head)
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        if params is None or self.roles["head"] in params:
+            x = F.linear(rms_norm(x, self._p(self.roles["final_norm"])), self._p(self.roles["head"]))
+        return x
+
+    def forward(self, *args):
+        if self.chunk is not None:
+            return self._run(*args)
+        tokens, labels = args
+        return lm_loss(self._run(tokens), labels)
+
+
+def lm_loss(logits, labels):
+    """The mean next-token cross entropy of ``logits`` ``(B, S, V)`` against ``labels`` ``(B, S)``."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
 def batch(spec: dict):
     gen = torch.Generator().manual_seed(1)
     b, s = spec["inputs"]["tokens"]["shape"]
-    vocab = spec["inputs"]["embed"]["shape"][0]
+    vocab = spec["inputs"][roles(spec)["embed"]]["shape"][0]
     return torch.randint(0, vocab, (b, s), generator=gen), torch.randint(0, vocab, (b, s), generator=gen)
 
 
@@ -181,3 +239,39 @@ def fixture_step(model, ids, lr=0.1):
     loss.backward()
     opt.step()
     return loss
+
+
+def pipeline_worker(rank: int, world: int, store: str, spec: dict, code: str, out: str):
+    """One rank of a pipelined plan: this rank's chunk modules (``stage_chunks``), the exported ``pipeline``
+    (stages and schedule), one step (``pipeline_step``) and an SGD step; each rank of tensor-parallel
+    coordinate 0 saves its chunks' parameters (full tensors) and, on the last stage, the step's loss (the mean
+    of the micro-batches') to ``out/rank<r>.pt``."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        plan: dict = {}
+        exec(compile(code, "exported_plan.py", "exec"), plan)
+        mesh = plan["make_mesh"]("cpu")
+        modules = {c: GenLlama(spec, plan, plan["CHUNKS"][c]) for c in plan["stage_chunks"](mesh)}
+        schedule = plan["pipeline"](modules, mesh, lm_loss)
+        opt = torch.optim.SGD([p for m in modules.values() for p in m.parameters()], lr=0.1)
+        tokens, labels = batch(spec)
+        losses = plan["pipeline_step"](schedule, mesh, tokens=tokens, labels=labels)
+        opt.step()
+
+        def full(t):
+            return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+        params = {n: full(p) for m in modules.values() for n, p in m.named_parameters()}
+        loss = None if losses is None else float(sum(full(x) for x in losses) / len(losses))
+        others = [name for name in plan["MESH_DIM_NAMES"] if name != plan["PP_AXIS"]]
+        if all(mesh[name].get_local_rank() == 0 for name in others):
+            torch.save({"loss": loss, "params": params, "chunks": sorted(modules)}, os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

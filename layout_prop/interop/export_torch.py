@@ -25,9 +25,20 @@ with ``reshard_after_forward=False`` (torch's ZeRO-2: it shards gradients too, a
 DTensor parameters: stage 1 is written so, and said so); with ZeRO the parameters are DTensors on the
 mesh without the ZeRO axes (``MODEL_AXES``), as FSDP2 + tensor parallelism wants them. ``recompute:
 full`` is torch's activation checkpointing of each layer (``checkpoint_layers`` for modules,
-``recompute`` for a function); the step's batch is written as constants. A pipeline and selective
-recomputation are refused (``not-expressible``, one line naming the block): torch's pipelining
-needs the model cut into stage modules, which a plan of layouts cannot do for the user.
+``recompute`` for a function); the step's batch is written as constants. Selective recomputation is
+refused (``not-expressible``, one line naming the block).
+
+A pipeline (the spec's ``pipeline:`` block) is ``torch.distributed.pipelining`` (:func:`pipeline_lines`):
+the chunks layout-prop cut the model into (``CHUNKS``: each chunk's stage, decoder layers, parameters and
+buffers, the values it receives and sends with their placements), a ``PipelineStage`` for each chunk module
+of this rank on the pipeline axis's process group, its parameters DTensors on the mesh without the pipeline
+axis (``MODEL_AXES``), and the spec's schedule (``ScheduleGPipe``, ``Schedule1F1B``,
+``ScheduleInterleaved1F1B`` for virtual stages) over its micro-batches. The chunk modules are the user's
+(a plan of layouts cannot cut a model's code): ``pipeline`` wraps each so that a stage sends and receives
+plain tensors, each the local piece of the placements layout-prop checked for that value (partial sums
+included), and the loss's target is placed as the plan places it. What torch's pipelining cannot run is
+refused in one line: a value passed past the next chunk, a model input read past the first chunk (but the
+loss's target), ZeRO beside a pipeline, fewer micro-batches than stages for 1F1B.
 
 Where torch's own propagation fails on the plan, the export writes the move itself (``SETTLE``,
 ``settle``): an embedding whose table is cut on its rows leaves torch's ``MaskPartial``, whose
@@ -52,7 +63,7 @@ from layout_prop.core.layout import Layout
 
 from .export_plan import ExportPlan, ExportTensor, not_expressible, not_written, own_parameters, placement_args
 
-__all__ = ["export_torch", "placements_text", "module_styles", "config_lines", "settle_moves"]
+__all__ = ["export_torch", "placements_text", "module_styles", "config_lines", "settle_moves", "pipeline_lines"]
 
 TARGET = "torch"
 
@@ -154,15 +165,12 @@ def _tuple(items) -> str:
 
 
 def check_config(plan: ExportPlan) -> None:
-    """Refuse what this export does not write: a pipeline, selective recomputation, a parameter cut on a
-    ZeRO axis (FSDP2 shards it there itself); one ``not-expressible`` line naming the block."""
+    """Refuse what this export does not write: a pipeline torch cannot run (:func:`check_pipeline`), selective
+    recomputation, a parameter cut on a ZeRO axis (FSDP2 shards it there itself); one ``not-expressible`` line
+    naming the block."""
     c = plan.config
     if c.pipeline_axis is not None:
-        raise not_written(TARGET, f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, "
-                          f"{c.schedule}, {c.micro_batches} micro-batches)",
-                          "torch.distributed.pipelining runs stage modules the model must be cut into, which "
-                          "a plan of layouts does not do", "cut the model into stages with "
-                          "torch.distributed.pipelining and export each stage's spec without the pipeline: block")
+        check_pipeline(plan)
     if c.recompute not in ("none", "full"):
         raise not_written(TARGET, f"recompute: {c.recompute}", "torch checkpoints whole modules or functions; "
                           "layout-prop's selective recomputation keeps chosen activations inside a layer",
@@ -173,6 +181,122 @@ def check_config(plan: ExportPlan) -> None:
                 raise not_written(TARGET, f"ZeRO stage {c.zero_stage} over {axis}", f"parameter {name!r} is cut on "
                                   f"{axis} by its placements {t.layout.placement_strs()} already",
                                   f"replicate the parameters on {axis}: the zero: block shards them there")
+
+
+#: the spec's schedule -> torch.distributed.pipelining's schedule class
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
+
+
+def _pipeline_refused(plan: ExportPlan, why: str, hint: str):
+    c = plan.config
+    return not_written(TARGET, f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, {c.schedule}, "
+                       f"{c.micro_batches} micro-batches)", why, hint)
+
+
+def _targets(plan: ExportPlan) -> tuple[list[str], list[str]]:
+    """``(the first chunk's model inputs: schedule.step's arguments, the last chunk's other model inputs: the
+    loss's targets)``."""
+    chunks = plan.chunk_plan
+    first = [n for n in chunks[0].reads if n in plan.inputs]
+    last = [n for n in chunks[-1].reads if n in plan.inputs and n not in first]
+    return first, last
+
+
+def check_pipeline(plan: ExportPlan) -> None:
+    """Refuse, in one ``not-expressible`` line naming the block, a pipeline torch's pipelining cannot run as
+    layout-prop cut it: ZeRO beside it (not written), 1F1B with fewer micro-batches than stages
+    (``Schedule1F1B`` refuses it), interleaved micro-batches that are no multiple of its rounds, a value passed
+    to a chunk past the next (a stage sends to the next stage only), a model input read past the first chunk
+    (the schedule gives them to the first stage) but one target of the last chunk's loss, a partial value
+    sent but as a sum."""
+    c = plan.config
+    chunks = plan.chunk_plan
+    if c.zero_stage:
+        raise _pipeline_refused(plan, f"ZeRO stage {c.zero_stage} over {', '.join(c.zero_axes)} beside a pipeline is "
+                                "not written (fully_shard of each stage module is not executed by its tests)",
+                                "take the zero: block or the pipeline: block out of the spec")
+    if c.schedule not in SCHEDULES:
+        raise _pipeline_refused(plan, f"torch.distributed.pipelining has no {c.schedule} schedule",
+                                f"use one of {', '.join(SCHEDULES)}")
+    if c.schedule == "1f1b" and c.micro_batches < c.pipeline_stages:
+        raise _pipeline_refused(plan, f"torch's Schedule1F1B needs at least as many micro-batches as stages",
+                                f"use {c.pipeline_stages} micro-batches or more, or schedule: gpipe")
+    rounds = max(1, c.micro_batches // c.pipeline_stages)
+    if c.schedule == "interleaved" and c.micro_batches % rounds:
+        raise _pipeline_refused(plan, f"torch's ScheduleInterleaved1F1B needs the micro-batches a multiple of its "
+                                f"{rounds} rounds", f"use {c.pipeline_stages * rounds} micro-batches")
+    if len(chunks) != c.pipeline_stages * c.virtual_stages or not all(k.first for k in chunks):
+        raise _pipeline_refused(plan, f"layout-prop cut {len(chunks)} chunks, not {c.pipeline_stages} stages x "
+                                f"{c.virtual_stages} virtual", "check the spec with layout-prop pipeline SPEC")
+    for before, after in zip(chunks, chunks[1:]):
+        sent, received = [v for v, _ in before.sends], [v for v, _ in after.receives]
+        if sent != received:
+            passed = sorted(set(received) - set(sent)) or sorted(set(sent) - set(received))
+            raise _pipeline_refused(plan, f"{', '.join(map(repr, passed))} crosses more than one chunk boundary "
+                                    f"(into chunk {after.index}), and a stage of torch's pipelining sends to the next "
+                                    "stage only", "move the chunk boundaries (pipeline: boundaries or layers) so "
+                                    "that each chunk reads only the chunk before it")
+        for value, layout in before.sends:
+            if any(kind == "P" and arg != "sum" for kind, arg in placement_args(layout)):
+                raise _pipeline_refused(plan, f"{value!r} is sent between stages as {layout.placement_strs()}",
+                                        "reduce it before the chunk boundary")
+    first, last = _targets(plan)
+    inner = [n for k in chunks[1:-1] for n in k.reads if n in plan.inputs]
+    if inner or len(last) > 1:
+        raise _pipeline_refused(plan, f"the model input(s) {', '.join(inner or last)} are read past the first chunk, "
+                                "and torch's schedule gives model inputs to the first stage and one target to the "
+                                "last stage's loss", "move the chunk boundaries so that the first chunk reads "
+                                "the model inputs, the last one at most one more (the loss's target)")
+
+
+def _value_placements(layout: Layout, name: str) -> str:
+    """A value's ``layout`` as torch placements for ``DTensor.from_local``: a partial sum is ``Partial()`` (a
+    stage may send one: it is reduced where it is read, as layout-prop checked it)."""
+    items = []
+    for kind, arg in placement_args(layout):
+        if kind == "R":
+            items.append("Replicate()")
+        elif kind == "S":
+            items.append(f"Shard({arg})")
+        elif kind == "P":
+            items.append("Partial()")  # a sum: check_pipeline refuses the other reductions
+        else:
+            raise not_expressible(TARGET, "value", name, layout, "torch's strided shard is private to DTensor",
+                                  "move the chunk boundary to a value cut plainly")
+    return _tuple(items)
+
+
+def pipeline_lines(plan: ExportPlan) -> list[str]:
+    """The module's pipeline constants: the axis, the schedule and the chunks (see the module docstring)."""
+    c = plan.config
+    if c.pipeline_axis is None:
+        return ["#: no pipeline: block", "PP_AXIS = None", "CHUNKS = ()"]
+    first, last = _targets(plan)
+    params = {n for n, t in plan.parameters.items() if t.kind == "parameter"}
+    buffers = {n for n, t in plan.parameters.items() if t.kind == "buffer"}
+    lines = ["#: the pipeline (the spec's pipeline: block): chunk c of CHUNKS runs on rank CHUNKS[c]['stage'] of the",
+             "#: mesh axis PP_AXIS, in torch.distributed.pipelining's SCHEDULE over MICRO_BATCHES micro-batches a step",
+             f"PP_AXIS = {c.pipeline_axis!r}",
+             f"PIPELINE_STAGES = {c.pipeline_stages}",
+             f"VIRTUAL_STAGES = {c.virtual_stages}",
+             f"SCHEDULE = {SCHEDULES[c.schedule]!r}",
+             "#: the step's loss is the mean of the micro-batches' losses: the gradients are scaled by 1 / MICRO_BATCHES",
+             "LOSS_MEAN = True",
+             "#: schedule.step's arguments (the first chunk's model inputs) and the loss's target (the last chunk's)",
+             f"STAGE_INPUTS = {_tuple(repr(n) for n in first)}",
+             f"TARGET = {(last[0] if last else None)!r}",
+             "#: each chunk: its stage, decoder layers, parameters and buffers (the model's names), the values it",
+             "#: receives from the chunk before and sends to the chunk after, with their placements (a stage sends",
+             "#: and receives each as its local piece: partial sums as they are, reduced where they are read)",
+             "CHUNKS = ("]
+    for k in plan.chunk_plan:
+        lines += ["    {", f"        'stage': {k.stage}, 'layers': {k.layers!r}, 'first': {k.first!r}, 'last': {k.last!r},",
+                  f"        'parameters': {_tuple(repr(n) for n in k.reads if n in params)},",
+                  f"        'buffers': {_tuple(repr(n) for n in k.reads if n in buffers)},",
+                  "        'receives': {" + ", ".join(f"{v!r}: {_value_placements(a, v)}" for v, a in k.receives) + "},",
+                  "        'sends': {" + ", ".join(f"{v!r}: {_value_placements(a, v)}" for v, a in k.sends) + "},",
+                  "    },"]
+    return lines + [")"]
 
 
 def _micro_batches(plan: ExportPlan) -> int:
@@ -192,20 +316,20 @@ def _micro_batches(plan: ExportPlan) -> int:
 def config_lines(plan: ExportPlan) -> list[str]:
     """The module's constants for the training configuration (ZeRO, recomputation, the step's batch)."""
     c = plan.config
-    model_axes = [n for n in plan.mesh.names if n not in c.zero_axes] if c.zero_stage else list(plan.mesh.names)
+    model_axes = [n for n in plan.mesh.names if n not in c.zero_axes and n != c.pipeline_axis]
     lines = ["#: ZeRO: 3 is fully_shard (FSDP2) over ZERO_AXES, resharding after forward; 1 and 2 are fully_shard",
              "#: without resharding after forward (torch's ZeRO-2; torch has no ZeRO-1 for DTensor parameters)"]
     if c.zero_stage == 1:
         lines.append("#: NOTE: the plan asks ZeRO-1 (optimizer states sharded); this writes ZeRO-2 (gradients too)")
     lines += [f"ZERO_STAGE = {c.zero_stage}",
               f"ZERO_AXES = {_tuple(repr(a) for a in c.zero_axes)}",
-              "#: the mesh axes of the parameters' DTensor placements (with ZeRO: the mesh without ZERO_AXES)",
+              "#: the mesh axes of the parameters' DTensor placements (the mesh without ZERO_AXES and the pipeline's)",
               f"MODEL_AXES = {_tuple(repr(a) for a in model_axes)}",
               "#: activation checkpointing: 'full' checkpoints each layer in RECOMPUTE_LAYERS (None: every layer)",
               f"RECOMPUTE = {c.recompute!r}",
               f"RECOMPUTE_LAYERS = {None if c.recompute_layers is None else tuple(c.recompute_layers)!r}",
               "#: the step's batch (the spec's training: block): sequences per optimizer step, per micro-batch on one",
-              "#: data-parallel rank, and micro-batches a step (gradient accumulation without a pipeline)",
+              "#: data-parallel rank, and micro-batches a step (the pipeline's, else gradient accumulation)",
               f"GLOBAL_BATCH = {c.global_batch!r}",
               f"MICRO_BATCH = {c.micro_batch!r}",
               f"MICRO_BATCHES = {_micro_batches(plan)!r}"]
@@ -234,7 +358,7 @@ def export_torch(plan: ExportPlan) -> str:
     params = own_parameters(plan, TARGET)
     for name, t in params:
         placements_text(t.layout, "parameter", name)  # refuses what torch cannot place
-    axis, styles = module_styles(plan)
+    axis, styles = module_styles(plan) if plan.config.pipeline_axis is None else (None, {})
     tp_axis = "None" if axis is None else repr(mesh.names[axis])
     settle = {} if axis is not None else settle_moves(plan)
     lines = [
@@ -242,7 +366,9 @@ def export_torch(plan: ExportPlan) -> str:
         "",
         "Every layout was checked by layout-prop (check --reshard); names and dims are the model's own.",
         "Use: mesh = make_mesh(); model = parallelize(model, mesh); out = model(**shard_inputs(mesh, **inputs))",
-        "(and settle(name, x) where SETTLE names a value; checkpoint_layers(...) or recompute(...) for RECOMPUTE)",
+        "(and settle(name, x) where SETTLE names a value; checkpoint_layers(...) or recompute(...) for RECOMPUTE;",
+        "with PP_AXIS: schedule = pipeline({chunk: module for chunk in stage_chunks(mesh)}, mesh, loss_fn), then",
+        "losses = pipeline_step(schedule, mesh, **inputs))",
         '"""',
         "import torch",
         "from torch.distributed.device_mesh import init_device_mesh",
@@ -252,6 +378,7 @@ def export_torch(plan: ExportPlan) -> str:
         f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
         f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",
         *config_lines(plan),
+        *pipeline_lines(plan),
         "#: the mesh axis of parallelize_module's styles (None: every parameter is placed as a DTensor)",
         f"TP_AXIS = {tp_axis}",
         "",
@@ -307,8 +434,9 @@ def _model_placements(placements):
     return tuple(p for p, name in zip(placements, MESH_DIM_NAMES) if name in MODEL_AXES)
 
 
-def parallelize(model, mesh):
-    """Styles on mesh[TP_AXIS], or every parameter and buffer a DTensor on the model mesh; then ZeRO."""
+def parallelize(model, mesh, names=None):
+    """Styles on mesh[TP_AXIS], or every parameter and buffer a DTensor on the model mesh; then ZeRO.
+    ``names``: place only these parameters and buffers (a pipeline's chunk module holds its chunk's)."""
     if TP_AXIS is not None:
         sub = mesh[TP_AXIS] if len(MESH_SHAPE) > 1 else mesh
         if PARALLELIZE_PLAN:
@@ -317,6 +445,8 @@ def parallelize(model, mesh):
         on = _model_mesh(mesh)
         for table, leaves in ((PARAMETER_PLACEMENTS, "parameter"), (BUFFER_PLACEMENTS, "buffer")):
             for name, placements in table.items():
+                if names is not None and name not in names:
+                    continue
                 module_name, _, leaf = name.rpartition(".")
                 module = model.get_submodule(module_name) if module_name else model
                 value = getattr(module, leaf)
@@ -326,8 +456,9 @@ def parallelize(model, mesh):
                 else:
                     module.register_buffer(leaf, placed)
         for value, module_name in SETTLE_MODULES.items():
-            model.get_submodule(module_name).register_forward_hook(
-                lambda _module, _args, out, value=value: settle(value, out))
+            if names is None or any(n.startswith(module_name + ".") for n in names):
+                model.get_submodule(module_name).register_forward_hook(
+                    lambda _module, _args, out, value=value: settle(value, out))
     if ZERO_STAGE:
         from torch.distributed.fsdp import fully_shard
 
@@ -336,13 +467,13 @@ def parallelize(model, mesh):
 
 
 def shard_inputs(mesh, **inputs):
-    """Each input's piece: a local tensor with styles (or without model axes), else a DTensor on the
-    model mesh (with ZeRO: this rank's piece on the ZeRO axes, a DTensor on the others)."""
+    """Each input's piece: a local tensor with styles, a pipeline (its stages place them) or without model
+    axes, else a DTensor on the model mesh (with ZeRO: this rank's piece on the ZeRO axes, a DTensor on the others)."""
     out = {}
     for name, value in inputs.items():
         placements = INPUT_PLACEMENTS.get(name, (Replicate(),) * len(MESH_SHAPE))
         placed = distribute_tensor(value, mesh, placements)
-        if TP_AXIS is not None or not MODEL_AXES:
+        if TP_AXIS is not None or not MODEL_AXES or PP_AXIS is not None:
             out[name] = placed.to_local()
         elif ZERO_STAGE:
             out[name] = DTensor.from_local(placed.to_local(), _model_mesh(mesh), _model_placements(placements),
@@ -357,7 +488,7 @@ def settle(name, x):
     Replicate first (torch's MaskPartial cannot be reduce-scattered), then cut; other values as they are."""
     if name not in SETTLE or not isinstance(x, DTensor):
         return x
-    target = _model_placements(SETTLE[name]) if ZERO_STAGE else SETTLE[name]
+    target = _model_placements(SETTLE[name])
     reduced = [Replicate() if p.is_partial() else p for p in x.placements]
     return x.redistribute(x.device_mesh, reduced).redistribute(x.device_mesh, target)
 
@@ -378,4 +509,81 @@ def recompute(layer, fn, *args):
         from torch.utils.checkpoint import checkpoint
 
         return checkpoint(fn, *args, use_reentrant=False)
-    return fn(*args)'''.splitlines()
+    return fn(*args)
+
+
+def stage_chunks(mesh):
+    """The chunks this rank's pipeline stage runs (indices into CHUNKS): the modules pipeline() takes."""
+    rank = mesh[PP_AXIS].get_local_rank()
+    return [index for index, chunk in enumerate(CHUNKS) if chunk["stage"] == rank]
+
+
+class _Boundary(torch.nn.Module):
+    """A chunk module between stages: what it receives (plain tensors, each the local piece of its placements)
+    made DTensors on the model mesh, what it sends made the local pieces of the placements CHUNKS gives them.
+    The last chunk's output (the loss function's input) stays a DTensor."""
+
+    def __init__(self, module, index, mesh):
+        super().__init__()
+        self.module, self.index = module, index
+        self.mesh = _model_mesh(mesh)
+        chunk = CHUNKS[index]
+        self.receives = [_model_placements(INPUT_PLACEMENTS[name]) for name in STAGE_INPUTS] if index == 0 else [
+            _model_placements(p) for p in chunk["receives"].values()]
+        self.sends = None if index == len(CHUNKS) - 1 else [_model_placements(p) for p in chunk["sends"].values()]
+
+    def forward(self, *args):
+        if self.mesh is not None:
+            args = [DTensor.from_local(a, self.mesh, p, run_check=False) for a, p in zip(args, self.receives)]
+        out = self.module(*args)
+        if self.sends is None:
+            return out
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if len(outs) != len(self.sends):
+            raise ValueError(f"chunk {self.index} returned {len(outs)} value(s); CHUNKS[{self.index}] sends "
+                             f"{list(CHUNKS[self.index]['sends'])}")
+        local = tuple(o.redistribute(self.mesh, p).to_local() if isinstance(o, DTensor) else o
+                      for o, p in zip(outs, self.sends))
+        return local[0] if len(local) == 1 else local
+
+
+def pipeline(modules, mesh, loss_fn, device="cpu"):
+    """torch.distributed.pipelining's SCHEDULE over this rank's chunk modules (``modules``: chunk index ->
+    module, for the indices stage_chunks(mesh) gives): each parallelized with its chunk's parameters and
+    buffers, wrapped to send and receive the planned placements, made a PipelineStage on mesh[PP_AXIS]'s
+    process group. ``loss_fn(output, target)`` is the loss of one micro-batch (its target placed as TARGET
+    is). Returns the schedule; pipeline_step runs one step of it."""
+    from torch.distributed import pipelining
+
+    group = mesh[PP_AXIS].get_group()
+    stages = []
+    for index in sorted(modules):
+        chunk = CHUNKS[index]
+        module = parallelize(modules[index], mesh, set(chunk["parameters"]) | set(chunk["buffers"]))
+        stages.append(pipelining.PipelineStage(_Boundary(module, index, mesh), index, len(CHUNKS),
+                                               torch.device(device), group=group))
+    target_placements = _model_placements(INPUT_PLACEMENTS[TARGET]) if TARGET is not None else None
+    model_mesh = _model_mesh(mesh)
+
+    def loss(output, target):
+        if model_mesh is not None and isinstance(output, DTensor) and target_placements is not None:
+            target = DTensor.from_local(target, model_mesh, target_placements, run_check=False)
+        return loss_fn(output, target)
+
+    schedule = getattr(pipelining, SCHEDULE)
+    return schedule(stages if SCHEDULE == "ScheduleInterleaved1F1B" else stages[0], n_microbatches=MICRO_BATCHES,
+                    loss_fn=loss, scale_grads=LOSS_MEAN)
+
+
+def pipeline_step(schedule, mesh, **inputs):
+    """One step of ``schedule`` on the batch ``inputs`` (whole tensors, every rank the same): this rank's
+    pieces (shard_inputs), STAGE_INPUTS to the first stage, TARGET to the last. Returns the micro-batches'
+    losses on the last stage's ranks, else None (the parameters' gradients are accumulated)."""
+    pieces = shard_inputs(mesh, **inputs)
+    rank, chunks = mesh[PP_AXIS].get_local_rank(), stage_chunks(mesh)
+    args = [pieces[name] for name in STAGE_INPUTS] if 0 in chunks else []
+    last = len(CHUNKS) - 1 in chunks
+    losses = [] if last else None
+    target = pieces[TARGET] if last and TARGET is not None else None
+    schedule.step(*args, target=target, losses=losses)
+    return losses'''.splitlines()

@@ -1,0 +1,120 @@
+"""The torch export of a pipelined plan, executed as training: ``gen llama --full`` on pp=2 x tp=2 with a
+``pipeline:`` block, exported with ``export --to torch`` (torch.distributed.pipelining stages over the pp axis,
+DTensor placements on tp inside each stage, the spec's schedule and micro-batches) and trained one step
+(forward, loss, backward, SGD step) on 4 gloo processes on CPU, equals one process: the loss (the mean of the
+micro-batches') and every parameter after the step. 1F1B, GPipe and interleaved 1F1B (2 virtual stages a rank).
+
+torch is optional: skipped without it (``pip install -e '.[torch]'``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is optional: pip install -e '.[torch]'")
+pytest.importorskip("torch.distributed.pipelining", reason="this torch has no torch.distributed.pipelining")
+
+from layout_prop.commands.export import export_text  # noqa: E402
+from layout_prop.core.errors import LayoutPropError  # noqa: E402
+from layout_prop.frontends.generate import llama_spec  # noqa: E402
+from layout_prop.io.loader import load_spec  # noqa: E402
+
+WORLD = 4
+
+
+def _spec(layers: int, schedule: str, micro_batches: int = 4, virtual_stages: int = 1, dp: int = 1) -> dict:
+    spec = llama_spec(layers=layers, mesh=(("pp", 2), ("dp", dp), ("sp", 1), ("tp", 2)), batch=4 * dp, seq=8,
+                      hidden=32, heads=4, ffn=64, full=True, vocab=64)
+    spec["pipeline"] = {"axis": "pp", "micro_batches": micro_batches, "schedule": schedule,
+                        "virtual_stages": virtual_stages}
+    return spec
+
+
+def _export(spec: dict) -> str:
+    _, code = export_text(load_spec(spec), "torch", source="llama.yaml")
+    return code
+
+
+def _train(tmp_path, spec: dict, code: str) -> dict:
+    """The exported plan run on WORLD fresh gloo processes (forkserver: torch imported there once, no state of
+    pytest's process inherited): the loss and every parameter after the step, gathered from the ranks' files."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    from graph_tests.torch_gen_llama import pipeline_worker
+
+    try:
+        multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "graph_tests.torch_gen_llama"])
+    except (ValueError, RuntimeError):
+        pass
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(pipeline_worker, args=(WORLD, str(tmp_path / "store"), spec, code, str(out)), nprocs=WORLD,
+                       start_method="forkserver")
+    saved = [torch.load(path) for path in sorted(out.glob("rank*.pt"))]
+    params: dict = {}
+    for one in saved:
+        assert not set(params) & set(one["params"]), "a parameter held by two stages"
+        params.update(one["params"])
+    losses = [one["loss"] for one in saved if one["loss"] is not None]
+    assert len(losses) == 1, losses
+    return {"loss": losses[0], "params": params, "chunks": sorted(c for one in saved for c in one["chunks"])}
+
+
+def _compare(result: dict, spec: dict) -> tuple[float, float]:
+    """Assert the run equals one process; return (|loss error|, max parameter error)."""
+    from graph_tests.torch_gen_llama import reference
+
+    loss, params = reference(spec)
+    assert sorted(result["params"]) == sorted(params)
+    worst = max(float((result["params"][n] - v).abs().max()) for n, v in params.items())
+    for name, value in params.items():
+        torch.testing.assert_close(result["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert abs(result["loss"] - loss) < 1e-5, (result["loss"], loss)
+    print(f"loss {result['loss']:.7f} vs {loss:.7f} (error {abs(result['loss'] - loss):.1e}); "
+          f"max parameter error {worst:.1e}")
+    return abs(result["loss"] - loss), worst
+
+
+def test_1f1b_pp_tp_step_equals_one_process(tmp_path):
+    spec = _spec(layers=2, schedule="1f1b")
+    code = _export(spec)
+    for line in ("MESH_DIM_NAMES = ('pp', 'tp')", "PP_AXIS = 'pp'", "SCHEDULE = 'Schedule1F1B'",
+                 "MICRO_BATCHES = 4", "MODEL_AXES = ('tp',)", "STAGE_INPUTS = ('tokens',)", "TARGET = 'labels'"):
+        assert line in code.splitlines(), line
+    result = _train(tmp_path, spec, code)
+    assert result["chunks"] == [0, 1]
+    _compare(result, spec)
+
+
+def test_interleaved_two_virtual_stages_step_equals_one_process(tmp_path):
+    spec = _spec(layers=4, schedule="interleaved", virtual_stages=2)
+    code = _export(spec)
+    assert "SCHEDULE = 'ScheduleInterleaved1F1B'" in code.splitlines() and "VIRTUAL_STAGES = 2" in code.splitlines()
+    result = _train(tmp_path, spec, code)
+    assert result["chunks"] == [0, 1, 2, 3]
+    _compare(result, spec)
+
+
+def test_gpipe_with_recompute_step_equals_one_process(tmp_path):
+    spec = _spec(layers=2, schedule="gpipe", micro_batches=2)
+    spec["recompute"] = "full"
+    code = _export(spec)
+    assert "SCHEDULE = 'ScheduleGPipe'" in code.splitlines() and "RECOMPUTE = 'full'" in code.splitlines()
+    _compare(_train(tmp_path, spec, code), spec)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"schedule": "1f1b", "micro_batches": 1}, "Schedule1F1B needs at least as many micro-batches as stages"),
+    ({"zero": {"stage": 3}}, "ZeRO stage 3 over"),
+])
+def test_what_torch_cannot_run_is_one_refusal(change, words):
+    spec = _spec(layers=2, schedule="1f1b", dp=2)
+    spec["pipeline"].update({k: v for k, v in change.items() if k != "zero"})
+    if "zero" in change:
+        spec["zero"] = change["zero"]
+    with pytest.raises(LayoutPropError) as err:
+        _export(spec)
+    assert err.value.code == "not-expressible" and words in err.value.message, err.value.message
+    assert "\n" not in str(err.value)

@@ -19,7 +19,7 @@ With ``--seven-b`` it instead times the intra-op plan of 7B-class layers (hidden
 ``auto``) on 64 ranks (dp=8 x tp=8; issue #31 item 5a's case, whose target is 5 s): per phase (the
 candidate strategies with their gradients, the edge costs, the ILP), with the move cache off (each edge
 alone, as before #30) and on, from a cold start of the redistribution caches each time, and the whole
-``plan`` command (:func:`~layout_prop.commands.plan.plan_spec`: the baseline's measurement, the solve,
+``plan`` command (:func:`~layout_prop.workflows.plan.plan_spec`: the baseline's measurement, the solve,
 the realised plan's measurement), all in the same run.
 Run: ``python benchmarks/plan.py [--layers 1 8 32] [--memory-per-rank BYTES] [--mesh dp=2,sp=2,tp=2]
 [--compare-cache] [--seven-b]``.
@@ -33,7 +33,7 @@ import time
 from layout_prop.api import clear_caches
 from layout_prop.io.loader import load_spec
 from layout_prop.frontends.generate import llama_spec
-from layout_prop.commands.plan import graph_to_spec, measure, parse_bytes
+from layout_prop.workflows.plan import graph_to_spec, measure, parse_bytes
 from layout_prop.planner.solver import Problem, default_cap, realise, solve
 
 MESH = (("dp", 2), ("sp", 1), ("tp", 4))
@@ -84,7 +84,7 @@ def seven_b_spec(layers: int) -> dict:
 
 def seven_b(layers_list) -> None:
     """The 7B-class table (module docstring)."""
-    from layout_prop.commands.plan import plan_spec
+    from layout_prop.workflows.plan import plan_spec
 
     print("7B-class layers (hidden 4096, ffn 11008, seq 4096, batch 8, fp16) on dp=8 x tp=8, every weight auto")
     print("| layers | move cache | candidates (s) | edge costs (s) | ILP (s) | solve (s) | distinct moves "

@@ -49,7 +49,7 @@ import estimate_ascend  # noqa: E402
 import estimate_megatron  # noqa: E402
 from search_published import megatron_model, published_configs  # noqa: E402
 
-from layout_prop.commands.search import analysed, generator_spec, run_search  # noqa: E402
+from layout_prop.workflows.search import analysed, generator_spec, run_search  # noqa: E402
 from layout_prop.perf.clusters import get_cluster  # noqa: E402
 from layout_prop.planner.search import Config, LayerCache, ModelShape, evaluate  # noqa: E402
 
@@ -123,7 +123,7 @@ def estimate_written(row: Published, candidate, cluster) -> str:
     from contextlib import redirect_stdout
 
     from layout_prop.cli import main as cli
-    from layout_prop.commands.search import best_spec
+    from layout_prop.workflows.search import best_spec
     from layout_prop.planner.search import SearchResult
 
     result = SearchResult(model=row.model, cluster=cluster.name, devices=candidate.config.devices,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from layout_prop.commands.search import format_result, load_model_shape, run_search
+from layout_prop.workflows.search import format_result, load_model_shape, run_search
 from layout_prop.frontends.generate import llama_spec
 from layout_prop.io.loader import load_spec
 from layout_prop.perf.clusters import get_cluster

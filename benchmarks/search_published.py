@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from estimate_megatron import ROWS, Row, SEQ, VOCAB, gpt_spec, megatron_flops  # noqa: E402
 
-from layout_prop.commands.search import analysed, generator_spec, run_search  # noqa: E402
+from layout_prop.workflows.search import analysed, generator_spec, run_search  # noqa: E402
 from layout_prop.perf.clusters import get_cluster  # noqa: E402
 from layout_prop.planner.search import Config, LayerCache, ModelShape, evaluate  # noqa: E402
 

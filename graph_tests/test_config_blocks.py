@@ -157,7 +157,7 @@ _SEARCHES: dict = {}
 def _searched_spec(tmp_path, pp: int, limit: int | None, **config):
     """The candidate of plan --search --axes pp=PP (memory limit ``limit``) with ``config``, and the spec -o would
     write for it (commands/search.py best_spec)."""
-    from layout_prop.commands.search import best_spec, load_model_shape, run_search
+    from layout_prop.workflows.search import best_spec, load_model_shape, run_search
 
     if (pp, limit) not in _SEARCHES:
         model = load_model_shape(load_spec(_write(tmp_path, gpt_spec(**GPT), "gpt.yaml")))

@@ -972,7 +972,7 @@ def test_number_flags_still_take_their_numbers():
 
 def test_size_flags_are_exact():
     from layout_prop.commands.flags import memory_size_arg as _memory_size
-    from layout_prop.commands.plan import parse_bytes
+    from layout_prop.workflows.plan import parse_bytes
 
     assert _memory_size("1.5T") == 3 * 2 ** 39 and _memory_size("0.5K") == 512 and _memory_size("1024P") == 2 ** 60
     assert _memory_size("00000000000000000000000000000000000000008G") == 8 * 2 ** 30

@@ -165,6 +165,39 @@ def test_the_walk_reports_an_import_against_the_order(tmp_path):
     ]
 
 
+def command_imports_outside_cli(root: Path) -> list[str]:
+    """Every import of ``layout_prop.commands`` (or of a command module) in benchmarks/, one line each: a
+    benchmark calls the library (``workflows``, ``api``, ``runner``...), never a command."""
+    errors = []
+    for path in sorted((root / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            for name in names:
+                if name == "layout_prop.commands" or name.startswith("layout_prop.commands."):
+                    errors.append(f"{path.relative_to(root).as_posix()}:{node.lineno}: imports {name}")
+                    break
+    return errors
+
+
+def test_benchmarks_import_the_library_not_commands():
+    assert command_imports_outside_cli(ROOT) == []
+
+
+def test_the_benchmark_check_reports_a_command_import(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "a.py").write_text("from layout_prop.commands.search import run_search\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("import json\n\n\ndef f():\n    from layout_prop import commands\n")
+    (tmp_path / "benchmarks" / "c.py").write_text("from layout_prop.workflows.search import run_search\n")
+    assert command_imports_outside_cli(tmp_path) == [
+        "benchmarks/a.py:1: imports layout_prop.commands.search",
+        "benchmarks/b.py:5: imports layout_prop.commands",
+    ]
+
+
 # ----------------------------------------------------------------------------- the map names the tree
 #: rooms whose modules the map names by their family rather than by file: ``ops/`` lists its
 #: families as words (``elementwise, linalg, ...``); ``kernels/`` names its tables by pattern

@@ -16,7 +16,7 @@ from layout_prop.io.loader import load_spec
 from layout_prop.frontends.generate import llama_spec
 from layout_prop.core.links import links_of
 from layout_prop.planner.solver import Problem, _price, realise, solve
-from layout_prop.commands.plan import measure, parse_bytes, plan_spec
+from layout_prop.workflows.plan import measure, parse_bytes, plan_spec
 from layout_prop.core.placement import Replicate
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.runner import run_graph

@@ -9,7 +9,7 @@ import pytest
 
 import layout_prop.planner.solver as solver
 from layout_prop.cli import main
-from layout_prop.commands.plan import measure, plan_spec
+from layout_prop.workflows.plan import measure, plan_spec
 from layout_prop.io.loader import load_spec
 from layout_prop.runner import run_graph
 

@@ -4,7 +4,7 @@ and of three parts per token), not as an all-gather of the logits."""
 
 import pytest
 
-from layout_prop.commands.plan import graph_to_spec, measure
+from layout_prop.workflows.plan import graph_to_spec, measure
 from layout_prop.frontends.generate import llama_spec
 from layout_prop.io.loader import load_spec
 from layout_prop.planner.solver import realise, solve

@@ -15,7 +15,7 @@ from layout_prop.cli import main
 from layout_prop.commands.flags import memory_size_arg as _memory_size
 from layout_prop.core.errors import SpecError
 from layout_prop.io.loader import load_spec
-from layout_prop.commands.plan import parse_bytes, plan_spec
+from layout_prop.workflows.plan import parse_bytes, plan_spec
 from layout_prop.io.sizes import GRAMMAR, MAX_BYTES, UNITS, parse_size
 
 #: the limits table (docs/violation-codes.md) states the size grammar

@@ -21,7 +21,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("scipy")
 
 from layout_prop.cli import main  # noqa: E402
-from layout_prop.commands.plan import plan_spec  # noqa: E402
+from layout_prop.workflows.plan import plan_spec  # noqa: E402
 from layout_prop.frontends import load_model  # noqa: E402
 from layout_prop.planner.solver import Problem  # noqa: E402
 

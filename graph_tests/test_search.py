@@ -8,7 +8,7 @@ import json
 import pytest
 
 from layout_prop.cli import main
-from layout_prop.commands.search import analysed, load_model_shape, run_search
+from layout_prop.workflows.search import analysed, load_model_shape, run_search
 from layout_prop.frontends.generate import gpt_spec
 from layout_prop.io.loader import load_spec
 from layout_prop.perf import parallel as par

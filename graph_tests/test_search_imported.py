@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("onnx")
 
 from layout_prop.cli import main  # noqa: E402
-from layout_prop.commands.search import load_model_shape, run_search  # noqa: E402
+from layout_prop.workflows.search import load_model_shape, run_search  # noqa: E402
 from layout_prop.frontends import load_model  # noqa: E402
 from layout_prop.frontends.generate import gpt_spec, llama_spec  # noqa: E402
 from layout_prop.io.loader import load_spec  # noqa: E402

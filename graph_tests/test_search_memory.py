@@ -17,7 +17,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from layout_prop.commands.search import analysed
+from layout_prop.workflows.search import analysed
 from layout_prop.perf.clusters import get_cluster
 from layout_prop.planner.search import LayerCache, ModelShape
 
@@ -60,7 +60,7 @@ def test_a_layer_s_activations_are_korthikanti_s_count():
     values): gen gpt on tp=2, no sequence parallelism, s=256, b=2, h=512: s b h (10 + 24 / 2) besides the core;
     gen llama (sequence parallel, SwiGLU ffn 1024, 2 of 8 kv heads, no dropout) on tp=2: the norms', QKV and MLP
     inputs 8, Q 2, K and V 4 x 2/8, the attention output 2, the MLP 3 x 2 x 1024/512 = 12: 25 s b h / 2."""
-    from layout_prop.commands.search import generator_spec
+    from layout_prop.workflows.search import generator_spec
 
     s, b, h = 256, 2, 512
     gpt = ModelShape(family="gpt", layers=2, hidden=h, heads=8, ffn=4 * h, seq=s, dtype="float16", vocab=1024,

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from .model_input import load_graph
+from layout_prop.workflows.model_input import load_graph
 from .printing import print_json
 from .flags import add_model_args
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .model_input import load_graph
+from layout_prop.workflows.model_input import load_graph
 from .printing import print_json
 from .flags import add_model_args, non_negative_int, positive_int
 

@@ -173,7 +173,7 @@ def run(args) -> int:
 
     from layout_prop.api import analyze
 
-    from .model_input import load_graph, unapplied_blocks_note
+    from layout_prop.workflows.model_input import load_graph, unapplied_blocks_note
     from .printing import print_json
     
     graph = load_graph(args.spec, args.plan, args.opaque)

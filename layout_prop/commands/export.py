@@ -85,7 +85,7 @@ def _load(args):
     ``build_graph`` (which records the model's own weight names, so its inputs are told from its parameters)."""
     from layout_prop.frontends import is_model_path
 
-    from .model_input import load_graph
+    from layout_prop.workflows.model_input import load_graph
 
     if not is_model_path(str(args.spec)) or args.plan is None:
         return load_graph(args.spec, args.plan, args.opaque)  # a spec, or the missing-plan error

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .model_input import load_graph, unapplied_blocks_note
+from layout_prop.workflows.model_input import load_graph, unapplied_blocks_note
 from .flags import add_model_args, integer_arg
 
 __all__ = ["add_parser", "run"]

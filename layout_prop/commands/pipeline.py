@@ -11,7 +11,7 @@ import argparse
 
 from layout_prop.core.errors import SpecError
 
-from .model_input import load_graph
+from layout_prop.workflows.model_input import load_graph
 from .printing import print_json
 from .flags import non_negative_int, seconds_arg
 

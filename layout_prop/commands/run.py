@@ -16,7 +16,7 @@ import numpy as np
 
 from layout_prop.core.errors import ExecutionError, SpecError, cut
 
-from .model_input import load_graph
+from layout_prop.workflows.model_input import load_graph
 from .printing import print_json
 from .flags import (
     add_model_args, count_arg, memory_size_arg, node_rank_arg, non_negative_int, positive_int, seconds_arg,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .flags import add_model_args
-from .model_input import load_graph, unapplied_blocks_note
+from layout_prop.workflows.model_input import load_graph, unapplied_blocks_note
 
 __all__ = ["add_parser", "run"]
 

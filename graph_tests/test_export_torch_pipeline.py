@@ -77,12 +77,38 @@ def _compare(result: dict, spec: dict) -> tuple[float, float]:
     return abs(result["loss"] - loss), worst
 
 
-def test_1f1b_pp_tp_step_equals_one_process(tmp_path):
-    spec = _spec(layers=2, schedule="1f1b")
-    code = _export(spec)
-    for line in ("MESH_DIM_NAMES = ('pp', 'tp')", "PP_AXIS = 'pp'", "SCHEDULE = 'Schedule1F1B'",
-                 "MICRO_BATCHES = 4", "MODEL_AXES = ('tp',)", "STAGE_INPUTS = ('tokens',)", "TARGET = 'labels'"):
-        assert line in code.splitlines(), line
+def _worked_example() -> tuple[list[list[str]], list[str]]:
+    """docs/export.md's pipeline example: its two commands (argument lists) and the lines of the excerpt of
+    the written module shown under them (``...`` lines left out)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "export.md").read_text()
+    section = page[page.index("**Pipelines, executed.**"):]
+    console = re.search(r"```console\n(.*?)```", section, re.S).group(1)
+    commands = [shlex.split(line[2:])[1:] for line in console.splitlines() if line.startswith("$ ")]
+    excerpt = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return commands, [line for line in excerpt.splitlines() if line.strip() != "..."]
+
+
+def test_the_worked_example_of_docs_export_trains_1f1b_equal_to_one_process(tmp_path, monkeypatch):
+    """docs/export.md's pipeline example, run: gen and export as the page writes them, the excerpt's lines in the
+    written module, and one 1F1B step on pp=2 x tp=2 with that module equal to one process."""
+    import yaml
+
+    from layout_prop.cli import main
+
+    commands, excerpt = _worked_example()
+    assert [c[:1] for c in commands] == [["gen"], ["export"]], commands
+    monkeypatch.chdir(tmp_path)
+    for args in commands:
+        assert main(args) == 0, args
+    code = (tmp_path / "llama_pp.py").read_text()
+    lines = code.splitlines()
+    for line in excerpt:
+        assert line in lines, line
+    spec = yaml.safe_load((tmp_path / "llama_pp.yaml").read_text())
     result = _train(tmp_path, spec, code)
     assert result["chunks"] == [0, 1]
     _compare(result, spec)

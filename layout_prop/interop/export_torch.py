@@ -266,11 +266,23 @@ def _value_placements(layout: Layout, name: str) -> str:
     return _tuple(items)
 
 
+def _wrapped(key: str, names: list[str], width: int = 112) -> list[str]:
+    """``'key': (names...),`` as lines of at most ``width`` characters (a name a line past it)."""
+    lines, line = [], f"        {key!r}: ("
+    for name in names:
+        item = repr(name) + ", "
+        if len(line) + len(item) > width and line.strip()[-1] != "(":
+            lines.append(line.rstrip())
+            line = "            "
+        line += item
+    return lines + [line.rstrip().rstrip(",") + ("," if len(names) == 1 else "") + "),"]
+
+
 def pipeline_lines(plan: ExportPlan) -> list[str]:
     """The module's pipeline constants: the axis, the schedule and the chunks (see the module docstring)."""
     c = plan.config
     if c.pipeline_axis is None:
-        return ["#: no pipeline: block", "PP_AXIS = None", "CHUNKS = ()"]
+        return ["#: the pipeline's mesh axis (None: no pipeline: block)", "PP_AXIS = None"]
     first, last = _targets(plan)
     params = {n for n, t in plan.parameters.items() if t.kind == "parameter"}
     buffers = {n for n, t in plan.parameters.items() if t.kind == "buffer"}
@@ -291,7 +303,7 @@ def pipeline_lines(plan: ExportPlan) -> list[str]:
              "CHUNKS = ("]
     for k in plan.chunk_plan:
         lines += ["    {", f"        'stage': {k.stage}, 'layers': {k.layers!r}, 'first': {k.first!r}, 'last': {k.last!r},",
-                  f"        'parameters': {_tuple(repr(n) for n in k.reads if n in params)},",
+                  *_wrapped("parameters", [n for n in k.reads if n in params]),
                   f"        'buffers': {_tuple(repr(n) for n in k.reads if n in buffers)},",
                   "        'receives': {" + ", ".join(f"{v!r}: {_value_placements(a, v)}" for v, a in k.receives) + "},",
                   "        'sends': {" + ", ".join(f"{v!r}: {_value_placements(a, v)}" for v, a in k.sends) + "},",
@@ -407,7 +419,7 @@ def export_torch(plan: ExportPlan) -> str:
     hooks = {value: table.rpartition(".")[0] for value, (table, _) in settle.items() if "." in table}
     lines += ["}", "#: SETTLE's values made by a module: settled by a forward hook on it",
               f"SETTLE_MODULES = {hooks!r}"]
-    lines += _FUNCTIONS
+    lines += _FUNCTIONS + (_PIPELINE_FUNCTIONS if plan.config.pipeline_axis is not None else [])
     return "\n".join(lines) + "\n"
 
 
@@ -509,8 +521,10 @@ def recompute(layer, fn, *args):
         from torch.utils.checkpoint import checkpoint
 
         return checkpoint(fn, *args, use_reentrant=False)
-    return fn(*args)
+    return fn(*args)'''.splitlines()
 
+#: the functions of a pipelined plan (written when the spec has a pipeline: block)
+_PIPELINE_FUNCTIONS = '''
 
 def stage_chunks(mesh):
     """The chunks this rank's pipeline stage runs (indices into CHUNKS): the modules pipeline() takes."""

@@ -46,6 +46,11 @@ class Analysis:
     #: whether the expand pass wrote some node as its rule's subgraph (then the graph computes the
     #: subgraph's ops, and a one-device reference should run the graph as written: runner.run_graph)
     expanded: bool = False
+    #: what a spec's zero:, recompute: and pipeline: blocks made of the check (workflows/check.py), reported last
+    #: as "config"; None without blocks
+    config: dict | None = None
+    #: a passes.zero.ZeroConfig: memory_per_rank counts with the ZeRO paper's figures (None: without ZeRO)
+    zero: Any = None
 
     @property
     def ok(self) -> bool:
@@ -88,8 +93,11 @@ class Analysis:
         return {"ok": self.ok, "mesh": self.graph.mesh.to_dict()}
 
     def _report_tail(self) -> dict[str, Any]:
-        return {"total_bytes_per_rank": self.check.total_bytes_per_rank,
+        tail = {"total_bytes_per_rank": self.check.total_bytes_per_rank,
                 "memory_per_rank": self.memory().to_dict(), "notes": list(self.notes)}
+        if self.config is not None:
+            tail["config"] = self.config
+        return tail
 
     def report_json(self) -> str:
         """:meth:`report` as compact JSON, byte for byte ``json.dumps(report(), separators=(",", ":"),
@@ -122,9 +130,9 @@ class Analysis:
         from layout_prop.passes.memory import Memory
 
         cached = getattr(self, "_memory", None)
-        if cached is None or cached[0] != self.optimizer:
+        if cached is None or cached[0] != (self.optimizer, self.zero):
             with paused_gc():
-                cached = (self.optimizer, Memory(self.optimizer).run(self.graph))
+                cached = ((self.optimizer, self.zero), Memory(self.optimizer, zero=self.zero).run(self.graph))
             self._memory = cached
         return cached[1]
 

@@ -113,11 +113,14 @@ def _styles_move_as_checked(plan: ExportPlan, axis: int) -> bool:
     """Whether torch's styles make every move layout-prop makes on mesh axis ``axis``: a styled module's
     output is a plain local tensor (a colwise module's stays a local shard of its last dim), so only a
     partial sum reduced there (``RowwiseParallel``'s all-reduce) happens.  A gather, an all-to-all or a
-    slice layout-prop inserts on that axis (before a softmax over a colwise output) would not be run."""
+    slice layout-prop inserts on that axis (before a softmax over a colwise output) would not be run, nor
+    a partial max reduced (a vocabulary-parallel cross entropy's: the model's loss would see local logits)."""
     for _value, src, dst in plan.moves:
         (src_kind, src_arg), (dst_kind, dst_arg) = placement_args(src)[axis], placement_args(dst)[axis]
         if src_kind != "P" and (src_kind, src_arg) != (dst_kind, dst_arg):
             return False
+        if src_kind == "P" and src_arg != "sum":  # a max over a colwise output's columns (a vocabulary-parallel
+            return False  # cross entropy): the model's own code would take it over the local columns only
     return True
 
 

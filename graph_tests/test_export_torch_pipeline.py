@@ -22,8 +22,9 @@ from layout_prop.io.loader import load_spec  # noqa: E402
 WORLD = 4
 
 
-def _spec(layers: int, schedule: str, micro_batches: int = 4, virtual_stages: int = 1, dp: int = 1) -> dict:
-    spec = llama_spec(layers=layers, mesh=(("pp", 2), ("dp", dp), ("sp", 1), ("tp", 2)), batch=4 * dp, seq=8,
+def _spec(layers: int, schedule: str, micro_batches: int = 4, virtual_stages: int = 1, dp: int = 1,
+          tp: int = 2) -> dict:
+    spec = llama_spec(layers=layers, mesh=(("pp", 2), ("dp", dp), ("sp", 1), ("tp", tp)), batch=4 * dp, seq=8,
                       hidden=32, heads=4, ffn=64, full=True, vocab=64)
     spec["pipeline"] = {"axis": "pp", "micro_batches": micro_batches, "schedule": schedule,
                         "virtual_stages": virtual_stages}
@@ -128,6 +129,16 @@ def test_gpipe_with_recompute_step_equals_one_process(tmp_path):
     spec["recompute"] = "full"
     code = _export(spec)
     assert "SCHEDULE = 'ScheduleGPipe'" in code.splitlines() and "RECOMPUTE = 'full'" in code.splitlines()
+    _compare(_train(tmp_path, spec, code), spec)
+
+
+def test_1f1b_pp_dp_step_equals_one_process(tmp_path):
+    """pp=2 x dp=2 (tp of size 1 left out): each data-parallel rank cuts its half of the batch into the
+    micro-batches, the parameters are DTensors replicated on dp (their gradients all-reduced there)."""
+    spec = _spec(layers=2, schedule="1f1b", dp=2, tp=1)
+    code = _export(spec)
+    assert "MESH_DIM_NAMES = ('pp', 'dp')" in code.splitlines() and "MODEL_AXES = ('dp',)" in code.splitlines()
+    assert "    'tokens': (Replicate(), Shard(0))," in code.splitlines()
     _compare(_train(tmp_path, spec, code), spec)
 
 

@@ -14,16 +14,16 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from layout_prop.engines.msrun_engine import _Child, _RunWatch  # noqa: E402
+from layout_prop.engines.msrun_watch import Child, RunWatch  # noqa: E402
 
 PIDS = {1: 4101, 2: 4102, 4: 4104}  # rank -> pid of a worker that is not running
 
 
-def watch_seeing(tmp_path, statuses: dict[int, int], msrun_log: str) -> _RunWatch:
+def watch_seeing(tmp_path, statuses: dict[int, int], msrun_log: str) -> RunWatch:
     """A watch of 8 ranks whose next poll finds the workers of ``statuses`` (rank -> wait status) dead."""
     (tmp_path / "msrun.log").write_text(msrun_log)
-    watch = _RunWatch(msrun_pid=-1, run=tmp_path, ranks=list(range(8)), launched=time.monotonic())
-    children = {rank: _Child(PIDS[rank], "1", "worker", rank) for rank in statuses}
+    watch = RunWatch(msrun_pid=-1, run=tmp_path, ranks=list(range(8)), launched=time.monotonic())
+    children = {rank: Child(PIDS[rank], "1", "worker", rank) for rank in statuses}
     watch.children = {child.pid: child for child in children.values()}
     watch._discover = lambda: None
     watch._poll_deaths = lambda: [(children[rank], status) for rank, status in statuses.items()]

@@ -347,13 +347,13 @@ def test_a_killed_launcher_on_another_machine_is_named_within_seconds(tmp_path):
 def test_the_launchers_link_without_msrun(monkeypatch):
     """The link's own cases, in one process: a last word "done" is no loss, a silent launcher is lost, a launcher
     of another run shape is refused on both sides."""
-    from layout_prop.engines import msrun_engine
+    from layout_prop.engines import msrun_link
 
-    monkeypatch.setattr(msrun_engine, "_LINK_SILENCE_SECONDS", 1.5)
+    monkeypatch.setattr(msrun_link, "_LINK_SILENCE_SECONDS", 1.5)
     port = free_port()
 
     def link(node, nodes=2):
-        made = msrun_engine._NodeLink(node, nodes, 4, "127.0.0.1", port, lambda k: f"node {k}")
+        made = msrun_link.NodeLink(node, nodes, 4, "127.0.0.1", port, lambda k: f"node {k}")
         made.open()
         return made
 

@@ -185,9 +185,9 @@ def _dead_pid() -> int:
 
 def test_a_later_run_removes_the_folders_of_launchers_killed_by_sigkill_and_nothing_else(tmp_path):
     # review of issue 14: a SIGKILL of layout-prop left its run folder behind for ever
-    from layout_prop.engines.msrun_engine import _boot_id, _start_time
+    from layout_prop.engines.procfs import boot_id, start_time
 
-    me = {"pid": os.getpid(), "start": _start_time(os.getpid()), "boot": _boot_id()}
+    me = {"pid": os.getpid(), "start": start_time(os.getpid()), "boot": boot_id()}
     stale = _run_folder(tmp_path, {**me, "pid": _dead_pid()})
     rebooted = _run_folder(tmp_path, {**me, "boot": "another-boot"})  # this pid, but before a restart
     reused = _run_folder(tmp_path, {**me, "start": "1"})  # this pid, but another process's start time
@@ -479,11 +479,11 @@ def test_sigkill_to_msrun_or_to_layout_prop_leaves_no_process(tmp_path):
 
 def test_a_worker_dead_before_it_was_seen_is_named_from_msruns_log(tmp_path):
     """msrun's log names the pid; the one rank never seen running Python is the dead one."""
-    from layout_prop.engines.msrun_engine import _Child, _RunWatch
+    from layout_prop.engines.msrun_watch import Child, RunWatch
 
-    watch = _RunWatch(msrun_pid=0, run=tmp_path, ranks=[4, 5], launched=time.monotonic())
+    watch = RunWatch(msrun_pid=0, run=tmp_path, ranks=[4, 5], launched=time.monotonic())
     me = Path(f"/proc/{os.getpid()}/stat").read_text()
-    watch.children[os.getpid()] = _Child(os.getpid(), me[me.rfind(")") + 2:].split()[19], "worker", 4)  # alive
+    watch.children[os.getpid()] = Child(os.getpid(), me[me.rfind(")") + 2:].split()[19], "worker", 4)  # alive
     assert watch.failure() is None
     (tmp_path / "msrun.log").write_text("[ERROR] ME(1:1,MainProcess):... Worker process 424242 exit with exception. "
                                         "Error code: -9.\n")

@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "CONTROL_CHARS",
     "printable",
+    "one_line",
     "cut",
     "describe",
     "LayoutPropError",
@@ -92,6 +93,15 @@ class _BoundedRepr(reprlib.Repr):
         if x.bit_length() > 4 * self.maxlong:  # more digits than maxlong: never convert it all
             return f"<an integer of {x.bit_length()} bits>"
         return super().repr_int(x, level)
+
+
+def one_line(text: Any) -> str:
+    """``text`` (``str`` of it) on one line: every run of whitespace, newlines too, one space.
+
+    >>> one_line("Traceback:\\n  File x\\n\\tValueError")
+    'Traceback: File x ValueError'
+    """
+    return " ".join(str(text).split())
 
 
 _REPR = _BoundedRepr()

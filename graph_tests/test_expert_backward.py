@@ -18,7 +18,7 @@ from layout_prop.frontends.generate import moe_spec
 from layout_prop.io.loader import load_spec
 from layout_prop.runner import run_graph
 
-EXPERT_WEIGHTS = ("l0_e_gate", "l0_e_up", "l0_e_down")
+EXPERT_WEIGHTS = ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj")
 MESH = (("dp", 1), ("ep", 4), ("tp", 2))
 
 
@@ -59,7 +59,11 @@ def test_no_expert_weight_moves_on_ep_in_the_training_step():
     for name in EXPERT_WEIGHTS:
         grads = [r for r in a.check.redistributions if r.node == f"grad/{name}"]
         assert grads and all(s.mesh_axis_name == "tp" for r in grads for s in r.plan.steps if s.bytes_per_rank)
-    assert a.check.total_bytes_per_rank < 109_408 // 2
+    # half the bytes before the einsum rule re-cut cotangents, but for the fused gate_up_proj (Hugging Face's
+    # layout) whose gradient is all-reduced on tp and sliced to its strided shard (4,096 bytes more than the
+    # reduce-scatters of separate gate and up weights: the redistribution planner has no reduce-scatter into a
+    # strided shard)
+    assert a.check.total_bytes_per_rank < 109_408 // 2 + 4_096
 
 
 def test_the_expert_parallel_training_step_matches_one_device():

@@ -349,7 +349,10 @@ def test_the_note_names_eight_inputs_and_counts_the_rest(capsys):
     capsys.readouterr()
     assert main(["export", str(EXAMPLES / "llama_block.yaml"), "--to", "torch"]) == 0
     assert ("took as model inputs: x (dim 0 cut on dp: a batch); as buffers (no gradient): cos, sin; as parameters "
-            "(weights to shard): l0_norm1, l0_wq, l0_wk, l0_wv, l0_wo, l0_norm2, l0_w_gate, l0_w_up, ... (9 in all); "
+            "(weights to shard): model.layers.0.input_layernorm.weight, model.layers.0.self_attn.q_proj.weight, "
+            "model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.v_proj.weight, "
+            "model.layers.0.self_attn.o_proj.weight, model.layers.0.post_attention_layernorm.weight, "
+            "model.layers.0.mlp.gate_proj.weight, model.layers.0.mlp.up_proj.weight, ... (9 in all); "
             "if that is wrong") in capsys.readouterr().err
 
 
@@ -366,7 +369,7 @@ def test_integer_inputs_are_data_whatever_input_names(capsys, tmp_path):
     inputs = out[out.index("INPUT_PLACEMENTS = {"):].split("}")[0]
     assert "'tokens'" in inputs and "'labels'" in inputs and "'cos'" in inputs and "'sin'" not in inputs
     buffers = out[out.index("BUFFER_PLACEMENTS = {"):].split("}")[0]
-    assert "'sin'" in buffers and "'embed'" not in buffers
+    assert "'sin'" in buffers and "'model.embed_tokens.weight'" not in buffers
 
 
 def test_a_parameter_no_target_places_hints_at_input_when_none_was_named(capsys, tmp_path):
@@ -654,7 +657,7 @@ def test_a_vocabulary_parallel_embedding_is_refused_for_hyper_parallel():
 
     with pytest.raises(LayoutPropError) as err:
         export_text(load_spec(llama_spec(full=True)), "hyper-parallel")
-    assert err.value.code == "not-expressible" and "'embed'" in err.value.message
+    assert err.value.code == "not-expressible" and "'model.embed_tokens.weight'" in err.value.message
     assert "does not mask the ids" in err.value.message
 
 

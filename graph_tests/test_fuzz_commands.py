@@ -206,7 +206,8 @@ def test_hostile_flags_are_refused(specs, capsys):
 
 
 _ANY = [0, 1, 2, 3, -1, 2.0, 3.0, 0.5, True, None, "", "full", "selective", "none", "pp", "dp", "gpipe", "1f1b",
-        "interleaved", [], ["l0"], ["embed"], ["tokens"], ["", " "], [1, 2], {"a": 1}, "x" * 300, 10 ** 30, "S(0)"]
+        "interleaved", [], ["l0"], ["transformer.wte.weight"], ["tokens"], ["", " "], [1, 2], {"a": 1}, "x" * 300,
+        10 ** 30, "S(0)"]
 _BLOCK_KEYS = {"zero": ["stage", "axes"], "recompute": ["mode", "layers"],
                "pipeline": ["axis", "micro_batches", "schedule", "virtual_stages", "boundaries", "layers",
                             "batch_inputs", "loss"]}
@@ -246,7 +247,8 @@ def _block_case(rng: random.Random, specs: dict) -> tuple[dict, bool]:
     if not piped:
         spec = dict(specs["piped_data"])
     spec["pipeline"] = {**spec["pipeline"], **rng.choice([
-        {"batch_inputs": ["embed"]}, {"batch_inputs": ["l0_wq"]}, {"micro_batches": 0}, {"micro_batches": 3},
+        {"batch_inputs": ["transformer.wte.weight"]}, {"batch_inputs": ["transformer.h.0.attn.c_attn.weight"]},
+        {"micro_batches": 0}, {"micro_batches": 3},
         {"micro_batches": 2.0}, {"schedule": "zigzag"}, {"axis": "tp"}, {"axis": ["pp"]}, {"boundaries": ["nope"]},
         {"layers": [0, 2]}, {"loss": 1}, {"virtual_stages": 0}])}
     return spec, True

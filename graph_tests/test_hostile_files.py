@@ -283,10 +283,11 @@ def _spec_with(tmp_path: Path, name: str, spec: dict, **blocks) -> str:
 
 def test_batch_inputs_naming_a_weight_is_refused(tmp_path, capsys):
     # issue 40: batch_inputs: [embed] was accepted, the vocabulary cut into micro-batches (exit 0)
-    spec = with_pp(small_gpt(), 2, {"micro_batches": 2, "batch_inputs": ["embed"]})
+    spec = with_pp(small_gpt(), 2, {"micro_batches": 2, "batch_inputs": ["transformer.wte.weight"]})
     path = _spec_with(tmp_path, "embed.yaml", spec)
     for command in (["pipeline", path], ["estimate", path, "--cluster", "a100-80g"]):
-        refused(capsys, command, "bad-pipeline", "batch input 'embed' is a weight", "the table of embedded")
+        refused(capsys, command, "bad-pipeline", "batch input 'transformer.wte.weight' is a weight",
+                "the table of embedded")
 
 
 def test_the_same_output_twice_is_refused_before_the_work(tmp_path, capsys, plain_spec):

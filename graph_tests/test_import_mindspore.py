@@ -83,7 +83,7 @@ def test_rowwise_q_gives_what_the_hand_written_spec_gives():
     plan["parameters"] = {"*.attention.wq.weight": "rowwise", **plan["parameters"]}
     imported = from_mindir(EXAMPLE, plan)
     spec = llama_spec(1)
-    spec["inputs"]["l0_wq"]["placements"] = ["R", "R", "S(1)"]  # (out, in): the in dim on tp
+    spec["inputs"]["model.layers.0.self_attn.q_proj.weight"]["placements"] = ["R", "R", "S(1)"]  # (out, in): in on tp
     hand = load_spec(spec)
     a, b = analyze(imported), analyze(hand)
     # the same violations and moves (the cell lists q's reshape and rope before k's linear: another order)

@@ -132,7 +132,7 @@ def _as_matmuls(spec: dict, rowwise_q: bool = False) -> dict:
             w["shape"] = w["shape"][::-1]
             w["placements"] = [swap.get(p, p) for p in w["placements"]]
     if rowwise_q:
-        spec["inputs"]["l0_wq"]["placements"] = ["R", "R", "S(0)"]
+        spec["inputs"]["model.layers.0.self_attn.q_proj.weight"]["placements"] = ["R", "R", "S(0)"]
     return spec
 
 

@@ -53,8 +53,11 @@ def test_llama_block_needs_the_megatron_collectives(capsys):
 def test_llama_block_matches_one_device_forward_and_backward():
     rep = run_graph(load_spec(EXAMPLE), backward=True, seed=3)
     assert rep.ok, rep.mismatches
-    assert set(rep.grads) == {"x", "l0_norm1", "l0_wq", "l0_wk", "l0_wv", "l0_wo", "l0_norm2", "l0_w_gate",
-                              "l0_w_up", "l0_w_down"}
+    layer = "model.layers.0."
+    assert set(rep.grads) == {"x", *(layer + w for w in (
+        "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+        "mlp.down_proj.weight"))}
     kinds = Counter((c["kind"], c["mesh_axis"]) for c in rep.collectives)
     # weight gradients of replicated-over-dp/sp weights are partial sums: data-parallel all-reduces
     assert kinds[("all-reduce", "dp")] >= 9 and kinds[("all-reduce", "sp")] >= 9
@@ -66,7 +69,7 @@ def test_explain_answers_for_every_value_of_the_block():
     for name in names:
         tree = explain(a.graph, name)
         assert tree["value"] == name and tree["placements"] is not None
-    for grad in ("x", "l0_wq", "l0_norm2"):
+    for grad in ("x", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.post_attention_layernorm.weight"):
         assert explain(a.graph, f"grad:{grad}")["value"] == f"grad/{grad}"
 
 

@@ -434,8 +434,8 @@ def test_bad_pipeline_requests_are_one_line_typed_errors():
     assert "the pipeline axis 'pp' is not a mesh axis" in _spec_error({**small, "pipeline": {"micro_batches": 2}})
     assert "at pipeline.boundaries[0]" in _spec_error(with_pipeline(small, 2, {"boundaries": ["nowhere"]}))
     sharded = with_pipeline(small, 2, {})
-    sharded["inputs"]["embed"]["placements"][0] = "S(0)"
-    assert "input 'embed' is S(0) on the pipeline axis 'pp'" in _spec_error(sharded)
+    sharded["inputs"]["model.embed_tokens.weight"]["placements"][0] = "S(0)"
+    assert "input 'model.embed_tokens.weight' is S(0) on the pipeline axis 'pp'" in _spec_error(sharded)
     assert "unknown pipeline key(s) ['stage']" in _spec_error(with_pipeline(small, 2, {"stage": 2}))
     huge = _spec_error(with_pipeline(small, 2, {"micro_batches": 10 ** 40}))  # refused before any list is made
     assert "micro-batches make more than 1,048,576 forward tasks" in huge and len(huge) < 300
@@ -474,7 +474,7 @@ def test_pipelined_zero3_recomputing_4_layers_on_8_ranks_matches_one_device(dp, 
               for name, value in inputs.items() if name not in batch_names}
     run = execute_pipeline(pprog, micro_inputs, shared)
     assert_matches(run, reference)
-    stored = pprog.program.specs["l0_wq"].layout.placement_strs()
+    stored = pprog.program.specs["transformer.h.0.attn.c_attn.weight"].layout.placement_strs()
     assert "S(1)" in stored[0] or "S(0)" in stored[0]  # sharded on dp as ZeRO-3 stores it
 
 

@@ -152,7 +152,9 @@ def test_unpruned_plans_are_proven_optimal():
 # --------------------------------------------------------------------------- the time objective on a cluster
 LLAMA_MESH = (("dp", 2), ("sp", 1), ("tp", 4))
 LLAMA_SIZES = dict(seq=2048, hidden=1024, heads=8, ffn=4096, dtype="float16")
-MATMUL_WEIGHTS = ("l0_wq", "l0_wk", "l0_wv", "l0_wo", "l0_w_gate", "l0_w_up", "l0_w_down")
+MATMUL_WEIGHTS = tuple(f"model.layers.0.{w}.weight" for w in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                               "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                               "mlp.down_proj"))
 
 
 def _auto_llama():

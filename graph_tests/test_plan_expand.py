@@ -24,9 +24,9 @@ def _ce_spec() -> dict:
     nodes = [n for n in spec["nodes"] if n["name"] not in ("logits_max", "loss_parts", "loss")]
     nodes.append({"name": "loss", "op": "cross_entropy", "inputs": ["logits", "labels"], "attrs": {}})
     spec["nodes"] = nodes
-    assert spec["inputs"]["head"]["placements"] == ["R", "R", "S(0)"]
+    assert spec["inputs"]["lm_head.weight"]["placements"] == ["R", "R", "S(0)"]
     for name, inp in spec["inputs"].items():
-        if name not in ("tokens", "labels", "cos", "sin", "head"):
+        if name not in ("tokens", "labels", "cos", "sin", "lm_head.weight"):
             inp["placements"] = "auto"
     return spec
 

@@ -75,12 +75,13 @@ def _planned_llama() -> dict:
     column-parallel on tp; the MLP's weights sharded on dp; wo and the norms replicated), with
     the plan's explicit redistribute nodes."""
     spec = copy.deepcopy(llama_spec(1, mesh=MESH, dtype="float64"))
-    placements = {"x": ["S(0)", "R", "R"], "l0_norm1": ["R", "R", "R"], "l0_wq": ["R", "R", "S(0)"],
-                  "l0_wk": ["R", "R", "S(0)"], "l0_wv": ["R", "R", "S(0)"], "l0_wo": ["R", "R", "R"],
-                  "l0_norm2": ["R", "R", "R"], "l0_w_gate": ["S(0)", "R", "R"], "l0_w_up": ["S(0)", "R", "R"],
-                  "l0_w_down": ["S(1)", "R", "R"]}
+    placements = {"x": ["S(0)", "R", "R"], "input_layernorm": ["R", "R", "R"], "self_attn.q_proj": ["R", "R", "S(0)"],
+                  "self_attn.k_proj": ["R", "R", "S(0)"], "self_attn.v_proj": ["R", "R", "S(0)"],
+                  "self_attn.o_proj": ["R", "R", "R"], "post_attention_layernorm": ["R", "R", "R"],
+                  "mlp.gate_proj": ["S(0)", "R", "R"], "mlp.up_proj": ["S(0)", "R", "R"],
+                  "mlp.down_proj": ["S(1)", "R", "R"]}
     for name, pl in placements.items():
-        spec["inputs"][name]["placements"] = pl
+        spec["inputs"][name if name == "x" else f"model.layers.0.{name}.weight"]["placements"] = pl
     moves = [  # (move name, value moved, placements, the consumers that read it)
         ("l0_h/x", "x", ["S(0)", "R", "S(1)"], ["l0_h"]),
         ("l0_q/x", "l0_h", ["S(0)", "R", "R"], ["l0_q", "l0_k", "l0_v"]),

@@ -27,30 +27,44 @@ never move).
 
 :func:`gpt_spec` writes GPT-3 (Megatron-LM's GPT): token and learned position embeddings,
 pre-LayerNorm layers of attention (no RoPE) and a GELU MLP of ``ffn`` (4 x hidden by
-default), linears with biases (but the key projection: a key bias adds the same
-``q . b`` to every score of a query, which the softmax cancels, so its gradient is zero and
-only rounding noise would be compared), dropout after the embeddings, the attention projection
+default), projections with biases (GPT-2's ``Conv1D``: a ``matmul`` and an ``add``; the fused
+q/k/v projection ``c_attn`` split into q, k and v; the key's third of its bias adds the same
+``q . b`` to every score of a query, which the softmax cancels, so its gradient is zero up to
+rounding, as in GPT-2), dropout after the embeddings, the attention projection
 and the MLP (each its own seed), a final LayerNorm, the head tied to the token embedding,
 cross entropy.
 
 :func:`moe_spec` writes Llama layers whose MLP is a Mixture of Experts (Mixtral,
 Qwen3-MoE, DeepSeek-V3): a router (linear, softmax or sigmoid, top-k, weights renormalised
 to sum to 1), ``moe_dispatch`` of the tokens to ``experts`` experts, SwiGLU experts as
-batched matmuls on expert weights ``(E, H, F)`` sharded on E over the ``ep`` mesh axis and
-on F over tp, ``moe_combine``, plus ``shared_experts`` always-on SwiGLU experts.  The
+batched matmuls on the expert weights (the fused gate and up ``(E, 2F, H)``, the down
+``(E, H, F)``, each expert's ``(out, in)``) sharded on E over the ``ep`` mesh axis and on F over
+tp, ``moe_combine``, plus ``shared_experts`` always-on SwiGLU experts.  The
 mesh is (``dp``, ``ep``, ``tp``): activations are sharded on B by dp and ep (the expert
 ranks are data parallel outside the experts) and on S by tp, so the dispatch into the
 expert-sharded buffer is the all-to-all on ep, and the combine the one back.
 
+Parameters are named as Hugging Face's models name them, so a plan pastes into a transformers
+model: ``gen llama`` as ``LlamaForCausalLM`` (``model.embed_tokens.weight``,
+``model.layers.0.self_attn.q_proj.weight``, ``model.norm.weight``, ``lm_head.weight``), ``gen gpt``
+as ``GPT2LMHeadModel`` (``transformer.wte.weight``, ``transformer.h.0.attn.c_attn.weight``: its
+``Conv1D`` weights are ``(in, out)``, read by ``matmul``, and ``c_attn`` is q, k and v fused, cut
+by the strided shard ``_S(1,3)`` on tp), ``gen moe`` as Mixtral, Qwen3-MoE and DeepSeek-V3 in
+transformers 5 (``model.layers.0.mlp.gate.weight``, ``model.layers.0.mlp.experts.gate_up_proj``,
+``model.layers.0.mlp.shared_experts.gate_proj.weight``).  The rotary tables ``cos`` and ``sin``
+take no gradient (a model's buffers), and the token ids, labels and ``x`` are model inputs.  The
+nodes keep short names: ``l<i>_<what>`` in decoder layer i (``l0_q``, ``l0_attn``), which the
+pipeline, recomputation and ZeRO passes read as the layer.
+
 Examples
 --------
 >>> spec = llama_spec(layers=2)
->>> len(spec["nodes"]), sorted(spec["inputs"])[:3]
-(46, ['cos', 'l0_norm1', 'l0_norm2'])
+>>> len(spec["nodes"]), sorted(spec["inputs"])[:2]
+(46, ['cos', 'model.layers.0.input_layernorm.weight'])
 >>> spec["outputs"]
 ['l1_out']
 >>> full = llama_spec(layers=1, full=True, kv_heads=2, vocab=64)
->>> full["inputs"]["l0_wk"]["shape"], full["nodes"][-1]["op"], full["outputs"]
+>>> full["inputs"]["model.layers.0.self_attn.k_proj.weight"]["shape"], full["nodes"][-1]["op"], full["outputs"]
 ([16, 32], 'cross_entropy_combine', ['loss'])
 >>> moe = moe_spec(layers=1, experts=4, top_k=2)
 >>> [n["op"] for n in moe["nodes"] if n["op"].startswith("moe_")]
@@ -63,7 +77,8 @@ from typing import Sequence
 
 from layout_prop.core.errors import SpecError, cut
 
-__all__ = ["llama_spec", "gpt_spec", "moe_spec", "parse_mesh_arg", "ROUTERS", "MESH_AXES"]
+__all__ = ["llama_spec", "gpt_spec", "moe_spec", "parse_mesh_arg", "llama_layer_names", "gpt_layer_names",
+           "moe_layer_names", "ROUTERS", "MESH_AXES"]
 
 #: the router scores ``gen moe`` offers
 ROUTERS = ("softmax", "sigmoid")
@@ -152,37 +167,81 @@ def _check_sizes(layers: int, hidden: int, heads: int, kv_heads: int | None = No
                         hint="give --vocab 2 or more (a language model predicts one of several tokens)")
 
 
-def _attention(b: _Builder, p: str, x: str, h: str, batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
-               rope: bool, mode: int, bias: bool, context_parallel: str = "all_gather") -> str:
-    """Q/K/V projections of ``h`` (GQA when kv_heads < heads), attention, the output projection,
-    the residual add to ``x``: the name of the sum.  Weight inputs must exist already."""
-    head_dim = hidden // heads
-    heads_bnsd = {}
-    for name, n in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
-        args = [h, p + "w" + name] + ([p + "b" + name] if bias and name != "k" else [])
-        lin = b.node(p + name, "linear", args)
-        split = b.node(p + name + "_heads", "reshape", [lin], shape=[batch, seq, n, head_dim])
-        heads_bnsd[name] = b.node(p + name + "_bnsd", "transpose", [split], dims=[0, 2, 1, 3])
-    q, k = heads_bnsd["q"], heads_bnsd["k"]
+def _heads(b: _Builder, p: str, name: str, lin: str, batch: int, seq: int, n: int, head_dim: int) -> str:
+    """A projection's output ``(B, S, n * D)`` split into heads, ``(B, n, S, D)``."""
+    split = b.node(p + name + "_heads", "reshape", [lin], shape=[batch, seq, n, head_dim])
+    return b.node(p + name + "_bnsd", "transpose", [split], dims=[0, 2, 1, 3])
+
+
+def _attend(b: _Builder, p: str, q: str, k: str, v: str, batch: int, seq: int, hidden: int, rope: bool, mode: int,
+            context_parallel: str) -> str:
+    """RoPE on the heads of ``q`` and ``k`` (``rope``), causal attention, the heads merged: ``(B, S, H)``."""
     if rope:
         q = b.node(p + "q_rot", "rotary_position_embedding", [q, "cos", "sin"], mode=mode)
         k = b.node(p + "k_rot", "rotary_position_embedding", [k, "cos", "sin"], mode=mode)
     cp = {} if context_parallel == "all_gather" else {"context_parallel": context_parallel}
-    attn = b.node(p + "attn", "scaled_dot_product_attention", [q, k, heads_bnsd["v"]], layout="BNSD", causal=True,
-                  **cp)
+    attn = b.node(p + "attn", "scaled_dot_product_attention", [q, k, v], layout="BNSD", causal=True, **cp)
     attn_bsnd = b.node(p + "attn_bsnd", "transpose", [attn], dims=[0, 2, 1, 3])
-    merged = b.node(p + "attn_merged", "reshape", [attn_bsnd], shape=[batch, seq, hidden])
-    proj = b.node(p + "attn_out", "linear", [merged, p + "wo"] + ([p + "bo"] if bias else []))
-    return proj
+    return b.node(p + "attn_merged", "reshape", [attn_bsnd], shape=[batch, seq, hidden])
 
 
-def _llama_attention_params(b: _Builder, p: str, hidden: int, heads: int, kv_heads: int) -> None:
+def _attention(b: _Builder, p: str, w: dict[str, str], h: str, batch: int, seq: int, hidden: int, heads: int,
+               kv_heads: int, mode: int, context_parallel: str = "all_gather") -> str:
+    """Llama's attention of ``h``: the Q/K/V projections (GQA when kv_heads < heads) by the weights
+    ``w["q"]``, ``w["k"]``, ``w["v"]`` (``nn.Linear``'s ``(out, in)``), RoPE, causal attention and
+    the output projection ``w["o"]``: the name of its output.  Weight inputs must exist already."""
+    head_dim = hidden // heads
+    bnsd = {name: _heads(b, p, name, b.node(p + name, "linear", [h, w[name]]), batch, seq, n, head_dim)
+            for name, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))}
+    merged = _attend(b, p, bnsd["q"], bnsd["k"], bnsd["v"], batch, seq, hidden, True, mode, context_parallel)
+    return b.node(p + "attn_out", "linear", [merged, w["o"]])
+
+
+#: Hugging Face's LlamaForCausalLM names (``nn.Linear`` weights are ``(out, in)``, as ``linear`` takes them)
+LLAMA_EMBED, LLAMA_NORM, LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
+
+
+def llama_layer_names(i: int) -> dict[str, str]:
+    """The parameter names of Llama decoder layer ``i`` by role, as ``LlamaForCausalLM`` has them.
+
+    >>> llama_layer_names(3)["q"]
+    'model.layers.3.self_attn.q_proj.weight'
+    """
+    p = f"model.layers.{i}."
+    return {"norm1": p + "input_layernorm.weight", "q": p + "self_attn.q_proj.weight",
+            "k": p + "self_attn.k_proj.weight", "v": p + "self_attn.v_proj.weight",
+            "o": p + "self_attn.o_proj.weight", "norm2": p + "post_attention_layernorm.weight",
+            "gate": p + "mlp.gate_proj.weight", "up": p + "mlp.up_proj.weight", "down": p + "mlp.down_proj.weight"}
+
+
+def _llama_attention_params(b: _Builder, w: dict[str, str], hidden: int, heads: int, kv_heads: int) -> None:
     col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
     kv = kv_heads * (hidden // heads)
-    for w, shape, pl in (("norm1", [hidden], b.placements()), ("wq", [hidden, hidden], col),
-                         ("wk", [kv, hidden], col), ("wv", [kv, hidden], col),
-                         ("wo", [hidden, hidden], row), ("norm2", [hidden], b.placements())):
-        b.param(p + w, shape, pl)
+    for role, shape, pl in (("norm1", [hidden], b.placements()), ("q", [hidden, hidden], col),
+                            ("k", [kv, hidden], col), ("v", [kv, hidden], col),
+                            ("o", [hidden, hidden], row), ("norm2", [hidden], b.placements())):
+        b.param(w[role], shape, pl)
+
+
+def _swiglu_params(b: _Builder, w: dict[str, str], hidden: int, ffn: int) -> None:
+    """The gate, up (column-parallel) and down (row-parallel) weights of a SwiGLU MLP, ``(out, in)``."""
+    col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
+    for role, shape, pl in (("gate", [ffn, hidden], col), ("up", [ffn, hidden], col), ("down", [hidden, ffn], row)):
+        b.param(w[role], shape, pl)
+
+
+def _llama_layer(b: _Builder, p: str, w: dict[str, str], x: str, batch: int, seq: int, hidden: int, heads: int,
+                 kv_heads: int, mode: int, context_parallel: str = "all_gather") -> str:
+    """One Llama decoder layer with a SwiGLU MLP (its weights ``w`` exist already): its output."""
+    h = b.node(p + "h", "rms_norm", [x, w["norm1"]], eps=1e-6)
+    proj = _attention(b, p, w, h, batch, seq, hidden, heads, kv_heads, mode, context_parallel)
+    x1 = b.node(p + "res1", "add", [x, proj])
+    h2 = b.node(p + "h2", "rms_norm", [x1, w["norm2"]], eps=1e-6)
+    gate = b.node(p + "gate", "linear", [h2, w["gate"]])
+    up = b.node(p + "up", "linear", [h2, w["up"]])
+    act_out = b.node(p + "swiglu", "silu_mul", [gate, up])
+    down = b.node(p + "down", "linear", [act_out, w["down"]])
+    return b.node(p + "out", "add", [x1, down])
 
 
 def _rope_inputs(b: _Builder, seq: int, head_dim: int, seq_axis: str | None) -> None:
@@ -191,25 +250,26 @@ def _rope_inputs(b: _Builder, seq: int, head_dim: int, seq_axis: str | None) -> 
         b.param(name, [1, 1, seq, head_dim], pl, requires_grad=False)
 
 
-def _lm_inputs(b: _Builder, batch: int, seq: int, vocab: int, hidden: int, ids_placements: list[str]) -> str:
-    """Token ids and labels ``(B, S)`` and the vocabulary-parallel embedding table; the embedded tokens."""
+def _lm_inputs(b: _Builder, batch: int, seq: int, vocab: int, hidden: int, ids_placements: list[str],
+               table: str) -> str:
+    """Token ids and labels ``(B, S)`` and the vocabulary-parallel embedding ``table``; the embedded tokens."""
     b.param("tokens", [batch, seq], ids_placements, dtype="int64", requires_grad=False)
     b.param("labels", [batch, seq], ids_placements, dtype="int64", requires_grad=False)
-    b.param("embed", [vocab, hidden], b.placements(tp="S(0)"))
-    return b.node("embedded", "embedding", ["tokens", "embed"])
+    b.param(table, [vocab, hidden], b.placements(tp="S(0)"))
+    return b.node("embedded", "embedding", ["tokens", table])
 
 
-def _lm_head(b: _Builder, h: str, vocab: int, hidden: int, tie: bool) -> str:
-    """The output head (the embedding table when tied) and the mean cross entropy: the loss.
+def _lm_head(b: _Builder, h: str, vocab: int, hidden: int, table: str | None) -> str:
+    """The output head (the embedding ``table`` when given: tied; else ``lm_head.weight``) and the
+    mean cross entropy: the loss.
 
     The head is vocabulary-parallel (rows on tp), so the logits are sharded on the
     vocabulary, and the loss is Megatron's vocab-parallel cross entropy in its three nodes
     (the max, the per-token parts, the combine: an all-reduce of the max and of three
     numbers a token on tp; the logits never move).
     """
-    table = "embed"
-    if not tie:
-        table = b.param("head", [vocab, hidden], b.placements(tp="S(0)"))
+    if table is None:
+        table = b.param(LM_HEAD, [vocab, hidden], b.placements(tp="S(0)"))
     logits = b.node("logits", "linear", [h, table])
     m = b.node("logits_max", "max", [logits], dims=[-1])
     parts = b.node("loss_parts", "cross_entropy_parts", [logits, "labels", m])
@@ -227,33 +287,61 @@ def llama_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("
     _check_sizes(layers, hidden, heads, kv_heads, vocab if full else None)
     b = _Builder(mesh, dtype)
     act = b.placements(dp="S(0)", sp="S(1)", tp="S(1)")
-    col = b.placements(tp="S(0)")  # weight (out, in): out dim on tp
-    row = b.placements(tp="S(1)")  # weight (out, in): in dim on tp
     if full:
-        x = _lm_inputs(b, batch, seq, vocab, hidden, b.placements(dp="S(0)", sp="S(1)"))
+        x = _lm_inputs(b, batch, seq, vocab, hidden, b.placements(dp="S(0)", sp="S(1)"), LLAMA_EMBED)
     else:
         x = b.param("x", [batch, seq, hidden], act)
     _rope_inputs(b, seq, hidden // heads, "sp")
     for i in range(layers):
-        p = f"l{i}_"
-        _llama_attention_params(b, p, hidden, heads, kv_heads)
-        for w, shape, pl in (("w_gate", [ffn, hidden], col), ("w_up", [ffn, hidden], col),
-                             ("w_down", [hidden, ffn], row)):
-            b.param(p + w, shape, pl)
-        h = b.node(p + "h", "rms_norm", [x, p + "norm1"], eps=1e-6)
-        proj = _attention(b, p, x, h, batch, seq, hidden, heads, kv_heads, True, mode, False, context_parallel)
-        x1 = b.node(p + "res1", "add", [x, proj])
-        h2 = b.node(p + "h2", "rms_norm", [x1, p + "norm2"], eps=1e-6)
-        gate = b.node(p + "gate", "linear", [h2, p + "w_gate"])
-        up = b.node(p + "up", "linear", [h2, p + "w_up"])
-        act_out = b.node(p + "swiglu", "silu_mul", [gate, up])
-        down = b.node(p + "down", "linear", [act_out, p + "w_down"])
-        x = b.node(p + "out", "add", [x1, down])
+        w = llama_layer_names(i)
+        _llama_attention_params(b, w, hidden, heads, kv_heads)
+        _swiglu_params(b, w, hidden, ffn)
+        x = _llama_layer(b, f"l{i}_", w, x, batch, seq, hidden, heads, kv_heads, mode, context_parallel)
     if not full:
         return b.spec([x])
-    b.param("final_norm", [hidden], b.placements())
-    h = b.node("final_h", "rms_norm", [x, "final_norm"], eps=1e-6)
-    return b.spec([_lm_head(b, h, vocab, hidden, tie_embeddings)])
+    b.param(LLAMA_NORM, [hidden], b.placements())
+    h = b.node("final_h", "rms_norm", [x, LLAMA_NORM], eps=1e-6)
+    return b.spec([_lm_head(b, h, vocab, hidden, LLAMA_EMBED if tie_embeddings else None)])
+
+
+#: GPT2LMHeadModel's names (its head is tied to ``transformer.wte.weight``)
+GPT_WTE, GPT_WPE, GPT_LN_F = "transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f"
+_GPT_MODULES = ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj")
+
+
+def gpt_layer_names(i: int) -> dict[str, str]:
+    """GPT-2 block ``i``'s parameter names, by their name under ``transformer.h.i.``.
+
+    >>> gpt_layer_names(0)["attn.c_attn.weight"]
+    'transformer.h.0.attn.c_attn.weight'
+    """
+    return {f"{m}.{kind}": f"transformer.h.{i}.{m}.{kind}" for m in _GPT_MODULES for kind in ("weight", "bias")}
+
+
+def _gpt_layer_params(b: _Builder, hidden: int, ffn: int) -> list[tuple[str, list[int], list[str]]]:
+    """``(name under the block, shape, placements)`` of a GPT-2 block's parameters.
+
+    GPT-2's projections are ``Conv1D``: ``x @ weight + bias``, the weight ``(in, out)`` (the
+    transpose of ``nn.Linear``'s), so column-parallel is the weight's dim 1 on tp and
+    row-parallel its dim 0.  ``c_attn`` is q, k and v fused, ``[q | k | v]`` along its out dim:
+    column-parallel, each tp rank holds its columns of each third, the strided shard
+    ``_S(1,3)`` (``_S(0,3)`` for the bias), so the split into q, k and v is local.
+    """
+    rep = b.placements()
+    col, row = b.placements(tp="S(1)"), b.placements(tp="S(0)")
+    return [("ln_1.weight", [hidden], rep), ("ln_1.bias", [hidden], rep),
+            ("attn.c_attn.weight", [hidden, 3 * hidden], b.placements(tp="_S(1,3)")),
+            ("attn.c_attn.bias", [3 * hidden], b.placements(tp="_S(0,3)")),
+            ("attn.c_proj.weight", [hidden, hidden], row), ("attn.c_proj.bias", [hidden], rep),
+            ("ln_2.weight", [hidden], rep), ("ln_2.bias", [hidden], rep),
+            ("mlp.c_fc.weight", [hidden, ffn], col), ("mlp.c_fc.bias", [ffn], b.placements(tp="S(0)")),
+            ("mlp.c_proj.weight", [ffn, hidden], row), ("mlp.c_proj.bias", [hidden], rep)]
+
+
+def _conv1d(b: _Builder, name: str, x: str, w: dict[str, str], module: str) -> str:
+    """GPT-2's ``Conv1D`` of ``x``: ``matmul`` by the ``(in, out)`` weight, then the bias added."""
+    y = b.node(name + "_mm", "matmul", [x, w[module + ".weight"]])
+    return b.node(name, "add", [y, w[module + ".bias"]])
 
 
 def gpt_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("sp", 2), ("tp", 2)),
@@ -265,54 +353,49 @@ def gpt_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("sp
     if not 0.0 <= dropout < 1.0:
         raise SpecError("bad-value", f"dropout must be in [0, 1), got {dropout}", hint="give --dropout 0.1, or 0")
     b = _Builder(mesh, dtype)
-    col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
-    tok = _lm_inputs(b, batch, seq, vocab, hidden, b.placements(dp="S(0)", sp="S(1)"))
-    b.param("pos_embed", [seq, hidden], b.placements())  # learned positions 0..S-1, added to every sequence
-    x = b.node("embedded_pos", "add", [tok, "pos_embed"])
+    tok = _lm_inputs(b, batch, seq, vocab, hidden, b.placements(dp="S(0)", sp="S(1)"), GPT_WTE)
+    b.param(GPT_WPE, [seq, hidden], b.placements())  # learned positions 0..S-1, added to every sequence
+    x = b.node("embedded_pos", "add", [tok, GPT_WPE])
     seeds = iter(range(1, 3 * layers + 2))
     x = b.node("embed_drop", "dropout", [x], p=dropout, seed=next(seeds))
     for i in range(layers):
-        p = f"l{i}_"
-        for w, shape, pl in (("ln1_w", [hidden], b.placements()), ("ln1_b", [hidden], b.placements()),
-                             ("wq", [hidden, hidden], col), ("bq", [hidden], col),
-                             ("wk", [hidden, hidden], col),
-                             ("wv", [hidden, hidden], col), ("bv", [hidden], col),
-                             ("wo", [hidden, hidden], row), ("bo", [hidden], b.placements()),
-                             ("ln2_w", [hidden], b.placements()), ("ln2_b", [hidden], b.placements()),
-                             ("w_fc1", [ffn, hidden], col), ("b_fc1", [ffn], col),
-                             ("w_fc2", [hidden, ffn], row), ("b_fc2", [hidden], b.placements())):
-            b.param(p + w, shape, pl)
-        h = b.node(p + "h", "layer_norm", [x, p + "ln1_w", p + "ln1_b"], eps=1e-5)
-        proj = _attention(b, p, x, h, batch, seq, hidden, heads, heads, False, 0, True)
+        p, w = f"l{i}_", gpt_layer_names(i)
+        for role, shape, pl in _gpt_layer_params(b, hidden, ffn):
+            b.param(w[role], shape, pl)
+        h = b.node(p + "h", "layer_norm", [x, w["ln_1.weight"], w["ln_1.bias"]], eps=1e-5)
+        qkv = _conv1d(b, p + "qkv", h, w, "attn.c_attn")
+        b.node(p + "qkv_split", "split", [qkv], split_size_or_sections=[hidden] * 3, axis=-1)
+        q, k, v = (_heads(b, p, name, f"{p}qkv_split:{j}", batch, seq, heads, hidden // heads)
+                   for j, name in enumerate("qkv"))
+        merged = _attend(b, p, q, k, v, batch, seq, hidden, False, 0, "all_gather")
+        proj = _conv1d(b, p + "attn_out", merged, w, "attn.c_proj")
         proj = b.node(p + "attn_drop", "dropout", [proj], p=dropout, seed=next(seeds))
         x1 = b.node(p + "res1", "add", [x, proj])
-        h2 = b.node(p + "h2", "layer_norm", [x1, p + "ln2_w", p + "ln2_b"], eps=1e-5)
-        fc1 = b.node(p + "fc1", "linear", [h2, p + "w_fc1", p + "b_fc1"])
-        act = b.node(p + "gelu", "gelu", [fc1])
-        fc2 = b.node(p + "fc2", "linear", [act, p + "w_fc2", p + "b_fc2"])
+        h2 = b.node(p + "h2", "layer_norm", [x1, w["ln_2.weight"], w["ln_2.bias"]], eps=1e-5)
+        act = b.node(p + "gelu", "gelu", [_conv1d(b, p + "fc1", h2, w, "mlp.c_fc")])
+        fc2 = _conv1d(b, p + "fc2", act, w, "mlp.c_proj")
         fc2 = b.node(p + "mlp_drop", "dropout", [fc2], p=dropout, seed=next(seeds))
         x = b.node(p + "out", "add", [x1, fc2])
-    b.param("final_ln_w", [hidden], b.placements())
-    b.param("final_ln_b", [hidden], b.placements())
-    h = b.node("final_h", "layer_norm", [x, "final_ln_w", "final_ln_b"], eps=1e-5)
-    return b.spec([_lm_head(b, h, vocab, hidden, True)])
+    b.param(GPT_LN_F + ".weight", [hidden], b.placements())
+    b.param(GPT_LN_F + ".bias", [hidden], b.placements())
+    h = b.node("final_h", "layer_norm", [x, GPT_LN_F + ".weight", GPT_LN_F + ".bias"], eps=1e-5)
+    return b.spec([_lm_head(b, h, vocab, hidden, GPT_WTE)])
 
 
-def _dense_moe_layer(b: _Builder, p: str, x: str, batch: int, seq: int, hidden: int, heads: int, kv_heads: int,
-                     mode: int, ffn: int) -> str:
-    """One of ``moe_spec``'s first dense layers: attention and a SwiGLU MLP; the name of its output."""
-    col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
-    for w, shape, pl in (("w_gate", [ffn, hidden], col), ("w_up", [ffn, hidden], col),
-                         ("w_down", [hidden, ffn], row)):
-        b.param(p + w, shape, pl)
-    h = b.node(p + "h", "rms_norm", [x, p + "norm1"], eps=1e-6)
-    proj = _attention(b, p, x, h, batch, seq, hidden, heads, kv_heads, True, mode, False)
-    x1 = b.node(p + "res1", "add", [x, proj])
-    h2 = b.node(p + "h2", "rms_norm", [x1, p + "norm2"], eps=1e-6)
-    gate = b.node(p + "gate", "linear", [h2, p + "w_gate"])
-    up = b.node(p + "up", "linear", [h2, p + "w_up"])
-    down = b.node(p + "down", "linear", [b.node(p + "swiglu", "silu_mul", [gate, up]), p + "w_down"])
-    return b.node(p + "out", "add", [x1, down])
+def moe_layer_names(i: int) -> dict[str, str]:
+    """MoE decoder layer ``i``'s parameter names by role, as Hugging Face's Mixtral, Qwen3-MoE and
+    DeepSeek-V3 have them (transformers 5): the router ``mlp.gate.weight`` ``(E, H)``, the experts'
+    fused gate and up projections ``mlp.experts.gate_up_proj`` ``(E, 2F, H)`` (gate the first F
+    rows) and ``mlp.experts.down_proj`` ``(E, H, F)``, each expert's ``(out, in)`` as ``nn.Linear``;
+    DeepSeek-V3's ``mlp.shared_experts.*_proj.weight``; a dense layer's MLP is Llama's.
+
+    >>> moe_layer_names(1)["gate_up"]
+    'model.layers.1.mlp.experts.gate_up_proj'
+    """
+    p = f"model.layers.{i}.mlp."
+    return {**llama_layer_names(i), "router": p + "gate.weight", "gate_up": p + "experts.gate_up_proj",
+            "e_down": p + "experts.down_proj", "s_gate": p + "shared_experts.gate_proj.weight",
+            "s_up": p + "shared_experts.up_proj.weight", "s_down": p + "shared_experts.down_proj.weight"}
 
 
 def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep", 2), ("tp", 2)),
@@ -356,35 +439,33 @@ def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep
     if batch % (size["dp"] * size["ep"]) or tokens % groups:
         groups = 1  # tokens that do not cut into whole groups are gathered for the dispatch
     if full:
-        x = _lm_inputs(b, batch, seq, vocab, hidden, b.placements(dp="S(0)", ep="S(0)"))
+        x = _lm_inputs(b, batch, seq, vocab, hidden, b.placements(dp="S(0)", ep="S(0)"), LLAMA_EMBED)
     else:
         x = b.param("x", [batch, seq, hidden], act)
     _rope_inputs(b, seq, hidden // heads, None)
-    col, row = b.placements(tp="S(0)"), b.placements(tp="S(1)")
     routing = {"num_experts": experts, "capacity_factor": capacity_factor, "groups": groups}
     if capacity_scope != "global":
         routing["capacity_scope"] = capacity_scope
     for i in range(layers):
-        p = f"l{i}_"
-        _llama_attention_params(b, p, hidden, heads, kv_heads)
+        p, w = f"l{i}_", moe_layer_names(i)
+        _llama_attention_params(b, w, hidden, heads, kv_heads)
         if i < dense_layers:  # a dense SwiGLU MLP, Megatron's column- and row-parallel linears
-            x = _dense_moe_layer(b, p, x, batch, seq, hidden, heads, kv_heads, mode, dense_ffn or ffn)
+            _swiglu_params(b, w, hidden, dense_ffn or ffn)
+            x = _llama_layer(b, p, w, x, batch, seq, hidden, heads, kv_heads, mode)
             continue
-        b.param(p + "router", [experts, hidden], b.placements())
-        b.param(p + "e_gate", [experts, hidden, ffn], b.placements(ep="S(0)", tp="S(2)"))
-        b.param(p + "e_up", [experts, hidden, ffn], b.placements(ep="S(0)", tp="S(2)"))
-        b.param(p + "e_down", [experts, ffn, hidden], b.placements(ep="S(0)", tp="S(1)"))
+        b.param(w["router"], [experts, hidden], b.placements())
+        # each tp rank holds its F / tp rows of the gate half and of the up half: the strided shard
+        b.param(w["gate_up"], [experts, 2 * ffn, hidden], b.placements(ep="S(0)", tp="_S(1,2)"))
+        b.param(w["e_down"], [experts, hidden, ffn], b.placements(ep="S(0)", tp="S(2)"))
         if shared_experts:
-            shared = shared_experts * ffn
-            for w, shape, pl in (("s_gate", [shared, hidden], col), ("s_up", [shared, hidden], col),
-                                 ("s_down", [hidden, shared], row)):
-                b.param(p + w, shape, pl)
-        h = b.node(p + "h", "rms_norm", [x, p + "norm1"], eps=1e-6)
-        proj = _attention(b, p, x, h, batch, seq, hidden, heads, kv_heads, True, mode, False)
+            _swiglu_params(b, {role: w["s_" + role] for role in ("gate", "up", "down")}, hidden,
+                           shared_experts * ffn)
+        h = b.node(p + "h", "rms_norm", [x, w["norm1"]], eps=1e-6)
+        proj = _attention(b, p, w, h, batch, seq, hidden, heads, kv_heads, mode)
         x1 = b.node(p + "res1", "add", [x, proj])
-        h2 = b.node(p + "h2", "rms_norm", [x1, p + "norm2"], eps=1e-6)
+        h2 = b.node(p + "h2", "rms_norm", [x1, w["norm2"]], eps=1e-6)
         t = b.node(p + "tokens", "reshape", [h2], shape=[tokens, hidden])
-        logits = b.node(p + "router_logits", "linear", [t, p + "router"])
+        logits = b.node(p + "router_logits", "linear", [t, w["router"]])
         if router == "softmax":
             scores = b.node(p + "scores", "softmax", [logits], axis=-1)
         else:
@@ -396,21 +477,21 @@ def moe_spec(layers: int = 1, mesh: Sequence[tuple[str, int]] = (("dp", 2), ("ep
         # expert parallelism, as Megatron moves the tokens: the all-to-all on ep, then an all-gather on tp
         # before the column-parallel experts (the reshard pass inserts the combine's moves back)
         buf = b.node(p + "to_experts", "redistribute", [buf], placements=b.placements(dp="S(1)", ep="S(0)"))
-        gate = b.node(p + "e_gate_out", "batch_matmul", [buf, p + "e_gate"])
-        up = b.node(p + "e_up_out", "batch_matmul", [buf, p + "e_up"])
-        e_act = b.node(p + "e_swiglu", "silu_mul", [gate, up])
-        e_down = b.node(p + "e_down_out", "batch_matmul", [e_act, p + "e_down"])
+        gate_up = b.node(p + "e_gate_up_out", "batch_matmul", [buf, w["gate_up"]], transpose_b=True)
+        b.node(p + "e_gate_up", "split", [gate_up], split_size_or_sections=[ffn, ffn], axis=-1)
+        e_act = b.node(p + "e_swiglu", "silu_mul", [p + "e_gate_up:0", p + "e_gate_up:1"])
+        e_down = b.node(p + "e_down_out", "batch_matmul", [e_act, w["e_down"]], transpose_b=True)
         moe = b.node(p + "combine", "moe_combine", [e_down, p + "topk:1", weights], **routing)
         if shared_experts:
-            s_gate = b.node(p + "s_gate_out", "linear", [t, p + "s_gate"])
-            s_up = b.node(p + "s_up_out", "linear", [t, p + "s_up"])
+            s_gate = b.node(p + "s_gate_out", "linear", [t, w["s_gate"]])
+            s_up = b.node(p + "s_up_out", "linear", [t, w["s_up"]])
             s_act = b.node(p + "s_swiglu", "silu_mul", [s_gate, s_up])
-            s_down = b.node(p + "s_down_out", "linear", [s_act, p + "s_down"])
+            s_down = b.node(p + "s_down_out", "linear", [s_act, w["s_down"]])
             moe = b.node(p + "moe_sum", "add", [moe, s_down])
         y = b.node(p + "moe_out", "reshape", [moe], shape=[batch, seq, hidden])
         x = b.node(p + "out", "add", [x1, y])
     if not full:
         return b.spec([x])
-    b.param("final_norm", [hidden], b.placements())
-    h = b.node("final_h", "rms_norm", [x, "final_norm"], eps=1e-6)
-    return b.spec([_lm_head(b, h, vocab, hidden, tie_embeddings)])
+    b.param(LLAMA_NORM, [hidden], b.placements())
+    h = b.node("final_h", "rms_norm", [x, LLAMA_NORM], eps=1e-6)
+    return b.spec([_lm_head(b, h, vocab, hidden, LLAMA_EMBED if tie_embeddings else None)])

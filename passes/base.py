@@ -6,7 +6,7 @@ is a :class:`GraphPass` with a ``name`` and ``apply(graph, ctx) -> PassResult``;
 a new graph), says what it noticed in ``ctx.notes`` and hands its own record (a
 ``CheckResult``, an ``ExpandResult``...) on as :attr:`PassResult.detail`.  ``ctx`` is the
 :class:`~.pass_manager.PassContext` every pass of one run shares (the propagation cache, the
-cluster, the notes, the options); :class:`~.pass_manager.PassPipeline` runs passes in order.
+notes, the options); :class:`~.pass_manager.PassPipeline` runs passes in order.
 Each pass keeps its own ``run(graph)`` (the typed result the tests and commands read);
 ``apply`` is the one shape a pipeline sees.  This module imports no pass: every pass imports it.
 """

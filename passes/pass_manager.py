@@ -4,7 +4,7 @@ A :class:`PassPipeline` (as xDSL's ``PassPipeline``) runs :class:`~.base.GraphPa
 each on the graph the one before gave, skipping a pass whose ``applies(ctx)`` is false; it keeps
 each pass's detail in ``ctx.results`` under the pass's name and, with ``ctx.options.verify``,
 runs the graph verifier after every transforming pass.  Whatever several passes of one run
-share (the propagation cache, the cluster, the notes, the options) is one :class:`PassContext`,
+share (the propagation cache, the notes, the options) is one :class:`PassContext`,
 not threaded through constructors.
 
 Examples
@@ -46,14 +46,15 @@ class PassContext:
 
     ``cache``: the propagation cache (rule results by value), held by ``propagate``, the one
     :class:`~layout_prop.passes.propagate.Propagate` every pass of the run propagates with;
-    ``cluster``: the cluster profile a pass that prices time reads (None: bytes);
     ``notes``: what the passes said, in the order they said it; ``results``: each pass's
     detail (its own result record) by its name, the last run of a name kept.
+
+    It holds no cluster profile: no pass prices time (the analysis prices moves in bytes), and
+    what does takes its cluster as an argument (``planner.solver.solve``, ``perf.step.estimate_step``).
     """
 
     options: AnalysisOptions = field(default_factory=AnalysisOptions)
     cache: dict = field(default_factory=dict)
-    cluster: Any = None
     notes: list[str] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
     propagate: Any = None

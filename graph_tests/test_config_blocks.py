@@ -291,8 +291,9 @@ def test_check_applies_zero3_and_recompute_with_backward(tmp_path, capsys):
     assert config["zero"] == {"stage": 3, "axes": ["dp"]} and config["backward_applied"]
     assert config["zero_gathers"] == PARAMS and config["zero_regathers"] > 0 and config["recompute_copies"] > 0
     assert any(name.startswith("zero/gather/") for name in data["tensors"])
-    stored = data["tensors"]["l0_wq"]["placements"]
-    assert stored != data["tensors"]["zero/gather/l0_wq"]["placements"]  # stored sharded over dp, gathered whole
+    q = "model.layers.0.self_attn.q_proj.weight"
+    stored = data["tensors"][q]["placements"]
+    assert stored != data["tensors"]["zero/gather/" + q]["placements"]  # stored sharded over dp, gathered whole
     assert "config: ZeRO stage 3 over dp, recompute full: checked ZeRO stage 3 over dp (21 gathers" in \
         data["notes"][-1]
     code, text, err = _cli(["check", path, "--reshard", "--backward"], capsys)
@@ -369,7 +370,7 @@ def test_run_executes_zero_and_recompute_against_the_plain_graph(tmp_path, capsy
 
 
 def test_run_catches_a_wrong_zero_graph(tmp_path, capsys, monkeypatch):
-    """The comparison is not vacuous: a ZeRO gather wired to the wrong weight (l0_wk for l0_wq, the same
+    """The comparison is not vacuous: a ZeRO gather wired to the wrong weight (k_proj for q_proj, the same
     shape) runs, and differs from the spec's graph on one device."""
     import layout_prop.workflows.blocks as blocks_module
     from layout_prop.core.graph import Graph, Node
@@ -380,8 +381,9 @@ def test_run_catches_a_wrong_zero_graph(tmp_path, capsys, monkeypatch):
         g = real(graph, blocks)
         nodes = {}
         for node in g.topo_order():
-            if node.name == "zero/gather/l0_wq":
-                node = Node(node.name, node.op, ("l0_wk",), dict(node.attrs), node.num_outputs, dict(node.meta))
+            if node.name == "zero/gather/model.layers.0.self_attn.q_proj.weight":
+                k = "model.layers.0.self_attn.k_proj.weight"
+                node = Node(node.name, node.op, (k,), dict(node.attrs), node.num_outputs, dict(node.meta))
             nodes[node.name] = node
         return Graph.from_nodes(g.mesh, nodes, g.outputs, g.meta)
 

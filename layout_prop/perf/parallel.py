@@ -23,7 +23,10 @@ functions here, each from a published equation:
   parameters by ``N_d``) and section 7 (stages 1 and 2 move ``2 psi`` a step as data
   parallelism does, stage 3 ``3 psi``);
 - point-to-point activation transfers between stages and the data-parallel gradient
-  synchronisation priced with the cluster's links (:mod:`layout_prop.perf.collectives`).
+  synchronisation priced with the cluster's links (:mod:`layout_prop.perf.collectives`);
+- the memory-bound passes over the parameters that no layer's graph holds, at their byte count
+  through HBM: the gradient accumulation over micro-batches (:func:`accumulation_time`) and the
+  optimizer step (:func:`optimizer_time`).
 
 Examples
 --------
@@ -43,7 +46,8 @@ from .collectives import collective_time
 __all__ = ["SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "bubble_fraction", "pipeline_time", "pipeline_makespan",
            "critical_moves", "inflight_microbatches",
            "activation_bytes_per_layer", "layer_activation_bytes", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
-           "grad_sync_time", "zero_sync_parts", "zero3_gather_time", "optimizer_state_bytes_per_param", "ceil_div"]
+           "grad_sync_time", "zero_sync_parts", "zero3_gather_time", "optimizer_state_bytes_per_param", "ceil_div",
+           "accumulation_time", "optimizer_bytes_per_param", "optimizer_time"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -251,6 +255,50 @@ def optimizer_state_bytes_per_param(itemsize: int) -> int:
     (12, 8)
     """
     return 8 + (4 if itemsize < 4 else 0)
+
+
+def optimizer_bytes_per_param(itemsize: int) -> int:
+    """Bytes Adam moves through HBM a parameter and step (Kingma and Ba, "Adam", ICLR 2015, algorithm 1: the update
+    reads the gradient, the parameter and the two moments and writes the parameter and the moments), with the
+    states as mixed-precision training keeps them (Micikevicius et al., "Mixed Precision Training", ICLR 2018: a
+    float32 master copy of a 16-bit parameter, updated in float32, then copied to the 16-bit weights): the
+    gradient read (``itemsize``), the parameter (or its float32 master) and the moments read and written (6 items
+    of the parameter's dtype, at least float32), and for a 16-bit model the 16-bit copy written (``itemsize``).
+
+    >>> optimizer_bytes_per_param(4), optimizer_bytes_per_param(2), optimizer_bytes_per_param(8)
+    (28, 28, 56)
+    """
+    return itemsize + 6 * max(itemsize, 4) + (itemsize if itemsize < 4 else 0)
+
+
+def optimizer_time(param_bytes: float, itemsize: int, cluster: Cluster) -> float:
+    """Seconds of the optimizer step over ``param_bytes`` of parameters of ``itemsize`` bytes on one device: the
+    bytes :func:`optimizer_bytes_per_param` says, through HBM at the profile's ``memory_efficiency``.
+
+    >>> from layout_prop.perf.clusters import get_cluster
+    >>> round(optimizer_time(2e9, 2, get_cluster("a100-80g")) * 1e3, 2)  # 1e9 16-bit parameters: 28 GB, ms
+    17.17
+    """
+    return param_bytes / itemsize * optimizer_bytes_per_param(itemsize) / (cluster.hbm_bytes_per_s
+                                                                           * cluster.memory_efficiency)
+
+
+def accumulation_time(grad_bytes: float, micro_batches: int, cluster: Cluster) -> float:
+    """Seconds a device spends summing ``micro_batches`` micro-batches' weight gradients (``grad_bytes`` each):
+    every micro-batch after the first adds its gradient into the accumulated one, reading both and writing one
+    (PyTorch's autograd accumulates a leaf's gradient into its ``.grad``, torch.Tensor.backward; MindSpore's
+    gradient accumulation and Megatron-LM's ``main_grad`` buffers likewise), a memory-bound pass at the
+    profile's ``memory_efficiency`` of HBM. With ZeRO stages 2 and 3 the gradient is reduce-scattered every
+    micro-batch and the shard is accumulated (the caller passes the shard's bytes).
+
+    >>> from layout_prop.perf.clusters import get_cluster
+    >>> a100 = get_cluster("a100-80g")
+    >>> accumulation_time(1e9, 1, a100), round(accumulation_time(1e9, 5, a100) * 1e3, 2)  # 4 adds of 3 GB: ms
+    (0.0, 7.36)
+    """
+    if micro_batches <= 1 or grad_bytes <= 0:
+        return 0.0
+    return (micro_batches - 1) * 3 * grad_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
 
 
 def zero_model_state_bytes(params: int, stage: int, dp: int, itemsize: int = 2) -> float:

@@ -24,8 +24,14 @@ pieces the larger share, so rank 0 holds the largest piece of every uneven shard
   op that is communication (a ring attention's ``ring_shift``: its rule's ``comm_steps``, a
   cyclic permute) is priced as its steps, all exposed: no overlap of a ring's permutes with
   its blocks' compute is modelled;
-- the optimizer: AdamW reads the parameter, its gradient and two states and writes the
-  parameter and the states (7 times the parameters' bytes through HBM).
+- the gradient accumulation: with more than one micro-batch a step, each micro-batch after the
+  first adds its weight gradients into the accumulated ones (read both, write one: three times
+  the gradients' bytes through HBM, :func:`~layout_prop.perf.parallel.accumulation_time`),
+  counted in the backward (autograd accumulates there);
+- the optimizer: AdamW reads the gradient, the parameter and two states and writes the parameter
+  and the states, the parameter and states in float32 (a master copy of a 16-bit parameter, its
+  16-bit copy written too): 28 bytes a parameter through HBM for float32 and 16-bit models alike
+  (:func:`~layout_prop.perf.parallel.optimizer_bytes_per_param`).
 
 ZeRO (``zero``, a :class:`~layout_prop.passes.zero.ZeroConfig`; the graph transformed by
 :class:`~layout_prop.passes.zero.Zero` and finished by :func:`~layout_prop.passes.zero.finish`):
@@ -63,6 +69,7 @@ from .calibration import CALIBRATION
 from .clusters import Cluster
 from .collectives import collective_time
 from .costs import cost_class, op_cost, op_time
+from .parallel import accumulation_time, optimizer_time
 
 __all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE", "TrainingBlock", "parse_training"]
 
@@ -320,17 +327,18 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     if recompute == "full":
         recompute_s = acc * (times["forward"] + forward_comm)
         recompute_flops = flops["forward"]
-    param_bytes = sum(value_spec(graph, p).local_nbytes(0) for p in params)
+    local = {p: value_spec(graph, p) for p in params}
+    updated = {p: spec.local_nbytes(0) for p, spec in local.items()}  # what the optimizer updates on this rank
     after_update = 0.0  # stages 1 and 2: the updated shards all-gathered, after the optimizer
     if stage in (1, 2):
         from layout_prop.core.spec import TensorSpec
         from layout_prop.passes.zero import shard_layouts
 
-        param_bytes = 0
+        updated = {}
         for name, layout in shard_layouts(graph, zero).items():
             spec = value_spec(graph, name)
             shard = TensorSpec(spec.shape, spec.dtype, layout)
-            param_bytes += shard.local_nbytes(0)
+            updated[name] = shard.local_nbytes(0)
             for step in plan_redistribution(shard, spec.layout).steps:
                 after_update += collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
     if stage >= 2:  # reduce-scattered (and, stage 3, gathered) every micro-batch, overlapped with its compute
@@ -345,7 +353,10 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
         grad_sync += acc * gathers
     grad_sync += after_update
     exposed_sync += after_update
-    optimizer_s = 7 * param_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+    optimizer_s = sum(optimizer_time(nbytes, local[p].itemsize, cluster) for p, nbytes in updated.items())
+    # the micro-batches' weight gradients summed (stages 2 and 3: the reduce-scattered shard), in the backward
+    accumulated = sum(updated.values()) if stage >= 2 else sum(spec.local_nbytes(0) for spec in local.values())
+    accumulate_s = accumulation_time(accumulated, acc, cluster)
     model_dtype = max(dtypes, key=dtypes.get) if dtypes else "float32"
     memory = Memory(optimizer="adam", zero=zero).run(graph).max.total
     notes = []
@@ -361,7 +372,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     step_flops = acc * (flops["forward"] + flops["backward"] + recompute_flops) * devices
     return StepEstimate(
         cluster=cluster.name, devices=devices, accumulation=acc, forward_s=acc * times["forward"],
-        backward_s=acc * times["backward"], recompute_s=recompute_s, communication=comm, grad_sync_s=grad_sync,
+        backward_s=acc * times["backward"] + accumulate_s, recompute_s=recompute_s, communication=comm, grad_sync_s=grad_sync,
         grad_sync_exposed_s=exposed_sync, optimizer_s=optimizer_s, flops_per_step=step_flops,
         peak_flops=cluster.peak_flops(model_dtype), memory_per_rank_bytes=memory, hbm_bytes=cluster.hbm_bytes,
         top_ops=top, notes=notes, zero_stage=stage, zero_gather_s=acc * gathers)

@@ -19,8 +19,8 @@ How a candidate is priced (not one whole-graph estimate per candidate):
 3. :mod:`layout_prop.perf.parallel` composes the step: the busiest stage's layers, the
    pipeline bubble of the schedule, the point-to-point transfers between stages, the
    data-parallel gradient synchronisation overlapped with the backward and its ZeRO
-   variant, the optimizer, recomputation; and the memory per rank: the ZeRO model states
-   and the activations in flight.
+   variant, the gradient accumulation over micro-batches, the optimizer, recomputation; and
+   the memory per rank: the ZeRO model states and the activations in flight.
 
 The mapping of mesh axes onto the cluster is the order of the axes, outermost first
 (:data:`DEFAULT_ORDER`: ``pp, dp, ep, cp, tp``): ranks are numbered row-major over that
@@ -55,7 +55,8 @@ AXES = ("pp", "dp", "ep", "cp", "tp")
 DEFAULT_ORDER = AXES
 MICRO_BATCHES = (1, 2, 4, 8)
 VIRTUAL_STAGES = (2, 3, 4)
-_TIME_PARTS = ("compute_s", "recompute_s", "comm_s", "p2p_s", "bubble_s", "grad_sync_exposed_s", "optimizer_s")
+_TIME_PARTS = ("compute_s", "recompute_s", "comm_s", "p2p_s", "bubble_s", "accumulate_s", "grad_sync_exposed_s",
+               "optimizer_s")
 _LAYER_NUMBER = re.compile(r"^(.*?\D|)(\d+)(\D.*)$")
 
 
@@ -298,7 +299,8 @@ class SearchResult:
         key = max(diffs, key=lambda k: diffs[k])
         what = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
                 "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
-                "optimizer_s": "optimizer", "recompute_s": "recomputation"}.get(key, key)
+                "optimizer_s": "optimizer", "recompute_s": "recomputation",
+                "accumulate_s": "gradient accumulation"}.get(key, key)
         return (f"#1 is {format_seconds(b.step_time_s - a.step_time_s)} faster than #2 ({b.config.label()}): "
                 f"its {what} is {format_seconds(diffs[key])} shorter")
 
@@ -1331,7 +1333,7 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
             # (hidden by the forward, the backward and the recomputation, as the step model hides them)
             hidden = st["fwd"] + st["bwd"] + st["recompute"]
             st_exposed = m * max(per_mb - hidden, reduce_one + first) + st["ep_sync"]
-        st_optimizer = 7 * grads / shard / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+        st_optimizer = par.optimizer_time(grads / shard, model.itemsize, cluster)
         if st_exposed + st_optimizer >= exposed + optimizer:
             exposed, sync, optimizer = st_exposed, st_sync, st_optimizer
         # memory per rank: model states (ZeRO over dp) and the activations the schedule keeps in flight (the
@@ -1342,14 +1344,19 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
             st_activations += st["working"]  # the layer being recomputed holds its activations
         if st_states + st_activations > memory:
             memory, states, activations = st_states + st_activations, st_states, st_activations
-    step = pipe + exposed + optimizer
+    # the weight gradients summed over the micro-batches (perf/parallel.py accumulation_time: m - 1 adds of a
+    # stage's gradients, with ZeRO 2 and 3 of the reduce-scattered shard), the longest stage's, after the schedule
+    # as estimate of a pipelined spec adds it (without a pipeline estimate counts it in the backward: the same sum)
+    accumulate = max(par.accumulation_time(st["params"] / (c.dp if c.zero >= 2 else 1), m, cluster) for st in stages)
+    step = pipe + accumulate + exposed + optimizer
     n_dense = model.dense_layers if dense is not None else 0
     layer_flops = (model.layers - n_dense) * layer.flops + (n_dense * dense.flops if n_dense else 0)
     flops = (layer_flops + rest.flops) * m * c.dp
     tflops = flops / step / c.devices / 1e12 if step > 0 else 0.0
     peak = cluster.peak_flops(model.dtype)
     parts = {"compute_s": m * (fwd + bwd), "recompute_s": m * recompute, "comm_s": m * comm, "p2p_s": p2p_exposed,
-             "bubble_s": bubble, "grad_sync_s": sync, "grad_sync_exposed_s": exposed, "optimizer_s": optimizer,
+             "bubble_s": bubble, "accumulate_s": accumulate,
+             "grad_sync_s": sync, "grad_sync_exposed_s": exposed, "optimizer_s": optimizer,
              "micro_batches": m, "layers_per_stage": par.ceil_div(model.layers, c.pp), "model_states_bytes": states,
              "activation_bytes": activations}
     return Candidate(config=c, step_time_s=step, memory_bytes=memory, tflops_per_device=tflops,

@@ -140,9 +140,11 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     times the schedule with them and the largest move's time on every edge between stages.  Then, per stage,
     as ``perf.step.estimate_step`` places them: the gradient synchronisation of the stage's parameters (once
     a step after the backward, overlapped with it, at least the last; ZeRO 2 and 3 every micro-batch), ZeRO
-    1 and 2's all-gather of the updated shards, and AdamW on the stage's parameters.  The step is the
-    simulated schedule plus the slowest stage's sync and optimizer; the memory is the busiest stage's: its
-    parameters' share of the model states (passes.memory with the ZeRO config) and the most activations its
+    1 and 2's all-gather of the updated shards, AdamW on the stage's parameters, and the sum of the
+    micro-batches' weight gradients (``perf.parallel.accumulation_time``: ``accumulate_s``, the longest stage's,
+    added to the step after the schedule, as plan --search adds it; estimate_step counts the same in its
+    backward).  The step is the simulated schedule plus the accumulation and the slowest stage's sync and
+    optimizer; the memory is the busiest stage's: its parameters' share of the model states (passes.memory with the ZeRO config) and the most activations its
     order holds at once (each chunk's values held from its forward into its backward, ``held_values``).
     """
     from layout_prop.core import meta
@@ -155,6 +157,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     from layout_prop.passes.schedule import bubble_fraction, simulate
     from layout_prop.perf.calibration import CALIBRATION
     from layout_prop.perf.collectives import collective_time
+    from layout_prop.perf.parallel import accumulation_time, optimizer_time
     from layout_prop.perf.step import accumulation_steps
 
     from .pipeline import build
@@ -268,17 +271,20 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             least = last + (first_gather[s] or 0.0)
             exposed = m * (max(per_mb - hide_f - hide_b - hide_r, least) if overlap else per_mb)
             total = m * per_mb
-        after, opt_bytes = 0.0, 0
+        after, optimizer, grads = 0.0, 0.0, 0
         for name in mine:
             spec = value_spec(g, name)
             if name in shards:
                 shard = TensorSpec(spec.shape, spec.dtype, shards[name])
-                opt_bytes += shard.local_nbytes(0)
+                optimizer += optimizer_time(shard.local_nbytes(0), spec.itemsize, cluster)
+                grads += shard.local_nbytes(0) if stage == 2 else param_bytes[name]
                 for step in plan_redistribution(shard, spec.layout).steps:
                     after += collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
             else:
-                opt_bytes += param_bytes[name]
-        optimizer = 7 * opt_bytes / (cluster.hbm_bytes_per_s * cluster.memory_efficiency)
+                optimizer += optimizer_time(param_bytes[name], spec.itemsize, cluster)
+                grads += param_bytes[name]
+        # the micro-batches' weight gradients summed (m - 1 adds; ZeRO 2 and 3: of the reduce-scattered shard)
+        accumulate = accumulation_time(grads, m, cluster)
         share = sum(param_bytes[name] for name in counted) / total_params
         live = peak = 0
         for task in pprog.orders[s]:
@@ -286,12 +292,14 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             peak = max(peak, live)
         stages.append({"stage": s, "chunks": own, "forward_s": fwd, "backward_s": bwd, "parameters": len(mine),
                        "grad_sync_s": total + after, "grad_sync_exposed_s": exposed + after, "optimizer_s": optimizer,
+                       "accumulate_s": accumulate,
                        "model_states_bytes": int(round(states_all * share)), "held_bytes_per_micro_batch":
                        [held[ch] for ch in own], "activation_bytes": peak,
                        "memory_bytes": int(round(states_all * share)) + peak})
     slowest = max(stages, key=lambda st: st["grad_sync_exposed_s"] + st["optimizer_s"])
     busiest = max(stages, key=lambda st: st["memory_bytes"])
-    step = timeline.makespan + slowest["grad_sync_exposed_s"] + slowest["optimizer_s"]
+    accumulate = max(st["accumulate_s"] for st in stages)  # every stage sums its own: the step waits for the longest
+    step = timeline.makespan + accumulate + slowest["grad_sync_exposed_s"] + slowest["optimizer_s"]
     # FLOPs of the step: each stage-mesh rank's piece of every chunk, m micro-batches, on every stage-mesh rank
     step_flops = flops.get("total", 0.0) * m * pprog.program.mesh.size
     tflops = step_flops / step / graph.mesh.size / 1e12 if step > 0 else 0.0
@@ -314,6 +322,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
                             for key, t in sorted(t_move.items(), key=lambda kv: (kv[0][:2], len(kv[0])))},
             "chunk_forward_s": forward, "chunk_backward_s": backward,
             "grad_sync_exposed_s": slowest["grad_sync_exposed_s"], "optimizer_s": slowest["optimizer_s"],
+            "accumulate_s": accumulate,
             "slowest_stage": slowest["stage"], "memory_per_rank_bytes": busiest["memory_bytes"],
             "busiest_stage": busiest["stage"], "hbm_bytes": cluster.hbm_bytes, "stages": stages, "notes": notes,
             "model_error": CALIBRATION.to_dict()}

@@ -121,6 +121,14 @@ LAUNCH = ("not priced (0): a kernel's fixed cost (about 1 us when launches overl
           "small graphs by 15-20% while the calibration rows moved by 0.4%")
 ASCEND_REPORT = ("third-party report (boardor.com, 'Huawei Ascend 910B outperforms H20', 2024): FP16 about "
                  "320 TFLOPS, 64 GB HBM2e; no vendor datasheet of the 910B was reachable")
+CANN_CORES = ("Huawei CANN documentation (hiascend.com: ATC tool, option --aicore_num, and the Ascend C programming "
+              "guide's hardware architecture): the platform_config .ini of an Atlas A2 training product lists "
+              "ai_core_cnt=24, cube_core_cnt=24, vector_core_cnt=48 (the A2's AI core split into a cube core and "
+              "two vector cores); each cube unit multiplies a 16 x 16 by a 16 x 16 fp16 block a cycle")
+ASCEND_PEAKS = ("the peak is uncertain: the Gitee AI compute documentation (ai.gitee.com, Ascend 910B) lists 280 "
+                "TFLOPS fp16 for its 910B; the 910B ships in variants (CANN has a platform_config file for 910B1 to "
+                "910B4, 910B4 with 20 AI cores and half the HBM and L2) and no vendor table of their peaks was "
+                "reachable")
 
 BUILTIN: dict[str, Cluster] = {
     "a100-80g": Cluster(
@@ -163,11 +171,11 @@ BUILTIN: dict[str, Cluster] = {
         matmul_efficiency=0.54, memory_efficiency=0.8, link_efficiency=0.8,
         cores=24, gemm_efficiency=round(267.9 / 312, 4), attention_efficiency=(0.73, 0.50), launch_us=0.0,
         l2_GBps=round(2.3 * 2155.0 * 320 / 312, 1),
-        sources={"l2_GBps": "assumed: the A100's (" + L2_A100 + ") per unit of peak FLOP/s","cores": "assumed: 24 AI cores (Da Vinci cube units) for the 910B; no vendor figure was reachable",
+        sources={"l2_GBps": "assumed: the A100's (" + L2_A100 + ") per unit of peak FLOP/s","cores": CANN_CORES,
                  "gemm_tiles": "assumed: the cuBLAS tiles (" + TILES + ")",
                  "gemm_efficiency": "assumed: the A100's measured fraction (" + MAMF + "); no Ascend measurement found",
                  "attention_efficiency": "assumed: the A100 figures (" + FLASH2 + ")", "launch_us": LAUNCH,
-                 "peak_tflops": ASCEND_REPORT + "; float32 assumed a quarter of float16",
+                 "peak_tflops": ASCEND_REPORT + "; float32 assumed a quarter of float16; " + ASCEND_PEAKS,
                  "vector_tflops": "assumed (no published vector-unit figure found)",
                  "hbm": ASCEND_REPORT + "; the bandwidth (1.6 TB/s) is an assumption",
                  "intra": "assumed: HCCS inside an Atlas 800T A2, 196 GB/s per NPU each way (unconfirmed)",

@@ -23,9 +23,9 @@ WORLD = 4
 
 
 def _spec(layers: int, schedule: str, micro_batches: int = 4, virtual_stages: int = 1, dp: int = 1,
-          tp: int = 2) -> dict:
+          tp: int = 2, tie_embeddings: bool = False) -> dict:
     spec = llama_spec(layers=layers, mesh=(("pp", 2), ("dp", dp), ("sp", 1), ("tp", tp)), batch=4 * dp, seq=8,
-                      hidden=32, heads=4, ffn=64, full=True, vocab=64)
+                      hidden=32, heads=4, ffn=64, full=True, vocab=64, tie_embeddings=tie_embeddings)
     spec["pipeline"] = {"axis": "pp", "micro_batches": micro_batches, "schedule": schedule,
                         "virtual_stages": virtual_stages}
     return spec
@@ -132,26 +132,43 @@ def test_gpipe_with_recompute_step_equals_one_process(tmp_path):
     _compare(_train(tmp_path, spec, code), spec)
 
 
-def test_1f1b_pp_dp_step_equals_one_process(tmp_path):
+@pytest.mark.parametrize("zero", [None, 3])
+def test_1f1b_pp_dp_step_equals_one_process(tmp_path, zero):
     """pp=2 x dp=2 (tp of size 1 left out): each data-parallel rank cuts its half of the batch into the
-    micro-batches, the parameters are DTensors replicated on dp (their gradients all-reduced there)."""
+    micro-batches; the parameters are DTensors replicated on dp (their gradients all-reduced there), or with
+    ZeRO-3 plain tensors that fully_shard shards over dp (each stage module FSDP2's)."""
     spec = _spec(layers=2, schedule="1f1b", dp=2, tp=1)
+    if zero:
+        spec["zero"] = {"stage": zero}
     code = _export(spec)
-    assert "MESH_DIM_NAMES = ('pp', 'dp')" in code.splitlines() and "MODEL_AXES = ('dp',)" in code.splitlines()
+    model_axes = "()" if zero else "('dp',)"
+    assert "MESH_DIM_NAMES = ('pp', 'dp')" in code.splitlines() and f"MODEL_AXES = {model_axes}" in code.splitlines()
     assert "    'tokens': (Replicate(), Shard(0))," in code.splitlines()
     _compare(_train(tmp_path, spec, code), spec)
 
 
 @pytest.mark.parametrize("change, words", [
     ({"schedule": "1f1b", "micro_batches": 1}, "Schedule1F1B needs at least as many micro-batches as stages"),
-    ({"zero": {"stage": 3}}, "ZeRO stage 3 over"),
+    ({"tie_embeddings": True}, "the parameter {table!r} is read by chunks 0, 1 (a tied weight)"),
 ])
-def test_what_torch_cannot_run_is_one_refusal(change, words):
-    spec = _spec(layers=2, schedule="1f1b", dp=2)
-    spec["pipeline"].update({k: v for k, v in change.items() if k != "zero"})
-    if "zero" in change:
-        spec["zero"] = change["zero"]
+def test_what_torch_cannot_run_is_one_refusal(change, words, tmp_path, capsys):
+    """A tied embedding would be two copies, each stage updating its own with its own gradient term: silently
+    wrong, so refused, as a schedule torch refuses is."""
+    change = dict(change)
+    spec = _spec(layers=2, schedule="1f1b", dp=2, tie_embeddings=change.pop("tie_embeddings", False))
+    spec["pipeline"].update(change)
+    table = next(node["inputs"][1] for node in spec["nodes"] if node["op"] == "embedding")  # gen's name for it
+    words = words.format(table=table)
     with pytest.raises(LayoutPropError) as err:
         _export(spec)
     assert err.value.code == "not-expressible" and words in err.value.message, err.value.message
-    assert "\n" not in str(err.value)
+    from layout_prop.cli import main
+    from layout_prop.io.loader import format_spec
+
+    path = tmp_path / "pp.yaml"
+    path.write_text(format_spec(spec, None))
+    capsys.readouterr()
+    assert main(["export", str(path), "--to", "torch", "--input", "tokens", "--input", "labels"]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and "not-expressible" in err_lines[0] and "the pipeline: block (2 stages on pp, 1f1b" \
+        in err_lines[0] and words in err_lines[0], err_lines

@@ -268,7 +268,13 @@ def pipeline_worker(rank: int, world: int, store: str, spec: dict, code: str, ou
             return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
 
         params = {n: full(p) for m in modules.values() for n, p in m.named_parameters()}
-        loss = None if losses is None else float(sum(full(x) for x in losses) / len(losses))
+        # the step's loss: the mean of the micro-batches' on a last-stage rank, averaged over the last stage's ranks
+        # (each data-parallel rank's is its own batch's with ZeRO; equal on every rank otherwise)
+        mine = torch.zeros(2)
+        if losses is not None:
+            mine += torch.tensor([float(sum(full(x) for x in losses) / len(losses)), 1.0])
+        dist.all_reduce(mine)
+        loss = float(mine[0] / mine[1]) if losses is not None else None
         others = [name for name in plan["MESH_DIM_NAMES"] if name != plan["PP_AXIS"]]
         if all(mesh[name].get_local_rank() == 0 for name in others):
             torch.save({"loss": loss, "params": params, "chunks": sorted(modules)}, os.path.join(out, f"rank{rank}.pt"))

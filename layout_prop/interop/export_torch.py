@@ -38,7 +38,8 @@ axis (``MODEL_AXES``), and the spec's schedule (``ScheduleGPipe``, ``Schedule1F1
 plain tensors, each the local piece of the placements layout-prop checked for that value (partial sums
 included), and the loss's target is placed as the plan places it. What torch's pipelining cannot run is
 refused in one line: a value passed past the next chunk, a model input read past the first chunk (but the
-loss's target), ZeRO beside a pipeline, fewer micro-batches than stages for 1F1B.
+loss's target), a parameter read by two chunks (tied), fewer micro-batches than stages for 1F1B. ZeRO
+beside a pipeline is ``fully_shard`` of each stage's module over ``ZERO_AXES``.
 
 Where torch's own propagation fails on the plan, the export writes the move itself (``SETTLE``,
 ``settle``): an embedding whose table is cut on its rows leaves torch's ``MaskPartial``, whose
@@ -210,14 +211,10 @@ def check_pipeline(plan: ExportPlan) -> None:
     layout-prop cut it: ZeRO beside it (not written), 1F1B with fewer micro-batches than stages
     (``Schedule1F1B`` refuses it), interleaved micro-batches that are no multiple of its rounds, a value passed
     to a chunk past the next (a stage sends to the next stage only), a model input read past the first chunk
-    (the schedule gives them to the first stage) but one target of the last chunk's loss, a partial value
-    sent but as a sum."""
+    (the schedule gives them to the first stage) but one target of the last chunk's loss, a parameter read
+    by two chunks (a tied weight: each stage would update its own copy), a partial value sent but as a sum."""
     c = plan.config
     chunks = plan.chunk_plan
-    if c.zero_stage:
-        raise _pipeline_refused(plan, f"ZeRO stage {c.zero_stage} over {', '.join(c.zero_axes)} beside a pipeline is "
-                                "not written (fully_shard of each stage module is not executed by its tests)",
-                                "take the zero: block or the pipeline: block out of the spec")
     if c.schedule not in SCHEDULES:
         raise _pipeline_refused(plan, f"torch.distributed.pipelining has no {c.schedule} schedule",
                                 f"use one of {', '.join(SCHEDULES)}")
@@ -243,6 +240,18 @@ def check_pipeline(plan: ExportPlan) -> None:
             if any(kind == "P" and arg != "sum" for kind, arg in placement_args(layout)):
                 raise _pipeline_refused(plan, f"{value!r} is sent between stages as {layout.placement_strs()}",
                                         "reduce it before the chunk boundary")
+    readers: dict[str, list[int]] = {}
+    for k in chunks:
+        for name in k.reads:
+            if name in plan.parameters and plan.parameters[name].kind == "parameter":
+                readers.setdefault(name, []).append(k.index)
+    shared = {name: ks for name, ks in readers.items() if len(ks) > 1}
+    if shared:
+        name, ks = next(iter(shared.items()))
+        raise _pipeline_refused(plan, f"the parameter {name!r} is read by chunks {', '.join(map(str, ks))} (a tied "
+                                "weight), and torch's pipelining keeps a copy a stage without summing their "
+                                "gradients", "untie it (gen: without --tie-embeddings), or cut the pipeline so "
+                                "that one chunk reads it")
     first, last = _targets(plan)
     inner = [n for k in chunks[1:-1] for n in k.reads if n in plan.inputs]
     if inner or len(last) > 1:
@@ -449,9 +458,9 @@ def _model_placements(placements):
     return tuple(p for p, name in zip(placements, MESH_DIM_NAMES) if name in MODEL_AXES)
 
 
-def parallelize(model, mesh, names=None):
-    """Styles on mesh[TP_AXIS], or every parameter and buffer a DTensor on the model mesh; then ZeRO.
-    ``names``: place only these parameters and buffers (a pipeline's chunk module holds its chunk's)."""
+def parallelize(model, mesh, names=None, zero=True):
+    """Styles on mesh[TP_AXIS], or every parameter and buffer a DTensor on the model mesh; then ZeRO (unless
+    ``zero`` is false). ``names``: place only these parameters and buffers (a pipeline's chunk module's)."""
     if TP_AXIS is not None:
         sub = mesh[TP_AXIS] if len(MESH_SHAPE) > 1 else mesh
         if PARALLELIZE_PLAN:
@@ -474,7 +483,7 @@ def parallelize(model, mesh, names=None):
             if names is None or any(n.startswith(module_name + ".") for n in names):
                 model.get_submodule(module_name).register_forward_hook(
                     lambda _module, _args, out, value=value: settle(value, out))
-    if ZERO_STAGE:
+    if ZERO_STAGE and zero:
         from torch.distributed.fsdp import fully_shard
 
         fully_shard(model, mesh=_sub(mesh, ZERO_AXES), reshard_after_forward=ZERO_STAGE == 3)
@@ -576,9 +585,13 @@ def pipeline(modules, mesh, loss_fn, device="cpu"):
     stages = []
     for index in sorted(modules):
         chunk = CHUNKS[index]
-        module = parallelize(modules[index], mesh, set(chunk["parameters"]) | set(chunk["buffers"]))
-        stages.append(pipelining.PipelineStage(_Boundary(module, index, mesh), index, len(CHUNKS),
-                                               torch.device(device), group=group))
+        module = parallelize(modules[index], mesh, set(chunk["parameters"]) | set(chunk["buffers"]), zero=False)
+        stage_module = _Boundary(module, index, mesh)
+        if ZERO_STAGE:  # the stage's own module is FSDP2's: the schedule syncs its gradients once a step
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(stage_module, mesh=_sub(mesh, ZERO_AXES), reshard_after_forward=ZERO_STAGE == 3)
+        stages.append(pipelining.PipelineStage(stage_module, index, len(CHUNKS), torch.device(device), group=group))
     target_placements = _model_placements(INPUT_PLACEMENTS[TARGET]) if TARGET is not None else None
     model_mesh = _model_mesh(mesh)
 

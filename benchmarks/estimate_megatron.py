@@ -134,11 +134,19 @@ def gpt_spec(row: Row, micro_batch: int, layers: int, dtype: str = "float16", dr
         x = node(p + "out", "add", [x, down])
     final = node("lnf", "layer_norm", [x, "lnf_w", "lnf_b"])
     logits = node("logits", "linear", [final, "emb"])  # tied to the embedding table, vocab-parallel
+    # the loss as Megatron-LM computed it in 2021: the fp16 logits cast to float32 (output.float(), its default
+    # without --fp16-lm-cross-entropy), then its vocabulary-parallel cross entropy on them (the max and the per-token
+    # parts on each rank's vocabulary slice, combined across tp: the logits never move)
+    inputs["labels"] = {"shape": [batch, SEQ], "dtype": "int64", "placements": ["S(0)", "R"], "requires_grad": False}
+    wide = node("logits_fp32", "cast", [logits], dtype="float32")
+    top = node("logits_max", "max", [wide], dims=[-1])
+    parts = node("loss_parts", "cross_entropy_parts", [wide, "labels", top])
+    loss = node("loss", "cross_entropy_combine", [parts, top, "labels"], num_classes=VOCAB)
     for name in list(inputs):
-        if name not in ("ids",):
+        if name not in ("ids", "labels"):
             inputs[name].setdefault("requires_grad", True)
     return {"mesh": {"shape": [dp, tp], "names": ["dp", "tp"]}, "inputs": inputs, "nodes": nodes,
-            "outputs": [logits]}
+            "outputs": [loss]}
 
 
 def predict(row: Row, cluster, micro_batch: int, layers: int) -> tuple[float, object]:

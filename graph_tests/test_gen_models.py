@@ -1,6 +1,9 @@
 """Whole generated models (issue 28): gen llama --full, gen gpt and gen moe run sharded on 8 ranks
 (simulator, forward and backward) and match one device; gen moe's expert parallelism is the
-all-to-all on ep that check --reshard reports; bad flags are one line and exit 2."""
+all-to-all on ep that check --reshard reports; bad flags are one line and exit 2.  Their parameters
+are named as transformers' LlamaForCausalLM, GPT2LMHeadModel, Mixtral and DeepSeek-V3 name them
+(issue 39; compared with the models where torch and transformers are installed), and every command
+takes the dotted names."""
 
 from __future__ import annotations
 
@@ -378,3 +381,117 @@ def test_bad_configuration_flags_are_one_line_exit_2(capsys, args, needle):
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert out == "" and len(lines) == 1 and needle in lines[0], err
+
+
+# --------------------------------------------------------------------------- names users have (issue 39)
+#: tiny transformers models of gen's default sizes (hidden 32, 4 heads, seq 8, vocab 64), built in a fresh
+#: process whose working directory is not the repository (whose kernels/ would shadow the kernels package
+#: transformers imports): name -> {parameter: shape}
+_HF_MODELS = r"""
+import json, sys
+import transformers as T
+models = {
+    "llama": T.LlamaForCausalLM(T.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8, tie_word_embeddings=False)),
+    "gpt2": T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=8)),
+    "mixtral": T.MixtralForCausalLM(T.MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
+    "deepseek-v3": T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=4,
+        qk_nope_head_dim=4, v_head_dim=8, n_group=1, topk_group=1)),
+}
+out = {name: {"parameters": {n: list(p.shape) for n, p in m.named_parameters()},
+              "modules": [n for n, _ in m.named_modules()]} for name, m in models.items()}
+json.dump({"version": T.__version__, "models": out}, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict:
+    """:data:`_HF_MODELS`' parameters and module names, where torch and transformers are installed."""
+    pytest.importorskip("torch", reason="torch is optional: pip install -e '.[torch]'")
+    pytest.importorskip("transformers", reason="transformers is optional: pip install transformers")
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _HF_MODELS], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path_factory.mktemp("hf"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)["models"]
+
+
+def _parameters(spec: dict) -> dict[str, list[int]]:
+    """The spec's parameters (float inputs taking a gradient) and their shapes."""
+    return {name: list(entry["shape"]) for name, entry in spec["inputs"].items()
+            if entry.get("requires_grad", True) and entry.get("dtype", "float32") not in ("int64", "int32")}
+
+
+def test_gen_llamas_torch_export_names_every_parameter_of_a_transformers_llama(capsys, tmp_path, hf_models):
+    """gen llama --full exported --to torch pastes into transformers' LlamaForCausalLM of the same sizes: the
+    export places exactly the model's parameters, by its names, with its shapes (nn.Linear's (out, in)); its
+    parallelize_module plan names modules the model has; cos and sin are buffers, which the model has not."""
+    from torch.distributed.tensor import Shard
+
+    path = tmp_path / "llama.yaml"
+    assert main(["gen", "llama", "--full", "--layers", "2", "--kv-heads", "2", "--mesh", "dp=2,sp=1,tp=2",
+                 "-o", str(path)]) == 0
+    spec = yaml.safe_load(path.read_text())
+    capsys.readouterr()
+    assert main(["export", str(path), "--to", "torch"]) == 0
+    plan: dict = {}
+    exec(compile(capsys.readouterr().out, "exported_plan.py", "exec"), plan)
+    params = hf_models["llama"]["parameters"]
+    assert len(params) == 1 + 2 * 9 + 2
+    assert sorted(plan["PARAMETER_PLACEMENTS"]) == sorted(params) == sorted(_parameters(spec))
+    for name, placements in plan["PARAMETER_PLACEMENTS"].items():
+        assert spec["inputs"][name]["shape"] == params[name], name
+        assert all(p.dim < len(params[name]) for p in placements if isinstance(p, Shard)), (name, placements)
+    assert plan["PARAMETER_PLACEMENTS"]["model.layers.0.self_attn.k_proj.weight"][-1] == Shard(0)  # out dim on tp
+    assert set(plan["PARALLELIZE_PLAN"]) <= set(hf_models["llama"]["modules"])
+    assert sorted(plan["BUFFER_PLACEMENTS"]) == ["cos", "sin"]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "mixtral", "deepseek-v3"])
+def test_gen_gpt_and_moe_name_their_parameters_as_transformers_does(capsys, model, hf_models):
+    """gen gpt's parameters are GPT2LMHeadModel's (Conv1D weights (in, out), c_attn q|k|v fused, the head tied
+    to wte), gen moe's Mixtral's (transformers 5: mlp.gate, the experts' fused gate_up_proj (E, 2F, H) and
+    down_proj (E, H, F)); with a dense first layer and a shared expert, DeepSeek-V3's MLPs (its attention is
+    multi-head latent attention, which gen does not write: only the MLPs are compared)."""
+    args = {"gpt2": ["gpt", "--layers", "2"], "mixtral": ["moe", "--full", "--layers", "2", "--kv-heads", "2"],
+            "deepseek-v3": ["moe", "--full", "--layers", "2", "--dense-layers", "1", "--shared-experts", "1",
+                            "--router", "sigmoid"]}[model]
+    ours, theirs = _parameters(_generate(capsys, args)), hf_models[model]["parameters"]
+    if model == "deepseek-v3":
+        theirs = {k: v for k, v in theirs.items() if ".mlp." in k}
+        ours = {k: v for k, v in ours.items() if ".mlp." in k}
+        assert len(ours) == 3 + 6  # the dense MLP; the router, two expert tensors, the shared expert's three
+    assert ours == theirs
+def test_every_command_takes_the_dotted_names(capsys, tmp_path):
+    """Names with dots work in every consumer: check, plan, explain, viz and the exports print and write them;
+    a target that cannot place gen gpt's fused c_attn (a strided shard) says so in one line naming it."""
+    llama, block, gpt = tmp_path / "llama.yaml", tmp_path / "block.yaml", tmp_path / "gpt.yaml"
+    assert main(["gen", "llama", "--full", "--layers", "2", "--mesh", "dp=2,sp=1,tp=2", "-o", str(llama)]) == 0
+    assert main(["gen", "llama", "--layers", "1", "-o", str(block)]) == 0
+    assert main(["gen", "gpt", "--layers", "1", "-o", str(gpt)]) == 0
+    q = "model.layers.0.self_attn.q_proj.weight"
+    for argv, written in ((["check", str(llama), "--reshard", "--backward", "--json"], None),
+                          (["plan", str(llama), "-o", str(tmp_path / "planned.yaml")], "planned.yaml"),
+                          (["explain", str(llama), "grad:" + q, "--backward"], None),
+                          (["export", str(llama), "--to", "torch"], None),
+                          (["export", str(llama), "--to", "mindspore"], None),
+                          (["export", str(block), "--to", "hyper-parallel"], None),
+                          (["viz", str(llama), "--tensor", q, "-o", str(tmp_path / "q.svg")], "q.svg"),
+                          (["viz", str(llama), "-o", str(tmp_path / "graph.svg")], "graph.svg")):
+        capsys.readouterr()
+        assert main(argv) == 0, (argv, capsys.readouterr().err)
+        out = (tmp_path / written).read_text() if written else capsys.readouterr().out
+        assert q in out, argv
+    for target in ("torch", "mindspore"):
+        capsys.readouterr()
+        assert main(["export", str(gpt), "--to", target]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "not-expressible" in lines[0], lines
+        assert "'transformer.h.0.attn.c_attn.weight'" in lines[0] and "_S(1,3)" in lines[0]

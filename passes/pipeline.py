@@ -53,8 +53,10 @@ from layout_prop.core.mesh import DeviceMesh
 from layout_prop.core.redistribute import permute_step
 from layout_prop.core.spec import TensorSpec
 
+from layout_prop.io.spec_blocks import PipelineConfig, parse_pipeline  # noqa: F401 (names of this module)
+
 from .lower import LocalOp, Lower, Program, permute_op
-from .schedule import Task, check_schedule_request, schedule, simulate
+from .schedule import Task, schedule, simulate
 
 __all__ = ["PipelineConfig", "micro_batch_graph", "forward_chunks", "assign_positions", "verify_pipeline",
            "lower_pipeline", "PipelineProgram", "Move", "POSITION", "CHUNK", "LAYER", "RankPrograms", "rank_programs",
@@ -63,79 +65,6 @@ __all__ = ["PipelineConfig", "micro_batch_graph", "forward_chunks", "assign_posi
 POSITION = "pipeline_position"  #: node meta: the node's place in a micro-batch's life (see the module docstring)
 CHUNK = "pipeline_chunk"  #: node meta: the model chunk whose task runs the node
 LAYER = re.compile(r"^l(\d+)_")  #: a decoder layer's nodes are named l<i>_... (the gen generators' convention)
-_KEYS = {"axis", "micro_batches", "schedule", "virtual_stages", "boundaries", "layers", "batch_inputs", "loss"}
-
-
-def _bad(message: str, path: str, hint: str) -> SpecError:
-    return SpecError("bad-pipeline", message, path=path, hint=hint)
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    """What a ``pipeline:`` block asks for (module docstring); :meth:`from_spec` checks it."""
-
-    axis: str = "pp"
-    micro_batches: int = 1
-    schedule: str = "1f1b"
-    virtual_stages: int = 1
-    boundaries: tuple = ()  # node names, or layer indices (int: that layer's first node)
-    layers: tuple[int, ...] = ()
-    batch_inputs: tuple[str, ...] | None = None
-    loss: str = "mean"
-    stages: int = 1  # the pipeline axis's size (set by from_spec)
-
-    @property
-    def chunks(self) -> int:
-        return self.stages * self.virtual_stages
-
-    @classmethod
-    def from_spec(cls, block: dict, mesh: DeviceMesh) -> "PipelineConfig":
-        """The config of a ``pipeline:`` mapping on ``mesh``; ``SpecError`` ``bad-pipeline`` when unusable."""
-        if not isinstance(block, dict):
-            raise _bad(f"pipeline must be a mapping, got {cut(block)}", "pipeline", "write pipeline: {axis: pp}")
-        unknown = sorted(set(block) - _KEYS, key=lambda key: (type(key).__name__, str(key)))
-        if unknown:
-            from .zero import _did_you_mean
-
-            raise _bad(f"unknown pipeline key(s) {cut(unknown)}{_did_you_mean(unknown[0], _KEYS)}",
-                       f"pipeline.{cut(unknown[0])}",
-                       f"the keys are {', '.join(sorted(_KEYS))}")
-        axis = block.get("axis", "pp")
-        if axis not in mesh.names:
-            raise _bad(f"the pipeline axis {cut(axis)} is not a mesh axis (mesh {mesh})", "pipeline.axis",
-                       f"add {axis} to the mesh, or name one of {', '.join(mesh.names)}")
-        kind = block.get("schedule", "1f1b")
-        stages = mesh.shape[mesh.names.index(axis)]
-        m, v = block.get("micro_batches", 1), block.get("virtual_stages", 1)
-        check_schedule_request(kind, stages, m, v)
-        boundaries, layers = block.get("boundaries", ()), block.get("layers", ())
-        if boundaries and layers:
-            raise _bad("give boundaries or layers, not both", "pipeline.layers", "drop one of them")
-        if not isinstance(boundaries, (list, tuple)) or not all(
-                isinstance(b, str) or (isinstance(b, int) and not isinstance(b, bool) and b >= 0) for b in boundaries):
-            raise _bad(f"boundaries must be a list of node names or layer indices, got {cut(boundaries)}",
-                       "pipeline.boundaries", "write boundaries: [l2_h] (a node) or [2] (layer 2's first node)")
-        if not isinstance(layers, (list, tuple)) or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers):
-            raise _bad(f"layers must be a list of positive layer counts, got {cut(layers)}", "pipeline.layers",
-                       "write layers: [3, 2, 2, 1] (one count per chunk)")
-        chunks = stages * v
-        if boundaries and len(boundaries) != chunks - 1:
-            raise _bad(f"{len(boundaries)} boundaries for {chunks} chunks ({stages} stages x {v} virtual)",
-                       "pipeline.boundaries", f"name the first node of each chunk but the first: {chunks - 1} names")
-        if layers and len(layers) != chunks:
-            raise _bad(f"{len(layers)} layer counts for {chunks} chunks ({stages} stages x {v} virtual)",
-                       "pipeline.layers", f"give {chunks} counts")
-        batch = block.get("batch_inputs")
-        if batch is not None and (not isinstance(batch, (list, tuple)) or not all(isinstance(b, str) for b in batch)):
-            raise _bad(f"batch_inputs must be a list of input names, got {cut(batch)}", "pipeline.batch_inputs",
-                       "write batch_inputs: [tokens, labels]")
-        loss = block.get("loss", "mean")
-        if loss not in ("mean", "sum"):
-            raise _bad(f"loss must be mean or sum, got {cut(loss)}", "pipeline.loss",
-                       "mean: the batch loss is the mean of the micro-batch losses")
-        return cls(axis, m, kind, v, tuple(boundaries), tuple(layers), None if batch is None else tuple(batch),
-                   loss, stages)
 
 
 # --------------------------------------------------------------------------- the micro-batch graph

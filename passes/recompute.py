@@ -36,46 +36,16 @@ from layout_prop.core import meta
 from layout_prop.core.errors import SpecError, cut
 from layout_prop.core.graph import Graph, Node, fresh_name
 
-from .zero import _did_you_mean, _is_backward, _layer_of
+from layout_prop.io.spec_blocks import MODES, parse_recompute  # noqa: F401 (names of this module)
+
+from .zero import _is_backward, _layer_of
 
 __all__ = ["Recompute", "MODES", "PREFIX", "ATTENTION_OPS", "segments", "layer_activations", "held_values",
            "parse_recompute", "layers_on_stages"]
 
-MODES = ("none", "selective", "full")
 PREFIX = "recompute/"
 INSERTED = "recompute"
 ATTENTION_OPS = ("scaled_dot_product_attention",)
-
-
-def parse_recompute(value, path: str = "recompute") -> tuple[str, tuple[str, ...] | None]:
-    """The ``recompute:`` block of a spec: a mode, or ``{mode: none|selective|full, layers: [l0, ...]}``
-    (layers default to every layer); returns ``(mode, layers or None)``.
-
-    >>> parse_recompute("selective"), parse_recompute({"mode": "full", "layers": ["l0", "l2"]})
-    (('selective', None), ('full', ('l0', 'l2')))
-    """
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - {"mode", "layers"}, key=lambda key: (type(key).__name__, str(key)))
-        if unknown:
-            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the recompute block"
-                            f"{_did_you_mean(unknown[0], ('mode', 'layers'))}", path=path,
-                            hint="write recompute: {mode: selective, layers: [l0, l1]}")
-        mode, layers = value.get("mode"), value.get("layers")
-    else:
-        mode, layers = value, None
-    if not isinstance(mode, str) or mode not in MODES:
-        raise SpecError("bad-value", f"recompute mode must be one of {', '.join(MODES)}, got {cut(mode)}",
-                        path=f"{path}.mode" if isinstance(value, dict) else path, hint="write recompute: full")
-    if layers is not None and (not isinstance(layers, list) or not all(isinstance(x, str) for x in layers)):
-        raise SpecError("bad-type", f"recompute layers must be a list of layer names, got {cut(layers)}",
-                        path=f"{path}.layers", hint="name layers as the nodes do: layers: [l0, l1]")
-    if layers is not None and not [x for x in layers if x.strip()]:  # as --recompute-layers ,,, is
-        raise SpecError("bad-value", f"recompute layers {cut(layers)} name no layer", path=f"{path}.layers",
-                        hint="name the layers, like layers: [l0, l1], or leave layers out (every layer)")
-    if mode == "none" and layers is not None:
-        raise SpecError("bad-value", f"recompute mode none names layers {cut(layers)} to recompute", path=path,
-                        hint="write mode: full (or selective) with layers, or drop the layers")
-    return mode, None if layers is None else tuple(layers)
 
 
 def layers_on_stages(chunks: dict[str, int], stages: int, chosen) -> tuple[str, ...]:

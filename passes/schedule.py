@@ -43,14 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layout_prop.core.errors import SpecError, cut
+from layout_prop.io.spec_blocks import MAX_TASKS, SCHEDULES, check_schedule_request  # noqa: F401 (names of this module)
 
 __all__ = ["Task", "SCHEDULES", "MAX_TASKS", "schedule", "gpipe", "one_f_one_b", "interleaved", "in_flight",
            "bubble_fraction", "simulate", "Timeline", "check_schedule_request"]
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-#: the most (micro-batch, chunk) pairs a schedule is written out for (each has a forward and a backward task)
-MAX_TASKS = 1 << 20
-
 
 @dataclass(frozen=True, order=True)
 class Task:
@@ -65,29 +61,6 @@ class Task:
 
     def to_list(self) -> list:
         return [self.micro_batch, self.chunk, "forward" if self.phase == "F" else "backward"]
-
-
-def check_schedule_request(kind: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
-    """Refuse a schedule that cannot be made, with a typed error (``bad-pipeline``)."""
-    if kind not in SCHEDULES:
-        raise SpecError("bad-pipeline", f"unknown pipeline schedule {cut(kind)}", path="pipeline.schedule",
-                        hint=f"use one of {', '.join(SCHEDULES)}")
-    for name, value in (("stages", stages), ("micro_batches", micro_batches), ("virtual_stages", virtual_stages)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError("bad-pipeline", f"pipeline {name} must be a positive integer, got {cut(value)}",
-                            path=f"pipeline.{name}", hint=f"for example {name}: 2")
-    if stages * virtual_stages * micro_batches > MAX_TASKS:
-        raise SpecError("bad-pipeline", f"{cut(stages)} stages x {cut(virtual_stages)} virtual x {cut(micro_batches)} "
-                        f"micro-batches make more than {MAX_TASKS:,} forward tasks", path="pipeline.micro_batches",
-                        hint="use fewer micro-batches or virtual stages")
-    if kind != "interleaved" and virtual_stages != 1:
-        raise SpecError("bad-pipeline", f"virtual_stages {cut(virtual_stages)} needs schedule interleaved, not {cut(kind)}",
-                        path="pipeline.virtual_stages", hint="use schedule: interleaved, or drop virtual_stages")
-    if kind == "interleaved" and micro_batches % stages:
-        raise SpecError("bad-pipeline", f"the interleaved schedule needs micro_batches a multiple of the "
-                        f"{stages} stages, got {micro_batches}", path="pipeline.micro_batches",
-                        hint=f"use {stages * max(1, round(micro_batches / stages))} micro-batches (as Megatron-LM "
-                             f"requires)")
 
 
 def gpipe(stages: int, micro_batches: int) -> list[list[Task]]:

@@ -43,88 +43,21 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
 
 from layout_prop.core import meta
-from layout_prop.core.errors import LayoutPropError, SpecError, cut
+from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.layout import Layout
-from layout_prop.core.placement import Replicate, Shard, StridedShard, shard_dim
+from layout_prop.core.placement import Replicate, Shard, shard_dim
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.spec import FLOAT_DTYPES, TensorSpec
+from layout_prop.io.spec_blocks import DATA_AXES, STAGES, ZeroConfig, parse_zero  # noqa: F401 (names of this module)
 
 __all__ = ["Zero", "ZeroConfig", "DATA_AXES", "STAGES", "parse_zero", "stored_layout", "regather", "GATHER_PREFIX",
            "REGATHER_PREFIX", "zero_parameters", "shard_layouts", "whole_layouts", "finish"]
 
-#: the mesh axis names that mean data parallelism (as :data:`layout_prop.perf.step.DATA_AXES`)
-DATA_AXES = ("dp", "data", "fsdp")
-STAGES = (0, 1, 2, 3)
 GATHER_PREFIX = "zero/gather/"
 REGATHER_PREFIX = "zero/regather/"
-
-
-@dataclass(frozen=True)
-class ZeroConfig:
-    """A ZeRO stage and the mesh axes the training state is sharded over.
-
-    ``axes`` are mesh axis names (data-parallel ones); empty means stage 0 (nothing sharded).
-    """
-
-    stage: int
-    axes: tuple[str, ...]
-
-    def degree(self, mesh) -> int:
-        """How many ranks share one parameter's state: the product of the ``axes``' sizes."""
-        return math.prod(mesh.shape[mesh.axis_index(a)] for a in self.axes) if self.stage else 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "axes": list(self.axes)}
-
-
-def parse_zero(value: Any, mesh, path: str = "zero") -> ZeroConfig:
-    """The ``zero:`` block of a spec (or ``--zero N``): a stage, or ``{stage: N, axes: [..]}``.
-
-    ``axes`` default to every mesh axis named dp, data or fsdp; each must be such an axis.
-
-    >>> from layout_prop.core.mesh import DeviceMesh
-    >>> m = DeviceMesh((2, 2, 2), ("dp", "fsdp", "tp"))
-    >>> parse_zero(3, m), parse_zero({"stage": 2, "axes": ["fsdp"]}, m).axes
-    (ZeroConfig(stage=3, axes=('dp', 'fsdp')), ('fsdp',))
-    >>> parse_zero({"stage": 1, "axes": ["tp"]}, m)
-    Traceback (most recent call last):
-        ...
-    layout_prop.core.errors.SpecError: bad-value at zero.axes: ZeRO shards over data-parallel axes, not 'tp' (hint: name mesh axes among ['dp', 'fsdp'] (axes named dp, data or fsdp))
-    """
-    data_axes = [name for name in mesh.names if name in DATA_AXES]
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - {"stage", "axes"}, key=lambda key: (type(key).__name__, str(key)))
-        if unknown:
-            raise SpecError("unknown-key", f"unknown key {cut(unknown[0])} in the zero block"
-                            f"{_did_you_mean(unknown[0], ('stage', 'axes'))}", path=path,
-                            hint="write zero: {stage: 1|2|3, axes: [dp]}")
-        stage, axes = value.get("stage"), value.get("axes")
-    else:
-        stage, axes = value, None
-    if type(stage) is not int or stage not in STAGES:  # (3.0 and True are refused, in a block as bare)
-        raise SpecError("bad-value", f"ZeRO stage must be 0, 1, 2 or 3, got {cut(stage)}", path=f"{path}.stage"
-                        if isinstance(value, dict) else path, hint="write zero: {stage: 3} (or --zero 3)")
-    if axes is None:
-        axes = data_axes
-    if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
-        raise SpecError("bad-type", f"zero axes must be a list of mesh axis names, got {cut(axes)}",
-                        path=f"{path}.axes", hint="write axes: [dp]")
-    for axis in axes:
-        if axis not in data_axes:
-            raise SpecError("bad-value", f"ZeRO shards over data-parallel axes, not {cut(axis)}", path=f"{path}.axes",
-                            hint=f"name mesh axes among {data_axes} (axes named dp, data or fsdp)")
-    if len(set(axes)) != len(axes):
-        raise SpecError("bad-value", f"zero axes name an axis twice: {axes}", path=f"{path}.axes",
-                        hint="name each axis once")
-    if stage and not axes:
-        raise SpecError("bad-value", f"ZeRO stage {stage} needs a data-parallel mesh axis, the mesh has "
-                        f"{list(mesh.names)}", path=path, hint="name a mesh axis dp (or data, fsdp)")
-    return ZeroConfig(int(stage), tuple(a for a in mesh.names if a in axes) if stage else ())
 
 
 def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...]) -> Layout | None:
@@ -133,8 +66,7 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
 
     The dim is the largest one no mesh axis shards yet whose size the ZeRO degree divides; else
     the largest one (even or not) whose local size is at least the degree, composed with the
-    tensor-parallel axes that already shard it; never a dim a strided shard cuts (a fused
-    projection's, GPT-2's ``c_attn``: ``_S(1,3)``).  A parameter with a ZeRO axis not Replicate
+    tensor-parallel axes that already shard it.  A parameter with a ZeRO axis not Replicate
     (already sharded or partial there) is left alone.
 
     >>> from layout_prop.core.mesh import DeviceMesh
@@ -143,14 +75,11 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
     '(S(1), S(0))'
     >>> str(stored_layout(Layout(m, ["R", "S(0)"], 1), (8,), ("dp",)))
     '(S(0), S(0))'
-    >>> str(stored_layout(Layout(m, ["R", "_S(1,3)"], 2), (8, 24), ("dp",)))
-    '(S(0), _S(1,3))'
     """
     mesh = layout.mesh
     index = [mesh.axis_index(a) for a in axes]
-    if not index or any(not isinstance(layout.placements[i], Replicate) for i in index):
+    if not index or any(not isinstance(layout.placements[i], Replicate) for i in index) or layout.has_strided:
         return None
-    strided = {p.dim for p in layout.placements if isinstance(p, StridedShard)}
     degree = math.prod(mesh.shape[i] for i in index)
     taken = {shard_dim(p) for p in layout.placements} - {None}
     local = [size // max(1, layout.shard_count(d)) for d, size in enumerate(shape)]
@@ -158,7 +87,7 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
     if free:
         dim = max(free, key=lambda d: (shape[d], -d))
     else:
-        fits = [d for d in range(len(shape)) if local[d] >= degree and d not in strided]
+        fits = [d for d in range(len(shape)) if local[d] >= degree]
         if not fits:
             return None
         dim = max(fits, key=lambda d: (local[d], -d))
@@ -367,11 +296,3 @@ def finish(graph: Graph, config: ZeroConfig, propagate=None) -> Graph:
         if meta.SPECS not in node.meta:
             propagate.visit(new_graph, node)
     return new_graph
-
-
-def _did_you_mean(key, known) -> str:
-    """`` (did you mean 'stage'?)`` for a key close to a known one, else ``''`` (any key type)."""
-    import difflib
-
-    close = difflib.get_close_matches(str(key)[:64], list(known), n=1) if isinstance(key, str) else []
-    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -22,10 +22,10 @@ __all__ = ["Blocks", "read_blocks", "transform", "describe"]
 class Blocks:
     """What a spec's blocks (or the flags over them) ask for."""
 
-    zero: Any = None  # a passes.zero.ZeroConfig, None without a zero: block (or --zero)
+    zero: Any = None  # an io.spec_blocks.ZeroConfig, None without a zero: block (or --zero)
     recompute: str = "none"
     layers: tuple[str, ...] | None = None
-    pipeline: Any = None  # a passes.pipeline.PipelineConfig, None without a pipeline: block
+    pipeline: Any = None  # an io.spec_blocks.PipelineConfig, None without a pipeline: block
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -50,8 +50,7 @@ def read_blocks(graph, *, zero: int | None = None, recompute: str | None = None,
     """The spec's blocks, checked (a bad one is its one-line typed error: ``bad-pipeline``, ``bad-value``,
     ``unknown-key``...), with the flags ``--zero`` (``zero``), ``--recompute`` and ``--recompute-layers`` (their
     text, ``None`` where not given) over them."""
-    from layout_prop.passes.recompute import parse_recompute
-    from layout_prop.passes.zero import parse_zero
+    from layout_prop.io.spec_blocks import parse_pipeline, parse_recompute, parse_zero
 
     out = Blocks()
     block_zero, block_recompute = graph.meta.get(meta.ZERO), graph.meta.get(meta.RECOMPUTE)
@@ -60,9 +59,7 @@ def read_blocks(graph, *, zero: int | None = None, recompute: str | None = None,
     if block_recompute is not None:
         out.recompute, out.layers = parse_recompute(block_recompute)
     if graph.meta.get(meta.PIPELINE) is not None:
-        from layout_prop.passes.pipeline import PipelineConfig
-
-        out.pipeline = PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh)
+        out.pipeline = parse_pipeline(graph.meta[meta.PIPELINE], graph.mesh)
     flag_zero = zero
     if flag_zero is not None:
         flag = parse_zero(flag_zero, graph.mesh, path="--zero")

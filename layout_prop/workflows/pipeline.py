@@ -62,16 +62,17 @@ def build(graph, cluster: str = "a100-80g", zero=None, recompute: tuple = ("none
     cut it into chunks (balanced by :func:`op_time_cost` when the block gives no cut) and lower it.
 
     ``zero`` (a :class:`~layout_prop.passes.zero.ZeroConfig`) and ``recompute`` (``(mode, layers)``, as
-    :func:`~layout_prop.passes.recompute.parse_recompute` gives) are applied in the order of
+    :func:`~layout_prop.io.spec_blocks.parse_recompute` gives) are applied in the order of
     docs/zero-and-recompute.md: Zero on the micro-batch graph, the analysis, Recompute, ``finish``.
     ``localize=False`` lowers without per-rank kernel attrs (estimate executes nothing)."""
     from layout_prop.api import analyze
-    from layout_prop.passes.pipeline import PipelineConfig, forward_chunks, lower_pipeline, micro_batch_graph
+    from layout_prop.io.spec_blocks import parse_pipeline
+    from layout_prop.passes.pipeline import forward_chunks, lower_pipeline, micro_batch_graph
 
     if meta.PIPELINE not in graph.meta:
         raise SpecError("bad-pipeline", "the spec has no pipeline: block", path="pipeline",
                         hint="add pipeline: {axis: pp, micro_batches: 4} and a pp axis to the mesh (docs/pipeline.md)")
-    config = PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh)
+    config = parse_pipeline(graph.meta[meta.PIPELINE], graph.mesh)
     micro, batch_inputs = micro_batch_graph(graph, config)
     if zero is not None and zero.stage:
         from layout_prop.passes.zero import Zero

@@ -47,7 +47,7 @@ __all__ = ["SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "bubble_fraction", "pi
            "critical_moves", "inflight_microbatches",
            "activation_bytes_per_layer", "layer_activation_bytes", "zero_model_state_bytes", "zero_communication_bytes", "p2p_time",
            "grad_sync_time", "zero_sync_parts", "zero3_gather_time", "optimizer_state_bytes_per_param", "ceil_div",
-           "accumulation_time", "optimizer_bytes_per_param", "optimizer_time"]
+           "accumulation_time", "optimizer_bytes_per_param", "optimizer_time", "zero3_exposed"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -422,6 +422,25 @@ def zero3_gather_time(gathered: tuple[float, int], regathered: tuple[float, int]
             if tensors > 0 and nbytes > 0 else 0.0
         seconds.append((one, tensors * one))
     return seconds[0][0], seconds[0][1] + seconds[1][1]
+
+
+def zero3_exposed(forward_gathers: float, backward_traffic: float, forward_s: float, backward_s: float,
+                  first_gather: float, last_reduce: float) -> float:
+    """Seconds of ZeRO-3's data-parallel traffic one micro-batch exposes, with each all-gather prefetched one layer
+    ahead of the layer it feeds (PyTorch FSDP's ``forward_prefetch`` and ``backward_prefetch=BACKWARD_PRE``: the
+    next layer's gather issued before the current layer's compute; DeepSpeed's prefetch likewise): a phase's
+    traffic hides behind that phase's compute only, never behind the other's.  The forward's gathers behind the
+    forward (at least the first gather, which nothing precedes); the backward's gathers and reduce-scatters behind
+    the backward and the recomputation (at least the last reduce-scatter, which nothing follows).  For a model of
+    equal layers this is the layer-by-layer count; an unbounded prefetch (every gather hidden by the whole step's
+    compute) would hide a forward's excess behind the backward.
+
+    >>> zero3_exposed(5.0, 4.0, 3.0, 6.0, 0.5, 0.25)  # the forward's gathers 2 s longer than its compute
+    2.25
+    >>> zero3_exposed(1.0, 1.0, 3.0, 6.0, 0.5, 0.25)  # all hidden: the first gather and the last reduce-scatter
+    0.75
+    """
+    return max(forward_gathers - forward_s, first_gather) + max(backward_traffic - backward_s, last_reduce)
 
 
 def ceil_div(a: int, b: int) -> int:

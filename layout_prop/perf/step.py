@@ -39,9 +39,12 @@ the optimizer updates a shard (its time divided by the ZeRO degree); stages 1 an
 scatter the gradients (the ``grad/NAME`` moves) and all-gather the updated parameters after
 the optimizer (priced from each parameter's shard to its layout, exposed: the backward is
 over); stages 2 and 3 reduce-scatter every micro-batch (gradients are not accumulated whole),
-each micro-batch's data-parallel traffic overlapped with its backward (stage 2) or its forward
-and backward (stage 3: the ``zero/gather`` and ``zero/regather`` all-gathers are prefetched),
-exposed at least the last reduce-scatter (and, stage 3, the first gather).  The memory figure
+each micro-batch's data-parallel traffic overlapped with its backward (stage 2), exposed at
+least the last reduce-scatter; stage 3 prefetches each gather one layer ahead, so the
+``zero/gather`` all-gathers hide behind the forward's compute only and the ``zero/regather``
+ones and the reduce-scatters behind the backward's and the recomputation's, exposed at least
+the first gather and the last reduce-scatter
+(:func:`~layout_prop.perf.parallel.zero3_exposed`).  The memory figure
 is :class:`~layout_prop.passes.memory.Memory` with the ZeRO paper's convention.
 
 The data-parallel degree is the product of the sizes of the mesh axes named ``dp``
@@ -69,7 +72,7 @@ from .calibration import CALIBRATION
 from .clusters import Cluster
 from .collectives import collective_time
 from .costs import cost_class, op_cost, op_time
-from .parallel import accumulation_time, optimizer_time
+from .parallel import accumulation_time, optimizer_time, zero3_exposed
 
 __all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE", "TrainingBlock", "parse_training"]
 
@@ -254,6 +257,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     grad_sync, last_sync = 0.0, 0.0
     flops = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     gathers, first_gather = 0.0, None  # ZeRO-3's parameter all-gathers, per micro-batch
+    regathers = 0.0  # of them, those for the backward (zero/regather/)
     per_op: list[tuple[float, str, str, str]] = []
     rules: dict = {}  # op -> its rule when the rule has comm_steps, else None
     unknown: set[str] = set()
@@ -280,6 +284,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
                     axis[step.kind] = axis.get(step.kind, 0.0) + t
             if gather:
                 gathers += seconds
+                regathers += seconds if node.name.startswith("zero/regather/") else 0.0
                 first_gather = seconds if first_gather is None else first_gather
             elif sync:
                 grad_sync += seconds
@@ -343,9 +348,13 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
                 after_update += collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
     if stage >= 2:  # reduce-scattered (and, stage 3, gathered) every micro-batch, overlapped with its compute
         per_mb = grad_sync + gathers
-        hidden_by = times["backward"] + (times["forward"] + times["recompute"] if stage == 3 else 0.0)
-        least = last_sync + (first_gather or 0.0)
-        exposed_sync = acc * (per_mb if not overlap else max(per_mb - hidden_by, least))
+        if not overlap:
+            exposed_sync = acc * per_mb
+        elif stage == 2:
+            exposed_sync = acc * max(per_mb - times["backward"], last_sync)
+        else:  # a phase's gathers prefetched a layer ahead: hidden by that phase's compute only
+            exposed_sync = acc * zero3_exposed(gathers - regathers, regathers + grad_sync, times["forward"],
+                                               times["backward"] + times["recompute"], first_gather or 0.0, last_sync)
         grad_sync = acc * per_mb
     else:
         exposed_sync = grad_sync if not overlap else max(grad_sync - times["backward"], last_sync)

@@ -1311,8 +1311,8 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
         grads, tensors = st["params"], st["tensors"]
         # one collective a parameter (the step model's pricing: latency counts once per tensor), of the mean size;
         # placed as the step model places them: stages 0 and 1 reduce once a step, overlapped with the last
-        # micro-batch's backward, stages 2 and 3 every micro-batch, overlapped with its backward (stage 3: its
-        # forward too, the gathers prefetched); stages 1 and 2 gather the updated parameters after the optimizer,
+        # micro-batch's backward, stages 2 and 3 every micro-batch, overlapped with its backward (stage 3: the
+        # forward's gathers with the forward, prefetched a layer ahead); stages 1 and 2 gather the updated parameters after the optimizer,
         # exposed; stage 3 gathers every parameter for the forward and, for the backward, those it reads (as the
         # program does; counting every parameter twice put the search 5-13% above estimate)
         reduce_one, gather_one = par.zero_sync_parts(grads / tensors, c.zero, shape, dp_axis, cluster)
@@ -1328,11 +1328,13 @@ def evaluate(config: Config, model: ModelShape, cluster: Cluster, global_batch: 
             st_exposed = m * max(reduce_s - st["bwd"], reduce_one) + gather_s + st["ep_sync"]
         else:
             first, gather_s = par.zero3_gather_time((grads, tensors), st["read_back"], shape, dp_axis, cluster)
+            forward_gathers = par.zero3_gather_time((grads, tensors), (0.0, 0), shape, dp_axis, cluster)[1]
             per_mb = reduce_s + gather_s
             st_sync = m * per_mb + st["ep_sync"]
-            # (hidden by the forward, the backward and the recomputation, as the step model hides them)
-            hidden = st["fwd"] + st["bwd"] + st["recompute"]
-            st_exposed = m * max(per_mb - hidden, reduce_one + first) + st["ep_sync"]
+            # (each phase's traffic hidden by that phase's compute, prefetched a layer ahead, as the step model
+            # hides it: perf/parallel.py zero3_exposed)
+            st_exposed = m * par.zero3_exposed(forward_gathers, gather_s - forward_gathers + reduce_s, st["fwd"],
+                                               st["bwd"] + st["recompute"], first, reduce_one) + st["ep_sync"]
         st_optimizer = par.optimizer_time(grads / shard, model.itemsize, cluster)
         if st_exposed + st_optimizer >= exposed + optimizer:
             exposed, sync, optimizer = st_exposed, st_sync, st_optimizer

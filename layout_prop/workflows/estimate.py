@@ -157,7 +157,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     from layout_prop.passes.schedule import bubble_fraction, simulate
     from layout_prop.perf.calibration import CALIBRATION
     from layout_prop.perf.collectives import collective_time
-    from layout_prop.perf.parallel import accumulation_time, optimizer_time
+    from layout_prop.perf.parallel import accumulation_time, optimizer_time, zero3_exposed
     from layout_prop.perf.step import accumulation_steps
 
     from .pipeline import build
@@ -192,6 +192,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
     # without the recomputation (ZeRO 0-2), the forward's, backward's and recomputation's (ZeRO 3)
     hide = {"F": [0.0] * c.chunks, "B": [0.0] * c.chunks, "R": [0.0] * c.chunks}
     sync, gathers = [0.0] * p, [0.0] * p
+    regathers = [0.0] * p  # of the gathers, ZeRO-3's for the backward
     last_sync: list[float | None] = [None] * p  # the sync op run last on a stage: its lowest chunk's backward
     first_gather: list[float | None] = [None] * p
     chunk_of: dict[str, int] = {}
@@ -213,6 +214,7 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
                         last_sync[s] = t
                 elif stage == 3 and op.source.startswith(("zero/gather/", "zero/regather/")):
                     gathers[s] += t
+                    regathers[s] += t if op.source.startswith("zero/regather/") else 0.0
                     if first_gather[s] is None and phase == "F" and chunk == s:
                         first_gather[s] = t
                 else:
@@ -268,8 +270,8 @@ def estimate_pipelined(graph, blocks, cluster, cluster_arg: str, *, global_batch
             total = m * sync[s]
         else:
             per_mb = sync[s] + gathers[s]
-            least = last + (first_gather[s] or 0.0)
-            exposed = m * (max(per_mb - hide_f - hide_b - hide_r, least) if overlap else per_mb)
+            exposed = m * (zero3_exposed(gathers[s] - regathers[s], regathers[s] + sync[s], hide_f, hide_b + hide_r,
+                                         first_gather[s] or 0.0, last) if overlap else per_mb)
             total = m * per_mb
         after, optimizer, grads = 0.0, 0.0, 0
         for name in mine:

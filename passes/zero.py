@@ -48,7 +48,7 @@ from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.layout import Layout
-from layout_prop.core.placement import Replicate, Shard, shard_dim
+from layout_prop.core.placement import Replicate, Shard, StridedShard, shard_dim
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.spec import FLOAT_DTYPES, TensorSpec
 from layout_prop.io.spec_blocks import DATA_AXES, STAGES, ZeroConfig, parse_zero  # noqa: F401 (names of this module)
@@ -66,7 +66,8 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
 
     The dim is the largest one no mesh axis shards yet whose size the ZeRO degree divides; else
     the largest one (even or not) whose local size is at least the degree, composed with the
-    tensor-parallel axes that already shard it.  A parameter with a ZeRO axis not Replicate
+    tensor-parallel axes that already shard it; never a dim a strided shard cuts (a fused
+    projection's, GPT-2's ``c_attn``: ``_S(1,3)``).  A parameter with a ZeRO axis not Replicate
     (already sharded or partial there) is left alone.
 
     >>> from layout_prop.core.mesh import DeviceMesh
@@ -75,11 +76,14 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
     '(S(1), S(0))'
     >>> str(stored_layout(Layout(m, ["R", "S(0)"], 1), (8,), ("dp",)))
     '(S(0), S(0))'
+    >>> str(stored_layout(Layout(m, ["R", "_S(1,3)"], 2), (8, 24), ("dp",)))
+    '(S(0), _S(1,3))'
     """
     mesh = layout.mesh
     index = [mesh.axis_index(a) for a in axes]
-    if not index or any(not isinstance(layout.placements[i], Replicate) for i in index) or layout.has_strided:
+    if not index or any(not isinstance(layout.placements[i], Replicate) for i in index):
         return None
+    strided = {p.dim for p in layout.placements if isinstance(p, StridedShard)}
     degree = math.prod(mesh.shape[i] for i in index)
     taken = {shard_dim(p) for p in layout.placements} - {None}
     local = [size // max(1, layout.shard_count(d)) for d, size in enumerate(shape)]
@@ -87,7 +91,7 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
     if free:
         dim = max(free, key=lambda d: (shape[d], -d))
     else:
-        fits = [d for d in range(len(shape)) if local[d] >= degree]
+        fits = [d for d in range(len(shape)) if local[d] >= degree and d not in strided]
         if not fits:
             return None
         dim = max(fits, key=lambda d: (local[d], -d))

@@ -129,10 +129,10 @@ def _layer_of(name: str) -> str:
 class Zero:
     """The ZeRO pass: stage 3 stores each parameter sharded and gathers it before use.
 
-    ``run`` returns a new graph (its input is left as it was), with ``graph.meta["zero"]``
+    ``run`` returns a new graph (its input is left as it was), with ``graph.meta[meta.ZERO]``
     set to the config; for stages 0 to 2 the graph's nodes are unchanged.  Parameters whose
     layout cannot take the ZeRO axes (:func:`stored_layout` is None) stay whole; their names
-    are in ``meta["zero_whole"]``.
+    are in ``meta[meta.ZERO_WHOLE]``.
     """
 
     name = "zero"
@@ -180,8 +180,8 @@ class Zero:
                 inputs[k] = copy
             nodes[node.name] = Node(node.name, node.op, tuple(inputs), dict(node.attrs), node.num_outputs)
         out = Graph.from_nodes(mesh, nodes, graph.outputs, graph.meta)
-        out.meta["zero"] = self.config
-        out.meta["zero_whole"] = tuple(whole)
+        out.meta[meta.ZERO] = self.config
+        out.meta[meta.ZERO_WHOLE] = tuple(whole)
         return out
 
 
@@ -193,7 +193,7 @@ def _is_backward(graph: Graph, node: Node) -> bool:
     if node.meta.get(meta.INSERTED_BY) in ("backward", "recompute") or node.name.startswith("grad/"):
         return True  # (a recomputed forward node runs in the backward)
     if node.op == "redistribute":
-        consumer = node.meta.get("for", (None,))[0]
+        consumer = node.meta.get(meta.FOR, (None,))[0]
         return consumer is not None and consumer in graph and _is_backward(graph, graph.node(consumer))
     return False
 
@@ -288,7 +288,7 @@ def finish(graph: Graph, config: ZeroConfig, propagate=None) -> Graph:
         primal = node.meta.get(meta.GRAD_OF)
         if primal in targets and node.op in ("redistribute", "identity"):
             new = Node(node.name, "redistribute", node.inputs, {"placements": targets[primal].placement_strs()},
-                       meta={k: v for k, v in node.meta.items() if k in (meta.INSERTED_BY, meta.GRAD_OF, "for")})
+                       meta={k: v for k, v in node.meta.items() if k in (meta.INSERTED_BY, meta.GRAD_OF, meta.FOR)})
             out[node.name] = new
             changed = True
             continue

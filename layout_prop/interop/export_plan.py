@@ -96,6 +96,7 @@ class TrainingConfig:
     schedule: str | None = None
     virtual_stages: int = 1
     micro_batches: int = 1
+    pipeline_loss: str = "mean"  # the batch loss over a pipeline's micro-batches: their mean or sum
     global_batch: int | None = None
     micro_batch: int | None = None
 
@@ -120,7 +121,7 @@ class TrainingConfig:
         if graph.meta.get("pipeline") is not None:
             p = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
             out.update(pipeline_axis=p.axis, pipeline_stages=p.stages, schedule=p.schedule,
-                       virtual_stages=p.virtual_stages, micro_batches=p.micro_batches)
+                       virtual_stages=p.virtual_stages, micro_batches=p.micro_batches, pipeline_loss=p.loss)
         training = graph.meta.get("training")
         if isinstance(training, dict):
             out.update(global_batch=training.get("global_batch"), micro_batch=training.get("micro_batch"))

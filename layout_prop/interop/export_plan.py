@@ -359,7 +359,8 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
     ``data_inputs`` names the graph inputs that are the model's inputs (passed in by the
     training script); ``None`` takes them from an imported model (every graph input that is no
     weight of the file: ``graph.meta["import_sources"]``), and for a spec means none. An unknown
-    name is ``unknown-input``.  ``nodes`` also gathers every op node's received layouts.
+    name is ``unknown-input``.  ``nodes`` also gathers every op node's received layouts (a plan with a
+    ``pipeline:`` block gathers them always: the values crossing its stages are read from them).
     """
     sources = graph.meta.get("import_sources")
     model = sources is not None
@@ -418,7 +419,7 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
         chosen = segments(done, plan.config.recompute, plan.config.recompute_layers)
         plan.recomputed = {layer: tuple(n.name for n in seg if not n.meta.get(meta.INSERTED_BY))
                            for layer, seg in chosen.items()}
-    if nodes:
+    if nodes or plan.config.pipeline_axis is not None:  # a pipeline's stage boundaries are values between nodes
         for node in done.topo_order():
             if node.is_input or node.meta.get(meta.INSERTED_BY):
                 continue

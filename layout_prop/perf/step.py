@@ -8,9 +8,10 @@ degree).  The model, per step, for the busiest rank (rank 0: torch.chunk gives t
 pieces the larger share, so rank 0 holds the largest piece of every uneven shard):
 
 - compute: every op's roofline time (:mod:`.costs`), forward and backward, times the
-  accumulation steps ``global_batch / (micro_batch x dp)``; ``recompute="full"`` adds one
-  more forward (its ops and its collectives), as Megatron-LM's full activation
-  recomputation does; ``recompute="selective"`` (or ``"full"`` with ``recompute_layers``)
+  accumulation steps ``global_batch / (micro_batch x dp)``; ``recompute="full"`` adds the
+  forward of the numbered layers once more (their ops and collectives: :func:`layer_nodes`;
+  the embedding, head and loss are not recomputed), as Megatron-LM's full activation
+  recomputation does (the whole forward when no node is named with a layer number); ``recompute="selective"`` (or ``"full"`` with ``recompute_layers``)
   applies :class:`~layout_prop.passes.recompute.Recompute` and counts its copies, the
   recomputed segments' forward (their collectives are exposed with the backward's), and the
   memory figure then frees what they recompute;
@@ -58,6 +59,7 @@ size (the FLOPs the step executes, recomputation included); ``tflops_per_device`
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +76,7 @@ from .collectives import collective_time
 from .costs import cost_class, op_cost, op_time
 from .parallel import accumulation_time, optimizer_time, zero3_exposed
 
-__all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE", "TrainingBlock", "parse_training"]
+__all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE", "TrainingBlock", "parse_training", "layer_nodes"]
 
 DATA_AXES = ("dp", "data", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
@@ -102,6 +104,7 @@ class StepEstimate:
     notes: list[str] = field(default_factory=list)
     zero_stage: int = 0
     zero_gather_s: float = 0.0  # ZeRO's parameter all-gathers a step (in grad_sync_s too)
+    forward_comm_s: float = 0.0  # of the exposed collectives, the forward's (a step's)
 
     @property
     def compute_s(self) -> float:
@@ -204,6 +207,37 @@ def parse_training(block: Any, path: str = "training") -> TrainingBlock:
     return TrainingBlock(**values)
 
 
+#: a node named with a layer number: ``l3_q``, ``transformer.h.3.attn.c_attn`` (the search's recognition of layers)
+_NUMBERED = re.compile(r"^(.*?\D|)(\d+)(\D.*)$")
+
+
+def layer_nodes(graph: Graph) -> set[str]:
+    """The forward nodes of the model's numbered layers: the nodes named with a number after a common prefix, the
+    prefix with the most numbers (``planner.search.recognise``'s rule); empty when no name carries one.  What full
+    recomputation redoes: the layers, not the embedding, the head or the loss around them.
+
+    >>> from layout_prop.io.loader import load_spec
+    >>> g = load_spec({"mesh": {"shape": [1], "names": ["dp"]}, "inputs": {"x": {"shape": [2], "dtype": "float32",
+    ...                "placements": ["R"]}}, "nodes": [{"name": "l0_a", "op": "neg", "inputs": ["x"]},
+    ...                {"name": "l1_a", "op": "neg", "inputs": ["l0_a"]}, {"name": "head", "op": "neg",
+    ...                "inputs": ["l1_a"]}], "outputs": ["head"]})
+    >>> sorted(layer_nodes(g))
+    ['l0_a', 'l1_a']
+    """
+    groups: dict[str, dict[int, list[str]]] = {}
+    for node in graph.nodes:
+        if node.is_input or node.name.startswith("grad/") or node.meta.get(meta.INSERTED_BY) in ("backward",
+                                                                                                "recompute"):
+            continue
+        hit = _NUMBERED.match(node.name)
+        if hit:
+            groups.setdefault(hit.group(1), {}).setdefault(int(hit.group(2)), []).append(node.name)
+    if not groups:
+        return set()
+    prefix = max(groups, key=lambda k: (len(groups[k]), sum(map(len, groups[k].values()))))
+    return {name for names in groups[prefix].values() for name in names}
+
+
 def _phase(graph: Graph, node) -> str:
     if node.meta.get(meta.INSERTED_BY) == "recompute":
         return "recompute"
@@ -254,6 +288,10 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     times = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     comm: dict[str, dict[str, float]] = {}
     forward_comm = 0.0
+    # full recomputation redoes the numbered layers' forward (Megatron-LM checkpoints its transformer layers; the
+    # embedding, the head and the loss run once): their kernels' seconds and FLOPs and their collectives' seconds
+    layered = layer_nodes(graph) if recompute == "full" else set()
+    layers_forward = {"seconds": 0.0, "comm": 0.0, "flops": 0.0}
     grad_sync, last_sync = 0.0, 0.0
     flops = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     gathers, first_gather = 0.0, None  # ZeRO-3's parameter all-gathers, per micro-batch
@@ -291,6 +329,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
                 last_sync = seconds
             elif phase == "forward":
                 forward_comm += seconds
+                layers_forward["comm"] += seconds if node.name in layered else 0.0
             if seconds:
                 per_op.append((seconds * (1 if sync and stage < 2 else acc), node.name, "redistribute", phase))
             continue
@@ -309,6 +348,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
                     axis[step.kind] = axis.get(step.kind, 0.0) + t
             if phase == "forward":
                 forward_comm += seconds
+                layers_forward["comm"] += seconds if node.name in layered else 0.0
             if seconds:
                 per_op.append((seconds * acc, node.name, node.op, phase))
             continue
@@ -320,6 +360,9 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
         seconds = op_time(cost, cluster)
         times[phase] += seconds
         flops[phase] += cost.flops
+        if phase == "forward" and node.name in layered:
+            layers_forward["seconds"] += seconds
+            layers_forward["flops"] += cost.flops
         if cost.kind in ("matmul", "attention"):
             dtypes[dtype] = dtypes.get(dtype, 0.0) + cost.flops
         if seconds:
@@ -329,7 +372,10 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             axis[kind] *= acc
     recompute_s = acc * times["recompute"]
     recompute_flops = flops["recompute"]
-    if recompute == "full":
+    if recompute == "full" and layered:
+        recompute_s = acc * (layers_forward["seconds"] + layers_forward["comm"])
+        recompute_flops = layers_forward["flops"]
+    elif recompute == "full":  # no numbered layers: the whole forward again
         recompute_s = acc * (times["forward"] + forward_comm)
         recompute_flops = flops["forward"]
     local = {p: value_spec(graph, p) for p in params}
@@ -374,8 +420,9 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     if memory > cluster.hbm_bytes:
         notes.append(f"memory per rank {memory:,} bytes exceeds the device's {cluster.hbm_bytes:,}")
     if recompute == "full":
-        notes.append("recompute full: one more forward counted; the memory figure does not subtract the activations "
-                     "recomputation saves")
+        notes.append(("recompute full: the numbered layers' forward counted again (not the embedding, head and "
+                      "loss)" if layered else "recompute full: one more forward counted")
+                     + "; the memory figure does not subtract the activations recomputation saves")
     per_op.sort(reverse=True)
     top = [{"name": name, "op": op, "phase": phase, "seconds": seconds} for seconds, name, op, phase in per_op[:10]]
     step_flops = acc * (flops["forward"] + flops["backward"] + recompute_flops) * devices
@@ -384,4 +431,4 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
         backward_s=acc * times["backward"] + accumulate_s, recompute_s=recompute_s, communication=comm, grad_sync_s=grad_sync,
         grad_sync_exposed_s=exposed_sync, optimizer_s=optimizer_s, flops_per_step=step_flops,
         peak_flops=cluster.peak_flops(model_dtype), memory_per_rank_bytes=memory, hbm_bytes=cluster.hbm_bytes,
-        top_ops=top, notes=notes, zero_stage=stage, zero_gather_s=acc * gathers)
+        top_ops=top, notes=notes, zero_stage=stage, zero_gather_s=acc * gathers, forward_comm_s=acc * forward_comm)

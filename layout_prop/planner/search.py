@@ -1017,7 +1017,6 @@ def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
     from layout_prop.perf.step import estimate_step
 
     est = estimate_step(graph, cluster)
-    full = estimate_step(graph, cluster, recompute="full")
     comm = sum(sum(k.values()) for k in est.communication.values())
     mesh = graph.mesh
     ep_axis = mesh.names.index("ep") if "ep" in mesh.names else None
@@ -1067,7 +1066,7 @@ def _measure(model: ModelShape, graph: Graph, cluster: Cluster) -> LayerCost:
 
     split = {f"{end}_{key}": value for end in ("first", "last") for key, value in sizes(ends[end]).items()}
     return LayerCost(forward_s=est.forward_s, backward_s=est.backward_s, comm_s=comm,
-                     forward_comm_s=full.recompute_s - est.forward_s, attention_core_s=core_s,
+                     forward_comm_s=est.forward_comm_s, attention_core_s=core_s,
                      param_bytes=param_bytes, param_tensors=len(params), expert_param_bytes=expert_bytes,
                      activation_bytes=activations,
                      attention_core_bytes=core_bytes, input_bytes=act_in, flops=est.flops_per_step,

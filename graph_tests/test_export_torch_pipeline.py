@@ -36,7 +36,7 @@ def _export(spec: dict) -> str:
     return code
 
 
-def _train(tmp_path, spec: dict, code: str) -> dict:
+def _train(tmp_path, spec: dict, code: str, world: int = WORLD) -> dict:
     """The exported plan run on WORLD fresh gloo processes (forkserver: torch imported there once, no state of
     pytest's process inherited): the loss and every parameter after the step, gathered from the ranks' files."""
     import multiprocessing
@@ -51,7 +51,7 @@ def _train(tmp_path, spec: dict, code: str) -> dict:
         pass
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(pipeline_worker, args=(WORLD, str(tmp_path / "store"), spec, code, str(out)), nprocs=WORLD,
+    mp.start_processes(pipeline_worker, args=(world, str(tmp_path / "store"), spec, code, str(out)), nprocs=world,
                        start_method="forkserver")
     saved = [torch.load(path) for path in sorted(out.glob("rank*.pt"))]
     params: dict = {}
@@ -145,6 +145,17 @@ def test_1f1b_pp_dp_step_equals_one_process(tmp_path, zero):
     assert "MESH_DIM_NAMES = ('pp', 'dp')" in code.splitlines() and f"MODEL_AXES = {model_axes}" in code.splitlines()
     assert "    'tokens': (Replicate(), Shard(0))," in code.splitlines()
     _compare(_train(tmp_path, spec, code), spec)
+
+
+def test_zero3_tp_and_pp_on_eight_processes_step_equals_one_process(tmp_path):
+    """pp=2 x dp=2 x tp=2 with zero: {stage: 3}, 8 processes: each stage's module fully_shard over dp, its
+    parameters DTensors on tp (MODEL_AXES, a sub-mesh of one dim an axis), the boundaries on tp."""
+    spec = _spec(layers=2, schedule="1f1b", dp=2, tp=2)
+    spec["zero"] = {"stage": 3}
+    code = _export(spec)
+    for line in ("MESH_DIM_NAMES = ('pp', 'dp', 'tp')", "ZERO_AXES = ('dp',)", "MODEL_AXES = ('tp',)"):
+        assert line in code.splitlines(), line
+    _compare(_train(tmp_path, spec, code, world=8), spec)
 
 
 @pytest.mark.parametrize("change, words", [

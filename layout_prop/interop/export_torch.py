@@ -451,7 +451,12 @@ def _sub(mesh, axes):
 
 
 def _model_mesh(mesh):
-    return _sub(mesh, MODEL_AXES) if MODEL_AXES else None
+    """mesh's sub-mesh over MODEL_AXES, one dim an axis (the parameters' placements), or None without them."""
+    if not MODEL_AXES:
+        return None
+    if tuple(MODEL_AXES) == MESH_DIM_NAMES:
+        return mesh
+    return mesh[MODEL_AXES[0]] if len(MODEL_AXES) == 1 else mesh[tuple(MODEL_AXES)]
 
 
 def _model_placements(placements):

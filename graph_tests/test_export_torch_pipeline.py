@@ -63,11 +63,13 @@ def _train(tmp_path, spec: dict, code: str, world: int = WORLD) -> dict:
     return {"loss": losses[0], "params": params, "chunks": sorted(c for one in saved for c in one["chunks"])}
 
 
-def _compare(result: dict, spec: dict) -> tuple[float, float]:
-    """Assert the run equals one process; return (|loss error|, max parameter error)."""
-    from graph_tests.torch_gen_llama import reference
+def _compare(result: dict, spec: dict, lr: float = 0.1) -> tuple[float, float]:
+    """Assert the run equals one process (an SGD step of rate ``lr``); return (|loss error|, max parameter error)."""
+    from graph_tests.torch_gen_llama import GenLlama, batch, one_step
 
-    loss, params = reference(spec)
+    model = GenLlama(spec)
+    loss = float(one_step(model, *batch(spec), lr=lr).detach())
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
     assert sorted(result["params"]) == sorted(params)
     worst = max(float((result["params"][n] - v).abs().max()) for n, v in params.items())
     for name, value in params.items():
@@ -145,6 +147,18 @@ def test_1f1b_pp_dp_step_equals_one_process(tmp_path, zero):
     assert "MESH_DIM_NAMES = ('pp', 'dp')" in code.splitlines() and f"MODEL_AXES = {model_axes}" in code.splitlines()
     assert "    'tokens': (Replicate(), Shard(0))," in code.splitlines()
     _compare(_train(tmp_path, spec, code), spec)
+
+
+def test_a_summed_loss_is_not_scaled(tmp_path):
+    """pipeline: {loss: sum}: the step's loss is the sum of the 4 micro-batches' means, so the gradients are not
+    scaled (LOSS_MEAN = False: scale_grads off). The parameters after the step equal one process's on the batch
+    mean with 4 times the learning rate (the sum's gradient is 4 times the mean's, the micro-batches equal)."""
+    spec = _spec(layers=2, schedule="1f1b")
+    spec["pipeline"]["loss"] = "sum"
+    code = _export(spec)
+    assert "LOSS_MEAN = False" in code.splitlines()
+    result = _train(tmp_path, spec, code)
+    _compare(result, spec, lr=0.4)
 
 
 def test_zero3_tp_and_pp_on_eight_processes_step_equals_one_process(tmp_path):

@@ -36,7 +36,7 @@ def _export(spec: dict) -> str:
     return code
 
 
-def _train(tmp_path, spec: dict, code: str, world: int = WORLD) -> dict:
+def _train(tmp_path, spec: dict, code: str, world: int = WORLD, usage: str | None = None) -> dict:
     """The exported plan run on WORLD fresh gloo processes (forkserver: torch imported there once, no state of
     pytest's process inherited): the loss and every parameter after the step, gathered from the ranks' files."""
     import multiprocessing
@@ -51,8 +51,8 @@ def _train(tmp_path, spec: dict, code: str, world: int = WORLD) -> dict:
         pass
     out = tmp_path / "out"
     out.mkdir()
-    mp.start_processes(pipeline_worker, args=(world, str(tmp_path / "store"), spec, code, str(out)), nprocs=world,
-                       start_method="forkserver")
+    args = (world, str(tmp_path / "store"), spec, code, str(out)) + ((usage,) if usage else ())
+    mp.start_processes(pipeline_worker, args=args, nprocs=world, start_method="forkserver")
     saved = [torch.load(path) for path in sorted(out.glob("rank*.pt"))]
     params: dict = {}
     for one in saved:
@@ -80,9 +80,9 @@ def _compare(result: dict, spec: dict, lr: float = 0.1) -> tuple[float, float]:
     return abs(result["loss"] - loss), worst
 
 
-def _worked_example() -> tuple[list[list[str]], list[str]]:
-    """docs/export.md's pipeline example: its two commands (argument lists) and the lines of the excerpt of
-    the written module shown under them (``...`` lines left out)."""
+def _worked_example() -> tuple[list[list[str]], list[str], str]:
+    """docs/export.md's pipeline example: its two commands (argument lists), the lines of the excerpt of the
+    written module shown under them (``...`` lines left out) and the lines that train a step with it."""
     import re
     import shlex
     from pathlib import Path
@@ -91,18 +91,18 @@ def _worked_example() -> tuple[list[list[str]], list[str]]:
     section = page[page.index("**Pipelines, executed.**"):]
     console = re.search(r"```console\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line[2:])[1:] for line in console.splitlines() if line.startswith("$ ")]
-    excerpt = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    return commands, [line for line in excerpt.splitlines() if line.strip() != "..."]
+    excerpt, usage = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
+    return commands, [line for line in excerpt.splitlines() if line.strip() != "..."], usage
 
 
 def test_the_worked_example_of_docs_export_trains_1f1b_equal_to_one_process(tmp_path, monkeypatch):
     """docs/export.md's pipeline example, run: gen and export as the page writes them, the excerpt's lines in the
-    written module, and one 1F1B step on pp=2 x tp=2 with that module equal to one process."""
+    written module, and the page's lines training one 1F1B step on pp=2 x tp=2 with it, equal to one process."""
     import yaml
 
     from layout_prop.cli import main
 
-    commands, excerpt = _worked_example()
+    commands, excerpt, usage = _worked_example()
     assert [c[:1] for c in commands] == [["gen"], ["export"]], commands
     monkeypatch.chdir(tmp_path)
     for args in commands:
@@ -112,7 +112,7 @@ def test_the_worked_example_of_docs_export_trains_1f1b_equal_to_one_process(tmp_
     for line in excerpt:
         assert line in lines, line
     spec = yaml.safe_load((tmp_path / "llama_pp.yaml").read_text())
-    result = _train(tmp_path, spec, code)
+    result = _train(tmp_path, spec, code, usage=usage)  # the page's lines, MyChunk a torch module of the spec
     assert result["chunks"] == [0, 1]
     _compare(result, spec)
 

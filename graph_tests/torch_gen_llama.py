@@ -241,11 +241,23 @@ def fixture_step(model, ids, lr=0.1):
     return loss
 
 
-def pipeline_worker(rank: int, world: int, store: str, spec: dict, code: str, out: str):
-    """One rank of a pipelined plan: this rank's chunk modules (``stage_chunks``), the exported ``pipeline``
-    (stages and schedule), one step (``pipeline_step``) and an SGD step; each rank of tensor-parallel
-    coordinate 0 saves its chunks' parameters (full tensors) and, on the last stage, the step's loss (the mean
-    of the micro-batches') to ``out/rank<r>.pt``."""
+#: how a rank trains one step with a pipelined plan (docs/export.md shows the same lines; its test runs the page's)
+PIPELINE_USAGE = """
+mesh = make_mesh()
+modules = {c: MyChunk(CHUNKS[c]) for c in stage_chunks(mesh)}
+schedule = pipeline(modules, mesh, loss_fn)
+optimizer = torch.optim.SGD([p for m in modules.values() for p in m.parameters()], lr=0.1)
+losses = pipeline_step(schedule, mesh, tokens=tokens, labels=labels)
+optimizer.step()
+"""
+
+
+def pipeline_worker(rank: int, world: int, store: str, spec: dict, code: str, out: str, usage: str = PIPELINE_USAGE):
+    """One rank of a pipelined plan: ``usage`` run in the exported module's namespace (this rank's chunk modules
+    ``MyChunk(CHUNKS[c])`` for ``stage_chunks``, the exported ``pipeline``, one ``pipeline_step`` and an SGD
+    step, ``loss_fn`` the mean cross entropy); each rank of coordinate 0 on the other axes saves its chunks'
+    parameters (full tensors) and, on the last stage, the step's loss (the mean of the micro-batches') to
+    ``out/rank<r>.pt``."""
     import os
 
     import torch.distributed as dist
@@ -256,13 +268,11 @@ def pipeline_worker(rank: int, world: int, store: str, spec: dict, code: str, ou
     try:
         plan: dict = {}
         exec(compile(code, "exported_plan.py", "exec"), plan)
-        mesh = plan["make_mesh"]("cpu")
-        modules = {c: GenLlama(spec, plan, plan["CHUNKS"][c]) for c in plan["stage_chunks"](mesh)}
-        schedule = plan["pipeline"](modules, mesh, lm_loss)
-        opt = torch.optim.SGD([p for m in modules.values() for p in m.parameters()], lr=0.1)
         tokens, labels = batch(spec)
-        losses = plan["pipeline_step"](schedule, mesh, tokens=tokens, labels=labels)
-        opt.step()
+        scope = dict(plan, torch=torch, loss_fn=lm_loss, tokens=tokens, labels=labels,
+                     MyChunk=lambda chunk: GenLlama(spec, plan, chunk))
+        exec(compile(usage, "usage.py", "exec"), scope)
+        mesh, modules, losses = scope["mesh"], scope["modules"], scope["losses"]
 
         def full(t):
             return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()

@@ -128,7 +128,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="a mesh shape such as 4 or 2x2 (repeatable; default 4 and 2x2)")
     parser.add_argument("--samples", type=positive_int, default=256, metavar="N",
                         help="input combinations per case and mesh, a seeded sample beyond N (default 256)")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed of the sampling and the data (default 0)")
     parser.add_argument("--time-limit", type=time_limit_arg, default=10.0, metavar="SECONDS",
                         help="wall time one call of the checkout's code may take in the audit's worker (default 10)")
     parser_out = parser.add_mutually_exclusive_group()

@@ -24,7 +24,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """``layout-prop check``'s flags, on the command line's ``subparsers``."""
     parser = subparsers.add_parser("check", help="propagate layouts and report every layout and violation")
     parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
-    parser.add_argument("--reshard", action="store_true", help="insert the cheapest redistributions that fix violations")
+    parser.add_argument("--reshard", action="store_true",
+                        help="insert the cheapest redistributions that fix violations")
     parser.add_argument("--backward", action="store_true", help="also build the gradient graph (grad:NAME values)")
     parser.add_argument("--backend", choices=["numpy", "mindspore", "cann"], default="numpy",
                         help="the kernel backend whose constraints to check (default numpy)")

@@ -20,7 +20,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """``layout-prop export``'s flags, on the command line's ``subparsers``."""
     parser = subparsers.add_parser("export", help="write the checked plan for hyper-parallel, MindSpore or torch (code to paste, "
                             "and the plan as data)")
-    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (plan's output too), or a model with --plan")
+    parser.add_argument("spec", metavar="SPEC",
+                        help="a YAML or JSON spec file (plan's output too), or a model with --plan")
     parser.add_argument("--to", required=True, choices=list(TARGETS), help="the target framework")
     parser.add_argument("-o", "--output", type=Path, help="write the Python module to this file; default stdout")
     parser.add_argument("--data", type=Path, metavar="FILE", help="also write the plan as data (.yaml or .json), a "

@@ -13,7 +13,8 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """``layout-prop import``'s flags, on the command line's ``subparsers``."""
-    im = subparsers.add_parser("import", help="import an ONNX or MindIR model with a sharding plan; write an ordinary spec")
+    im = subparsers.add_parser("import",
+                               help="import an ONNX or MindIR model with a sharding plan; write an ordinary spec")
     im.add_argument("model", metavar="MODEL", help="an .onnx or .mindir file")
     im.add_argument("--plan", metavar="PLAN", help="the sharding plan (YAML or JSON); without it, list the parameters "
                     "a plan may name (name, shape, consumer, suggested preset) and, with -o, write a plan skeleton")

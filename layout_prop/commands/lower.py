@@ -17,7 +17,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec file (- reads standard input)")
     parser.add_argument("--rank", type=integer_arg, required=True, help="the rank to print")
     parser.add_argument("--backward", action="store_true", help="lower the joint forward and backward graph")
-    parser.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
+    parser.add_argument("--no-reshard", action="store_true",
+                        help="refuse (exit 1) instead of inserting redistributions")
     parser.add_argument("--json", action="store_true", help="print the rank's subgraph as JSON")
     add_model_args(parser)
     return parser

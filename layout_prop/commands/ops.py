@@ -180,7 +180,8 @@ def render_markdown() -> str:
 # --------------------------------------------------------------------------- command line
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """``layout-prop ops``'s flags, on the command line's ``subparsers``."""
-    parser = subparsers.add_parser("ops", help="the op reference: every op, or one op in full (generated from the registry)")
+    parser = subparsers.add_parser("ops",
+                                   help="the op reference: every op, or one op in full (generated from the registry)")
     parser.add_argument("name", metavar="NAME", nargs="?", help="an op name or alias: print that op in full")
     parser.add_argument("--json", action="store_true", help="print JSON (a list of ops, or one op)")
     parser.add_argument("--markdown", action="store_true", help="print the built-in ops as docs/ops.md is written")

@@ -47,7 +47,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """``layout-prop pipeline``'s flags, on the command line's ``subparsers``."""
     parser = subparsers.add_parser("pipeline", help="a spec's pipeline stages, schedule, bubble and moves; one rank's program; "
                             "--run executes it and compares with one device")
-    parser.add_argument("spec", metavar="SPEC", help="a YAML or JSON spec with a pipeline: block (- reads standard input)")
+    parser.add_argument("spec", metavar="SPEC",
+                        help="a YAML or JSON spec with a pipeline: block (- reads standard input)")
     parser.add_argument("--rank", type=non_negative_int, metavar="R",
                         help="print rank R's program: its stage, schedule, the values it receives, its local ops")
     parser.add_argument("--run", action="store_true", help="execute every rank's schedule over the micro-batches and "

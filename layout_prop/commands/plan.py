@@ -22,7 +22,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """``layout-prop plan``'s flags (and ``plan --search``'s), on the command line's ``subparsers``."""
     from layout_prop.io.sizes import GRAMMAR as SIZE_GRAMMAR
 
-    parser = subparsers.add_parser("plan", help="choose every auto layout with the least communication per training step")
+    parser = subparsers.add_parser("plan",
+                                   help="choose every auto layout with the least communication per training step")
     parser.add_argument("spec", metavar="SPEC_OR_MODEL", type=Path,
                    help="a YAML or JSON spec with placements: auto inputs, or a model (.onnx, .mindir) with --plan")
     parser.add_argument("--memory-per-rank", metavar="SIZE", help="the memory limit per rank, like 16GiB, 512M or 2GB "
@@ -39,7 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--optimizer", choices=["sgd", "adam"], default=None,
                    help="count the optimizer's states in memory (adam: 2 per parameter; default none, as sgd)")
     parser.add_argument("--forward-only", action="store_true", help="plan for inference: the forward's moves only")
-    parser.add_argument("--baseline", metavar="SPEC", type=Path, help="compare with this spec's layouts (default: SPEC's own)")
+    parser.add_argument("--baseline", metavar="SPEC", type=Path,
+                        help="compare with this spec's layouts (default: SPEC's own)")
     parser.add_argument("-o", "--output", type=Path, help="write the planned spec here (.yaml or .json)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_model_args(parser)  # a model with its sharding plan (parameters: auto for the ones to choose)
@@ -49,7 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--devices", metavar="N", type=positive_int, help="with --search: the devices to use")
     parser.add_argument("--global-batch", metavar="B", type=positive_int, help="with --search: sequences a step")
     parser.add_argument("--top", metavar="K", type=positive_int, default=5, help="with --search: candidates shown (5)")
-    parser.add_argument("--plan-out", metavar="FILE", type=Path, help="with --search: write the best as a sharding plan")
+    parser.add_argument("--plan-out", metavar="FILE", type=Path,
+                        help="with --search: write the best as a sharding plan")
     parser.add_argument("--axis-order", metavar="AXES", help="with --search: mesh axes outermost first, the last filling "
                    "a node first (default pp,dp,ep,cp,tp)")
     parser.add_argument("--axes", metavar="AXIS=N,...", help="with --search: degrees kept fixed, like tp=8,pp=8")

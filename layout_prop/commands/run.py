@@ -32,7 +32,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="kernel backend (default: numpy on sim, mindspore on the mindspore engine)")
     parser.add_argument("--backward", action="store_true", help="also run the backward and compare gradients")
     parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random inputs (default 0)")
-    parser.add_argument("--no-reshard", action="store_true", help="refuse (exit 1) instead of inserting redistributions")
+    parser.add_argument("--no-reshard", action="store_true",
+                        help="refuse (exit 1) instead of inserting redistributions")
     parser.add_argument("--timeout", type=seconds_arg, default=None,
                         help="mindspore engine: seconds before giving up (default 300, at most a week)")
     parser.add_argument("--keep-logs", action="store_true",

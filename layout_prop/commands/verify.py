@@ -55,7 +55,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--backward", action="store_true", help="also compare gradients")
     parser.add_argument("--samples", type=samples_arg, default="all",
                         help="placement combinations per sample and mesh: 'all' (default) or a number (seeded)")
-    parser.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sampling and the data (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed of the sampling and the data (default 0)")
     parser.add_argument("--jobs", type=jobs_arg, default=1,
                         help=f"processes to check combinations in (default 1, at most {MAX_JOBS}; the counts are the same)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -48,7 +48,7 @@ from layout_prop.core import meta
 from layout_prop.core.errors import LayoutPropError
 from layout_prop.core.graph import Graph, Node, fresh_name
 from layout_prop.core.layout import Layout
-from layout_prop.core.placement import Replicate, Shard, StridedShard, shard_dim
+from layout_prop.core.placement import Replicate, Shard, shard_dim
 from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.core.spec import FLOAT_DTYPES, TensorSpec
 from layout_prop.io.spec_blocks import DATA_AXES, STAGES, ZeroConfig, parse_zero  # noqa: F401 (names of this module)
@@ -66,9 +66,9 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
 
     The dim is the largest one no mesh axis shards yet whose size the ZeRO degree divides; else
     the largest one (even or not) whose local size is at least the degree, composed with the
-    tensor-parallel axes that already shard it; never a dim a strided shard cuts (a fused
-    projection's, GPT-2's ``c_attn``: ``_S(1,3)``).  A parameter with a ZeRO axis not Replicate
-    (already sharded or partial there) is left alone.
+    tensor-parallel axes that already shard it (a strided shard too: a fused projection's, as
+    GPT-2's ``c_attn`` bias ``_S(0,3)``).  A parameter with a ZeRO axis not Replicate (already
+    sharded or partial there) is left alone.
 
     >>> from layout_prop.core.mesh import DeviceMesh
     >>> m = DeviceMesh((2, 2), ("dp", "tp"))
@@ -78,12 +78,13 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
     '(S(0), S(0))'
     >>> str(stored_layout(Layout(m, ["R", "_S(1,3)"], 2), (8, 24), ("dp",)))
     '(S(0), _S(1,3))'
+    >>> str(stored_layout(Layout(m, ["R", "_S(0,3)"], 1), (24,), ("dp",)))
+    '(S(0), _S(0,3))'
     """
     mesh = layout.mesh
     index = [mesh.axis_index(a) for a in axes]
     if not index or any(not isinstance(layout.placements[i], Replicate) for i in index):
         return None
-    strided = {p.dim for p in layout.placements if isinstance(p, StridedShard)}
     degree = math.prod(mesh.shape[i] for i in index)
     taken = {shard_dim(p) for p in layout.placements} - {None}
     local = [size // max(1, layout.shard_count(d)) for d, size in enumerate(shape)]
@@ -91,7 +92,7 @@ def stored_layout(layout: Layout, shape: tuple[int, ...], axes: tuple[str, ...])
     if free:
         dim = max(free, key=lambda d: (shape[d], -d))
     else:
-        fits = [d for d in range(len(shape)) if local[d] >= degree and d not in strided]
+        fits = [d for d in range(len(shape)) if local[d] >= degree]
         if not fits:
             return None
         dim = max(fits, key=lambda d: (local[d], -d))

@@ -197,3 +197,31 @@ def test_what_torch_cannot_run_is_one_refusal(change, words, tmp_path, capsys):
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert len(err_lines) == 1 and "not-expressible" in err_lines[0] and "the pipeline: block (2 stages on pp, 1f1b" \
         in err_lines[0] and words in err_lines[0], err_lines
+
+
+def test_a_model_input_the_pipeline_reads_whole_is_refused():
+    """torch's schedule cuts every step argument into the micro-batches on dim 0; a model input the pipeline does
+    not cut (here ``shift``, added to each micro-batch whole) would be cut all the same: refused, naming it.
+    Where the plan holds no collected stage (``plan.stage``), the pipeline's default batch inputs (integer data)
+    are taken as the cut ones, and the float batch ``x`` is refused first."""
+    spec = {
+        "mesh": {"shape": [2, 2], "names": ["pp", "tp"]},
+        "inputs": {"x": {"shape": [4, 8]}, "shift": {"shape": [8]},
+                   "w0": {"shape": [8, 8], "placements": ["R", "S(0)"]},
+                   "w1": {"shape": [8, 8], "placements": ["R", "S(1)"]}},
+        "nodes": [{"name": "l0_in", "op": "add", "inputs": ["x", "shift"]},
+                  {"name": "l0_h", "op": "linear", "inputs": ["l0_in", "w0"]},
+                  {"name": "l1_y", "op": "linear", "inputs": ["l0_h", "w1"]}],
+        "outputs": ["l1_y"],
+        "pipeline": {"axis": "pp", "micro_batches": 2, "schedule": "gpipe", "batch_inputs": ["x"]},
+    }
+    graph = load_spec(spec)
+    with pytest.raises(LayoutPropError) as err:
+        export_text(graph, "torch", data_inputs=["x", "shift"], source="mlp.yaml")
+    from layout_prop.api import analyze
+    from layout_prop.interop.export_plan import collect
+
+    collected = collect(graph, analyze(graph, reshard=True).graph, data_inputs=["x", "shift"])
+    named = "shift" if getattr(collected, "stage", None) is not None else "x"
+    assert err.value.code == "not-expressible" and f"the model input {named!r} is no batch input" in \
+        err.value.message, err.value.message

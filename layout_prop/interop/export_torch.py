@@ -62,7 +62,8 @@ from __future__ import annotations
 
 from layout_prop.core.layout import Layout
 
-from .export_plan import ExportPlan, ExportTensor, not_expressible, not_written, own_parameters, placement_args
+from .export_plan import (INTEGER_DTYPES, ExportPlan, ExportTensor, not_expressible, not_written, own_parameters,
+                          placement_args)
 
 __all__ = ["export_torch", "placements_text", "module_styles", "config_lines", "settle_moves", "pipeline_lines"]
 
@@ -206,12 +207,22 @@ def _targets(plan: ExportPlan) -> tuple[list[str], list[str]]:
     return first, last
 
 
+def _cut_into_micro_batches(plan: ExportPlan, name: str) -> bool:
+    """Whether the pipeline cuts model input ``name`` into micro-batches: its dim 0 is smaller in one micro-batch
+    on the stage (``plan.stage``, where collected), else (the pipeline's default batch inputs) it is integer data."""
+    stage = getattr(plan, "stage", None)
+    if stage is not None and name in stage.tensors():
+        return stage.tensors()[name].shape[:1] != plan.inputs[name].shape[:1]
+    return plan.inputs[name].dtype in INTEGER_DTYPES
+
+
 def check_pipeline(plan: ExportPlan) -> None:
     """Refuse, in one ``not-expressible`` line naming the block, a pipeline torch's pipelining cannot run as
     layout-prop cut it: ZeRO beside it (not written), 1F1B with fewer micro-batches than stages
     (``Schedule1F1B`` refuses it), interleaved micro-batches that are no multiple of its rounds, a value passed
     to a chunk past the next (a stage sends to the next stage only), a model input read past the first chunk
-    (the schedule gives them to the first stage) but one target of the last chunk's loss, a parameter read
+    (the schedule gives them to the first stage) but one target of the last chunk's loss, a model input the
+    pipeline does not cut into micro-batches (torch's schedule cuts them all), a parameter read
     by two chunks (a tied weight: each stage would update its own copy), a partial value sent but as a sum."""
     c = plan.config
     chunks = plan.chunk_plan
@@ -253,6 +264,12 @@ def check_pipeline(plan: ExportPlan) -> None:
                                 "gradients", "untie it (gen: without --tie-embeddings), or cut the pipeline so "
                                 "that one chunk reads it")
     first, last = _targets(plan)
+    whole = [n for n in first + last if c.micro_batches > 1 and not _cut_into_micro_batches(plan, n)]
+    if whole:
+        raise _pipeline_refused(plan, f"the model input {whole[0]!r} is no batch input of the pipeline (each "
+                                "micro-batch reads it whole), and torch's schedule cuts every step argument and "
+                                "target into the micro-batches on dim 0", f"name it in pipeline: batch_inputs if "
+                                "its dim 0 is the batch, or make it a buffer (requires_grad: false)")
     inner = [n for k in chunks[1:-1] for n in k.reads if n in plan.inputs]
     if inner or len(last) > 1:
         raise _pipeline_refused(plan, f"the model input(s) {', '.join(inner or last)} are read past the first chunk, "

@@ -569,8 +569,9 @@ def stage_chunks(mesh):
 
 class _Boundary(torch.nn.Module):
     """A chunk module between stages: what it receives (plain tensors, each the local piece of its placements)
-    made DTensors on the model mesh, what it sends made the local pieces of the placements CHUNKS gives them.
-    The last chunk's output (the loss function's input) stays a DTensor."""
+    made DTensors on the model mesh, what it sends made the local pieces of the placements CHUNKS gives them
+    (from_local and to_local carry the gradients back: a partial sum's gradient is replicated). The last
+    chunk's output (the loss function's input) stays a DTensor."""
 
     def __init__(self, module, index, mesh):
         super().__init__()
@@ -633,7 +634,7 @@ def pipeline_step(schedule, mesh, **inputs):
     pieces (shard_inputs), STAGE_INPUTS to the first stage, TARGET to the last. Returns the micro-batches'
     losses on the last stage's ranks, else None (the parameters' gradients are accumulated)."""
     pieces = shard_inputs(mesh, **inputs)
-    rank, chunks = mesh[PP_AXIS].get_local_rank(), stage_chunks(mesh)
+    chunks = stage_chunks(mesh)
     args = [pieces[name] for name in STAGE_INPUTS] if 0 in chunks else []
     last = len(CHUNKS) - 1 in chunks
     losses = [] if last else None

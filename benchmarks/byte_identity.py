@@ -23,7 +23,8 @@ Run::
     python benchmarks/byte_identity.py record --cli .venv/bin/layout-prop --examples examples --out /tmp/bi/after
     python benchmarks/byte_identity.py compare /tmp/bi/before /tmp/bi/after
 
-``--only TEXT`` records the cases whose name holds TEXT (the ``gen`` cases they read are run too).
+``--only TEXT[,TEXT...]`` records the cases whose name holds one of the TEXTs (the ``gen`` cases they read are run
+too), into the same record (a case re-run alone replaces its file).
 """
 
 from __future__ import annotations
@@ -127,9 +128,11 @@ def cases() -> list[tuple[str, list[str]]]:
         out += [(f"{e}-export-{t}", ["export", spec, "--to", t]) for t in ("hyper-parallel", "mindspore", "torch")]
     out += [
         ("ex0-explain", ["explain", EXAMPLES[0], "l0_out"]),
-        ("ex0-explain-rb", ["explain", EXAMPLES[0], "grad:l0_wq", "--reshard", "--backward", "--json"]),
+        ("ex0-explain-rb", ["explain", EXAMPLES[0], "grad:model.layers.0.self_attn.q_proj.weight", "--reshard",
+                            "--backward", "--json"]),
         ("ex1-explain", ["explain", EXAMPLES[1], "grad:x", "--backward"]),
-        ("ex0-viz-grid", ["viz", EXAMPLES[0], "--tensor", "l0_wq", "-o", "out/grid.dot"]),
+        ("ex0-viz-grid", ["viz", EXAMPLES[0], "--tensor", "model.layers.0.self_attn.q_proj.weight", "-o",
+                          "out/grid.dot"]),
         ("ex0-export-data", ["export", EXAMPLES[0], "--to", "torch", "-o", "out/plan.py", "--data", "out/plan.yaml",
                              "--input", "x"]),
         ("import-onnx", ["import", "examples/llama_block.onnx", "--plan", "examples/llama_plan.yaml"]),
@@ -209,7 +212,7 @@ def record(cli: list[str], examples: Path, out: Path, only: str | None) -> int:
     env.pop("LAYOUT_PROP_DEBUG", None)
     chosen = cases()
     if only:
-        wanted = [c for c in chosen if only in c[0]]
+        wanted = [c for c in chosen if any(part in c[0] for part in only.split(","))]
         needed = {a for _, args in wanted for a in args if a.startswith("gen/")}
         chosen = [c for c in chosen if c in wanted or (c[0].startswith("gen-") and f"gen/{c[0][4:]}.yaml" in needed)]
     start = time.perf_counter()
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cli", required=True, help="the layout-prop executable (or 'PYTHON -m layout_prop.cli')")
     r.add_argument("--examples", type=Path, required=True, help="that copy's examples folder")
     r.add_argument("--out", type=Path, required=True, help="a folder for the record")
-    r.add_argument("--only", help="only the cases whose name holds this text")
+    r.add_argument("--only", help="only the cases whose name holds one of these texts (comma-separated)")
     c = sub.add_parser("compare", help="diff two records")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)

@@ -85,15 +85,16 @@ def _choice_suggestion(message: str) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line: the program's own flags, and every command's parser, declared by its module
-    (``add_parser(subparsers)``), in :data:`COMMANDS`' order (``--help``'s)."""
+    (``add_parser(subparsers)``), in :data:`COMMANDS`' order (``--help``'s); with ``only``, that command's
+    alone (what a command line naming it parses the same way, without importing the other commands)."""
     p = _Parser(prog="layout-prop", description="Layout propagation, checking, resharding and SPMD execution "
                 "for sharded tensor graphs.", epilog=RUNS_CODE)
     p.add_argument("--version", action="version", version=f"layout-prop {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         _command(name).add_parser(sub)
     return p
 
@@ -250,8 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace | int:
     """The parsed arguments, or the exit code of ``--help``, ``--version`` or a bad flag (already reported)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    named = words[0] if words and words[0] in COMMANDS else None  # a command's line needs its parser alone
     try:
-        return _parser().parse_args(argv)
+        return _parser(named).parse_args(words)
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
 

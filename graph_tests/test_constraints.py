@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import time
 
 import pytest
 import yaml
 
-from graph_tests.cli_support import cli_env, console_command
+from graph_tests.cli_support import run_in_process
 from layout_prop.api import analyze
 from layout_prop.core.errors import SpecError
 from layout_prop.io.loader import load_spec
@@ -55,7 +54,7 @@ def _cli(*args, spec=None, tmp_path=None):
         path = tmp_path / "spec.yaml"
         path.write_text(yaml.safe_dump(spec))
         argv.insert(1, str(path))
-    return subprocess.run(console_command() + argv, capture_output=True, text=True, env=cli_env(), timeout=120)
+    return run_in_process(argv)
 
 
 def test_a_pin_is_a_node_every_consumer_reads():
@@ -226,15 +225,13 @@ def test_plan_file_constraints_reach_the_imported_model(tmp_path):
     path.write_text(yaml.safe_dump(plan))
     assert load_plan(str(path)).constraints_entry() == plan["constraints"]
     model = str(__import__("pathlib").Path(__file__).parent.parent / "examples" / "llama_block.onnx")
-    check = subprocess.run(console_command() + ["check", model, "--plan", str(path), "--json"], capture_output=True,
-                           text=True, env=cli_env(), timeout=120)
+    check = run_in_process(["check", model, "--plan", str(path), "--json"])
     assert check.returncode == 1, check.stderr
     report = json.loads(check.stdout)
     assert report["tensors"]["layers.0/attention/wo/MatMul/pinned"]["placements"] == ["S(0)", "S(1)", "R"]
     unmet = [v for v in report["violations"] if v["code"] == "constraint-unmet"]
     assert [v["input"] for v in unmet] == ["layers.0/attention/wo/MatMul"]
-    run = subprocess.run(console_command() + ["run", model, "--plan", str(path), "--backward"], capture_output=True,
-                         text=True, env=cli_env(), timeout=300)
+    run = run_in_process(["run", model, "--plan", str(path), "--backward"])
     assert run.returncode == 0 and "matches one device" in run.stdout, run.stderr + run.stdout
 
 

@@ -12,13 +12,12 @@ factor 2), a GPT-2-like block written as a spec, and an ONNX model imported with
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from graph_tests.cli_support import cli_env, console_command
+from graph_tests.cli_support import run_in_process
 from layout_prop.api import analyze
 from layout_prop.core.registry import get_rule
 from layout_prop.io.loader import load_spec
@@ -151,8 +150,7 @@ def gpt2_block_spec(dp: int = 2, tp: int = 2) -> dict:
 
 
 def _cli(args, spec_path):
-    return subprocess.run(console_command() + [args[0], str(spec_path), *args[1:]], capture_output=True, text=True,
-                          env=cli_env(), timeout=120)
+    return run_in_process([args[0], str(spec_path), *args[1:]])
 
 
 def test_gpt2_fused_c_attn_stays_column_parallel(tmp_path):
@@ -255,16 +253,14 @@ def test_imported_fused_projection_with_the_preset(tmp_path):
                     "  \"*.c_attn.weight\": colwise_fused(3)\n"
                     "  \"*.c_attn.bias\": [R, \"_S(0,3)\"]\n"
                     "  \"*.c_proj.weight\": rowwise\n")
-    check = subprocess.run(console_command() + ["check", str(model), "--plan", str(plan), "--backward", "--json"],
-                           capture_output=True, text=True, env=cli_env(), timeout=120)
+    check = run_in_process(["check", str(model), "--plan", str(plan), "--backward", "--json"])
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout)
     assert report["violations"] == []
     assert report["tensors"]["h.0.c_attn.weight"]["placements"] == ["R", "_S(1,3)"]
     gathers = [r for r in report["redistributions"] for s in r["steps"] if s["kind"] == "all-gather"]
     assert gathers == []
-    run = subprocess.run(console_command() + ["run", str(model), "--plan", str(plan), "--backward"],
-                         capture_output=True, text=True, env=cli_env(), timeout=120)
+    run = run_in_process(["run", str(model), "--plan", str(plan), "--backward"])
     assert run.returncode == 0, run.stderr + run.stdout
     assert "matches one device" in run.stdout
 
@@ -286,8 +282,7 @@ def test_gpt2_fixture_megatron_plan_keeps_c_attn_column_parallel(tmp_path):
     pytest.importorskip("onnx")
     plan = tmp_path / "plan.yaml"
     plan.write_text(MEGATRON_GPT2)
-    check = subprocess.run(console_command() + ["check", str(GPT2), "--plan", str(plan), "--backward", "--reshard",
-                                                "--json"], capture_output=True, text=True, env=cli_env(), timeout=300)
+    check = run_in_process(["check", str(GPT2), "--plan", str(plan), "--backward", "--reshard", "--json"])
     assert check.returncode == 0, check.stderr
     report = json.loads(check.stdout)
     assert report["ok"] and report["violations"] == []
@@ -297,11 +292,9 @@ def test_gpt2_fixture_megatron_plan_keeps_c_attn_column_parallel(tmp_path):
     assert len(splits) == 6 and all(t["placements"] == ["S(2)"] for t in splits)  # q, k, v of both layers
     gathered = {r["input"] for r in report["redistributions"] for s in r["steps"] if s["kind"] == "all-gather"}
     assert not [g for g in gathered if g.endswith(".weight") or "Split" in g or "Gemm_342" in g], gathered
-    run = subprocess.run(console_command() + ["run", str(GPT2), "--plan", str(plan), "--backward"],
-                         capture_output=True, text=True, env=cli_env(), timeout=300)
+    run = run_in_process(["run", str(GPT2), "--plan", str(plan), "--backward"])
     assert run.returncode == 0 and "matches one device" in run.stdout, run.stderr + run.stdout
     # a plain column shard cuts across q, k and v
     plan.write_text(MEGATRON_GPT2.replace("colwise_fused(3)", "colwise"))
-    plain = subprocess.run(console_command() + ["check", str(GPT2), "--plan", str(plan), "--json"],
-                           capture_output=True, text=True, env=cli_env(), timeout=300)
+    plain = run_in_process(["check", str(GPT2), "--plan", str(plan), "--json"])
     assert "sharded-split-dim" in {v["code"] for v in json.loads(plain.stdout)["violations"]}

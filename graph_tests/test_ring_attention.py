@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ from layout_prop.kernels.nn_numpy import scaled_dot_product_attention, scaled_do
 from layout_prop.passes.lower import Lower
 from layout_prop.runner import random_inputs, run_graph
 
-from .cli_support import cli_env, console_command
+from .cli_support import run_in_process
 
 
 def _spec(mesh, names, q, k, v, placements, attrs, dtype="float32") -> dict:
@@ -137,8 +136,7 @@ def test_ring_on_a_sequence_also_cut_by_a_strided_shard_equals_plain_attention(p
 def _cli(*args, spec: dict, tmp_path, name="ring.yaml"):
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec))
-    return subprocess.run(console_command() + list(args) + [str(path)], capture_output=True, text=True,
-                          env=cli_env(), timeout=300)
+    return run_in_process([*args, str(path)])
 
 
 @pytest.mark.parametrize("case", ["cp4-causal", "cp4-full", "dp2xcp2-causal", "dp2xcp2-full"])
@@ -373,12 +371,10 @@ def test_gen_llama_full_with_a_ring_equals_the_plain_llama(tmp_path):
     from layout_prop.frontends.generate import llama_spec
     from layout_prop.runner import execute_global
 
-    res = subprocess.run(console_command() + ["gen", "llama", "--full", "--kv-heads", "2", "--layers", "2",
-                                              "--context-parallel", "ring", "-o", str(tmp_path / "l.yaml")],
-                         capture_output=True, text=True, env=cli_env(), timeout=300)
+    res = run_in_process(["gen", "llama", "--full", "--kv-heads", "2", "--layers", "2", "--context-parallel", "ring",
+                          "-o", str(tmp_path / "l.yaml")])
     assert res.returncode == 0, res.stderr
-    run = subprocess.run(console_command() + ["run", "--backward", str(tmp_path / "l.yaml")], capture_output=True,
-                         text=True, env=cli_env(), timeout=300)
+    run = run_in_process(["run", "--backward", str(tmp_path / "l.yaml")])
     assert run.returncode == 0 and "matches one device" in run.stdout, run.stderr + run.stdout
     permutes = [line for line in run.stdout.splitlines() if "collective permute on sp" in line]
     assert len(permutes) == 2 * 2 * 2  # 2 layers, k and v, forward and backward, one step each on sp=2

@@ -51,7 +51,8 @@ from search_published import megatron_model, published_configs  # noqa: E402
 
 from layout_prop.workflows.search import analysed, generator_spec, run_search  # noqa: E402
 from layout_prop.perf.clusters import get_cluster  # noqa: E402
-from layout_prop.planner.search import Config, LayerCache, ModelShape, evaluate  # noqa: E402
+from layout_prop.planner.search import (PART_NAMES, Config, LayerCache, ModelShape, evaluate,  # noqa: E402
+                                        widest_part)
 
 MEGATRON = "Narayanan et al. SC'21 (arXiv:2104.04473) Table 1"
 
@@ -165,9 +166,12 @@ def price(row: Published, caches: dict, rank: bool, estimate: bool = False) -> R
         found = next((i + 1 for i, c in enumerate(result.ranked) if c.config in mine), None)
         place = f"{found}/{len(result.ranked)}" if found else f"-/{len(result.ranked)}"
         top = result.ranked[0]
-        mine_s = result.ranked[found - 1].step_time_s if found else best.step_time_s
+        mine = result.ranked[found - 1] if found else best
+        key, gap = widest_part(top, mine)
         first = (f"the search's first: {label(top.config)}, {top.step_time_s:.2f} s; the published configuration "
-                 f"{mine_s / top.step_time_s - 1:+.1%} slower in the model; {result.uncertainty()}")
+                 f"{mine.step_time_s / top.step_time_s - 1:+.1%} slower in the model"
+                 + (f", most of it {PART_NAMES.get(key, key)} ({gap:+.2f} s)" if mine is not top else "")
+                 + f"; {result.uncertainty()}")
     seconds = time.perf_counter() - start
     return Result(row=row, predicted=predicted, config=best.config, step_s=best.step_time_s,
                   memory_bytes=best.memory_bytes, fits=best.memory_bytes <= cluster.hbm_bytes,

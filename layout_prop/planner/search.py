@@ -49,7 +49,7 @@ from layout_prop.perf.collectives import axis_span
 
 __all__ = ["ModelShape", "ImportedModel", "is_imported", "Config", "Candidate", "SearchResult", "LayerCost", "recognise", "search", "enumerate_configs",
            "evaluate", "parse_axis_order", "parse_axes", "DEFAULT_ORDER", "InfeasibleSearch", "format_seconds",
-           "format_bytes"]
+           "format_bytes", "PART_NAMES", "widest_part"]
 
 AXES = ("pp", "dp", "ep", "cp", "tp")
 DEFAULT_ORDER = AXES
@@ -295,14 +295,23 @@ class SearchResult:
             return (f"#1 and #2 ({b.config.label()}) tie on step time; #2 needs less memory "
                     f"({_bytes_pair(b.memory_bytes, a.memory_bytes)} per rank), #1's step is "
                     f"{format_seconds(b.step_time_s - a.step_time_s)} shorter")
-        diffs = {k: b.parts.get(k, 0.0) - a.parts.get(k, 0.0) for k in _TIME_PARTS}
-        key = max(diffs, key=lambda k: diffs[k])
-        what = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
-                "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
-                "optimizer_s": "optimizer", "recompute_s": "recomputation",
-                "accumulate_s": "gradient accumulation"}.get(key, key)
+        key, gap = widest_part(a, b)
         return (f"#1 is {format_seconds(b.step_time_s - a.step_time_s)} faster than #2 ({b.config.label()}): "
-                f"its {what} is {format_seconds(diffs[key])} shorter")
+                f"its {PART_NAMES.get(key, key)} is {format_seconds(gap)} shorter")
+
+
+#: what each part of a candidate's step is, in words (:meth:`SearchResult.why`, benchmarks/published.py --rank)
+PART_NAMES = {"compute_s": "compute", "bubble_s": "pipeline bubble", "comm_s": "exposed tensor/context/expert "
+              "collectives", "p2p_s": "stage-to-stage transfers", "grad_sync_exposed_s": "exposed gradient sync",
+              "optimizer_s": "optimizer", "recompute_s": "recomputation", "accumulate_s": "gradient accumulation"}
+
+
+def widest_part(faster: Candidate, slower: Candidate) -> tuple[str, float]:
+    """The part of the step (a key of :data:`PART_NAMES`) by which ``slower``'s is longest against ``faster``'s,
+    and by how many seconds: the modelled effect that makes ``faster`` better."""
+    diffs = {k: slower.parts.get(k, 0.0) - faster.parts.get(k, 0.0) for k in _TIME_PARTS}
+    key = max(diffs, key=lambda k: diffs[k])
+    return key, diffs[key]
 
 
 def moving_parts(c: Config) -> int:

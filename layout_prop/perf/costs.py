@@ -59,7 +59,8 @@ from typing import Sequence
 
 from .clusters import Cluster
 
-__all__ = ["OpCost", "VECTOR_FLOPS", "MASK_BYTES", "MATMUL", "ATTENTION", "FREE", "op_cost", "op_time", "cost_class", "gemm_time"]
+__all__ = ["OpCost", "VECTOR_FLOPS", "MASK_BYTES", "MATMUL", "ATTENTION", "FREE", "op_cost", "op_time", "cost_class",
+           "gemm_time"]
 
 MATMUL = ("einsum", "matmul", "batch_matmul", "linear")
 ATTENTION = ("scaled_dot_product_attention", "scaled_dot_product_attention_grad", "flash_attention_score",

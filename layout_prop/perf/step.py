@@ -11,8 +11,8 @@ pieces the larger share, so rank 0 holds the largest piece of every uneven shard
   accumulation steps ``global_batch / (micro_batch x dp)``; ``recompute="full"`` adds the
   forward of the numbered layers once more (their ops and collectives: :func:`layer_nodes`;
   the embedding, head and loss are not recomputed), as Megatron-LM's full activation
-  recomputation does (the whole forward when no node is named with a layer number); ``recompute="selective"`` (or ``"full"`` with ``recompute_layers``)
-  applies :class:`~layout_prop.passes.recompute.Recompute` and counts its copies, the
+  recomputation does (the whole forward when no node is named with a layer number);
+  ``recompute="selective"`` (or ``"full"`` with ``recompute_layers``) applies :class:`~layout_prop.passes.recompute.Recompute` and counts its copies, the
   recomputed segments' forward (their collectives are exposed with the backward's), and the
   memory figure then frees what they recompute;
 - communication: each collective step of each redistribution priced by algorithm on the
@@ -76,7 +76,8 @@ from .collectives import collective_time
 from .costs import cost_class, op_cost, op_time
 from .parallel import accumulation_time, optimizer_time, zero3_exposed
 
-__all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE", "TrainingBlock", "parse_training", "layer_nodes"]
+__all__ = ["StepEstimate", "estimate_step", "DATA_AXES", "RECOMPUTE", "TrainingBlock", "parse_training",
+           "layer_nodes"]
 
 DATA_AXES = ("dp", "data", "fsdp")
 RECOMPUTE = ("none", "selective", "full")
@@ -400,7 +401,8 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             exposed_sync = acc * max(per_mb - times["backward"], last_sync)
         else:  # a phase's gathers prefetched a layer ahead: hidden by that phase's compute only
             exposed_sync = acc * zero3_exposed(gathers - regathers, regathers + grad_sync, times["forward"],
-                                               times["backward"] + times["recompute"], first_gather or 0.0, last_sync)
+                                               times["backward"] + times["recompute"], first_gather or 0.0,
+                                               last_sync)
         grad_sync = acc * per_mb
     else:
         exposed_sync = grad_sync if not overlap else max(grad_sync - times["backward"], last_sync)

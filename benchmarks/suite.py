@@ -123,7 +123,7 @@ def run_suite(label: str, extra: list[str], coverage: bool, log_to: Path | None 
             env[LOG_ENV] = str(log_to)
             env["PYTHONPATH"] = str(ROOT / "benchmarks") + os.pathsep + env.get("PYTHONPATH", "")
             command += ["-p", "suite_times"]
-        start, cpu = time.perf_counter(), _children_cpu()
+        start, cpu, load = time.perf_counter(), _children_cpu(), os.getloadavg()[0]
         proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
         tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-300:]
@@ -132,7 +132,7 @@ def run_suite(label: str, extra: list[str], coverage: bool, log_to: Path | None 
         failures = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))]
         row = {"run": label, "wall_s": wall, "cpu_s": cpu, "failures": failures, "passed": counts.get("passed", 0), "failed": counts.get("failed", 0)
                + counts.get("error", 0) + counts.get("errors", 0), "skipped": counts.get("skipped", 0),
-               "exit": proc.returncode, "summary": tail}
+               "exit": proc.returncode, "summary": tail, "load": (load, os.getloadavg()[0])}
         if coverage:
             row["coverage"] = _coverage_figures(rc, folder)
         return row
@@ -148,15 +148,22 @@ def _children_cpu() -> float:
 
 def format_rows(rows: list[dict]) -> str:
     """The table: tests run, failed, wall seconds, CPU seconds (what a loaded machine does not stretch: on an
-    idle machine of N cores the wall time is about CPU / N at best), line coverage."""
-    header = f"{'run':<28} {'tests':>6} {'failed':>6} {'wall':>9} {'CPU':>9}  {'coverage':>8}  by package"
+    idle machine of N cores the wall time is about CPU / N at best), the load average as the run started and
+    ended (1-minute), line coverage."""
+    header = (f"{'run':<28} {'tests':>6} {'failed':>6} {'wall':>9} {'CPU':>9} {'load':>11}  {'coverage':>8}  "
+              "by package")
     lines = [header, "-" * len(header)]
     for row in rows:
         cov = row.get("coverage")
         lines.append(f"{row['run']:<28} {row['passed'] + row['failed']:>6} {row['failed']:>6} "
-                     f"{row['wall_s']:>8.0f}s {row['cpu_s']:>8.0f}s  " + (f"{cov['total']:>7.1f}%  " + ", ".join(
+                     f"{row['wall_s']:>8.0f}s {row['cpu_s']:>8.0f}s {_load(row):>11}  " + (f"{cov['total']:>7.1f}%  " + ", ".join(
                          f"{p} {cov[p]:.1f}%" for p in PACKAGES) if cov else f"{'-':>8}"))
     return "\n".join(lines)
+
+
+def _load(row: dict) -> str:
+    start, end = row.get("load", (None, None))
+    return "-" if start is None else f"{start:.1f}-{end:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,10 @@ def format_pipelined(d: dict) -> str:
              f"its busy time, the closed form's bubble {d['bubble_fraction']:.3f})",
              f"  gradient sync  {us(d['grad_sync_exposed_s'])} exposed  (stage {d['slowest_stage']})",
              f"  optimizer      {us(d['optimizer_s'])}  (AdamW, stage {d['slowest_stage']})"]
+    if "accumulate_s" in d:  # the micro-batches' weight gradients summed, after the schedule (perf.parallel)
+        longest = max(d["stages"], key=lambda st: st.get("accumulate_s", 0.0))["stage"]
+        lines.insert(2, f"  accumulation   {us(d['accumulate_s'])}  (the micro-batches' gradients summed, stage "
+                        f"{longest})")
     for st in d["stages"]:
         n = st["parameters"]
         lines.append(f"  stage {st['stage']}: forward {us(st['forward_s'])}, backward {us(st['backward_s'])} a "

@@ -548,7 +548,26 @@ def _ring_moves(analysis) -> list[tuple[str, str, list[str], int]]:
             for r in analysis.check.redistributions if r.node in ("attn/k_shift1", "attn/v_shift1")]
 
 
-def test_a_whole_graph_plan_that_drops_the_ring_is_not_taken_and_the_note_says_so():
+def _analysed_and_run(spec: dict, monkeypatch, backward: bool = False):
+    """``run_graph`` of ``spec`` with the verifier after every pass, and the analysis it ran first: the one
+    ``analyze(load_spec(spec), reshard=True, backward=backward, verify=True)`` gives.  One analysis where a
+    test made the same one twice (its own, then run_graph's): on these graphs the whole-graph solver's notes
+    cost seconds of CPU an analysis."""
+    import layout_prop.api as api
+
+    real, analyses = api.analyze, []
+
+    def analysed(*args, **kwargs):
+        analyses.append(real(*args, **kwargs))
+        return analyses[-1]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(api, "analyze", analysed)
+        report = run_graph(load_spec(spec), backward=backward, verify=True)
+    return analyses[0], report
+
+
+def test_a_whole_graph_plan_that_drops_the_ring_is_not_taken_and_the_note_says_so(monkeypatch):
     """The solver's plan moves 512 bytes per rank against the greedy sweep's 1664 by gathering x before the
     projections: no sequence shard reaches the attention.  It was taken, and the notes said the ring was
     written (the shifts then moved nothing).  The ring is asked for: the sweep's graph is kept, the note says
@@ -556,7 +575,7 @@ def test_a_whole_graph_plan_that_drops_the_ring_is_not_taken_and_the_note_says_s
     of k and v on cp=2."""
     pytest.importorskip("scipy")
     spec = _projected(["S(0)", "S(1)"], ["S(0)", "R"])
-    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    analysis, run = _analysed_and_run(spec, monkeypatch, backward=True)
     assert analysis.ok
     notes = [n for n in analysis.notes if n.startswith("reshard:")]
     assert notes == ["reshard: " + DROPPED.format(plan=512, now="(S(2), R)")
@@ -564,15 +583,15 @@ def test_a_whole_graph_plan_that_drops_the_ring_is_not_taken_and_the_note_says_s
     assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
     assert analysis.check.total_bytes_per_rank == 1664
     assert not any(n.startswith("expand: attn (scaled_dot_product_attention) does not run") for n in analysis.notes)
-    assert run_graph(load_spec(spec), backward=True).ok
+    assert run.ok
 
 
-def test_when_the_plan_drops_the_ring_its_best_plan_that_keeps_it_is_taken_if_cheaper():
+def test_when_the_plan_drops_the_ring_its_best_plan_that_keeps_it_is_taken_if_cheaper(monkeypatch):
     """With auto weights and an output projection the solver's plan (1152 bytes) drops the ring; its best plan
     with the ring's nodes held as written moves 2048, fewer than the greedy sweep's 2432: that one is taken."""
     pytest.importorskip("scipy")
     spec = _projected(["S(0)", "S(1)"], "auto", out_projection=True)
-    analysis = analyze(load_spec(spec), reshard=True, backward=True, verify=True)
+    analysis, run = _analysed_and_run(spec, monkeypatch, backward=True)
     assert analysis.ok
     notes = [n for n in analysis.notes if n.startswith("reshard:")]
     assert notes == ["reshard: " + DROPPED.format(plan=1152, now="(R, S(2))")
@@ -581,21 +600,21 @@ def test_when_the_plan_drops_the_ring_its_best_plan_that_keeps_it_is_taken_if_ch
                      "sweep moves 2432)"]
     assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
     assert analysis.check.total_bytes_per_rank == 2048
-    assert run_graph(load_spec(spec), backward=True).ok
+    assert run.ok
 
 
-def test_a_whole_graph_plan_that_changes_another_axis_keeps_the_ring_and_is_taken():
+def test_a_whole_graph_plan_that_changes_another_axis_keeps_the_ring_and_is_taken(monkeypatch):
     """Forward only, the plan gathers x's batch on dp and shards the heads there instead (q, k, v (S(2), S(1)),
     written (S(0), S(1))), the sequence still on cp: the ring runs as written (a layout changed on another axis
     keeps it), and the plan (384 bytes against 640) is taken without a word on the ring."""
     pytest.importorskip("scipy")
     spec = _projected(["S(0)", "S(1)"], ["S(0)", "R"])
-    analysis = analyze(load_spec(spec), reshard=True, verify=True)
+    analysis, run = _analysed_and_run(spec, monkeypatch)
     assert analysis.tensors()["k"]["placements"] == ["S(2)", "S(1)"]
     assert [n for n in analysis.notes if n.startswith("reshard:")] == [
         "reshard: chose where to redistribute over the whole graph: 384 bytes per rank (the greedy sweep moves 640)"]
     assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
-    assert run_graph(load_spec(spec)).ok
+    assert run.ok
 
 
 def test_a_final_graph_that_does_not_run_the_ring_says_so_in_the_notes_run_prints(monkeypatch):
@@ -663,15 +682,15 @@ def test_other_auto_operands_of_a_ring_reach_it(autos):
     assert run_graph(load_spec(spec), backward=True).ok
 
 
-def test_the_whole_graph_choice_of_an_auto_that_drops_the_ring_is_not_taken():
+def test_the_whole_graph_choice_of_an_auto_that_drops_the_ring_is_not_taken(monkeypatch):
     """k also added to r (R, S(2)): the solver's choice, k (S(0), R), costs fewer bytes than complete's ring
     layout (forward) and was taken over it, dropping the ring; now it is not, and a note says so."""
     pytest.importorskip("scipy")
     spec = _auto_beside_ring(extra="kk")
-    analysis = analyze(load_spec(spec), reshard=True, verify=True)
+    analysis, run = _analysed_and_run(spec, monkeypatch)
     assert analysis.ok
     assert analysis.tensors()["k"]["placements"] == ["S(0)", "S(1)"]
     assert ("complete: the whole-graph choice of the auto layouts (k (S(0), R)) drops the ring attn asks "
             "(context_parallel='ring'): not taken") in analysis.notes
     assert _ring_moves(analysis) == [("k", "attn/k_shift1", ["permute"], 128), ("v", "attn/v_shift1", ["permute"], 128)]
-    assert run_graph(load_spec(spec)).ok
+    assert run.ok

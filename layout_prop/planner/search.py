@@ -445,13 +445,16 @@ def recognise(graph: Graph) -> ModelShape:
     distinct = len({signature(k) for k in layers})
     inputs = {n.name: n.attrs for n in graph.inputs()}
     stem_of = prefix.rstrip("#")
-    moe_numbers = sorted(k for k in layers if stem_of + str(k) + "_e_gate" in inputs)
-    dense_numbers = sorted(k for k in layers if stem_of + str(k) + "_w_gate" in inputs)
+    # the weights are read through the nodes that use them (gen names its parameters as Hugging Face does and
+    # its nodes l<i>_<what>): a layer's experts are the batched product e_gate_up_out, a dense MLP's gate the
+    # linear l<i>_gate
+    moe_numbers = sorted(k for k in layers if _weight(shapes, inputs, f"{stem_of}{k}_e_gate_up_out") is not None)
+    dense_numbers = sorted(k for k in layers if _weight(shapes, inputs, f"{stem_of}{k}_gate") is not None)
     p = stem_of + str(moe_numbers[0] if moe_numbers else min(layers))
 
-    def dims(name: str) -> list[int] | None:
-        a = inputs.get(p + "_" + name)
-        return list(a["shape"]) if a else None
+    def dims(node: str) -> list[int] | None:
+        weight = _weight(shapes, inputs, p + "_" + node)
+        return list(inputs[weight]["shape"]) if weight is not None else None
 
     def heads_of(proj: str) -> int | None:
         node = shapes.get(p + "_" + proj + "_heads")
@@ -461,29 +464,33 @@ def recognise(graph: Graph) -> ModelShape:
     for name in ("tokens", "x"):
         if name in inputs:
             seq = int(inputs[name]["shape"][1])
-    if dims("e_gate"):
-        family, ffn = "moe", dims("e_gate")[2]
-    elif dims("w_fc1"):
-        family, ffn = "gpt", dims("w_fc1")[0]
-    elif dims("w_gate"):
-        family, ffn = "llama", dims("w_gate")[0]
+    if dims("e_gate_up_out"):  # the experts' fused gate and up, (E, 2F, H)
+        family, ffn = "moe", dims("e_gate_up_out")[1] // 2
+    elif dims("fc1_mm"):  # GPT-2's c_fc, Conv1D (H, F)
+        family, ffn = "gpt", dims("fc1_mm")[1]
+    elif dims("gate"):  # Llama's gate_proj, (F, H)
+        family, ffn = "llama", dims("gate")[0]
     else:
         family = None
     heads = heads_of("q")
-    norm = dims("norm1") or dims("ln1_w")
+    norm_weight = _weight(shapes, inputs, p + "_h")
+    norm = list(inputs[norm_weight]["shape"]) if norm_weight is not None else None
     if family is None or heads is None or norm is None or seq is None:
         raise SpecError("unknown-model", f"recognised {len(layers)} layers ({distinct} distinct shape(s)) named "
                         f"{prefix!r}, but not a gen gpt, llama or moe layer",
                         hint="plan --search evaluates layers with the gen generators: give a gen gpt, gen llama or "
                         "gen moe spec (imported models are not searched yet)")
     hidden = norm[0]
-    dtype = inputs[p + ("_norm1" if dims("norm1") else "_ln1_w")].get("dtype", "float32")
-    vocab = inputs["embed"]["shape"][0] if "embed" in inputs else 64
+    dtype = inputs[norm_weight].get("dtype", "float32")
+    embedding = next((n for n in graph.topo_order() if n.op == "embedding"), None)
+    table = embedding.inputs[1] if embedding is not None and len(embedding.inputs) > 1 else None
+    vocab = inputs[table]["shape"][0] if table in inputs else 64
+    head = _weight(shapes, inputs, "logits")
     extra: dict[str, Any] = {}
     if family == "moe":
-        experts = dims("e_gate")[0]
+        experts = dims("e_gate_up_out")[0]
         topk = shapes.get(p + "_topk")
-        shared = dims("s_gate")
+        shared = dims("s_gate_out")
         scores = shapes.get(p + "_scores")
         dispatch = shapes.get(p + "_dispatch")
         extra = dict(experts=experts, top_k=int(topk.attrs["k"]) if topk is not None else 1,
@@ -496,11 +503,38 @@ def recognise(graph: Graph) -> ModelShape:
             if dense_numbers != list(range(min(layers), min(layers) + len(dense_numbers))):
                 raise SpecError("unknown-model", f"the dense layers {dense_numbers} of the MoE model are not its first",
                                 hint="plan --search takes gen moe --dense-layers N specs (the first N layers dense)")
-            extra.update(dense_layers=len(dense_numbers),
-                         dense_ffn=inputs[stem_of + str(dense_numbers[0]) + "_w_gate"]["shape"][0])
+            dense_gate = _weight(shapes, inputs, f"{stem_of}{dense_numbers[0]}_gate")
+            extra.update(dense_layers=len(dense_numbers), dense_ffn=inputs[dense_gate]["shape"][0])
     return ModelShape(family=family, layers=len(layers), hidden=hidden, heads=heads, ffn=ffn, seq=seq, dtype=dtype,
                       vocab=vocab, kv_heads=heads_of("k") if family != "gpt" else None, full="tokens" in inputs,
-                      tie="head" not in inputs, distinct_layers=distinct, **extra)
+                      tie=head is None or head == table, distinct_layers=distinct, **extra)
+
+
+def _weight(nodes: dict, inputs: dict, name: str) -> str | None:
+    """The parameter node ``name`` reads as its second operand (a product's weight, a norm's scale), or None when
+    there is no such node or that operand is not a model input."""
+    node = nodes.get(name)
+    if node is None or node.is_input or len(node.inputs) < 2 or node.inputs[1] not in inputs:
+        return None
+    return node.inputs[1]
+
+
+def _reads_as_gen(graph: Graph) -> bool:
+    """Whether ``graph`` is laid out as ``gen gpt|llama|moe`` write it: decoder layers of nodes named ``l<i>_...``
+    whose attention splits its query into heads at ``l<i>_q_heads`` after the norm ``l<i>_h`` (the node names the
+    pipeline, recomputation and ZeRO passes read layers from; an importer names nodes after the model's modules)."""
+    names = {n.name: n for n in graph.nodes}
+    for name, node in names.items():
+        hit = _GEN_HEADS.match(name)
+        if hit and node.op == "reshape":
+            norm = names.get(f"l{hit.group(1)}_h")
+            if norm is not None and norm.op in ("rms_norm", "layer_norm"):
+                return True
+    return False
+
+
+#: the node gen writes where a layer's query is split into heads
+_GEN_HEADS = re.compile(r"^l(\d+)_q_heads$")
 
 
 # ------------------------------------------------------------------------------------------ imported models
@@ -539,9 +573,13 @@ class ImportedModel:
 
 
 def is_imported(graph: Graph) -> bool:
-    """Whether ``graph`` was read from a model file (the importer's notes) or names its parameters as torch does."""
+    """Whether ``graph`` was read from a model file (the importer's notes), or names its parameters as torch does
+    and is not laid out as gen writes its specs (gen names its parameters as Hugging Face's models do too: its
+    graphs are told by their layers' node names and structure, :func:`_reads_as_gen`)."""
     if meta.IMPORT_NOTES in graph.meta:
         return True
+    if _reads_as_gen(graph):
+        return False
     return any(_IMPORTED_LAYER.match(n.name) for n in graph.inputs())
 
 
@@ -693,7 +731,6 @@ def _recognise_imported(graph: Graph) -> ModelShape:
         if heads + 2 * kv_heads != total or kv_heads < 1:
             raise _unknown(found, [f"q, k and v heads of {head_dim} fused into {q_out} features (the reshapes give "
                                    f"heads {counts})"])
-        differences.append(f"fused {first['qkv'][0].rsplit('.', 2)[-2]} (priced as q, k, v projections)")
     else:
         heads = q_out // head_dim
         kv_heads = dims("k")[1] // head_dim
@@ -703,6 +740,8 @@ def _recognise_imported(graph: Graph) -> ModelShape:
     else:
         ffn = dims("gate" if "gate" in first else "fc")[1]
     family = "llama" if ("gate" in first or "gate_up" in first) else "gpt"
+    if fused and family == "llama":  # gen gpt writes GPT-2's fused c_attn itself; gen llama q, k, v apart
+        differences.insert(0, f"fused {first['qkv'][0].rsplit('.', 2)[-2]} (priced as q, k, v projections)")
     down_in = dims("down")[0]
     if down_in != ffn:
         raise _unknown(found, [f"an MLP whose down projection reads its {ffn} features (it reads {down_in})"])

@@ -57,7 +57,7 @@ from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
 
 __all__ = ["ExportTensor", "ExportNode", "ExportPlan", "TrainingConfig", "collect", "plan_data", "format_data",
            "not_expressible", "not_written", "own_parameters", "tied_copy", "unmarked_inputs_note", "drop_unit_axes",
-           "TARGETS", "INTEGER_DTYPES", "pipeline_chunks"]
+           "TARGETS", "INTEGER_DTYPES", "pipeline_chunks", "stage_collect"]
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -295,6 +295,9 @@ class ExportPlan:
     chunk_plan: tuple[ExportChunk, ...] = ()
     #: the forward op nodes the spec's ``recompute:`` block recomputes, by layer (``passes.recompute.segments``)
     recomputed: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: a pipelined plan's stage: one micro-batch of the graph on the stage mesh (the pipeline axis left out),
+    #: analysed as ``check SPEC --reshard`` analyses it (:func:`stage_collect`); None without a ``pipeline:`` block
+    stage: "ExportPlan | None" = None
 
     def tensors(self) -> dict[str, ExportTensor]:
         return {**self.inputs, **self.parameters}
@@ -412,6 +415,7 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
                 plan.move_consumers[node.inputs[0]] = plan.move_consumers.get(node.inputs[0], ()) + readers
     if plan.config.pipeline_axis is not None:
         plan.chunks = pipeline_chunks(graph)
+        plan.stage = stage_collect(graph, data_inputs=data_inputs, source=source, aliases=aliases)
         plan.chunk_plan = chunk_values(graph, done, plan.chunks, plan.config.pipeline_stages)
     if plan.config.recompute != "none":
         from layout_prop.passes.recompute import segments
@@ -427,6 +431,20 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
             outs = tuple(getattr(s, "layout", None) for s in node.meta.get(meta.SPECS) or ())
             plan.nodes.append(ExportNode(node.name, node.op, tuple(node.inputs), ins, outs))
     return plan
+
+
+def stage_collect(graph: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
+                  aliases: dict[str, Sequence[str]] | None = None) -> ExportPlan:
+    """:func:`collect` of one micro-batch of ``graph`` (a spec with a ``pipeline:`` block) on the stage mesh, its
+    op nodes included: the layouts each pipeline stage runs, as ``check SPEC --reshard`` analyses them (the whole
+    graph analysed on the whole mesh may cut values on the pipeline axis, which no stage holds)."""
+    from layout_prop.api import analyze
+    from layout_prop.passes.pipeline import PipelineConfig, micro_batch_graph
+
+    micro, _ = micro_batch_graph(graph, PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh))
+    micro.meta.update({k: v for k, v in graph.meta.items() if k in ("import_sources", "import_aliases")})
+    return collect(micro, analyze(micro, reshard=True).graph, data_inputs=data_inputs, source=source, nodes=True,
+                   aliases=aliases)
 
 
 def pipeline_chunks(graph: Graph) -> dict[str, int]:

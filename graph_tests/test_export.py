@@ -596,21 +596,28 @@ def _config_spec(tmp_path, block: str):
     return spec
 
 
-@pytest.mark.parametrize("target", ["hyper-parallel", "mindspore", "torch"])
-def test_a_pipeline_is_refused_in_one_line_never_dropped(capsys, tmp_path, target):
+@pytest.mark.parametrize("target, schedule", [("hyper-parallel", "gpipe"), ("mindspore", "interleaved")])
+def test_a_pipeline_is_refused_in_one_line_never_dropped(capsys, tmp_path, target, schedule):
     """export showed the graph without the spec's pipeline: block and wrote every parameter replicated on pp:
-    a pipeline a target's export does not write is now one not-expressible line naming it."""
+    a schedule a target's export does not write is one not-expressible line naming it (MindSpore and
+    hyper-parallel write 1f1b: test_export_pipeline.py builds and runs them; torch: test_export_torch*.py)."""
     from layout_prop.frontends.generate import llama_spec
     from layout_prop.io.loader import format_spec
 
-    spec = tmp_path / "pp.yaml"
-    spec.write_text(format_spec(llama_spec(layers=2, full=True, batch=4, mesh=(("dp", 2), ("sp", 1), ("tp", 2))),
-                                None).replace("names: [dp, sp, tp]", "names: [dp, pp, tp]").replace(
-        "shape: [2, 1, 2]", "shape: [2, 2, 2]") + "pipeline: {axis: pp, micro_batches: 2, schedule: 1f1b}\n")
+    spec = yaml.safe_load(format_spec(llama_spec(layers=4, full=True, batch=8, mesh=(("dp", 2), ("sp", 1), ("tp", 2))),
+                                      None))
+    spec["mesh"] = {"shape": [2, 2, 2], "names": ["pp", "dp", "tp"]}
+    for entry in spec["inputs"].values():
+        if "placements" in entry:  # sp (size 1) becomes pp, first: a stage holds whole values (R)
+            entry["placements"] = ["R", entry["placements"][0], entry["placements"][2]]
+    virtual = ", virtual_stages: 2" if schedule == "interleaved" else ""
+    path = tmp_path / "pp.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False) + f"pipeline: {{axis: pp, micro_batches: 4, schedule: "
+                    f"{schedule}{virtual}}}\n")
     capsys.readouterr()
-    assert main(["export", str(spec), "--to", target]) == 2
+    assert main(["export", str(path), "--to", target]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not-expressible" in err[0] and "pipeline: block (2 stages on pp, 1f1b" in err[0], err
+    assert len(err) == 1 and "not-expressible" in err[0] and "pipeline: block" in err[0] and schedule in err[0], err
 
 
 def test_hyper_parallel_refuses_zero_beside_tensor_parallelism_and_recompute(capsys, tmp_path):

@@ -19,6 +19,8 @@ parameters of the model and are listed in a comment only.
 
 from __future__ import annotations
 
+import dataclasses
+
 from layout_prop.core.layout import Layout
 
 from .export_plan import (ExportPlan, batch_lines, not_expressible, not_written, own_parameters, placement_args,
@@ -165,6 +167,217 @@ def _zero(plan: ExportPlan) -> tuple[ExportPlan, list[str]]:
     return dataclasses.replace(plan, config=dataclasses.replace(c, zero_stage=0, zero_axes=())), lines
 
 
+#: what the snapshot's pipeline (``hyper_parallel.core.pipeline_parallel``, its torch platform) does wrong or
+#: refuses, found running it on CPU (graph_tests/test_export_pipeline.py): the export writes around each
+PIPELINE_DEFECTS = {
+    "gpipe": "the snapshot's ScheduleGPipe fails when it is built (AttributeError: 'ScheduleGPipe' object has no "
+             "attribute 'stage', in construct_exec_order)",
+    "send": "the snapshot's PipelineStage sends a stage's DTensor output with platform.isend, which its torch "
+            "DTensor dispatch has no rule for (RuntimeError: Operator isend dose not contain parallel layout infer "
+            "func): each chunk sends local tensors and the next chunk makes them DTensors again",
+    "sum": "the snapshot's schedule sums the micro-batches' losses' gradients: a mean loss is divided by the "
+           "micro-batches in the last chunk",
+}
+
+
+def _producer(value: str) -> tuple[str, int]:
+    node, _, index = value.partition(":")
+    return node, int(index) if index.isdigit() else 0
+
+
+def _pipeline(plan: ExportPlan) -> tuple[ExportPlan, dict | None]:
+    """``(plan on the stage mesh, the pipeline's pieces)`` for a plan with a ``pipeline:`` block, else
+    ``(plan, None)``: each chunk's parameters and modules, and the values each chunk receives (made by an earlier
+    chunk, read by it or a later one) with their layouts on the stage mesh."""
+    from layout_prop.core.placement import Partial, Replicate
+
+    from .export_mindspore import stage_plan
+
+    c = plan.config
+    if c.pipeline_axis is None:
+        return plan, None
+    block = f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, {c.schedule})"
+    if c.schedule == "gpipe":
+        raise not_written(TARGET, block, PIPELINE_DEFECTS["gpipe"], "write schedule: 1f1b (or export --to torch)")
+    if plan.mesh.names[0] != c.pipeline_axis:
+        raise not_written(TARGET, block, "the snapshot's PipelineStage runs stage s on ranks s*n .. s*n+n-1 (the "
+                          "pipeline axis first in the mesh)", f"put {c.pipeline_axis} first in the mesh")
+    staged = stage_plan(plan)
+    chunk_of = plan.chunks
+    producers = {node.name: node for node in staged.nodes}
+    parameters = {name for name, t in staged.parameters.items() if t.kind == "parameter"}
+    param_chunks: dict[str, set[int]] = {}
+    reads: dict[str, set[int]] = {}  # op-made value -> the chunks reading it
+    for node in staged.nodes:
+        if node.name not in chunk_of:
+            continue
+        chunk = chunk_of[node.name]
+        for value in node.inputs:
+            if value in parameters:
+                param_chunks.setdefault(value, set()).add(chunk)
+            elif _producer(value)[0] in producers and _producer(value)[0] in chunk_of:
+                reads.setdefault(value, set()).add(chunk)
+    for value, readers in staged.move_consumers.items():  # a moved value's readers read its moved copy
+        if _producer(value)[0] in producers and _producer(value)[0] in chunk_of:
+            reads.setdefault(value, set()).update(chunk_of[r] for r in readers if r in chunk_of)
+    for name, chunks in param_chunks.items():
+        if len(chunks) > 1:
+            t = staged.parameters[name]
+            raise not_expressible(TARGET, "parameter", name, t.layout, f"it is read on chunks {sorted(chunks)}: the "
+                                  "snapshot shares a parameter between stages by SharedParameterInfo, which this "
+                                  "export does not write", "untie it (a copy per chunk), or keep its readers on one "
+                                  "stage (the pipeline: block's boundaries)")
+    receives: dict[int, list[tuple[str, Layout]]] = {}
+    for chunk in range(1, c.pipeline_stages * c.virtual_stages):
+        for value, readers in reads.items():
+            node, index = _producer(value)
+            if chunk_of[node] < chunk <= max(readers):
+                layout = producers[node].out_layouts[index]
+                # hyper-parallel redistributes to no partial layout: a partial sum crossing stages is reduced first
+                layout = Layout(layout.mesh, [Replicate() if isinstance(p, Partial) else p
+                                              for p in layout.placements], layout.ndim)
+                receives.setdefault(chunk, []).append((value, layout))
+    modules: dict[int, set[str]] = {}
+    for node, weight in plan.weights.items():
+        module = _module(plan, node)
+        if module is not None and node in chunk_of:
+            modules.setdefault(chunk_of[node], set()).add(module)
+    chunk_params: dict[int, list[str]] = {}
+    for name, chunks in param_chunks.items():
+        chunk_params.setdefault(next(iter(chunks)), []).append(name)
+    return staged, {"receives": receives, "parameters": chunk_params, "modules": modules}
+
+
+def _pipeline_lines(plan: ExportPlan, pieces: dict) -> list[str]:
+    c = plan.config
+    chunks = c.pipeline_stages * c.virtual_stages
+    aliases = {name: t.aliases for name, t in plan.parameters.items()}
+    lines = [f"#: pipeline: the mesh axis {c.pipeline_axis!r} holds {c.pipeline_stages} stages (axis 0: the snapshot's "
+             "PipelineStage runs stage s on ranks s*n .. s*n+n-1);",
+             f"#: the model is cut into {chunks} chunks, chunk c on stage c % PIPELINE_STAGES, each sharded on its "
+             "stage's mesh",
+             f"PIPELINE_STAGES = {c.pipeline_stages}", f"CHUNKS = {chunks}", f"MICRO_BATCHES = {c.micro_batches}",
+             f"SCHEDULE = {c.schedule!r}  # Schedule1F1B, or ScheduleInterleaved1F1B",
+             f"LOSS = {c.pipeline_loss!r}  # the batch loss over the micro-batches",
+             f"STAGE_MESH_DIM_NAMES = ({', '.join(repr(n) for n in plan.mesh.names)}{',' if plan.mesh.ndim == 1 else ''})",
+             "#: each chunk's parameters (the model's own names): build chunk c as the model without the other "
+             "chunks' modules",
+             "CHUNK_PARAMETERS = {"]
+    for chunk in range(chunks):
+        names = [n for name in pieces["parameters"].get(chunk, []) for n in (name, *aliases.get(name, ()))]
+        lines.append(f"    {chunk}: {tuple(names)!r},")
+    lines.append("}")
+    lines.append("#: each chunk's modules named in the plan's input_plan and output_plan")
+    lines.append("CHUNK_MODULES = {")
+    for chunk in range(chunks):
+        lines.append(f"    {chunk}: {tuple(sorted(pieces['modules'].get(chunk, ())))!r},")
+    lines.append("}")
+    lines.append("#: " + PIPELINE_DEFECTS["send"])
+    lines.append("#: " + PIPELINE_DEFECTS["sum"])
+    return lines
+
+
+def _pipeline_functions(pieces: dict) -> list[str]:
+    lines = ["", "", "def received(mesh):",
+             '    """The values each chunk receives from the chunk before (made by an earlier chunk, read by it or a',
+             "    later one), in the spec's order, as (name, placements on the stage mesh): the arguments of a chunk's",
+             '    forward after the first chunk, and what the chunk before returns."""',
+             "    return {"]
+    for chunk, values in sorted(pieces["receives"].items()):
+        lines.append(f"        {chunk}: (")
+        for value, layout in values:
+            text = placements_text(layout, "value", value)
+            if text.startswith("layout"):
+                raise not_expressible(TARGET, "value", value, layout, "it crosses pipeline stages, whose received "
+                                      "tensors take placements (one mesh axis a dim)", "cut that dim by one mesh axis")
+            lines.append(f"            ({value!r}, {text}),")
+        lines.append("        ),")
+    lines += [
+        "    }",
+        "",
+        "",
+        "def stage_of_rank(rank, world_size):",
+        '    """The pipeline stage rank ``rank`` runs (stage s: ranks s*n .. s*n+n-1)."""',
+        "    return rank // (world_size // PIPELINE_STAGES)",
+        "",
+        "",
+        'def make_stage_mesh(device_type="npu"):',
+        '    """This rank\'s stage mesh (the mesh without the pipeline axis, on its stage\'s ranks). The whole mesh is',
+        "    built first on every rank: its process groups are made by every rank in one order (a stage mesh built",
+        '    on its own ranks alone makes groups other stages do not, and the ranks wait on each other for ever)."""',
+        "    import torch.distributed as dist",
+        "",
+        "    DeviceMesh(device_type, RANKS, mesh_dim_names=MESH_DIM_NAMES)",
+        "    stage = stage_of_rank(dist.get_rank(), dist.get_world_size())",
+        "    return DeviceMesh(device_type, RANKS[stage], mesh_dim_names=STAGE_MESH_DIM_NAMES)",
+        "",
+        "",
+        "def local_chunks(rank, world_size):",
+        '    """The chunks rank ``rank`` runs (chunk c on stage c % PIPELINE_STAGES)."""',
+        "    return [c for c in range(CHUNKS) if c % PIPELINE_STAGES == stage_of_rank(rank, world_size)]",
+        "",
+        "",
+        "def chunk_plan(mesh, chunk):",
+        '    """sharding_plan(mesh) for chunk ``chunk``\'s module only (shard_module refuses names it does not hold)."""',
+        "    full = sharding_plan(mesh)",
+        "    keep = lambda key: key.rpartition('.')[0] in CHUNK_MODULES[chunk]  # noqa: E731",
+        "    return ShardingPlan(",
+        "        plan={k: v for k, v in full.plan.items() if k in CHUNK_PARAMETERS[chunk]},",
+        "        input_plan={k: v for k, v in (full.input_plan or {}).items() if k == 'input' and chunk == 0 or keep(k)},",
+        "        output_plan={k: v for k, v in (full.output_plan or {}).items() if keep(k)},",
+        "    )",
+        "",
+        "",
+        "def stage_module(module, mesh, chunk):",
+        '    """Chunk ``chunk``\'s module (sharded with chunk_plan) as a pipeline stage runs it: the tensors it receives',
+        "    made DTensors with their planned placements, its outputs sent as local tensors in the placements the next",
+        '    chunk receives (see the defects above), and the last chunk\'s loss divided by MICRO_BATCHES for a mean."""',
+        "    import torch",
+        "",
+        "    from hyper_parallel.core.dtensor import DTensor, distribute_tensor",
+        "",
+        "    into, out_of = received(mesh).get(chunk, ()), received(mesh).get(chunk + 1, ())",
+        '    planned = (sharding_plan(mesh).input_plan or {}).get("input", {})',
+        "",
+        "    class Stage(torch.nn.Module):",
+        "        def __init__(self):",
+        "            super().__init__()",
+        "            self.module = module",
+        "",
+        "        def forward(self, *args, **kwargs):",
+        "            # the model's inputs, by name, one micro-batch of the whole batch each: placed here as planned",
+        "            kwargs = {k: distribute_tensor(v, mesh, planned[k]) if k in planned and not isinstance(v, DTensor)",
+        "                      else v for k, v in kwargs.items()}",
+        "            if chunk:",
+        "                args = tuple(a if isinstance(a, DTensor) else DTensor.from_local(a, mesh, placements)",
+        "                             for a, (_, placements) in zip(args, into))",
+        "            out = self.module(*args, **kwargs)",
+        "            if chunk == CHUNKS - 1:  # the loss: reduced first (the snapshot divides no partial sum)",
+        "                if isinstance(out, DTensor):",
+        "                    out = out.redistribute(mesh, tuple(Replicate() for _ in range(mesh.ndim)))",
+        "                return out / MICRO_BATCHES if LOSS == 'mean' else out",
+        "            outs = out if isinstance(out, tuple) else (out,)",
+        "            return tuple(o.redistribute(mesh, placements).to_local() for o, (_, placements) in zip(outs, out_of))",
+        "",
+        "    return Stage()",
+        "",
+        "",
+        'def pipeline_schedule(modules, mesh, device="cpu"):',
+        '    """The schedule running this rank\'s chunks: ``modules`` maps each of local_chunks() to its module,',
+        "    sharded with shard_module(module, mesh, chunk_plan(mesh, chunk)). Then schedule.run(**inputs) on each",
+        "    rank with the model inputs its chunks read (the first chunk's, the last's labels), the whole batch as",
+        "    plain tensors: stage_module places each micro-batch (the snapshot's micro-batching of a DTensor cuts each",
+        '    rank\'s local rows, so the micro-batches of a batch cut on the stage mesh would interleave)."""',
+        "    from hyper_parallel.core.pipeline_parallel import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B",
+        "",
+        "    stages = [PipelineStage(stage_module(m, mesh, c), c, CHUNKS, device=device) for c, m in sorted(modules.items())]",
+        "    if SCHEDULE == 'interleaved':",
+        "        return ScheduleInterleaved1F1B(stages, MICRO_BATCHES)",
+        "    return Schedule1F1B(stages[0], MICRO_BATCHES)",
+    ]
+    return lines
+
+
 def _ranks(shape: tuple[int, ...]) -> str:
     import numpy as np
 
@@ -174,11 +387,14 @@ def _ranks(shape: tuple[int, ...]) -> str:
 def export_hyper_parallel(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
     plan, zero_lines = _zero(plan)
-    refuse_config(plan, TARGET)
+    refuse_config(dataclasses.replace(plan, config=dataclasses.replace(
+        plan.config, pipeline_axis=None)) if plan.config.pipeline_axis is not None else plan, TARGET)
+    whole = plan
+    plan, pieces = _pipeline(plan)
     own_parameters(plan, TARGET)  # a tied copy's refusal first: it names the model's own mistake
     _refuse_vocabulary_embedding(plan)
     moves, unwritten = explicit_moves(plan)
-    mesh = plan.mesh
+    mesh = whole.mesh if pieces is not None else plan.mesh  # RANKS: the whole mesh (a stage's ranks: RANKS[s])
     comma = "," if mesh.ndim == 1 else ""
     lines = [
         f'"""hyper-parallel sharding plan written by layout-prop export from {plan.source or "a graph"}.',
@@ -200,11 +416,14 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
           if plan.dropped_axes else []),
         *(batch_lines(plan) if plan.config.global_batch is not None else []),
         *zero_lines,
+        *([] if pieces is None else _pipeline_lines(plan, pieces)),
         "",
         "",
         'def make_mesh(device_type="npu"):',
-        '    """The device mesh layout-prop checked the plan on."""',
-        "    return DeviceMesh(device_type, RANKS, mesh_dim_names=MESH_DIM_NAMES)",
+        '    """The device mesh layout-prop checked the plan on."""' if pieces is None else
+        '    """This rank\'s stage mesh: the mesh the plan\'s layouts are on (each stage\'s chunks)."""',
+        "    return DeviceMesh(device_type, RANKS, mesh_dim_names=MESH_DIM_NAMES)" if pieces is None else
+        "    return make_stage_mesh(device_type)",
         "",
         "",
         "def sharding_plan(mesh):",
@@ -283,5 +502,6 @@ def export_hyper_parallel(plan: ExportPlan) -> str:
         '    placed = {name: distribute_tensor(value, mesh, planned[name]) for name, value in inputs.items()}',
         *(['    return {name: value.to_local() for name, value in placed.items()}  # fully_shard takes local batches']
           if zero_lines else ['    return placed']),
+        *([] if pieces is None else _pipeline_functions(pieces)),
     ]
     return "\n".join(lines) + "\n"

@@ -34,7 +34,7 @@ from layout_prop.core.layout import Layout
 from .export_plan import ExportPlan, batch_lines, not_expressible, not_written, own_parameters
 from .hyper_parallel import _alias_map
 
-__all__ = ["export_mindspore", "strategy", "alias_map", "node_strategies", "PRIMITIVES", "primitive"]
+__all__ = ["export_mindspore", "strategy", "alias_map", "node_strategies", "PRIMITIVES", "primitive", "stage_plan"]
 
 TARGET = "MindSpore"
 
@@ -80,19 +80,71 @@ def _reduced(layout: Layout) -> Layout:
 
 
 def _check_config(plan: ExportPlan) -> None:
-    """Refuse what this export does not write (one ``not-expressible`` line naming the block): a pipeline
-    (MindSpore's pipeline needs each Cell's ``pipeline_stage`` and a ``PipelineCell``, which a plan of layouts
-    does not assign) and selective recomputation (MindSpore recomputes Cells or chosen primitives)."""
+    """Refuse what this export does not write (one ``not-expressible`` line naming it and the workaround): an
+    interleaved pipeline (MindSpore 2.10's ``AutoParallel.pipeline(interleave=True)`` takes no assignment of model
+    chunks to stages that this export could write and check: ``Cell.pipeline_segment`` is documented for its
+    ``zero_bubble_v`` scheduler only)."""
     c = plan.config
-    if c.pipeline_axis is not None:
-        raise not_written(TARGET, f"the pipeline: block ({c.pipeline_stages} stages on {c.pipeline_axis}, "
-                          f"{c.schedule})", "MindSpore's pipeline needs each Cell's pipeline_stage and a PipelineCell, "
-                          "which a plan of layouts does not assign", "set cell.pipeline_stage and "
-                          "AutoParallel.pipeline(stages=...) yourself, and export each stage's spec without the "
-                          "pipeline: block")
-    if c.recompute not in ("none", "full"):
-        raise not_written(TARGET, f"recompute: {c.recompute}", "this export recomputes whole Cells",
-                          "write recompute: full (each layer's Cell recomputed), or leave the block out")
+    if c.pipeline_axis is not None and c.schedule == "interleaved":
+        raise not_written(TARGET, f"the pipeline: block's interleaved schedule ({c.pipeline_stages} stages x "
+                          f"{c.virtual_stages} virtual on {c.pipeline_axis})", "MindSpore's interleave=True takes no "
+                          "model chunks per stage this export can write (Cell.pipeline_segment is documented for "
+                          "zero_bubble_v only)", "write schedule: 1f1b (or gpipe) with virtual_stages: 1, or "
+                          "export --to torch")
+
+
+def stage_plan(plan: ExportPlan) -> ExportPlan:
+    """``plan`` on the stage mesh for a plan with a ``pipeline:`` block (``plan`` itself without one): its stage
+    (:attr:`ExportPlan.stage`: one micro-batch on the mesh without the pipeline axis, as ``check SPEC --reshard``
+    analyses it) with its size-1 axes dropped, carrying the whole plan's configuration, chunks and recomputed
+    nodes. MindSpore's strategies are for one stage's devices (``pipeline_stages`` divides the devices);
+    hyper-parallel shards each chunk on its stage's mesh."""
+    import dataclasses
+
+    from .export_plan import drop_unit_axes
+
+    if plan.stage is None:
+        return plan
+    stage = drop_unit_axes(plan.stage)
+    return dataclasses.replace(stage, config=plan.config, chunks=plan.chunks, recomputed=plan.recomputed,
+                               source=plan.source, model=plan.model, stage=None)
+
+
+def _layer(name: str) -> str:
+    """The layer a node belongs to (``l3_q`` -> ``l3``, as the recompute and ZeRO passes read names), else itself."""
+    from layout_prop.passes.zero import _layer_of
+
+    return _layer_of(name)
+
+
+def _pipeline_lines(plan: ExportPlan) -> list[str]:
+    c = plan.config
+    if c.pipeline_axis is None:
+        return ["#: pipeline: none (PIPELINE_STAGES = 1: no Pipeline wrapper, no pipeline_stage)",
+                "PIPELINE_STAGES = 1", "MICRO_BATCHES = 1", "PIPELINE_SCHEDULER = '1f1b'", "NODE_STAGES = {}",
+                "LAYER_STAGES = {}"]
+    stages = c.pipeline_stages
+    node_stages = {name: chunk % stages for name, chunk in plan.chunks.items()}
+    layers: dict[str, set[int]] = {}
+    for name, stage in node_stages.items():
+        if _layer(name) != name:  # a node outside any layer (embedding, head, loss) is in NODE_STAGES only
+            layers.setdefault(_layer(name), set()).add(stage)
+    lines = [f"#: pipeline: the mesh axis {c.pipeline_axis!r} ({stages} stages) is MindSpore's pipeline_stages; every "
+             "strategy and Layout above is for one stage's devices",
+             "#: (AutoParallel.pipeline(stages=PIPELINE_STAGES, scheduler=PIPELINE_SCHEDULER); Pipeline(net, "
+             "MICRO_BATCHES) splits each batch into micro-batches)",
+             f"PIPELINE_STAGES = {stages}", f"MICRO_BATCHES = {c.micro_batches}",
+             f"PIPELINE_SCHEDULER = {c.schedule!r}",
+             "#: each op node's stage, as layout-prop pipeline SPEC cuts the model",
+             "NODE_STAGES = {"]
+    lines += [f"    {name!r}: {stage}," for name, stage in node_stages.items()]
+    lines.append("}")
+    lines.append("#: each layer's stage (l0, l1... as the nodes name them; a layer split between stages is left out: set its")
+    lines.append("#: Cells' stages by NODE_STAGES)")
+    lines.append("LAYER_STAGES = {")
+    lines += [f"    {layer!r}: {next(iter(s))}," for layer, s in layers.items() if len(s) == 1]
+    lines.append("}")
+    return lines
 
 
 def _config_lines(plan: ExportPlan) -> list[str]:
@@ -100,14 +152,28 @@ def _config_lines(plan: ExportPlan) -> list[str]:
     degree = 1
     for axis in c.zero_axes:
         degree *= plan.mesh.shape[plan.mesh.axis_index(axis)]
-    return ["#: ZeRO as MindSpore's parallel optimizer: AutoParallel.hsdp(shard_size=ZERO_SHARD_SIZE, threshold=0,",
-            "#: optimizer_level='level<ZERO_STAGE>') (level1: weights' optimizer states, level2: and gradients,",
-            "#: level3: and weights); 0: none",
-            f"ZERO_STAGE = {c.zero_stage}",
-            f"ZERO_SHARD_SIZE = {degree}  # the ranks of the ZeRO axes {', '.join(c.zero_axes) or '(none)'}",
-            "#: recomputation: 'full' recomputes each layer's Cell (recompute_cells)",
-            f"RECOMPUTE = {c.recompute!r}",
-            f"RECOMPUTE_LAYERS = {None if c.recompute_layers is None else tuple(c.recompute_layers)!r}"]
+    lines = ["#: ZeRO as MindSpore's parallel optimizer: AutoParallel.hsdp(shard_size=ZERO_SHARD_SIZE, threshold=0,",
+             "#: optimizer_level='level<ZERO_STAGE>') (level1: weights' optimizer states, level2: and gradients,",
+             "#: level3: and weights); 0: none",
+             f"ZERO_STAGE = {c.zero_stage}",
+             f"ZERO_SHARD_SIZE = {degree}  # the ranks of the ZeRO axes {', '.join(c.zero_axes) or '(none)'}",
+             "#: recomputation: 'full' recomputes each layer's Cell (recompute_cells); 'selective' the primitives of",
+             "#: RECOMPUTE_NODES (shard_primitive sets Primitive.recompute() on them)",
+             f"RECOMPUTE = {c.recompute!r}",
+             f"RECOMPUTE_LAYERS = {None if c.recompute_layers is None else tuple(c.recompute_layers)!r}",
+             "#: Cell.recompute's communication options: layout-prop's recomputation copies a layer's moves too",
+             "#: (mp_comm_recompute), and ZeRO-3 gathers the weights again for it (parallel_optimizer_comm_recompute)",
+             "MP_COMM_RECOMPUTE = True",
+             f"PARALLEL_OPTIMIZER_COMM_RECOMPUTE = {c.zero_stage == 3}"]
+    if c.recompute == "selective":
+        lines.append("#: the op nodes selective recomputation makes again, by layer (the attention core: scores, "
+                     "probabilities)")
+        lines.append("RECOMPUTE_NODES = {")
+        lines += [f"    {layer!r}: {nodes!r}," for layer, nodes in plan.recomputed.items()]
+        lines.append("}")
+    else:
+        lines.append("RECOMPUTE_NODES = {}")
+    return lines
 
 
 def _refuse(layout: Layout, what: str, name: str, partial_ok: bool = False) -> None:
@@ -164,6 +230,7 @@ def node_strategies(plan: ExportPlan) -> dict[str, dict]:
 def export_mindspore(plan: ExportPlan) -> str:
     """The Python module text for ``plan`` (see the module docstring)."""
     _check_config(plan)
+    plan = stage_plan(plan)
     mesh = plan.mesh
     comma = "," if mesh.ndim == 1 else ""
     for name, t in plan.tensors().items():
@@ -184,6 +251,7 @@ def export_mindspore(plan: ExportPlan) -> str:
           if plan.dropped_axes else []),
         *(batch_lines(plan) if plan.config.global_batch is not None else []),
         *_config_lines(plan),
+        *_pipeline_lines(plan),
         "",
         "STRATEGIES = {",
     ]
@@ -246,15 +314,44 @@ def export_mindspore(plan: ExportPlan) -> str:
         '    parallel = AutoParallel(net, parallel_mode="semi_auto")',
         "    if ZERO_STAGE:",
         '        parallel.hsdp(shard_size=ZERO_SHARD_SIZE, threshold=0, optimizer_level=f"level{ZERO_STAGE}")',
+        "    if PIPELINE_STAGES > 1:",
+        "        parallel.pipeline(stages=PIPELINE_STAGES, scheduler=PIPELINE_SCHEDULER)",
         "    return parallel",
         "",
         "",
+        "def pipeline(net_with_loss, cells):",
+        '    """Each Cell of ``cells`` (a layer or op node name -> the Cell running it) given its pipeline_stage, and',
+        "    ``net_with_loss`` wrapped to split each batch into MICRO_BATCHES micro-batches (MindSpore's Pipeline);",
+        '    ``net_with_loss`` as it is without a pipeline."""',
+        "    if PIPELINE_STAGES == 1:",
+        "        return net_with_loss",
+        "    from mindspore.parallel.nn import Pipeline",
+        "",
+        "    for name, cell in cells.items():",
+        "        stage = LAYER_STAGES.get(name, NODE_STAGES.get(name))",
+        "        if stage is None:",
+        '            raise KeyError(f"{name!r} is no layer or op node of the plan: its stage is unknown")',
+        "        cell.pipeline_stage = stage",
+        "    return Pipeline(net_with_loss, MICRO_BATCHES)",
+        "",
+        "",
         "def recompute_cells(cells):",
-        '    """Recompute each Cell of ``cells`` (layer name -> Cell) when RECOMPUTE asks it for that layer."""',
+        '    """Recompute each Cell of ``cells`` (layer name -> Cell) when RECOMPUTE asks it for that layer (full)."""',
         "    for name, cell in cells.items():",
         "        if RECOMPUTE == 'full' and (RECOMPUTE_LAYERS is None or name in RECOMPUTE_LAYERS):",
-        "            cell.recompute()",
+        "            cell.recompute(mp_comm_recompute=MP_COMM_RECOMPUTE,",
+        "                           parallel_optimizer_comm_recompute=PARALLEL_OPTIMIZER_COMM_RECOMPUTE)",
         "    return cells",
+        "",
+        "",
+        "def recompute_primitives(primitives):",
+        '    """Set Primitive.recompute() on each primitive of ``primitives`` (op node name -> primitive) that',
+        '    selective recomputation makes again (RECOMPUTE_NODES)."""',
+        "    chosen = {node for nodes in RECOMPUTE_NODES.values() for node in nodes}",
+        "    for name, prim in primitives.items():",
+        "        if name in chosen:",
+        "            prim.recompute()",
+        "    return primitives",
         "",
         "",
         "def shard_primitive(name):",
@@ -268,6 +365,7 @@ def export_mindspore(plan: ExportPlan) -> str:
         "    prim = eval(f\"ops.{entry['primitive']}({args})\", {'ops': ops})  # noqa: S307 (this file's own table)",
         "    nested = any(isinstance(a, tuple) for alias in entry['in_layout'] for a in alias)",
         "    given = in_layouts(name) if nested else entry['in_strategy']",
-        "    return prim.shard(in_strategy=tuple(given[i] for i in order if i < len(given)))",
+        "    prim = prim.shard(in_strategy=tuple(given[i] for i in order if i < len(given)))",
+        "    return recompute_primitives({name: prim})[name]",
     ]
     return "\n".join(lines) + "\n"

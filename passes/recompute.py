@@ -19,7 +19,10 @@ Every value a segment makes that the layer's own backward reads (or a backward n
 layer: the final norm's reads the last layer's output) is made again: the segment's nodes it
 depends on are copied (``recompute/NAME``, ``meta["inserted_by"] = "recompute"``, the same op,
 attrs and layouts; dropout's mask comes from its seed, so the copy draws the same mask) and
-placed right before the first of those backward nodes, which read the copies.  Another layer's
+placed right before the first of those backward nodes, which read the copies.  ``full`` copies
+every node of the layer's segment, as Megatron-LM's checkpointed layer runs its whole forward again
+(the output projection and the MLP's down projection too, whose outputs no backward node reads);
+``selective`` only the attention core's nodes the backward reads.  Another layer's
 backward reading the layer's output (its own input, which stays) reads the original: so the
 copies run in the layer's own backward, on its own pipeline stage.  So the memory pass (a value lives from the op that makes it
 to its last reader) frees the segment's activations after their last forward use and keeps the
@@ -152,7 +155,11 @@ class Recompute:
                     continue
                 needed.add(name)
                 stack.extend(made[v].name for v in by_name[name].inputs if v in made)
-            copies = [n for n in seg if n.name in needed]
+            # full recomputation re-runs the layer's whole forward, as Megatron-LM's checkpointed layer does
+            # (torch.utils.checkpoint calls the layer's forward function again: every GEMM and collective of it,
+            # the output projections whose outputs the backward does not read included); selective only what
+            # the backward reads of the attention core
+            copies = list(seg) if self.mode == "full" else [n for n in seg if n.name in needed]
             first = min(position[r] for v in saved for r in own[v])
             plans.append((first, layer, copies, {v: own[v] for v in saved}))
         if not plans:

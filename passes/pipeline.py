@@ -67,6 +67,11 @@ CHUNK = "pipeline_chunk"  #: node meta: the model chunk whose task runs the node
 LAYER = re.compile(r"^l(\d+)_")  #: a decoder layer's nodes are named l<i>_... (the gen generators' convention)
 
 
+def _bad(message: str, path: str, hint: str) -> SpecError:
+    """A ``bad-pipeline`` error at ``path`` of the spec (the cut into chunks, the batch inputs)."""
+    return SpecError("bad-pipeline", message, path=path, hint=hint)
+
+
 # --------------------------------------------------------------------------- the micro-batch graph
 def stage_mesh(mesh: DeviceMesh, axis: str) -> DeviceMesh:
     """The mesh one stage runs on: ``mesh`` without ``axis`` (a mesh of that axis alone keeps it, size 1)."""

@@ -5,8 +5,9 @@
   and sets ``AutoParallel.pipeline``; selective recomputation sets ``Primitive.recompute()`` on the attention
   core's primitives. Its semi-auto parallel compile and execution need Ascend or GPU: not run here.
 - hyper-parallel: the exported module runs a training step through the snapshot's own ``shard_module`` and
-  ``PipelineStage`` / ``Schedule1F1B`` on its torch platform (4 gloo processes on CPU: 2 stages x tp=2), and
-  every gradient and loss equals one process's (skipped without torch or the snapshot).
+  ``PipelineStage`` with ``Schedule1F1B`` or ``ScheduleInterleaved1F1B`` on its torch platform (4 gloo
+  processes on CPU: 2 stages x tp=2), and every gradient and the loss equal one process's (skipped without
+  torch or the snapshot).
 - What neither target runs is one line naming it (interleaved for MindSpore; GPipe, a pipeline axis not first,
   for hyper-parallel).
 """
@@ -186,7 +187,7 @@ import copy, faulthandler, json, os, sys
 import torch, torch.distributed as dist
 
 os.environ["HYPER_PARALLEL_PLATFORM"] = "torch"
-SNAPSHOT, PLAN, OUT, PORT = sys.argv[1:5]
+SNAPSHOT, PLAN, OUT, PORT, BLOCKS = sys.argv[1:6]
 sys.path.insert(0, SNAPSHOT)
 
 
@@ -200,30 +201,27 @@ class Block(torch.nn.Module):
 
 
 class Model(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, blocks):
         super().__init__()
-        self.l0, self.l1 = Block(), Block()
+        for i in range(blocks):
+            setattr(self, f"l{i}", Block())
+        self.blocks = blocks
 
     def forward(self, x, target):
-        return ((self.l1(self.l0(x)) - target) ** 2).mean()
+        for i in range(self.blocks):
+            x = getattr(self, f"l{i}")(x)
+        return ((x - target) ** 2).mean()
 
 
-class Chunk0(torch.nn.Module):  # the model without chunk 1's modules: its names kept
-    def __init__(self, model):
+class Chunk(torch.nn.Module):  # the model without the other chunks' modules: its names kept
+    def __init__(self, model, c):
         super().__init__()
-        self.l0 = model.l0
+        self.c, self.last = c, c == model.blocks - 1
+        setattr(self, f"l{c}", getattr(model, f"l{c}"))
 
-    def forward(self, x):  # the model's input by name: schedule.run(x=...)
-        return self.l0(x)
-
-
-class Chunk1(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.l1 = model.l1
-
-    def forward(self, h, target):
-        return ((self.l1(h) - target) ** 2).mean()
+    def forward(self, h=None, x=None, target=None):  # what it receives; the model's inputs by name
+        h = getattr(self, f"l{self.c}")(x if self.c == 0 else h)
+        return ((h - target) ** 2).mean() if self.last else h
 
 
 def work(rank, world):
@@ -237,22 +235,22 @@ def work(rank, world):
     ns = {}
     exec(compile(open(PLAN).read(), PLAN, "exec"), ns)
     torch.manual_seed(0)
-    model, x, target = Model(), torch.randn(8, 16), torch.randn(8, 16)
+    model, x, target = Model(int(BLOCKS)), torch.randn(8, 16), torch.randn(8, 16)
     reference = copy.deepcopy(model)
     ref_loss = reference(x, target)
     ref_loss.backward()
     mesh = ns["make_mesh"]("cpu")
-    (chunk,) = ns["local_chunks"](rank, world)
-    module = (Chunk0 if chunk == 0 else Chunk1)(model)
-    module = shard_module(module, mesh, ns["chunk_plan"](mesh, chunk))
-    schedule = ns["pipeline_schedule"]({chunk: module}, mesh)
-    losses = schedule.run(x=x) if chunk == 0 else schedule.run(target=target)
-    report = {"chunk": chunk, "grads": {}}
+    chunks = ns["local_chunks"](rank, world)
+    modules = {c: shard_module(Chunk(model, c), mesh, ns["chunk_plan"](mesh, c)) for c in chunks}
+    schedule = ns["pipeline_schedule"](modules, mesh)
+    # each stage is given the model inputs its chunks read (every local chunk sees them, by name)
+    losses = schedule.run(x=x) if 0 in chunks else schedule.run(target=target)
+    report = {"chunks": chunks, "grads": {}}
     if losses:
         total = sum(float(l.full_tensor() if hasattr(l, "full_tensor") else l) for l in losses)
         report["loss"] = total  # each micro-batch's loss is divided by the micro-batches already (a mean)
         report["ref_loss"] = float(ref_loss)
-    for name, p in module.named_parameters():
+    for name, p in [(n, p) for m in modules.values() for n, p in m.named_parameters()]:
         grad = p.grad
         if not hasattr(grad, "full_tensor") and hasattr(p, "placements"):  # a DTensor parameter's local gradient
             from hyper_parallel.core.dtensor import DTensor
@@ -280,29 +278,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_hyper_parallel_runs_a_pipelined_training_step_equal_to_one_process(capsys, tmp_path):
-    """Two MLP blocks on pp=2 x tp=2, 1f1b over 2 micro-batches: the exported module's chunk_plan, stage_module and
-    pipeline_schedule, run by the snapshot's shard_module, PipelineStage and Schedule1F1B on 4 gloo processes:
-    the loss (the micro-batches' mean) and every weight's gradient equal one process's."""
+def _blocks_spec(blocks: int, block: str) -> str:
+    """``blocks`` MLP blocks (fc1 cut on its rows, fc2 on its columns) on pp=2 x tp=2 and a mean-squared loss."""
+    spec = yaml.safe_load(MLP_PP)
+    spec["inputs"] = {k: v for k, v in spec["inputs"].items() if not k.startswith("l")}
+    spec["nodes"] = []
+    value = "x"
+    for i in range(blocks):
+        spec["inputs"][f"l{i}.fc1.weight"] = {"shape": [32, 16], "placements": ["R", "S(0)"]}
+        spec["inputs"][f"l{i}.fc2.weight"] = {"shape": [16, 32], "placements": ["R", "S(1)"]}
+        spec["nodes"] += [{"name": f"l{i}_fc1", "op": "linear", "inputs": [value, f"l{i}.fc1.weight"]},
+                          {"name": f"l{i}_act", "op": "gelu", "inputs": [f"l{i}_fc1"]},
+                          {"name": f"l{i}_fc2", "op": "linear", "inputs": [f"l{i}_act", f"l{i}.fc2.weight"]}]
+        value = f"l{i}_fc2"
+    spec["nodes"] += [{"name": "diff", "op": "sub", "inputs": [value, "target"]},
+                      {"name": "sq", "op": "mul", "inputs": ["diff", "diff"]},
+                      {"name": "loss", "op": "mean", "inputs": ["sq"]}]
+    return yaml.safe_dump(spec, sort_keys=False) + block
+
+
+@pytest.mark.parametrize("schedule, blocks", [("1f1b", 2), ("interleaved", 4)])
+def test_hyper_parallel_runs_a_pipelined_training_step_equal_to_one_process(capsys, tmp_path, schedule, blocks):
+    """MLP blocks on pp=2 x tp=2 over 2 micro-batches, 1f1b (2 chunks) and interleaved (4 chunks, 2 a stage): the
+    exported module's chunk_plan, stage_module and pipeline_schedule, run by the snapshot's shard_module,
+    PipelineStage and Schedule1F1B / ScheduleInterleaved1F1B on 4 gloo processes: the loss (the micro-batches'
+    mean) and every weight's gradient equal one process's."""
     pytest.importorskip("torch", reason="torch is optional: pip install -e '.[torch]'")
     if not (SNAPSHOT / "hyper_parallel").is_dir():
         pytest.skip(f"the shared hyper-parallel snapshot is not at {SNAPSHOT}")
+    virtual = ", virtual_stages: 2" if schedule == "interleaved" else ""
     spec = tmp_path / "mlp_pp.yaml"
-    spec.write_text(MLP_PP + "pipeline: {axis: pp, micro_batches: 2, schedule: 1f1b, batch_inputs: [x, target]}\n")
+    spec.write_text(_blocks_spec(blocks, f"pipeline: {{axis: pp, micro_batches: 2, schedule: {schedule}{virtual}, "
+                                         "batch_inputs: [x, target]}\n"))
     code = _export(capsys, spec, "hyper-parallel", "--input", "x", "--input", "target")
-    assert "CHUNK_PARAMETERS = {\n    0: ('l0.fc1.weight', 'l0.fc2.weight'),\n    1: ('l1.fc1.weight', " \
-        "'l1.fc2.weight'),\n}" in code
+    assert f"CHUNKS = {blocks}" in code and f"SCHEDULE = {schedule!r}" in code
+    assert "    0: ('l0.fc1.weight', 'l0.fc2.weight'),\n    1: ('l1.fc1.weight', 'l1.fc2.weight')," in code
     assert "            ('l0_fc2', (Replicate(),))," in code  # what chunk 1 receives: fc2's sum, reduced
     (tmp_path / "plan.py").write_text(code)
     (tmp_path / "worker.py").write_text(PIPE_WORKER)
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, str(tmp_path / "worker.py"), str(SNAPSHOT), str(tmp_path / "plan.py"),
-                          str(out), str(_free_port())], capture_output=True, text=True, timeout=590)
+                          str(out), str(_free_port()), str(blocks)], capture_output=True, text=True, timeout=590)
     dumps = "".join(p.read_text() for p in sorted(tmp_path.glob("out.rank*.txt")))
     assert run.returncode == 0, (run.stderr[-3000:], dumps[-3000:])
     reports = [json.loads((tmp_path / f"out.{rank}.json").read_text()) for rank in range(4)]
-    assert [r["chunk"] for r in reports] == [0, 0, 1, 1]
+    local = [[0, 2], [0, 2], [1, 3], [1, 3]] if blocks == 4 else [[0], [0], [1], [1]]
+    assert [r["chunks"] for r in reports] == local
     for report in reports:
-        assert report["grads"] and max(report["grads"].values()) < 1e-5, report
-        if report["chunk"] == 1:
+        assert len(report["grads"]) == 2 * len(report["chunks"]), report
+        assert max(report["grads"].values()) < 1e-5, report
+        if blocks - 1 in report["chunks"]:
             assert abs(report["loss"] - report["ref_loss"]) < 1e-5, report

@@ -9,6 +9,12 @@ outputs), ready for ``shard_module(model, make_mesh(), SHARDING_PLAN)``.  Placem
 placement and is ``not-expressible``.  Constant inputs (rotary tables the exporter folded) are no
 parameters of the model and are listed in a comment only.
 
+A plan with a ``pipeline:`` block (1f1b or interleaved, the pipeline axis first in the mesh) is written for
+the snapshot's ``PipelineStage`` and ``Schedule1F1B`` / ``ScheduleInterleaved1F1B`` on its stage (the mesh
+without the pipeline axis): each chunk's parameters and modules, the values each chunk receives, and
+``make_mesh`` (the stage mesh, the whole mesh built first), ``chunk_plan``, ``stage_module`` (which writes
+around :data:`PIPELINE_DEFECTS`) and ``pipeline_schedule``.
+
 >>> from layout_prop.core.mesh import DeviceMesh
 >>> from layout_prop.core.layout import Layout
 >>> placements_text(Layout(DeviceMesh((2, 2), ("dp", "tp")), ["S(0)", "P"], 2), "parameter", "w")
@@ -27,7 +33,8 @@ from .export_plan import (ExportPlan, batch_lines, not_expressible, not_written,
                           refuse_config)
 from .hyper_parallel import _alias_map
 
-__all__ = ["export_hyper_parallel", "placements_text", "alias_text", "explicit_moves", "WRONG_RULES"]
+__all__ = ["export_hyper_parallel", "placements_text", "alias_text", "explicit_moves", "WRONG_RULES",
+           "PIPELINE_DEFECTS"]
 
 TARGET = "hyper-parallel"
 
@@ -238,7 +245,7 @@ def _pipeline(plan: ExportPlan) -> tuple[ExportPlan, dict | None]:
                                               for p in layout.placements], layout.ndim)
                 receives.setdefault(chunk, []).append((value, layout))
     modules: dict[int, set[str]] = {}
-    for node, weight in plan.weights.items():
+    for node in plan.weights:
         module = _module(plan, node)
         if module is not None and node in chunk_of:
             modules.setdefault(chunk_of[node], set()).add(module)

@@ -20,6 +20,14 @@ the MindSpore primitive its strategy is for (``primitive``: ``MatMul``, ``BatchM
 its strategy. A partial sum on a model input or parameter and a strided shard (a tensor_map cuts a
 dim into contiguous blocks) are ``not-expressible``, naming the tensor and its layout.
 
+A plan with a ``pipeline:`` block (1f1b or gpipe) is written on its stage (:func:`stage_plan`: the mesh
+without the pipeline axis, MindSpore's strategies being for one stage's devices), with each op node's and
+layer's stage as ``layout-prop pipeline SPEC`` cuts the model (``NODE_STAGES``, ``LAYER_STAGES``),
+``pipeline(net, cells)`` (``Cell.pipeline_stage`` and MindSpore's ``Pipeline`` micro-batch wrapper) and
+``AutoParallel.pipeline`` in ``auto_parallel``; an interleaved schedule is ``not-expressible``. Selective
+recomputation is written primitive by primitive (``RECOMPUTE_NODES``: ``shard_primitive`` sets
+``Primitive.recompute()``), full recomputation Cell by Cell with ``Cell.recompute``'s communication options.
+
 >>> from layout_prop.core.mesh import DeviceMesh
 >>> from layout_prop.core.layout import Layout
 >>> mesh = DeviceMesh((2, 2), ("dp", "tp"))

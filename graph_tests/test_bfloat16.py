@@ -367,7 +367,7 @@ def test_gen_writes_bfloat16_specs_that_check_plan_and_run(model, mesh, plan, tm
     if not plan:
         return
     spec = yaml.safe_load(specs["bfloat16"].read_text())
-    auto = [name for name in spec["inputs"] if name.startswith("l0_w")]
+    auto = [name for name in spec["inputs"] if name.startswith("model.layers.0.") and name.endswith("_proj.weight")]
     for name in auto:
         spec["inputs"][name]["placements"] = "auto"
     spec_path, planned = tmp_path / "auto.yaml", tmp_path / "planned.yaml"

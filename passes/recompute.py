@@ -19,10 +19,10 @@ Every value a segment makes that the layer's own backward reads (or a backward n
 layer: the final norm's reads the last layer's output) is made again: the segment's nodes it
 depends on are copied (``recompute/NAME``, ``meta["inserted_by"] = "recompute"``, the same op,
 attrs and layouts; dropout's mask comes from its seed, so the copy draws the same mask) and
-placed right before the first of those backward nodes, which read the copies.  ``full`` copies
-every node of the layer's segment, as Megatron-LM's checkpointed layer runs its whole forward again
-(the output projection and the MLP's down projection too, whose outputs no backward node reads);
-``selective`` only the attention core's nodes the backward reads.  Another layer's
+placed right before the first of those backward nodes, which read the copies.  ``full`` also copies
+every product and collective of the layer the backward reads nothing of (the MLP's down projection
+and the reduction after it), as Megatron-LM's checkpointed layer runs its forward again whole
+(:func:`_rerun`); ``selective`` only the attention core's nodes the backward reads.  Another layer's
 backward reading the layer's output (its own input, which stays) reads the original: so the
 copies run in the layer's own backward, on its own pipeline stage.  So the memory pass (a value lives from the op that makes it
 to its last reader) frees the segment's activations after their last forward use and keeps the
@@ -155,11 +155,9 @@ class Recompute:
                     continue
                 needed.add(name)
                 stack.extend(made[v].name for v in by_name[name].inputs if v in made)
-            # full recomputation re-runs the layer's whole forward, as Megatron-LM's checkpointed layer does
-            # (torch.utils.checkpoint calls the layer's forward function again: every GEMM and collective of it,
-            # the output projections whose outputs the backward does not read included); selective only what
-            # the backward reads of the attention core
-            copies = list(seg) if self.mode == "full" else [n for n in seg if n.name in needed]
+            if self.mode == "full":
+                needed = _rerun(seg, needed, made)
+            copies = [n for n in seg if n.name in needed]
             first = min(position[r] for v in saved for r in own[v])
             plans.append((first, layer, copies, {v: own[v] for v in saved}))
         if not plans:
@@ -193,6 +191,30 @@ class Recompute:
                             node.num_outputs, dict(node.meta))
             out[node.name] = node
         return Graph.from_nodes(graph.mesh, out, graph.outputs, graph.meta)
+
+
+#: the ops full recomputation re-runs though the backward reads nothing they make: the layer's products and its
+#: collectives (the MLP's down projection and the row-parallel reduction after it)
+RERUN_OPS = ("matmul", "linear", "batch_matmul", "einsum", "redistribute")
+
+
+def _rerun(seg: list[Node], needed: set[str], made: dict[str, Node]) -> set[str]:
+    """The nodes of a layer's segment full recomputation copies: those the backward needs (``needed``), and every
+    product and collective of the layer besides with what they read in the segment, as Megatron-LM's checkpointed
+    layer runs its forward again whole (torch.utils.checkpoint calls the layer's forward function: the down
+    projection too, whose output only the residual add reads).  The elementwise tail after the last product (a
+    bias add, dropout, the residual add), whose outputs nothing reads, is left out: copies nothing reads would
+    have no task of their own on a pipeline stage (nor would ZeRO-3's re-gather of the bias they read)."""
+    out = set(needed)
+    stack = [n.name for n in seg if n.op in RERUN_OPS]
+    by_name = {n.name: n for n in seg}
+    while stack:
+        name = stack.pop()
+        if name in out:
+            continue
+        out.add(name)
+        stack.extend(made[v].name for v in by_name[name].inputs if v in made)
+    return out
 
 
 def _reader_layer(graph: Graph, name: str) -> str | None:

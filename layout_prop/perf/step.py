@@ -21,7 +21,10 @@ pieces the larger share, so rank 0 holds the largest piece of every uneven shard
   result); the data-parallel gradient synchronisation (the redistributions that make a
   parameter's gradient) runs once a step, after the last micro-batch's backward, bucketed
   and overlapped with that backward: exposed is what the backward cannot hide, and at
-  least the last bucket (the gradient made last); ``overlap=False`` exposes all of it.  An
+  least the last bucket (the gradient made last); ``overlap=False`` exposes all of it.  A
+  parameter stored sharded and gathered where it is read (a plan's layout, not ``zero=``) has
+  its cotangent moved back to that layout in each micro-batch's backward (FSDP's
+  reduce-scatter): overlapped with that micro-batch's backward, as the solver prices it.  An
   op that is communication (a ring attention's ``ring_shift``: its rule's ``comm_steps``, a
   cyclic permute) is priced as its steps, all exposed: no overlap of a ring's permutes with
   its blocks' compute is modelled;
@@ -239,6 +242,27 @@ def layer_nodes(graph: Graph) -> set[str]:
     return {name for names in groups[prefix].values() for name in names}
 
 
+def _makes_gradient(graph: Graph, node, params: set[str]) -> bool:
+    """Whether the backward move ``node`` takes a parameter's cotangent to what becomes the parameter's gradient
+    (read only by the node that is the gradient, ``meta["grad_of"]``, or by the sums into it): the way back of a
+    parameter gathered where it is read, which the solver overlaps with the backward as the gradient's
+    synchronisation is (:class:`~layout_prop.planner.solver.Problem`)."""
+    frontier, seen = [node], set()
+    while frontier:
+        current = frontier.pop()
+        readers = [reader for value in current.outputs for reader, _ in graph.consumers(value)]
+        if not readers:
+            return False
+        for reader in readers:
+            if reader.meta.get(meta.GRAD_OF) in params:
+                continue
+            if reader.name in seen or reader.op not in ("add", "identity") or not reader.name.startswith("grad/"):
+                return False
+            seen.add(reader.name)
+            frontier.append(reader)
+    return True
+
+
 def _phase(graph: Graph, node) -> str:
     if node.meta.get(meta.INSERTED_BY) == "recompute":
         return "recompute"
@@ -294,6 +318,9 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
     layered = layer_nodes(graph) if recompute == "full" else set()
     layers_forward = {"seconds": 0.0, "comm": 0.0, "flops": 0.0}
     grad_sync, last_sync = 0.0, 0.0
+    # a parameter's cotangent moved back to the parameter's own layout in each micro-batch's backward (a parameter
+    # stored sharded and gathered where it is read, without zero=: FSDP's reduce-scatter), overlapped with it
+    returned_s = 0.0
     flops = {"forward": 0.0, "backward": 0.0, "recompute": 0.0}
     gathers, first_gather = 0.0, None  # ZeRO-3's parameter all-gathers, per micro-batch
     regathers = 0.0  # of them, those for the backward (zero/regather/)
@@ -315,10 +342,11 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             seconds = 0.0
             sync = node.meta.get(meta.GRAD_OF) in params or node.name.startswith("grad/zero/gather/")
             gather = node.name.startswith(("zero/gather/", "zero/regather/"))
+            returned = not sync and not gather and phase == "backward" and _makes_gradient(graph, node, params)
             for step in plan_redistribution(src, specs[0].layout).steps:
                 t = collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
                 seconds += t
-                if t and not sync and not gather:
+                if t and not sync and not gather and not returned:
                     axis = comm.setdefault(mesh.names[step.mesh_axis], {})
                     axis[step.kind] = axis.get(step.kind, 0.0) + t
             if gather:
@@ -328,6 +356,8 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             elif sync:
                 grad_sync += seconds
                 last_sync = seconds
+            elif returned:
+                returned_s += seconds
             elif phase == "forward":
                 forward_comm += seconds
                 layers_forward["comm"] += seconds if node.name in layered else 0.0
@@ -394,7 +424,7 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
             for step in plan_redistribution(shard, spec.layout).steps:
                 after_update += collective_time(step.kind, step.bytes_per_rank, shape, step.mesh_axis, cluster)
     if stage >= 2:  # reduce-scattered (and, stage 3, gathered) every micro-batch, overlapped with its compute
-        per_mb = grad_sync + gathers
+        per_mb = grad_sync + gathers + returned_s
         if not overlap:
             exposed_sync = acc * per_mb
         elif stage == 2:
@@ -405,9 +435,13 @@ def estimate_step(graph: Graph, cluster: Cluster, *, global_batch: int | None = 
                                                last_sync)
         grad_sync = acc * per_mb
     else:
-        exposed_sync = grad_sync if not overlap else max(grad_sync - times["backward"], last_sync)
+        if not overlap:
+            exposed_sync = grad_sync + acc * returned_s
+        else:  # the returned cotangents under each micro-batch's backward, the last one's with the synchronisation
+            exposed_sync = ((acc - 1) * max(returned_s - times["backward"], 0.0)
+                            + max(grad_sync + returned_s - times["backward"], last_sync))
         exposed_sync += acc * gathers  # (gathers without zero=: exposed)
-        grad_sync += acc * gathers
+        grad_sync += acc * (gathers + returned_s)
     grad_sync += after_update
     exposed_sync += after_update
     optimizer_s = sum(optimizer_time(nbytes, local[p].itemsize, cluster) for p, nbytes in updated.items())

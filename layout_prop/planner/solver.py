@@ -86,6 +86,7 @@ from layout_prop.passes.base import AnalysisOptions
 from layout_prop.passes.expand import EXPANDED_FROM
 from layout_prop.passes.memory import optimizer_states_per_parameter
 from layout_prop.passes.pass_manager import PassContext
+from layout_prop.perf.parallel import optimizer_time
 from layout_prop.passes.propagate import Propagate, value_spec
 
 __all__ = ["Problem", "Strategy", "Solution", "solve", "OBJECTIVES", "plan_cost", "realise", "InfeasiblePlan",
@@ -697,12 +698,12 @@ class Problem:
         return sum(op_time(w, self.cluster) for w in ops) * 1e6
 
     def optimizer_time(self, spec: TensorSpec) -> float:
-        """Microseconds of AdamW's step on a parameter's local shard (``perf.step``'s 7 passes over
-        its bytes), on ``cluster`` (0 without one or without backward)."""
+        """Microseconds of AdamW's step on a parameter's local shard on ``cluster`` (0 without one or without
+        backward): the bytes a parameter :func:`layout_prop.perf.parallel.optimizer_bytes_per_param` says (28 for
+        16-bit and float32 parameters), as the estimate and the search price it."""
         if self.cluster is None or not self.backward:
             return 0.0
-        c = self.cluster
-        return 7 * spec.local_nbytes(0) / (c.hbm_bytes_per_s * c.memory_efficiency) * 1e6
+        return optimizer_time(spec.local_nbytes(0), spec.itemsize, self.cluster) * 1e6
 
     def check_time(self, doing: str) -> None:
         if self.deadline is not None:

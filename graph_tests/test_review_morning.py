@@ -128,3 +128,22 @@ def test_gen_does_not_drop_virtual_stages_without_the_interleaved_schedule(capsy
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and lines[0].startswith(ERROR), lines
         assert "--virtual-stages" in lines[0] and "(hint: " in lines[0], lines[0]
+
+
+@pytest.mark.xfail(strict=True, reason="planner/ or perf/ (other helpers'): estimate of the spec plan --search -o "
+                   "writes is not the search's figure: 125.6 against 128.4 us, 281,540 against 314,820 bytes "
+                   "(gen llama --full --layers 4, a100-80g, 8 devices, global batch 16; issue 39 item 6)")
+def test_estimate_of_the_searchs_spec_equals_the_search(capsys, tmp_path):
+    pytest.importorskip("scipy", reason="plan needs scipy: pip install -e '.[plan]'")
+    import json
+
+    spec = _gen(tmp_path, "s.yaml", ["--layers", "4", "--mesh", "dp=1,sp=1,tp=1"])
+    best = tmp_path / "best.yaml"
+    capsys.readouterr()
+    assert main(["plan", spec, "--search", "--cluster", "a100-80g", "--devices", "8", "--global-batch", "16",
+                 "--json", "-o", str(best)]) == 0
+    top = json.loads(capsys.readouterr().out)["top"][0]
+    assert main(["estimate", str(best), "--cluster", "a100-80g", "--json"]) == 0
+    estimate = json.loads(capsys.readouterr().out)
+    assert estimate["step_time_s"] == pytest.approx(top["step_time_s"], rel=1e-6)
+    assert estimate["memory_per_rank_bytes"] == top["memory_per_rank_bytes"]

@@ -57,7 +57,7 @@ from layout_prop.core.placement import Partial, Replicate, Shard, StridedShard
 
 __all__ = ["ExportTensor", "ExportNode", "ExportPlan", "TrainingConfig", "collect", "plan_data", "format_data",
            "not_expressible", "not_written", "own_parameters", "tied_copy", "unmarked_inputs_note", "drop_unit_axes",
-           "TARGETS", "INTEGER_DTYPES", "pipeline_chunks", "stage_collect"]
+           "TARGETS", "INTEGER_DTYPES"]
 
 #: the frameworks ``export --to`` writes for
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -232,7 +232,7 @@ class ExportChunk:
 
 def chunk_values(graph: Graph, done: Graph, chunk_of: dict[str, int], stages: int) -> tuple[ExportChunk, ...]:
     """Each model chunk of a pipelined ``graph`` (``chunk_of``: forward op node -> chunk, as
-    :func:`pipeline_chunks` cuts it; ``stages``: the pipeline axis's size): what it reads and the values
+    :func:`layout_prop.workflows.export.pipeline_chunks` cuts it; ``stages``: the pipeline axis's size): what it reads and the values
     crossing chunks, with their layouts in ``done`` (the graph analysed as ``check --reshard`` does)."""
     from layout_prop.passes.pipeline import LAYER
 
@@ -289,14 +289,14 @@ class ExportPlan:
     #: each moved value -> the op nodes reading the moved copy
     move_consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: a pipelined plan's forward op nodes -> their chunk, as ``layout-prop pipeline SPEC`` cuts them (chunk ``c``
-    #: runs on stage ``c % stages``: :func:`pipeline_chunks`); empty without a ``pipeline:`` block
+    #: runs on stage ``c % stages``: :func:`layout_prop.workflows.export.pipeline_chunks`); empty without a ``pipeline:`` block
     chunks: dict[str, int] = field(default_factory=dict)
     #: a pipelined plan's model chunks, what each reads and the values crossing them (:func:`chunk_values`)
     chunk_plan: tuple[ExportChunk, ...] = ()
     #: the forward op nodes the spec's ``recompute:`` block recomputes, by layer (``passes.recompute.segments``)
     recomputed: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: a pipelined plan's stage: one micro-batch of the graph on the stage mesh (the pipeline axis left out),
-    #: analysed as ``check SPEC --reshard`` analyses it (:func:`stage_collect`); None without a ``pipeline:`` block
+    #: analysed as ``check SPEC --reshard`` analyses it (:func:`layout_prop.workflows.export.stage_collect`); None without a ``pipeline:`` block
     stage: "ExportPlan | None" = None
 
     def tensors(self) -> dict[str, ExportTensor]:
@@ -355,7 +355,8 @@ def _input_reason(spec, requires_grad: bool, guess: bool) -> str | None:
 
 
 def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
-            nodes: bool = False, aliases: dict[str, Sequence[str]] | None = None) -> ExportPlan:
+            nodes: bool = False, aliases: dict[str, Sequence[str]] | None = None,
+            chunks: dict[str, int] | None = None, stage: "ExportPlan | None" = None) -> ExportPlan:
     """Gather what an export writes from ``graph`` and ``done``, the graph analysed as ``check --reshard``
     does (``layout_prop.api.analyze(graph, reshard=True).graph``).
 
@@ -364,6 +365,10 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
     weight of the file: ``graph.meta["import_sources"]``), and for a spec means none. An unknown
     name is ``unknown-input``.  ``nodes`` also gathers every op node's received layouts (a plan with a
     ``pipeline:`` block gathers them always: the values crossing its stages are read from them).
+
+    A plan with a ``pipeline:`` block needs ``chunks`` (the chunk of every forward op node) and ``stage`` (one
+    micro-batch collected on the stage mesh): both come from running the pipeline's passes, a driver's work
+    above this room, so :func:`layout_prop.workflows.export.collect_plan` computes them and calls this.
     """
     sources = graph.meta.get("import_sources")
     model = sources is not None
@@ -414,8 +419,10 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
                 readers = tuple(n.name for n, _ in done.consumers(node.name) if n.op != "redistribute")
                 plan.move_consumers[node.inputs[0]] = plan.move_consumers.get(node.inputs[0], ()) + readers
     if plan.config.pipeline_axis is not None:
-        plan.chunks = pipeline_chunks(graph)
-        plan.stage = stage_collect(graph, data_inputs=data_inputs, source=source, aliases=aliases)
+        if chunks is None:
+            raise ValueError("a pipelined plan is collected with its chunks: call "
+                             "layout_prop.workflows.export.collect_plan, which cuts them and collects the stage")
+        plan.chunks, plan.stage = dict(chunks), stage
         plan.chunk_plan = chunk_values(graph, done, plan.chunks, plan.config.pipeline_stages)
     if plan.config.recompute != "none":
         from layout_prop.passes.recompute import segments
@@ -431,42 +438,6 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
             outs = tuple(getattr(s, "layout", None) for s in node.meta.get(meta.SPECS) or ())
             plan.nodes.append(ExportNode(node.name, node.op, tuple(node.inputs), ins, outs))
     return plan
-
-
-def stage_collect(graph: Graph, *, data_inputs: Iterable[str] | None = None, source: str = "",
-                  aliases: dict[str, Sequence[str]] | None = None) -> ExportPlan:
-    """:func:`collect` of one micro-batch of ``graph`` (a spec with a ``pipeline:`` block) on the stage mesh, its
-    op nodes included: the layouts each pipeline stage runs, as ``check SPEC --reshard`` analyses them (the whole
-    graph analysed on the whole mesh may cut values on the pipeline axis, which no stage holds)."""
-    from layout_prop.api import analyze
-    from layout_prop.passes.pipeline import PipelineConfig, micro_batch_graph
-
-    micro, _ = micro_batch_graph(graph, PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh))
-    micro.meta.update({k: v for k, v in graph.meta.items() if k in ("import_sources", "import_aliases")})
-    return collect(micro, analyze(micro, reshard=True).graph, data_inputs=data_inputs, source=source, nodes=True,
-                   aliases=aliases)
-
-
-def pipeline_chunks(graph: Graph) -> dict[str, int]:
-    """The chunk of every forward op node of ``graph``, a spec with a ``pipeline:`` block, cut as ``layout-prop
-    pipeline SPEC`` cuts it (its boundaries or layers, else balanced by the step-time model on a100-80g, with the
-    spec's ``zero:`` and ``recompute:`` blocks applied): one micro-batch analysed on the stage mesh and lowered.
-    Nodes the passes inserted (moves, ZeRO's gathers, recomputed copies) and backward nodes are left out."""
-    from layout_prop.passes.pipeline import CHUNK, chunk_of_position, POSITION
-    from layout_prop.passes.recompute import parse_recompute
-    from layout_prop.passes.zero import parse_zero
-
-    try:  # the command layer's pipeline workflow (moved from commands/ to workflows/)
-        from layout_prop.workflows.pipeline import build
-    except ImportError:
-        from layout_prop.commands.pipeline import build
-    zero = parse_zero(graph.meta["zero"], graph.mesh) if graph.meta.get("zero") is not None else None
-    recompute = parse_recompute(graph.meta["recompute"]) if graph.meta.get("recompute") is not None else ("none", None)
-    built = build(graph, "a100-80g", zero, recompute, localize=False)
-    forward = {n.name for n in graph.nodes if not n.is_input}
-    total = built.config.chunks
-    return {n.name: n.meta.get(CHUNK, chunk_of_position(n.meta[POSITION], total)) for n in built.micro.nodes
-            if n.name in forward and POSITION in n.meta and not n.meta.get(meta.INSERTED_BY)}
 
 
 def unmarked_inputs_note(plan: ExportPlan, data_inputs: Sequence[str] | None) -> str | None:

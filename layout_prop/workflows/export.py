@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["export_text", "UnresolvedViolations", "check_inputs", "load_export_graph", "with_input_hint", "TARGETS"]
+__all__ = ["export_text", "collect_plan", "stage_collect", "pipeline_chunks", "UnresolvedViolations", "check_inputs", "load_export_graph", "with_input_hint", "TARGETS"]
 
 #: the export targets, each a writer module of layout_prop/interop/ (:func:`_writers`)
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -33,14 +33,14 @@ class UnresolvedViolations(Exception):
 def export_text(graph, target: str, *, data_inputs=None, source: str = "", aliases=None):
     """``(plan, code)``: the :class:`~layout_prop.interop.export_plan.ExportPlan` of ``graph`` and ``target``'s module text."""
     from layout_prop.api import analyze
-    from layout_prop.interop.export_plan import collect, drop_unit_axes
+    from layout_prop.interop.export_plan import drop_unit_axes
 
     analysis = analyze(graph, reshard=True)
     if not analysis.ok:  # a plan that does not check is not written as one that did
         raise UnresolvedViolations(analysis.check.violations)
     done = analysis.graph
-    plan = collect(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore",
-                   aliases=aliases if aliases is not None else graph.meta.get("import_aliases"))
+    plan = collect_plan(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore",
+                        aliases=aliases if aliases is not None else graph.meta.get("import_aliases"))
     return plan, _writers()[target](drop_unit_axes(plan))  # the data keeps the spec's mesh (it round-trips)
 
 
@@ -103,3 +103,52 @@ def load_export_graph(spec, plan=None, opaque: bool = False):
     graph = build_graph(model, sharding, opaque=opaque)
     graph.meta["import_aliases"] = dict(model.spec_aliases)  # the other names of de-duplicated parameters
     return graph
+
+
+def collect_plan(graph, done, *, data_inputs=None, source: str = "", nodes: bool = False, aliases=None):
+    """:func:`~layout_prop.interop.export_plan.collect` of ``graph`` and ``done`` (``graph`` analysed as
+    ``check --reshard`` does), with a pipelined plan's chunks (:func:`pipeline_chunks`) and stage
+    (:func:`stage_collect`), which the export room cannot compute itself: they run the pipeline's passes."""
+    from layout_prop.interop.export_plan import collect
+
+    chunks = stage = None
+    if graph.meta.get("pipeline") is not None:
+        chunks = pipeline_chunks(graph)
+        stage = stage_collect(graph, data_inputs=data_inputs, source=source, aliases=aliases)
+    return collect(graph, done, data_inputs=data_inputs, source=source, nodes=nodes, aliases=aliases,
+                   chunks=chunks, stage=stage)
+
+
+def stage_collect(graph, *, data_inputs=None, source: str = "", aliases=None):
+    """:func:`~layout_prop.interop.export_plan.collect` of one micro-batch of ``graph`` (a spec with a
+    ``pipeline:`` block) on the stage mesh, its op nodes included: the layouts each pipeline stage runs, as
+    ``check SPEC --reshard`` analyses them (the whole graph analysed on the whole mesh may cut values on the
+    pipeline axis, which no stage holds)."""
+    from layout_prop.api import analyze
+    from layout_prop.interop.export_plan import collect
+    from layout_prop.io.spec_blocks import PipelineConfig
+    from layout_prop.passes.pipeline import micro_batch_graph
+
+    micro, _ = micro_batch_graph(graph, PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh))
+    micro.meta.update({k: v for k, v in graph.meta.items() if k in ("import_sources", "import_aliases")})
+    return collect(micro, analyze(micro, reshard=True).graph, data_inputs=data_inputs, source=source, nodes=True,
+                   aliases=aliases)
+
+
+def pipeline_chunks(graph) -> dict[str, int]:
+    """The chunk of every forward op node of ``graph``, a spec with a ``pipeline:`` block, cut as ``layout-prop
+    pipeline SPEC`` cuts it (its boundaries or layers, else balanced by the step-time model on a100-80g, with the
+    spec's ``zero:`` and ``recompute:`` blocks applied): one micro-batch analysed on the stage mesh and lowered.
+    Nodes the passes inserted (moves, ZeRO's gathers, recomputed copies) and backward nodes are left out."""
+    from layout_prop.core import meta
+    from layout_prop.io.spec_blocks import parse_recompute, parse_zero
+    from layout_prop.passes.pipeline import CHUNK, POSITION, chunk_of_position
+    from layout_prop.workflows.pipeline import build
+
+    zero = parse_zero(graph.meta["zero"], graph.mesh) if graph.meta.get("zero") is not None else None
+    recompute = parse_recompute(graph.meta["recompute"]) if graph.meta.get("recompute") is not None else ("none", None)
+    built = build(graph, "a100-80g", zero, recompute, localize=False)
+    forward = {n.name for n in graph.nodes if not n.is_input}
+    total = built.config.chunks
+    return {n.name: n.meta.get(CHUNK, chunk_of_position(n.meta[POSITION], total)) for n in built.micro.nodes
+            if n.name in forward and POSITION in n.meta and not n.meta.get(meta.INSERTED_BY)}

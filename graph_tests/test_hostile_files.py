@@ -7,6 +7,7 @@ in-process through :func:`layout_prop.cli.main`; each case is exit 2 with one li
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -464,26 +465,36 @@ def test_a_pipelined_run_with_dropout_matches_one_device(tmp_path, capsys, dtype
 # --------------------------------------------------------------------------- tolerances that fit the dtype
 def test_float16_tolerance_is_derived_from_one_devices_own_rounding(tmp_path, capsys):
     # issue 40: float16 gen gpt (tp=2, no dropout) reported a false mismatch under run --backward: the ranks
-    # differed from one device by 2% on grad:l1_wq, where one device itself is 2% from float64
+    # differed from one device by 2% on a projection's weight gradient, where one device itself was 2% from float64.
+    # Since gen writes GPT-2's fused c_attn, seed 0 no longer gives such a case (every gradient's own error is
+    # below 0.2%).  This one was found by a search of exact_errors over gen gpt float16 (layers 2, tp 2), seeds 0-24
+    # x (seq, hidden, heads, batch) in {(8,32,4,2), (16,32,4,2), (32,32,2,2), (8,32,4,4)}, keeping the cases where
+    # some gradient's own error is in (1e-2, 1/30) (a derived tolerance under 0.1) and another's is below 1e-2, then
+    # run --backward on them for ranks more than 1e-2 from one device on that gradient (batch 4 seed 21: 0.9e-2).  The
+    # issue's shape, seed 3: layer 1's c_attn.weight is 3.0e-2 from float64, ln_f.weight 3.6e-3; the ranks differ
+    # from one device by 2.2e-2 on c_attn.weight, over float16's table 1e-2 (the issue's false mismatch).
     from layout_prop.api import analyze
     from layout_prop.io.loader import load_spec
     from layout_prop.runner import compare, execute_global, exact_errors, random_inputs, rounding_tolerance
 
+    seed, qkv, out = 3, "grad/transformer.h.1.attn.c_attn.weight", "grad/transformer.ln_f.weight"
     spec = gpt_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=2, dropout=0.0, dtype="float16")
     path = _spec_with(tmp_path, "h.yaml", spec)
-    assert main(["run", path, "--backward"]) == 0, capsys.readouterr().out[-600:]
-    assert "matches one device" in capsys.readouterr().out
+    assert main(["run", path, "--backward", "--seed", str(seed), "--json"]) == 0, capsys.readouterr().out[-600:]
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and not report["mismatches"]
+    assert report["grads"][qkv[len("grad/"):]]["max_rel_err"] > 1e-2  # passes by the derived tolerance only
     g = analyze(load_spec(path), reshard=True, backward=True).graph
-    inputs = random_inputs(g, 0)
+    inputs = random_inputs(g, seed)
     reference = execute_global(g, inputs, wanted=list(g.outputs))
     own = exact_errors(g, inputs, reference)
-    assert set(own) == set(g.outputs) and own["grad/l1_wq"] > 1e-2 > own["grad/l1_wv"]  # measured, per value
+    assert set(own) == set(g.outputs) and own[qkv] > 1e-2 > own[out]  # measured, per value
     # still a judge: a result 10% off is a mismatch under the derived tolerance
     spec_of = {v: g.producer(v)[0].meta["specs"][g.producer(v)[1]] for v in g.outputs}
-    tol = rounding_tolerance(1e-2, own["grad/l1_wq"])
+    tol = rounding_tolerance(1e-2, own[qkv])
     assert tol < 0.1
-    wrong = (reference["grad/l1_wq"].astype("float64") * 1.1).astype("float16")
-    assert compare("grad/l1_wq", wrong, reference["grad/l1_wq"], spec_of["grad/l1_wq"], tol)[1] is not None
+    wrong = (reference[qkv].astype("float64") * 1.1).astype("float16")
+    assert compare(qkv, wrong, reference[qkv], spec_of[qkv], tol)[1] is not None
     assert rounding_tolerance(1e-2, 0.5) == 0.25  # capped: too inexact to judge by
     # a float32 graph measures nothing (its table tolerance stays)
     g32 = analyze(load_spec(small_gpt()), reshard=True, backward=True).graph

@@ -49,8 +49,11 @@ it is all-reduced to ``Replicate`` first, then cut. Size-1 mesh axes are left ou
 them. Inputs without gradient (rotary tables, masks) are buffers (``BUFFER_PLACEMENTS``).
 
 Placements are in the module's own dims (a Linear weight the ONNX exporter stored transposed is
-``(out, in)`` again).  torch's ``distribute_tensor`` takes no partial placement and its strided shard
-is private: a parameter or input with either is ``not-expressible``.
+``(out, in)`` again).  torch's ``distribute_tensor`` takes no partial placement: a parameter or input
+with one is ``not-expressible``.  A strided shard ``_S(d,k)`` (a fused q,k,v or gate,up weight cut on tp:
+each rank holds its chunk of each of the ``k`` blocks) is torch's ``_StridedShard(d, split_factor=k)``,
+which means the same, is accepted by ``distribute_tensor`` and redistributed by DTensor; it is private
+to torch (an underscore name), so the export imports it from ``placement_types`` and says so.
 
 >>> from layout_prop.core.mesh import DeviceMesh
 >>> from layout_prop.core.layout import Layout
@@ -81,9 +84,9 @@ def placements_text(layout: Layout, what: str, name: str) -> str:
         elif kind == "P":
             raise not_expressible(TARGET, what, name, layout, "distribute_tensor takes no partial placement",
                                   "give that tensor R or S(d) (a partial sum is made by an op, never declared)")
-        else:
-            raise not_expressible(TARGET, what, name, layout, "torch's strided shard is private to DTensor",
-                                  "gather that mesh axis (R) or keep the fused weight's blocks unsplit (colwise)")
+        else:  # layout-prop's _S(d,k) is torch's: k blocks of d, each cut on the axis, a rank's chunk of each
+            dim, factor = arg
+            items.append(f"_StridedShard({dim}, split_factor={factor})")
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
@@ -290,7 +293,8 @@ def _value_placements(layout: Layout, name: str) -> str:
         elif kind == "P":
             items.append("Partial()")  # a sum: check_pipeline refuses the other reductions
         else:
-            raise not_expressible(TARGET, "value", name, layout, "torch's strided shard is private to DTensor",
+            raise not_expressible(TARGET, "value", name, layout, "a strided value sent between pipeline stages "
+                                  "is not written (only parameters' _StridedShard is run and checked)",
                                   "move the chunk boundary to a value cut plainly")
     return _tuple(items)
 
@@ -416,6 +420,8 @@ def export_torch(plan: ExportPlan) -> str:
         "from torch.distributed.device_mesh import init_device_mesh",
         "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: F401",
         "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: F401",
+        "# a fused weight's strided shard (_S(d,k): a rank's chunk of each of k blocks); private to DTensor in torch",
+        "from torch.distributed.tensor.placement_types import _StridedShard  # noqa: F401",
         "",
         f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
         f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",

@@ -53,9 +53,6 @@ def test_gen_refuses_more_pipeline_stages_than_layers(capsys):
     assert "pp" in line and "layers" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="interop/export_plan.py (another helper's): TrainingConfig.of copies the "
-                   "training: block unchecked, so export --to torch writes GLOBAL_BATCH = nan / '4' / -4 and "
-                   "MICRO_BATCH = 0 (exit 0) where estimate refuses the same block with bad-value")
 @pytest.mark.parametrize("training", [{"global_batch": math.nan, "micro_batch": 1},
                                       {"global_batch": "4", "micro_batch": 1},
                                       {"global_batch": -4, "micro_batch": 1},

@@ -122,9 +122,11 @@ class TrainingConfig:
             p = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
             out.update(pipeline_axis=p.axis, pipeline_stages=p.stages, schedule=p.schedule,
                        virtual_stages=p.virtual_stages, micro_batches=p.micro_batches, pipeline_loss=p.loss)
-        training = graph.meta.get("training")
-        if isinstance(training, dict):
-            out.update(global_batch=training.get("global_batch"), micro_batch=training.get("micro_batch"))
+        if graph.meta.get("training") is not None:  # checked as estimate checks it: nan, '4', -4, 0 are bad-value
+            from layout_prop.perf.step import parse_training
+
+            training = parse_training(graph.meta["training"])
+            out.update(global_batch=training.global_batch, micro_batch=training.micro_batch)
         return cls(**out)
 
 

@@ -509,6 +509,32 @@ def test_recomputation_runs_on_its_layers_stage_and_adds_no_move(recompute, zero
         assert copy.meta[CHUNK] == chunk[original] and copy.meta[POSITION] >= 2, copy.name
 
 
+
+def test_a_node_reading_only_weights_runs_with_its_readers_not_in_the_first_task():
+    """A ZeRO-3 re-gather reads only a graph input (the stored weight shard) and is named after the weight, not a
+    layer: it runs in the task of its readers, also when those are placed only by their producers (a dead copy's
+    bias add, which nothing reads).  (Found with ZeRO-3 and full recomputation: the re-gather of layer 2's
+    mlp.c_proj.bias ran in task 0, on stage 0, one move more to its reader on stage 1.)"""
+    from layout_prop.core.graph import Graph
+    from layout_prop.passes.pipeline import CHUNK, POSITION, assign_positions
+
+    g = Graph(DeviceMesh((2,), ("pp",)))
+    g.input("x", shape=(4, 8))
+    g.input("transformer.h.1.mlp.c_proj.bias", shape=(8,))
+    g.op("l0_fc2", "relu", ["x"])
+    g.op("l1_fc2", "relu", ["l0_fc2"])
+    g.op("loss", "relu", ["l1_fc2"])
+    g.op("zero/regather/transformer.h.1.mlp.c_proj.bias", "relu", ["transformer.h.1.mlp.c_proj.bias"])
+    g.op("grad/l1_fc2/copy", "relu", ["l1_fc2"])  # a backward of chunk 1 (position 2)
+    g.op("recompute/l1_bias", "add", ["grad/l1_fc2/copy", "zero/regather/transformer.h.1.mlp.c_proj.bias"])
+    g.op("unread", "relu", ["transformer.h.1.mlp.c_proj.bias"])  # nothing reads it, it reads only an input
+    pos = assign_positions(g, {"l0_fc2": 0, "l1_fc2": 1, "loss": 1}, PipelineConfig(stages=2))
+    assert pos["grad/l1_fc2/copy"] == 2 and pos["recompute/l1_bias"] == 2  # by origin, by its producers
+    regather = g.node("zero/regather/transformer.h.1.mlp.c_proj.bias")
+    assert regather.meta[POSITION] == 2 and regather.meta[CHUNK] == 1  # before: 0, chunk 0
+    assert pos["unread"] == 0
+
+
 def _small_pipeline():
     spec = with_pipeline(llama_spec(layers=2, mesh=(("dp", 1), ("sp", 1), ("tp", 2)), batch=2, full=True), 2,
                          {"micro_batches": 2})

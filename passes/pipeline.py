@@ -347,9 +347,11 @@ def assign_positions(graph: Graph, chunks_of: dict[str, int], config: PipelineCo
     A backward node ``grad/X/...`` runs with X's chunk backward (X a forward node, or the node
     making value X); any other node (moves the reshard pass inserted, a gradient's final
     reduction, an input gradient's accumulation) runs in the earliest task of its consumers, or,
-    with none, the latest of its producers.  A sum of a value's gradient terms (``grad/X/acc...``) whose
-    terms are all made on one other stage runs there, in the latest term's task: a stage input's gradient
-    (its norm's term and its residual's) crosses back as one message.
+    with none placed, the latest of its placed producers, or, with none (it reads only graph inputs:
+    a ZeRO re-gather), with its consumers once those are placed, else in the first task.  A sum of a
+    value's gradient terms (``grad/X/acc...``) whose terms are all made on one other stage runs there,
+    in the latest term's task: a stage input's gradient (its norm's term and its residual's) crosses
+    back as one message.
     """
     total = config.chunks
     pos: dict[str, int] = {}
@@ -369,18 +371,29 @@ def assign_positions(graph: Graph, chunks_of: dict[str, int], config: PipelineCo
         for value in node.inputs:
             consumers.setdefault(value, []).append(node.name)
     order = graph.topo_order()
-    for node in reversed(order):  # the earliest task among the consumers
-        if node.is_input or node.name in pos:
-            continue
-        later = [pos[c] for v in node.outputs for c in consumers.get(v, ()) if c in pos]
-        if later:
-            pos[node.name] = min(later)
-    for node in order:  # none: the latest producer's task
+
+    def from_consumers() -> None:  # the earliest task among the consumers
+        for node in reversed(order):
+            if node.is_input or node.name in pos:
+                continue
+            later = [pos[c] for v in node.outputs for c in consumers.get(v, ()) if c in pos]
+            if later:
+                pos[node.name] = min(later)
+
+    from_consumers()
+    for node in order:  # none: the latest placed producer's task
         if node.is_input or node.name in pos:
             continue
         earlier = [pos[graph.producer(v)[0].name] for v in node.inputs
                    if not graph.producer(v)[0].is_input and graph.producer(v)[0].name in pos]
-        pos[node.name] = max(earlier, default=0)
+        if earlier:
+            pos[node.name] = max(earlier)
+    # a node that reads only graph inputs (a ZeRO re-gather of a weight, named after the weight, not a layer) and
+    # whose readers were placed just above by their producers: with its readers, not in task 0 (a move to them)
+    from_consumers()
+    for node in order:  # none at all (a dead node reading only graph inputs): the first task
+        if not node.is_input:
+            pos.setdefault(node.name, 0)
     for node in order:  # a sum of gradient terms all made on one other stage: there, one message instead of one a term
         if not _ACCUMULATION.match(node.name) or node.op != "add" or node.meta.get(meta.INSERTED_BY) != "backward":
             continue

@@ -17,8 +17,11 @@ and ``partial_in`` names it; layout-prop's plan may add partial sums before redu
 add of two partial sums), which costs MindSpore one more AllReduce, not a wrong value. Each node names
 the MindSpore primitive its strategy is for (``primitive``: ``MatMul``, ``BatchMatMul``, ``Add``,
 ``Gather``... or None where no single primitive is the op), and ``shard_primitive(name)`` builds it with
-its strategy. A partial sum on a model input or parameter and a strided shard (a tensor_map cuts a
-dim into contiguous blocks) are ``not-expressible``, naming the tensor and its layout.
+its strategy. A strided shard that a tensor_map entry naming an inner mesh axis first makes (``(_S(0,2),
+S(0))`` on a 2 x 2 mesh is ``((0, 1),)``, ``("tp", "dp")`` in alias form) is written as that tensor_map.
+A partial sum on a model input or parameter and a strided shard no tensor_map makes (a fused weight's
+``_S(1,3)``: a tensor_map entry cuts a dim by its axes in turn, into contiguous blocks) are
+``not-expressible``, naming the tensor and its layout.
 
 A plan with a ``pipeline:`` block (1f1b or gpipe) is written on its stage (:func:`stage_plan`: the mesh
 without the pipeline axis, MindSpore's strategies being for one stage's devices), with each op node's and
@@ -37,6 +40,7 @@ recomputation is written primitive by primitive (``RECOMPUTE_NODES``: ``shard_pr
 
 from __future__ import annotations
 
+from layout_prop.core.errors import LayoutError
 from layout_prop.core.layout import Layout
 
 from .export_plan import ExportPlan, batch_lines, not_expressible, not_written, own_parameters
@@ -185,10 +189,17 @@ def _config_lines(plan: ExportPlan) -> list[str]:
 
 
 def _refuse(layout: Layout, what: str, name: str, partial_ok: bool = False) -> None:
+    """Refuse what a strategy cannot state: a strided shard that no tensor_map writes (a tensor_map entry
+    naming an inner mesh axis first is a strided layout, written back as that entry), a partial sum (unless
+    ``partial_ok``)."""
     if layout.has_strided:
-        raise not_expressible(TARGET, what, name, layout, "a tensor_map cuts a dim into contiguous blocks only "
-                              "(strided shard)", "gather that mesh axis (R) or keep the fused weight's blocks "
-                              "unsplit (colwise) before exporting to MindSpore")
+        try:
+            layout.tensor_map()
+        except LayoutError:
+            raise not_expressible(TARGET, what, name, layout, "a tensor_map cuts a dim by its mesh axes in turn, "
+                                  "each into contiguous blocks, and no order of them makes this strided shard",
+                                  "gather that mesh axis (R) or keep the fused weight's blocks unsplit (colwise) "
+                                  "before exporting to MindSpore") from None
     if layout.has_partial() and not partial_ok:
         raise not_expressible(TARGET, what, name, layout, "a shard strategy has no partial-sum input",
                               "reduce it first (an all-reduce in the graph) or give that input R or S(d)")
@@ -197,7 +208,15 @@ def _refuse(layout: Layout, what: str, name: str, partial_ok: bool = False) -> N
 def strategy(layout: Layout, what: str, name: str) -> tuple[int, ...]:
     """How many pieces each dim of ``layout`` is cut into (MindSpore's plain strategy)."""
     _refuse(layout, what, name)
-    return tuple(layout.shard_count(d) for d in range(layout.ndim))
+    return tuple(_pieces(layout, d) for d in range(layout.ndim))
+
+
+def _pieces(layout: Layout, dim: int) -> int:
+    """How many pieces ``dim`` is cut into by its plain and strided shards (``shard_count`` counts plain ones)."""
+    n = 1
+    for axis in layout.cut_axes(dim):
+        n *= layout.mesh.shape[axis]
+    return n
 
 
 def alias_map(layout: Layout) -> tuple:
@@ -226,7 +245,7 @@ def node_strategies(plan: ExportPlan) -> dict[str, dict]:
             if layout is None:
                 continue
             _refuse(layout, "the output of node", node.name, partial_ok=True)
-            outs.append(None if layout.has_partial() else tuple(layout.shard_count(d) for d in range(layout.ndim)))
+            outs.append(None if layout.has_partial() else tuple(_pieces(layout, d) for d in range(layout.ndim)))
         prim = primitive(node.op, node.in_layouts)
         out[node.name] = {"op": node.op, "primitive": None if prim is None else prim[0],
                           "in_strategy": tuple(ins), "in_layout": tuple(maps),

@@ -407,6 +407,10 @@ def export_torch(plan: ExportPlan) -> str:
     axis, styles = module_styles(plan) if plan.config.pipeline_axis is None else (None, {})
     tp_axis = "None" if axis is None else repr(mesh.names[axis])
     settle = {} if axis is not None else settle_moves(plan)
+    strided = []  # imported only where used: torch's strided shard is private to DTensor
+    if any(t.layout.has_strided for t in plan.tensors().values()):
+        strided = ["# a fused weight's strided shard (_S(d,k): a rank's chunk of each of k blocks); private to DTensor",
+                   "from torch.distributed.tensor.placement_types import _StridedShard  # noqa: F401"]
     lines = [
         f'"""torch plan written by layout-prop export from {plan.source or "a graph"}.',
         "",
@@ -420,8 +424,7 @@ def export_torch(plan: ExportPlan) -> str:
         "from torch.distributed.device_mesh import init_device_mesh",
         "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor  # noqa: F401",
         "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: F401",
-        "# a fused weight's strided shard (_S(d,k): a rank's chunk of each of k blocks); private to DTensor in torch",
-        "from torch.distributed.tensor.placement_types import _StridedShard  # noqa: F401",
+        *strided,
         "",
         f"MESH_SHAPE = ({', '.join(map(str, mesh.shape))}{comma})",
         f"MESH_DIM_NAMES = ({', '.join(repr(n) for n in mesh.names)}{comma})",

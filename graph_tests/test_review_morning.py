@@ -38,16 +38,19 @@ def _one_error_line(capsys, argv: list[str]) -> str:
 def test_more_pipeline_stages_than_layers_is_a_bad_pipeline_error(capsys, tmp_path, argv):
     """``gen llama --full --layers 2 --mesh pp=4,...`` writes 4 stages for 2 layers; the commands reading it
     said ``internal-error: NameError: name '_bad' is not defined`` (passes/pipeline.py lost its ``_bad``
-    when the blocks moved to io/spec_blocks.py) instead of the bad-pipeline error naming the counts."""
-    spec = _gen(tmp_path, "pp4.yaml", ["--layers", "2", "--mesh", "pp=4,dp=1,tp=2"])
+    when the blocks moved to io/spec_blocks.py) instead of the bad-pipeline error naming the counts. gen now
+    refuses such a mesh itself, so the spec is gen's pp=2 one with its pp axis made 4 by hand."""
+    spec = yaml.safe_load(open(_gen(tmp_path, "pp2.yaml", ["--layers", "2", "--mesh", "pp=2,dp=1,tp=2"])))
+    assert spec["mesh"]["names"][0] == "pp" and spec["mesh"]["shape"][0] == 2
+    spec["mesh"]["shape"][0] = 4
+    (tmp_path / "pp4.yaml").write_text(yaml.safe_dump(spec))
+    spec = str(tmp_path / "pp4.yaml")
     line = _one_error_line(capsys, [argv[0], spec, *argv[1:]])
     assert "internal-error" not in line and "NameError" not in line, line
     assert line.startswith(ERROR + "bad-pipeline"), line
     assert "4 pipeline chunks" in line and "2 layers" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="frontends/generate.py (another helper's): gen writes pp=4 stages for 2 "
-                   "layers, a spec every command then refuses; gen should refuse it itself (exit 0 today)")
 def test_gen_refuses_more_pipeline_stages_than_layers(capsys):
     line = _one_error_line(capsys, ["gen", "llama", "--full", "--layers", "2", "--mesh", "pp=4,dp=1,tp=2"])
     assert "pp" in line and "layers" in line, line

@@ -108,8 +108,27 @@ def build_spec(args) -> dict:
         from layout_prop.io.loader import load_spec
         from layout_prop.workflows.blocks import read_blocks
 
-        read_blocks(load_spec(spec))  # a block check would refuse (micro-batches the batch does not cut) is said here
+        graph = load_spec(spec)
+        pipeline = read_blocks(graph).pipeline  # a block check would refuse (micro-batches the batch does not cut)
+        if pipeline is not None:
+            _check_chunks(args, graph, pipeline)
     return spec
+
+
+def _check_chunks(args, graph, pipeline) -> None:
+    """Refuse a pipeline cut into more chunks than the model has layers (``--mesh pp=4`` with ``--layers 2``), a
+    spec every other command would refuse: the pipeline pass's own cut (``forward_chunks``) is asked, and its
+    ``bad-pipeline`` said in gen's flags (``bad-value``, one line, exit 2)."""
+    from layout_prop.core.errors import SpecError
+    from layout_prop.passes.pipeline import forward_chunks
+
+    try:
+        forward_chunks(graph, pipeline)
+    except SpecError as err:
+        virtual = f" x {pipeline.virtual_stages} virtual stages" if pipeline.virtual_stages > 1 else ""
+        raise SpecError("bad-value", f"--mesh pp={pipeline.stages}{virtual} with --layers {args.layers}: "
+                        f"{err.message}", path="--layers",
+                        hint=f"give --layers {pipeline.chunks} or more, or a smaller pp in --mesh") from None
 
 
 def _model_spec(args, mesh, batch: int) -> dict:

@@ -113,8 +113,6 @@ def test_gen_llamas_torch_export_runs_in_a_transformers_llama(capsys, tmp_path):
     assert "loss" in proc.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="commands/gen + frontends/generate.py (another helper's): --virtual-stages 2 "
-                   "with --schedule 1f1b is dropped without a word: the spec says virtual_stages: 1 (exit 0)")
 def test_gen_does_not_drop_virtual_stages_without_the_interleaved_schedule(capsys, tmp_path):
     """Virtual stages are the interleaved schedule's; given with another schedule gen must refuse them (one
     line naming both flags) or write them, never write a spec without them."""

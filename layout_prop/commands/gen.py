@@ -76,6 +76,10 @@ def _configuration(args, mesh: list[tuple[str, int]]) -> tuple[int | None, dict]
         raise SpecError("bad-usage", f"{flag} needs a pipeline: a pp axis over 1 in --mesh",
                         hint="add pp=N to --mesh (e.g. --mesh pp=2,dp=2,tp=2), or leave the flag out")
     schedule = given["schedule"] or "1f1b"
+    if schedule != "interleaved" and (given["virtual_stages"] or 1) > 1:  # never dropped without a word
+        raise SpecError("bad-usage", f"--virtual-stages {given['virtual_stages']} needs --schedule interleaved "
+                        f"(the {schedule} schedule runs one chunk a stage)",
+                        hint="add --schedule interleaved, or leave --virtual-stages out")
     v = given["virtual_stages"] or (2 if schedule == "interleaved" else 1)
     batch = b * dp * (m if pp > 1 else 1)
     if args.batch is not None and args.batch != batch:
@@ -203,7 +207,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default 1 with a configuration flag; the graph batch is micro-batch x dp, x micro-batches with pp)")
     parser.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], help="the pipeline schedule (needs pp in "
                         "--mesh; default 1f1b)")
-    parser.add_argument("--virtual-stages", type=positive_int, help="interleaved: chunks a stage (default 2)")
+    parser.add_argument("--virtual-stages", type=positive_int, help="interleaved: chunks a stage (default 2; "
+                        "needs --schedule interleaved)")
     parser.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (activations "
                         "outside the tensor-parallel regions cut on S by tp): what gen always writes, said explicitly")
     parser.add_argument("--dtype", default="float32", choices=["float16", "bfloat16", "float32", "float64"],

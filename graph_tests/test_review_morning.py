@@ -145,3 +145,22 @@ def test_estimate_of_the_searchs_spec_equals_the_search(capsys, tmp_path):
     estimate = json.loads(capsys.readouterr().out)
     assert estimate["step_time_s"] == pytest.approx(top["step_time_s"], rel=1e-6)
     assert estimate["memory_per_rank_bytes"] == top["memory_per_rank_bytes"]
+
+
+def test_dash_output_is_standard_output(capsys, tmp_path, monkeypatch):
+    """``-o -`` wrote a file named ``-`` (gen, export), where ``-`` as an input is standard input: it is standard
+    output, the same text as no ``-o`` at all, no file made and no ``wrote -`` line from gen."""
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["gen", "llama", "--layers", "2"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["gen", "llama", "--layers", "2", "-o", "-"]) == 0
+    dashed = capsys.readouterr()
+    assert plain.startswith("mesh:") and dashed.out == plain
+    assert "wrote" not in dashed.err, dashed.err
+    (tmp_path / "s.yaml").write_text(plain)
+    assert main(["export", "s.yaml", "--to", "torch"]) == 0
+    code = capsys.readouterr().out
+    assert main(["export", "s.yaml", "--to", "torch", "-o", "-"]) == 0
+    assert "def parallelize" in code and capsys.readouterr().out == code
+    assert not (tmp_path / "-").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]

@@ -235,8 +235,9 @@ def run(args) -> int:
     if args.output is None:
         print(text, end="")
     else:
-        from layout_prop.io.output import write_output
+        from layout_prop.io.output import is_stdout, write_output
 
-        write_output(args.output, text)  # atomic: a full disk leaves no truncated spec
-        print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
+        write_output(args.output, text)  # atomic: a full disk leaves no truncated spec; -o -: stdout
+        if not is_stdout(args.output):
+            print(f"wrote {args.output} ({len(spec['nodes'])} nodes)", file=sys.stderr)
     return 0

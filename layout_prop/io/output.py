@@ -19,6 +19,8 @@ the complete new one.
   device that refuses writes (``/dev/full``: an empty write, which leaves nothing behind,
   fails as a real one would) are refused at once, not after a 50 s solve.  A full disk or
   a quota met half way is still found only by the write itself (the old file then stays).
+- ``-`` is standard output (as ``-`` as an input is standard input): :func:`write_output` writes
+  the text there, and :func:`check_output` has nothing to check.
 - A new file gets the permissions a plain ``open()`` would give it (the kernel applies the
   umask: the process umask is never changed); a replaced file keeps its permissions.  As
   with any rename-based write, a replaced file's other hard links keep the old content
@@ -48,7 +50,19 @@ from pathlib import Path
 from typing import Iterator
 
 __all__ = ["atomic_path", "write_text_atomic", "write_output", "check_output", "check_distinct_outputs",
-           "resolve_target", "OutputFailed"]
+           "resolve_target", "OutputFailed", "STDOUT", "is_stdout"]
+
+#: the output name that means standard output (``-o -``), as ``-`` as an input means standard input
+STDOUT = "-"
+
+
+def is_stdout(path: str | Path | None) -> bool:
+    """Whether the output ``path`` is ``-``, standard output (``./-`` is a file named ``-``).
+
+    >>> is_stdout("-"), is_stdout(Path("-")), is_stdout("./-"), is_stdout(None)
+    (True, True, False, False)
+    """
+    return path is not None and str(path) == STDOUT
 
 
 class OutputFailed(BaseException):
@@ -193,6 +207,9 @@ def write_text_atomic(path: str | Path, text: str, encoding: str = "utf-8") -> N
 def write_output(path: str | Path, text: str) -> None:
     """:func:`write_text_atomic` for a command's ``-o FILE``: a failure is one ``write-failed`` error.
 
+    ``-o -`` (:func:`is_stdout`) writes ``text`` to standard output instead of a file named ``-``
+    (a closed or full standard output ends the command as any of its output would).
+
     Raises
     ------
     layout_prop.core.errors.SpecError
@@ -200,6 +217,12 @@ def write_output(path: str | Path, text: str) -> None:
     """
     from layout_prop.core.errors import SpecError, cut
 
+    if is_stdout(path):
+        import sys
+
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     try:
         write_text_atomic(path, text)
     except OSError as exc:
@@ -252,6 +275,8 @@ exists and is writable, on a disk with space)
     """
     from layout_prop.core.errors import SpecError, cut
 
+    if is_stdout(path):
+        return  # standard output: written as the command's other output is
     try:
         _probe(Path(path))
     except OSError as exc:
@@ -275,7 +300,7 @@ def check_distinct_outputs(outputs: dict[str, str | Path | None]) -> None:
 
     seen: dict[tuple, str] = {}
     for flag, path in outputs.items():
-        if path is None:
+        if path is None or is_stdout(path):  # standard output may be named twice, as /dev/stdout may
             continue
         try:
             target = resolve_target(path)

@@ -471,7 +471,8 @@ def test_gen_gpt_and_moe_name_their_parameters_as_transformers_does(capsys, mode
     assert ours == theirs
 def test_every_command_takes_the_dotted_names(capsys, tmp_path):
     """Names with dots work in every consumer: check, plan, explain, viz and the exports print and write them;
-    a target that cannot place gen gpt's fused c_attn (a strided shard) says so in one line naming it."""
+    torch writes gen gpt's fused c_attn (a strided shard) as its _StridedShard; a target that cannot place it
+    says so in one line naming it."""
     llama, block, gpt = tmp_path / "llama.yaml", tmp_path / "block.yaml", tmp_path / "gpt.yaml"
     assert main(["gen", "llama", "--full", "--layers", "2", "--mesh", "dp=2,sp=1,tp=2", "-o", str(llama)]) == 0
     assert main(["gen", "llama", "--layers", "1", "-o", str(block)]) == 0
@@ -489,7 +490,10 @@ def test_every_command_takes_the_dotted_names(capsys, tmp_path):
         assert main(argv) == 0, (argv, capsys.readouterr().err)
         out = (tmp_path / written).read_text() if written else capsys.readouterr().out
         assert q in out, argv
-    for target in ("torch", "mindspore"):
+    capsys.readouterr()
+    assert main(["export", str(gpt), "--to", "torch"]) == 0, capsys.readouterr().err
+    assert "_StridedShard(1, split_factor=3)" in capsys.readouterr().out
+    for target in ("mindspore",):
         capsys.readouterr()
         assert main(["export", str(gpt), "--to", target]) == 2
         lines = capsys.readouterr().err.strip().splitlines()

@@ -123,7 +123,7 @@ class TrainingConfig:
             out.update(pipeline_axis=p.axis, pipeline_stages=p.stages, schedule=p.schedule,
                        virtual_stages=p.virtual_stages, micro_batches=p.micro_batches, pipeline_loss=p.loss)
         if graph.meta.get("training") is not None:  # checked as estimate checks it: nan, '4', -4, 0 are bad-value
-            from layout_prop.perf.step import parse_training
+            from layout_prop.io.spec_blocks import parse_training
 
             training = parse_training(graph.meta["training"])
             out.update(global_batch=training.global_batch, micro_batch=training.micro_batch)

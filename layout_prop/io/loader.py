@@ -1082,7 +1082,7 @@ def _build(data: dict) -> Graph:
             raise _err("bad-type", f"pipeline must be a mapping, got {cut(data['pipeline'])}", "pipeline",
                        "write pipeline: {axis: pp, micro_batches: 4, schedule: 1f1b}")
         g.meta[meta.PIPELINE] = dict(data["pipeline"])
-    if data.get("training") is not None:  # global batch and micro-batch: read by perf/step.py (parse_training)
+    if data.get("training") is not None:  # global batch and micro-batch: checked by io/spec_blocks.py (parse_training)
         if not isinstance(data["training"], dict):
             raise _err("bad-type", f"training must be a mapping, got {cut(data['training'])}", "training",
                        "write training: {global_batch: 512, micro_batch: 1}")

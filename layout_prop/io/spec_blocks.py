@@ -18,7 +18,7 @@ from layout_prop.core.errors import SpecError, cut
 from layout_prop.core.mesh import DeviceMesh
 
 __all__ = ["ZeroConfig", "parse_zero", "DATA_AXES", "STAGES", "parse_recompute", "MODES", "PipelineConfig",
-           "parse_pipeline", "check_schedule_request", "SCHEDULES", "MAX_TASKS"]
+           "parse_pipeline", "check_schedule_request", "SCHEDULES", "MAX_TASKS", "TrainingBlock", "parse_training"]
 
 
 # --------------------------------------------------------------------------- zero:
@@ -237,3 +237,47 @@ def _did_you_mean(key, known) -> str:
 
     close = difflib.get_close_matches(str(key)[:64], list(known), n=1) if isinstance(key, str) else []
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True)
+class TrainingBlock:
+    """A spec's ``training:`` block: the sequences an optimizer step trains (``global_batch``) and the sequences of
+    one micro-batch on one data-parallel rank (``micro_batch``); docs/spec-format.md."""
+
+    global_batch: int
+    micro_batch: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch}
+
+
+def parse_training(block: Any, path: str = "training") -> TrainingBlock:
+    """A checked :class:`TrainingBlock` from a spec's ``training:`` mapping (both keys, positive integers).
+
+    >>> parse_training({"global_batch": 512, "micro_batch": 2})
+    TrainingBlock(global_batch=512, micro_batch=2)
+    >>> parse_training({"global_batch": 512})
+    Traceback (most recent call last):
+    ...
+    layout_prop.core.errors.SpecError: missing-key at training: the training block needs global_batch and micro_batch (hint: write training: {global_batch: 512, micro_batch: 1})
+    """
+    hint = "write training: {global_batch: 512, micro_batch: 1}"
+    if not isinstance(block, dict):
+        raise SpecError("bad-type", f"training must be a mapping, got {cut(block)}", path=path, hint=hint)
+    unknown = sorted(str(k) for k in block if k not in ("global_batch", "micro_batch"))
+    if unknown:
+        raise SpecError("unknown-key", f"the training block has no key(s) {unknown}", path=f"{path}.{unknown[0]}",
+                        hint="known keys: global_batch, micro_batch")
+    if "global_batch" not in block or "micro_batch" not in block:
+        raise SpecError("missing-key", "the training block needs global_batch and micro_batch", path=path, hint=hint)
+    values = {}
+    for key in ("global_batch", "micro_batch"):
+        value = block[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError("bad-value", f"training.{key} is {cut(value)}, not a positive integer",
+                            path=f"{path}.{key}", hint=hint)
+        values[key] = value
+    if values["global_batch"] % values["micro_batch"]:
+        raise SpecError("bad-value", f"training.global_batch {values['global_batch']} is not a multiple of "
+                        f"micro_batch {values['micro_batch']}", path=path, hint=hint)
+    return TrainingBlock(**values)

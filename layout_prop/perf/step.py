@@ -73,6 +73,8 @@ from layout_prop.core.redistribute import plan_redistribution
 from layout_prop.passes.memory import Memory
 from layout_prop.passes.propagate import value_spec
 
+from layout_prop.io.spec_blocks import TrainingBlock, parse_training  # noqa: F401 (re-exported)
+
 from .calibration import CALIBRATION
 from .clusters import Cluster
 from .collectives import collective_time
@@ -163,52 +165,6 @@ def accumulation_steps(mesh, global_batch: int | None, micro_batch: int | None) 
         raise SpecError("bad-value", f"global batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
                         f"data-parallel degree {dp}", hint="the accumulation steps global / (micro x dp) must be whole")
     return global_batch // (micro_batch * dp)
-
-
-@dataclass(frozen=True)
-class TrainingBlock:
-    """A spec's ``training:`` block: the sequences an optimizer step trains (``global_batch``) and the sequences of
-    one micro-batch on one data-parallel rank (``micro_batch``); docs/spec-format.md."""
-
-    global_batch: int
-    micro_batch: int
-
-    def to_dict(self) -> dict[str, int]:
-        return {"global_batch": self.global_batch, "micro_batch": self.micro_batch}
-
-
-def parse_training(block: Any, path: str = "training") -> TrainingBlock:
-    """A checked :class:`TrainingBlock` from a spec's ``training:`` mapping (both keys, positive integers).
-
-    >>> parse_training({"global_batch": 512, "micro_batch": 2})
-    TrainingBlock(global_batch=512, micro_batch=2)
-    >>> parse_training({"global_batch": 512})
-    Traceback (most recent call last):
-    ...
-    layout_prop.core.errors.SpecError: missing-key at training: the training block needs global_batch and micro_batch (hint: write training: {global_batch: 512, micro_batch: 1})
-    """
-    from layout_prop.core.errors import cut
-
-    hint = "write training: {global_batch: 512, micro_batch: 1}"
-    if not isinstance(block, dict):
-        raise SpecError("bad-type", f"training must be a mapping, got {cut(block)}", path=path, hint=hint)
-    unknown = sorted(str(k) for k in block if k not in ("global_batch", "micro_batch"))
-    if unknown:
-        raise SpecError("unknown-key", f"the training block has no key(s) {unknown}", path=f"{path}.{unknown[0]}",
-                        hint="known keys: global_batch, micro_batch")
-    if "global_batch" not in block or "micro_batch" not in block:
-        raise SpecError("missing-key", "the training block needs global_batch and micro_batch", path=path, hint=hint)
-    values = {}
-    for key in ("global_batch", "micro_batch"):
-        value = block[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError("bad-value", f"training.{key} is {cut(value)}, not a positive integer",
-                            path=f"{path}.{key}", hint=hint)
-        values[key] = value
-    if values["global_batch"] % values["micro_batch"]:
-        raise SpecError("bad-value", f"training.global_batch {values['global_batch']} is not a multiple of "
-                        f"micro_batch {values['micro_batch']}", path=path, hint=hint)
-    return TrainingBlock(**values)
 
 
 #: a node named with a layer number: ``l3_q``, ``transformer.h.3.attn.c_attn`` (the search's recognition of layers)

@@ -91,8 +91,8 @@ def estimate(graph, blocks, cluster, cluster_arg: str, *, global_batch: int | No
 
 def training_batch(graph, global_batch: int | None, micro_batch: int | None, notes: list[str]):
     """``(global_batch, micro_batch)``: the flags when either is given (a note says when they override the spec's
-    ``training:`` block), else the block's (``perf.step.parse_training``), else ``(None, None)``."""
-    from layout_prop.perf.step import parse_training
+    ``training:`` block), else the block's (``io.spec_blocks.parse_training``), else ``(None, None)``."""
+    from layout_prop.io.spec_blocks import parse_training
 
     block = graph.meta.get(meta.TRAINING)
     if block is None:

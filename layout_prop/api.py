@@ -172,7 +172,7 @@ def analyze(graph: Graph, *, reshard: bool = False, backward: bool = False, back
     from layout_prop.passes.pass_manager import PassContext
 
     ctx = PassContext(AnalysisOptions(reshard=reshard, backward=backward, backend=backend, verify=verify))
-    ctx.notes.extend(graph.meta.get("import_notes", ()))  # what an importer noted (opaque ops...)
+    ctx.notes.extend(graph.meta.get(meta.IMPORT_NOTES, ()))  # what an importer noted (opaque ops...)
     with paused_gc():
         result = analysis_pipeline().apply(graph, ctx)
     choice = ctx.results["sweep-or-solver"]

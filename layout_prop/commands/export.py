@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from layout_prop.core import meta
 from layout_prop.workflows.export import (  # noqa: F401 (export_text: tests call it from here)
     TARGETS, UnresolvedViolations, check_inputs, export_text, load_export_graph, with_input_hint,
 )
@@ -45,7 +46,7 @@ def run(args) -> int:
     graph = load_export_graph(args.spec, args.plan, args.opaque)  # the spec's zero:, recompute:, pipeline: blocks are written or refused by the writer
     # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
     source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)
-    guessed = args.input is None and graph.meta.get("import_sources") is None  # a spec, no input named
+    guessed = args.input is None and graph.meta.get(meta.IMPORT_SOURCES) is None  # a spec, no input named
     try:
         plan, code = export_text(graph, args.to, data_inputs=args.input, source=source)
     except LayoutPropError as err:

@@ -113,19 +113,19 @@ class TrainingConfig:
         from layout_prop.passes.zero import parse_zero
 
         out: dict = {}
-        if graph.meta.get("zero") is not None:
-            zero = parse_zero(graph.meta["zero"], graph.mesh)
+        if graph.meta.get(meta.ZERO) is not None:
+            zero = parse_zero(graph.meta[meta.ZERO], graph.mesh)
             out.update(zero_stage=zero.stage, zero_axes=tuple(zero.axes) if zero.stage else ())
-        if graph.meta.get("recompute") is not None:
-            out["recompute"], out["recompute_layers"] = parse_recompute(graph.meta["recompute"])
-        if graph.meta.get("pipeline") is not None:
-            p = PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh)
+        if graph.meta.get(meta.RECOMPUTE) is not None:
+            out["recompute"], out["recompute_layers"] = parse_recompute(graph.meta[meta.RECOMPUTE])
+        if graph.meta.get(meta.PIPELINE) is not None:
+            p = PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh)
             out.update(pipeline_axis=p.axis, pipeline_stages=p.stages, schedule=p.schedule,
                        virtual_stages=p.virtual_stages, micro_batches=p.micro_batches, pipeline_loss=p.loss)
-        if graph.meta.get("training") is not None:  # checked as estimate checks it: nan, '4', -4, 0 are bad-value
+        if graph.meta.get(meta.TRAINING) is not None:  # checked as estimate checks it: nan, '4', -4, 0 are bad-value
             from layout_prop.io.spec_blocks import parse_training
 
-            training = parse_training(graph.meta["training"])
+            training = parse_training(graph.meta[meta.TRAINING])
             out.update(global_batch=training.global_batch, micro_batch=training.micro_batch)
         return cls(**out)
 
@@ -319,7 +319,7 @@ def _stored_transposed(graph: Graph, name: str, shape: tuple[int, ...]) -> bool:
     is read only as the right operand of an untransposed ``matmul``.  A weight the file holds under
     its own name is the module's own tensor (GPT-2's ``Conv1D``, already ``(in, out)``).
     """
-    sources = graph.meta.get("import_sources") or {}
+    sources = graph.meta.get(meta.IMPORT_SOURCES) or {}
     if len(shape) != 2 or not name.endswith(".weight") or sources.get(name, name) == name:
         return False
     uses = graph.consumers(name)
@@ -372,7 +372,7 @@ def collect(graph: Graph, done: Graph, *, data_inputs: Iterable[str] | None = No
     micro-batch collected on the stage mesh): both come from running the pipeline's passes, a driver's work
     above this room, so :func:`layout_prop.workflows.export.collect_plan` computes them and calls this.
     """
-    sources = graph.meta.get("import_sources")
+    sources = graph.meta.get(meta.IMPORT_SOURCES)
     model = sources is not None
     names = [n.name for n in graph.inputs()]
     if data_inputs is None:

@@ -227,7 +227,7 @@ def _phase(graph: Graph, node) -> str:
     if node.meta.get(meta.INSERTED_BY) == "backward" or node.name.startswith("grad/"):
         return "backward"
     if node.op == "redistribute":
-        consumer = node.meta.get("for", (None,))[0]
+        consumer = node.meta.get(meta.FOR, (None,))[0]
         if consumer is not None and consumer in graph and \
                 graph.node(consumer).meta.get(meta.INSERTED_BY) == "backward":
             return "backward"

@@ -1195,7 +1195,7 @@ def _move(new: Graph, graph: Graph, node: Node, i: int, value: str, want: Layout
     operand = get_rule(node.op).operand_name(i)
     name = _fresh(f"{node.name}/{operand}", graph, new)
     move = Node(name, "redistribute", (value,), {"placements": tuple(want.placement_strs())},
-                meta={meta.INSERTED_BY: inserted_by, "for": (node.name, value)})
+                meta={meta.INSERTED_BY: inserted_by, meta.FOR: (node.name, value)})
     new.add_node(move)
     propagate.visit(new, move)
     moved[key] = name

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["export_text", "collect_plan", "stage_collect", "pipeline_chunks", "UnresolvedViolations", "check_inputs", "load_export_graph", "with_input_hint", "TARGETS"]
+from layout_prop.core import meta
+
+__all__ = ["export_text", "collect_plan", "stage_collect", "pipeline_chunks", "UnresolvedViolations", "check_inputs",
+           "load_export_graph", "with_input_hint", "TARGETS"]
 
 #: the export targets, each a writer module of layout_prop/interop/ (:func:`_writers`)
 TARGETS = ("hyper-parallel", "mindspore", "torch")
@@ -40,7 +43,7 @@ def export_text(graph, target: str, *, data_inputs=None, source: str = "", alias
         raise UnresolvedViolations(analysis.check.violations)
     done = analysis.graph
     plan = collect_plan(graph, done, data_inputs=data_inputs, source=source, nodes=target == "mindspore",
-                        aliases=aliases if aliases is not None else graph.meta.get("import_aliases"))
+                        aliases=aliases if aliases is not None else graph.meta.get(meta.IMPORT_ALIASES))
     return plan, _writers()[target](drop_unit_axes(plan))  # the data keeps the spec's mesh (it round-trips)
 
 
@@ -101,7 +104,7 @@ def load_export_graph(spec, plan=None, opaque: bool = False):
     sharding = load_plan(Path(plan))
     model = read_model(spec, sharding)
     graph = build_graph(model, sharding, opaque=opaque)
-    graph.meta["import_aliases"] = dict(model.spec_aliases)  # the other names of de-duplicated parameters
+    graph.meta[meta.IMPORT_ALIASES] = dict(model.spec_aliases)  # the other names of de-duplicated parameters
     return graph
 
 
@@ -112,7 +115,7 @@ def collect_plan(graph, done, *, data_inputs=None, source: str = "", nodes: bool
     from layout_prop.interop.export_plan import collect
 
     chunks = stage = None
-    if graph.meta.get("pipeline") is not None:
+    if graph.meta.get(meta.PIPELINE) is not None:
         chunks = pipeline_chunks(graph)
         stage = stage_collect(graph, data_inputs=data_inputs, source=source, aliases=aliases)
     return collect(graph, done, data_inputs=data_inputs, source=source, nodes=nodes, aliases=aliases,
@@ -129,8 +132,8 @@ def stage_collect(graph, *, data_inputs=None, source: str = "", aliases=None):
     from layout_prop.io.spec_blocks import PipelineConfig
     from layout_prop.passes.pipeline import micro_batch_graph
 
-    micro, _ = micro_batch_graph(graph, PipelineConfig.from_spec(graph.meta["pipeline"], graph.mesh))
-    micro.meta.update({k: v for k, v in graph.meta.items() if k in ("import_sources", "import_aliases")})
+    micro, _ = micro_batch_graph(graph, PipelineConfig.from_spec(graph.meta[meta.PIPELINE], graph.mesh))
+    micro.meta.update({k: v for k, v in graph.meta.items() if k in (meta.IMPORT_SOURCES, meta.IMPORT_ALIASES)})
     return collect(micro, analyze(micro, reshard=True).graph, data_inputs=data_inputs, source=source, nodes=True,
                    aliases=aliases)
 
@@ -140,13 +143,12 @@ def pipeline_chunks(graph) -> dict[str, int]:
     pipeline SPEC`` cuts it (its boundaries or layers, else balanced by the step-time model on a100-80g, with the
     spec's ``zero:`` and ``recompute:`` blocks applied): one micro-batch analysed on the stage mesh and lowered.
     Nodes the passes inserted (moves, ZeRO's gathers, recomputed copies) and backward nodes are left out."""
-    from layout_prop.core import meta
     from layout_prop.io.spec_blocks import parse_recompute, parse_zero
     from layout_prop.passes.pipeline import CHUNK, POSITION, chunk_of_position
     from layout_prop.workflows.pipeline import build
 
-    zero = parse_zero(graph.meta["zero"], graph.mesh) if graph.meta.get("zero") is not None else None
-    recompute = parse_recompute(graph.meta["recompute"]) if graph.meta.get("recompute") is not None else ("none", None)
+    zero = parse_zero(graph.meta[meta.ZERO], graph.mesh) if graph.meta.get(meta.ZERO) is not None else None
+    recompute = parse_recompute(graph.meta[meta.RECOMPUTE]) if graph.meta.get(meta.RECOMPUTE) is not None else ("none", None)
     built = build(graph, "a100-80g", zero, recompute, localize=False)
     forward = {n.name for n in graph.nodes if not n.is_input}
     total = built.config.chunks

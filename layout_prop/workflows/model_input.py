@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from layout_prop.core import meta
 from layout_prop.core.errors import SpecError
 from layout_prop.core.graph import Graph
 
@@ -37,7 +38,7 @@ def load_graph(spec: str | Path, plan: str | Path | None = None, opaque: bool = 
 
 
 #: the spec blocks that describe a training configuration rather than the graph
-CONFIG_BLOCKS = ("zero", "recompute", "pipeline")
+CONFIG_BLOCKS = (meta.ZERO, meta.RECOMPUTE, meta.PIPELINE)
 
 
 def unapplied_blocks_note(graph: Graph, command: str) -> str | None:

@@ -170,7 +170,7 @@ def run_pipeline(built: Built, seed: int = 0, engine: str = "sim", progress: Cal
     report.update({"outputs": {}, "grads": {}, "mismatches": []})
     exact = exact_errors(whole, inputs, reference)  # float16, bfloat16: one device's own rounding, measured
     for name, want in reference.items():
-        spec = whole.producer(name)[0].meta["specs"][whole.producer(name)[1]]
+        spec = whole.producer(name)[0].meta[meta.SPECS][whole.producer(name)[1]]
         tol = rounding_tolerance(TOLERANCES.get(spec.dtype, 1e-5), exact.get(name))
         errors, problem = compare(name, values[name], want, spec, tol)
         (report["grads"] if name in grad_of else report["outputs"])[grad_of.get(name, name)] = errors

@@ -325,7 +325,7 @@ def _baseline_spec(graph: Graph, links: dict | None) -> tuple[dict, dict[str, li
     resolved = analyze(graph.copy_structure(), reshard=True).graph
     layouts = {}
     for node in resolved.inputs():
-        placements = list(node.meta["specs"][0].layout.placement_strs())
+        placements = list(node.meta[meta.SPECS][0].layout.placement_strs())
         node.attrs["placements"] = placements
         layouts[node.name] = placements
     return graph_to_spec(resolved, links), layouts, resolved

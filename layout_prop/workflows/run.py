@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from layout_prop.core import meta
 from layout_prop.core.errors import SpecError, cut
 
 __all__ = ["run_spec", "run_pipelined", "read_inputs", "load_with_weights", "MAX_INPUTS_BYTES"]
@@ -83,7 +84,7 @@ def load_with_weights(spec, plan=None, opaque: bool = False) -> tuple:
         model = read_model(spec, sharding)
         graph = build_graph(model, sharding, opaque=opaque)
     weights, unread = {}, []
-    for name, value in graph.meta["import_sources"].items():
+    for name, value in graph.meta[meta.IMPORT_SOURCES].items():
         const = model.values[value].const if value in model.values else None
         if const is None:
             continue
@@ -188,7 +189,7 @@ def _optimizer_step(rep, graph, blocks, rtol, seed: int, given: dict) -> None:
     from layout_prop.passes.zero import shard_layouts
     from layout_prop.runner import TOLERANCES, random_inputs
 
-    dtypes = {s.dtype for n in graph.nodes for s in n.meta.get("specs", ()) if s is not None}
+    dtypes = {s.dtype for n in graph.nodes for s in n.meta.get(meta.SPECS, ()) if s is not None}
     rtol = rtol if rtol is not None else max((TOLERANCES.get(d, 0.0) for d in dtypes), default=1e-5)
     inputs = {**random_inputs(graph, seed, given=given), **given}  # the run's own draw
     step = training_step(graph, Lower().run(graph).program, inputs, shard_layouts(graph, blocks.zero),

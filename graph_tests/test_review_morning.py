@@ -162,5 +162,28 @@ def test_dash_output_is_standard_output(capsys, tmp_path, monkeypatch):
     assert main(["export", "s.yaml", "--to", "torch"]) == 0
     code = capsys.readouterr().out
     assert main(["export", "s.yaml", "--to", "torch", "-o", "-"]) == 0
-    assert "def parallelize" in code and capsys.readouterr().out == code
+    dashed = capsys.readouterr()
+    assert "def parallelize" in code and dashed.out == code
+    assert "wrote" not in dashed.err, dashed.err
     assert not (tmp_path / "-").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["plan", "s.yaml", "-o", "-"], "-o"),
+    (["plan", "s.yaml", "--search", "--cluster", "a100-80g", "--devices", "8", "--global-batch", "8",
+      "--plan-out", "-"], "--plan-out"),
+    (["export", "s.yaml", "--to", "torch", "--data", "-"], "--data"),
+    (["export", "s.yaml", "--to", "torch", "-o", "-", "--data", "-"], "--data"),
+])
+def test_dash_output_beside_printed_output_is_refused(argv, flag, capsys, tmp_path, monkeypatch):
+    """Where a command prints its report (plan, plan --search) or its code (export without -o FILE) on standard
+    output, ``-`` for a file it writes would mix the two on one stream: one bad-usage line naming the flag,
+    exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["gen", "llama", "--layers", "1", "-o", "s.yaml"]) == 0
+    capsys.readouterr()
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith(f"layout-prop: error: bad-usage at {flag}:"), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from layout_prop.core.errors import LayoutPropError
-    from layout_prop.io.output import check_distinct_outputs, check_output, write_output
+    from layout_prop.io.output import check_distinct_outputs, check_output, is_stdout, write_output
     from layout_prop.interop.export_plan import format_data, own_parameters, unmarked_inputs_note
 
     check_inputs(args.input)  # a flag's mistake is said before the model is read
@@ -43,6 +43,10 @@ def run(args) -> int:
         if path is not None:
             check_output(path)
     check_distinct_outputs({"-o": args.output, "--data": args.data})
+    if args.data is not None and (args.output is None or is_stdout(args.output)):
+        from .flags import refuse_stdout_output
+
+        refuse_stdout_output("export without -o FILE", "--data", args.data, "the code")  # the code goes there
     graph = load_export_graph(args.spec, args.plan, args.opaque)  # the spec's zero:, recompute:, pipeline: blocks are written or refused by the writer
     # the file's name goes into the module's docstring: a quote, a backslash or a control character would end it
     source = "".join(c if c.isprintable() and c not in '"\\' else "?" for c in Path(str(args.spec)).name)
@@ -71,10 +75,12 @@ def run(args) -> int:
     else:
         write_output(args.output, code)
         written = len(own_parameters(plan, args.to))  # the model's parameters, aliases in, constants out
-        print(f"wrote {args.output} ({args.to}: {written} parameter(s), {len(plan.inputs)} input(s))",
-              file=sys.stderr)
+        if not is_stdout(args.output):
+            print(f"wrote {args.output} ({args.to}: {written} parameter(s), {len(plan.inputs)} input(s))",
+                  file=sys.stderr)
     if args.data is not None:
         fmt = "json" if str(args.data).lower().endswith(".json") else "yaml"
         write_output(args.data, format_data(plan, fmt))
-        print(f"wrote {args.data} (the plan as data: import --plan reads it)", file=sys.stderr)
+        if not is_stdout(args.data):
+            print(f"wrote {args.data} (the plan as data: import --plan reads it)", file=sys.stderr)
     return 0

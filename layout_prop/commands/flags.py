@@ -209,3 +209,15 @@ def samples_arg(text: str) -> int | str:
     if n < 1:
         raise argparse.ArgumentTypeError("samples must be at least 1")
     return n
+
+
+def refuse_stdout_output(command: str, flag: str, path, printed: str = "its report") -> None:
+    """``bad-usage`` when ``flag`` names standard output (``-``) for ``command``, which prints ``printed`` there:
+    the written file and that would be mixed on one stream."""
+    from layout_prop.core.errors import SpecError
+    from layout_prop.io.output import is_stdout
+
+    if is_stdout(path):
+        raise SpecError("bad-usage", f"{command} prints {printed} on standard output, so {flag} - would mix "
+                        "what it writes into it", path=flag, hint=f"give {flag} a file name")
+

@@ -39,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
 
         check_output(args.output)  # where the spec goes, checked before the model is read
     if args.plan is None:  # list the names a plan may match, and write a plan skeleton
+        if args.output is not None:
+            from .flags import refuse_stdout_output
+
+            refuse_stdout_output("import without --plan", "-o", args.output, "the names")  # it prints the names there
         return _skeleton(args)
     from layout_prop.io.progress import Ticker
 
@@ -53,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         print(text, end="")
         return 0
-    from layout_prop.io.output import write_output
+    from layout_prop.io.output import is_stdout, write_output
 
     write_output(args.output, text)  # atomic: a full disk leaves the old file, never a truncated spec
-    print(f"wrote {args.output} ({len(spec['inputs'])} inputs, {len(spec['nodes'])} nodes)", file=sys.stderr)
+    if not is_stdout(args.output):
+        print(f"wrote {args.output} ({len(spec['inputs'])} inputs, {len(spec['nodes'])} nodes)",
+              file=sys.stderr)
     return 0
 
 

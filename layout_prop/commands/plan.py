@@ -12,7 +12,7 @@ from pathlib import Path
 
 from layout_prop.core.errors import SpecError
 
-from .flags import add_model_args, positive_int, time_limit_arg
+from .flags import add_model_args, positive_int, refuse_stdout_output, time_limit_arg
 
 __all__ = ["add_parser", "run"]
 
@@ -90,6 +90,7 @@ def run(args) -> int:
     if args.output is not None:
         from layout_prop.io.output import check_output
 
+        refuse_stdout_output("plan", "-o", args.output)
         check_output(args.output)  # a folder, a missing folder, /dev/full: said now, not after the solve
     from layout_prop.io.progress import Ticker
 

@@ -12,6 +12,7 @@ import json
 import sys
 
 from layout_prop.core.errors import SpecError
+from .flags import refuse_stdout_output
 
 __all__ = ["run"]
 
@@ -42,8 +43,9 @@ def run(args) -> int:
     fixed = parse_axes(args.axes)
     from layout_prop.io.output import check_distinct_outputs, check_output
 
-    for path in (args.output, args.plan_out):
+    for flag, path in (("-o", args.output), ("--plan-out", args.plan_out)):
         if path is not None:
+            refuse_stdout_output("plan --search", flag, path)
             check_output(path)
     check_distinct_outputs({"-o": args.output, "--plan-out": args.plan_out})
     with Ticker("plan --search", enabled=False if args.json else None) as ticker:  # on a terminal only
